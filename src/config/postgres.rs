@@ -1,0 +1,319 @@
+//! The Postgres connection settings, parsed once from a libpq-style URL.
+//!
+//! Both connections the relay opens (the control connection through
+//! tokio-postgres and the replication stream through pgwire-replication) are
+//! built from this one struct, so they always point at the same server with the
+//! same credentials and TLS settings. The password is kept out of `Debug` and
+//! out of every rendering of the URL.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// How (and whether) to use TLS, with libpq's names and meanings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SslMode {
+    /// Never use TLS.
+    Disable,
+    /// Use TLS if the server offers it (libpq's default).
+    #[default]
+    Prefer,
+    /// Require TLS, do not verify the certificate.
+    Require,
+    /// Require TLS and a certificate signed by the trusted CA.
+    VerifyCa,
+    /// Like `VerifyCa`, and the certificate must name the host.
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<Self, PostgresUrlError> {
+        match value {
+            "disable" => Ok(Self::Disable),
+            "allow" | "prefer" => Ok(Self::Prefer),
+            "require" => Ok(Self::Require),
+            "verify-ca" => Ok(Self::VerifyCa),
+            "verify-full" => Ok(Self::VerifyFull),
+            other => Err(PostgresUrlError::InvalidParameter {
+                name: "sslmode",
+                value: other.to_owned(),
+                expected: "disable, allow, prefer, require, verify-ca or verify-full",
+            }),
+        }
+    }
+}
+
+/// A parsed `postgres://` URL.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresConnInfo {
+    /// Host name, IP address, or a Unix socket directory (starts with `/`).
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Role to log in as.
+    pub user: String,
+    /// Password, if any. Never printed.
+    pub password: Option<String>,
+    /// Database holding the outbox tables.
+    pub dbname: String,
+    /// TLS mode.
+    pub sslmode: SslMode,
+    /// CA certificate (PEM) for `verify-ca` / `verify-full`.
+    pub sslrootcert: Option<PathBuf>,
+    /// Client certificate (PEM), for certificate authentication.
+    pub sslcert: Option<PathBuf>,
+    /// Client key (PEM), for certificate authentication.
+    pub sslkey: Option<PathBuf>,
+    /// `application_name` shown in `pg_stat_activity`.
+    pub application_name: Option<String>,
+}
+
+/// A `--postgres-url` that cannot be used. The URL itself is shown redacted.
+#[derive(Debug, thiserror::Error)]
+pub enum PostgresUrlError {
+    /// Not a URL at all.
+    #[error(
+        "--postgres-url {url} is not a valid URL ({reason}); expected postgres://USER:PASSWORD@HOST:PORT/DBNAME?sslmode=..."
+    )]
+    Malformed {
+        /// The redacted URL.
+        url: String,
+        /// What the URL parser said.
+        reason: String,
+    },
+    /// A scheme other than `postgres` / `postgresql`.
+    #[error("--postgres-url must start with postgres:// or postgresql://, got {scheme}://")]
+    Scheme {
+        /// The scheme found.
+        scheme: String,
+    },
+    /// A query parameter with a value we do not understand.
+    #[error("--postgres-url parameter {name}={value:?} is invalid: expected {expected}")]
+    InvalidParameter {
+        /// Parameter name.
+        name: &'static str,
+        /// Value given.
+        value: String,
+        /// What would have been accepted.
+        expected: &'static str,
+    },
+    /// A query parameter the relay does not support.
+    #[error(
+        "--postgres-url parameter {name:?} is not supported; supported: host, port, user, password, dbname, sslmode, sslrootcert, sslcert, sslkey, application_name"
+    )]
+    UnsupportedParameter {
+        /// Parameter name.
+        name: String,
+    },
+    /// Percent-encoding that does not decode to UTF-8.
+    #[error("--postgres-url: the {part} is not valid UTF-8 after percent-decoding")]
+    Encoding {
+        /// Which part of the URL.
+        part: &'static str,
+    },
+}
+
+impl PostgresConnInfo {
+    /// Parses a libpq URL (`postgres://user:pass@host:port/db?sslmode=require`).
+    ///
+    /// Defaults follow libpq: port 5432, user `postgres`, database = user.
+    pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
+        let url = url::Url::parse(raw).map_err(|e| PostgresUrlError::Malformed {
+            url: redact_url(raw),
+            reason: e.to_string(),
+        })?;
+        if url.scheme() != "postgres" && url.scheme() != "postgresql" {
+            return Err(PostgresUrlError::Scheme {
+                scheme: url.scheme().to_owned(),
+            });
+        }
+        let decode = |part: &'static str, s: &str| -> Result<String, PostgresUrlError> {
+            percent_decode(s).ok_or(PostgresUrlError::Encoding { part })
+        };
+        let mut info = PostgresConnInfo {
+            host: match url.host() {
+                Some(url::Host::Ipv6(addr)) => addr.to_string(),
+                Some(host) => decode("host", &host.to_string())?,
+                None => "localhost".to_owned(),
+            },
+            port: url.port().unwrap_or(5432),
+            user: decode("user", url.username())?,
+            password: url.password().map(|p| decode("password", p)).transpose()?,
+            dbname: decode("database name", url.path().trim_start_matches('/'))?,
+            sslmode: SslMode::default(),
+            sslrootcert: None,
+            sslcert: None,
+            sslkey: None,
+            application_name: None,
+        };
+        for (name, value) in url.query_pairs() {
+            let value = value.into_owned();
+            match name.as_ref() {
+                "host" => info.host = value,
+                "port" => {
+                    info.port = value
+                        .parse()
+                        .map_err(|_| PostgresUrlError::InvalidParameter {
+                            name: "port",
+                            value,
+                            expected: "a TCP port number",
+                        })?
+                }
+                "user" => info.user = value,
+                "password" => info.password = Some(value),
+                "dbname" => info.dbname = value,
+                "sslmode" => info.sslmode = SslMode::parse(&value)?,
+                "sslrootcert" => info.sslrootcert = Some(PathBuf::from(value)),
+                "sslcert" => info.sslcert = Some(PathBuf::from(value)),
+                "sslkey" => info.sslkey = Some(PathBuf::from(value)),
+                "application_name" => info.application_name = Some(value),
+                other => {
+                    return Err(PostgresUrlError::UnsupportedParameter {
+                        name: other.to_owned(),
+                    });
+                }
+            }
+        }
+        if info.user.is_empty() {
+            info.user = "postgres".to_owned();
+        }
+        if info.dbname.is_empty() {
+            info.dbname = info.user.clone();
+        }
+        Ok(info)
+    }
+
+    /// The URL with the password replaced by `***`, for logs and errors.
+    pub fn redacted(&self) -> String {
+        let password = if self.password.is_some() { ":***" } else { "" };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!(
+            "postgres://{}{}@{}:{}/{}",
+            self.user, password, host, self.port, self.dbname
+        )
+    }
+}
+
+impl fmt::Debug for PostgresConnInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConnInfo")
+            .field("url", &self.redacted())
+            .field("sslmode", &self.sslmode)
+            .field("sslrootcert", &self.sslrootcert)
+            .finish_non_exhaustive()
+    }
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        if b == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Replaces the password in anything URL-shaped with `***`.
+///
+/// Works on strings that do not parse as URLs too (it only looks for
+/// `scheme://user:password@`), and on a `password=` query parameter, so a
+/// malformed URL can still be quoted in an error without leaking the secret.
+pub fn redact_url(raw: &str) -> String {
+    let mut out = raw.to_owned();
+    if let Some(scheme_end) = out.find("://") {
+        let rest_start = scheme_end + 3;
+        let authority_end = out[rest_start..]
+            .find(['/', '?'])
+            .map_or(out.len(), |i| rest_start + i);
+        if let Some(at) = out[rest_start..authority_end].rfind('@') {
+            let at = rest_start + at;
+            if let Some(colon) = out[rest_start..at].find(':') {
+                out.replace_range(rest_start + colon + 1..at, "***");
+            }
+        }
+    }
+    if let Some(start) = out.find("password=") {
+        let value_start = start + "password=".len();
+        let value_end = out[value_start..]
+            .find(['&', ' '])
+            .map_or(out.len(), |i| value_start + i);
+        out.replace_range(value_start..value_end, "***");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_url() {
+        let info = PostgresConnInfo::parse(
+            "postgres://relay:s%40cret@db.internal:6543/shop?sslmode=verify-full&sslrootcert=/ca.pem&application_name=r1",
+        )
+        .unwrap();
+        assert_eq!(info.host, "db.internal");
+        assert_eq!(info.port, 6543);
+        assert_eq!(info.user, "relay");
+        assert_eq!(info.password.as_deref(), Some("s@cret"));
+        assert_eq!(info.dbname, "shop");
+        assert_eq!(info.sslmode, SslMode::VerifyFull);
+        assert_eq!(info.sslrootcert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(info.application_name.as_deref(), Some("r1"));
+    }
+
+    #[test]
+    fn applies_libpq_defaults() {
+        let info = PostgresConnInfo::parse("postgresql://app@localhost").unwrap();
+        assert_eq!(info.port, 5432);
+        assert_eq!(info.dbname, "app");
+        assert_eq!(info.sslmode, SslMode::Prefer);
+        assert_eq!(info.password, None);
+    }
+
+    #[test]
+    fn never_shows_the_password() {
+        let raw = "postgres://relay:hunter2@127.0.0.1:5432/db";
+        let info = PostgresConnInfo::parse(raw).unwrap();
+        assert!(!info.redacted().contains("hunter2"));
+        assert!(!format!("{info:?}").contains("hunter2"));
+        assert_eq!(redact_url(raw), "postgres://relay:***@127.0.0.1:5432/db");
+        assert_eq!(
+            redact_url("postgres://u@h/db?password=hunter2&sslmode=require"),
+            "postgres://u@h/db?password=***&sslmode=require"
+        );
+        let err = PostgresConnInfo::parse("postgres://relay:hunter2@[bad/db").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn rejects_unknown_parameters_and_modes() {
+        assert!(matches!(
+            PostgresConnInfo::parse("postgres://u@h/db?sslmode=maybe"),
+            Err(PostgresUrlError::InvalidParameter {
+                name: "sslmode",
+                ..
+            })
+        ));
+        assert!(matches!(
+            PostgresConnInfo::parse("postgres://u@h/db?gssencmode=disable"),
+            Err(PostgresUrlError::UnsupportedParameter { .. })
+        ));
+        assert!(matches!(
+            PostgresConnInfo::parse("mysql://u@h/db"),
+            Err(PostgresUrlError::Scheme { .. })
+        ));
+    }
+}

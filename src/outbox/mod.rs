@@ -1,0 +1,392 @@
+//! PURE: how an inserted outbox row becomes a Kafka record.
+//!
+//! The user's flags ([`MappingConfig`]) are bound to a table's columns once per
+//! pgoutput Relation message ([`TableMapping::bind`]), so per-row work is index
+//! lookups, no name matching. A column the mapping needs that is missing or of
+//! an unusable type is an error at bind time, naming the table, the flag and
+//! the columns that do exist; a bad value in one row is an [`EventError`] that
+//! names the row.
+//!
+//! The defaults mirror Debezium's Outbox Event Router on the common schema
+//! `outbox(id, aggregate_type, aggregate_id, event_type, payload, created_at)`:
+//! topic from `event_type`, key from `aggregate_id`, value from `payload`, the
+//! `id` header from `id`.
+
+mod template;
+pub mod values;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+pub use template::{HeaderColumn, ROUTED_BY_VALUE, Segment, TableName, TopicTemplate, quote_ident};
+
+use crate::pgoutput::{Relation, TupleData, Value};
+
+/// Name of the header that always carries the event id.
+pub const ID_HEADER: &str = "id";
+
+/// The mapping flags, validated but not yet bound to a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MappingConfig {
+    /// `--route-by`
+    pub route_by: String,
+    /// `--topic-template`
+    pub topic_template: TopicTemplate,
+    /// `--key-column`
+    pub key_column: String,
+    /// `--id-column`
+    pub id_column: String,
+    /// `--payload-column`
+    pub payload_column: String,
+    /// `--timestamp-column`
+    pub timestamp_column: Option<String>,
+    /// `--header-column`
+    pub header_columns: Vec<HeaderColumn>,
+}
+
+impl MappingConfig {
+    /// Every column the mapping reads, with the flag that names it.
+    pub fn required_columns(&self) -> Vec<(&'static str, &str)> {
+        let mut cols = vec![
+            ("--route-by", self.route_by.as_str()),
+            ("--key-column", self.key_column.as_str()),
+            ("--id-column", self.id_column.as_str()),
+            ("--payload-column", self.payload_column.as_str()),
+        ];
+        if let Some(ts) = &self.timestamp_column {
+            cols.push(("--timestamp-column", ts.as_str()));
+        }
+        for h in &self.header_columns {
+            cols.push(("--header-column", h.column.as_str()));
+        }
+        for seg in self.topic_template.segments() {
+            if let Segment::Column(c) = seg {
+                cols.push(("--topic-template", c.as_str()));
+            }
+        }
+        cols
+    }
+}
+
+/// How the payload column's text becomes the record value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PayloadKind {
+    /// json, jsonb, text, anything textual: the bytes as Postgres sends them.
+    Text,
+    /// bytea: the decoded raw bytes.
+    Bytea,
+}
+
+/// How the timestamp column's text becomes the record timestamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TimestampKind {
+    /// timestamptz / timestamp (taken as UTC).
+    Timestamp,
+    /// int4 / int8 milliseconds since the Unix epoch.
+    EpochMillis,
+}
+
+#[derive(Clone, Debug)]
+enum BoundSegment {
+    Literal(String),
+    Column(usize),
+}
+
+/// A [`MappingConfig`] bound to one table's column layout.
+#[derive(Clone, Debug)]
+pub struct TableMapping {
+    table: Arc<str>,
+    topic: Vec<BoundSegment>,
+    key: usize,
+    id: usize,
+    payload: usize,
+    payload_kind: PayloadKind,
+    timestamp: Option<(usize, TimestampKind)>,
+    headers: Vec<(usize, Arc<str>)>,
+}
+
+/// The table's columns do not fit the mapping (at start-up or after a schema change).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    /// A column named by a flag is not in the table.
+    #[error(
+        "table {table} has no column {column:?} (named by {flag}); its columns are: {available}. \
+         Fix {flag} or the table"
+    )]
+    MissingColumn {
+        /// The table.
+        table: String,
+        /// The flag naming the column.
+        flag: &'static str,
+        /// The missing column.
+        column: String,
+        /// The table's columns, comma separated.
+        available: String,
+    },
+    /// The timestamp column has a type the relay cannot read as a time.
+    #[error(
+        "table {table}: --timestamp-column {column:?} has type oid {type_oid}; use a timestamptz, \
+         timestamp or bigint (epoch milliseconds) column"
+    )]
+    TimestampType {
+        /// The table.
+        table: String,
+        /// The column.
+        column: String,
+        /// Its type OID.
+        type_oid: u32,
+    },
+}
+
+/// One row that cannot become a record. Names what is wrong; the caller adds
+/// the row's LSN and table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EventError {
+    /// The id column is NULL, so the record would have no dedupe key.
+    #[error("the id column {column:?} is NULL; every outbox row needs an id")]
+    NullId {
+        /// The id column.
+        column: String,
+    },
+    /// A column used in the topic name is NULL or empty.
+    #[error("column {column:?}, used in the topic name, is NULL or empty")]
+    EmptyRoutingValue {
+        /// The column.
+        column: String,
+    },
+    /// A value is not valid for its column type.
+    #[error("column {column:?} holds a value the relay cannot read: {reason}")]
+    InvalidValue {
+        /// The column.
+        column: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// An outbox row turned into a Kafka record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutboxRecord {
+    /// Destination topic.
+    pub topic: String,
+    /// Record key; `None` is a null key.
+    pub key: Option<Bytes>,
+    /// Record value; `None` is a tombstone.
+    pub payload: Option<Bytes>,
+    /// The event id (also the first header).
+    pub id: Bytes,
+    /// Headers after `id`, in flag order; a NULL column gives a null header value.
+    pub headers: Vec<(Arc<str>, Option<Bytes>)>,
+    /// Record timestamp, Unix milliseconds.
+    pub timestamp_ms: i64,
+}
+
+impl OutboxRecord {
+    /// Key plus value bytes: what the in-flight byte cap counts.
+    pub fn size(&self) -> usize {
+        self.key.as_ref().map_or(0, Bytes::len) + self.payload.as_ref().map_or(0, Bytes::len)
+    }
+
+    /// The id as text, for logs and errors.
+    pub fn id_text(&self) -> String {
+        String::from_utf8_lossy(&self.id).into_owned()
+    }
+}
+
+impl TableMapping {
+    /// Binds the flags to a table's columns, as announced by a Relation message.
+    pub fn bind(config: &MappingConfig, relation: &Relation) -> Result<Self, BindError> {
+        let table = format!("{}.{}", relation.namespace, relation.name);
+        let find = |flag: &'static str, column: &str| -> Result<usize, BindError> {
+            relation
+                .columns
+                .iter()
+                .position(|c| c.name == column)
+                .ok_or_else(|| BindError::MissingColumn {
+                    table: table.clone(),
+                    flag,
+                    column: column.to_owned(),
+                    available: relation
+                        .columns
+                        .iter()
+                        .map(|c| c.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+        };
+        let route = find("--route-by", &config.route_by)?;
+        let mut topic = Vec::with_capacity(config.topic_template.segments().len());
+        for seg in config.topic_template.segments() {
+            topic.push(match seg {
+                Segment::Literal(s) => BoundSegment::Literal(s.clone()),
+                Segment::RoutedByValue => BoundSegment::Column(route),
+                Segment::Column(c) => BoundSegment::Column(find("--topic-template", c)?),
+            });
+        }
+        let payload = find("--payload-column", &config.payload_column)?;
+        let payload_kind = match relation.columns.get(payload).map(|c| c.type_oid) {
+            Some(values::oid::BYTEA) => PayloadKind::Bytea,
+            _ => PayloadKind::Text,
+        };
+        let timestamp = match &config.timestamp_column {
+            None => None,
+            Some(column) => {
+                let idx = find("--timestamp-column", column)?;
+                let type_oid = relation.columns.get(idx).map_or(0, |c| c.type_oid);
+                let kind = match type_oid {
+                    values::oid::TIMESTAMPTZ | values::oid::TIMESTAMP => TimestampKind::Timestamp,
+                    values::oid::INT8 | values::oid::INT4 => TimestampKind::EpochMillis,
+                    _ => {
+                        return Err(BindError::TimestampType {
+                            table,
+                            column: column.clone(),
+                            type_oid,
+                        });
+                    }
+                };
+                Some((idx, kind))
+            }
+        };
+        let headers = config
+            .header_columns
+            .iter()
+            .map(|h| {
+                Ok((
+                    find("--header-column", &h.column)?,
+                    Arc::from(h.header.as_str()),
+                ))
+            })
+            .collect::<Result<Vec<_>, BindError>>()?;
+        Ok(TableMapping {
+            topic,
+            key: find("--key-column", &config.key_column)?,
+            id: find("--id-column", &config.id_column)?,
+            payload,
+            payload_kind,
+            timestamp,
+            headers,
+            table: Arc::from(table.as_str()),
+        })
+    }
+
+    /// `schema.table` of the bound table.
+    pub fn table(&self) -> &Arc<str> {
+        &self.table
+    }
+
+    /// The row's id as text, when it has one: for naming a row that failed to map.
+    pub fn id_text(&self, row: &TupleData) -> Option<String> {
+        match row.0.get(self.id) {
+            Some(Value::Text(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// Maps one inserted row. `commit_time_ms` is the record timestamp unless
+    /// a timestamp column is configured.
+    pub fn map(
+        &self,
+        relation: &Relation,
+        row: &TupleData,
+        commit_time_ms: i64,
+    ) -> Result<OutboxRecord, EventError> {
+        let column_name = |idx: usize| {
+            relation
+                .columns
+                .get(idx)
+                .map_or_else(|| format!("#{idx}"), |c| c.name.clone())
+        };
+        let text = |idx: usize| -> Result<Option<&Bytes>, EventError> {
+            match row.0.get(idx) {
+                Some(Value::Text(b)) => Ok(Some(b)),
+                Some(Value::Null) => Ok(None),
+                Some(Value::Unchanged) => Err(EventError::InvalidValue {
+                    column: column_name(idx),
+                    reason: "unchanged TOAST value in an insert".to_owned(),
+                }),
+                Some(Value::Binary(_)) => Err(EventError::InvalidValue {
+                    column: column_name(idx),
+                    reason: "binary-format value (the relay streams in text format)".to_owned(),
+                }),
+                None => Err(EventError::InvalidValue {
+                    column: column_name(idx),
+                    reason: format!("the row has only {} columns", row.0.len()),
+                }),
+            }
+        };
+
+        let id = text(self.id)?.cloned().ok_or_else(|| EventError::NullId {
+            column: column_name(self.id),
+        })?;
+
+        let mut topic = String::new();
+        for seg in &self.topic {
+            match seg {
+                BoundSegment::Literal(s) => topic.push_str(s),
+                BoundSegment::Column(idx) => {
+                    let value = text(*idx)?.filter(|v| !v.is_empty()).ok_or_else(|| {
+                        EventError::EmptyRoutingValue {
+                            column: column_name(*idx),
+                        }
+                    })?;
+                    let value =
+                        std::str::from_utf8(value).map_err(|_| EventError::InvalidValue {
+                            column: column_name(*idx),
+                            reason: "not UTF-8".to_owned(),
+                        })?;
+                    topic.push_str(value);
+                }
+            }
+        }
+
+        let key = text(self.key)?.cloned();
+        let payload = match (text(self.payload)?, self.payload_kind) {
+            (None, _) => None,
+            (Some(b), PayloadKind::Text) => Some(b.clone()),
+            (Some(b), PayloadKind::Bytea) => Some(values::decode_bytea_hex(b).ok_or_else(
+                || EventError::InvalidValue {
+                    column: column_name(self.payload),
+                    reason: "bytea text is not in hex format (\\x...)".to_owned(),
+                },
+            )?),
+        };
+
+        let timestamp_ms = match self.timestamp {
+            None => commit_time_ms,
+            Some((idx, kind)) => match text(idx)? {
+                None => commit_time_ms,
+                Some(raw) => {
+                    let parsed = std::str::from_utf8(raw).ok().and_then(|s| match kind {
+                        TimestampKind::Timestamp => values::parse_timestamp_ms(s),
+                        TimestampKind::EpochMillis => s.parse::<i64>().ok(),
+                    });
+                    parsed.ok_or_else(|| EventError::InvalidValue {
+                        column: column_name(idx),
+                        reason: format!(
+                            "cannot read {:?} as a timestamp",
+                            String::from_utf8_lossy(raw)
+                        ),
+                    })?
+                }
+            },
+        };
+
+        let mut headers = Vec::with_capacity(self.headers.len());
+        for (idx, name) in &self.headers {
+            headers.push((Arc::clone(name), text(*idx)?.cloned()));
+        }
+
+        Ok(OutboxRecord {
+            topic,
+            key,
+            payload,
+            id,
+            headers,
+            timestamp_ms,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,241 @@
+use super::*;
+use crate::pgoutput::Column;
+
+const UUID: u32 = 2950;
+const TEXT: u32 = 25;
+const JSONB: u32 = 3802;
+
+fn relation(columns: &[(&str, u32)]) -> Relation {
+    Relation {
+        id: 16384,
+        namespace: "public".into(),
+        name: "outbox".into(),
+        replica_identity: b'd',
+        columns: columns
+            .iter()
+            .map(|(name, type_oid)| Column {
+                flags: 0,
+                name: (*name).into(),
+                type_oid: *type_oid,
+                type_modifier: -1,
+            })
+            .collect(),
+    }
+}
+
+fn standard() -> Relation {
+    relation(&[
+        ("id", UUID),
+        ("aggregate_type", TEXT),
+        ("aggregate_id", TEXT),
+        ("event_type", TEXT),
+        ("payload", JSONB),
+        ("created_at", values::oid::TIMESTAMPTZ),
+    ])
+}
+
+fn config(extra: impl FnOnce(&mut MappingConfig)) -> MappingConfig {
+    let mut c = MappingConfig {
+        route_by: "event_type".into(),
+        topic_template: TopicTemplate::parse("${routedByValue}").unwrap(),
+        key_column: "aggregate_id".into(),
+        id_column: "id".into(),
+        payload_column: "payload".into(),
+        timestamp_column: None,
+        header_columns: vec![],
+    };
+    extra(&mut c);
+    c
+}
+
+fn t(s: &str) -> Value {
+    Value::Text(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+fn row(values: Vec<Value>) -> TupleData {
+    TupleData(values)
+}
+
+fn standard_row(payload: Value) -> TupleData {
+    row(vec![
+        t("6f1c2c4e-0000-4000-8000-000000000001"),
+        t("order"),
+        t("order-42"),
+        t("OrderCreated"),
+        payload,
+        t("2026-11-22 13:05:54.123456+00"),
+    ])
+}
+
+#[test]
+fn maps_the_common_schema_with_defaults() {
+    let rel = standard();
+    let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
+    let rec = m
+        .map(&rel, &standard_row(t(r#"{"total": 10}"#)), 1_000)
+        .unwrap();
+    assert_eq!(rec.topic, "OrderCreated");
+    assert_eq!(rec.key.as_deref(), Some(&b"order-42"[..]));
+    assert_eq!(rec.payload.as_deref(), Some(&br#"{"total": 10}"#[..]));
+    assert_eq!(rec.id_text(), "6f1c2c4e-0000-4000-8000-000000000001");
+    assert_eq!(rec.timestamp_ms, 1_000);
+    assert!(rec.headers.is_empty());
+    assert_eq!(m.table().as_ref(), "public.outbox");
+}
+
+#[test]
+fn reproduces_debezium_default_topic_and_column_placeholders() {
+    let rel = standard();
+    let m = TableMapping::bind(
+        &config(|c| {
+            c.topic_template =
+                TopicTemplate::parse("outbox.${aggregate_type}.${routedByValue}").unwrap()
+        }),
+        &rel,
+    )
+    .unwrap();
+    let rec = m.map(&rel, &standard_row(Value::Null), 0).unwrap();
+    assert_eq!(rec.topic, "outbox.order.OrderCreated");
+}
+
+#[test]
+fn null_payload_is_a_tombstone_and_null_key_is_null() {
+    let rel = standard();
+    let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
+    let mut r = standard_row(Value::Null);
+    r.0[2] = Value::Null;
+    let rec = m.map(&rel, &r, 0).unwrap();
+    assert_eq!(rec.payload, None);
+    assert_eq!(rec.key, None);
+}
+
+#[test]
+fn bytea_payload_is_decoded_to_raw_bytes() {
+    let rel = relation(&[
+        ("id", UUID),
+        ("aggregate_id", TEXT),
+        ("event_type", TEXT),
+        ("payload", values::oid::BYTEA),
+    ]);
+    let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
+    let r = row(vec![t("1"), t("a"), t("E"), t("\\x00ff")]);
+    assert_eq!(
+        m.map(&rel, &r, 0).unwrap().payload.as_deref(),
+        Some(&[0u8, 0xff][..])
+    );
+    let bad = row(vec![t("1"), t("a"), t("E"), t("\\xf")]);
+    assert!(matches!(
+        m.map(&rel, &bad, 0),
+        Err(EventError::InvalidValue { .. })
+    ));
+}
+
+#[test]
+fn headers_and_timestamp_column() {
+    let rel = standard();
+    let m = TableMapping::bind(
+        &config(|c| {
+            c.timestamp_column = Some("created_at".into());
+            c.header_columns = vec![
+                HeaderColumn::parse("aggregate_type:type").unwrap(),
+                HeaderColumn::parse("event_type").unwrap(),
+            ];
+        }),
+        &rel,
+    )
+    .unwrap();
+    let rec = m.map(&rel, &standard_row(Value::Null), 0).unwrap();
+    assert_eq!(rec.timestamp_ms, 1_795_352_754_123);
+    assert_eq!(rec.headers.len(), 2);
+    assert_eq!(rec.headers[0].0.as_ref(), "type");
+    assert_eq!(rec.headers[0].1.as_deref(), Some(&b"order"[..]));
+    assert_eq!(rec.headers[1].0.as_ref(), "event_type");
+}
+
+#[test]
+fn epoch_millis_timestamp_column() {
+    let rel = relation(&[
+        ("id", UUID),
+        ("aggregate_id", TEXT),
+        ("event_type", TEXT),
+        ("payload", JSONB),
+        ("ts", values::oid::INT8),
+    ]);
+    let m = TableMapping::bind(&config(|c| c.timestamp_column = Some("ts".into())), &rel).unwrap();
+    let r = row(vec![
+        t("1"),
+        t("a"),
+        t("E"),
+        Value::Null,
+        t("1700000000000"),
+    ]);
+    assert_eq!(m.map(&rel, &r, 5).unwrap().timestamp_ms, 1_700_000_000_000);
+    let r = row(vec![t("1"), t("a"), t("E"), Value::Null, t("soon")]);
+    assert!(m.map(&rel, &r, 5).is_err());
+}
+
+#[test]
+fn missing_columns_are_named_with_the_flag_and_the_real_columns() {
+    let rel = standard();
+    let err = TableMapping::bind(&config(|c| c.key_column = "aggregateid".into()), &rel)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("\"aggregateid\""), "{err}");
+    assert!(err.contains("--key-column"), "{err}");
+    assert!(
+        err.contains("id, aggregate_type, aggregate_id, event_type, payload, created_at"),
+        "{err}"
+    );
+    let err = TableMapping::bind(
+        &config(|c| c.topic_template = TopicTemplate::parse("${nope}").unwrap()),
+        &rel,
+    )
+    .unwrap_err();
+    assert!(matches!(
+        err,
+        BindError::MissingColumn {
+            flag: "--topic-template",
+            ..
+        }
+    ));
+    let err = TableMapping::bind(
+        &config(|c| c.timestamp_column = Some("event_type".into())),
+        &rel,
+    )
+    .unwrap_err();
+    assert!(matches!(err, BindError::TimestampType { .. }));
+}
+
+#[test]
+fn bad_rows_are_typed_errors() {
+    let rel = standard();
+    let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
+    let mut r = standard_row(Value::Null);
+    r.0[0] = Value::Null;
+    assert!(matches!(m.map(&rel, &r, 0), Err(EventError::NullId { .. })));
+    let mut r = standard_row(Value::Null);
+    r.0[3] = t("");
+    assert!(matches!(
+        m.map(&rel, &r, 0),
+        Err(EventError::EmptyRoutingValue { .. })
+    ));
+    let mut r = standard_row(Value::Null);
+    r.0[3] = Value::Null;
+    assert!(matches!(
+        m.map(&rel, &r, 0),
+        Err(EventError::EmptyRoutingValue { .. })
+    ));
+    let short = row(vec![t("1")]);
+    assert!(matches!(
+        m.map(&rel, &short, 0),
+        Err(EventError::InvalidValue { .. })
+    ));
+    let mut r = standard_row(Value::Null);
+    r.0[1] = Value::Unchanged;
+    let m2 = TableMapping::bind(
+        &config(|c| c.header_columns = vec![HeaderColumn::parse("aggregate_type").unwrap()]),
+        &rel,
+    )
+    .unwrap();
+    assert!(m2.map(&rel, &r, 0).is_err());
+}

@@ -1,0 +1,386 @@
+//! PURE: the ack frontier.
+//!
+//! Every event handed to Kafka gets a ticket: a sequence number in stream
+//! order. Acks come back in any order (partitions are independent), so the
+//! tracker keeps a window of delivered flags from the oldest undelivered
+//! ticket onwards, and a FIFO of committed transactions with the ticket that
+//! ends each. A transaction is done when every ticket before its end is
+//! delivered; the frontier is the end LSN of the last done transaction in an
+//! unbroken prefix. Transactions with no events are done as soon as everything
+//! before them is, so a busy database with an idle outbox still advances.
+//!
+//! All operations are O(1) amortised; memory is proportional to what is in
+//! flight, which the pipeline caps.
+
+use std::collections::VecDeque;
+
+use crate::lsn::Lsn;
+
+/// Identifies one in-flight event; handed to the producer and returned with the ack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(pub u64);
+
+/// The stream did something the pgoutput protocol rules out; the relay must
+/// stop rather than guess.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AckError {
+    /// A Begin arrived while a transaction was open.
+    #[error("transaction {new} began while transaction {open} was still open")]
+    NestedBegin {
+        /// The open transaction's commit LSN.
+        open: Lsn,
+        /// The new one's.
+        new: Lsn,
+    },
+    /// An event or Commit arrived with no transaction open.
+    #[error("{what} outside a transaction")]
+    NoTransaction {
+        /// What arrived.
+        what: &'static str,
+    },
+    /// A commit ended at or before the frontier or a previous commit.
+    #[error("commit end {end} is not after the previous position {previous}")]
+    NonMonotonicCommit {
+        /// The previous end.
+        previous: Lsn,
+        /// The new end.
+        end: Lsn,
+    },
+    /// An ack for a ticket that is not in flight (unknown, or acked twice).
+    #[error("delivery report for ticket {0} which is not in flight")]
+    UnknownTicket(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    delivered: bool,
+    bytes: usize,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct CommittedTx {
+    /// First ticket after this transaction's events.
+    end_seq: u64,
+    end_lsn: Lsn,
+    commit_lsn: Lsn,
+    first_seq: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct OpenTx {
+    commit_lsn: Lsn,
+    first_seq: u64,
+}
+
+/// Tracks in-flight events and computes the ack frontier.
+#[derive(Debug)]
+pub struct AckTracker {
+    next_seq: u64,
+    /// Every ticket below this is delivered.
+    base: u64,
+    window: VecDeque<Slot>,
+    committed: VecDeque<CommittedTx>,
+    open: Option<OpenTx>,
+    frontier: Lsn,
+    last_end: Lsn,
+    in_flight_bytes: usize,
+}
+
+impl AckTracker {
+    /// Starts at `confirmed`, the slot's confirmed position: the frontier never
+    /// goes below it.
+    pub fn new(confirmed: Lsn) -> Self {
+        AckTracker {
+            next_seq: 0,
+            base: 0,
+            window: VecDeque::new(),
+            committed: VecDeque::new(),
+            open: None,
+            frontier: confirmed,
+            last_end: confirmed,
+            in_flight_bytes: 0,
+        }
+    }
+
+    /// A transaction begins; `commit_lsn` is its commit record's LSN (pgoutput's `final_lsn`).
+    pub fn begin(&mut self, commit_lsn: Lsn) -> Result<(), AckError> {
+        if let Some(open) = self.open {
+            return Err(AckError::NestedBegin {
+                open: open.commit_lsn,
+                new: commit_lsn,
+            });
+        }
+        self.open = Some(OpenTx {
+            commit_lsn,
+            first_seq: self.next_seq,
+        });
+        Ok(())
+    }
+
+    /// An event of the open transaction was handed to the producer.
+    pub fn push(&mut self, bytes: usize) -> Result<Ticket, AckError> {
+        if self.open.is_none() {
+            return Err(AckError::NoTransaction { what: "an event" });
+        }
+        let ticket = Ticket(self.next_seq);
+        self.next_seq += 1;
+        self.window.push_back(Slot {
+            delivered: false,
+            bytes,
+        });
+        self.in_flight_bytes += bytes;
+        Ok(ticket)
+    }
+
+    /// The open transaction committed, ending at `end_lsn`. Returns whether the frontier moved.
+    pub fn commit(&mut self, end_lsn: Lsn) -> Result<bool, AckError> {
+        let open = self
+            .open
+            .take()
+            .ok_or(AckError::NoTransaction { what: "a commit" })?;
+        if end_lsn <= self.last_end {
+            return Err(AckError::NonMonotonicCommit {
+                previous: self.last_end,
+                end: end_lsn,
+            });
+        }
+        self.last_end = end_lsn;
+        self.committed.push_back(CommittedTx {
+            end_seq: self.next_seq,
+            end_lsn,
+            commit_lsn: open.commit_lsn,
+            first_seq: open.first_seq,
+        });
+        Ok(self.advance())
+    }
+
+    /// The broker acknowledged `ticket`. Returns whether the frontier moved.
+    pub fn ack(&mut self, ticket: Ticket) -> Result<bool, AckError> {
+        let idx = ticket
+            .0
+            .checked_sub(self.base)
+            .and_then(|i| usize::try_from(i).ok())
+            .ok_or(AckError::UnknownTicket(ticket.0))?;
+        let slot = self
+            .window
+            .get_mut(idx)
+            .filter(|s| !s.delivered)
+            .ok_or(AckError::UnknownTicket(ticket.0))?;
+        slot.delivered = true;
+        self.in_flight_bytes -= slot.bytes;
+        while self.window.front().is_some_and(|s| s.delivered) {
+            self.window.pop_front();
+            self.base += 1;
+        }
+        Ok(self.advance())
+    }
+
+    /// A keepalive reported the server's WAL end. When nothing is in flight
+    /// and no transaction is open, everything up to it is safe to confirm,
+    /// and confirming it keeps an idle outbox from pinning WAL. Returns whether
+    /// the frontier moved.
+    pub fn keepalive(&mut self, wal_end: Lsn) -> bool {
+        if self.is_idle() && wal_end > self.frontier {
+            self.frontier = wal_end;
+            self.last_end = self.last_end.max(wal_end);
+            true
+        } else {
+            false
+        }
+    }
+
+    fn advance(&mut self) -> bool {
+        let before = self.frontier;
+        while let Some(tx) = self.committed.front() {
+            if tx.end_seq > self.base {
+                break;
+            }
+            self.frontier = self.frontier.max(tx.end_lsn);
+            self.committed.pop_front();
+        }
+        self.frontier != before
+    }
+
+    /// The highest LSN safe to report to Postgres as flushed.
+    pub fn frontier(&self) -> Lsn {
+        self.frontier
+    }
+
+    /// Events handed to the producer and not yet acknowledged.
+    pub fn in_flight_events(&self) -> usize {
+        self.window.iter().filter(|s| !s.delivered).count()
+    }
+
+    /// Tickets from the oldest unacknowledged one to the newest: an upper
+    /// bound of the in-flight count, O(1), used for the cap.
+    pub fn window_len(&self) -> usize {
+        self.window.len()
+    }
+
+    /// Key+value bytes handed to the producer and not yet acknowledged.
+    pub fn in_flight_bytes(&self) -> usize {
+        self.in_flight_bytes
+    }
+
+    /// No transaction open, nothing in flight, nothing waiting to be confirmed.
+    pub fn is_idle(&self) -> bool {
+        self.open.is_none() && self.window.is_empty() && self.committed.is_empty()
+    }
+
+    /// Whether a transaction is open.
+    pub fn in_transaction(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// The commit LSN of the transaction a ticket belongs to, for error messages.
+    pub fn commit_lsn_of(&self, ticket: Ticket) -> Option<Lsn> {
+        if let Some(open) = self.open
+            && ticket.0 >= open.first_seq
+            && ticket.0 < self.next_seq
+        {
+            return Some(open.commit_lsn);
+        }
+        self.committed
+            .iter()
+            .find(|tx| ticket.0 >= tx.first_seq && ticket.0 < tx.end_seq)
+            .map(|tx| tx.commit_lsn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tx(t: &mut AckTracker, commit: u64, events: usize, end: u64) -> Vec<Ticket> {
+        t.begin(Lsn(commit)).unwrap();
+        let tickets = (0..events).map(|_| t.push(10).unwrap()).collect();
+        t.commit(Lsn(end)).unwrap();
+        tickets
+    }
+
+    #[test]
+    fn frontier_waits_for_every_event_of_a_transaction() {
+        let mut t = AckTracker::new(Lsn(100));
+        let a = tx(&mut t, 110, 3, 120);
+        assert_eq!(t.frontier(), Lsn(100));
+        assert!(!t.ack(a[0]).unwrap());
+        assert!(!t.ack(a[2]).unwrap());
+        assert_eq!(t.frontier(), Lsn(100));
+        assert!(t.ack(a[1]).unwrap());
+        assert_eq!(t.frontier(), Lsn(120));
+        assert!(t.is_idle());
+        assert_eq!(t.in_flight_bytes(), 0);
+    }
+
+    #[test]
+    fn out_of_order_acks_across_transactions_keep_the_prefix_rule() {
+        let mut t = AckTracker::new(Lsn(0));
+        let a = tx(&mut t, 10, 2, 20);
+        let b = tx(&mut t, 30, 1, 40);
+        let c = tx(&mut t, 50, 2, 60);
+        // The later transactions are fully acked first: nothing moves.
+        t.ack(c[1]).unwrap();
+        t.ack(c[0]).unwrap();
+        t.ack(b[0]).unwrap();
+        assert_eq!(t.frontier(), Lsn(0));
+        t.ack(a[1]).unwrap();
+        assert_eq!(t.frontier(), Lsn(0));
+        // The last missing ack releases all three at once.
+        t.ack(a[0]).unwrap();
+        assert_eq!(t.frontier(), Lsn(60));
+    }
+
+    #[test]
+    fn empty_transactions_advance_only_behind_a_delivered_prefix() {
+        let mut t = AckTracker::new(Lsn(0));
+        // Leading empty transaction: confirmed at once.
+        tx(&mut t, 5, 0, 8);
+        assert_eq!(t.frontier(), Lsn(8));
+        let a = tx(&mut t, 10, 1, 20);
+        // An empty transaction behind an undelivered one must wait.
+        tx(&mut t, 30, 0, 40);
+        assert_eq!(t.frontier(), Lsn(8));
+        t.ack(a[0]).unwrap();
+        assert_eq!(t.frontier(), Lsn(40));
+    }
+
+    #[test]
+    fn keepalive_advances_only_when_idle() {
+        let mut t = AckTracker::new(Lsn(100));
+        assert!(t.keepalive(Lsn(150)));
+        assert_eq!(t.frontier(), Lsn(150));
+        // Never backwards.
+        assert!(!t.keepalive(Lsn(120)));
+        // Open transaction: a keepalive cannot confirm past its events.
+        t.begin(Lsn(200)).unwrap();
+        assert!(!t.keepalive(Lsn(300)));
+        let e = t.push(1).unwrap();
+        t.commit(Lsn(210)).unwrap();
+        // Committed but undelivered: still pinned.
+        assert!(!t.keepalive(Lsn(300)));
+        assert_eq!(t.frontier(), Lsn(150));
+        t.ack(e).unwrap();
+        assert_eq!(t.frontier(), Lsn(210));
+        assert!(t.keepalive(Lsn(300)));
+        assert_eq!(t.frontier(), Lsn(300));
+    }
+
+    #[test]
+    fn a_failed_event_pins_the_frontier_forever() {
+        let mut t = AckTracker::new(Lsn(0));
+        let a = tx(&mut t, 10, 2, 20);
+        let b = tx(&mut t, 30, 1, 40);
+        t.ack(a[0]).unwrap();
+        t.ack(b[0]).unwrap();
+        // a[1] never acks (its delivery failed): nothing past it is confirmed.
+        for wal in [50, 60, 70] {
+            assert!(!t.keepalive(Lsn(wal)));
+        }
+        assert_eq!(t.frontier(), Lsn(0));
+        assert_eq!(t.commit_lsn_of(a[1]), Some(Lsn(10)));
+        assert_eq!(t.commit_lsn_of(b[0]), Some(Lsn(30)));
+        assert_eq!(t.in_flight_events(), 1);
+    }
+
+    #[test]
+    fn protocol_violations_are_errors() {
+        let mut t = AckTracker::new(Lsn(100));
+        assert!(matches!(t.push(1), Err(AckError::NoTransaction { .. })));
+        assert!(matches!(
+            t.commit(Lsn(1)),
+            Err(AckError::NoTransaction { .. })
+        ));
+        t.begin(Lsn(110)).unwrap();
+        assert!(matches!(
+            t.begin(Lsn(111)),
+            Err(AckError::NestedBegin { .. })
+        ));
+        let e = t.push(1).unwrap();
+        assert!(matches!(
+            t.commit(Lsn(90)),
+            Err(AckError::NonMonotonicCommit { .. })
+        ));
+        t.begin(Lsn(110)).unwrap();
+        t.commit(Lsn(120)).unwrap();
+        t.ack(e).unwrap();
+        assert_eq!(t.ack(e), Err(AckError::UnknownTicket(e.0)));
+        assert_eq!(t.ack(Ticket(99)), Err(AckError::UnknownTicket(99)));
+    }
+
+    #[test]
+    fn in_flight_counts_and_bytes() {
+        let mut t = AckTracker::new(Lsn(0));
+        t.begin(Lsn(1)).unwrap();
+        let a = t.push(100).unwrap();
+        let b = t.push(50).unwrap();
+        assert_eq!(t.in_flight_bytes(), 150);
+        assert_eq!(t.window_len(), 2);
+        t.ack(b).unwrap();
+        assert_eq!(t.in_flight_bytes(), 100);
+        assert_eq!(t.in_flight_events(), 1);
+        assert_eq!(t.window_len(), 2);
+        t.ack(a).unwrap();
+        assert_eq!(t.window_len(), 0);
+        assert!(t.in_transaction());
+    }
+}

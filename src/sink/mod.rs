@@ -1,0 +1,242 @@
+//! I/O: the Kafka producer.
+//!
+//! One librdkafka producer, idempotent with `acks=all`, so a record that the
+//! broker acknowledged is durable and retries inside librdkafka never
+//! duplicate or reorder within a partition. Records are enqueued in commit
+//! order; librdkafka's own thread polls for delivery reports, which the
+//! context turns into [`Delivery`] messages on a channel. The pipeline alone
+//! reads that channel and decides what may be acknowledged to Postgres.
+//!
+//! A full local queue is backpressure: [`KafkaSink::send`] waits and retries.
+//! Anything else librdkafka refuses at enqueue time (a record over
+//! `message.max.bytes`, an invalid topic name) is a [`SinkError`], and so is
+//! every failed delivery report: librdkafka has already retried whatever was
+//! retriable until `message.timeout.ms`.
+
+use std::time::Duration;
+
+use rdkafka::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use tokio::sync::mpsc;
+
+use crate::outbox::{ID_HEADER, OutboxRecord};
+use crate::pipeline::ack::Ticket;
+
+/// Producer settings the relay sets unless `-X` overrides them.
+///
+/// `message.timeout.ms=0` (no limit): an outbox relay should wait out a
+/// broker outage rather than give up on events after librdkafka's default
+/// five minutes; the slot holds the WAL meanwhile, and readiness/alerts show
+/// the stall. Set `-X message.timeout.ms=...` to fail instead.
+pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
+    ("enable.idempotence", "true"),
+    ("acks", "all"),
+    ("partitioner", "murmur2_random"),
+    ("message.timeout.ms", "0"),
+    ("client.id", "outbox-relay"),
+];
+
+/// The outcome of one record, reported by librdkafka.
+#[derive(Debug)]
+pub struct Delivery {
+    /// Which event.
+    pub ticket: Ticket,
+    /// `Ok` once the broker acknowledged it.
+    pub outcome: Result<Acked, DeliveryFailure>,
+}
+
+/// Where an acknowledged record landed.
+#[derive(Debug, Clone, Copy)]
+pub struct Acked {
+    /// Partition.
+    pub partition: i32,
+    /// Offset in that partition.
+    pub offset: i64,
+}
+
+/// A record librdkafka gave up on.
+#[derive(Debug, Clone)]
+pub struct DeliveryFailure {
+    /// Why.
+    pub error: KafkaError,
+    /// The record's topic.
+    pub topic: String,
+    /// The record's `id` header.
+    pub id: String,
+}
+
+/// The producer could not be built or refused a record outright.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// Bad producer configuration (an unknown `-X` property, say).
+    #[error(
+        "cannot create the Kafka producer: {source}. Check --kafka-brokers and the -X properties"
+    )]
+    Create {
+        /// librdkafka's complaint.
+        #[source]
+        source: KafkaError,
+    },
+    /// librdkafka refused to enqueue a record.
+    #[error("Kafka refused the record for topic {topic:?} (id {id}): {source}")]
+    Enqueue {
+        /// The record's topic.
+        topic: String,
+        /// The event id.
+        id: String,
+        /// librdkafka's error.
+        #[source]
+        source: KafkaError,
+    },
+}
+
+struct DeliveryContext {
+    deliveries: mpsc::UnboundedSender<Delivery>,
+}
+
+impl ClientContext for DeliveryContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", facility = fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(target: "librdkafka", facility = fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", facility = fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Debug => {
+                tracing::debug!(target: "librdkafka", facility = fac, "{log_message}")
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        // Broker connection errors are retried by librdkafka; deliveries that
+        // finally fail arrive as delivery reports, so this is informational.
+        tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
+    }
+}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
+        let ticket = Ticket(opaque as u64);
+        let outcome = match result {
+            Ok(msg) => Ok(Acked {
+                partition: msg.partition(),
+                offset: msg.offset(),
+            }),
+            Err((error, msg)) => Err(DeliveryFailure {
+                error: error.clone(),
+                topic: msg.topic().to_owned(),
+                id: msg
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == ID_HEADER))
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default(),
+            }),
+        };
+        // The receiver is gone only when the relay is shutting down.
+        let _ = self.deliveries.send(Delivery { ticket, outcome });
+    }
+}
+
+/// The Kafka side of the relay.
+pub struct KafkaSink {
+    producer: ThreadedProducer<DeliveryContext>,
+}
+
+impl KafkaSink {
+    /// Builds the producer. Delivery reports arrive on the returned channel.
+    pub fn new(
+        brokers: &str,
+        properties: &[(String, String)],
+        max_in_flight_events: usize,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", brokers);
+        for (k, v) in DEFAULT_PROPERTIES {
+            config.set(*k, *v);
+        }
+        // The relay's own cap is what bounds memory; librdkafka's queue must
+        // hold at least that much or every send would hit QueueFull.
+        let queue = (max_in_flight_events.saturating_mul(2)).max(100_000);
+        config.set("queue.buffering.max.messages", queue.to_string());
+        for (k, v) in properties {
+            config.set(k, v);
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let producer = config
+            .create_with_context(DeliveryContext { deliveries: tx })
+            .map_err(|source| SinkError::Create { source })?;
+        Ok((KafkaSink { producer }, rx))
+    }
+
+    /// Enqueues one record. Waits while librdkafka's queue is full.
+    pub async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
+        let mut waited = Duration::ZERO;
+        loop {
+            let mut headers =
+                OwnedHeaders::new_with_capacity(1 + record.headers.len()).insert(Header {
+                    key: ID_HEADER,
+                    value: Some(record.id.as_ref()),
+                });
+            for (name, value) in &record.headers {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: value.as_deref(),
+                });
+            }
+            let mut base: BaseRecord<'_, [u8], [u8], usize> =
+                BaseRecord::with_opaque_to(&record.topic, ticket.0 as usize)
+                    .timestamp(record.timestamp_ms)
+                    .headers(headers);
+            if let Some(key) = &record.key {
+                base = base.key(key.as_ref());
+            }
+            if let Some(payload) = &record.payload {
+                base = base.payload(payload.as_ref());
+            }
+            match self.producer.send(base) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    if waited.as_secs() > 0 && waited.as_millis() % 10_000 < 5 {
+                        tracing::warn!(
+                            waited_ms = waited.as_millis() as u64,
+                            "librdkafka's local queue is full; waiting for deliveries"
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    waited += Duration::from_millis(5);
+                }
+                Err((source, _)) => {
+                    return Err(SinkError::Enqueue {
+                        topic: record.topic.clone(),
+                        id: record.id_text(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Records librdkafka holds that the broker has not acknowledged.
+    pub fn in_flight(&self) -> i32 {
+        self.producer.in_flight_count()
+    }
+
+    /// Waits up to `timeout` for outstanding deliveries.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        self.producer.flush(timeout).is_ok()
+    }
+}

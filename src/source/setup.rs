@@ -1,0 +1,288 @@
+//! Start-up checks, publication and slot, over an ordinary (control) connection.
+//!
+//! Everything here runs before streaming starts, so a misconfiguration stops
+//! the relay with one clear message instead of a stream that never delivers.
+
+use tokio_postgres::{Client, NoTls};
+
+use super::SourceError;
+use crate::config::Config;
+use crate::lsn::Lsn;
+use crate::outbox::{TableName, quote_ident};
+
+/// What start-up learned about the slot.
+#[derive(Debug, Clone)]
+pub struct SlotState {
+    /// The slot's confirmed position: streaming resumes here.
+    pub confirmed_flush: Lsn,
+    /// Whether this run created the slot.
+    pub created: bool,
+}
+
+/// Opens the control connection.
+pub async fn connect(config: &Config) -> Result<Client, SourceError> {
+    let pg = &config.postgres;
+    let mut cfg = tokio_postgres::Config::new();
+    cfg.host(&pg.host)
+        .port(pg.port)
+        .user(&pg.user)
+        .dbname(&pg.dbname)
+        .application_name(pg.application_name.as_deref().unwrap_or("outbox-relay"))
+        .connect_timeout(std::time::Duration::from_secs(10));
+    if let Some(password) = &pg.password {
+        cfg.password(password);
+    }
+    cfg.ssl_mode(match pg.sslmode {
+        crate::config::SslMode::Disable | crate::config::SslMode::Prefer => {
+            tokio_postgres::config::SslMode::Disable
+        }
+        _ => {
+            return Err(SourceError::TlsUnsupported { url: pg.redacted() });
+        }
+    });
+    let (client, connection) = cfg
+        .connect(NoTls)
+        .await
+        .map_err(|source| SourceError::Connect {
+            url: pg.redacted(),
+            source,
+        })?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "control connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// Runs every start-up check, creates what is missing, and returns the slot's position.
+pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
+    check_wal_level(client).await?;
+    check_privileges(client, &config.postgres.user).await?;
+    for table in &config.tables {
+        check_table(client, config, table).await?;
+    }
+    ensure_publication(client, config).await?;
+    ensure_slot(client, config).await
+}
+
+async fn query_one(
+    client: &Client,
+    what: &'static str,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>, SourceError> {
+    client
+        .query_opt(sql, params)
+        .await
+        .map_err(|source| SourceError::Query { what, source })
+}
+
+async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
+    let row = query_one(client, "read wal_level", "SHOW wal_level", &[]).await?;
+    let level: String = row.map(|r| r.get(0)).unwrap_or_default();
+    if level != "logical" {
+        return Err(SourceError::WalLevel { actual: level });
+    }
+    Ok(())
+}
+
+async fn check_privileges(client: &Client, user: &str) -> Result<(), SourceError> {
+    let row = query_one(
+        client,
+        "read the role's privileges",
+        "SELECT r.rolsuper, r.rolreplication, \
+                EXISTS (SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication' \
+                        AND pg_has_role(current_user, g.oid, 'member')) \
+         FROM pg_roles r WHERE r.rolname = current_user",
+        &[],
+    )
+    .await?;
+    let ok = row.is_some_and(|r| r.get::<_, bool>(0) || r.get::<_, bool>(1) || r.get::<_, bool>(2));
+    if !ok {
+        return Err(SourceError::NoReplicationPrivilege {
+            user: user.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+async fn check_table(
+    client: &Client,
+    config: &Config,
+    table: &TableName,
+) -> Result<(), SourceError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') \
+               AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .map_err(|source| SourceError::Query {
+            what: "read the outbox table's columns",
+            source,
+        })?;
+    if rows.is_empty() {
+        return Err(SourceError::TableMissing {
+            table: table.to_string(),
+        });
+    }
+    let columns: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    for (flag, column) in config.mapping.required_columns() {
+        if !columns.iter().any(|c| c == column) {
+            return Err(SourceError::ColumnMissing {
+                table: table.to_string(),
+                flag,
+                column: column.to_owned(),
+                available: columns.join(", "),
+            });
+        }
+    }
+    Ok(())
+}
+
+async fn ensure_publication(client: &Client, config: &Config) -> Result<(), SourceError> {
+    let publication = &config.publication;
+    let row = query_one(
+        client,
+        "look up the publication",
+        "SELECT puballtables, pubinsert FROM pg_publication WHERE pubname = $1",
+        &[publication],
+    )
+    .await?;
+    let Some(row) = row else {
+        let tables: Vec<String> = config.tables.iter().map(TableName::quoted).collect();
+        let sql = format!(
+            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+            quote_ident(publication),
+            tables.join(", ")
+        );
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|source| SourceError::Query {
+                what: "create the publication",
+                source,
+            })?;
+        tracing::info!(publication = %publication, sql = %sql, "created publication");
+        return Ok(());
+    };
+    let (all_tables, publishes_inserts): (bool, bool) = (row.get(0), row.get(1));
+    if !publishes_inserts {
+        return Err(SourceError::PublicationNoInsert {
+            publication: publication.clone(),
+        });
+    }
+    if all_tables {
+        return Ok(());
+    }
+    let rows = client
+        .query(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+            &[publication],
+        )
+        .await
+        .map_err(|source| SourceError::Query {
+            what: "list the publication's tables",
+            source,
+        })?;
+    let covered: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let missing: Vec<&TableName> = config
+        .tables
+        .iter()
+        .filter(|t| !covered.iter().any(|(s, n)| *s == t.schema && *n == t.name))
+        .collect();
+    if !missing.is_empty() {
+        return Err(SourceError::PublicationMissingTables {
+            publication: publication.clone(),
+            missing: missing
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            remedy: format!(
+                "ALTER PUBLICATION {} ADD TABLE {};",
+                quote_ident(publication),
+                missing
+                    .iter()
+                    .map(|t| t.quoted())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
+    Ok(())
+}
+
+async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
+    let slot = &config.slot;
+    let row = query_one(
+        client,
+        "look up the replication slot",
+        "SELECT slot_type::text, plugin::text, database::text, confirmed_flush_lsn::text \
+         FROM pg_replication_slots WHERE slot_name = $1",
+        &[slot],
+    )
+    .await?;
+    let Some(row) = row else {
+        let row = query_one(
+            client,
+            "create the replication slot",
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[slot],
+        )
+        .await?;
+        let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(0)))?;
+        tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
+        return Ok(SlotState {
+            confirmed_flush: lsn,
+            created: true,
+        });
+    };
+    let slot_type: Option<String> = row.get(0);
+    let plugin: Option<String> = row.get(1);
+    let database: Option<String> = row.get(2);
+    if slot_type.as_deref() != Some("logical") {
+        return Err(SourceError::SlotPhysical { slot: slot.clone() });
+    }
+    if plugin.as_deref() != Some("pgoutput") {
+        return Err(SourceError::SlotWrongPlugin {
+            slot: slot.clone(),
+            plugin: plugin.unwrap_or_default(),
+        });
+    }
+    if database.as_deref() != Some(config.postgres.dbname.as_str()) {
+        return Err(SourceError::SlotOtherDatabase {
+            slot: slot.clone(),
+            database: database.unwrap_or_default(),
+            expected: config.postgres.dbname.clone(),
+        });
+    }
+    let confirmed_flush = parse_lsn(row.get(3))?;
+    Ok(SlotState {
+        confirmed_flush,
+        created: false,
+    })
+}
+
+fn parse_lsn(text: Option<String>) -> Result<Lsn, SourceError> {
+    let text = text.ok_or(SourceError::SlotInvalidated)?;
+    text.parse().map_err(|_| SourceError::SlotInvalidated)
+}
+
+/// The slot's confirmed position as Postgres reports it now.
+pub async fn confirmed_flush(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceError> {
+    let row = query_one(
+        client,
+        "read the slot's confirmed position",
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+        &[&slot],
+    )
+    .await?;
+    Ok(row
+        .and_then(|r| r.get::<_, Option<String>>(0))
+        .and_then(|t| t.parse().ok()))
+}
