@@ -1,1 +1,13 @@
+//! Integration tests: one binary (`autotests = false`) with real Postgres
+//! clusters (initdb in a temp dir) and a real Kafka-protocol broker
+//! (librdkafka's mock cluster), driving the `outbox-relay` binary.
 
+// Test code: a failed expectation is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+mod e2e;
+mod failures;
+mod harness;
+mod startup;

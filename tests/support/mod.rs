@@ -1,3 +1,8 @@
-//! Shared helpers of the integration tests.
+//! Test support: a throwaway Postgres cluster, a mock Kafka cluster, the relay
+//! as a subprocess, and the outbox schema.
+#![allow(dead_code)]
 
+pub mod kafka;
 pub mod postgres;
+pub mod relay;
+pub mod world;

@@ -1,0 +1,224 @@
+//! Faults: the broker down, the relay killed or stopped. Nothing is lost, and
+//! the slot never moves past an event the broker has not acknowledged.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use crate::support::relay::Relay;
+use crate::support::world::World;
+
+const SLOT: &str = "outbox_relay";
+
+#[tokio::test(flavor = "current_thread")]
+async fn slot_holds_while_the_broker_is_down_and_catches_up_after() {
+    let world = World::start().await;
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    world.insert_tx(&[("Evt", "a-1", r#"{"n": 0}"#)]).await;
+    assert_eq!(
+        world
+            .broker
+            .consume(&["Evt"], 1, Duration::from_secs(30))
+            .len(),
+        1
+    );
+    let warm = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, warm, Duration::from_secs(20))
+        .await;
+
+    world.broker.down();
+    let ids = world
+        .insert_tx(&[("Evt", "a-1", r#"{"n": 1}"#), ("Evt", "a-2", r#"{"n": 2}"#)])
+        .await;
+    let after_commit = world.current_lsn().await;
+    // Keep other tables busy so the walsender has WAL and keepalives to send.
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < deadline {
+        world
+            .pg
+            .execute("INSERT INTO orders (note) SELECT 'busy' FROM generate_series(1, 50)")
+            .await;
+        let confirmed = world.confirmed_flush(SLOT).await.unwrap();
+        assert!(
+            confirmed < after_commit,
+            "slot confirmed {confirmed} past the undelivered transaction ending at {after_commit}\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    world.broker.up();
+    let records = world.broker.consume(&["Evt"], 3, Duration::from_secs(60));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    for id in &ids {
+        assert!(
+            got.contains(id),
+            "id {id} lost; relay log:\n{}",
+            relay.log()
+        );
+    }
+    world
+        .wait_confirmed(SLOT, after_commit, Duration::from_secs(30))
+        .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn sigkill_mid_stream_then_restart_loses_nothing() {
+    let world = World::start().await;
+    let url = world.pg.url();
+    let bootstrap = world.broker.bootstrap();
+    let mut relay = Relay::spawn(&url, &bootstrap, &[]);
+    relay.wait_streaming();
+
+    let mut committed = Vec::new();
+    for n in 0..150 {
+        let rows: Vec<(String, String, String)> = (0..(1 + n % 3))
+            .map(|k| {
+                (
+                    format!("Evt{}", k % 2),
+                    format!("agg-{}", n % 7),
+                    format!(r#"{{"n": {n}, "k": {k}}}"#),
+                )
+            })
+            .collect();
+        let refs: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
+            .collect();
+        committed.extend(world.insert_tx(&refs).await);
+        if n == 60 {
+            relay.signal("KILL");
+            relay.wait_exit(Duration::from_secs(10)).expect("killed");
+        }
+        if n == 100 {
+            relay = Relay::spawn(&url, &bootstrap, &[]);
+            relay.wait_streaming();
+        }
+    }
+    let end = world.current_lsn().await;
+    let records = world.broker.consume(
+        &["Evt0", "Evt1"],
+        committed.len() * 2,
+        Duration::from_secs(15),
+    );
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    let lost: Vec<&String> = committed.iter().filter(|id| !got.contains(*id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} ids lost: {lost:?}\nrelay log:\n{}",
+        lost.len(),
+        relay.log()
+    );
+    eprintln!(
+        "sigkill test: {} events committed, {} records read, {} duplicates after one SIGKILL",
+        committed.len(),
+        records.len(),
+        records.len() - got.len()
+    );
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(20))
+        .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn sigterm_exits_zero_with_the_slot_at_the_last_delivered_commit() {
+    let world = World::start().await;
+    let url = world.pg.url();
+    let bootstrap = world.broker.bootstrap();
+    let mut relay = Relay::spawn(&url, &bootstrap, &[]);
+    relay.wait_streaming();
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        ids.extend(
+            world
+                .insert_tx(&[("Evt", "a", &format!(r#"{{"n": {n}}}"#))])
+                .await,
+        );
+    }
+    let before_last = world.current_lsn().await;
+    ids.extend(world.insert_tx(&[("Evt", "a", r#"{"n": "last"}"#)]).await);
+    let after_last = world.current_lsn().await;
+    assert!(after_last > before_last);
+    assert_eq!(
+        world
+            .broker
+            .consume(&["Evt"], ids.len(), Duration::from_secs(30))
+            .len(),
+        ids.len()
+    );
+
+    relay.signal("TERM");
+    let status = relay
+        .wait_exit(Duration::from_secs(40))
+        .expect("relay exits after SIGTERM");
+    let log = relay.log();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "exit status {status:?}; log:\n{log}"
+    );
+    assert!(log.contains("stopped cleanly"), "{log}");
+    let confirmed = world.confirmed_flush(SLOT).await.unwrap();
+    assert!(
+        confirmed > before_last,
+        "slot at {confirmed}, before the last delivered commit (which started after {before_last})"
+    );
+
+    // A restart re-sends nothing: the slot was exactly at the delivered position.
+    let mut relay = Relay::spawn(&url, &bootstrap, &[]);
+    relay.wait_streaming();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let records = world
+        .broker
+        .consume(&["Evt"], ids.len() + 1, Duration::from_secs(5));
+    assert_eq!(records.len(), ids.len(), "no duplicates after a clean stop");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn permanent_delivery_failure_exits_non_zero_without_acknowledging() {
+    let world = World::start().await;
+    let mut relay = Relay::spawn(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &["-X", "message.timeout.ms=3000"],
+    );
+    relay.wait_streaming();
+    world.insert_tx(&[("Evt", "a", "{}")]).await;
+    assert_eq!(
+        world
+            .broker
+            .consume(&["Evt"], 1, Duration::from_secs(30))
+            .len(),
+        1
+    );
+    world.broker.down();
+    let ids = world.insert_tx(&[("Evt", "b", r#"{"lost": false}"#)]).await;
+    let after_commit = world.current_lsn().await;
+    let status = relay
+        .wait_exit(Duration::from_secs(60))
+        .expect("relay exits once the delivery times out");
+    let log = relay.log();
+    assert_eq!(
+        status.code(),
+        Some(4),
+        "exit code for a Kafka failure; log:\n{log}"
+    );
+    assert!(
+        log.contains(&ids[0]),
+        "the error names the event id:\n{log}"
+    );
+    assert!(log.contains("Evt"), "the error names the topic:\n{log}");
+    assert!(
+        log.contains("commit LSN"),
+        "the error names the LSN:\n{log}"
+    );
+    let confirmed = world.confirmed_flush(SLOT).await.unwrap();
+    assert!(confirmed < after_commit, "slot moved past the failed event");
+
+    // Restarted with the broker back, the event is delivered.
+    world.broker.up();
+    let _relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    let records = world.broker.consume(&["Evt"], 2, Duration::from_secs(60));
+    assert!(records.iter().any(|r| r.id() == ids[0]));
+}

@@ -1,0 +1,184 @@
+//! Start-up checks: each misconfiguration stops the relay with a clear
+//! message and a non-zero exit, before anything is streamed.
+
+use std::time::Duration;
+
+use crate::support::kafka::Broker;
+use crate::support::postgres::{PgCluster, PgOptions};
+use crate::support::relay::run_to_exit;
+use crate::support::world::{SCHEMA, World};
+
+const CONFIG_EXIT: Option<i32> = Some(2);
+
+#[tokio::test(flavor = "current_thread")]
+async fn unreachable_postgres_is_reported_with_the_password_redacted() {
+    let broker = Broker::start();
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("postgres://relay:s3cret-pw@127.0.0.1:{port}/app");
+    let (code, log) = run_to_exit(&url, &broker.bootstrap(), &[]);
+    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert!(log.contains("cannot connect to Postgres"), "{log}");
+    assert!(
+        log.contains(&format!("postgres://relay:***@127.0.0.1:{port}/app")),
+        "{log}"
+    );
+    assert!(!log.contains("s3cret-pw"), "password leaked:\n{log}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn wal_level_other_than_logical_says_how_to_fix_it() {
+    let pg = PgCluster::start_with(PgOptions {
+        extra_conf: vec![("wal_level".into(), "replica".into())],
+        ..PgOptions::default()
+    });
+    pg.execute(SCHEMA).await;
+    let broker = Broker::start();
+    let (code, log) = run_to_exit(&pg.url(), &broker.bootstrap(), &[]);
+    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert!(
+        log.contains("wal_level=\\\"replica\\\"") || log.contains("wal_level=\"replica\""),
+        "{log}"
+    );
+    assert!(
+        log.contains("ALTER SYSTEM SET wal_level = logical"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn misconfigurations_are_refused_clearly() {
+    let world = World::start().await;
+    let pg = &world.pg;
+    let bootstrap = world.broker.bootstrap();
+
+    // A role without REPLICATION.
+    pg.execute(
+        "CREATE ROLE plain LOGIN PASSWORD 'plain-pw';
+         GRANT SELECT ON public.outbox TO plain;",
+    )
+    .await;
+    let (code, log) = run_to_exit(
+        &pg.url_for("plain", "plain-pw", "postgres"),
+        &bootstrap,
+        &[],
+    );
+    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert!(log.contains("lacks the REPLICATION attribute"), "{log}");
+    assert!(log.contains("ALTER ROLE plain WITH REPLICATION"), "{log}");
+
+    // A table that does not exist.
+    let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--table", "public.nope"]);
+    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert!(
+        log.contains("outbox table public.nope does not exist"),
+        "{log}"
+    );
+
+    // A column that does not exist: named, with the table's real columns.
+    let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--key-column", "aggregateid"]);
+    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert!(
+        log.contains("no column \\\"aggregateid\\\"") || log.contains("no column \"aggregateid\""),
+        "{log}"
+    );
+    assert!(
+        log.contains("id, aggregate_type, aggregate_id, event_type, payload, created_at"),
+        "{log}"
+    );
+
+    // An existing publication that misses the outbox table.
+    pg.execute(
+        "CREATE TABLE public.other (id int);
+         CREATE PUBLICATION narrow FOR TABLE public.other WITH (publish = 'insert');",
+    )
+    .await;
+    let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--publication", "narrow"]);
+    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert!(log.contains("does not include public.outbox"), "{log}");
+    assert!(log.contains("ALTER PUBLICATION"), "{log}");
+
+    // A slot with another plugin, and a physical slot.
+    pg.execute("SELECT pg_create_logical_replication_slot('decoding', 'test_decoding')")
+        .await;
+    let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--slot", "decoding"]);
+    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert!(
+        log.contains("uses the \\\"test_decoding\\\" plugin")
+            || log.contains("uses the \"test_decoding\" plugin"),
+        "{log}"
+    );
+    pg.execute("SELECT pg_create_physical_replication_slot('physical')")
+        .await;
+    let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--slot", "physical"]);
+    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert!(log.contains("is a physical slot"), "{log}");
+
+    // None of these runs created the default slot or moved anything.
+    assert_eq!(world.confirmed_flush("outbox_relay").await, None);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn creates_the_publication_and_slot_when_missing() {
+    let world = World::start().await;
+    let mut relay =
+        crate::support::relay::Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    let rows = world
+        .pg
+        .execute(
+            "SELECT p.pubinsert::text, p.pubupdate::text, p.pubdelete::text,
+                    (SELECT string_agg(schemaname || '.' || tablename, ',') FROM pg_publication_tables WHERE pubname = p.pubname)
+             FROM pg_publication p WHERE pubname = 'outbox_relay'",
+        )
+        .await;
+    assert_eq!(
+        rows,
+        vec![vec![
+            Some("true".into()),
+            Some("false".into()),
+            Some("false".into()),
+            Some("public.outbox".into())
+        ]]
+    );
+    let rows = world
+        .pg
+        .execute("SELECT plugin::text, slot_type FROM pg_replication_slots WHERE slot_name = 'outbox_relay'")
+        .await;
+    assert_eq!(
+        rows,
+        vec![vec![Some("pgoutput".into()), Some("logical".into())]]
+    );
+    let _ = Duration::ZERO;
+}
+
+#[test]
+fn bad_flags_exit_with_the_config_code_before_connecting() {
+    let out = std::process::Command::new(crate::support::relay::binary())
+        .args([
+            "--postgres-url",
+            "postgres://u:pw@127.0.0.1:1/db",
+            "--kafka-brokers",
+            "127.0.0.1:1",
+            "--slot",
+            "Not-Valid",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--slot"));
+
+    // --help never shows a password given through the environment.
+    let out = std::process::Command::new(crate::support::relay::binary())
+        .arg("--help")
+        .env("OUTBOX_RELAY_POSTGRES_URL", "postgres://u:hunter2@h/db")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--topic-template"));
+    assert!(!help.contains("hunter2"), "{help}");
+}

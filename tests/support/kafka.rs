@@ -1,0 +1,143 @@
+//! A real Kafka-protocol broker for tests: librdkafka's mock cluster, in
+//! process, listening on loopback (a relay subprocess can reach it too), plus
+//! a consumer that reads back what the relay produced.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+
+/// Number of mock brokers.
+const BROKERS: i32 = 3;
+
+/// An in-process mock Kafka cluster.
+pub struct Broker {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+}
+
+/// One record read back from the broker.
+#[derive(Debug, Clone)]
+pub struct Consumed {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub timestamp: Option<i64>,
+}
+
+impl Consumed {
+    /// The value of header `name`, as text.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.as_ref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    /// The `id` header.
+    pub fn id(&self) -> String {
+        self.header("id").unwrap_or_default()
+    }
+
+    /// The key as text.
+    pub fn key_text(&self) -> Option<String> {
+        self.key
+            .as_ref()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+    }
+
+    /// The value as text.
+    pub fn payload_text(&self) -> Option<String> {
+        self.payload
+            .as_ref()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+    }
+}
+
+impl Broker {
+    /// Starts a mock cluster of three brokers.
+    pub fn start() -> Broker {
+        let cluster = MockCluster::new(BROKERS).expect("start librdkafka's mock cluster");
+        Broker { cluster }
+    }
+
+    /// `host:port,...` of the brokers (loopback).
+    pub fn bootstrap(&self) -> String {
+        self.cluster.bootstrap_servers()
+    }
+
+    /// Creates a topic up front (otherwise the first produce creates it).
+    pub fn create_topic(&self, topic: &str, partitions: i32) {
+        self.cluster
+            .create_topic(topic, partitions, 1)
+            .expect("create mock topic");
+    }
+
+    /// Takes every broker down: connections are closed and refused.
+    pub fn down(&self) {
+        for id in 1..=BROKERS {
+            self.cluster.broker_down(id).expect("broker_down");
+        }
+    }
+
+    /// Brings every broker back.
+    pub fn up(&self) {
+        for id in 1..=BROKERS {
+            self.cluster.broker_up(id).expect("broker_up");
+        }
+    }
+
+    /// Reads `topics` from the beginning until `expected` records arrived or
+    /// `timeout` passed; returns what arrived.
+    pub fn consume(&self, topics: &[&str], expected: usize, timeout: Duration) -> Vec<Consumed> {
+        consume(&self.bootstrap(), topics, expected, timeout)
+    }
+}
+
+/// Reads `topics` from the beginning until `expected` records or `timeout`.
+pub fn consume(
+    bootstrap: &str,
+    topics: &[&str],
+    expected: usize,
+    timeout: Duration,
+) -> Vec<Consumed> {
+    let group = format!("test-{}", std::process::id()) + &format!("-{:?}", Instant::now());
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("topic.metadata.refresh.interval.ms", "500")
+        .create()
+        .expect("create consumer");
+    consumer.subscribe(topics).expect("subscribe");
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    while out.len() < expected && Instant::now() < deadline {
+        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
+            out.push(Consumed {
+                topic: msg.topic().to_owned(),
+                partition: msg.partition(),
+                offset: msg.offset(),
+                key: msg.key().map(<[u8]>::to_vec),
+                payload: msg.payload().map(<[u8]>::to_vec),
+                headers: msg
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                timestamp: msg.timestamp().to_millis(),
+            });
+        }
+    }
+    out
+}

@@ -1,0 +1,121 @@
+//! The relay binary as a subprocess, as users run it.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `outbox-relay` process whose stderr goes to a log file.
+pub struct Relay {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The binary under test.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_outbox-relay")
+}
+
+impl Relay {
+    /// Starts the relay with `--postgres-url`, `--kafka-brokers` and `args`.
+    pub fn spawn(postgres_url: &str, brokers: &str, args: &[&str]) -> Relay {
+        let dir = tempfile::tempdir().expect("temp dir for the relay log");
+        let log = dir.path().join("relay.log");
+        let stderr = File::create(&log).expect("create relay log");
+        let child = Command::new(binary())
+            .arg("--postgres-url")
+            .arg(postgres_url)
+            .arg("--kafka-brokers")
+            .arg(brokers)
+            .args([
+                "--log-level",
+                "info,outbox_relay=debug",
+                "--status-interval",
+                "200ms",
+            ])
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn outbox-relay");
+        Relay {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// Everything the relay logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle`; false on timeout or exit.
+    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.log().contains(needle) {
+                return true;
+            }
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return self.log().contains(needle);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Waits until the relay is streaming.
+    pub fn wait_streaming(&mut self) {
+        assert!(
+            self.wait_for_log("streaming from the slot", Duration::from_secs(30)),
+            "relay did not start streaming; log:\n{}",
+            self.log()
+        );
+    }
+
+    /// Sends a signal by name (`TERM`, `KILL`, `INT`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} failed");
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs the relay to completion (for start-up failures) and returns its exit code and log.
+pub fn run_to_exit(postgres_url: &str, brokers: &str, args: &[&str]) -> (Option<i32>, String) {
+    let mut relay = Relay::spawn(postgres_url, brokers, args);
+    let status = relay.wait_exit(Duration::from_secs(60));
+    let log = relay.log();
+    (status.and_then(|s| s.code()), log)
+}

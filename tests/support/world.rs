@@ -1,0 +1,116 @@
+//! A Postgres with the common outbox schema, a mock Kafka, and helpers to
+//! read the slot's position.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use outbox_relay::lsn::Lsn;
+
+use super::kafka::Broker;
+use super::postgres::PgCluster;
+
+/// The common outbox schema plus a business table that is not published.
+pub const SCHEMA: &str = "
+    CREATE TABLE public.outbox (
+        id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+        aggregate_type text NOT NULL,
+        aggregate_id text,
+        event_type text,
+        payload jsonb,
+        created_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE public.orders (id bigserial PRIMARY KEY, note text);
+";
+
+/// A throwaway Postgres with [`SCHEMA`] and a mock Kafka cluster.
+pub struct World {
+    pub pg: PgCluster,
+    pub broker: Broker,
+}
+
+impl World {
+    /// Starts both and creates the schema.
+    pub async fn start() -> World {
+        let pg = PgCluster::start();
+        pg.execute(SCHEMA).await;
+        World {
+            pg,
+            broker: Broker::start(),
+        }
+    }
+
+    /// Inserts one outbox row per `(event_type, aggregate_id, payload)` in ONE
+    /// transaction, with a business row; returns the ids.
+    pub async fn insert_tx(&self, rows: &[(&str, &str, &str)]) -> Vec<String> {
+        let mut sql = String::from("BEGIN; INSERT INTO orders (note) VALUES ('x');");
+        for (event_type, aggregate, payload) in rows {
+            sql.push_str(&format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ('order', '{aggregate}', '{event_type}', '{payload}') RETURNING id::text;"
+            ));
+        }
+        sql.push_str("COMMIT;");
+        self.pg
+            .execute(&sql)
+            .await
+            .into_iter()
+            .filter_map(|row| row.into_iter().next().flatten())
+            .collect()
+    }
+
+    /// `pg_current_wal_lsn()`.
+    pub async fn current_lsn(&self) -> Lsn {
+        let rows = self.pg.execute("SELECT pg_current_wal_lsn()::text").await;
+        parse_lsn(&rows)
+    }
+
+    /// The slot's `confirmed_flush_lsn`, if the slot exists.
+    pub async fn confirmed_flush(&self, slot: &str) -> Option<Lsn> {
+        let rows = self
+            .pg
+            .execute(&format!(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
+            ))
+            .await;
+        rows.first()
+            .and_then(|r| r.first().cloned().flatten())
+            .and_then(|t| t.parse().ok())
+    }
+
+    /// Waits until the slot is confirmed at or past `lsn`.
+    pub async fn wait_confirmed(&self, slot: &str, lsn: Lsn, timeout: Duration) -> Lsn {
+        let deadline = Instant::now() + timeout;
+        let mut last = Lsn::ZERO;
+        while Instant::now() < deadline {
+            last = self.confirmed_flush(slot).await.unwrap_or(Lsn::ZERO);
+            if last >= lsn {
+                return last;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("slot {slot} confirmed only {last}, expected >= {lsn}");
+    }
+}
+
+fn parse_lsn(rows: &[Vec<Option<String>>]) -> Lsn {
+    rows.first()
+        .and_then(|r| r.first().cloned().flatten())
+        .and_then(|t| t.parse().ok())
+        .expect("an LSN")
+}
+
+/// Polls `check` every 100 ms until it is true or `timeout` passes.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
