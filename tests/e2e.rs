@@ -222,3 +222,31 @@ async fn updates_and_deletes_on_the_outbox_are_ignored_with_one_warning() {
         "{log}"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_idle_outbox_does_not_pin_wal_while_other_tables_are_busy() {
+    let world = World::start().await;
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    let start = world.confirmed_flush(SLOT).await.unwrap();
+    // About 8 MB of WAL in tables the relay does not publish.
+    for _ in 0..8 {
+        world
+            .pg
+            .execute(
+                "INSERT INTO orders (note) SELECT repeat('x', 1000) FROM generate_series(1, 1000)",
+            )
+            .await;
+    }
+    let end = world.current_lsn().await;
+    assert!(
+        end.0 - start.0 > 8_000_000,
+        "wrote {} bytes of WAL",
+        end.0 - start.0
+    );
+    // Keepalive positions are acknowledged while nothing is in flight.
+    let confirmed = world
+        .wait_confirmed(SLOT, end, Duration::from_secs(20))
+        .await;
+    assert!(confirmed >= end, "{}", relay.log());
+}
