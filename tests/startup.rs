@@ -8,7 +8,7 @@ use crate::support::postgres::{PgCluster, PgOptions};
 use crate::support::relay::run_to_exit;
 use crate::support::world::{SCHEMA, World};
 
-const CONFIG_EXIT: Option<i32> = Some(2);
+const POSTGRES_EXIT: Option<i32> = Some(3);
 
 #[tokio::test(flavor = "current_thread")]
 async fn unreachable_postgres_is_reported_with_the_password_redacted() {
@@ -21,7 +21,7 @@ async fn unreachable_postgres_is_reported_with_the_password_redacted() {
         .port();
     let url = format!("postgres://relay:s3cret-pw@127.0.0.1:{port}/app");
     let (code, log) = run_to_exit(&url, &broker.bootstrap(), &[]);
-    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
     assert!(log.contains("cannot connect to Postgres"), "{log}");
     assert!(
         log.contains(&format!("postgres://relay:***@127.0.0.1:{port}/app")),
@@ -39,7 +39,7 @@ async fn wal_level_other_than_logical_says_how_to_fix_it() {
     pg.execute(SCHEMA).await;
     let broker = Broker::start();
     let (code, log) = run_to_exit(&pg.url(), &broker.bootstrap(), &[]);
-    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
     assert!(
         log.contains("wal_level=\\\"replica\\\"") || log.contains("wal_level=\"replica\""),
         "{log}"
@@ -67,13 +67,13 @@ async fn misconfigurations_are_refused_clearly() {
         &bootstrap,
         &[],
     );
-    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
     assert!(log.contains("lacks the REPLICATION attribute"), "{log}");
     assert!(log.contains("ALTER ROLE plain WITH REPLICATION"), "{log}");
 
     // A table that does not exist.
     let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--table", "public.nope"]);
-    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
     assert!(
         log.contains("outbox table public.nope does not exist"),
         "{log}"
@@ -81,7 +81,7 @@ async fn misconfigurations_are_refused_clearly() {
 
     // A column that does not exist: named, with the table's real columns.
     let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--key-column", "aggregateid"]);
-    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
     assert!(
         log.contains("no column \\\"aggregateid\\\"") || log.contains("no column \"aggregateid\""),
         "{log}"
@@ -98,7 +98,7 @@ async fn misconfigurations_are_refused_clearly() {
     )
     .await;
     let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--publication", "narrow"]);
-    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
     assert!(log.contains("does not include public.outbox"), "{log}");
     assert!(log.contains("ALTER PUBLICATION"), "{log}");
 
@@ -106,7 +106,7 @@ async fn misconfigurations_are_refused_clearly() {
     pg.execute("SELECT pg_create_logical_replication_slot('decoding', 'test_decoding')")
         .await;
     let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--slot", "decoding"]);
-    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
     assert!(
         log.contains("uses the \\\"test_decoding\\\" plugin")
             || log.contains("uses the \"test_decoding\" plugin"),
@@ -115,7 +115,7 @@ async fn misconfigurations_are_refused_clearly() {
     pg.execute("SELECT pg_create_physical_replication_slot('physical')")
         .await;
     let (code, log) = run_to_exit(&pg.url(), &bootstrap, &["--slot", "physical"]);
-    assert_eq!(code, CONFIG_EXIT, "{log}");
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
     assert!(log.contains("is a physical slot"), "{log}");
 
     // None of these runs created the default slot or moved anything.

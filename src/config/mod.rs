@@ -126,6 +126,25 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_in_flight_bytes: usize,
 
+    /// What to do with an event that cannot be delivered (NULL id or routing
+    /// value, invalid topic name, payload over message.max.bytes, a value invalid
+    /// for its type, a broker-side rejection): stop before acknowledging it
+    /// (`fail`), or produce it to --dead-letter-topic and go on (`dead-letter`).
+    #[arg(long, env = "OUTBOX_RELAY_ON_POISON", value_enum, default_value_t = PoisonPolicy::Fail)]
+    pub on_poison: PoisonPolicy,
+
+    /// Topic for dead-lettered events (required with --on-poison dead-letter).
+    #[arg(long, env = "OUTBOX_RELAY_DEAD_LETTER_TOPIC")]
+    pub dead_letter_topic: Option<String>,
+
+    /// First wait before reconnecting to Postgres after the stream broke; doubles per attempt.
+    #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MIN", default_value = "500ms", value_parser = parse_duration)]
+    pub reconnect_backoff_min: Duration,
+
+    /// Longest wait between reconnect attempts (also the standby's polling interval).
+    #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MAX", default_value = "30s", value_parser = parse_duration)]
+    pub reconnect_backoff_max: Duration,
+
     /// Log line format.
     #[arg(long, env = "OUTBOX_RELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -133,6 +152,15 @@ pub struct Cli {
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,rdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+}
+
+/// What happens to an event that can never be delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PoisonPolicy {
+    /// Stop before acknowledging it; exit non-zero.
+    Fail,
+    /// Produce it to the dead-letter topic, then acknowledge as usual.
+    DeadLetter,
 }
 
 /// Log line format.
@@ -191,6 +219,10 @@ pub struct Config {
     pub max_in_flight_events: usize,
     /// In-flight cap, bytes.
     pub max_in_flight_bytes: usize,
+    /// Dead-letter topic when poison events are diverted; `None` means stop on them.
+    pub dead_letter_topic: Option<String>,
+    /// Reconnect backoff bounds.
+    pub reconnect_backoff: (Duration, Duration),
 }
 
 impl Config {
@@ -260,7 +292,33 @@ impl Config {
         if cli.status_interval.is_zero() {
             return Err(invalid("--status-interval", "0", "must be positive"));
         }
+        let dead_letter_topic = match (cli.on_poison, &cli.dead_letter_topic) {
+            (PoisonPolicy::Fail, _) => None,
+            (PoisonPolicy::DeadLetter, None) => {
+                return Err(invalid(
+                    "--dead-letter-topic",
+                    "",
+                    "required with --on-poison dead-letter",
+                ));
+            }
+            (PoisonPolicy::DeadLetter, Some(topic)) => {
+                crate::outbox::check_topic_name(topic)
+                    .map_err(|reason| invalid("--dead-letter-topic", topic, reason))?;
+                Some(topic.clone())
+            }
+        };
+        if cli.reconnect_backoff_min.is_zero()
+            || cli.reconnect_backoff_max < cli.reconnect_backoff_min
+        {
+            return Err(invalid(
+                "--reconnect-backoff-max",
+                &humantime::format_duration(cli.reconnect_backoff_max).to_string(),
+                "must be at least --reconnect-backoff-min, which must be positive",
+            ));
+        }
         Ok(Config {
+            dead_letter_topic,
+            reconnect_backoff: (cli.reconnect_backoff_min, cli.reconnect_backoff_max),
             postgres,
             kafka_brokers: cli.kafka_brokers.trim().to_owned(),
             tables,
@@ -389,5 +447,30 @@ mod tests {
         assert!(err.contains("--topic-template"), "{err}");
         let err = cli(&["--table", "a.b.c"]).unwrap_err().to_string();
         assert!(err.contains("--table"), "{err}");
+        let err = cli(&["--on-poison", "dead-letter"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--dead-letter-topic"), "{err}");
+        let err = cli(&["--on-poison", "dead-letter", "--dead-letter-topic", "a b"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--dead-letter-topic"), "{err}");
+        let ok = cli(&[
+            "--on-poison",
+            "dead-letter",
+            "--dead-letter-topic",
+            "outbox.dlq",
+        ])
+        .unwrap();
+        assert_eq!(ok.dead_letter_topic.as_deref(), Some("outbox.dlq"));
+        let err = cli(&[
+            "--reconnect-backoff-min",
+            "10s",
+            "--reconnect-backoff-max",
+            "1s",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("--reconnect-backoff"), "{err}");
     }
 }

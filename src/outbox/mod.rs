@@ -155,6 +155,14 @@ pub enum EventError {
         /// The column.
         column: String,
     },
+    /// The rendered topic name is one Kafka rejects.
+    #[error("topic name {topic:?} is not valid in Kafka: {reason}")]
+    InvalidTopic {
+        /// The rendered name.
+        topic: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
     /// A value is not valid for its column type.
     #[error("column {column:?} holds a value the relay cannot read: {reason}")]
     InvalidValue {
@@ -180,6 +188,109 @@ pub struct OutboxRecord {
     pub headers: Vec<(Arc<str>, Option<Bytes>)>,
     /// Record timestamp, Unix milliseconds.
     pub timestamp_ms: i64,
+}
+
+/// What could be read from a row that failed to map.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawParts {
+    /// The id column's text (empty when NULL).
+    pub id: Bytes,
+    /// The key column's text.
+    pub key: Option<Bytes>,
+    /// The payload (bytea decoded when possible).
+    pub payload: Option<Bytes>,
+    /// The topic the row would have gone to, when it can be rendered.
+    pub intended_topic: Option<String>,
+}
+
+/// Why and from where an event is dead-lettered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterInfo {
+    /// The error, as text.
+    pub error: String,
+    /// Commit LSN of the event's transaction.
+    pub lsn: crate::lsn::Lsn,
+    /// Outbox table (`schema.table`).
+    pub table: String,
+    /// The intended topic, when known.
+    pub intended_topic: Option<String>,
+    /// Set when the payload is left out because it is the problem.
+    pub payload_omitted: Option<String>,
+}
+
+/// Header names of dead-letter records.
+pub mod dead_letter_headers {
+    /// The error that diverted the event.
+    pub const ERROR: &str = "outbox.error";
+    /// Commit LSN of the event's transaction.
+    pub const LSN: &str = "outbox.lsn";
+    /// The outbox table.
+    pub const TABLE: &str = "outbox.table";
+    /// The topic the event was meant for.
+    pub const TOPIC: &str = "outbox.topic";
+    /// Present when the payload was left out, saying why.
+    pub const PAYLOAD_OMITTED: &str = "outbox.payload.omitted";
+}
+
+/// Builds the dead-letter record for an event: the original key and payload
+/// (unless the payload is the reason), `id`, the `outbox.*` headers, then the
+/// event's own extra headers.
+pub fn dead_letter_record(
+    topic: &str,
+    parts: RawParts,
+    extra_headers: Vec<(Arc<str>, Option<Bytes>)>,
+    info: &DeadLetterInfo,
+    timestamp_ms: i64,
+) -> OutboxRecord {
+    use dead_letter_headers as h;
+    let mut headers: Vec<(Arc<str>, Option<Bytes>)> = vec![
+        (Arc::from(h::ERROR), Some(Bytes::from(info.error.clone()))),
+        (Arc::from(h::LSN), Some(Bytes::from(info.lsn.to_string()))),
+        (Arc::from(h::TABLE), Some(Bytes::from(info.table.clone()))),
+        (
+            Arc::from(h::TOPIC),
+            Some(Bytes::from(info.intended_topic.clone().unwrap_or_default())),
+        ),
+    ];
+    if let Some(why) = &info.payload_omitted {
+        headers.push((
+            Arc::from(h::PAYLOAD_OMITTED),
+            Some(Bytes::from(why.clone())),
+        ));
+    }
+    headers.extend(extra_headers);
+    OutboxRecord {
+        topic: topic.to_owned(),
+        key: parts.key,
+        payload: if info.payload_omitted.is_some() {
+            None
+        } else {
+            parts.payload
+        },
+        id: parts.id,
+        headers,
+        timestamp_ms,
+    }
+}
+
+/// Kafka's topic name rules: 1 to 249 characters from `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn check_topic_name(topic: &str) -> Result<(), &'static str> {
+    if topic.is_empty() {
+        return Err("empty");
+    }
+    if topic.len() > 249 {
+        return Err("longer than 249 characters");
+    }
+    if topic == "." || topic == ".." {
+        return Err("'.' and '..' are reserved");
+    }
+    if !topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err("only ASCII letters, digits, '.', '_' and '-' are allowed");
+    }
+    Ok(())
 }
 
 impl OutboxRecord {
@@ -275,6 +386,41 @@ impl TableMapping {
         &self.table
     }
 
+    /// The row's id, key and payload as far as they can be read, for a
+    /// dead-letter record of a row that failed to map.
+    pub fn raw_parts(&self, row: &TupleData) -> RawParts {
+        let text = |idx: usize| match row.0.get(idx) {
+            Some(Value::Text(b) | Value::Binary(b)) => Some(b.clone()),
+            _ => None,
+        };
+        let payload = text(self.payload).map(|raw| match self.payload_kind {
+            PayloadKind::Bytea => values::decode_bytea_hex(&raw).unwrap_or(raw),
+            PayloadKind::Text => raw,
+        });
+        RawParts {
+            id: text(self.id).unwrap_or_default(),
+            key: text(self.key),
+            payload,
+            intended_topic: self.render_topic_lossy(row),
+        }
+    }
+
+    fn render_topic_lossy(&self, row: &TupleData) -> Option<String> {
+        let mut topic = String::new();
+        for seg in &self.topic {
+            match seg {
+                BoundSegment::Literal(s) => topic.push_str(s),
+                BoundSegment::Column(idx) => match row.0.get(*idx) {
+                    Some(Value::Text(b)) if !b.is_empty() => {
+                        topic.push_str(&String::from_utf8_lossy(b))
+                    }
+                    _ => return None,
+                },
+            }
+        }
+        Some(topic)
+    }
+
     /// The row's id as text, when it has one: for naming a row that failed to map.
     pub fn id_text(&self, row: &TupleData) -> Option<String> {
         match row.0.get(self.id) {
@@ -338,6 +484,10 @@ impl TableMapping {
                     topic.push_str(value);
                 }
             }
+        }
+
+        if let Err(reason) = check_topic_name(&topic) {
+            return Err(EventError::InvalidTopic { topic, reason });
         }
 
         let key = text(self.key)?.cloned();

@@ -239,3 +239,84 @@ fn bad_rows_are_typed_errors() {
     .unwrap();
     assert!(m2.map(&rel, &r, 0).is_err());
 }
+
+#[test]
+fn topic_names_kafka_rejects_are_event_errors() {
+    let rel = standard();
+    let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
+    for bad in ["Order Created", "a/b", ".", "ünï"] {
+        let mut r = standard_row(Value::Null);
+        r.0[3] = t(bad);
+        assert!(
+            matches!(m.map(&rel, &r, 0), Err(EventError::InvalidTopic { .. })),
+            "{bad:?}"
+        );
+    }
+    let mut r = standard_row(Value::Null);
+    r.0[3] = t(&"x".repeat(250));
+    assert!(matches!(
+        m.map(&rel, &r, 0),
+        Err(EventError::InvalidTopic { .. })
+    ));
+    r.0[3] = t(&"x".repeat(249));
+    assert!(m.map(&rel, &r, 0).is_ok());
+}
+
+#[test]
+fn dead_letter_records_keep_key_payload_and_say_why() {
+    let rel = standard();
+    let m = TableMapping::bind(
+        &config(|c| c.topic_template = TopicTemplate::parse("out.${routedByValue}").unwrap()),
+        &rel,
+    )
+    .unwrap();
+    let mut r = standard_row(t(r#"{"a":1}"#));
+    r.0[3] = t("bad topic");
+    let parts = m.raw_parts(&r);
+    assert_eq!(parts.intended_topic.as_deref(), Some("out.bad topic"));
+    let info = DeadLetterInfo {
+        error: "topic name is not valid".into(),
+        lsn: crate::lsn::Lsn(0x1_0000_0010),
+        table: "public.outbox".into(),
+        intended_topic: parts.intended_topic.clone(),
+        payload_omitted: None,
+    };
+    let rec = dead_letter_record("dlq", parts.clone(), vec![], &info, 7);
+    assert_eq!(rec.topic, "dlq");
+    assert_eq!(rec.key.as_deref(), Some(&b"order-42"[..]));
+    assert_eq!(rec.payload.as_deref(), Some(&br#"{"a":1}"#[..]));
+    assert_eq!(rec.id_text(), "6f1c2c4e-0000-4000-8000-000000000001");
+    let header = |name: &str| {
+        rec.headers
+            .iter()
+            .find(|(k, _)| k.as_ref() == name)
+            .and_then(|(_, v)| v.clone())
+    };
+    assert_eq!(header("outbox.lsn").as_deref(), Some(&b"1/10"[..]));
+    assert_eq!(
+        header("outbox.topic").as_deref(),
+        Some(&b"out.bad topic"[..])
+    );
+    assert_eq!(
+        header("outbox.table").as_deref(),
+        Some(&b"public.outbox"[..])
+    );
+    assert!(header("outbox.payload.omitted").is_none());
+
+    let omitted = DeadLetterInfo {
+        payload_omitted: Some("payload larger than message.max.bytes".into()),
+        ..info
+    };
+    let rec = dead_letter_record("dlq", parts, vec![], &omitted, 7);
+    assert_eq!(rec.payload, None);
+    assert!(
+        rec.headers
+            .iter()
+            .any(|(k, _)| k.as_ref() == "outbox.payload.omitted")
+    );
+
+    // A NULL id still yields a record (with an empty id) rather than nothing.
+    let mut r = standard_row(Value::Null);
+    r.0[0] = Value::Null;
+    assert_eq!(m.raw_parts(&r).id.len(), 0);
+}

@@ -13,6 +13,7 @@
 //! flight, which the pipeline caps.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::lsn::Lsn;
 
@@ -51,10 +52,11 @@ pub enum AckError {
     UnknownTicket(u64),
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Slot {
     delivered: bool,
     bytes: usize,
+    table: Arc<str>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -117,8 +119,9 @@ impl AckTracker {
         Ok(())
     }
 
-    /// An event of the open transaction was handed to the producer.
-    pub fn push(&mut self, bytes: usize) -> Result<Ticket, AckError> {
+    /// An event of the open transaction (from outbox `table`) is about to be
+    /// handed to the producer.
+    pub fn push(&mut self, bytes: usize, table: &Arc<str>) -> Result<Ticket, AckError> {
         if self.open.is_none() {
             return Err(AckError::NoTransaction { what: "an event" });
         }
@@ -127,6 +130,7 @@ impl AckTracker {
         self.window.push_back(Slot {
             delivered: false,
             bytes,
+            table: Arc::clone(table),
         });
         self.in_flight_bytes += bytes;
         Ok(ticket)
@@ -152,6 +156,26 @@ impl AckTracker {
             first_seq: open.first_seq,
         });
         Ok(self.advance())
+    }
+
+    /// The stream broke mid-transaction: forget the open transaction. Its
+    /// events stay in flight, and the replayed transaction (which re-sends
+    /// them) cannot be confirmed before they are delivered, since its tickets
+    /// come after theirs.
+    pub fn abandon_open(&mut self) {
+        self.open = None;
+    }
+
+    /// Where a reconnected stream should start: the end of the last
+    /// transaction fully received (or keepalive position confirmed).
+    pub fn resume_lsn(&self) -> Lsn {
+        self.last_end
+    }
+
+    /// The outbox table an in-flight ticket came from.
+    pub fn table_of(&self, ticket: Ticket) -> Option<&Arc<str>> {
+        let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
+        self.window.get(idx).map(|s| &s.table)
     }
 
     /// The broker acknowledged `ticket`. Returns whether the frontier moved.
@@ -251,9 +275,13 @@ impl AckTracker {
 mod tests {
     use super::*;
 
+    fn table() -> Arc<str> {
+        Arc::from("public.outbox")
+    }
+
     fn tx(t: &mut AckTracker, commit: u64, events: usize, end: u64) -> Vec<Ticket> {
         t.begin(Lsn(commit)).unwrap();
-        let tickets = (0..events).map(|_| t.push(10).unwrap()).collect();
+        let tickets = (0..events).map(|_| t.push(10, &table()).unwrap()).collect();
         t.commit(Lsn(end)).unwrap();
         tickets
     }
@@ -314,7 +342,7 @@ mod tests {
         // Open transaction: a keepalive cannot confirm past its events.
         t.begin(Lsn(200)).unwrap();
         assert!(!t.keepalive(Lsn(300)));
-        let e = t.push(1).unwrap();
+        let e = t.push(1, &table()).unwrap();
         t.commit(Lsn(210)).unwrap();
         // Committed but undelivered: still pinned.
         assert!(!t.keepalive(Lsn(300)));
@@ -345,7 +373,10 @@ mod tests {
     #[test]
     fn protocol_violations_are_errors() {
         let mut t = AckTracker::new(Lsn(100));
-        assert!(matches!(t.push(1), Err(AckError::NoTransaction { .. })));
+        assert!(matches!(
+            t.push(1, &table()),
+            Err(AckError::NoTransaction { .. })
+        ));
         assert!(matches!(
             t.commit(Lsn(1)),
             Err(AckError::NoTransaction { .. })
@@ -355,7 +386,7 @@ mod tests {
             t.begin(Lsn(111)),
             Err(AckError::NestedBegin { .. })
         ));
-        let e = t.push(1).unwrap();
+        let e = t.push(1, &table()).unwrap();
         assert!(matches!(
             t.commit(Lsn(90)),
             Err(AckError::NonMonotonicCommit { .. })
@@ -368,11 +399,32 @@ mod tests {
     }
 
     #[test]
+    fn a_broken_transaction_is_replayed_behind_its_orphaned_events() {
+        let mut t = AckTracker::new(Lsn(0));
+        t.begin(Lsn(10)).unwrap();
+        let orphan = t.push(1, &table()).unwrap();
+        // The stream breaks mid-transaction and resumes after the last commit.
+        t.abandon_open();
+        assert_eq!(t.resume_lsn(), Lsn(0));
+        assert_eq!(
+            t.table_of(orphan).map(|s| s.as_ref()),
+            Some("public.outbox")
+        );
+        // The replay sends the transaction again, whole.
+        let replayed = tx(&mut t, 10, 1, 20);
+        t.ack(replayed[0]).unwrap();
+        assert_eq!(t.frontier(), Lsn(0), "the orphan is still in flight");
+        t.ack(orphan).unwrap();
+        assert_eq!(t.frontier(), Lsn(20));
+        assert_eq!(t.resume_lsn(), Lsn(20));
+    }
+
+    #[test]
     fn in_flight_counts_and_bytes() {
         let mut t = AckTracker::new(Lsn(0));
         t.begin(Lsn(1)).unwrap();
-        let a = t.push(100).unwrap();
-        let b = t.push(50).unwrap();
+        let a = t.push(100, &table()).unwrap();
+        let b = t.push(50, &table()).unwrap();
         assert_eq!(t.in_flight_bytes(), 150);
         assert_eq!(t.window_len(), 2);
         t.ack(b).unwrap();

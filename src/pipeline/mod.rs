@@ -19,8 +19,11 @@
 
 pub mod ack;
 
+mod poison;
+
 use std::collections::HashMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use pgwire_replication::ReplicationEvent;
@@ -28,22 +31,26 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::outbox::{BindError, EventError, TableMapping, TableName, values};
+use crate::outbox::{BindError, OutboxRecord, TableMapping, TableName, values};
 use crate::pgoutput::{self, DecodeError, Message, RelationCache};
 use crate::sink::{Delivery, KafkaSink, SinkError};
-use crate::source::{ReplicationStream, SourceError, setup};
+use crate::source::{Recovery, ReplicationStream, SourceError, setup};
 use ack::{AckError, AckTracker, Ticket};
+use poison::Poison;
 
 /// Process exit codes, distinct per failure class so a supervisor can tell
 /// them apart.
 pub mod exit_code {
-    /// A flag or the environment is wrong; fix the configuration.
+    /// A flag, the environment or the producer configuration is invalid; fix the configuration.
     pub const CONFIG: u8 = 2;
-    /// Postgres refused or failed in a way a retry will not fix.
+    /// Postgres refused in a way a retry will not fix (unreachable at start-up,
+    /// authentication, privileges, wal_level, missing table/column, slot or
+    /// publication mismatch, dropped slot).
     pub const POSTGRES: u8 = 3;
-    /// Kafka failed permanently (delivery failed, producer unusable).
+    /// Kafka failed permanently (delivery timed out, producer fenced or unusable).
     pub const KAFKA: u8 = 4;
-    /// An outbox row cannot become a record.
+    /// An event cannot be delivered under `--on-poison fail` (or its table no
+    /// longer fits the mapping).
     pub const POISON: u8 = 5;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
@@ -55,7 +62,20 @@ pub enum RelayError {
     /// Postgres side.
     #[error(transparent)]
     Source(#[from] SourceError),
-    /// Kafka producer could not be created or refused a record.
+    /// The slot was dropped while the relay was using it.
+    #[error(
+        "replication slot {slot:?} was dropped while the relay was streaming from it; the last \
+         acknowledged position was {frontier}. Restart the relay to create a new slot at the \
+         current WAL position, then re-publish outbox rows committed after that position (the new \
+         slot cannot see them)"
+    )]
+    SlotDropped {
+        /// The slot.
+        slot: String,
+        /// The ack frontier at the time.
+        frontier: Lsn,
+    },
+    /// librdkafka refused a record at enqueue time for a reason that is not the record's fault.
     #[error("{source} (commit LSN {lsn}, table {table}); the slot was not moved past it")]
     Sink {
         /// Commit LSN of the event's transaction.
@@ -69,11 +89,11 @@ pub enum RelayError {
     /// The producer could not be created.
     #[error(transparent)]
     Producer(SinkError),
-    /// The broker did not accept an event.
+    /// The broker did not accept an event, for a reason that is not the event's fault.
     #[error(
         "delivery of event id {id} (commit LSN {lsn}) to topic {topic:?} failed: {error}. \
-         The slot was not moved past it; fix the cause (topic, ACLs, broker limits) and restart: \
-         the relay resumes from the last acknowledged transaction"
+         The slot was not moved past it; fix the cause (brokers, ACLs, topic creation) and \
+         restart: the relay resumes from the last acknowledged transaction"
     )]
     Delivery {
         /// Commit LSN of the event's transaction.
@@ -94,22 +114,26 @@ pub enum RelayError {
         #[source]
         source: BindError,
     },
-    /// One outbox row cannot become a record.
+    /// An event that can never be delivered, under `--on-poison fail`.
     #[error(
-        "outbox row id {id} in {table} (commit LSN {lsn}) cannot be relayed: {source}. \
-         Nothing at or after this transaction was acknowledged; fix or delete the row's \
-         cause and restart"
+        "event id {id:?} from {table} (commit LSN {lsn}, topic {topic:?}) cannot be delivered: \
+         {reason}. The slot was not moved past it, and a restart replays it: fix the cause (the \
+         mapping flags, the producer's message.max.bytes, the topic), or divert such events with \
+         --on-poison dead-letter --dead-letter-topic TOPIC; as a last resort, with the relay \
+         stopped, advance the slot past this transaction with pg_replication_slot_advance (its \
+         events are then lost)"
     )]
-    Event {
+    Poison {
         /// Commit LSN.
         lsn: Lsn,
         /// Table.
         table: String,
-        /// Event id, or `?` when unknown.
+        /// Event id (empty when NULL).
         id: String,
+        /// Intended topic (empty when it could not be rendered).
+        topic: String,
         /// What is wrong.
-        #[source]
-        source: EventError,
+        reason: String,
     },
     /// A WAL message did not decode.
     #[error("cannot decode the pgoutput message at WAL {lsn}: {source}")]
@@ -123,34 +147,18 @@ pub enum RelayError {
     /// The stream violated transaction framing.
     #[error("replication stream out of order: {0}")]
     Protocol(#[from] AckError),
-    /// The server ended the stream.
-    #[error(
-        "Postgres ended the replication stream (was the walsender terminated or the server shut down?)"
-    )]
-    StreamEnded,
 }
 
 impl RelayError {
     /// The process exit code for this failure.
     pub fn exit_code(&self) -> u8 {
         match self {
-            RelayError::Source(SourceError::Connect { .. })
-            | RelayError::Source(SourceError::TlsUnsupported { .. })
-            | RelayError::Source(SourceError::WalLevel { .. })
-            | RelayError::Source(SourceError::TableMissing { .. })
-            | RelayError::Source(SourceError::ColumnMissing { .. })
-            | RelayError::Source(SourceError::PublicationNoInsert { .. })
-            | RelayError::Source(SourceError::PublicationMissingTables { .. })
-            | RelayError::Source(SourceError::SlotPhysical { .. })
-            | RelayError::Source(SourceError::SlotWrongPlugin { .. })
-            | RelayError::Source(SourceError::SlotOtherDatabase { .. })
-            | RelayError::Source(SourceError::NoReplicationPrivilege { .. })
-            | RelayError::Producer(_) => exit_code::CONFIG,
-            RelayError::Source(_) | RelayError::StreamEnded | RelayError::Decode { .. } => {
+            RelayError::Producer(_) => exit_code::CONFIG,
+            RelayError::Source(_) | RelayError::SlotDropped { .. } | RelayError::Decode { .. } => {
                 exit_code::POSTGRES
             }
             RelayError::Sink { .. } | RelayError::Delivery { .. } => exit_code::KAFKA,
-            RelayError::Bind { .. } | RelayError::Event { .. } => exit_code::POISON,
+            RelayError::Bind { .. } | RelayError::Poison { .. } => exit_code::POISON,
             RelayError::Protocol(_) => exit_code::INTERNAL,
         }
     }
@@ -161,10 +169,14 @@ impl RelayError {
 pub struct Summary {
     /// The final ack frontier (reported to Postgres).
     pub frontier: Lsn,
-    /// Events the broker acknowledged this run.
+    /// Events the broker acknowledged this run (dead-lettered ones included).
     pub events_acked: u64,
+    /// Events dead-lettered this run.
+    pub dead_lettered: u64,
     /// Events still unacknowledged when the shutdown timeout ran out.
     pub abandoned: usize,
+    /// Times the replication stream was re-established.
+    pub reconnects: u64,
 }
 
 /// Per-relation state: the announced layout and, for outbox tables, the bound mapping.
@@ -176,93 +188,216 @@ struct Outbox {
     non_insert_changes: u64,
 }
 
+type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// The running relay: source, tracker and sink.
 pub struct Pipeline {
     config: Config,
-    stream: ReplicationStream,
+    stream: Option<ReplicationStream>,
     sink: KafkaSink,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     tracker: AckTracker,
     outbox: Outbox,
+    shutdown: Shutdown,
+    shutting_down: bool,
     reported: Lsn,
     commit_lsn: Lsn,
     commit_time_ms: i64,
     events_acked: u64,
+    dead_lettered: u64,
+    reconnects: u64,
 }
 
 /// Start-up checks, then streams until `shutdown` resolves or a fatal error.
 pub async fn run(
     config: Config,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, RelayError> {
-    let mut pipeline = Pipeline::start(config).await?;
-    let outcome = pipeline.stream_until(shutdown).await;
-    let timeout = pipeline.config.shutdown_timeout;
-    let summary = pipeline.finish(timeout).await;
+    let control = setup::connect(&config).await?;
+    let slot = setup::prepare(&control, &config).await?;
+    drop(control);
+    let (sink, deliveries) = KafkaSink::new(
+        &config.kafka_brokers,
+        &config.kafka_properties,
+        config.max_in_flight_events,
+    )
+    .map_err(RelayError::Producer)?;
+    let mut pipeline = Pipeline {
+        outbox: Outbox {
+            tables: config.tables.clone(),
+            relations: RelationCache::default(),
+            mappings: HashMap::new(),
+            warned_non_insert: false,
+            non_insert_changes: 0,
+        },
+        tracker: AckTracker::new(slot.confirmed_flush),
+        reported: slot.confirmed_flush,
+        config,
+        stream: None,
+        sink,
+        deliveries,
+        shutdown: Box::pin(shutdown),
+        shutting_down: false,
+        commit_lsn: Lsn::ZERO,
+        commit_time_ms: 0,
+        events_acked: 0,
+        dead_lettered: 0,
+        reconnects: 0,
+    };
+    let outcome = pipeline.run_streams().await;
+    let summary = pipeline.finish().await;
     outcome.map(|()| summary)
 }
 
 impl Pipeline {
-    /// Checks Postgres, sets up the publication and slot, creates the producer, starts the stream.
-    pub async fn start(config: Config) -> Result<Self, RelayError> {
-        let control = setup::connect(&config).await?;
-        let slot = setup::prepare(&control, &config).await?;
-        drop(control);
-        let (sink, deliveries) = KafkaSink::new(
-            &config.kafka_brokers,
-            &config.kafka_properties,
-            config.max_in_flight_events,
-        )
-        .map_err(RelayError::Producer)?;
-        let stream = ReplicationStream::start(&config, slot.confirmed_flush).await?;
-        tracing::info!(
-            slot = %config.slot,
-            publication = %config.publication,
-            lsn = %slot.confirmed_flush,
-            tables = %config.tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
-            "streaming from the slot's confirmed position"
-        );
-        Ok(Pipeline {
-            outbox: Outbox {
-                tables: config.tables.clone(),
-                relations: RelationCache::default(),
-                mappings: HashMap::new(),
-                warned_non_insert: false,
-                non_insert_changes: 0,
-            },
-            tracker: AckTracker::new(slot.confirmed_flush),
-            reported: slot.confirmed_flush,
-            config,
-            stream,
-            sink,
-            deliveries,
-            commit_lsn: Lsn::ZERO,
-            commit_time_ms: 0,
-            events_acked: 0,
-        })
+    /// Connects, streams, and on a transient failure reconnects with capped
+    /// exponential backoff, keeping in-flight deliveries and the tracker.
+    async fn run_streams(&mut self) -> Result<(), RelayError> {
+        let (min_backoff, max_backoff) = self.config.reconnect_backoff;
+        let mut backoff = min_backoff;
+        let mut attempt: u64 = 0;
+        let mut standby = false;
+        loop {
+            let start = self.tracker.resume_lsn();
+            let acked = self.tracker.frontier();
+            match ReplicationStream::start(&self.config, start, acked).await {
+                Ok(stream) => {
+                    self.stream = Some(stream);
+                    if attempt == 0 && !standby {
+                        tracing::info!(
+                            slot = %self.config.slot,
+                            publication = %self.config.publication,
+                            lsn = %start,
+                            tables = %self.outbox.tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                            "streaming from the slot's confirmed position"
+                        );
+                    } else {
+                        tracing::info!(
+                            slot = %self.config.slot,
+                            lsn = %start,
+                            frontier = %acked,
+                            attempts = attempt,
+                            "{}",
+                            if standby {
+                                "slot released by its previous holder: this relay is now active and streaming"
+                            } else {
+                                "reconnected: streaming resumes after the last transaction received"
+                            }
+                        );
+                    }
+                    backoff = min_backoff;
+                    attempt = 0;
+                    standby = false;
+                }
+                Err(e) => {
+                    let wait = match e.recovery() {
+                        Recovery::Fatal => return Err(self.fatal_source(e)),
+                        Recovery::Standby => {
+                            if !standby {
+                                tracing::warn!(
+                                    slot = %self.config.slot,
+                                    error = %e,
+                                    retry_every = %humantime::format_duration(max_backoff),
+                                    "the slot is in use by another process (another relay?): \
+                                     waiting as a standby and taking over when it is released"
+                                );
+                            }
+                            standby = true;
+                            max_backoff
+                        }
+                        Recovery::Reconnect => {
+                            attempt += 1;
+                            tracing::warn!(
+                                attempt,
+                                error = %e,
+                                retry_in = %humantime::format_duration(backoff),
+                                "cannot (re)connect the replication stream; retrying"
+                            );
+                            let wait = backoff;
+                            backoff = (backoff * 2).min(max_backoff);
+                            wait
+                        }
+                    };
+                    if self.pause(wait).await? {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
+
+            match self.stream_until_shutdown().await {
+                Ok(()) => return Ok(()),
+                Err(RelayError::Source(e)) if e.recovery() != Recovery::Fatal => {
+                    self.reconnects += 1;
+                    attempt += 1;
+                    tracing::warn!(
+                        error = %e,
+                        frontier = %self.tracker.frontier(),
+                        in_flight = self.tracker.window_len(),
+                        retry_in = %humantime::format_duration(backoff),
+                        "replication stream broke; reconnecting (in-flight deliveries continue)"
+                    );
+                    self.stream = None;
+                    self.tracker.abandon_open();
+                    if self.pause(backoff).await? {
+                        return Ok(());
+                    }
+                }
+                Err(RelayError::Source(e)) => return Err(self.fatal_source(e)),
+                Err(e) => return Err(e),
+            }
+        }
     }
 
-    async fn stream_until(&mut self, shutdown: impl Future<Output = ()>) -> Result<(), RelayError> {
-        tokio::pin!(shutdown);
+    fn fatal_source(&self, e: SourceError) -> RelayError {
+        if e.is_slot_dropped() {
+            RelayError::SlotDropped {
+                slot: self.config.slot.clone(),
+                frontier: self.tracker.frontier(),
+            }
+        } else {
+            RelayError::Source(e)
+        }
+    }
+
+    /// Waits `duration` while still processing delivery reports. Returns
+    /// whether shutdown was requested.
+    async fn pause(&mut self, duration: Duration) -> Result<bool, RelayError> {
+        let deadline = tokio::time::Instant::now() + duration;
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut self.shutdown, if !self.shutting_down => {
+                    self.shutting_down = true;
+                    return Ok(true);
+                }
+                Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
+                () = tokio::time::sleep_until(deadline) => return Ok(false),
+            }
+        }
+    }
+
+    async fn stream_until_shutdown(&mut self) -> Result<(), RelayError> {
         loop {
             let can_read = self.tracker.window_len() < self.config.max_in_flight_events
                 && self.tracker.in_flight_bytes() < self.config.max_in_flight_bytes;
+            let Some(stream) = self.stream.as_mut() else {
+                return Ok(());
+            };
             tokio::select! {
                 biased;
-                () = &mut shutdown => {
+                () = &mut self.shutdown, if !self.shutting_down => {
+                    self.shutting_down = true;
                     tracing::info!("shutdown requested: stopped reading, waiting for in-flight deliveries");
                     return Ok(());
                 }
                 Some(delivery) = self.deliveries.recv() => {
-                    self.on_delivery(delivery)?;
+                    self.on_delivery(delivery).await?;
                     while let Ok(delivery) = self.deliveries.try_recv() {
-                        self.on_delivery(delivery)?;
+                        self.on_delivery(delivery).await?;
                     }
                 }
-                event = self.stream.recv(), if can_read => match event? {
-                    Some(event) => self.on_event(event).await?,
-                    None => return Err(RelayError::StreamEnded),
-                },
+                event = stream.recv(), if can_read => self.on_event(event?).await?,
             }
             self.report_frontier();
         }
@@ -270,13 +405,15 @@ impl Pipeline {
 
     fn report_frontier(&mut self) {
         let frontier = self.tracker.frontier();
-        if frontier > self.reported {
-            self.stream.ack(frontier);
+        if frontier > self.reported
+            && let Some(stream) = &self.stream
+        {
+            stream.ack(frontier);
             self.reported = frontier;
         }
     }
 
-    fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
+    async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
         match delivery.outcome {
             Ok(_) => {
                 self.tracker.ack(delivery.ticket)?;
@@ -288,6 +425,16 @@ impl Pipeline {
                     .tracker
                     .commit_lsn_of(delivery.ticket)
                     .unwrap_or(Lsn::ZERO);
+                if crate::sink::is_poison(&failure.error) {
+                    let table = self
+                        .tracker
+                        .table_of(delivery.ticket)
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
+                    return self
+                        .poison(delivery.ticket, Poison::rejected(failure, lsn, table))
+                        .await;
+                }
                 tracing::error!(
                     lsn = %lsn,
                     id = %failure.id,
@@ -367,34 +514,21 @@ impl Pipeline {
                 let Some(relation) = self.outbox.relations.get(relation_id) else {
                     return Ok(());
                 };
-                let record =
-                    mapping
-                        .map(relation, &new, self.commit_time_ms)
-                        .map_err(|source| {
-                            let id = mapping.id_text(&new).unwrap_or_else(|| "?".to_owned());
-                            tracing::error!(
-                                lsn = %self.commit_lsn,
-                                table = %mapping.table(),
-                                id = %id,
-                                error = %source,
-                                "outbox row cannot be relayed"
-                            );
-                            RelayError::Event {
-                                lsn: self.commit_lsn,
-                                table: mapping.table().to_string(),
-                                id,
-                                source,
-                            }
-                        })?;
-                let ticket: Ticket = self.tracker.push(record.size())?;
-                self.sink
-                    .send(ticket, &record)
-                    .await
-                    .map_err(|source| RelayError::Sink {
-                        lsn: self.commit_lsn,
-                        table: mapping.table().to_string(),
-                        source,
-                    })?;
+                let table = mapping.table().clone();
+                match mapping.map(relation, &new, self.commit_time_ms) {
+                    Ok(record) => self.enqueue(record, table).await?,
+                    Err(error) => {
+                        let poison = Poison::unmappable(
+                            mapping.raw_parts(&new),
+                            error,
+                            self.commit_lsn,
+                            table.to_string(),
+                            self.commit_time_ms,
+                        );
+                        let ticket = self.tracker.push(0, &table)?;
+                        self.poison(ticket, poison).await?;
+                    }
+                }
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
                 if let Some(mapping) = self.outbox.mappings.get(&relation_id) {
@@ -420,15 +554,73 @@ impl Pipeline {
         Ok(())
     }
 
-    /// Stops reading, waits up to `timeout` for in-flight deliveries, reports
-    /// the final frontier and closes the stream.
-    pub async fn finish(mut self, timeout: Duration) -> Summary {
-        let deadline = tokio::time::Instant::now() + timeout;
+    /// Hands one record to the producer, in stream order.
+    async fn enqueue(
+        &mut self,
+        record: OutboxRecord,
+        table: std::sync::Arc<str>,
+    ) -> Result<(), RelayError> {
+        let ticket: Ticket = self.tracker.push(record.size(), &table)?;
+        match self.sink.send(ticket, &record).await {
+            Ok(()) => Ok(()),
+            Err(SinkError::Enqueue {
+                poison: true,
+                source,
+                ..
+            }) => {
+                let poison = Poison::refused(record, source, self.commit_lsn, table.to_string());
+                self.poison(ticket, poison).await
+            }
+            Err(source) => Err(RelayError::Sink {
+                lsn: self.commit_lsn,
+                table: table.to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// An event that can never be delivered: dead-letter it under that
+    /// policy (acknowledged when the dead-letter record is), else stop.
+    async fn poison(&mut self, ticket: Ticket, poison: Poison) -> Result<(), RelayError> {
+        let Some(topic) = self.config.dead_letter_topic.clone() else {
+            tracing::error!(
+                lsn = %poison.info.lsn,
+                id = %poison.id_text(),
+                table = %poison.info.table,
+                topic = %poison.info.intended_topic.as_deref().unwrap_or(""),
+                error = %poison.info.error,
+                "event cannot be delivered; stopping before acknowledging it (--on-poison fail)"
+            );
+            return Err(poison.into_error());
+        };
+        tracing::warn!(
+            lsn = %poison.info.lsn,
+            id = %poison.id_text(),
+            table = %poison.info.table,
+            topic = %poison.info.intended_topic.as_deref().unwrap_or(""),
+            error = %poison.info.error,
+            dead_letter_topic = %topic,
+            "event cannot be delivered; dead-lettering it"
+        );
+        let lsn = poison.info.lsn;
+        let table = poison.info.table.clone();
+        let record = poison.into_dead_letter(&topic);
+        self.dead_lettered += 1;
+        match self.sink.send(ticket, &record).await {
+            Ok(()) => Ok(()),
+            Err(source) => Err(RelayError::Sink { lsn, table, source }),
+        }
+    }
+
+    /// Stops reading, waits up to the shutdown timeout for in-flight
+    /// deliveries, reports the final frontier and closes the stream.
+    async fn finish(mut self) -> Summary {
+        let deadline = tokio::time::Instant::now() + self.config.shutdown_timeout;
         while self.tracker.window_len() > 0 {
             match tokio::time::timeout_at(deadline, self.deliveries.recv()).await {
                 Ok(Some(delivery)) => {
-                    // A failure here is already reported or will be replayed;
-                    // only successes can move the frontier.
+                    // Only successes can move the frontier; a failure is
+                    // already reported or will be replayed after restart.
                     if delivery.outcome.is_ok() && self.tracker.ack(delivery.ticket).is_ok() {
                         self.events_acked += 1;
                     }
@@ -448,12 +640,14 @@ impl Pipeline {
                 "stopping with unacknowledged events; they will be sent again after restart"
             );
         }
-        self.stream
-            .close(
-                frontier,
-                self.config.status_interval * 2 + Duration::from_secs(1),
-            )
-            .await;
+        if let Some(stream) = self.stream.take() {
+            stream
+                .close(
+                    frontier,
+                    self.config.status_interval * 2 + Duration::from_secs(1),
+                )
+                .await;
+        }
         tracing::info!(
             frontier = %frontier,
             acked = self.events_acked,
@@ -462,7 +656,9 @@ impl Pipeline {
         Summary {
             frontier,
             events_acked: self.events_acked,
+            dead_lettered: self.dead_lettered,
             abandoned,
+            reconnects: self.reconnects,
         }
     }
 }

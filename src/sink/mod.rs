@@ -13,7 +13,10 @@
 //! every failed delivery report: librdkafka has already retried whatever was
 //! retriable until `message.timeout.ms`.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use rdkafka::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
@@ -57,7 +60,8 @@ pub struct Acked {
     pub offset: i64,
 }
 
-/// A record librdkafka gave up on.
+/// A record librdkafka gave up on, with its contents (copied: failures are rare)
+/// so it can be dead-lettered.
 #[derive(Debug, Clone)]
 pub struct DeliveryFailure {
     /// Why.
@@ -66,6 +70,33 @@ pub struct DeliveryFailure {
     pub topic: String,
     /// The record's `id` header.
     pub id: String,
+    /// The record's key.
+    pub key: Option<Bytes>,
+    /// The record's value.
+    pub payload: Option<Bytes>,
+    /// The record's headers other than `id`.
+    pub headers: Vec<(Arc<str>, Option<Bytes>)>,
+    /// The record's timestamp.
+    pub timestamp_ms: Option<i64>,
+}
+
+/// Whether a Kafka error condemns one record (poison: dead-letter it or stop)
+/// rather than the relay's configuration or the cluster (stop).
+pub fn is_poison(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::InvalidMessage
+                | C::MessageBatchTooLarge
+                | C::InvalidRecord
+                | C::PolicyViolation
+                | C::InvalidTopic
+                | C::InvalidTimestamp
+        )
+    )
 }
 
 /// The producer could not be built or refused a record outright.
@@ -83,6 +114,8 @@ pub enum SinkError {
     /// librdkafka refused to enqueue a record.
     #[error("Kafka refused the record for topic {topic:?} (id {id}): {source}")]
     Enqueue {
+        /// Whether the refusal is about this record alone (see [`is_poison`]).
+        poison: bool,
         /// The record's topic.
         topic: String,
         /// The event id.
@@ -135,16 +168,32 @@ impl ProducerContext for DeliveryContext {
                 partition: msg.partition(),
                 offset: msg.offset(),
             }),
-            Err((error, msg)) => Err(DeliveryFailure {
-                error: error.clone(),
-                topic: msg.topic().to_owned(),
-                id: msg
-                    .headers()
-                    .and_then(|h| h.iter().find(|h| h.key == ID_HEADER))
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-                    .unwrap_or_default(),
-            }),
+            Err((error, msg)) => {
+                let mut id = String::new();
+                let mut headers = Vec::new();
+                if let Some(h) = msg.headers() {
+                    for h in h.iter() {
+                        if h.key == ID_HEADER {
+                            id = h
+                                .value
+                                .map(String::from_utf8_lossy)
+                                .unwrap_or_default()
+                                .into_owned();
+                        } else {
+                            headers.push((Arc::from(h.key), h.value.map(Bytes::copy_from_slice)));
+                        }
+                    }
+                }
+                Err(DeliveryFailure {
+                    error: error.clone(),
+                    topic: msg.topic().to_owned(),
+                    id,
+                    key: msg.key().map(Bytes::copy_from_slice),
+                    payload: msg.payload().map(Bytes::copy_from_slice),
+                    headers,
+                    timestamp_ms: msg.timestamp().to_millis(),
+                })
+            }
         };
         // The receiver is gone only when the relay is shutting down.
         let _ = self.deliveries.send(Delivery { ticket, outcome });
@@ -221,6 +270,7 @@ impl KafkaSink {
                 }
                 Err((source, _)) => {
                     return Err(SinkError::Enqueue {
+                        poison: is_poison(&source),
                         topic: record.topic.clone(),
                         id: record.id_text(),
                         source,

@@ -27,7 +27,7 @@ const STREAM_BUFFER_EVENTS: usize = 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The control connection could not be opened.
-    #[error("cannot connect to Postgres at {url}: {source}")]
+    #[error("cannot connect to Postgres at {url}: {}", pg_error_text(source))]
     Connect {
         /// Redacted URL.
         url: String,
@@ -142,7 +142,7 @@ pub enum SourceError {
     )]
     SlotInvalidated,
     /// A catalog query failed.
-    #[error("Postgres query failed ({what}): {source}")]
+    #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
     Query {
         /// What the query was for.
         what: &'static str,
@@ -159,6 +159,14 @@ pub enum SourceError {
         #[source]
         source: PgWireError,
     },
+    /// The server closed the stream.
+    #[error(
+        "Postgres ended the replication stream of slot {slot:?} (walsender terminated or server shutting down)"
+    )]
+    StreamEnded {
+        /// The slot.
+        slot: String,
+    },
     /// The server did not accept START_REPLICATION in time.
     #[error("replication stream from slot {slot:?} did not start within {timeout:?}")]
     StartTimeout {
@@ -169,6 +177,78 @@ pub enum SourceError {
     },
 }
 
+/// How the relay should react to a [`SourceError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// Reconnect with backoff: the network, a restart, a terminated walsender.
+    Reconnect,
+    /// Another process holds the slot: wait as a standby and take over when it frees.
+    Standby,
+    /// Retrying cannot help; stop and say what to do.
+    Fatal,
+}
+
+impl SourceError {
+    /// Whether this error heals by itself.
+    pub fn recovery(&self) -> Recovery {
+        match self {
+            SourceError::Stream { source, .. } => match source {
+                PgWireError::Server(message) => match sqlstate(message) {
+                    // object_in_use: "replication slot ... is active for PID n"
+                    Some("55006") => Recovery::Standby,
+                    // undefined_object (slot dropped), insufficient_privilege,
+                    // invalid_authorization, object_not_in_prerequisite_state
+                    // (slot invalidated), invalid_parameter_value.
+                    Some("42704" | "42501" | "55000" | "22023") => Recovery::Fatal,
+                    Some(code) if code.starts_with("28") => Recovery::Fatal,
+                    _ => Recovery::Reconnect,
+                },
+                PgWireError::Auth(_) | PgWireError::Tls(_) => Recovery::Fatal,
+                _ => Recovery::Reconnect,
+            },
+            SourceError::StartTimeout { .. } | SourceError::StreamEnded { .. } => {
+                Recovery::Reconnect
+            }
+            _ => Recovery::Fatal,
+        }
+    }
+
+    /// For a dropped slot, the remedy; `None` otherwise.
+    pub fn is_slot_dropped(&self) -> bool {
+        matches!(self, SourceError::Stream { source: PgWireError::Server(m), .. }
+            if sqlstate(m) == Some("42704") && m.contains("replication slot"))
+    }
+}
+
+/// A tokio-postgres error with the server's message, detail and hint, which
+/// its `Display` ("db error") leaves out.
+pub fn pg_error_text(error: &tokio_postgres::Error) -> String {
+    let Some(db) = error.as_db_error() else {
+        let mut text = error.to_string();
+        let mut source = std::error::Error::source(error);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        return text;
+    };
+    let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    if let Some(detail) = db.detail() {
+        text.push_str(&format!("; detail: {detail}"));
+    }
+    if let Some(hint) = db.hint() {
+        text.push_str(&format!("; hint: {hint}"));
+    }
+    text
+}
+
+/// The SQLSTATE in pgwire-replication's rendering of a server error.
+fn sqlstate(message: &str) -> Option<&str> {
+    let at = message.find("SQLSTATE ")? + "SQLSTATE ".len();
+    message.get(at..at + 5)
+}
+
 /// The logical replication stream of one slot.
 pub struct ReplicationStream {
     client: ReplicationClient,
@@ -176,9 +256,14 @@ pub struct ReplicationStream {
 }
 
 impl ReplicationStream {
-    /// Starts streaming from `start` (the slot's confirmed position), which is
-    /// also what is reported as flushed until the pipeline acknowledges more.
-    pub async fn start(config: &Config, start: Lsn) -> Result<Self, SourceError> {
+    /// Starts streaming at `start` while reporting `acked` as flushed until the
+    /// pipeline acknowledges more.
+    ///
+    /// On first start both are the slot's confirmed position. After a
+    /// reconnect, `start` is the end of the last transaction already received
+    /// (its events are in flight, so asking for it again would only duplicate
+    /// them) and `acked` is the ack frontier, which may be behind it.
+    pub async fn start(config: &Config, start: Lsn, acked: Lsn) -> Result<Self, SourceError> {
         let pg = &config.postgres;
         let tls = match pg.sslmode {
             SslMode::Disable | SslMode::Prefer => pgwire_replication::TlsConfig::disabled(),
@@ -195,6 +280,7 @@ impl ReplicationStream {
         .with_port(pg.port)
         .with_tls(tls)
         .with_start_lsn(start.into())
+        .with_ack_lsn(acked.min(start).into())
         .with_status_interval(config.status_interval)
         .with_wakeup_interval(Duration::from_secs(10))
         .with_buffer_size(STREAM_BUFFER_EVENTS)
@@ -226,15 +312,18 @@ impl ReplicationStream {
         })
     }
 
-    /// The next event; `None` when the server ended the stream.
-    pub async fn recv(&mut self) -> Result<Option<ReplicationEvent>, SourceError> {
-        self.client
-            .recv()
-            .await
-            .map_err(|source| SourceError::Stream {
+    /// The next event.
+    pub async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+        match self.client.recv().await {
+            Ok(Some(event)) => Ok(event),
+            Ok(None) => Err(SourceError::StreamEnded {
+                slot: self.slot.clone(),
+            }),
+            Err(source) => Err(SourceError::Stream {
                 slot: self.slot.clone(),
                 source,
-            })
+            }),
+        }
     }
 
     /// Reports `lsn` to Postgres as flushed (sent within the status interval).

@@ -9,6 +9,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
+use rdkafka::{Offset, TopicPartitionList};
 
 /// Number of mock brokers.
 const BROKERS: i32 = 3;
@@ -79,6 +80,12 @@ impl Broker {
             .expect("create mock topic");
     }
 
+    /// Creates a topic with 4 partitions unless it exists.
+    pub fn ensure_topic(&self, topic: &str) {
+        // An error means it exists already.
+        let _ = self.cluster.create_topic(topic, 4, 1);
+    }
+
     /// Takes every broker down: connections are closed and refused.
     pub fn down(&self) {
         for id in 1..=BROKERS {
@@ -96,28 +103,53 @@ impl Broker {
     /// Reads `topics` from the beginning until `expected` records arrived or
     /// `timeout` passed; returns what arrived.
     pub fn consume(&self, topics: &[&str], expected: usize, timeout: Duration) -> Vec<Consumed> {
+        // Make sure the topics exist, so the consumer's subscription never
+        // races their auto-creation by the relay's first produce.
+        for topic in topics {
+            self.ensure_topic(topic);
+        }
         consume(&self.bootstrap(), topics, expected, timeout)
     }
 }
 
 /// Reads `topics` from the beginning until `expected` records or `timeout`.
+///
+/// Partitions are assigned directly (no consumer group), so there is no
+/// group join or rebalance to wait for.
 pub fn consume(
     bootstrap: &str,
     topics: &[&str],
     expected: usize,
     timeout: Duration,
 ) -> Vec<Consumed> {
-    let group = format!("test-{}", std::process::id()) + &format!("-{:?}", Instant::now());
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
-        .set("auto.offset.reset", "earliest")
+        .set("group.id", "outbox-relay-tests")
         .set("enable.auto.commit", "false")
-        .set("topic.metadata.refresh.interval.ms", "500")
         .create()
         .expect("create consumer");
-    consumer.subscribe(topics).expect("subscribe");
     let deadline = Instant::now() + timeout;
+    let mut assignment = TopicPartitionList::new();
+    for topic in topics {
+        let partitions = loop {
+            let found = consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(5))
+                .ok()
+                .and_then(|m| m.topics().first().map(|t| t.partitions().len()))
+                .unwrap_or(0);
+            if found > 0 || Instant::now() >= deadline {
+                break found;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        for p in 0..partitions {
+            let p = i32::try_from(p).expect("partition index");
+            assignment
+                .add_partition_offset(topic, p, Offset::Beginning)
+                .expect("assign partition");
+        }
+    }
+    consumer.assign(&assignment).expect("assign");
     let mut out = Vec::new();
     while out.len() < expected && Instant::now() < deadline {
         if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
