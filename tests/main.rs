@@ -10,5 +10,6 @@ mod support;
 mod e2e;
 mod failures;
 mod harness;
+mod poison;
 mod reliability;
 mod startup;

@@ -86,6 +86,15 @@ impl Broker {
         let _ = self.cluster.create_topic(topic, 4, 1);
     }
 
+    /// Makes the next produce/fetch/... requests fail with `errors`, in order.
+    pub fn request_errors(
+        &self,
+        api: rdkafka::types::RDKafkaApiKey,
+        errors: &[rdkafka::types::RDKafkaRespErr],
+    ) {
+        self.cluster.request_errors(api, errors);
+    }
+
     /// Takes every broker down: connections are closed and refused.
     pub fn down(&self) {
         for id in 1..=BROKERS {
