@@ -267,3 +267,175 @@ async fn crash_loop_of_sigkills_loses_nothing() {
     }
     assert_eq!(duplicates_per_kill.len(), 1);
 }
+
+/// Peak resident set size of a process, in MB (VmHWM).
+fn peak_rss_mb(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn huge_transactions_stream_through_with_bounded_memory() {
+    let world = World::start().await;
+    let mut relay = Relay::spawn(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &[
+            "-X",
+            "message.max.bytes=8000000",
+            "--max-in-flight-bytes",
+            "16777216",
+        ],
+    );
+    relay.wait_streaming();
+    let started = Instant::now();
+    // One transaction of 1,000,000 outbox rows.
+    world
+        .pg
+        .execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'agg-' || (i % 1000), 'Bulk', jsonb_build_object('i', i)
+             FROM generate_series(1, 1000000) AS i",
+        )
+        .await;
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(600))
+        .await;
+    let million = started.elapsed();
+    let rss_after_million = peak_rss_mb(relay.pid());
+
+    // Then rows with 5 MB payloads.
+    world
+        .pg
+        .execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'big-' || i, 'Big', jsonb_build_object('blob', repeat(md5(i::text), 160000))
+             FROM generate_series(1, 8) AS i",
+        )
+        .await;
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(120))
+        .await;
+    let rss = peak_rss_mb(relay.pid());
+    eprintln!(
+        "huge transactions: 1,000,000-row transaction relayed and confirmed in {:.1}s; \
+         relay peak RSS {rss_after_million:.1} MB after it, {rss:.1} MB after 8 x 5 MB rows",
+        million.as_secs_f64()
+    );
+    // Bounded: the in-flight cap (16 MB) plus librdkafka's copies and buffers.
+    assert!(rss < 160.0, "peak RSS {rss:.1} MB");
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(60)).expect("exits");
+    let log = relay.log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(
+        log.contains("acked=1000008"),
+        "every event acknowledged: {log}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_network_cut_to_postgres_heals_without_loss() {
+    let world = World::start().await;
+    let proxy = crate::support::proxy::Proxy::start(world.pg.port());
+    let url = world.pg.url().replace(
+        &format!(":{}/", world.pg.port()),
+        &format!(":{}/", proxy.port()),
+    );
+    let mut relay = Relay::spawn(&url, &world.broker.bootstrap(), &FAST_BACKOFF);
+    relay.wait_streaming();
+    let mut ids = world.insert_tx(&[("Evt", "a", r#"{"n": 1}"#)]).await;
+    assert_eq!(
+        world
+            .broker
+            .consume(&["Evt"], 1, Duration::from_secs(20))
+            .len(),
+        1
+    );
+
+    proxy.cut();
+    ids.extend(world.insert_tx(&[("Evt", "a", r#"{"n": 2}"#)]).await);
+    assert!(
+        relay.wait_for_log("cannot (re)connect", Duration::from_secs(30)),
+        "{}",
+        relay.log()
+    );
+    proxy.restore();
+    ids.extend(world.insert_tx(&[("Evt", "a", r#"{"n": 3}"#)]).await);
+    let end = world.current_lsn().await;
+    let records = world
+        .broker
+        .consume(&["Evt"], ids.len(), Duration::from_secs(60));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    for id in &ids {
+        assert!(got.contains(id), "id {id} lost; log:\n{}", relay.log());
+    }
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(30))
+        .await;
+    assert!(
+        relay.wait_exit(Duration::from_millis(10)).is_none(),
+        "the relay must stay up"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_60_second_broker_outage_under_continuous_inserts_loses_nothing() {
+    let world = World::start().await;
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    let mut ids = world.insert_tx(&[("Evt", "a", "{}")]).await;
+    assert_eq!(
+        world
+            .broker
+            .consume(&["Evt"], 1, Duration::from_secs(20))
+            .len(),
+        1
+    );
+    let healthy = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, healthy, Duration::from_secs(20))
+        .await;
+
+    world.broker.down();
+    let first = world.insert_tx(&[("Evt", "b", r#"{"first": true}"#)]).await;
+    let after_first = world.current_lsn().await;
+    ids.extend(first);
+    let outage = Instant::now() + Duration::from_secs(60);
+    let mut n = 0;
+    while Instant::now() < outage {
+        ids.extend(
+            world
+                .insert_tx(&[("Evt", &format!("k{}", n % 9), &format!(r#"{{"n": {n}}}"#))])
+                .await,
+        );
+        n += 1;
+        let confirmed = world.confirmed_flush(SLOT).await.unwrap();
+        assert!(
+            confirmed < after_first,
+            "slot passed undelivered events during the outage"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        relay.wait_exit(Duration::from_millis(10)).is_none(),
+        "the relay waits the outage out"
+    );
+    world.broker.up();
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(120))
+        .await;
+    let records = world
+        .broker
+        .consume(&["Evt"], ids.len() * 2, Duration::from_secs(10));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    let lost = ids.iter().filter(|id| !got.contains(*id)).count();
+    assert_eq!(lost, 0, "{lost} of {} lost", ids.len());
+}

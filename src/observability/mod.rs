@@ -13,6 +13,7 @@ pub fn init(format: LogFormat, level: &str) -> Result<(), String> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(true);
     let result = match format {
         LogFormat::Text => builder.try_init(),

@@ -4,5 +4,6 @@
 
 pub mod kafka;
 pub mod postgres;
+pub mod proxy;
 pub mod relay;
 pub mod world;
