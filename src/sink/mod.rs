@@ -290,3 +290,58 @@ impl KafkaSink {
         self.producer.flush(timeout).is_ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn props(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn kafka_tls_and_sasl_are_available_through_properties() {
+        for mechanism in ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] {
+            let result = KafkaSink::new(
+                "127.0.0.1:1",
+                &props(&[
+                    ("security.protocol", "SASL_SSL"),
+                    ("sasl.mechanism", mechanism),
+                    ("sasl.username", "relay"),
+                    ("sasl.password", "secret"),
+                ]),
+                10,
+            );
+            assert!(result.is_ok(), "{mechanism}: {:?}", result.err());
+        }
+        assert!(KafkaSink::new("127.0.0.1:1", &props(&[("security.protocol", "SSL")]), 10).is_ok());
+    }
+
+    #[tokio::test]
+    async fn unknown_properties_are_a_clear_error() {
+        let err = KafkaSink::new("127.0.0.1:1", &props(&[("no.such.property", "1")]), 10)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("-X"), "{err}");
+    }
+
+    #[test]
+    fn poison_errors_are_record_level_ones() {
+        assert!(is_poison(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::MessageSizeTooLarge
+        )));
+        assert!(is_poison(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::InvalidRecord
+        )));
+        assert!(!is_poison(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::MessageTimedOut
+        )));
+        assert!(!is_poison(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+        )));
+    }
+}
