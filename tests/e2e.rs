@@ -250,3 +250,55 @@ async fn an_idle_outbox_does_not_pin_wal_while_other_tables_are_busy() {
         .await;
     assert!(confirmed >= end, "{}", relay.log());
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn several_outbox_tables_each_with_its_own_routing() {
+    let world = World::start().await;
+    world
+        .pg
+        .execute(
+            "CREATE SCHEMA billing;
+             CREATE TABLE billing.outbox (event_id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+                 kind text, account_id text, body bytea);",
+        )
+        .await;
+    let mut relay = Relay::spawn(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &[
+            "--table",
+            "public.outbox",
+            "--table",
+            "billing.outbox:route-by=kind;key-column=account_id;id-column=event_id;payload-column=body;topic-template=billing.${routedByValue}",
+        ],
+    );
+    relay.wait_streaming();
+    let ids = world.insert_tx(&[("OrderCreated", "o-1", "{}")]).await;
+    let billing = world
+        .pg
+        .execute(
+            "INSERT INTO billing.outbox (kind, account_id, body)
+             VALUES ('InvoiceIssued', 'acct-7', '\\x00ff') RETURNING event_id::text",
+        )
+        .await;
+    let records = world.broker.consume(
+        &["OrderCreated", "billing.InvoiceIssued"],
+        2,
+        Duration::from_secs(30),
+    );
+    assert_eq!(records.len(), 2, "{}", relay.log());
+    let order = records.iter().find(|r| r.topic == "OrderCreated").unwrap();
+    assert_eq!(order.id(), ids[0]);
+    assert_eq!(order.key_text().as_deref(), Some("o-1"));
+    let invoice = records
+        .iter()
+        .find(|r| r.topic == "billing.InvoiceIssued")
+        .unwrap();
+    assert_eq!(Some(invoice.id()), billing[0][0].clone());
+    assert_eq!(invoice.key_text().as_deref(), Some("acct-7"));
+    assert_eq!(
+        invoice.payload.as_deref(),
+        Some(&[0u8, 0xff][..]),
+        "bytea as raw bytes"
+    );
+}

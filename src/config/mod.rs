@@ -34,6 +34,9 @@ pub struct Cli {
     pub kafka_brokers: String,
 
     /// Outbox table as SCHEMA.TABLE (schema defaults to public). Repeatable.
+    /// Per-table overrides follow a colon, separated by semicolons:
+    /// 'billing.outbox:topic-template=billing.${event_type};key-column=account_id'
+    /// (route-by, topic-template, key-column, id-column, payload-column, timestamp-column).
     #[arg(
         long = "table",
         env = "OUTBOX_RELAY_TABLE",
@@ -203,6 +206,8 @@ pub struct Config {
     pub kafka_brokers: String,
     /// Outbox tables, in flag order.
     pub tables: Vec<TableName>,
+    /// Tables whose mapping differs from [`Config::mapping`] (per-table overrides).
+    pub table_mappings: Vec<(TableName, MappingConfig)>,
     /// Replication slot name.
     pub slot: String,
     /// Publication name.
@@ -237,8 +242,17 @@ impl Config {
             ));
         }
         let mut tables = Vec::with_capacity(cli.tables.len());
+        let mut overridden = Vec::new();
         for raw in &cli.tables {
-            let table = TableName::parse(raw).map_err(|reason| invalid("--table", raw, &reason))?;
+            let (name, overrides) = match raw.split_once(':') {
+                Some((name, overrides)) => (name, Some(overrides)),
+                None => (raw.as_str(), None),
+            };
+            let table =
+                TableName::parse(name).map_err(|reason| invalid("--table", raw, &reason))?;
+            if let Some(overrides) = overrides {
+                overridden.push((table.clone(), overrides.to_owned()));
+            }
             if !tables.contains(&table) {
                 tables.push(table);
             }
@@ -316,7 +330,26 @@ impl Config {
                 "must be at least --reconnect-backoff-min, which must be positive",
             ));
         }
+        let mapping = MappingConfig {
+            route_by: cli.route_by.clone(),
+            topic_template,
+            key_column: cli.key_column.clone(),
+            id_column: cli.id_column.clone(),
+            payload_column: cli.payload_column.clone(),
+            timestamp_column: cli.timestamp_column.clone().filter(|c| !c.is_empty()),
+            header_columns,
+        };
+        let table_mappings = overridden
+            .into_iter()
+            .map(|(table, overrides)| {
+                apply_overrides(&mapping, &overrides)
+                    .map(|m| (table, m))
+                    .map_err(|reason| invalid("--table", &overrides, &reason))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Config {
+            table_mappings,
+            mapping,
             dead_letter_topic,
             reconnect_backoff: (cli.reconnect_backoff_min, cli.reconnect_backoff_max),
             postgres,
@@ -324,15 +357,6 @@ impl Config {
             tables,
             slot: cli.slot.clone(),
             publication: cli.publication.clone(),
-            mapping: MappingConfig {
-                route_by: cli.route_by.clone(),
-                topic_template,
-                key_column: cli.key_column.clone(),
-                id_column: cli.id_column.clone(),
-                payload_column: cli.payload_column.clone(),
-                timestamp_column: cli.timestamp_column.clone().filter(|c| !c.is_empty()),
-                header_columns,
-            },
             kafka_properties,
             shutdown_timeout: cli.shutdown_timeout,
             status_interval: cli.status_interval,
@@ -340,6 +364,50 @@ impl Config {
             max_in_flight_bytes: cli.max_in_flight_bytes,
         })
     }
+}
+
+impl Config {
+    /// The mapping for one outbox table: its overrides, else the global flags.
+    pub fn mapping_for(&self, table: &TableName) -> &MappingConfig {
+        self.table_mappings
+            .iter()
+            .rev()
+            .find(|(t, _)| t == table)
+            .map_or(&self.mapping, |(_, m)| m)
+    }
+}
+
+/// Applies `key=value;key=value` per-table overrides to the global mapping.
+fn apply_overrides(base: &MappingConfig, overrides: &str) -> Result<MappingConfig, String> {
+    let mut m = base.clone();
+    for pair in overrides
+        .split(';')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let (key, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("override {pair:?} is not KEY=VALUE"))?;
+        let value = value.trim().to_owned();
+        if value.is_empty() {
+            return Err(format!("override {key:?} has an empty value"));
+        }
+        match key.trim() {
+            "route-by" => m.route_by = value,
+            "topic-template" => m.topic_template = TopicTemplate::parse(&value)?,
+            "key-column" => m.key_column = value,
+            "id-column" => m.id_column = value,
+            "payload-column" => m.payload_column = value,
+            "timestamp-column" => m.timestamp_column = Some(value),
+            other => {
+                return Err(format!(
+                    "unknown override {other:?}; use route-by, topic-template, key-column, \
+                     id-column, payload-column or timestamp-column"
+                ));
+            }
+        }
+    }
+    Ok(m)
 }
 
 fn invalid(flag: &'static str, value: &str, reason: &str) -> ConfigError {
@@ -433,6 +501,34 @@ mod tests {
         );
         assert_eq!(config.mapping.header_columns[0].header, "type");
         assert_eq!(config.mapping.header_columns[1].header, "event_type");
+    }
+
+    #[test]
+    fn per_table_overrides_replace_the_global_mapping_for_that_table() {
+        let config = cli(&[
+            "--table",
+            "public.outbox",
+            "--table",
+            "billing.outbox:topic-template=billing.${event_type};key-column=account_id",
+            "--route-by",
+            "kind",
+        ])
+        .unwrap();
+        let billing = TableName::parse("billing.outbox").unwrap();
+        let public = TableName::parse("public.outbox").unwrap();
+        assert_eq!(config.tables, vec![public.clone(), billing.clone()]);
+        let m = config.mapping_for(&billing);
+        assert_eq!(m.key_column, "account_id");
+        assert_eq!(m.route_by, "kind", "unset keys inherit the global flags");
+        assert_eq!(
+            m.topic_template,
+            TopicTemplate::parse("billing.${event_type}").unwrap()
+        );
+        assert_eq!(config.mapping_for(&public).key_column, "aggregate_id");
+        let err = cli(&["--table", "a.b:colour=red"]).unwrap_err().to_string();
+        assert!(err.contains("unknown override"), "{err}");
+        let err = cli(&["--table", "a.b:key-column"]).unwrap_err().to_string();
+        assert!(err.contains("KEY=VALUE"), "{err}");
     }
 
     #[test]

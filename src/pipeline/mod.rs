@@ -487,19 +487,19 @@ impl Pipeline {
     async fn on_message(&mut self, message: Message) -> Result<(), RelayError> {
         match message {
             Message::Relation(relation) => {
-                let is_outbox = self
+                let table = self
                     .outbox
                     .tables
                     .iter()
-                    .any(|t| t.schema == relation.namespace && t.name == relation.name);
-                if is_outbox {
-                    let mapping =
-                        TableMapping::bind(&self.config.mapping, &relation).map_err(|source| {
-                            RelayError::Bind {
-                                lsn: self.commit_lsn,
-                                source,
-                            }
-                        })?;
+                    .find(|t| t.schema == relation.namespace && t.name == relation.name);
+                if let Some(table) = table {
+                    let config = self.config.mapping_for(table);
+                    let mapping = TableMapping::bind(config, &relation).map_err(|source| {
+                        RelayError::Bind {
+                            lsn: self.commit_lsn,
+                            source,
+                        }
+                    })?;
                     tracing::debug!(table = %mapping.table(), relation_id = relation.id, "bound outbox table");
                     self.outbox.mappings.insert(relation.id, mapping);
                 } else {

@@ -131,7 +131,7 @@ async fn check_table(
         });
     }
     let columns: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    for (flag, column) in config.mapping.required_columns() {
+    for (flag, column) in config.mapping_for(table).required_columns() {
         if !columns.iter().any(|c| c == column) {
             return Err(SourceError::ColumnMissing {
                 table: table.to_string(),
