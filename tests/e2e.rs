@@ -302,3 +302,74 @@ async fn several_outbox_tables_each_with_its_own_routing() {
         "bytea as raw bytes"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_table_less_outbox_relays_logical_decoding_messages() {
+    let world = World::start().await;
+    let mut relay = Relay::spawn(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &[
+            "--table",
+            "none",
+            "--message-prefix",
+            "outbox",
+            "--on-poison",
+            "dead-letter",
+            "--dead-letter-topic",
+            "outbox.dlq",
+        ],
+    );
+    relay.wait_streaming();
+    world
+        .pg
+        .execute(
+            r#"BEGIN;
+               INSERT INTO orders (note) VALUES ('paid');
+               SELECT pg_logical_emit_message(true, 'outbox',
+                 '{"id": "m-1", "aggregate_type": "order", "aggregate_id": "o-1",
+                   "event_type": "OrderPaid", "payload": {"amount": 42}}');
+               COMMIT;
+               BEGIN;
+               SELECT pg_logical_emit_message(true, 'outbox', '{"id": "rolled-back", "event_type": "OrderPaid"}');
+               ROLLBACK;
+               SELECT pg_logical_emit_message(false, 'outbox', '{"id": "non-tx", "event_type": "OrderPaid"}');
+               SELECT pg_logical_emit_message(true, 'other', '{"id": "other", "event_type": "OrderPaid"}');
+               SELECT pg_logical_emit_message(true, 'outbox', 'not json');
+               SELECT pg_logical_emit_message(true, 'outbox', '{"id": "m-2", "aggregate_id": "o-1", "event_type": "OrderPaid"}');"#,
+        )
+        .await;
+    let end = world.current_lsn().await;
+    let records = world
+        .broker
+        .consume(&["OrderPaid"], 2, Duration::from_secs(30));
+    let ids: Vec<String> = records.iter().map(|r| r.id()).collect();
+    assert_eq!(ids, ["m-1", "m-2"], "{}", relay.log());
+    assert_eq!(records[0].key_text().as_deref(), Some("o-1"));
+    assert_eq!(
+        records[0].payload_text().as_deref(),
+        Some(r#"{"amount": 42}"#)
+    );
+    assert_eq!(records[1].payload, None, "no payload field: a tombstone");
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(20))
+        .await;
+    let dead = world
+        .broker
+        .consume(&["outbox.dlq"], 2, Duration::from_secs(5));
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].payload_text().as_deref(), Some("not json"));
+    assert_eq!(
+        dead[0].header("outbox.table").as_deref(),
+        Some("message:outbox")
+    );
+    let extra = world
+        .broker
+        .consume(&["OrderPaid"], 3, Duration::from_secs(3));
+    assert_eq!(
+        extra.len(),
+        2,
+        "rolled-back, non-transactional and other-prefix messages are not relayed"
+    );
+    assert!(relay.log().contains("non-transactional message"));
+}

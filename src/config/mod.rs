@@ -45,6 +45,17 @@ pub struct Cli {
     )]
     pub tables: Vec<String>,
 
+    /// Prefix of transactional logical decoding messages that carry outbox events
+    /// (`pg_logical_emit_message(true, PREFIX, '{"id": ..., "event_type": ..., ...}')`),
+    /// mapped like rows with JSON fields as columns. Repeatable. With only messages,
+    /// pass `--table none`.
+    #[arg(
+        long = "message-prefix",
+        env = "OUTBOX_RELAY_MESSAGE_PREFIX",
+        value_delimiter = ','
+    )]
+    pub message_prefixes: Vec<String>,
+
     /// Logical replication slot to stream from (created with pgoutput if missing).
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
     pub slot: String,
@@ -206,6 +217,8 @@ pub struct Config {
     pub kafka_brokers: String,
     /// Outbox tables, in flag order.
     pub tables: Vec<TableName>,
+    /// Prefixes of logical decoding messages carrying outbox events.
+    pub message_prefixes: Vec<String>,
     /// Tables whose mapping differs from [`Config::mapping`] (per-table overrides).
     pub table_mappings: Vec<(TableName, MappingConfig)>,
     /// Replication slot name.
@@ -248,6 +261,9 @@ impl Config {
                 Some((name, overrides)) => (name, Some(overrides)),
                 None => (raw.as_str(), None),
             };
+            if name == "none" {
+                continue;
+            }
             let table =
                 TableName::parse(name).map_err(|reason| invalid("--table", raw, &reason))?;
             if let Some(overrides) = overrides {
@@ -257,8 +273,21 @@ impl Config {
                 tables.push(table);
             }
         }
-        if tables.is_empty() {
-            return Err(invalid("--table", "", "give at least one outbox table"));
+        if cli.tables.iter().any(|t| t == "none") {
+            tables.clear();
+        }
+        let message_prefixes: Vec<String> = cli
+            .message_prefixes
+            .iter()
+            .filter(|p| !p.is_empty())
+            .cloned()
+            .collect();
+        if tables.is_empty() && message_prefixes.is_empty() {
+            return Err(invalid(
+                "--table",
+                "",
+                "give at least one outbox table or --message-prefix",
+            ));
         }
         check_identifier("--slot", &cli.slot, true)?;
         check_identifier("--publication", &cli.publication, false)?;
@@ -348,6 +377,7 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Config {
+            message_prefixes,
             table_mappings,
             mapping,
             dead_letter_topic,
@@ -529,6 +559,15 @@ mod tests {
         assert!(err.contains("unknown override"), "{err}");
         let err = cli(&["--table", "a.b:key-column"]).unwrap_err().to_string();
         assert!(err.contains("KEY=VALUE"), "{err}");
+    }
+
+    #[test]
+    fn message_prefixes_allow_a_table_less_outbox() {
+        let config = cli(&["--table", "none", "--message-prefix", "outbox"]).unwrap();
+        assert!(config.tables.is_empty());
+        assert_eq!(config.message_prefixes, vec!["outbox".to_owned()]);
+        let err = cli(&["--table", "none"]).unwrap_err().to_string();
+        assert!(err.contains("--message-prefix"), "{err}");
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! topic from `event_type`, key from `aggregate_id`, value from `payload`, the
 //! `id` header from `id`.
 
+pub mod message;
 mod template;
 pub mod values;
 

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
+use crate::outbox::message::MessageMapping;
 use crate::outbox::{BindError, OutboxRecord, TableMapping, TableName, values};
 use crate::pgoutput::{self, DecodeError, Message, RelationCache};
 use crate::sink::{Delivery, KafkaSink, SinkError};
@@ -186,6 +187,8 @@ struct Outbox {
     mappings: HashMap<u32, TableMapping>,
     warned_non_insert: bool,
     non_insert_changes: u64,
+    messages: HashMap<String, MessageMapping>,
+    warned_non_transactional: bool,
 }
 
 type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -229,6 +232,12 @@ pub async fn run(
             mappings: HashMap::new(),
             warned_non_insert: false,
             non_insert_changes: 0,
+            messages: config
+                .message_prefixes
+                .iter()
+                .map(|p| (p.clone(), MessageMapping::new(config.mapping.clone(), p)))
+                .collect(),
+            warned_non_transactional: false,
         },
         tracker: AckTracker::new(slot.confirmed_flush),
         reported: slot.confirmed_flush,
@@ -478,8 +487,16 @@ impl Pipeline {
                 })?;
                 self.on_message(message).await?;
             }
-            // Logical decoding messages and stop markers carry no outbox rows here.
-            ReplicationEvent::Message { .. } | ReplicationEvent::StoppedAt { .. } => {}
+            ReplicationEvent::Message {
+                transactional,
+                prefix,
+                content,
+                lsn,
+            } => {
+                self.on_logical_message(transactional, &prefix, content, lsn.into())
+                    .await?
+            }
+            ReplicationEvent::StoppedAt { .. } => {}
         }
         Ok(())
     }
@@ -552,6 +569,47 @@ impl Pipeline {
             | Message::Message { .. } => {}
         }
         Ok(())
+    }
+
+    /// A logical decoding message: an outbox event when its prefix is one of
+    /// `--message-prefix` and it was emitted inside a transaction.
+    async fn on_logical_message(
+        &mut self,
+        transactional: bool,
+        prefix: &str,
+        content: bytes::Bytes,
+        lsn: Lsn,
+    ) -> Result<(), RelayError> {
+        let Some(mapping) = self.outbox.messages.get(prefix) else {
+            return Ok(());
+        };
+        if !transactional || !self.tracker.in_transaction() {
+            if !self.outbox.warned_non_transactional {
+                self.outbox.warned_non_transactional = true;
+                tracing::warn!(
+                    prefix,
+                    lsn = %lsn,
+                    "ignoring a non-transactional message with an outbox prefix: emit outbox \
+                     events with pg_logical_emit_message(true, ...) inside the business transaction"
+                );
+            }
+            return Ok(());
+        }
+        let source = mapping.source().clone();
+        match mapping.map(&content, self.commit_time_ms) {
+            Ok(record) => self.enqueue(record, source).await,
+            Err(error) => {
+                let poison = Poison::unmappable(
+                    mapping.raw_parts(&content),
+                    error,
+                    self.commit_lsn,
+                    source.to_string(),
+                    self.commit_time_ms,
+                );
+                let ticket = self.tracker.push(0, &source)?;
+                self.poison(ticket, poison).await
+            }
+        }
     }
 
     /// Hands one record to the producer, in stream order.

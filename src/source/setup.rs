@@ -155,10 +155,16 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
     .await?;
     let Some(row) = row else {
         let tables: Vec<String> = config.tables.iter().map(TableName::quoted).collect();
+        // With only logical decoding messages, an empty publication is enough:
+        // pgoutput sends messages whatever the publication covers.
+        let for_tables = if tables.is_empty() {
+            String::new()
+        } else {
+            format!(" FOR TABLE {}", tables.join(", "))
+        };
         let sql = format!(
-            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+            "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert')",
             quote_ident(publication),
-            tables.join(", ")
         );
         client
             .batch_execute(&sql)
