@@ -8,6 +8,7 @@
 mod support;
 
 mod e2e;
+mod exactly_once;
 mod failures;
 mod harness;
 mod poison;

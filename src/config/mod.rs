@@ -140,6 +140,19 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_in_flight_bytes: usize,
 
+    /// Delivery guarantee. `exactly-once` pins each record's partition by its key,
+    /// tags it with `outbox.source`/`outbox.lsn`/`outbox.seq`, and after a restart
+    /// reads each partition's tail back to skip what a previous run already delivered.
+    #[arg(long, env = "OUTBOX_RELAY_DELIVERY", value_enum, default_value_t = Delivery::AtLeastOnce)]
+    pub delivery: Delivery,
+
+    /// With --delivery exactly-once: what to do when a partition's tail cannot
+    /// prove what was sent (retention removed it, the partition count changed,
+    /// another writer uses the same source): stop (`fail`) or continue that
+    /// partition at-least-once (`at-least-once`).
+    #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE_FALLBACK", value_enum, default_value_t = ExactlyOnceFallback::Fail)]
+    pub exactly_once_fallback: ExactlyOnceFallback,
+
     /// What to do with an event that cannot be delivered (NULL id or routing
     /// value, invalid topic name, payload over message.max.bytes, a value invalid
     /// for its type, a broker-side rejection): stop before acknowledging it
@@ -166,6 +179,24 @@ pub struct Cli {
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,rdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+}
+
+/// The delivery guarantee.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Delivery {
+    /// Every event at least once; duplicates only for unacknowledged transactions after a restart.
+    AtLeastOnce,
+    /// Every event exactly once in Kafka, deduplicated against each partition's tail.
+    ExactlyOnce,
+}
+
+/// What exactly-once does when a partition's tail proves nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExactlyOnceFallback {
+    /// Stop with an error explaining why.
+    Fail,
+    /// Continue that partition at-least-once, with a warning.
+    AtLeastOnce,
 }
 
 /// What happens to an event that can never be delivered.
@@ -241,6 +272,10 @@ pub struct Config {
     pub dead_letter_topic: Option<String>,
     /// Reconnect backoff bounds.
     pub reconnect_backoff: (Duration, Duration),
+    /// Delivery guarantee.
+    pub delivery: Delivery,
+    /// Exactly-once fallback.
+    pub exactly_once_fallback: ExactlyOnceFallback,
 }
 
 impl Config {
@@ -377,6 +412,8 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Config {
+            delivery: cli.delivery,
+            exactly_once_fallback: cli.exactly_once_fallback,
             message_prefixes,
             table_mappings,
             mapping,

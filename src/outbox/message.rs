@@ -149,6 +149,7 @@ impl MessageMapping {
             id,
             headers,
             timestamp_ms,
+            partition: None,
         })
     }
 

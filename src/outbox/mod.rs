@@ -189,6 +189,8 @@ pub struct OutboxRecord {
     pub headers: Vec<(Arc<str>, Option<Bytes>)>,
     /// Record timestamp, Unix milliseconds.
     pub timestamp_ms: i64,
+    /// A fixed partition; `None` lets the producer's partitioner choose.
+    pub partition: Option<i32>,
 }
 
 /// What could be read from a row that failed to map.
@@ -271,6 +273,7 @@ pub fn dead_letter_record(
         id: parts.id,
         headers,
         timestamp_ms,
+        partition: None,
     }
 }
 
@@ -535,6 +538,7 @@ impl TableMapping {
             id,
             headers,
             timestamp_ms,
+            partition: None,
         })
     }
 }

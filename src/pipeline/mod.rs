@@ -19,6 +19,7 @@
 
 pub mod ack;
 
+mod exactly_once;
 mod poison;
 
 use std::collections::HashMap;
@@ -136,6 +137,18 @@ pub enum RelayError {
         /// What is wrong.
         reason: String,
     },
+    /// Exactly-once delivery cannot be guaranteed.
+    #[error(
+        "at commit LSN {lsn}: {source}. Nothing past it was acknowledged; fix the topic, or \
+         restart with --exactly-once-fallback at-least-once to accept possible duplicates"
+    )]
+    ExactlyOnce {
+        /// Commit LSN of the event's transaction.
+        lsn: Lsn,
+        /// Why.
+        #[source]
+        source: crate::sink::exactly_once::TailError,
+    },
     /// A WAL message did not decode.
     #[error("cannot decode the pgoutput message at WAL {lsn}: {source}")]
     Decode {
@@ -158,7 +171,9 @@ impl RelayError {
             RelayError::Source(_) | RelayError::SlotDropped { .. } | RelayError::Decode { .. } => {
                 exit_code::POSTGRES
             }
-            RelayError::Sink { .. } | RelayError::Delivery { .. } => exit_code::KAFKA,
+            RelayError::Sink { .. }
+            | RelayError::Delivery { .. }
+            | RelayError::ExactlyOnce { .. } => exit_code::KAFKA,
             RelayError::Bind { .. } | RelayError::Poison { .. } => exit_code::POISON,
             RelayError::Protocol(_) => exit_code::INTERNAL,
         }
@@ -209,6 +224,9 @@ pub struct Pipeline {
     events_acked: u64,
     dead_lettered: u64,
     reconnects: u64,
+    /// Index of the next outbox event within the open transaction.
+    tx_seq: u32,
+    exactly_once: Option<exactly_once::ExactlyOnce>,
 }
 
 /// Start-up checks, then streams until `shutdown` resolves or a fatal error.
@@ -225,6 +243,26 @@ pub async fn run(
         config.max_in_flight_events,
     )
     .map_err(RelayError::Producer)?;
+    let exactly_once = match config.delivery {
+        crate::config::Delivery::AtLeastOnce => None,
+        crate::config::Delivery::ExactlyOnce => {
+            let (system_id, wal_end) = crate::source::identify_system(&config).await?;
+            let source_id = format!("{}@{}", config.slot, system_id);
+            let tail = crate::sink::exactly_once::TailReader::new(
+                &config.kafka_brokers,
+                &config.kafka_properties,
+                source_id.clone(),
+            )
+            .map_err(|source| RelayError::Producer(SinkError::Create { source }))?;
+            tracing::info!(source = %source_id, "exactly-once delivery: records carry outbox.source/lsn/seq");
+            Some(exactly_once::ExactlyOnce::new(
+                source_id,
+                tail,
+                wal_end,
+                config.exactly_once_fallback,
+            ))
+        }
+    };
     let mut pipeline = Pipeline {
         outbox: Outbox {
             tables: config.tables.clone(),
@@ -252,6 +290,8 @@ pub async fn run(
         events_acked: 0,
         dead_lettered: 0,
         reconnects: 0,
+        tx_seq: 0,
+        exactly_once,
     };
     let outcome = pipeline.run_streams().await;
     let summary = pipeline.finish().await;
@@ -348,6 +388,20 @@ impl Pipeline {
                     );
                     self.stream = None;
                     self.tracker.abandon_open();
+                    if self.exactly_once.is_some() {
+                        // The replayed transaction must be checked against
+                        // tails that include everything sent before the break.
+                        if self.drain_in_flight().await? {
+                            return Ok(());
+                        }
+                        let wal_end = crate::source::identify_system(&self.config)
+                            .await
+                            .map(|(_, end)| end)
+                            .unwrap_or(Lsn(u64::MAX));
+                        if let Some(eo) = self.exactly_once.as_mut() {
+                            eo.reset(wal_end);
+                        }
+                    }
                     if self.pause(backoff).await? {
                         return Ok(());
                     }
@@ -470,6 +524,7 @@ impl Pipeline {
             } => {
                 self.commit_lsn = final_lsn.into();
                 self.commit_time_ms = values::pg_micros_to_unix_ms(commit_time_micros);
+                self.tx_seq = 0;
                 self.tracker.begin(self.commit_lsn)?;
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
@@ -532,8 +587,10 @@ impl Pipeline {
                     return Ok(());
                 };
                 let table = mapping.table().clone();
+                let seq = self.tx_seq;
+                self.tx_seq = self.tx_seq.saturating_add(1);
                 match mapping.map(relation, &new, self.commit_time_ms) {
-                    Ok(record) => self.enqueue(record, table).await?,
+                    Ok(record) => self.enqueue(record, table, seq).await?,
                     Err(error) => {
                         let poison = Poison::unmappable(
                             mapping.raw_parts(&new),
@@ -596,8 +653,11 @@ impl Pipeline {
             return Ok(());
         }
         let source = mapping.source().clone();
-        match mapping.map(&content, self.commit_time_ms) {
-            Ok(record) => self.enqueue(record, source).await,
+        let record = mapping.map(&content, self.commit_time_ms);
+        let seq = self.tx_seq;
+        self.tx_seq = self.tx_seq.saturating_add(1);
+        match record {
+            Ok(record) => self.enqueue(record, source, seq).await,
             Err(error) => {
                 let poison = Poison::unmappable(
                     mapping.raw_parts(&content),
@@ -612,12 +672,53 @@ impl Pipeline {
         }
     }
 
+    /// Waits until every in-flight record is acknowledged. Returns whether
+    /// shutdown was requested meanwhile.
+    async fn drain_in_flight(&mut self) -> Result<bool, RelayError> {
+        while self.tracker.window_len() > 0 {
+            tokio::select! {
+                biased;
+                () = &mut self.shutdown, if !self.shutting_down => {
+                    self.shutting_down = true;
+                    return Ok(true);
+                }
+                Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
+            }
+        }
+        Ok(false)
+    }
+
     /// Hands one record to the producer, in stream order.
     async fn enqueue(
         &mut self,
         record: OutboxRecord,
         table: std::sync::Arc<str>,
+        seq: u32,
     ) -> Result<(), RelayError> {
+        let record = match self.exactly_once.as_mut() {
+            None => record,
+            Some(eo) => {
+                let position = crate::sink::exactly_once::Position {
+                    lsn: self.commit_lsn,
+                    seq,
+                };
+                match eo.prepare(&self.sink, record, position) {
+                    Ok(Some(record)) => record,
+                    Ok(None) => {
+                        // Already in its partition from a previous run.
+                        let ticket = self.tracker.push(0, &table)?;
+                        self.tracker.ack(ticket)?;
+                        return Ok(());
+                    }
+                    Err(source) => {
+                        return Err(RelayError::ExactlyOnce {
+                            lsn: self.commit_lsn,
+                            source,
+                        });
+                    }
+                }
+            }
+        };
         let ticket: Ticket = self.tracker.push(record.size(), &table)?;
         match self.sink.send(ticket, &record).await {
             Ok(()) => Ok(()),

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub mod exactly_once;
+
 use rdkafka::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -253,6 +255,9 @@ impl KafkaSink {
             if let Some(key) = &record.key {
                 base = base.key(key.as_ref());
             }
+            if let Some(partition) = record.partition {
+                base = base.partition(partition);
+            }
             if let Some(payload) = &record.payload {
                 base = base.payload(payload.as_ref());
             }
@@ -277,6 +282,26 @@ impl KafkaSink {
                     });
                 }
             }
+        }
+    }
+
+    /// The partition count of `topic` (fetching metadata creates it where the
+    /// broker auto-creates topics).
+    pub fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
+        let metadata = self
+            .producer
+            .client()
+            .fetch_metadata(Some(topic), Duration::from_secs(30))?;
+        let count = metadata
+            .topics()
+            .first()
+            .filter(|t| t.error().is_none())
+            .map_or(0, |t| t.partitions().len());
+        match i32::try_from(count) {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(KafkaError::MetadataFetch(
+                RDKafkaErrorCode::UnknownTopicOrPartition,
+            )),
         }
     }
 

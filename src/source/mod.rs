@@ -249,6 +249,55 @@ fn sqlstate(message: &str) -> Option<&str> {
     message.get(at..at + 5)
 }
 
+/// The replication session's settings, shared by the stream and IDENTIFY_SYSTEM.
+fn replication_config(
+    config: &Config,
+    start: Lsn,
+    acked: Lsn,
+) -> Result<ReplicationConfig, SourceError> {
+    let pg = &config.postgres;
+    let tls = match pg.sslmode {
+        SslMode::Disable | SslMode::Prefer => pgwire_replication::TlsConfig::disabled(),
+        _ => return Err(SourceError::TlsUnsupported { url: pg.redacted() }),
+    };
+    Ok(ReplicationConfig::new(
+        pg.host.clone(),
+        pg.user.clone(),
+        pg.password.clone().unwrap_or_default(),
+        pg.dbname.clone(),
+        config.slot.clone(),
+        config.publication.clone(),
+    )
+    .with_port(pg.port)
+    .with_tls(tls)
+    .with_start_lsn(start.into())
+    .with_ack_lsn(acked.min(start).into())
+    .with_status_interval(config.status_interval)
+    .with_wakeup_interval(Duration::from_secs(10))
+    .with_buffer_size(STREAM_BUFFER_EVENTS)
+    .with_options(SESSION_OPTIONS)
+    .with_application_name(
+        pg.application_name
+            .clone()
+            .unwrap_or_else(|| "outbox-relay".to_owned()),
+    ))
+}
+
+/// The cluster's system identifier and current WAL end (IDENTIFY_SYSTEM on a
+/// replication session, so it needs no privilege beyond REPLICATION).
+pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceError> {
+    let stream_err = |source| SourceError::Stream {
+        slot: config.slot.clone(),
+        source,
+    };
+    let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO)?;
+    let mut client = ReplicationClient::connect_gated(repl)
+        .await
+        .map_err(stream_err)?;
+    let system = client.identify_system().await.map_err(stream_err)?;
+    Ok((system.system_id, system.xlogpos.into()))
+}
+
 /// The logical replication stream of one slot.
 pub struct ReplicationStream {
     client: ReplicationClient,
@@ -264,32 +313,7 @@ impl ReplicationStream {
     /// (its events are in flight, so asking for it again would only duplicate
     /// them) and `acked` is the ack frontier, which may be behind it.
     pub async fn start(config: &Config, start: Lsn, acked: Lsn) -> Result<Self, SourceError> {
-        let pg = &config.postgres;
-        let tls = match pg.sslmode {
-            SslMode::Disable | SslMode::Prefer => pgwire_replication::TlsConfig::disabled(),
-            _ => return Err(SourceError::TlsUnsupported { url: pg.redacted() }),
-        };
-        let repl = ReplicationConfig::new(
-            pg.host.clone(),
-            pg.user.clone(),
-            pg.password.clone().unwrap_or_default(),
-            pg.dbname.clone(),
-            config.slot.clone(),
-            config.publication.clone(),
-        )
-        .with_port(pg.port)
-        .with_tls(tls)
-        .with_start_lsn(start.into())
-        .with_ack_lsn(acked.min(start).into())
-        .with_status_interval(config.status_interval)
-        .with_wakeup_interval(Duration::from_secs(10))
-        .with_buffer_size(STREAM_BUFFER_EVENTS)
-        .with_options(SESSION_OPTIONS)
-        .with_application_name(
-            pg.application_name
-                .clone()
-                .unwrap_or_else(|| "outbox-relay".to_owned()),
-        );
+        let repl = replication_config(config, start, acked)?;
         let stream_err = |source| SourceError::Stream {
             slot: config.slot.clone(),
             source,

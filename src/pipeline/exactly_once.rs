@@ -1,0 +1,122 @@
+//! The pipeline's side of `--delivery exactly-once` (the argument is in
+//! [`crate::sink::exactly_once`]): pin each record's partition, tag it with
+//! its position, and skip what a partition's tail shows was already delivered.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::config::ExactlyOnceFallback;
+use crate::lsn::Lsn;
+use crate::outbox::OutboxRecord;
+use crate::sink::KafkaSink;
+use crate::sink::exactly_once::{
+    LSN_HEADER, Position, SEQ_HEADER, SOURCE_HEADER, TailError, TailReader, Verdict, partition_for,
+    verdict,
+};
+
+/// Per-run exactly-once state.
+pub(super) struct ExactlyOnce {
+    source_id: Bytes,
+    tail: TailReader,
+    wal_end: Lsn,
+    fallback: ExactlyOnceFallback,
+    partitions: HashMap<String, i32>,
+    /// Last position of ours per partition, read once per (re)connect.
+    last: HashMap<(String, i32), Option<Position>>,
+    /// Events skipped because a previous run had delivered them.
+    pub(super) skipped: u64,
+}
+
+impl ExactlyOnce {
+    pub(super) fn new(
+        source_id: String,
+        tail: TailReader,
+        wal_end: Lsn,
+        fallback: ExactlyOnceFallback,
+    ) -> Self {
+        ExactlyOnce {
+            source_id: Bytes::from(source_id),
+            tail,
+            wal_end,
+            fallback,
+            partitions: HashMap::new(),
+            last: HashMap::new(),
+            skipped: 0,
+        }
+    }
+
+    /// Forgets what the tails said: after a reconnect they are read again
+    /// (once the in-flight records have landed).
+    pub(super) fn reset(&mut self, wal_end: Lsn) {
+        self.last.clear();
+        self.wal_end = wal_end;
+    }
+
+    /// Pins and tags `record`, or returns `None` when its partition already holds it.
+    pub(super) fn prepare(
+        &mut self,
+        sink: &KafkaSink,
+        mut record: OutboxRecord,
+        position: Position,
+    ) -> Result<Option<OutboxRecord>, TailError> {
+        let partitions = match self.partitions.get(&record.topic) {
+            Some(n) => *n,
+            None => {
+                let n = tokio::task::block_in_place(|| sink.partition_count(&record.topic))
+                    .map_err(|e| TailError::Read {
+                        topic: record.topic.clone(),
+                        partition: -1,
+                        reason: format!("cannot read the topic's partition count: {e}"),
+                    })?;
+                self.partitions.insert(record.topic.clone(), n);
+                n
+            }
+        };
+        let key = record.key.as_ref().unwrap_or(&record.id);
+        let partition = partition_for(key, partitions);
+        let slot = (record.topic.clone(), partition);
+        let last = match self.last.get(&slot) {
+            Some(last) => *last,
+            None => {
+                let read = tokio::task::block_in_place(|| {
+                    self.tail
+                        .last_position(&record.topic, partition, partitions, self.wal_end)
+                });
+                let last = match read {
+                    Ok(last) => last,
+                    Err(e) if self.fallback == ExactlyOnceFallback::AtLeastOnce => {
+                        tracing::warn!(
+                            error = %e,
+                            "exactly-once cannot be guaranteed for this partition; continuing \
+                             at-least-once for it (--exactly-once-fallback at-least-once)"
+                        );
+                        None
+                    }
+                    Err(e) => return Err(e),
+                };
+                tracing::debug!(topic = %record.topic, partition, last = ?last, "read partition tail");
+                self.last.insert(slot, last);
+                last
+            }
+        };
+        if verdict(last, position) == Verdict::Delivered {
+            self.skipped += 1;
+            return Ok(None);
+        }
+        record.partition = Some(partition);
+        record
+            .headers
+            .push((Arc::from(SOURCE_HEADER), Some(self.source_id.clone())));
+        record.headers.push((
+            Arc::from(LSN_HEADER),
+            Some(Bytes::from(position.lsn.to_string())),
+        ));
+        record.headers.push((
+            Arc::from(SEQ_HEADER),
+            Some(Bytes::from(position.seq.to_string())),
+        ));
+        Ok(Some(record))
+    }
+}
