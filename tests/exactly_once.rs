@@ -46,7 +46,7 @@ async fn sigkill_crash_loop_delivers_every_event_exactly_once() {
             let events = 1 + (next() % 4) as usize;
             let rows: Vec<(String, String, String)> = (0..events)
                 .map(|k| {
-                    let key = if (n + k as u64) % 7 == 0 {
+                    let key = if (n + k as u64).is_multiple_of(7) {
                         String::new()
                     } else {
                         format!("agg-{}", n % 6)
