@@ -11,3 +11,4 @@ mod e2e;
 mod failures;
 mod harness;
 mod startup;
+mod tls;

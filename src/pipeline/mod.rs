@@ -135,7 +135,9 @@ impl RelayError {
     pub fn exit_code(&self) -> u8 {
         match self {
             RelayError::Source(SourceError::Connect { .. })
-            | RelayError::Source(SourceError::TlsUnsupported { .. })
+            | RelayError::Source(SourceError::Tls(_))
+            | RelayError::Source(SourceError::TlsHandshake { .. })
+            | RelayError::Source(SourceError::ReplicationConnect { .. })
             | RelayError::Source(SourceError::WalLevel { .. })
             | RelayError::Source(SourceError::TableMissing { .. })
             | RelayError::Source(SourceError::ColumnMissing { .. })
