@@ -14,3 +14,4 @@ mod harness;
 mod poison;
 mod reliability;
 mod startup;
+mod tls;

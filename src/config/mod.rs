@@ -7,6 +7,9 @@
 
 mod postgres;
 
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
@@ -28,6 +31,17 @@ pub struct Cli {
     /// The role needs REPLICATION (or superuser) and SELECT on the outbox tables.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
     pub postgres_url: String,
+
+    /// Postgres password; overrides --postgres-password-file and the URL's password.
+    /// Prefer the file or the environment variable over putting the password in the URL
+    /// (or on the command line, where `ps` shows it).
+    #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD", hide_env_values = true)]
+    pub postgres_password: Option<Secret>,
+
+    /// File holding the Postgres password (a trailing newline is ignored), e.g. a mounted
+    /// Kubernetes or Docker secret; overrides the URL's password.
+    #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD_FILE", value_name = "PATH")]
+    pub postgres_password_file: Option<PathBuf>,
 
     /// Kafka bootstrap servers, comma separated (host:port,...).
     #[arg(long, env = "OUTBOX_RELAY_KAFKA_BROKERS")]
@@ -217,6 +231,31 @@ pub enum LogFormat {
     Json,
 }
 
+/// A secret flag value: parsed like a string, never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_owned()))
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 500ms, 2m)"))
 }
@@ -227,6 +266,19 @@ pub enum ConfigError {
     /// The Postgres URL is unusable.
     #[error(transparent)]
     PostgresUrl(#[from] PostgresUrlError),
+    /// `--postgres-password-file` cannot be read. Only the path is shown.
+    #[error(
+        "--postgres-password-file {}: cannot read it: {source}; check the path and that the \
+         relay's user may read the file",
+        path.display()
+    )]
+    PasswordFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A flag has a value the relay cannot use.
     #[error("{flag} {value:?}: {reason}")]
     Invalid {
@@ -281,7 +333,13 @@ pub struct Config {
 impl Config {
     /// Validates raw flags into a config.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let postgres = PostgresConnInfo::parse(&cli.postgres_url)?;
+        let mut postgres = PostgresConnInfo::parse(&cli.postgres_url)?;
+        // Precedence: --postgres-password > --postgres-password-file > the URL's password.
+        if let Some(password) = &cli.postgres_password {
+            postgres.password = Some(password.expose().to_owned());
+        } else if let Some(path) = &cli.postgres_password_file {
+            postgres.password = Some(read_password_file(path)?);
+        }
         if cli.kafka_brokers.trim().is_empty() {
             return Err(invalid(
                 "--kafka-brokers",
@@ -477,6 +535,27 @@ fn apply_overrides(base: &MappingConfig, overrides: &str) -> Result<MappingConfi
     Ok(m)
 }
 
+/// The password in `path`, without one trailing newline (`\n` or `\r\n`), as
+/// `echo secret > file` and most secret mounts leave it.
+fn read_password_file(path: &Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::PasswordFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    let password = text
+        .strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix('\n'))
+        .unwrap_or(&text);
+    if password.is_empty() {
+        return Err(invalid(
+            "--postgres-password-file",
+            &path.display().to_string(),
+            "the file is empty; write the password into it",
+        ));
+    }
+    Ok(password.to_owned())
+}
+
 fn invalid(flag: &'static str, value: &str, reason: &str) -> ConfigError {
     ConfigError::Invalid {
         flag,
@@ -644,5 +723,95 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("--reconnect-backoff"), "{err}");
+    }
+
+    fn password_file(contents: &str) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), contents).unwrap();
+        file
+    }
+
+    #[test]
+    fn password_precedence_is_flag_then_file_then_url() {
+        // The URL's password when nothing else is given.
+        assert_eq!(cli(&[]).unwrap().postgres.password.as_deref(), Some("pw"));
+
+        // The file overrides the URL; exactly one trailing newline is dropped.
+        let file = password_file("from-file\n");
+        let path = file.path().to_str().unwrap();
+        let config = cli(&["--postgres-password-file", path]).unwrap();
+        assert_eq!(config.postgres.password.as_deref(), Some("from-file"));
+        for (contents, expected) in [
+            ("crlf\r\n", "crlf"),
+            ("none", "none"),
+            ("two\n\n", "two\n"),
+            (" spaced \n", " spaced "),
+        ] {
+            let file = password_file(contents);
+            let config = cli(&["--postgres-password-file", file.path().to_str().unwrap()]).unwrap();
+            assert_eq!(config.postgres.password.as_deref(), Some(expected));
+        }
+
+        // The flag (or its env var) overrides both.
+        let config = cli(&[
+            "--postgres-password-file",
+            path,
+            "--postgres-password",
+            "from-flag",
+        ])
+        .unwrap();
+        assert_eq!(config.postgres.password.as_deref(), Some("from-flag"));
+
+        // Also with a URL that has no password.
+        let cli = Cli::try_parse_from([
+            "outbox-relay",
+            "--postgres-url",
+            "postgres://relay@127.0.0.1/app",
+            "--kafka-brokers",
+            "k:9092",
+            "--postgres-password-file",
+            path,
+        ])
+        .unwrap();
+        let config = Config::from_cli(&cli).unwrap();
+        assert_eq!(config.postgres.password.as_deref(), Some("from-file"));
+    }
+
+    #[test]
+    fn password_flags_never_show_the_secret() {
+        let cli = Cli::try_parse_from([
+            "outbox-relay",
+            "--postgres-url",
+            "postgres://relay@127.0.0.1/app",
+            "--kafka-brokers",
+            "k:9092",
+            "--postgres-password",
+            "hunter2",
+        ])
+        .unwrap();
+        assert!(!format!("{cli:?}").contains("hunter2"));
+        let config = Config::from_cli(&cli).unwrap();
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn unreadable_or_empty_password_files_name_the_path_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let err = cli(&["--postgres-password-file", missing.to_str().unwrap()]).unwrap_err();
+        assert!(matches!(err, ConfigError::PasswordFile { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("--postgres-password-file"), "{text}");
+        assert!(text.contains(missing.to_str().unwrap()), "{text}");
+
+        // A directory is not readable as a file; its error must not quote content either.
+        let err = cli(&["--postgres-password-file", dir.path().to_str().unwrap()]).unwrap_err();
+        assert!(matches!(err, ConfigError::PasswordFile { .. }), "{err:?}");
+
+        let empty = password_file("\n");
+        let err = cli(&["--postgres-password-file", empty.path().to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("empty"), "{err}");
     }
 }

@@ -167,7 +167,17 @@ impl RelayError {
     /// The process exit code for this failure.
     pub fn exit_code(&self) -> u8 {
         match self {
-            RelayError::Producer(_) => exit_code::CONFIG,
+            RelayError::Producer(_)
+            | RelayError::Source(SourceError::Tls(_))
+            | RelayError::Source(SourceError::TlsHandshake { .. })
+            | RelayError::Source(SourceError::ReplicationConnect { .. }) => exit_code::CONFIG,
+            RelayError::Source(SourceError::Connect { source, .. })
+                if source
+                    .as_db_error()
+                    .is_some_and(|db| db.code().code().starts_with("28")) =>
+            {
+                exit_code::CONFIG
+            }
             RelayError::Source(_) | RelayError::SlotDropped { .. } | RelayError::Decode { .. } => {
                 exit_code::POSTGRES
             }
@@ -775,19 +785,22 @@ impl Pipeline {
     /// deliveries, reports the final frontier and closes the stream.
     async fn finish(mut self) -> Summary {
         let deadline = tokio::time::Instant::now() + self.config.shutdown_timeout;
-        while self.tracker.window_len() > 0 {
-            match tokio::time::timeout_at(deadline, self.deliveries.recv()).await {
+        while self.tracker.window_len() > 0 && tokio::time::Instant::now() < deadline {
+            let wait = tokio::time::Instant::now() + Duration::from_millis(100);
+            match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {
                 Ok(Some(delivery)) => {
                     // Only successes can move the frontier; a failure is
                     // already reported or will be replayed after restart.
                     if delivery.outcome.is_ok() && self.tracker.ack(delivery.ticket).is_ok() {
                         self.events_acked += 1;
                     }
-                    if delivery.outcome.is_err() {
-                        break;
-                    }
                 }
-                Ok(None) | Err(_) => break,
+                Ok(None) => break,
+                // Nothing reported for a while: stop waiting once librdkafka
+                // holds nothing either (what remains in the window was never
+                // handed over, e.g. the poison event that stopped the relay).
+                Err(_) if self.sink.in_flight() == 0 && self.deliveries.is_empty() => break,
+                Err(_) => {}
             }
         }
         self.report_frontier();

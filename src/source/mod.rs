@@ -6,12 +6,15 @@
 //! which only the pipeline calls, and only with the ack frontier.
 
 pub mod setup;
+mod tls;
 
 use std::time::Duration;
 
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
 
-use crate::config::{Config, SslMode};
+pub use tls::TlsError;
+
+use crate::config::Config;
 use crate::lsn::Lsn;
 
 /// Session settings for the walsender, so values arrive in one fixed text
@@ -27,21 +30,44 @@ const STREAM_BUFFER_EVENTS: usize = 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The control connection could not be opened.
-    #[error("cannot connect to Postgres at {url}: {}", pg_error_text(source))]
+    #[error("cannot connect to Postgres at {url}: {reason}")]
     Connect {
         /// Redacted URL.
         url: String,
+        /// The error with its causes (tokio-postgres' own message omits them, e.g.
+        /// the server's refusal).
+        reason: String,
         /// Driver error.
         #[source]
         source: tokio_postgres::Error,
     },
-    /// TLS requested but not available in this build.
-    #[error(
-        "cannot connect to Postgres at {url}: sslmode require/verify-ca/verify-full is not supported yet; use sslmode=disable or prefer"
-    )]
-    TlsUnsupported {
+    /// The TLS settings in the URL cannot be used (a file, a missing root CA).
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The control connection's TLS handshake failed (certificate refused, ...).
+    #[error("TLS handshake with Postgres at {url} failed: {reason}; {hint}")]
+    TlsHandshake {
         /// Redacted URL.
         url: String,
+        /// The error with its causes (rustls' refusal).
+        reason: String,
+        /// What to check.
+        hint: &'static str,
+        /// Driver error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    /// The replication connection was refused at start-up (TLS or authentication),
+    /// although the control connection with the same settings had been accepted.
+    #[error("cannot open the replication connection to {url}: {source}; {hint}")]
+    ReplicationConnect {
+        /// Redacted URL.
+        url: String,
+        /// What to check.
+        hint: &'static str,
+        /// pgwire-replication's error.
+        #[source]
+        source: PgWireError,
     },
     /// `wal_level` is not `logical`.
     #[error(
@@ -256,10 +282,7 @@ fn replication_config(
     acked: Lsn,
 ) -> Result<ReplicationConfig, SourceError> {
     let pg = &config.postgres;
-    let tls = match pg.sslmode {
-        SslMode::Disable | SslMode::Prefer => pgwire_replication::TlsConfig::disabled(),
-        _ => return Err(SourceError::TlsUnsupported { url: pg.redacted() }),
-    };
+    let tls = tls::replication_tls(pg)?;
     Ok(ReplicationConfig::new(
         pg.host.clone(),
         pg.user.clone(),
@@ -314,9 +337,21 @@ impl ReplicationStream {
     /// them) and `acked` is the ack frontier, which may be behind it.
     pub async fn start(config: &Config, start: Lsn, acked: Lsn) -> Result<Self, SourceError> {
         let repl = replication_config(config, start, acked)?;
-        let stream_err = |source| SourceError::Stream {
-            slot: config.slot.clone(),
-            source,
+        let pg = &config.postgres;
+        // TLS and authentication failures are configuration problems.
+        let stream_err = |source: PgWireError| {
+            if source.is_tls() || source.is_auth() {
+                SourceError::ReplicationConnect {
+                    url: pg.redacted(),
+                    hint: tls::replication_hint(&source),
+                    source,
+                }
+            } else {
+                SourceError::Stream {
+                    slot: config.slot.clone(),
+                    source,
+                }
+            }
         };
         let mut client = ReplicationClient::connect(repl).await.map_err(stream_err)?;
         let timeout = Duration::from_secs(30);

@@ -3,9 +3,9 @@
 //! Everything here runs before streaming starts, so a misconfiguration stops
 //! the relay with one clear message instead of a stream that never delivers.
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
-use super::SourceError;
+use super::{SourceError, tls};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::outbox::{TableName, quote_ident};
@@ -19,7 +19,8 @@ pub struct SlotState {
     pub created: bool,
 }
 
-/// Opens the control connection.
+/// Opens the control connection, with the TLS settings of `--postgres-url`
+/// (libpq's `sslmode` meanings; see [`tls`]).
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
     let pg = &config.postgres;
     let mut cfg = tokio_postgres::Config::new();
@@ -32,27 +33,53 @@ pub async fn connect(config: &Config) -> Result<Client, SourceError> {
     if let Some(password) = &pg.password {
         cfg.password(password);
     }
-    cfg.ssl_mode(match pg.sslmode {
-        crate::config::SslMode::Disable | crate::config::SslMode::Prefer => {
-            tokio_postgres::config::SslMode::Disable
-        }
-        _ => {
-            return Err(SourceError::TlsUnsupported { url: pg.redacted() });
-        }
-    });
-    let (client, connection) = cfg
-        .connect(NoTls)
-        .await
-        .map_err(|source| SourceError::Connect {
-            url: pg.redacted(),
-            source,
-        })?;
+    let (ssl_mode, connector) = tls::control_tls(pg)?;
+    cfg.ssl_mode(ssl_mode);
+    let (client, connection) =
+        cfg.connect(connector)
+            .await
+            .map_err(|source| match rustls_error(&source) {
+                Some(tls_error) => SourceError::TlsHandshake {
+                    url: pg.redacted(),
+                    reason: with_causes(&source),
+                    hint: tls::handshake_hint(tls_error),
+                    source,
+                },
+                None => SourceError::Connect {
+                    url: pg.redacted(),
+                    reason: with_causes(&source),
+                    source,
+                },
+            })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "control connection closed");
         }
     });
     Ok(client)
+}
+
+/// The error's message followed by its causes': tokio-postgres' own message is only
+/// the kind ("db error"), the server's words are in the cause.
+fn with_causes(error: &tokio_postgres::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(e) = cause {
+        let part = e.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        cause = e.source();
+    }
+    text
+}
+
+/// The rustls error behind a failed connection, if the TLS handshake failed
+/// (tokio-rustls reports it as an `io::Error` wrapping the `rustls::Error`).
+fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
+    let io = std::error::Error::source(error)?.downcast_ref::<std::io::Error>()?;
+    io.get_ref()?.downcast_ref::<rustls::Error>()
 }
 
 /// Runs every start-up check, creates what is missing, and returns the slot's position.

@@ -7,7 +7,9 @@
 //!
 //! * TCP (`127.0.0.1` only) uses `scram-sha-256` password authentication, for normal and
 //!   replication connections; the superuser is `postgres` with password
-//!   [`PgCluster::PASSWORD`]. The unix socket (in the temporary directory) is `trust`.
+//!   [`PgCluster::PASSWORD`]. The unix socket (in the temporary directory) is `trust`;
+//!   [`PgCluster::execute`] and [`PgCluster::client`] use it, so they work whatever
+//!   `extra_hba` says about TCP (e.g. a cluster that accepts only TLS on TCP).
 //! * The server binaries are found through `pg_config --bindir`, then
 //!   `/usr/lib/postgresql/<version>/bin` (15 preferred), then `PATH`. If they are missing,
 //!   the test fails (it is never skipped).
@@ -242,10 +244,34 @@ impl PgCluster {
         }
     }
 
-    /// A connected superuser client (TCP, password auth); its connection task is
-    /// spawned on the current tokio runtime. Panics if it cannot connect.
+    /// A connected superuser client over the unix socket (`trust`); its connection
+    /// task is spawned on the current tokio runtime. Panics if it cannot connect.
     pub async fn client(&self) -> tokio_postgres::Client {
-        self.connect(&self.url()).await
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host_path(self.socket_dir())
+            .port(self.port)
+            .user("postgres")
+            .dbname("postgres");
+        let connecting = config.connect(tokio_postgres::NoTls);
+        match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok((client, connection))) => {
+                tokio::spawn(async move {
+                    // Errors here are the server going away (stop/restart): not our business.
+                    let _ = connection.await;
+                });
+                client
+            }
+            Ok(Err(e)) => panic!(
+                "PgCluster: could not connect over the unix socket in {}: {}\n{}",
+                self.socket_dir().display(),
+                describe_pg_error(&e),
+                self.log_tail()
+            ),
+            Err(_) => panic!(
+                "PgCluster: connecting over the unix socket timed out after {CONNECT_TIMEOUT:?}"
+            ),
+        }
     }
 
     /// A client connected with `url` (e.g. from [`PgCluster::url_for`]); panics on error.
@@ -441,6 +467,15 @@ impl Drop for PgCluster {
         if let Some(dir) = self.dir.take() {
             let _ = dir.close();
         }
+    }
+}
+
+/// Hands `path` (recursively) to the server's OS user when the tests run as root, so
+/// the server can read files a test wrote for it (a TLS key must be owned by it and
+/// mode 0600). Does nothing otherwise: the server then runs as the test's own user.
+pub fn give_to_server_user(path: &Path) {
+    if running_as_root() {
+        chown_to_server_user(path);
     }
 }
 
