@@ -69,10 +69,9 @@ async fn sigkill_crash_loop_delivers_every_event_exactly_once() {
             world
                 .wait_confirmed(SLOT, end, Duration::from_secs(90))
                 .await;
-            let records =
-                world
-                    .broker
-                    .consume(&["Evt"], committed.len() * 2, Duration::from_secs(10));
+            let records = world
+                .broker
+                .consume_ids(&["Evt"], &committed, Duration::from_secs(60));
             let mut counts: HashMap<String, usize> = HashMap::new();
             for r in &records {
                 *counts.entry(r.id()).or_default() += 1;

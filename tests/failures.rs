@@ -97,11 +97,9 @@ async fn sigkill_mid_stream_then_restart_loses_nothing() {
         }
     }
     let end = world.current_lsn().await;
-    let records = world.broker.consume(
-        &["Evt0", "Evt1"],
-        committed.len() * 2,
-        Duration::from_secs(15),
-    );
+    let records = world
+        .broker
+        .consume_ids(&["Evt0", "Evt1"], &committed, Duration::from_secs(60));
     let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
     let lost: Vec<&String> = committed.iter().filter(|id| !got.contains(*id)).collect();
     assert!(

@@ -237,10 +237,9 @@ async fn crash_loop_of_sigkills_loses_nothing() {
             world
                 .wait_confirmed(SLOT, end, Duration::from_secs(60))
                 .await;
-            let records =
-                world
-                    .broker
-                    .consume(&["Evt"], committed.len() * 3, Duration::from_secs(10));
+            let records = world
+                .broker
+                .consume_ids(&["Evt"], &committed, Duration::from_secs(60));
             let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
             let lost: Vec<&String> = committed.iter().filter(|id| !got.contains(*id)).collect();
             let lost_at: Vec<usize> = committed
@@ -434,7 +433,7 @@ async fn a_60_second_broker_outage_under_continuous_inserts_loses_nothing() {
         .await;
     let records = world
         .broker
-        .consume(&["Evt"], ids.len() * 2, Duration::from_secs(10));
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(60));
     let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
     let lost = ids.iter().filter(|id| !got.contains(*id)).count();
     assert_eq!(lost, 0, "{lost} of {} lost", ids.len());

@@ -119,25 +119,87 @@ impl Broker {
         }
         consume(&self.bootstrap(), topics, expected, timeout)
     }
+
+    /// Reads until every id in `ids` has been seen (then two seconds more, to
+    /// catch duplicates) or `timeout`.
+    pub fn consume_ids(&self, topics: &[&str], ids: &[String], timeout: Duration) -> Vec<Consumed> {
+        for topic in topics {
+            self.ensure_topic(topic);
+        }
+        let wanted: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let mut seen = std::collections::HashSet::new();
+        let mut read = 0;
+        consume_until(
+            &self.bootstrap(),
+            topics,
+            timeout,
+            Duration::from_secs(2),
+            |records| {
+                for r in &records[read..] {
+                    seen.insert(r.id());
+                }
+                read = records.len();
+                wanted.iter().all(|id| seen.contains(*id))
+            },
+        )
+    }
+}
+
+/// Reads `topics` from the beginning until `done` holds for what was read
+/// (then `settle` longer, to catch stragglers such as duplicates) or `timeout`.
+pub fn consume_until(
+    bootstrap: &str,
+    topics: &[&str],
+    timeout: Duration,
+    settle: Duration,
+    mut done: impl FnMut(&[Consumed]) -> bool,
+) -> Vec<Consumed> {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    let mut settled_at: Option<Instant> = None;
+    let consumer = assigned_consumer(bootstrap, topics, deadline);
+    while Instant::now() < deadline {
+        if let Some(at) = settled_at {
+            if Instant::now() >= at {
+                break;
+            }
+        } else if done(&out) {
+            settled_at = Some(Instant::now() + settle);
+        }
+        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
+            out.push(to_consumed(&msg));
+        }
+    }
+    out
 }
 
 /// Reads `topics` from the beginning until `expected` records or `timeout`.
-///
-/// Partitions are assigned directly (no consumer group), so there is no
-/// group join or rebalance to wait for.
 pub fn consume(
     bootstrap: &str,
     topics: &[&str],
     expected: usize,
     timeout: Duration,
 ) -> Vec<Consumed> {
+    let deadline = Instant::now() + timeout;
+    let consumer = assigned_consumer(bootstrap, topics, deadline);
+    let mut out = Vec::new();
+    while out.len() < expected && Instant::now() < deadline {
+        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
+            out.push(to_consumed(&msg));
+        }
+    }
+    out
+}
+
+/// A consumer assigned every partition of `topics` from the beginning: no
+/// consumer group, so no group join or rebalance to wait for.
+fn assigned_consumer(bootstrap: &str, topics: &[&str], deadline: Instant) -> BaseConsumer {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "outbox-relay-tests")
         .set("enable.auto.commit", "false")
         .create()
         .expect("create consumer");
-    let deadline = Instant::now() + timeout;
     let mut assignment = TopicPartitionList::new();
     for topic in topics {
         let partitions = loop {
@@ -159,26 +221,24 @@ pub fn consume(
         }
     }
     consumer.assign(&assignment).expect("assign");
-    let mut out = Vec::new();
-    while out.len() < expected && Instant::now() < deadline {
-        if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
-            out.push(Consumed {
-                topic: msg.topic().to_owned(),
-                partition: msg.partition(),
-                offset: msg.offset(),
-                key: msg.key().map(<[u8]>::to_vec),
-                payload: msg.payload().map(<[u8]>::to_vec),
-                headers: msg
-                    .headers()
-                    .map(|h| {
-                        h.iter()
-                            .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-                timestamp: msg.timestamp().to_millis(),
-            });
-        }
+    consumer
+}
+
+fn to_consumed(msg: &rdkafka::message::BorrowedMessage<'_>) -> Consumed {
+    Consumed {
+        topic: msg.topic().to_owned(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        key: msg.key().map(<[u8]>::to_vec),
+        payload: msg.payload().map(<[u8]>::to_vec),
+        headers: msg
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        timestamp: msg.timestamp().to_millis(),
     }
-    out
 }
