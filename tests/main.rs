@@ -10,4 +10,5 @@ mod support;
 mod e2e;
 mod failures;
 mod harness;
+mod ops;
 mod startup;

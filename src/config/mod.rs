@@ -5,12 +5,16 @@
 //! connection is opened, so a typo fails in milliseconds with a message that
 //! names the flag.
 
+mod commands;
+mod observability;
 mod postgres;
 
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+pub use commands::{Command, DropSlotArgs, SetupArgs, SetupTarget, StatusArgs};
+pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, redact_url};
 
 use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
@@ -25,13 +29,13 @@ use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
 #[command(name = "outbox-relay", version, about, long_about)]
 pub struct Cli {
     /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require.
-    /// The role needs REPLICATION (or superuser) and SELECT on the outbox tables.
+    /// The role needs REPLICATION (or superuser) and SELECT on the outbox tables. Required.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
-    pub postgres_url: String,
+    pub postgres_url: Option<String>,
 
-    /// Kafka bootstrap servers, comma separated (host:port,...).
+    /// Kafka bootstrap servers, comma separated (host:port,...). Required to run the relay.
     #[arg(long, env = "OUTBOX_RELAY_KAFKA_BROKERS")]
-    pub kafka_brokers: String,
+    pub kafka_brokers: Option<String>,
 
     /// Outbox table as SCHEMA.TABLE (schema defaults to public). Repeatable.
     #[arg(
@@ -133,6 +137,14 @@ pub struct Cli {
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,rdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// Metrics, health and slot monitoring flags.
+    #[command(flatten)]
+    pub observability: ObservabilityArgs,
+
+    /// An operator command; without one, the relay runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
 }
 
 /// Log line format.
@@ -191,19 +203,31 @@ pub struct Config {
     pub max_in_flight_events: usize,
     /// In-flight cap, bytes.
     pub max_in_flight_bytes: usize,
+    /// Metrics, health and slot monitoring.
+    pub observability: ObservabilityConfig,
 }
 
 impl Config {
-    /// Validates raw flags into a config.
+    /// Validates raw flags into a config. `--kafka-brokers` is required only
+    /// to run the relay (no subcommand); otherwise it may be empty.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let postgres = PostgresConnInfo::parse(&cli.postgres_url)?;
-        if cli.kafka_brokers.trim().is_empty() {
+        let Some(postgres_url) = cli.postgres_url.as_deref() else {
+            return Err(invalid(
+                "--postgres-url",
+                "",
+                "required (or set OUTBOX_RELAY_POSTGRES_URL)",
+            ));
+        };
+        let postgres = PostgresConnInfo::parse(postgres_url)?;
+        let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
+        if kafka_brokers.is_empty() && cli.command.is_none() {
             return Err(invalid(
                 "--kafka-brokers",
                 "",
                 "give at least one host:port",
             ));
         }
+        let observability = ObservabilityConfig::from_args(&cli.observability)?;
         let mut tables = Vec::with_capacity(cli.tables.len());
         for raw in &cli.tables {
             let table = TableName::parse(raw).map_err(|reason| invalid("--table", raw, &reason))?;
@@ -262,7 +286,7 @@ impl Config {
         }
         Ok(Config {
             postgres,
-            kafka_brokers: cli.kafka_brokers.trim().to_owned(),
+            kafka_brokers: kafka_brokers.to_owned(),
             tables,
             slot: cli.slot.clone(),
             publication: cli.publication.clone(),
@@ -280,6 +304,7 @@ impl Config {
             status_interval: cli.status_interval,
             max_in_flight_events: cli.max_in_flight_events,
             max_in_flight_bytes: cli.max_in_flight_bytes,
+            observability,
         })
     }
 }

@@ -188,6 +188,7 @@ pub struct Pipeline {
     commit_lsn: Lsn,
     commit_time_ms: i64,
     events_acked: u64,
+    observer: crate::observability::observer::PipelineObserver,
 }
 
 /// Start-up checks, then streams until `shutdown` resolves or a fatal error.
@@ -222,7 +223,9 @@ impl Pipeline {
             tables = %config.tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
             "streaming from the slot's confirmed position"
         );
+        crate::observability::health::global().set_streaming(true);
         Ok(Pipeline {
+            observer: crate::observability::observer::PipelineObserver::new(),
             outbox: Outbox {
                 tables: config.tables.clone(),
                 relations: RelationCache::default(),
@@ -270,6 +273,7 @@ impl Pipeline {
 
     fn report_frontier(&mut self) {
         let frontier = self.tracker.frontier();
+        self.observer.frontier(frontier);
         if frontier > self.reported {
             self.stream.ack(frontier);
             self.reported = frontier;
@@ -279,11 +283,14 @@ impl Pipeline {
     fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
         match delivery.outcome {
             Ok(_) => {
+                self.observer.event_acked(delivery.ticket);
                 self.tracker.ack(delivery.ticket)?;
                 self.events_acked += 1;
                 Ok(())
             }
             Err(failure) => {
+                self.observer
+                    .delivery_failed(delivery.ticket, &failure.error);
                 let lsn = self
                     .tracker
                     .commit_lsn_of(delivery.ticket)
@@ -306,6 +313,7 @@ impl Pipeline {
     }
 
     async fn on_event(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
+        self.observer.received(&event);
         match event {
             ReplicationEvent::Begin {
                 final_lsn,
@@ -395,6 +403,8 @@ impl Pipeline {
                         table: mapping.table().to_string(),
                         source,
                     })?;
+                self.observer
+                    .event_sent(ticket, &record.topic, record.size(), self.commit_time_ms);
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
                 if let Some(mapping) = self.outbox.mappings.get(&relation_id) {
@@ -423,6 +433,7 @@ impl Pipeline {
     /// Stops reading, waits up to `timeout` for in-flight deliveries, reports
     /// the final frontier and closes the stream.
     pub async fn finish(mut self, timeout: Duration) -> Summary {
+        self.observer.streaming(false);
         let deadline = tokio::time::Instant::now() + timeout;
         while self.tracker.window_len() > 0 {
             match tokio::time::timeout_at(deadline, self.deliveries.recv()).await {
@@ -430,6 +441,7 @@ impl Pipeline {
                     // A failure here is already reported or will be replayed;
                     // only successes can move the frontier.
                     if delivery.outcome.is_ok() && self.tracker.ack(delivery.ticket).is_ok() {
+                        self.observer.event_acked(delivery.ticket);
                         self.events_acked += 1;
                     }
                     if delivery.outcome.is_err() {

@@ -154,12 +154,7 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
     )
     .await?;
     let Some(row) = row else {
-        let tables: Vec<String> = config.tables.iter().map(TableName::quoted).collect();
-        let sql = format!(
-            "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
-            quote_ident(publication),
-            tables.join(", ")
-        );
+        let sql = super::sql::create_publication(publication, &config.tables);
         client
             .batch_execute(&sql)
             .await
@@ -228,14 +223,9 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
     )
     .await?;
     let Some(row) = row else {
-        let row = query_one(
-            client,
-            "create the replication slot",
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[slot],
-        )
-        .await?;
-        let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(0)))?;
+        let sql = super::sql::create_slot(slot);
+        let row = query_one(client, "create the replication slot", &sql, &[]).await?;
+        let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(1)))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
         return Ok(SlotState {
             confirmed_flush: lsn,
