@@ -25,6 +25,7 @@
 //! position before every unacknowledged event: delivery is at-least-once, and
 //! consumers deduplicate on the `id` header.
 
+pub mod commands;
 pub mod config;
 pub mod lsn;
 pub mod observability;

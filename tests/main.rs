@@ -11,6 +11,7 @@ mod e2e;
 mod exactly_once;
 mod failures;
 mod harness;
+mod ops;
 mod poison;
 mod reliability;
 mod startup;

@@ -5,6 +5,8 @@
 //! connection is opened, so a typo fails in milliseconds with a message that
 //! names the flag.
 
+mod commands;
+mod observability;
 mod postgres;
 
 use std::fmt;
@@ -14,6 +16,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+pub use commands::{Command, DropSlotArgs, SetupArgs, SetupTarget, StatusArgs};
+pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, redact_url};
 
 use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
@@ -28,9 +32,9 @@ use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
 #[command(name = "outbox-relay", version, about, long_about)]
 pub struct Cli {
     /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require.
-    /// The role needs REPLICATION (or superuser) and SELECT on the outbox tables.
+    /// The role needs REPLICATION (or superuser) and SELECT on the outbox tables. Required.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
-    pub postgres_url: String,
+    pub postgres_url: Option<String>,
 
     /// Postgres password; overrides --postgres-password-file and the URL's password.
     /// Prefer the file or the environment variable over putting the password in the URL
@@ -43,9 +47,9 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD_FILE", value_name = "PATH")]
     pub postgres_password_file: Option<PathBuf>,
 
-    /// Kafka bootstrap servers, comma separated (host:port,...).
+    /// Kafka bootstrap servers, comma separated (host:port,...). Required to run the relay.
     #[arg(long, env = "OUTBOX_RELAY_KAFKA_BROKERS")]
-    pub kafka_brokers: String,
+    pub kafka_brokers: Option<String>,
 
     /// Outbox table as SCHEMA.TABLE (schema defaults to public). Repeatable.
     /// Per-table overrides follow a colon, separated by semicolons:
@@ -193,6 +197,14 @@ pub struct Cli {
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,rdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+
+    /// Metrics, health and slot monitoring flags.
+    #[command(flatten)]
+    pub observability: ObservabilityArgs,
+
+    /// An operator command; without one, the relay runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
 }
 
 /// The delivery guarantee.
@@ -328,25 +340,37 @@ pub struct Config {
     pub delivery: Delivery,
     /// Exactly-once fallback.
     pub exactly_once_fallback: ExactlyOnceFallback,
+    /// Metrics, health and slot monitoring.
+    pub observability: ObservabilityConfig,
 }
 
 impl Config {
-    /// Validates raw flags into a config.
+    /// Validates raw flags into a config. `--kafka-brokers` is required only
+    /// to run the relay (no subcommand); otherwise it may be empty.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let mut postgres = PostgresConnInfo::parse(&cli.postgres_url)?;
+        let Some(postgres_url) = cli.postgres_url.as_deref() else {
+            return Err(invalid(
+                "--postgres-url",
+                "",
+                "required (or set OUTBOX_RELAY_POSTGRES_URL)",
+            ));
+        };
+        let mut postgres = PostgresConnInfo::parse(postgres_url)?;
         // Precedence: --postgres-password > --postgres-password-file > the URL's password.
         if let Some(password) = &cli.postgres_password {
             postgres.password = Some(password.expose().to_owned());
         } else if let Some(path) = &cli.postgres_password_file {
             postgres.password = Some(read_password_file(path)?);
         }
-        if cli.kafka_brokers.trim().is_empty() {
+        let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
+        if kafka_brokers.is_empty() && cli.command.is_none() {
             return Err(invalid(
                 "--kafka-brokers",
                 "",
                 "give at least one host:port",
             ));
         }
+        let observability = ObservabilityConfig::from_args(&cli.observability)?;
         let mut tables = Vec::with_capacity(cli.tables.len());
         let mut overridden = Vec::new();
         for raw in &cli.tables {
@@ -478,7 +502,7 @@ impl Config {
             dead_letter_topic,
             reconnect_backoff: (cli.reconnect_backoff_min, cli.reconnect_backoff_max),
             postgres,
-            kafka_brokers: cli.kafka_brokers.trim().to_owned(),
+            kafka_brokers: kafka_brokers.to_owned(),
             tables,
             slot: cli.slot.clone(),
             publication: cli.publication.clone(),
@@ -487,6 +511,7 @@ impl Config {
             status_interval: cli.status_interval,
             max_in_flight_events: cli.max_in_flight_events,
             max_in_flight_bytes: cli.max_in_flight_bytes,
+            observability,
         })
     }
 }

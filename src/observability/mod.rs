@@ -1,4 +1,17 @@
 //! Logging set-up. Event-level lines carry `lsn`, `id`, `topic` as structured fields.
+//!
+//! Metrics, health and the operator's HTTP endpoint live in the submodules:
+//! [`metrics`] (names and recording), [`health`] (readiness rules),
+//! [`observer`] (the pipeline's hooks), [`http`] (`/metrics`, `/healthz`,
+//! `/readyz`), [`slot_monitor`] (slot lag and WAL retention) and
+//! [`progress`] (the periodic summary line).
+
+pub mod health;
+pub mod http;
+pub mod metrics;
+pub mod observer;
+pub mod progress;
+pub mod slot_monitor;
 
 use tracing_subscriber::EnvFilter;
 

@@ -237,6 +237,7 @@ pub struct Pipeline {
     /// Index of the next outbox event within the open transaction.
     tx_seq: u32,
     exactly_once: Option<exactly_once::ExactlyOnce>,
+    observer: crate::observability::observer::PipelineObserver,
 }
 
 /// Start-up checks, then streams until `shutdown` resolves or a fatal error.
@@ -302,6 +303,7 @@ pub async fn run(
         reconnects: 0,
         tx_seq: 0,
         exactly_once,
+        observer: crate::observability::observer::PipelineObserver::new(),
     };
     let outcome = pipeline.run_streams().await;
     let summary = pipeline.finish().await;
@@ -322,6 +324,7 @@ impl Pipeline {
             match ReplicationStream::start(&self.config, start, acked).await {
                 Ok(stream) => {
                     self.stream = Some(stream);
+                    self.observer.streaming(true);
                     if attempt == 0 && !standby {
                         tracing::info!(
                             slot = %self.config.slot,
@@ -397,6 +400,8 @@ impl Pipeline {
                         "replication stream broke; reconnecting (in-flight deliveries continue)"
                     );
                     self.stream = None;
+                    self.observer.streaming(false);
+                    crate::observability::metrics::reconnected();
                     self.tracker.abandon_open();
                     if self.exactly_once.is_some() {
                         // The replayed transaction must be checked against
@@ -478,6 +483,7 @@ impl Pipeline {
 
     fn report_frontier(&mut self) {
         let frontier = self.tracker.frontier();
+        self.observer.frontier(frontier);
         if frontier > self.reported
             && let Some(stream) = &self.stream
         {
@@ -489,11 +495,14 @@ impl Pipeline {
     async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
         match delivery.outcome {
             Ok(_) => {
+                self.observer.event_acked(delivery.ticket);
                 self.tracker.ack(delivery.ticket)?;
                 self.events_acked += 1;
                 Ok(())
             }
             Err(failure) => {
+                self.observer
+                    .delivery_failed(delivery.ticket, &failure.error);
                 let lsn = self
                     .tracker
                     .commit_lsn_of(delivery.ticket)
@@ -526,6 +535,7 @@ impl Pipeline {
     }
 
     async fn on_event(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
+        self.observer.received(&event);
         match event {
             ReplicationEvent::Begin {
                 final_lsn,
@@ -731,7 +741,11 @@ impl Pipeline {
         };
         let ticket: Ticket = self.tracker.push(record.size(), &table)?;
         match self.sink.send(ticket, &record).await {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.observer
+                    .event_sent(ticket, &record.topic, record.size(), self.commit_time_ms);
+                Ok(())
+            }
             Err(SinkError::Enqueue {
                 poison: true,
                 source,
@@ -775,6 +789,7 @@ impl Pipeline {
         let table = poison.info.table.clone();
         let record = poison.into_dead_letter(&topic);
         self.dead_lettered += 1;
+        crate::observability::metrics::dead_lettered();
         match self.sink.send(ticket, &record).await {
             Ok(()) => Ok(()),
             Err(source) => Err(RelayError::Sink { lsn, table, source }),
@@ -784,6 +799,7 @@ impl Pipeline {
     /// Stops reading, waits up to the shutdown timeout for in-flight
     /// deliveries, reports the final frontier and closes the stream.
     async fn finish(mut self) -> Summary {
+        self.observer.streaming(false);
         let deadline = tokio::time::Instant::now() + self.config.shutdown_timeout;
         while self.tracker.window_len() > 0 && tokio::time::Instant::now() < deadline {
             let wait = tokio::time::Instant::now() + Duration::from_millis(100);
@@ -792,6 +808,7 @@ impl Pipeline {
                     // Only successes can move the frontier; a failure is
                     // already reported or will be replayed after restart.
                     if delivery.outcome.is_ok() && self.tracker.ack(delivery.ticket).is_ok() {
+                        self.observer.event_acked(delivery.ticket);
                         self.events_acked += 1;
                     }
                 }

@@ -42,6 +42,8 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("partitioner", "murmur2_random"),
     ("message.timeout.ms", "0"),
     ("client.id", "outbox-relay"),
+    // Broker states for /readyz (observability::health); 0 disables.
+    ("statistics.interval.ms", "1000"),
 ];
 
 /// The outcome of one record, reported by librdkafka.
@@ -157,6 +159,13 @@ impl ClientContext for DeliveryContext {
         // Broker connection errors are retried by librdkafka; deliveries that
         // finally fail arrive as delivery reports, so this is informational.
         tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
+            crate::observability::health::global().set_producer_connected(false);
+        }
+    }
+
+    fn stats_raw(&self, statistics: &[u8]) {
+        crate::observability::health::global().producer_stats(statistics);
     }
 }
 

@@ -6,6 +6,7 @@
 //! which only the pipeline calls, and only with the ack frontier.
 
 pub mod setup;
+pub mod sql;
 mod tls;
 
 use std::time::Duration;

@@ -181,18 +181,7 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
     )
     .await?;
     let Some(row) = row else {
-        let tables: Vec<String> = config.tables.iter().map(TableName::quoted).collect();
-        // With only logical decoding messages, an empty publication is enough:
-        // pgoutput sends messages whatever the publication covers.
-        let for_tables = if tables.is_empty() {
-            String::new()
-        } else {
-            format!(" FOR TABLE {}", tables.join(", "))
-        };
-        let sql = format!(
-            "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert')",
-            quote_ident(publication),
-        );
+        let sql = super::sql::create_publication(publication, &config.tables);
         client
             .batch_execute(&sql)
             .await
@@ -261,14 +250,9 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
     )
     .await?;
     let Some(row) = row else {
-        let row = query_one(
-            client,
-            "create the replication slot",
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[slot],
-        )
-        .await?;
-        let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(0)))?;
+        let sql = super::sql::create_slot(slot);
+        let row = query_one(client, "create the replication slot", &sql, &[]).await?;
+        let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(1)))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
         return Ok(SlotState {
             confirmed_flush: lsn,

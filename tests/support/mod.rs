@@ -2,6 +2,7 @@
 //! as a subprocess, and the outbox schema.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod kafka;
 pub mod postgres;
 pub mod proxy;

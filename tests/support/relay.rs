@@ -36,6 +36,8 @@ impl Relay {
             ])
             .args(args)
             .env_remove("RUST_LOG")
+            // Relays run in parallel: no fixed HTTP port unless a test passes --http-addr.
+            .env("OUTBOX_RELAY_HTTP_ADDR", "none")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)

@@ -1,0 +1,107 @@
+//! The binary's commands: the relay itself (no subcommand) and the operator
+//! subcommands `status`, `setup` and `drop-slot`.
+//!
+//! Each command prints its result on stdout (logs go to stderr) and maps its
+//! failure to one of [`pipeline::exit_code`]'s codes, like the relay.
+
+mod drop_slot;
+mod relay;
+mod setup;
+mod status;
+
+use std::process::ExitCode;
+
+use crate::config::{Cli, Command, ConfigError};
+use crate::observability::http::HttpError;
+use crate::pipeline::{RelayError, exit_code};
+use crate::source::SourceError;
+
+/// Why a subcommand failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// A flag is wrong.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Postgres refused or failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// The command declined to act; the message says why and what to do.
+    #[error("{0}")]
+    Refused(String),
+    /// The HTTP endpoint could not start.
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// Writing the result failed (closed stdout, say).
+    #[error("cannot write the output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl CommandError {
+    /// The process exit code, shared with the relay's.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            CommandError::Config(_) | CommandError::Refused(_) | CommandError::Http(_) => {
+                exit_code::CONFIG
+            }
+            CommandError::Source(e) => RelayError::Source(e).exit_code(),
+            CommandError::Runtime(_) | CommandError::Output(_) => 1,
+        }
+    }
+}
+
+/// Runs what the command line asks for.
+pub fn run(cli: &Cli) -> ExitCode {
+    let result = match &cli.command {
+        None => return relay::run(cli),
+        Some(Command::Status(args)) => status::run(cli, args),
+        Some(Command::Setup(args)) => setup::run(cli, args),
+        Some(Command::DropSlot(args)) => drop_slot::run(cli, args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// A single-threaded runtime for the short subcommands.
+fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(CommandError::Runtime)?;
+    Ok(runtime.block_on(future))
+}
+
+/// `1536` → `1.5 KiB`.
+fn human_bytes(bytes: i64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes.unsigned_abs() < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value.abs() >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_humanised() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+    }
+}

@@ -1,0 +1,120 @@
+//! Running the relay: the pipeline plus its observability companions (the
+//! HTTP endpoint, the slot poller, the progress line).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::config::{Cli, Config};
+use crate::observability::{health, http, metrics, progress, slot_monitor};
+use crate::pipeline::{self, exit_code};
+
+/// How long the HTTP endpoint may take to close after the relay stopped.
+const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Validates the flags, runs the relay until SIGINT/SIGTERM or a fatal error.
+pub fn run(cli: &Cli) -> ExitCode {
+    let config = match Config::from_cli(cli) {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::error!(error = %e, "invalid configuration");
+            eprintln!("error: {e}");
+            return ExitCode::from(exit_code::CONFIG);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(relay(config))
+}
+
+async fn relay(config: Config) -> ExitCode {
+    let health = health::global();
+    health.set_thresholds(config.observability.readiness);
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = match config.observability.http_addr {
+        Some(addr) => {
+            // Installed only with an endpoint: its upkeep keeps histograms bounded.
+            let handle = metrics::install();
+            let listener = match http::bind(addr).await {
+                Ok(listener) => listener,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the HTTP endpoint");
+                    eprintln!("error: {e}");
+                    return ExitCode::from(exit_code::CONFIG);
+                }
+            };
+            Some(tokio::spawn(http::serve_on(
+                listener,
+                handle,
+                health.clone(),
+                async {
+                    let _ = http_stopped.await;
+                },
+            )))
+        }
+        None => None,
+    };
+    let mut background = vec![tokio::spawn(slot_monitor::run(
+        config.clone(),
+        health.clone(),
+        config.observability.slot_poll_interval,
+    ))];
+    if let Some(interval) = config.observability.progress_interval {
+        background.push(tokio::spawn(progress::run(health.clone(), interval)));
+    }
+
+    let outcome = pipeline::run(config, shutdown_signal()).await;
+
+    for task in background {
+        task.abort();
+    }
+    let _ = stop_http.send(());
+    if let Some(server) = http {
+        match tokio::time::timeout(HTTP_CLOSE_TIMEOUT, server).await {
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the HTTP endpoint failed"),
+            Ok(_) => {}
+            Err(_) => tracing::debug!("the HTTP endpoint did not close in time"),
+        }
+    }
+    match outcome {
+        Ok(summary) => {
+            tracing::info!(
+                frontier = %summary.frontier,
+                acked = summary.events_acked,
+                abandoned = summary.abandoned,
+                "outbox-relay stopped cleanly"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let code = e.exit_code();
+            tracing::error!(error = %e, exit_code = code, "outbox-relay stopped");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the relay");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}

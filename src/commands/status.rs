@@ -1,0 +1,376 @@
+//! `outbox-relay status [--json]`: the slot, the publication and the server
+//! settings the relay depends on, read over one control connection.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use serde::Serialize;
+use tokio_postgres::Client;
+
+use super::{CommandError, human_bytes};
+use crate::config::{Cli, Config, StatusArgs};
+use crate::observability::health::{ReadinessThresholds, SlotStatus, WalStatus, slot_warnings};
+use crate::source::{SourceError, setup};
+
+/// Server settings worth seeing next to the slot.
+pub const SETTINGS: &[&str] = &[
+    "wal_level",
+    "max_slot_wal_keep_size",
+    "max_replication_slots",
+    "wal_sender_timeout",
+];
+
+/// Everything `status` reports.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    /// `server_version`.
+    pub server_version: String,
+    /// The server's WAL position now (the replay position on a standby).
+    pub current_wal_lsn: Option<String>,
+    /// The slot.
+    pub slot: SlotInfo,
+    /// The publication.
+    pub publication: PublicationInfo,
+    /// [`SETTINGS`], as `SHOW` prints them (`null` when the server has no such setting).
+    pub settings: BTreeMap<String, Option<String>>,
+    /// What needs attention, with the remedy.
+    pub warnings: Vec<String>,
+}
+
+/// The slot's row of `pg_replication_slots`.
+#[derive(Debug, Serialize)]
+pub struct SlotInfo {
+    /// `--slot`.
+    pub name: String,
+    /// Whether it exists (the other fields are `null` when not).
+    pub exists: bool,
+    /// Output plugin.
+    pub plugin: Option<String>,
+    /// `logical` or `physical`.
+    pub slot_type: Option<String>,
+    /// Its database.
+    pub database: Option<String>,
+    /// Whether a walsender streams from it.
+    pub active: Option<bool>,
+    /// That walsender's process id.
+    pub active_pid: Option<i32>,
+    /// Confirmed position: the relay resumes here.
+    pub confirmed_flush_lsn: Option<String>,
+    /// Oldest WAL the slot keeps.
+    pub restart_lsn: Option<String>,
+    /// Current WAL position minus the confirmed one.
+    pub lag_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// WAL that can still be written before the slot is lost; `null` when unlimited.
+    pub safe_wal_size_bytes: Option<i64>,
+}
+
+/// The publication and its tables.
+#[derive(Debug, Serialize)]
+pub struct PublicationInfo {
+    /// `--publication`.
+    pub name: String,
+    /// Whether it exists.
+    pub exists: bool,
+    /// `FOR ALL TABLES`.
+    pub all_tables: bool,
+    /// The operations it publishes.
+    pub publishes: Vec<String>,
+    /// The tables it covers, as `schema.table`.
+    pub tables: Vec<String>,
+    /// Configured outbox tables it does not cover.
+    pub missing_tables: Vec<String>,
+}
+
+pub(super) fn run(cli: &Cli, args: &StatusArgs) -> Result<(), CommandError> {
+    let config = Config::from_cli(cli)?;
+    let status = super::block_on(read(&config))??;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &status).map_err(std::io::Error::other)?;
+        writeln!(out)?;
+    } else {
+        out.write_all(render_text(&status).as_bytes())?;
+    }
+    Ok(())
+}
+
+fn query_err(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> SourceError {
+    move |source| SourceError::Query { what, source }
+}
+
+/// Reads the status over a new control connection.
+pub async fn read(config: &Config) -> Result<Status, SourceError> {
+    let client = setup::connect(config).await?;
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version'), \
+                    (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                          ELSE pg_current_wal_lsn() END)::text",
+            &[],
+        )
+        .await
+        .map_err(query_err("read the server's WAL position"))?;
+    let server_version: String = row.get(0);
+    let current_wal_lsn: Option<String> = row.get(1);
+    let slot = read_slot(&client, &config.slot).await?;
+    let publication = read_publication(&client, config).await?;
+    let settings_rows = client
+        .query(
+            "SELECT s, current_setting(s, true) FROM unnest($1::text[]) AS s",
+            &[&SETTINGS],
+        )
+        .await
+        .map_err(query_err("read the server settings"))?;
+    let settings: BTreeMap<String, Option<String>> =
+        settings_rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let warnings = warnings(&slot, &publication, &settings);
+    Ok(Status {
+        server_version,
+        current_wal_lsn,
+        slot,
+        publication,
+        settings,
+        warnings,
+    })
+}
+
+async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT plugin::text, slot_type::text, database::text, active, active_pid, \
+                    confirmed_flush_lsn::text, restart_lsn::text, \
+                    ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                           ELSE pg_current_wal_lsn() END) - confirmed_flush_lsn)::bigint, \
+                    wal_status::text, safe_wal_size::bigint \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&name],
+        )
+        .await
+        .map_err(query_err("read the replication slot"))?;
+    Ok(match row {
+        None => SlotInfo {
+            name: name.to_owned(),
+            exists: false,
+            plugin: None,
+            slot_type: None,
+            database: None,
+            active: None,
+            active_pid: None,
+            confirmed_flush_lsn: None,
+            restart_lsn: None,
+            lag_bytes: None,
+            wal_status: None,
+            safe_wal_size_bytes: None,
+        },
+        Some(r) => SlotInfo {
+            name: name.to_owned(),
+            exists: true,
+            plugin: r.get(0),
+            slot_type: r.get(1),
+            database: r.get(2),
+            active: r.get(3),
+            active_pid: r.get(4),
+            confirmed_flush_lsn: r.get(5),
+            restart_lsn: r.get(6),
+            lag_bytes: r.get(7),
+            wal_status: r.get(8),
+            safe_wal_size_bytes: r.get(9),
+        },
+    })
+}
+
+async fn read_publication(
+    client: &Client,
+    config: &Config,
+) -> Result<PublicationInfo, SourceError> {
+    let name = &config.publication;
+    let row = client
+        .query_opt(
+            "SELECT puballtables, pubinsert, pubupdate, pubdelete, pubtruncate \
+             FROM pg_publication WHERE pubname = $1",
+            &[name],
+        )
+        .await
+        .map_err(query_err("read the publication"))?;
+    let Some(row) = row else {
+        return Ok(PublicationInfo {
+            name: name.clone(),
+            exists: false,
+            all_tables: false,
+            publishes: Vec::new(),
+            tables: Vec::new(),
+            missing_tables: config.tables.iter().map(ToString::to_string).collect(),
+        });
+    };
+    let publishes = ["insert", "update", "delete", "truncate"]
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| row.get::<_, bool>(i + 1))
+        .map(|(_, op)| (*op).to_owned())
+        .collect();
+    let tables: Vec<String> = client
+        .query(
+            "SELECT schemaname::text || '.' || tablename::text FROM pg_publication_tables \
+             WHERE pubname = $1 ORDER BY 1",
+            &[name],
+        )
+        .await
+        .map_err(query_err("list the publication's tables"))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let missing_tables = config
+        .tables
+        .iter()
+        .map(ToString::to_string)
+        .filter(|t| !tables.contains(t))
+        .collect();
+    Ok(PublicationInfo {
+        name: name.clone(),
+        exists: true,
+        all_tables: row.get(0),
+        publishes,
+        tables,
+        missing_tables,
+    })
+}
+
+fn warnings(
+    slot: &SlotInfo,
+    publication: &PublicationInfo,
+    settings: &BTreeMap<String, Option<String>>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(Some(level)) = settings.get("wal_level")
+        && level != "logical"
+    {
+        out.push(format!(
+            "wal_level is {level}, logical replication needs logical: ALTER SYSTEM SET \
+             wal_level = logical; and restart Postgres"
+        ));
+    }
+    if !slot.exists {
+        out.push(format!(
+            "slot {:?} does not exist: the relay creates it on start (or run outbox-relay setup)",
+            slot.name
+        ));
+    } else {
+        let status = SlotStatus {
+            lag_bytes: slot.lag_bytes.map(|l| u64::try_from(l).unwrap_or(0)),
+            wal_status: WalStatus::parse(slot.wal_status.as_deref()),
+            safe_wal_size_bytes: slot.safe_wal_size_bytes,
+        };
+        out.extend(slot_warnings(&status, &ReadinessThresholds::default()));
+    }
+    if !publication.exists {
+        out.push(format!(
+            "publication {:?} does not exist: the relay creates it on start (or run outbox-relay setup)",
+            publication.name
+        ));
+    } else if !publication.missing_tables.is_empty() {
+        out.push(format!(
+            "publication {:?} does not include {}: ALTER PUBLICATION {} ADD TABLE {};",
+            publication.name,
+            publication.missing_tables.join(", "),
+            publication.name,
+            publication.missing_tables.join(", ")
+        ));
+    }
+    out
+}
+
+/// The text form.
+pub fn render_text(s: &Status) -> String {
+    let mut out = String::new();
+    let na = || "-".to_owned();
+    let slot = &s.slot;
+    if slot.exists {
+        out.push_str(&format!("slot {}\n", slot.name));
+        let row = |out: &mut String, k: &str, v: String| out.push_str(&format!("  {k:<16}{v}\n"));
+        row(
+            &mut out,
+            "type",
+            format!(
+                "{} {} (database {})",
+                slot.slot_type.clone().unwrap_or_else(na),
+                slot.plugin.clone().unwrap_or_else(na),
+                slot.database.clone().unwrap_or_else(na)
+            ),
+        );
+        row(
+            &mut out,
+            "active pid",
+            match slot.active_pid {
+                Some(pid) => format!("{pid} (a relay is streaming)"),
+                None => "none (no relay connected)".to_owned(),
+            },
+        );
+        row(
+            &mut out,
+            "confirmed lsn",
+            slot.confirmed_flush_lsn.clone().unwrap_or_else(na),
+        );
+        row(
+            &mut out,
+            "restart lsn",
+            slot.restart_lsn.clone().unwrap_or_else(na),
+        );
+        row(
+            &mut out,
+            "lag",
+            slot.lag_bytes
+                .map(|l| format!("{l} bytes ({})", human_bytes(l)))
+                .unwrap_or_else(na),
+        );
+        row(
+            &mut out,
+            "wal_status",
+            slot.wal_status.clone().unwrap_or_else(na),
+        );
+        row(
+            &mut out,
+            "safe_wal_size",
+            slot.safe_wal_size_bytes
+                .map(|b| format!("{b} bytes ({})", human_bytes(b)))
+                .unwrap_or_else(|| "unlimited (max_slot_wal_keep_size = -1)".to_owned()),
+        );
+    } else {
+        out.push_str(&format!("slot {}: does not exist\n", slot.name));
+    }
+    let p = &s.publication;
+    if p.exists {
+        out.push_str(&format!("publication {}\n", p.name));
+        out.push_str(&format!(
+            "  {:<16}{}\n",
+            "publishes",
+            p.publishes.join(", ")
+        ));
+        let tables = if p.all_tables {
+            "all tables".to_owned()
+        } else {
+            p.tables.join(", ")
+        };
+        out.push_str(&format!("  {:<16}{}\n", "tables", tables));
+    } else {
+        out.push_str(&format!("publication {}: does not exist\n", p.name));
+    }
+    out.push_str(&format!(
+        "server {} (current wal lsn {})\n",
+        s.server_version,
+        s.current_wal_lsn.clone().unwrap_or_else(na)
+    ));
+    for (name, value) in &s.settings {
+        out.push_str(&format!(
+            "  {name:<24}{}\n",
+            value
+                .clone()
+                .unwrap_or_else(|| "(not available)".to_owned())
+        ));
+    }
+    for warning in &s.warnings {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
+    out
+}

@@ -1,0 +1,169 @@
+//! Operator subcommands and how the command line is parsed with them.
+//!
+//! Every relay flag is global, so it may come before or after the subcommand
+//! (`outbox-relay status --postgres-url ...`). Global arguments cannot be
+//! required in clap, which is why `--postgres-url` and `--kafka-brokers` are
+//! optional there and checked in [`super::Config::from_cli`] instead.
+
+use clap::{Args, CommandFactory, FromArgMatches, Subcommand};
+
+use super::{Cli, ConfigError, check_identifier, invalid};
+use crate::outbox::TableName;
+
+/// What to do; the relay runs when no subcommand is given.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Show the slot (position, lag, WAL retention), the publication and the
+    /// server settings the relay depends on.
+    Status(StatusArgs),
+    /// Create the publication and the slot (skipping what exists), or print the SQL.
+    Setup(SetupArgs),
+    /// Drop the replication slot (and optionally the publication).
+    DropSlot(DropSlotArgs),
+}
+
+/// `status` flags.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `setup` flags.
+#[derive(Debug, Clone, Args)]
+pub struct SetupArgs {
+    /// Print the SQL instead of running it (does not connect).
+    #[arg(long)]
+    pub print: bool,
+}
+
+/// `drop-slot` flags.
+#[derive(Debug, Clone, Args)]
+pub struct DropSlotArgs {
+    /// Confirms that the slot's position may be discarded.
+    #[arg(long = "yes-i-know")]
+    pub yes_i_know: bool,
+    /// Also drop the publication.
+    #[arg(long)]
+    pub drop_publication: bool,
+}
+
+impl Cli {
+    /// The clap command with every top-level flag made global.
+    pub fn command_with_global_flags() -> clap::Command {
+        Cli::command().mut_args(|arg| arg.global(true))
+    }
+
+    /// Parses the process's arguments; prints help or the error and exits as clap does.
+    pub fn parse_global() -> Cli {
+        let mut cmd = Self::command_with_global_flags();
+        let matches = cmd.clone().get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit())
+    }
+
+    /// Parses `args` (the first is the program name).
+    pub fn try_parse_global_from<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut cmd = Self::command_with_global_flags();
+        let matches = cmd.try_get_matches_from_mut(args)?;
+        Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
+    }
+}
+
+/// What `setup` creates: validated from the flags alone, so `setup --print`
+/// works without `--postgres-url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupTarget {
+    /// Outbox tables, in flag order.
+    pub tables: Vec<TableName>,
+    /// Slot name.
+    pub slot: String,
+    /// Publication name.
+    pub publication: String,
+}
+
+impl SetupTarget {
+    /// Validates `--table`, `--slot` and `--publication` as [`super::Config::from_cli`] does.
+    pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
+        let mut tables = Vec::with_capacity(cli.tables.len());
+        for raw in &cli.tables {
+            let table = TableName::parse(raw).map_err(|reason| invalid("--table", raw, &reason))?;
+            if !tables.contains(&table) {
+                tables.push(table);
+            }
+        }
+        if tables.is_empty() {
+            return Err(invalid("--table", "", "give at least one outbox table"));
+        }
+        check_identifier("--slot", &cli.slot, true)?;
+        check_identifier("--publication", &cli.publication, false)?;
+        Ok(SetupTarget {
+            tables,
+            slot: cli.slot.clone(),
+            publication: cli.publication.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_global_from(std::iter::once("outbox-relay").chain(args.iter().copied()))
+            .unwrap()
+    }
+
+    #[test]
+    fn relay_flags_work_before_and_after_a_subcommand() {
+        let cli = parse(&["status", "--postgres-url", "postgres://u@h/db", "--json"]);
+        assert!(matches!(
+            cli.command,
+            Some(Command::Status(StatusArgs { json: true }))
+        ));
+        assert_eq!(cli.postgres_url.as_deref(), Some("postgres://u@h/db"));
+        let cli = parse(&["--slot", "s1", "drop-slot", "--yes-i-know"]);
+        assert_eq!(cli.slot, "s1");
+        assert!(matches!(
+            cli.command,
+            Some(Command::DropSlot(DropSlotArgs {
+                yes_i_know: true,
+                drop_publication: false
+            }))
+        ));
+        let cli = parse(&["setup", "--print", "--table", "a.outbox", "--slot", "x"]);
+        assert_eq!(cli.slot, "x");
+        assert!(cli.command.is_some());
+    }
+
+    #[test]
+    fn kafka_brokers_are_required_only_to_run_the_relay() {
+        let url = "postgres://u@127.0.0.1/db";
+        let err = Config::from_cli(&parse(&["--postgres-url", url]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--kafka-brokers"), "{err}");
+        let config = Config::from_cli(&parse(&["status", "--postgres-url", url])).unwrap();
+        assert_eq!(config.kafka_brokers, "");
+        let err = Config::from_cli(&parse(&["status"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--postgres-url"), "{err}");
+    }
+
+    #[test]
+    fn setup_target_needs_no_url() {
+        let target = SetupTarget::from_cli(&parse(&["setup", "--print"])).unwrap();
+        assert_eq!(target.slot, "outbox_relay");
+        assert_eq!(
+            target.tables,
+            vec![TableName::parse("public.outbox").unwrap()]
+        );
+        assert!(SetupTarget::from_cli(&parse(&["setup", "--slot", "Bad"])).is_err());
+    }
+}

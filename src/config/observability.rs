@@ -1,0 +1,138 @@
+//! Flags of the operator's endpoint, readiness and the slot poller.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::{ConfigError, invalid, parse_duration};
+use crate::observability::health::ReadinessThresholds;
+
+/// Observability flags, flattened into [`super::Cli`].
+#[derive(Debug, Clone, Args)]
+pub struct ObservabilityArgs {
+    /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; `none` disables it.
+    #[arg(long, env = "OUTBOX_RELAY_HTTP_ADDR", default_value = "127.0.0.1:9187")]
+    pub http_addr: String,
+
+    /// /readyz fails when the slot keeps more WAL than this (bytes; KiB/MiB/GiB suffixes work).
+    #[arg(long, env = "OUTBOX_RELAY_READY_MAX_SLOT_LAG_BYTES", default_value = "1GiB", value_parser = parse_bytes)]
+    pub ready_max_slot_lag_bytes: u64,
+
+    /// /readyz fails when the oldest unacknowledged event was handed to Kafka longer ago than this.
+    #[arg(long, env = "OUTBOX_RELAY_READY_MAX_ACK_STALENESS", default_value = "60s", value_parser = parse_duration)]
+    pub ready_max_ack_staleness: Duration,
+
+    /// How often the slot's lag, wal_status and safe_wal_size are read.
+    #[arg(long, env = "OUTBOX_RELAY_SLOT_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub slot_poll_interval: Duration,
+
+    /// Warn (log and /readyz) when the slot's safe_wal_size falls below this (bytes).
+    #[arg(long, env = "OUTBOX_RELAY_SLOT_MIN_SAFE_WAL_SIZE", default_value = "1GiB", value_parser = parse_bytes)]
+    pub slot_min_safe_wal_size: u64,
+
+    /// How often a one-line progress summary is logged; 0 disables it.
+    #[arg(long, env = "OUTBOX_RELAY_PROGRESS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub progress_interval: Duration,
+}
+
+/// Observability settings, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservabilityConfig {
+    /// Where to serve HTTP; `None` when disabled.
+    pub http_addr: Option<SocketAddr>,
+    /// Readiness limits.
+    pub readiness: ReadinessThresholds,
+    /// Slot poll cadence.
+    pub slot_poll_interval: Duration,
+    /// Progress line cadence; `None` when disabled.
+    pub progress_interval: Option<Duration>,
+}
+
+impl ObservabilityConfig {
+    /// Validates the flags.
+    pub fn from_args(args: &ObservabilityArgs) -> Result<Self, ConfigError> {
+        let raw = args.http_addr.trim();
+        let http_addr = if raw.eq_ignore_ascii_case("none") || raw.is_empty() {
+            None
+        } else {
+            Some(raw.parse::<SocketAddr>().map_err(|_| {
+                invalid(
+                    "--http-addr",
+                    raw,
+                    "expected IP:PORT (e.g. 127.0.0.1:9187 or 0.0.0.0:9187) or none",
+                )
+            })?)
+        };
+        if args.slot_poll_interval.is_zero() {
+            return Err(invalid("--slot-poll-interval", "0", "must be positive"));
+        }
+        if args.ready_max_ack_staleness.is_zero() {
+            return Err(invalid(
+                "--ready-max-ack-staleness",
+                "0",
+                "must be positive",
+            ));
+        }
+        Ok(ObservabilityConfig {
+            http_addr,
+            readiness: ReadinessThresholds {
+                max_slot_lag_bytes: args.ready_max_slot_lag_bytes,
+                max_ack_staleness: args.ready_max_ack_staleness,
+                min_safe_wal_size: args.slot_min_safe_wal_size,
+            },
+            slot_poll_interval: args.slot_poll_interval,
+            progress_interval: Some(args.progress_interval).filter(|d| !d.is_zero()),
+        })
+    }
+}
+
+/// A byte count: `1073741824`, `512MiB`, `1GiB`, `10MB` (powers of 1000 for
+/// kB/MB/GB, 1024 for KiB/MiB/GiB, as Postgres' own units are powers of 1024:
+/// prefer those).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '_')
+        .unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .replace('_', "")
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (examples: 1073741824, 512MiB, 1GiB)"))?;
+    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "kib" | "k" => 1 << 10,
+        "mib" | "m" => 1 << 20,
+        "gib" | "g" => 1 << 30,
+        "tib" | "t" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)"
+            ));
+        }
+    };
+    n.checked_mul(factor)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_accept_units() {
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("1GiB"), Ok(1 << 30));
+        assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2gb"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes("1_000"), Ok(1000));
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("1 parsec").is_err());
+        assert!(parse_bytes("99999999999TiB").is_err());
+    }
+}

@@ -1,0 +1,640 @@
+//! Liveness and readiness: the shared [`Health`] state the pipeline, the
+//! producer and the slot poller update, and the PURE rules ([`evaluate`])
+//! that turn a snapshot of it into `/readyz`'s answer.
+//!
+//! Ready means the relay is doing its job now: the replication stream runs,
+//! the producer is connected to a broker, the slot is not too far behind, and
+//! no event has waited too long for its acknowledgement. Slot conditions that
+//! threaten data but that the relay cannot fix by itself (`wal_status`
+//! `extended`/`unreserved`, a low `safe_wal_size`) are *warnings*: they are
+//! listed on `/readyz` and logged with the remedy, but do not flip readiness;
+//! a `lost` or missing slot does, because the relay can no longer stream.
+//!
+//! # Where "producer connected" comes from
+//! librdkafka reports broker states in its statistics: the sink enables
+//! `statistics.interval.ms` (1 s unless `-X` overrides it) and hands the raw
+//! JSON to [`Health::producer_stats`], which sets the flag when any broker is
+//! `UP`. librdkafka's `AllBrokersDown` error clears it at once, and each
+//! successful delivery sets it, so with statistics disabled
+//! (`-X statistics.interval.ms=0`) the flag still follows deliveries.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::lsn::Lsn;
+
+/// 1 GiB, the default of the byte thresholds.
+pub const GIB: u64 = 1024 * 1024 * 1024;
+
+/// `pg_replication_slots.wal_status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WalStatus {
+    /// WAL is within `max_wal_size`.
+    Reserved,
+    /// Past `max_wal_size` but kept by the slot (or `wal_keep_size`).
+    Extended,
+    /// The slot no longer reserves its WAL: it will be lost at the next checkpoint.
+    Unreserved,
+    /// WAL the slot needs is gone; the slot is unusable.
+    Lost,
+    /// NULL or a value this build does not know.
+    Unknown,
+}
+
+impl WalStatus {
+    /// Parses the catalog's text (`None` for SQL NULL).
+    pub fn parse(text: Option<&str>) -> Self {
+        match text {
+            Some("reserved") => WalStatus::Reserved,
+            Some("extended") => WalStatus::Extended,
+            Some("unreserved") => WalStatus::Unreserved,
+            Some("lost") => WalStatus::Lost,
+            _ => WalStatus::Unknown,
+        }
+    }
+
+    /// The catalog's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WalStatus::Reserved => "reserved",
+            WalStatus::Extended => "extended",
+            WalStatus::Unreserved => "unreserved",
+            WalStatus::Lost => "lost",
+            WalStatus::Unknown => "unknown",
+        }
+    }
+}
+
+/// One poll of the slot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SlotStatus {
+    /// `pg_current_wal_lsn() - confirmed_flush_lsn`; `None` when the slot has no confirmed position.
+    pub lag_bytes: Option<u64>,
+    /// `wal_status`.
+    pub wal_status: WalStatus,
+    /// `safe_wal_size`; `None` when unlimited (`max_slot_wal_keep_size = -1`) or lost.
+    pub safe_wal_size_bytes: Option<i64>,
+}
+
+/// What is known about the slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotObservation {
+    /// Not polled yet, or polling fails: readiness does not judge the slot.
+    Unknown,
+    /// The slot does not exist.
+    Missing,
+    /// The last poll.
+    Seen(SlotStatus),
+}
+
+/// Limits of readiness (`--ready-max-*`, `--slot-min-safe-wal-size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadinessThresholds {
+    /// Slot lag above this is not ready.
+    pub max_slot_lag_bytes: u64,
+    /// The oldest unacknowledged event older than this is not ready.
+    pub max_ack_staleness: Duration,
+    /// `safe_wal_size` under this is a warning.
+    pub min_safe_wal_size: u64,
+}
+
+impl Default for ReadinessThresholds {
+    fn default() -> Self {
+        ReadinessThresholds {
+            max_slot_lag_bytes: GIB,
+            max_ack_staleness: Duration::from_secs(60),
+            min_safe_wal_size: GIB,
+        }
+    }
+}
+
+/// The state readiness is judged on, at one instant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthSnapshot {
+    /// The replication stream is running.
+    pub streaming: bool,
+    /// The producer has a connection to a broker.
+    pub producer_connected: bool,
+    /// Time since the oldest unacknowledged event was handed to the producer; zero when none.
+    pub ack_staleness: Duration,
+    /// The slot.
+    pub slot: SlotObservation,
+}
+
+/// `/readyz`'s answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Readiness {
+    /// Whether every readiness condition holds.
+    pub ready: bool,
+    /// Why not (empty when ready).
+    pub reasons: Vec<String>,
+    /// What the operator should look at even though the relay is ready.
+    pub warnings: Vec<String>,
+}
+
+/// PURE: the readiness rules.
+pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readiness {
+    let mut reasons = Vec::new();
+    if !state.streaming {
+        reasons.push(
+            "not streaming: the replication stream is not running (starting, stopping, or \
+             failed; see the relay's log)"
+                .to_owned(),
+        );
+    }
+    if !state.producer_connected {
+        reasons.push(
+            "the Kafka producer is not connected to any broker: check --kafka-brokers, the \
+             network and the brokers (librdkafka's log lines say which broker fails)"
+                .to_owned(),
+        );
+    }
+    if state.ack_staleness > limits.max_ack_staleness {
+        reasons.push(format!(
+            "deliveries are stuck: the oldest unacknowledged event was handed to Kafka {}s ago \
+             (limit --ready-max-ack-staleness {}s); check the brokers, topic ACLs and \
+             librdkafka's log lines",
+            state.ack_staleness.as_secs(),
+            limits.max_ack_staleness.as_secs()
+        ));
+    }
+    let mut warnings = Vec::new();
+    match &state.slot {
+        SlotObservation::Unknown => {}
+        SlotObservation::Missing => reasons.push(
+            "the replication slot does not exist (dropped?): restart the relay to recreate it, \
+             and reconcile events committed since it was dropped"
+                .to_owned(),
+        ),
+        SlotObservation::Seen(slot) => {
+            if let Some(lag) = slot.lag_bytes
+                && lag > limits.max_slot_lag_bytes
+            {
+                reasons.push(format!(
+                    "the slot is {lag} bytes behind the server's WAL (limit \
+                     --ready-max-slot-lag-bytes {}): the relay is not keeping up or deliveries \
+                     are stuck, and Postgres keeps that WAL on disk",
+                    limits.max_slot_lag_bytes
+                ));
+            }
+            if slot.wal_status == WalStatus::Lost {
+                reasons.push(slot_lost_remedy());
+            }
+            warnings = slot_warnings(slot, limits);
+        }
+    }
+    Readiness {
+        ready: reasons.is_empty(),
+        reasons,
+        warnings,
+    }
+}
+
+fn slot_lost_remedy() -> String {
+    "the slot's wal_status is 'lost': Postgres removed WAL the slot still needed and the slot \
+     cannot stream. Drop and recreate it (outbox-relay drop-slot --yes-i-know, then \
+     outbox-relay setup or restart the relay), and reconcile events committed since the last \
+     confirmed position; raise max_slot_wal_keep_size to avoid a repeat"
+        .to_owned()
+}
+
+/// PURE: warnings about the slot's WAL retention, each with the operator's remedy.
+pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<String> {
+    let mut warnings = Vec::new();
+    match slot.wal_status {
+        WalStatus::Extended => warnings.push(
+            "the slot's wal_status is 'extended': it keeps more WAL than max_wal_size. Make the \
+             relay catch up (check slot lag and stuck deliveries) before it reaches \
+             max_slot_wal_keep_size, or raise max_slot_wal_keep_size"
+                .to_owned(),
+        ),
+        WalStatus::Unreserved => warnings.push(
+            "the slot's wal_status is 'unreserved': Postgres will remove WAL the slot needs at \
+             the next checkpoint and the slot will be lost. Raise max_slot_wal_keep_size now \
+             (ALTER SYSTEM SET max_slot_wal_keep_size = ...; SELECT pg_reload_conf();) and fix \
+             what holds the relay back"
+                .to_owned(),
+        ),
+        WalStatus::Lost => warnings.push(slot_lost_remedy()),
+        WalStatus::Reserved | WalStatus::Unknown => {}
+    }
+    if let Some(safe) = slot.safe_wal_size_bytes
+        && slot.wal_status != WalStatus::Lost
+        && safe < i64::try_from(limits.min_safe_wal_size).unwrap_or(i64::MAX)
+    {
+        warnings.push(format!(
+            "only {safe} bytes of WAL can still be written before the slot is invalidated \
+             (safe_wal_size; warning below --slot-min-safe-wal-size {}). Make the relay catch \
+             up or raise max_slot_wal_keep_size",
+            limits.min_safe_wal_size
+        ));
+    }
+    warnings
+}
+
+/// PURE: whether librdkafka's statistics JSON shows any broker `UP`;
+/// `None` when the JSON has no broker list.
+pub fn brokers_up(stats_json: &[u8]) -> Option<bool> {
+    #[derive(serde::Deserialize)]
+    struct Stats {
+        brokers: std::collections::HashMap<String, Broker>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Broker {
+        state: String,
+    }
+    let stats: Stats = serde_json::from_slice(stats_json).ok()?;
+    Some(stats.brokers.values().any(|b| b.state == "UP"))
+}
+
+/// Progress counters for the periodic summary line.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Events acknowledged since start.
+    pub events_acked: u64,
+    /// Events in flight.
+    pub in_flight_events: u64,
+    /// Furthest position received.
+    pub received: Lsn,
+    /// Ack frontier.
+    pub frontier: Lsn,
+}
+
+/// Shared, lock-light readiness state. Setters are cheap enough for the hot
+/// path (relaxed atomics); the slot, updated every few seconds, sits behind a
+/// mutex.
+#[derive(Debug)]
+pub struct Health {
+    epoch: Instant,
+    streaming: AtomicBool,
+    producer_connected: AtomicBool,
+    /// Nanoseconds after `epoch` + 1 of the oldest in-flight event; 0 = none.
+    oldest_in_flight: AtomicU64,
+    slot: Mutex<SlotObservation>,
+    thresholds: Mutex<ReadinessThresholds>,
+    events_acked: AtomicU64,
+    in_flight_events: AtomicU64,
+    received: AtomicU64,
+    frontier: AtomicU64,
+}
+
+static GLOBAL: OnceLock<Arc<Health>> = OnceLock::new();
+
+/// The process's [`Health`], shared by the pipeline, the producer and the HTTP server.
+pub fn global() -> Arc<Health> {
+    GLOBAL
+        .get_or_init(|| Arc::new(Health::new(ReadinessThresholds::default())))
+        .clone()
+}
+
+impl Health {
+    /// Nothing running yet: not ready.
+    pub fn new(thresholds: ReadinessThresholds) -> Self {
+        Health {
+            epoch: Instant::now(),
+            streaming: AtomicBool::new(false),
+            producer_connected: AtomicBool::new(false),
+            oldest_in_flight: AtomicU64::new(0),
+            slot: Mutex::new(SlotObservation::Unknown),
+            thresholds: Mutex::new(thresholds),
+            events_acked: AtomicU64::new(0),
+            in_flight_events: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            frontier: AtomicU64::new(0),
+        }
+    }
+
+    /// Replaces the limits (from the flags).
+    pub fn set_thresholds(&self, thresholds: ReadinessThresholds) {
+        *self
+            .thresholds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = thresholds;
+    }
+
+    /// The limits in force.
+    pub fn thresholds(&self) -> ReadinessThresholds {
+        *self
+            .thresholds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The replication stream started (true) or stopped (false).
+    pub fn set_streaming(&self, streaming: bool) {
+        self.streaming.store(streaming, Ordering::Relaxed);
+    }
+
+    /// Whether the producer has a connection to a broker (see the module docs).
+    pub fn set_producer_connected(&self, connected: bool) {
+        self.producer_connected.store(connected, Ordering::Relaxed);
+    }
+
+    /// librdkafka's statistics JSON, from the producer context's `stats_raw`.
+    pub fn producer_stats(&self, stats_json: &[u8]) {
+        if let Some(up) = brokers_up(stats_json) {
+            self.set_producer_connected(up);
+        }
+    }
+
+    /// What the slot poller saw.
+    pub fn set_slot(
+        &self,
+        lag_bytes: Option<u64>,
+        wal_status: WalStatus,
+        safe_wal_size: Option<i64>,
+    ) {
+        self.set_slot_observation(SlotObservation::Seen(SlotStatus {
+            lag_bytes,
+            wal_status,
+            safe_wal_size_bytes: safe_wal_size,
+        }));
+    }
+
+    /// The slot poller's finding, including "missing" and "unknown".
+    pub fn set_slot_observation(&self, observation: SlotObservation) {
+        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = observation;
+    }
+
+    /// When the oldest unacknowledged event was handed to the producer; `None` when nothing is in flight.
+    pub fn set_oldest_in_flight(&self, since: Option<Instant>) {
+        let nanos = since.map_or(0, |t| {
+            u64::try_from(t.saturating_duration_since(self.epoch).as_nanos())
+                .unwrap_or(u64::MAX - 1)
+                + 1
+        });
+        self.oldest_in_flight.store(nanos, Ordering::Relaxed);
+    }
+
+    /// Counts acknowledged events for the progress line.
+    pub fn add_acked(&self, events: u64) {
+        self.events_acked.fetch_add(events, Ordering::Relaxed);
+    }
+
+    /// Events in flight, for the progress line.
+    pub fn set_in_flight_events(&self, events: u64) {
+        self.in_flight_events.store(events, Ordering::Relaxed);
+    }
+
+    /// The furthest position received.
+    pub fn set_received(&self, lsn: Lsn) {
+        self.received.store(lsn.as_u64(), Ordering::Relaxed);
+    }
+
+    /// The ack frontier.
+    pub fn set_frontier(&self, lsn: Lsn) {
+        self.frontier.store(lsn.as_u64(), Ordering::Relaxed);
+    }
+
+    /// The progress counters.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            events_acked: self.events_acked.load(Ordering::Relaxed),
+            in_flight_events: self.in_flight_events.load(Ordering::Relaxed),
+            received: Lsn(self.received.load(Ordering::Relaxed)),
+            frontier: Lsn(self.frontier.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// The last slot observation.
+    pub fn slot(&self) -> SlotObservation {
+        self.slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The state at `now`.
+    pub fn snapshot(&self, now: Instant) -> HealthSnapshot {
+        let oldest = self.oldest_in_flight.load(Ordering::Relaxed);
+        let ack_staleness = if oldest == 0 {
+            Duration::ZERO
+        } else {
+            let since = self.epoch + Duration::from_nanos(oldest - 1);
+            now.saturating_duration_since(since)
+        };
+        HealthSnapshot {
+            streaming: self.streaming.load(Ordering::Relaxed),
+            producer_connected: self.producer_connected.load(Ordering::Relaxed),
+            ack_staleness,
+            slot: self.slot(),
+        }
+    }
+
+    /// Readiness now, under the thresholds in force.
+    pub fn readiness(&self) -> (HealthSnapshot, Readiness) {
+        let snapshot = self.snapshot(Instant::now());
+        let readiness = evaluate(&snapshot, &self.thresholds());
+        (snapshot, readiness)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> HealthSnapshot {
+        HealthSnapshot {
+            streaming: true,
+            producer_connected: true,
+            ack_staleness: Duration::ZERO,
+            slot: SlotObservation::Seen(SlotStatus {
+                lag_bytes: Some(1000),
+                wal_status: WalStatus::Reserved,
+                safe_wal_size_bytes: None,
+            }),
+        }
+    }
+
+    fn slot(lag: u64, status: WalStatus, safe: Option<i64>) -> SlotObservation {
+        SlotObservation::Seen(SlotStatus {
+            lag_bytes: Some(lag),
+            wal_status: status,
+            safe_wal_size_bytes: safe,
+        })
+    }
+
+    #[test]
+    fn healthy_state_is_ready_without_warnings() {
+        let r = evaluate(&good(), &ReadinessThresholds::default());
+        assert_eq!(
+            r,
+            Readiness {
+                ready: true,
+                reasons: vec![],
+                warnings: vec![]
+            }
+        );
+        // An unpolled slot does not block readiness.
+        let state = HealthSnapshot {
+            slot: SlotObservation::Unknown,
+            ..good()
+        };
+        assert!(evaluate(&state, &ReadinessThresholds::default()).ready);
+    }
+
+    #[test]
+    fn each_failed_condition_is_a_reason() {
+        let limits = ReadinessThresholds::default();
+        let cases: Vec<(HealthSnapshot, &str)> = vec![
+            (
+                HealthSnapshot {
+                    streaming: false,
+                    ..good()
+                },
+                "not streaming",
+            ),
+            (
+                HealthSnapshot {
+                    producer_connected: false,
+                    ..good()
+                },
+                "not connected to any broker",
+            ),
+            (
+                HealthSnapshot {
+                    ack_staleness: Duration::from_secs(61),
+                    ..good()
+                },
+                "deliveries are stuck",
+            ),
+            (
+                HealthSnapshot {
+                    slot: slot(GIB + 1, WalStatus::Reserved, None),
+                    ..good()
+                },
+                "bytes behind",
+            ),
+            (
+                HealthSnapshot {
+                    slot: slot(0, WalStatus::Lost, None),
+                    ..good()
+                },
+                "'lost'",
+            ),
+            (
+                HealthSnapshot {
+                    slot: SlotObservation::Missing,
+                    ..good()
+                },
+                "does not exist",
+            ),
+        ];
+        for (state, needle) in cases {
+            let r = evaluate(&state, &limits);
+            assert!(!r.ready, "{state:?}");
+            assert_eq!(r.reasons.len(), 1, "{r:?}");
+            assert!(r.reasons[0].contains(needle), "{r:?}");
+        }
+        let all_bad = HealthSnapshot {
+            streaming: false,
+            producer_connected: false,
+            ack_staleness: Duration::from_secs(3600),
+            slot: slot(u64::MAX, WalStatus::Lost, None),
+        };
+        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 5);
+    }
+
+    #[test]
+    fn limits_are_exclusive_and_configurable() {
+        let limits = ReadinessThresholds {
+            max_slot_lag_bytes: 100,
+            max_ack_staleness: Duration::from_secs(2),
+            min_safe_wal_size: 10,
+        };
+        let at_limit = HealthSnapshot {
+            ack_staleness: Duration::from_secs(2),
+            slot: slot(100, WalStatus::Reserved, Some(10)),
+            ..good()
+        };
+        let r = evaluate(&at_limit, &limits);
+        assert!(r.ready && r.warnings.is_empty(), "{r:?}");
+        let over = HealthSnapshot {
+            ack_staleness: Duration::from_millis(2001),
+            slot: slot(101, WalStatus::Reserved, Some(9)),
+            ..good()
+        };
+        let r = evaluate(&over, &limits);
+        assert_eq!(r.reasons.len(), 2, "{r:?}");
+        assert!(
+            r.reasons[0].contains("--ready-max-ack-staleness 2s"),
+            "{r:?}"
+        );
+        assert!(
+            r.reasons[1].contains("--ready-max-slot-lag-bytes 100"),
+            "{r:?}"
+        );
+        assert_eq!(r.warnings.len(), 1);
+        assert!(r.warnings[0].contains("safe_wal_size"), "{r:?}");
+    }
+
+    #[test]
+    fn wal_retention_problems_warn_with_a_remedy_but_stay_ready() {
+        let limits = ReadinessThresholds::default();
+        for (status, needle) in [
+            (WalStatus::Extended, "'extended'"),
+            (WalStatus::Unreserved, "'unreserved'"),
+        ] {
+            let state = HealthSnapshot {
+                slot: slot(0, status, None),
+                ..good()
+            };
+            let r = evaluate(&state, &limits);
+            assert!(r.ready, "{r:?}");
+            assert_eq!(r.warnings.len(), 1, "{r:?}");
+            assert!(r.warnings[0].contains(needle), "{r:?}");
+            assert!(r.warnings[0].contains("max_slot_wal_keep_size"), "{r:?}");
+        }
+        let low = HealthSnapshot {
+            slot: slot(0, WalStatus::Reserved, Some(1024)),
+            ..good()
+        };
+        let r = evaluate(&low, &limits);
+        assert!(r.ready);
+        assert!(r.warnings[0].contains("only 1024 bytes"), "{r:?}");
+    }
+
+    #[test]
+    fn staleness_is_measured_from_the_oldest_in_flight_event() {
+        let health = Health::new(ReadinessThresholds::default());
+        let t0 = Instant::now();
+        assert_eq!(health.snapshot(t0).ack_staleness, Duration::ZERO);
+        health.set_oldest_in_flight(Some(t0));
+        let later = t0 + Duration::from_secs(5);
+        let staleness = health.snapshot(later).ack_staleness;
+        assert!(
+            staleness >= Duration::from_secs(5) && staleness < Duration::from_millis(5001),
+            "{staleness:?}"
+        );
+        health.set_oldest_in_flight(None);
+        assert_eq!(health.snapshot(later).ack_staleness, Duration::ZERO);
+    }
+
+    #[test]
+    fn broker_state_comes_from_librdkafka_statistics() {
+        let up = br#"{"name":"p","brokers":{"127.0.0.1:9092/1":{"state":"UP","nodeid":1},
+                      "127.0.0.1:9092/bootstrap":{"state":"INIT","nodeid":-1}}}"#;
+        let down = br#"{"brokers":{"127.0.0.1:9092/1":{"state":"CONNECT"}}}"#;
+        assert_eq!(brokers_up(up), Some(true));
+        assert_eq!(brokers_up(down), Some(false));
+        assert_eq!(brokers_up(b"{}"), None);
+        assert_eq!(brokers_up(b"not json"), None);
+        let health = Health::new(ReadinessThresholds::default());
+        health.producer_stats(up);
+        assert!(health.snapshot(Instant::now()).producer_connected);
+        health.producer_stats(down);
+        assert!(!health.snapshot(Instant::now()).producer_connected);
+    }
+
+    #[test]
+    fn wal_status_round_trips() {
+        for s in ["reserved", "extended", "unreserved", "lost"] {
+            assert_eq!(WalStatus::parse(Some(s)).as_str(), s);
+        }
+        assert_eq!(WalStatus::parse(None), WalStatus::Unknown);
+    }
+}

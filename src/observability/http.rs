@@ -1,0 +1,237 @@
+//! The operator's HTTP endpoint (`--http-addr`, default `127.0.0.1:9187`):
+//!
+//! - `GET /metrics`: Prometheus text exposition of [`super::metrics`].
+//! - `GET /healthz`: `200 ok` while the process runs (liveness).
+//! - `GET /readyz`: `200` with `{"ready":true,...}` when [`super::health::evaluate`]
+//!   finds nothing wrong, else `503` with `{"ready":false,"reasons":[...]}`.
+//!   Both carry `warnings` (slot WAL retention) and the state judged.
+//!
+//! The server also runs the Prometheus recorder's upkeep, which drains
+//! histogram samples, so memory stays bounded when nobody scrapes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+use super::health::{Health, SlotObservation};
+
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The HTTP server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The address is taken or not ours.
+    #[error(
+        "cannot listen on --http-addr {addr}: {source} (pick another address, or --http-addr none to disable)"
+    )]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Accepting connections failed.
+    #[error("the HTTP server on {addr} failed: {source}")]
+    Serve {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Clone)]
+struct AppState {
+    handle: PrometheusHandle,
+    health: Arc<Health>,
+}
+
+/// Binds the listener, so a taken port fails start-up rather than a background task.
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })
+}
+
+/// Binds `addr` and serves until `shutdown` resolves.
+pub async fn serve(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), HttpError> {
+    let listener = bind(addr).await?;
+    serve_on(listener, handle, health, shutdown).await
+}
+
+/// Serves on a bound listener until `shutdown` resolves.
+pub async fn serve_on(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), HttpError> {
+    let addr = listener.local_addr().map_err(|source| HttpError::Serve {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })?;
+    tracing::info!(addr = %addr, "serving /metrics, /healthz and /readyz");
+    let upkeep_handle = handle.clone();
+    let upkeep = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            upkeep_handle.run_upkeep();
+        }
+    });
+    let result = axum::serve(listener, router(handle, health))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|source| HttpError::Serve { addr, source });
+    upkeep.abort();
+    result
+}
+
+/// The routes, for embedding or testing.
+pub fn router(handle: PrometheusHandle, health: Arc<Health>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(AppState { handle, health })
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.handle.render(),
+    )
+        .into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let (snapshot, readiness) = state.health.readiness();
+    let slot = match &snapshot.slot {
+        SlotObservation::Unknown => serde_json::Value::Null,
+        SlotObservation::Missing => serde_json::json!({ "exists": false }),
+        SlotObservation::Seen(slot) => serde_json::json!({
+            "exists": true,
+            "lag_bytes": slot.lag_bytes,
+            "wal_status": slot.wal_status,
+            "safe_wal_size_bytes": slot.safe_wal_size_bytes,
+        }),
+    };
+    let body = serde_json::json!({
+        "ready": readiness.ready,
+        "reasons": readiness.reasons,
+        "warnings": readiness.warnings,
+        "streaming": snapshot.streaming,
+        "producer_connected": snapshot.producer_connected,
+        "ack_staleness_seconds": snapshot.ack_staleness.as_secs_f64(),
+        "slot": slot,
+    });
+    let status = if readiness.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{body}\n"),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observability::health::{ReadinessThresholds, WalStatus};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        let status = response[9..12].parse().unwrap();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    #[tokio::test]
+    async fn endpoints_answer() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        ::metrics::with_local_recorder(&recorder, || {
+            ::metrics::counter!(crate::observability::metrics::RECONNECTS_TOTAL).increment(3);
+        });
+        let health = Arc::new(Health::new(ReadinessThresholds::default()));
+        let listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_on(listener, handle, health.clone(), async {
+            let _ = stopped.await;
+        }));
+
+        assert_eq!(get(addr, "/healthz").await, (200, "ok\n".to_owned()));
+        let (status, body) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("outbox_relay_reconnects_total 3"), "{body}");
+
+        let (status, body) = get(addr, "/readyz").await;
+        assert_eq!(status, 503, "{body}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["ready"], false);
+        assert_eq!(json["reasons"].as_array().unwrap().len(), 2, "{json}");
+
+        health.set_streaming(true);
+        health.set_producer_connected(true);
+        health.set_slot(Some(10), WalStatus::Extended, Some(5 << 30));
+        let (status, body) = get(addr, "/readyz").await;
+        assert_eq!(status, 200, "{body}");
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["ready"], true);
+        assert_eq!(json["slot"]["wal_status"], "extended");
+        assert_eq!(json["warnings"].as_array().unwrap().len(), 1, "{json}");
+
+        let (status, _) = get(addr, "/nope").await;
+        assert_eq!(status, 404);
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_taken_port_is_a_clear_error() {
+        let first = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.unwrap();
+        let addr = first.local_addr().unwrap();
+        let err = bind(addr).await.unwrap_err().to_string();
+        assert!(err.contains("--http-addr"), "{err}");
+    }
+}

@@ -1,0 +1,126 @@
+//! The slot poller: every `--slot-poll-interval` it reads the slot's lag,
+//! `wal_status` and `safe_wal_size` over its own control connection, updates
+//! the metrics and [`Health`], and warns (with the remedy) when the slot's WAL
+//! is at risk.
+//!
+//! It never stops the relay: a failed connection or query is logged, the
+//! slot becomes "unknown" for readiness, and the next tick tries again with a
+//! fresh connection.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+use super::health::{Health, SlotObservation, SlotStatus, WalStatus, slot_warnings};
+use super::metrics;
+use crate::config::Config;
+use crate::source::setup;
+
+/// The poll. On a standby (logical slots exist there from Postgres 16) the
+/// replay position stands in for `pg_current_wal_lsn()`.
+pub const SLOT_QUERY: &str = "\
+    SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                 ELSE pg_current_wal_lsn() END - confirmed_flush_lsn)::bigint, \
+           wal_status::text, safe_wal_size::bigint, active_pid \
+    FROM pg_replication_slots WHERE slot_name = $1";
+
+/// The same warnings are repeated at most this often.
+const REPEAT_WARNINGS: Duration = Duration::from_secs(300);
+
+/// Polls forever (the caller aborts the task on shutdown).
+pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
+    let mut client: Option<Client> = None;
+    let mut last_warnings: Vec<String> = Vec::new();
+    let mut last_warned = Instant::now();
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if client.as_ref().is_none_or(Client::is_closed) {
+            match setup::connect(&config).await {
+                Ok(c) => client = Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "slot poller cannot connect; retrying next tick");
+                    health.set_slot_observation(SlotObservation::Unknown);
+                    continue;
+                }
+            }
+        }
+        let Some(c) = client.as_ref() else { continue };
+        let observation = match poll(c, &config.slot).await {
+            Ok(observation) => observation,
+            Err(e) => {
+                tracing::warn!(slot = %config.slot, error = %e, "slot poll failed; retrying next tick");
+                health.set_slot_observation(SlotObservation::Unknown);
+                client = None;
+                continue;
+            }
+        };
+        // Before the first start the relay may not have created the slot yet.
+        let observation = match observation {
+            SlotObservation::Missing if !health.snapshot(Instant::now()).streaming => {
+                SlotObservation::Unknown
+            }
+            other => other,
+        };
+        record(&health, &observation);
+        let warnings = match &observation {
+            SlotObservation::Seen(slot) => slot_warnings(slot, &health.thresholds()),
+            SlotObservation::Missing => vec![format!(
+                "replication slot {:?} does not exist (dropped?); the relay cannot resume from it",
+                config.slot
+            )],
+            SlotObservation::Unknown => Vec::new(),
+        };
+        if !warnings.is_empty()
+            && (warnings != last_warnings || last_warned.elapsed() >= REPEAT_WARNINGS)
+        {
+            for warning in &warnings {
+                tracing::warn!(slot = %config.slot, "{warning}");
+            }
+            last_warned = Instant::now();
+        }
+        last_warnings = warnings;
+    }
+}
+
+/// One poll of `slot`.
+pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_postgres::Error> {
+    let Some(row) = client.query_opt(SLOT_QUERY, &[&slot]).await? else {
+        return Ok(SlotObservation::Missing);
+    };
+    let lag: Option<i64> = row.try_get(0)?;
+    let wal_status: Option<String> = row.try_get(1)?;
+    let safe_wal_size: Option<i64> = row.try_get(2)?;
+    let active_pid: Option<i32> = row.try_get(3)?;
+    tracing::debug!(
+        slot,
+        lag,
+        wal_status,
+        safe_wal_size,
+        active_pid,
+        "polled the slot"
+    );
+    Ok(SlotObservation::Seen(SlotStatus {
+        lag_bytes: lag.map(|l| u64::try_from(l).unwrap_or(0)),
+        wal_status: WalStatus::parse(wal_status.as_deref()),
+        safe_wal_size_bytes: safe_wal_size,
+    }))
+}
+
+/// Publishes an observation to the metrics and `health`.
+pub fn record(health: &Health, observation: &SlotObservation) {
+    match observation {
+        SlotObservation::Seen(slot) => {
+            let status = match slot.wal_status {
+                WalStatus::Unknown => None,
+                known => Some(known.as_str()),
+            };
+            metrics::set_slot(slot.lag_bytes, status, slot.safe_wal_size_bytes);
+        }
+        SlotObservation::Missing => metrics::set_slot(None, None, None),
+        SlotObservation::Unknown => {}
+    }
+    health.set_slot_observation(observation.clone());
+}

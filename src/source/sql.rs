@@ -1,0 +1,72 @@
+//! PURE: the SQL text of the set-up and tear-down statements.
+//!
+//! `outbox-relay setup --print` prints exactly these strings and start-up
+//! (`setup::prepare`, `outbox-relay setup`) runs exactly these strings, so what
+//! an operator reviews is what the relay does.
+
+use crate::outbox::{TableName, quote_ident};
+
+/// `CREATE PUBLICATION ... FOR TABLE ... WITH (publish = 'insert')`: only
+/// inserts, because only inserts into an outbox table are events. With no
+/// tables (a table-less outbox of logical decoding messages) the publication
+/// is empty: pgoutput sends messages whatever the publication covers.
+pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
+    let tables: Vec<String> = tables.iter().map(TableName::quoted).collect();
+    let for_tables = if tables.is_empty() {
+        String::new()
+    } else {
+        format!(" FOR TABLE {}", tables.join(", "))
+    };
+    format!(
+        "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert')",
+        quote_ident(publication),
+    )
+}
+
+/// Creates the logical slot with pgoutput; returns `(slot_name, lsn)` as text.
+pub fn create_slot(slot: &str) -> String {
+    format!(
+        "SELECT slot_name::text, lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')",
+        quote_literal(slot)
+    )
+}
+
+/// Drops the slot (fails while a walsender uses it).
+pub fn drop_slot(slot: &str) -> String {
+    format!("SELECT pg_drop_replication_slot({})", quote_literal(slot))
+}
+
+/// Drops the publication if it exists.
+pub fn drop_publication(publication: &str) -> String {
+    format!("DROP PUBLICATION IF EXISTS {}", quote_ident(publication))
+}
+
+/// A SQL string literal, doubling embedded quotes.
+pub fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_quote_their_names() {
+        let tables = [
+            TableName::parse("public.outbox").unwrap(),
+            TableName::parse("sales.Outbox").unwrap(),
+        ];
+        assert_eq!(
+            create_publication("outbox_relay", &tables),
+            "CREATE PUBLICATION \"outbox_relay\" FOR TABLE \"public\".\"outbox\", \"sales\".\"Outbox\" \
+             WITH (publish = 'insert')"
+        );
+        assert_eq!(
+            create_slot("outbox_relay"),
+            "SELECT slot_name::text, lsn::text FROM pg_create_logical_replication_slot('outbox_relay', 'pgoutput')"
+        );
+        assert_eq!(drop_slot("s"), "SELECT pg_drop_replication_slot('s')");
+        assert_eq!(drop_publication("p"), "DROP PUBLICATION IF EXISTS \"p\"");
+        assert_eq!(quote_literal("it's"), "'it''s'");
+    }
+}
