@@ -1,0 +1,107 @@
+//! Micro-benchmarks of the relay's pure per-row work: decoding one pgoutput
+//! Insert message and mapping the decoded row to a Kafka record.
+//!
+//! The input is real WAL: the messages captured from PostgreSQL 15 in
+//! `tests/fixtures/pgoutput/outbox.txt` (one Relation for `public.outbox`,
+//! then Inserts). Run with `cargo bench --bench decode`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use outbox_relay::outbox::{MappingConfig, TableMapping, TopicTemplate};
+use outbox_relay::pgoutput::{self, Message, Relation, TupleData};
+
+const FIXTURE: &str = include_str!("../tests/fixtures/pgoutput/outbox.txt");
+
+/// The fixture's messages, in order (`<lsn>\t<hex>` lines; `#` starts a comment).
+fn fixture_messages() -> Vec<Bytes> {
+    FIXTURE
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(|line| line.split_once('\t'))
+        .filter_map(|(_, hex)| decode_hex(hex.trim()))
+        .map(Bytes::from)
+        .collect()
+}
+
+fn decode_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The Relation and the first Insert of the fixture (the plain outbox row).
+fn relation_and_insert(messages: &[Bytes]) -> Option<(Relation, Bytes, TupleData)> {
+    let mut relation = None;
+    for raw in messages {
+        match pgoutput::decode(raw).ok()? {
+            Message::Relation(r) => relation = Some(r),
+            Message::Insert { new, .. } => return Some((relation?, raw.clone(), new)),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The relay's default mapping (Debezium's outbox defaults).
+fn default_mapping() -> Option<MappingConfig> {
+    Some(MappingConfig {
+        route_by: "event_type".to_owned(),
+        topic_template: TopicTemplate::parse("${routedByValue}").ok()?,
+        key_column: "aggregate_id".to_owned(),
+        id_column: "id".to_owned(),
+        payload_column: "payload".to_owned(),
+        timestamp_column: None,
+        header_columns: Vec::new(),
+    })
+}
+
+fn benches(c: &mut Criterion) {
+    let messages = fixture_messages();
+    let Some((relation, insert, row)) = relation_and_insert(&messages) else {
+        eprintln!("tests/fixtures/pgoutput/outbox.txt has no Relation followed by an Insert");
+        return;
+    };
+    let Some(mapping) =
+        default_mapping().and_then(|config| TableMapping::bind(&config, &relation).ok())
+    else {
+        eprintln!("the default mapping does not bind to the fixture's relation");
+        return;
+    };
+
+    let mut group = c.benchmark_group("per_row");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("pgoutput_decode_insert", |b| {
+        b.iter(|| pgoutput::decode(black_box(&insert)))
+    });
+    group.bench_function("table_mapping_map", |b| {
+        b.iter(|| mapping.map(black_box(&relation), black_box(&row), black_box(0)))
+    });
+    group.bench_function("decode_and_map", |b| {
+        b.iter(|| match pgoutput::decode(black_box(&insert)) {
+            Ok(Message::Insert { new, .. }) => mapping.map(&relation, &new, 0).is_ok(),
+            _ => false,
+        })
+    });
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(50)
+}
+
+criterion_group! {
+    name = decode;
+    config = config();
+    targets = benches
+}
+criterion_main!(decode);

@@ -1,0 +1,1314 @@
+//! End-to-end benchmark of the relay: `cargo bench --bench relay [-- FLAGS]`.
+//!
+//! It starts a throwaway Postgres (the integration tests' harness) and
+//! librdkafka's in-process mock Kafka cluster, both on 127.0.0.1, and runs the
+//! release `outbox-relay` binary as a subprocess, as users run it. Three parts:
+//!
+//! 1. **Backlog drain.** Two slots are created before N outbox rows are loaded,
+//!    so each sees the same WAL. `pg_recvlogical` (pgoutput, to /dev/null)
+//!    drains one: Postgres's own decode rate, the reference. The relay drains
+//!    the other until the slot's `confirmed_flush_lsn` reaches the end, which it
+//!    moves only after broker acks. CPU comes from `/proc/<pid>/stat` (relay,
+//!    `pg_recvlogical`, and the walsender backend each drives), peak RSS from
+//!    `VmHWM` in `/proc/<pid>/status`.
+//! 2. **Steady rate.** A writer commits fixed-size transactions on a fixed
+//!    schedule; latency is commit → slot confirmed (polled every 2 ms) and
+//!    commit → receipt by a consumer (an upper bound of commit → broker ack).
+//! 3. **Large transaction.** One transaction of M rows, drained by
+//!    `pg_recvlogical` and by a fresh relay: time and the relay's peak RSS.
+//!
+//! Output: human-readable lines, then one `bench: key=value ...` line with
+//! every figure. The method and a sample run are in docs/benchmark.md.
+//!
+//! Flags (unknown ones, like cargo's `--bench`, are ignored): `--events N`,
+//! `--rate R`, `--duration S`, `--large-tx N`, `--skip-large`,
+//! `--status-interval D` and `-X KEY=VALUE` (passed to the relay), `--quick`.
+
+#[path = "../tests/support/postgres.rs"]
+mod postgres;
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use outbox_relay::lsn::Lsn;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use postgres::{PgCluster, PgOptions};
+
+/// Event types: one topic each (the relay routes by `event_type`).
+const EVENT_TYPES: [&str; 10] = [
+    "OrderPlaced",
+    "OrderPaid",
+    "OrderPacked",
+    "OrderShipped",
+    "OrderDelivered",
+    "OrderCancelled",
+    "OrderRefunded",
+    "PaymentFailed",
+    "AddressChanged",
+    "InvoiceIssued",
+];
+/// Partitions per topic on the mock cluster.
+const PARTITIONS: i32 = 4;
+/// Distinct aggregates (record keys).
+const AGGREGATES: u64 = 1_000;
+/// Rows per backlog transaction.
+const BACKLOG_TX_ROWS: u64 = 100;
+/// Most transactions per second the steady writer commits (one every 10 ms).
+const MAX_STEADY_TX_PER_S: u64 = 100;
+
+const SLOT_REF: &str = "bench_ref";
+const SLOT_RELAY: &str = "bench_relay";
+const PUBLICATION: &str = "bench_pub";
+
+/// Every phase's ids start with its own prefix; the rest is the row's sequence number.
+const ID_BACKLOG: &str = "10000000-0000-4000-8000-";
+const ID_STEADY: &str = "20000000-0000-4000-8000-";
+const ID_LARGE: &str = "30000000-0000-4000-8000-";
+
+/// How often the slot's confirmed position is polled.
+const CONFIRMED_POLL: Duration = Duration::from_millis(2);
+/// How often the broker's high watermarks are summed.
+const WATERMARK_POLL: Duration = Duration::from_millis(20);
+/// How often a child process's /proc entry is sampled.
+const PROC_POLL: Duration = Duration::from_millis(5);
+/// Most the relay may take from spawn to "streaming".
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Grace for the relay's shutdown (its --shutdown-timeout plus margin).
+const RELAY_SHUTDOWN: Duration = Duration::from_secs(15);
+
+const SCHEMA: &str = "
+    CREATE TABLE public.outbox (
+        id uuid PRIMARY KEY,
+        aggregate_type text NOT NULL,
+        aggregate_id text,
+        event_type text,
+        payload jsonb,
+        created_at timestamptz NOT NULL DEFAULT now()
+    );
+";
+
+/// The payload of row `g`: an order event of about 300 bytes of JSON.
+const PAYLOAD_SQL: &str = "jsonb_build_object(\
+    'order_id', g, \
+    'customer_id', 'cust-' || lpad((g % 5000)::text, 5, '0'), \
+    'amount_cents', (g * 37) % 100000, \
+    'currency', 'EUR', \
+    'placed_at', '2024-01-02T03:04:05Z', \
+    'lines', jsonb_build_array(\
+        jsonb_build_object('sku', 'SKU-' || lpad((g % 977)::text, 4, '0'), 'qty', 1 + g % 5, 'unit_cents', 100 + g % 9000)), \
+    'shipping', jsonb_build_object('name', 'Customer ' || (g % 5000), 'street', (g % 200) || ' Main Street', \
+        'city', 'Springfield', 'zip', lpad((g % 99999)::text, 5, '0')), \
+    'note', 'left at the front door')";
+
+// ---------------------------------------------------------------------------------------
+// Flags
+
+#[derive(Debug, Clone)]
+struct Args {
+    events: u64,
+    rate: u64,
+    duration: Duration,
+    large_tx: u64,
+    skip_large: bool,
+    status_interval: String,
+    kafka_properties: Vec<String>,
+    quick: bool,
+}
+
+impl Args {
+    /// `std::env::args`, ignoring what it does not know (cargo passes `--bench`).
+    fn parse() -> Result<Args> {
+        let raw: Vec<String> = std::env::args().skip(1).collect();
+        let quick = raw.iter().any(|a| a == "--quick");
+        let mut args = Args {
+            events: if quick { 20_000 } else { 200_000 },
+            rate: 5_000,
+            duration: Duration::from_secs(if quick { 5 } else { 30 }),
+            large_tx: if quick { 100_000 } else { 1_000_000 },
+            skip_large: false,
+            status_interval: "500ms".to_owned(),
+            kafka_properties: Vec::new(),
+            quick,
+        };
+        let mut it = raw.iter();
+        while let Some(flag) = it.next() {
+            let mut value = |name: &str| {
+                it.next()
+                    .cloned()
+                    .ok_or_else(|| anyhow!("{name} needs a value"))
+            };
+            let number = |name: &str, v: String| -> Result<u64> {
+                v.replace('_', "")
+                    .parse::<u64>()
+                    .with_context(|| format!("{name} {v:?}: expected a whole number"))
+            };
+            match flag.as_str() {
+                "--events" => args.events = number(flag, value(flag)?)?,
+                "--rate" => args.rate = number(flag, value(flag)?)?,
+                "--duration" => {
+                    args.duration = Duration::from_secs(number(flag, value(flag)?)?);
+                }
+                "--large-tx" => args.large_tx = number(flag, value(flag)?)?,
+                "--status-interval" => args.status_interval = value(flag)?,
+                "-X" | "--kafka-property" => args.kafka_properties.push(value(flag)?),
+                "--skip-large" => args.skip_large = true,
+                _ => {}
+            }
+        }
+        if args.events == 0 || args.rate == 0 || args.duration.is_zero() {
+            bail!("--events, --rate and --duration must be positive");
+        }
+        if args.large_tx == 0 {
+            args.skip_large = true;
+        }
+        Ok(args)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Results
+
+/// Everything measured, in the order of the final `bench:` line.
+#[derive(Default)]
+struct Report {
+    fields: Vec<(String, String)>,
+}
+
+impl Report {
+    fn add(&mut self, key: &str, value: impl std::fmt::Display) {
+        self.fields.push((key.to_owned(), value.to_string()));
+    }
+
+    fn add_f(&mut self, key: &str, value: f64, decimals: usize) {
+        self.add(key, format!("{value:.decimals$}"));
+    }
+
+    fn line(&self) -> String {
+        let mut line = String::from("bench:");
+        for (k, v) in &self.fields {
+            let _ = write!(line, " {k}={v}");
+        }
+        line
+    }
+}
+
+/// `p` in [0, 1] of sorted durations, in milliseconds.
+fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1].as_secs_f64() * 1e3
+}
+
+fn per_million(cpu_s: f64, events: u64) -> f64 {
+    cpu_s / (events as f64 / 1e6)
+}
+
+// ---------------------------------------------------------------------------------------
+// /proc
+
+/// Seconds per clock tick of /proc/<pid>/stat (`getconf CLK_TCK`, usually 100).
+fn clock_tick() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .filter(|t| *t > 0.0)
+        .map_or(0.01, |t| 1.0 / t)
+}
+
+/// State and user+system CPU ticks of a process (or "self").
+fn proc_stat(pid: &str) -> Option<(char, u64)> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain anything: split after the last ')'.
+    let rest = text.get(text.rfind(')')? + 1..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    // Fields 14 (utime) and 15 (stime) of proc(5); `fields[0]` is field 3.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((state, utime + stime))
+}
+
+/// The 1-minute load average: other work on the machine skews every figure.
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    proc_stat(&pid.to_string()).map(|(_, t)| t)
+}
+
+fn self_cpu_ticks() -> u64 {
+    proc_stat("self").map_or(0, |(_, t)| t)
+}
+
+/// Peak resident set size (`VmHWM`), in MiB.
+fn vm_hwm_mib(pid: u32) -> Option<f64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Samples a process's CPU ticks until it is gone or `stop` is set; returns the
+/// last reading (so at most one `PROC_POLL` of CPU is missed).
+fn sample_cpu_until_exit(pid: u32, stop: Arc<AtomicBool>, limit: Duration) -> Option<u64> {
+    let deadline = Instant::now() + limit;
+    let mut last = None;
+    for _ in 0..(limit.as_millis() / PROC_POLL.as_millis() + 1) {
+        match cpu_ticks(pid) {
+            Some(t) => last = Some(t),
+            None => break,
+        }
+        if stop.load(Ordering::Relaxed) || Instant::now() >= deadline {
+            break;
+        }
+        thread::sleep(PROC_POLL);
+    }
+    last
+}
+
+// ---------------------------------------------------------------------------------------
+// Binaries
+
+/// The release relay binary: cargo sets `CARGO_BIN_EXE_outbox-relay` for
+/// benches (and builds it in the bench profile); otherwise build it.
+fn relay_binary() -> Result<PathBuf> {
+    if let Some(path) = option_env!("CARGO_BIN_EXE_outbox-relay").map(PathBuf::from)
+        && path.is_file()
+    {
+        return Ok(path);
+    }
+    let manifest = env!("CARGO_MANIFEST_DIR");
+    println!("building the release relay: cargo build --release --bin outbox-relay");
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned()))
+        .args(["build", "--release", "--bin", "outbox-relay"])
+        .current_dir(manifest)
+        .status()
+        .context("run cargo build --release")?;
+    if !status.success() {
+        bail!("cargo build --release --bin outbox-relay failed: {status}");
+    }
+    let path = Path::new(manifest).join("target/release/outbox-relay");
+    if !path.is_file() {
+        bail!("{} not found after the build", path.display());
+    }
+    Ok(path)
+}
+
+/// `pg_recvlogical` from `pg_config --bindir`, else Debian's PostgreSQL 15 directory.
+fn pg_recvlogical() -> Result<PathBuf> {
+    let from_pg_config = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .ok()
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()).join("pg_recvlogical"));
+    from_pg_config
+        .into_iter()
+        .chain([PathBuf::from("/usr/lib/postgresql/15/bin/pg_recvlogical")])
+        .find(|p| p.is_file())
+        .ok_or_else(|| anyhow!("pg_recvlogical not found (apt-get install postgresql-15)"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Postgres helpers
+
+async fn query_text(client: &tokio_postgres::Client, sql: &str) -> Result<Option<String>> {
+    let rows = client
+        .simple_query(sql)
+        .await
+        .with_context(|| format!("query {sql}"))?;
+    Ok(rows.into_iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+        _ => None,
+    }))
+}
+
+async fn current_lsn(client: &tokio_postgres::Client) -> Result<Lsn> {
+    query_text(client, "SELECT pg_current_wal_lsn()::text")
+        .await?
+        .ok_or_else(|| anyhow!("pg_current_wal_lsn() returned nothing"))?
+        .parse()
+        .map_err(|e| anyhow!("pg_current_wal_lsn(): {e:?}"))
+}
+
+async fn confirmed_flush(client: &tokio_postgres::Client, slot: &str) -> Result<Lsn> {
+    let text = query_text(
+        client,
+        &format!(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ),
+    )
+    .await?;
+    Ok(text.and_then(|t| t.parse().ok()).unwrap_or(Lsn::ZERO))
+}
+
+/// The walsender serving `slot`, once one is attached (polled up to `timeout`).
+async fn walsender_pid(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    timeout: Duration,
+) -> Result<Option<u32>> {
+    let deadline = Instant::now() + timeout;
+    let sql = format!(
+        "SELECT active_pid::text FROM pg_replication_slots WHERE slot_name = '{slot}' AND active"
+    );
+    for _ in 0..(timeout.as_millis() / 2 + 1) {
+        if let Some(pid) = query_text(client, &sql).await?.and_then(|t| t.parse().ok()) {
+            return Ok(Some(pid));
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(None)
+}
+
+/// `INSERT ... SELECT` of rows `$1..=$2` with ids `prefix || hex(g)`.
+fn insert_sql(id_prefix: &str) -> String {
+    let types = EVENT_TYPES
+        .iter()
+        .map(|t| format!("'{t}'"))
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        "INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+         SELECT ('{id_prefix}' || lpad(to_hex(g), 12, '0'))::uuid, 'order', \
+                'order-' || lpad(((g * 7919) % {AGGREGATES})::text, 4, '0'), \
+                (ARRAY[{types}])[1 + (g % {n})::int], \
+                {PAYLOAD_SQL} \
+         FROM generate_series($1::bigint, $2::bigint) g",
+        n = EVENT_TYPES.len()
+    )
+}
+
+/// Loads rows `1..=events` in transactions of `BACKLOG_TX_ROWS`, on two connections.
+async fn load_backlog(pg: &PgCluster, events: u64) -> Result<()> {
+    let workers = 2u64;
+    let txs = events.div_ceil(BACKLOG_TX_ROWS);
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let client = pg.client().await;
+        tasks.push(tokio::spawn(async move {
+            let stmt = client.prepare(&insert_sql(ID_BACKLOG)).await?;
+            let mut tx = w;
+            while tx < txs {
+                let first = (tx * BACKLOG_TX_ROWS + 1) as i64;
+                let last = ((tx + 1) * BACKLOG_TX_ROWS).min(events) as i64;
+                client.execute(&stmt, &[&first, &last]).await?;
+                tx += workers;
+            }
+            Ok::<(), tokio_postgres::Error>(())
+        }));
+    }
+    for task in tasks {
+        task.await.context("loader task")?.context("load backlog")?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Kafka (mock cluster)
+
+fn topics_and_partitions() -> impl Iterator<Item = (&'static str, i32)> {
+    EVENT_TYPES
+        .iter()
+        .flat_map(|t| (0..PARTITIONS).map(move |p| (*t, p)))
+}
+
+/// Sum of the high watermarks of every bench partition: records the broker has.
+fn broker_total(consumer: &BaseConsumer) -> Option<i64> {
+    let mut total = 0;
+    for (topic, partition) in topics_and_partitions() {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(2))
+            .ok()?;
+        total += high;
+    }
+    Some(total)
+}
+
+fn watermark_client(bootstrap: &str) -> Result<BaseConsumer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "bench-watermarks")
+        .create()
+        .context("create the watermark client")
+}
+
+/// Watches the broker until it holds `target` records in total; returns when that
+/// happened (`None` on timeout or `stop`).
+fn watch_broker(
+    bootstrap: String,
+    target: i64,
+    limit: Duration,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<Option<Instant>> {
+    thread::spawn(move || {
+        let consumer = watermark_client(&bootstrap).ok()?;
+        let deadline = Instant::now() + limit;
+        for _ in 0..(limit.as_millis() / WATERMARK_POLL.as_millis() + 1) {
+            if broker_total(&consumer).is_some_and(|t| t >= target) {
+                return Some(Instant::now());
+            }
+            if stop.load(Ordering::Relaxed) || Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(WATERMARK_POLL);
+        }
+        None
+    })
+}
+
+/// Reads every bench partition from its end, recording when each steady-phase
+/// id arrives. Signals `ready` once the assignment is in place.
+fn consume_ids(
+    bootstrap: String,
+    expected: usize,
+    limit: Duration,
+    ready: std::sync::mpsc::Sender<()>,
+) -> thread::JoinHandle<Result<Vec<(u64, Instant)>>> {
+    thread::spawn(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", "bench-latency")
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "false")
+            .set("fetch.wait.max.ms", "5")
+            .set("fetch.min.bytes", "1")
+            .create()
+            .context("create the latency consumer")?;
+        let mut tpl = TopicPartitionList::new();
+        for (topic, partition) in topics_and_partitions() {
+            tpl.add_partition_offset(topic, partition, Offset::End)
+                .context("assign")?;
+        }
+        consumer.assign(&tpl).context("assign")?;
+        // Let the end offsets resolve before the writer starts.
+        let warm_until = Instant::now() + Duration::from_secs(1);
+        for _ in 0..200 {
+            let _ = consumer.poll(Duration::from_millis(5));
+            if Instant::now() >= warm_until {
+                break;
+            }
+        }
+        let _ = ready.send(());
+        let deadline = Instant::now() + limit;
+        let mut seen = Vec::with_capacity(expected);
+        for _ in 0..(limit.as_millis() as u64 * 100 + expected as u64) {
+            if seen.len() >= expected || Instant::now() >= deadline {
+                break;
+            }
+            let Some(Ok(msg)) = consumer.poll(Duration::from_millis(10)) else {
+                continue;
+            };
+            let now = Instant::now();
+            let id = msg.headers().and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == "id")
+                    .and_then(|h| h.value)
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .and_then(|v| v.strip_prefix(ID_STEADY))
+                    .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            });
+            if let Some(seq) = id {
+                seen.push((seq, now));
+            }
+        }
+        Ok(seen)
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// The relay subprocess
+
+struct RelayProcess {
+    child: Child,
+    spawned: Instant,
+    streaming: Arc<Mutex<Option<Instant>>>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl RelayProcess {
+    fn spawn(bin: &Path, pg: &PgCluster, bootstrap: &str, args: &Args) -> Result<Self> {
+        let mut child = Command::new(bin)
+            .arg("--postgres-url")
+            .arg(pg.url())
+            .args(["--kafka-brokers", bootstrap])
+            .args(["--slot", SLOT_RELAY, "--publication", PUBLICATION])
+            .args(["--status-interval", &args.status_interval])
+            .args(
+                args.kafka_properties
+                    .iter()
+                    .flat_map(|p| ["-X", p.as_str()]),
+            )
+            .args(["--shutdown-timeout", "10s", "--log-level", "info"])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        let spawned = Instant::now();
+        let streaming = Arc::new(Mutex::new(None));
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let stderr = child.stderr.take().ok_or_else(|| anyhow!("relay stderr"))?;
+        let (streaming2, tail2) = (Arc::clone(&streaming), Arc::clone(&tail));
+        // Ends at EOF, when the relay exits.
+        thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("streaming from the slot") {
+                    let mut at = streaming2.lock().unwrap_or_else(|p| p.into_inner());
+                    at.get_or_insert_with(Instant::now);
+                }
+                let mut tail = tail2.lock().unwrap_or_else(|p| p.into_inner());
+                if tail.len() >= 40 {
+                    tail.pop_front();
+                }
+                tail.push_back(line);
+            }
+        });
+        Ok(RelayProcess {
+            child,
+            spawned,
+            streaming,
+            tail,
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log_tail(&self) -> String {
+        let tail = self.tail.lock().unwrap_or_else(|p| p.into_inner());
+        tail.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+
+    fn exited(&mut self) -> Result<()> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            bail!("the relay exited ({status}); its log:\n{}", self.log_tail());
+        }
+        Ok(())
+    }
+
+    /// Time from spawn to the "streaming from the slot" log line.
+    async fn wait_streaming(&mut self) -> Result<Duration> {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        for _ in 0..(STARTUP_TIMEOUT.as_millis() + 1) {
+            let at = *self.streaming.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(at) = at {
+                return Ok(at - self.spawned);
+            }
+            self.exited()?;
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        bail!(
+            "the relay did not start streaming within {STARTUP_TIMEOUT:?}; its log:\n{}",
+            self.log_tail()
+        )
+    }
+
+    /// SIGTERM, then wait (SIGKILL after `RELAY_SHUTDOWN`).
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + RELAY_SHUTDOWN;
+        for _ in 0..(RELAY_SHUTDOWN.as_millis() / 20 + 1) {
+            if matches!(self.child.try_wait(), Ok(Some(_))) || Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        // Drop kills it if it is still running.
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The bench
+
+struct Bench {
+    args: Args,
+    pg: PgCluster,
+    control: tokio_postgres::Client,
+    broker: MockCluster<'static, DefaultProducerContext>,
+    relay_bin: PathBuf,
+    recvlogical: PathBuf,
+    tick: f64,
+    report: Report,
+    startups: Vec<Duration>,
+}
+
+/// One drain of a slot by `pg_recvlogical`.
+struct RefDrain {
+    wall: Duration,
+    client_cpu_s: f64,
+    walsender_cpu_s: f64,
+}
+
+/// One drain of a slot by the relay.
+struct RelayDrain {
+    wall: Duration,
+    broker_wall: Option<Duration>,
+    startup: Duration,
+    cpu_s: f64,
+    walsender_cpu_s: f64,
+    rss_mib: f64,
+    bench_cpu_s: f64,
+}
+
+impl Bench {
+    /// `pg_recvlogical --start --endpos=<end>` on the reference slot, to /dev/null.
+    async fn drain_reference(&self, end: Lsn, limit: Duration) -> Result<RefDrain> {
+        let stderr = tempfile::NamedTempFile::new().context("temp file")?;
+        let started = Instant::now();
+        let mut child = Command::new(&self.recvlogical)
+            .arg("-d")
+            .arg(format!(
+                "host=127.0.0.1 port={} user=postgres dbname=postgres",
+                self.pg.port()
+            ))
+            .args([
+                "-S",
+                SLOT_REF,
+                "--start",
+                "-f",
+                "/dev/null",
+                "-F",
+                "0",
+                "-n",
+            ])
+            .arg(format!("--endpos={end}"))
+            .args(["--plugin=pgoutput", "-o", "proto_version=1"])
+            .arg("-o")
+            .arg(format!("publication_names={PUBLICATION}"))
+            .env("PGPASSWORD", PgCluster::PASSWORD)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr.reopen().context("reopen")?)
+            .spawn()
+            .context("spawn pg_recvlogical")?;
+        let pid = child.id();
+        let ws_stop = Arc::new(AtomicBool::new(false));
+        let ws = walsender_pid(&self.control, SLOT_REF, Duration::from_secs(10))
+            .await?
+            .map(|ws_pid| {
+                let stop = Arc::clone(&ws_stop);
+                thread::spawn(move || sample_cpu_until_exit(ws_pid, stop, limit))
+            });
+        // Sample the client until it is a zombie (exited, not yet reaped): its
+        // /proc entry still holds the final CPU times.
+        let deadline = started + limit;
+        let mut client_ticks = 0;
+        let mut wall = None;
+        for _ in 0..(limit.as_millis() / PROC_POLL.as_millis() + 1) {
+            match proc_stat(&pid.to_string()) {
+                Some((state, ticks)) => {
+                    client_ticks = ticks;
+                    if state == 'Z' || state == 'X' {
+                        wall = Some(started.elapsed());
+                        break;
+                    }
+                }
+                None => {
+                    wall = Some(started.elapsed());
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            thread::sleep(PROC_POLL);
+        }
+        let status = child.wait().context("wait for pg_recvlogical")?;
+        ws_stop.store(true, Ordering::Relaxed);
+        let ws_ticks = match ws {
+            Some(handle) => handle.join().ok().flatten().unwrap_or(0),
+            None => 0,
+        };
+        let Some(wall) = wall else {
+            bail!("pg_recvlogical did not reach {end} within {limit:?}");
+        };
+        if !status.success() {
+            bail!(
+                "pg_recvlogical failed ({status}): {}",
+                fs::read_to_string(stderr.path()).unwrap_or_default()
+            );
+        }
+        Ok(RefDrain {
+            wall,
+            client_cpu_s: client_ticks as f64 * self.tick,
+            walsender_cpu_s: ws_ticks as f64 * self.tick,
+        })
+    }
+
+    /// Spawns the relay and waits until the slot is confirmed at `end` and the
+    /// broker holds `broker_target` records.
+    async fn drain_relay(
+        &mut self,
+        end: Lsn,
+        broker_target: i64,
+        limit: Duration,
+    ) -> Result<RelayDrain> {
+        let bench_cpu_before = self_cpu_ticks();
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut relay = RelayProcess::spawn(
+            &self.relay_bin,
+            &self.pg,
+            &self.broker.bootstrap_servers(),
+            &self.args,
+        )?;
+        let watcher = watch_broker(
+            self.broker.bootstrap_servers(),
+            broker_target,
+            limit,
+            Arc::clone(&stop),
+        );
+        let startup = relay.wait_streaming().await?;
+        self.startups.push(startup);
+        let ws_pid = walsender_pid(&self.control, SLOT_RELAY, Duration::from_secs(10)).await?;
+        let deadline = relay.spawned + limit;
+        let mut done = None;
+        for i in 0..(limit.as_millis() / CONFIRMED_POLL.as_millis() + 1) {
+            if confirmed_flush(&self.control, SLOT_RELAY).await? >= end {
+                done = Some(Instant::now());
+                break;
+            }
+            if i % 64 == 0 {
+                relay.exited()?;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(CONFIRMED_POLL).await;
+        }
+        let relay_ticks = cpu_ticks(relay.pid()).unwrap_or(0);
+        let ws_ticks = ws_pid.and_then(cpu_ticks).unwrap_or(0);
+        let bench_ticks = self_cpu_ticks().saturating_sub(bench_cpu_before);
+        let Some(done) = done else {
+            stop.store(true, Ordering::Relaxed);
+            bail!(
+                "the slot was not confirmed at {end} within {limit:?}; relay log:\n{}",
+                relay.log_tail()
+            );
+        };
+        // The broker has everything before the slot can be confirmed; give the
+        // watcher one more poll to notice.
+        thread::sleep(WATERMARK_POLL * 3);
+        stop.store(true, Ordering::Relaxed);
+        let broker_done = watcher.join().ok().flatten();
+        let rss_mib = vm_hwm_mib(relay.pid()).unwrap_or(f64::NAN);
+        let spawned = relay.spawned;
+        relay.stop();
+        Ok(RelayDrain {
+            wall: done - spawned,
+            broker_wall: broker_done.map(|t| t.min(done) - spawned),
+            startup,
+            cpu_s: relay_ticks as f64 * self.tick,
+            walsender_cpu_s: ws_ticks as f64 * self.tick,
+            rss_mib,
+            bench_cpu_s: bench_ticks as f64 * self.tick,
+        })
+    }
+
+    async fn broker_records(&self) -> Result<i64> {
+        let bootstrap = self.broker.bootstrap_servers();
+        tokio::task::spawn_blocking(move || {
+            let consumer = watermark_client(&bootstrap)?;
+            broker_total(&consumer).ok_or_else(|| anyhow!("cannot read the broker's watermarks"))
+        })
+        .await
+        .context("watermark task")?
+    }
+
+    // -- Part 1 ---------------------------------------------------------------------------
+
+    async fn backlog(&mut self) -> Result<()> {
+        let n = self.args.events;
+        println!("\n== 1. Backlog drain: {n} events, {BACKLOG_TX_ROWS} per transaction ==");
+        let t = Instant::now();
+        load_backlog(&self.pg, n).await?;
+        let end = current_lsn(&self.control).await?;
+        let load = t.elapsed();
+        let avg_payload = query_text(
+            &self.control,
+            "SELECT round(avg(octet_length(payload::text)))::text FROM public.outbox",
+        )
+        .await?
+        .unwrap_or_default();
+        println!(
+            "loaded in {:.1} s ({:.0} rows/s), average payload {avg_payload} bytes, end LSN {end}",
+            load.as_secs_f64(),
+            n as f64 / load.as_secs_f64()
+        );
+        let limit = Duration::from_secs(120 + n / 2_000);
+
+        let reference = self.drain_reference(end, limit).await?;
+        let ref_rate = n as f64 / reference.wall.as_secs_f64();
+        println!(
+            "pg_recvlogical: {:.2} s, {ref_rate:.0} events/s; CPU/M events: pg_recvlogical {:.2} s + walsender {:.2} s",
+            reference.wall.as_secs_f64(),
+            per_million(reference.client_cpu_s, n),
+            per_million(reference.walsender_cpu_s, n)
+        );
+
+        let before = self.broker_records().await?;
+        let relay = self.drain_relay(end, before + n as i64, limit).await?;
+        let relay_rate = n as f64 / relay.wall.as_secs_f64();
+        let broker_rate = relay
+            .broker_wall
+            .map_or(f64::NAN, |w| n as f64 / w.as_secs_f64());
+        println!(
+            "relay: start-up {:.1} ms; broker had all {n} after {:.2} s ({broker_rate:.0} events/s); \
+             slot confirmed at the end after {:.2} s ({relay_rate:.0} events/s)",
+            relay.startup.as_secs_f64() * 1e3,
+            relay.broker_wall.map_or(f64::NAN, |w| w.as_secs_f64()),
+            relay.wall.as_secs_f64()
+        );
+        println!(
+            "relay / pg_recvlogical: {:.2} (to slot confirmed), {:.2} (to broker has all)",
+            relay_rate / ref_rate,
+            broker_rate / ref_rate
+        );
+        println!(
+            "CPU/M events: relay {:.2} s; its walsender {:.2} s; bench process (mock broker, pollers) {:.2} s",
+            per_million(relay.cpu_s, n),
+            per_million(relay.walsender_cpu_s, n),
+            per_million(relay.bench_cpu_s, n)
+        );
+        println!("relay peak RSS (VmHWM): {:.1} MiB", relay.rss_mib);
+
+        let r = &mut self.report;
+        r.add("events", n);
+        r.add_f("load_s", load.as_secs_f64(), 2);
+        r.add("payload_avg_bytes", &avg_payload);
+        r.add_f("ref_s", reference.wall.as_secs_f64(), 3);
+        r.add_f("ref_events_per_s", ref_rate, 0);
+        r.add_f("ref_cpu_per_m_s", per_million(reference.client_cpu_s, n), 3);
+        r.add_f(
+            "ref_walsender_cpu_per_m_s",
+            per_million(reference.walsender_cpu_s, n),
+            3,
+        );
+        r.add_f("relay_startup_ms", relay.startup.as_secs_f64() * 1e3, 1);
+        r.add_f("relay_s", relay.wall.as_secs_f64(), 3);
+        r.add_f("relay_events_per_s", relay_rate, 0);
+        r.add_f(
+            "relay_broker_s",
+            relay.broker_wall.map_or(f64::NAN, |w| w.as_secs_f64()),
+            3,
+        );
+        r.add_f("relay_broker_events_per_s", broker_rate, 0);
+        r.add_f("drain_ratio", relay_rate / ref_rate, 3);
+        r.add_f("drain_ratio_broker", broker_rate / ref_rate, 3);
+        r.add_f("relay_cpu_per_m_s", per_million(relay.cpu_s, n), 3);
+        r.add_f(
+            "relay_walsender_cpu_per_m_s",
+            per_million(relay.walsender_cpu_s, n),
+            3,
+        );
+        r.add_f("bench_cpu_per_m_s", per_million(relay.bench_cpu_s, n), 3);
+        r.add_f("relay_rss_mib", relay.rss_mib, 1);
+        Ok(())
+    }
+
+    // -- Part 2 ---------------------------------------------------------------------------
+
+    async fn steady(&mut self) -> Result<()> {
+        let rate = self.args.rate;
+        let tx_per_s = rate.clamp(1, MAX_STEADY_TX_PER_S);
+        let batch = (rate / tx_per_s).max(1);
+        let interval = Duration::from_secs(1) / u32::try_from(tx_per_s).unwrap_or(1);
+        let txs = tx_per_s * self.args.duration.as_secs();
+        let events = txs * batch;
+        println!(
+            "\n== 2. Steady rate: {} events/s ({tx_per_s} transactions/s of {batch}) for {} s, \
+             --status-interval {} ==",
+            batch * tx_per_s,
+            self.args.duration.as_secs(),
+            self.args.status_interval
+        );
+        // Move the reference slot along too, so it does not hold the WAL.
+        self.control
+            .simple_query(&format!(
+                "SELECT pg_replication_slot_advance('{SLOT_REF}', pg_current_wal_lsn())"
+            ))
+            .await
+            .context("advance the reference slot")?;
+
+        let mut relay = RelayProcess::spawn(
+            &self.relay_bin,
+            &self.pg,
+            &self.broker.bootstrap_servers(),
+            &self.args,
+        )?;
+        let startup = relay.wait_streaming().await?;
+        self.startups.push(startup);
+
+        let limit = self.args.duration + Duration::from_secs(30);
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let consumer = consume_ids(
+            self.broker.bootstrap_servers(),
+            usize::try_from(events).unwrap_or(usize::MAX),
+            limit,
+            ready_tx,
+        );
+        let _ = tokio::task::spawn_blocking(move || ready_rx.recv_timeout(Duration::from_secs(30)))
+            .await;
+
+        // The confirmed-position poller, on its own connection.
+        let poll_client = self.pg.client().await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let poll_stop = Arc::clone(&stop);
+        let poller = tokio::spawn(async move {
+            let mut seen: Vec<(Instant, Lsn)> = Vec::new();
+            let deadline = Instant::now() + limit;
+            for _ in 0..(limit.as_millis() / CONFIRMED_POLL.as_millis() + 1) {
+                let lsn = confirmed_flush(&poll_client, SLOT_RELAY).await?;
+                if seen.last().is_none_or(|(_, last)| lsn > *last) {
+                    seen.push((Instant::now(), lsn));
+                }
+                if poll_stop.load(Ordering::Relaxed) || Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(CONFIRMED_POLL).await;
+            }
+            Ok::<_, anyhow::Error>(seen)
+        });
+
+        // The writer: one transaction of `batch` rows every `interval`, on a fixed schedule.
+        let writer = self.pg.client().await;
+        let stmt = writer.prepare(&insert_sql(ID_STEADY)).await?;
+        let start = tokio::time::Instant::now();
+        let mut commits: Vec<(Instant, Lsn)> = Vec::with_capacity(txs as usize);
+        let mut behind = 0u64;
+        for i in 0..txs {
+            let due = start + interval * u32::try_from(i).unwrap_or(u32::MAX);
+            if tokio::time::Instant::now() > due + interval {
+                behind += 1;
+            }
+            tokio::time::sleep_until(due).await;
+            let first = (i * batch) as i64;
+            let last = first + batch as i64 - 1;
+            writer.batch_execute("BEGIN").await?;
+            writer.execute(&stmt, &[&first, &last]).await?;
+            // Commit time: just before COMMIT is sent (so latencies err high, by the round trip).
+            let committing = Instant::now();
+            writer.batch_execute("COMMIT").await?;
+            commits.push((committing, current_lsn(&writer).await?));
+        }
+        let wrote = start.elapsed();
+        let last_lsn = commits.last().map_or(Lsn::ZERO, |c| c.1);
+        println!(
+            "wrote {events} events in {:.2} s ({behind} transactions started late)",
+            wrote.as_secs_f64()
+        );
+
+        // Wait for the slot to pass the last commit, then stop the pollers.
+        let settle = Instant::now() + Duration::from_secs(20);
+        for _ in 0..2_000 {
+            if confirmed_flush(&self.control, SLOT_RELAY).await? >= last_lsn
+                || Instant::now() >= settle
+            {
+                break;
+            }
+            relay.exited()?;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(CONFIRMED_POLL * 5).await;
+        stop.store(true, Ordering::Relaxed);
+        let confirmed = poller.await.context("poller task")??;
+        let received = tokio::task::spawn_blocking(move || consumer.join())
+            .await
+            .context("consumer task")?
+            .map_err(|_| anyhow!("the consumer thread panicked"))??;
+        let rss_mib = vm_hwm_mib(relay.pid()).unwrap_or(f64::NAN);
+        relay.stop();
+
+        // commit → slot confirmed, per transaction.
+        let mut to_confirm: Vec<Duration> = Vec::with_capacity(commits.len());
+        let mut unconfirmed = 0;
+        for (at, lsn) in &commits {
+            let i = confirmed.partition_point(|(_, c)| c < lsn);
+            match confirmed.get(i) {
+                Some((when, _)) => to_confirm.push(when.saturating_duration_since(*at)),
+                None => unconfirmed += 1,
+            }
+        }
+        // commit → consumer receipt, per event.
+        let mut to_receipt: Vec<Duration> = received
+            .iter()
+            .filter_map(|(seq, when)| {
+                let tx = usize::try_from(seq / batch).ok()?;
+                commits
+                    .get(tx)
+                    .map(|(at, _)| when.saturating_duration_since(*at))
+            })
+            .collect();
+        to_confirm.sort();
+        to_receipt.sort();
+        let missing = events.saturating_sub(to_receipt.len() as u64);
+        println!(
+            "commit → consumer receipt (upper bound of commit → broker ack), {} events: \
+             p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms{}",
+            to_receipt.len(),
+            percentile_ms(&to_receipt, 0.5),
+            percentile_ms(&to_receipt, 0.99),
+            percentile_ms(&to_receipt, 1.0),
+            if missing > 0 {
+                format!(" ({missing} not received)")
+            } else {
+                String::new()
+            }
+        );
+        println!(
+            "commit → slot confirmed_flush_lsn passed it, {} transactions: \
+             p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms{}",
+            to_confirm.len(),
+            percentile_ms(&to_confirm, 0.5),
+            percentile_ms(&to_confirm, 0.99),
+            percentile_ms(&to_confirm, 1.0),
+            if unconfirmed > 0 {
+                format!(" ({unconfirmed} never confirmed)")
+            } else {
+                String::new()
+            }
+        );
+        println!(
+            "relay: start-up {:.1} ms, peak RSS {rss_mib:.1} MiB",
+            startup.as_secs_f64() * 1e3
+        );
+
+        let r = &mut self.report;
+        r.add("steady_rate", batch * tx_per_s);
+        r.add("steady_events", events);
+        r.add("steady_late_tx", behind);
+        r.add("steady_status_interval", &self.args.status_interval);
+        r.add("steady_received", to_receipt.len());
+        r.add_f("steady_recv_p50_ms", percentile_ms(&to_receipt, 0.5), 2);
+        r.add_f("steady_recv_p99_ms", percentile_ms(&to_receipt, 0.99), 2);
+        r.add_f("steady_recv_max_ms", percentile_ms(&to_receipt, 1.0), 2);
+        r.add_f("steady_confirm_p50_ms", percentile_ms(&to_confirm, 0.5), 1);
+        r.add_f("steady_confirm_p99_ms", percentile_ms(&to_confirm, 0.99), 1);
+        r.add_f("steady_confirm_max_ms", percentile_ms(&to_confirm, 1.0), 1);
+        r.add("steady_unconfirmed_tx", unconfirmed);
+        r.add_f("steady_relay_rss_mib", rss_mib, 1);
+        Ok(())
+    }
+
+    // -- Part 3 ---------------------------------------------------------------------------
+
+    async fn large(&mut self) -> Result<()> {
+        let n = self.args.large_tx;
+        println!("\n== 3. Large transaction: {n} events in one transaction ==");
+        // Nothing streams now: move the reference slot up to here (outside any measurement).
+        self.control
+            .simple_query(&format!(
+                "SELECT pg_replication_slot_advance('{SLOT_REF}', pg_current_wal_lsn())"
+            ))
+            .await
+            .context("advance the reference slot")?;
+        let t = Instant::now();
+        let stmt = self.control.prepare(&insert_sql(ID_LARGE)).await?;
+        self.control
+            .execute(&stmt, &[&1i64, &(n as i64)])
+            .await
+            .context("insert the large transaction")?;
+        let end = current_lsn(&self.control).await?;
+        let load = t.elapsed();
+        println!("inserted in {:.1} s, end LSN {end}", load.as_secs_f64());
+        let limit = Duration::from_secs(180 + n / 2_000);
+
+        let reference = self.drain_reference(end, limit).await?;
+        println!(
+            "pg_recvlogical: {:.2} s ({:.0} events/s); CPU pg_recvlogical {:.2} s, walsender {:.2} s",
+            reference.wall.as_secs_f64(),
+            n as f64 / reference.wall.as_secs_f64(),
+            reference.client_cpu_s,
+            reference.walsender_cpu_s
+        );
+        let before = self.broker_records().await?;
+        let relay = self.drain_relay(end, before + n as i64, limit).await?;
+        println!(
+            "relay: {:.2} s from spawn to slot confirmed ({:.0} events/s; broker had all after {:.2} s); \
+             CPU relay {:.2} s, walsender {:.2} s; peak RSS (VmHWM) {:.1} MiB",
+            relay.wall.as_secs_f64(),
+            n as f64 / relay.wall.as_secs_f64(),
+            relay.broker_wall.map_or(f64::NAN, |w| w.as_secs_f64()),
+            relay.cpu_s,
+            relay.walsender_cpu_s,
+            relay.rss_mib
+        );
+
+        let r = &mut self.report;
+        r.add("large_events", n);
+        r.add_f("large_load_s", load.as_secs_f64(), 2);
+        r.add_f("large_ref_s", reference.wall.as_secs_f64(), 2);
+        r.add_f("large_ref_walsender_cpu_s", reference.walsender_cpu_s, 2);
+        r.add_f("large_relay_s", relay.wall.as_secs_f64(), 2);
+        r.add_f(
+            "large_relay_broker_s",
+            relay.broker_wall.map_or(f64::NAN, |w| w.as_secs_f64()),
+            2,
+        );
+        r.add_f("large_relay_cpu_s", relay.cpu_s, 2);
+        r.add_f("large_relay_walsender_cpu_s", relay.walsender_cpu_s, 2);
+        r.add_f("large_relay_rss_mib", relay.rss_mib, 1);
+        Ok(())
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let relay_bin = relay_binary()?;
+    let recvlogical = pg_recvlogical()?;
+    println!(
+        "outbox-relay benchmark{}: relay {}, {}",
+        if args.quick { " (quick)" } else { "" },
+        relay_bin.display(),
+        recvlogical.display()
+    );
+
+    let pg = tokio::task::spawn_blocking(|| {
+        PgCluster::start_with(PgOptions {
+            extra_conf: vec![
+                // Keep checkpoints out of the measurements.
+                ("max_wal_size".into(), "8GB".into()),
+                ("checkpoint_timeout".into(), "1h".into()),
+            ],
+            extra_hba: Vec::new(),
+        })
+    })
+    .await
+    .context("start Postgres")?;
+    let control = pg.client().await;
+    let version = query_text(&control, "SHOW server_version")
+        .await?
+        .unwrap_or_default();
+    control.batch_execute(SCHEMA).await.context("schema")?;
+    control
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {PUBLICATION} FOR TABLE public.outbox WITH (publish = 'insert')"
+        ))
+        .await
+        .context("publication")?;
+    for slot in [SLOT_REF, SLOT_RELAY] {
+        control
+            .batch_execute(&format!(
+                "SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+            ))
+            .await
+            .with_context(|| format!("create slot {slot}"))?;
+    }
+    let broker = MockCluster::new(1).context("start the mock Kafka cluster")?;
+    for topic in EVENT_TYPES {
+        broker
+            .create_topic(topic, PARTITIONS, 1)
+            .with_context(|| format!("create topic {topic}"))?;
+    }
+    println!(
+        "PostgreSQL {version} on 127.0.0.1:{}; mock Kafka {} ({} topics x {PARTITIONS} partitions)",
+        pg.port(),
+        broker.bootstrap_servers(),
+        EVENT_TYPES.len()
+    );
+
+    let mut bench = Bench {
+        args,
+        pg,
+        control,
+        broker,
+        relay_bin,
+        recvlogical,
+        tick: clock_tick(),
+        report: Report::default(),
+        startups: Vec::new(),
+    };
+    bench.report.add(
+        "cpus",
+        thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    bench
+        .report
+        .add("postgres", version.split_whitespace().next().unwrap_or("?"));
+    bench.report.add("loadavg_start", load_average());
+    bench.backlog().await?;
+    bench.steady().await?;
+    if bench.args.skip_large {
+        println!("\n== 3. Large transaction: skipped ==");
+    } else {
+        bench.large().await?;
+    }
+    let max_startup = bench.startups.iter().max().copied().unwrap_or_default();
+    bench
+        .report
+        .add_f("relay_startup_max_ms", max_startup.as_secs_f64() * 1e3, 1);
+    bench.report.add("loadavg_end", load_average());
+    println!("\n{}", bench.report.line());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match Args::parse() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
