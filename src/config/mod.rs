@@ -5,6 +5,7 @@
 //! connection is opened, so a typo fails in milliseconds with a message that
 //! names the flag.
 
+pub mod debezium;
 mod postgres;
 
 use std::time::Duration;
