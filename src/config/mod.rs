@@ -6,6 +6,7 @@
 //! names the flag.
 
 mod commands;
+pub mod debezium;
 mod observability;
 mod postgres;
 

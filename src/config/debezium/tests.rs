@@ -1,0 +1,612 @@
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use clap::Parser;
+
+use super::*;
+use crate::config::{Cli, Config};
+
+const BASIC: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/debezium/basic-outbox.json"
+));
+const CUSTOM: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/debezium/custom-routing.json"
+));
+const SECRETS: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/debezium/secrets-zstd.properties"
+));
+
+fn import_fixture(path: &str, text: &str) -> Imported {
+    let format = detect_format(Path::new(path), text);
+    import(&parse(text, format).unwrap()).unwrap()
+}
+
+fn args(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(f, v)| ((*f).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Asserts one warning mentions every needle.
+fn assert_warned(imported: &Imported, needles: &[&str]) {
+    assert!(
+        imported
+            .warnings
+            .iter()
+            .any(|w| needles.iter().all(|n| w.contains(n))),
+        "no warning mentions all of {needles:?}:\n{}",
+        imported.warnings.join("\n")
+    );
+}
+
+/// The imported flags must pass the relay's own validation.
+fn assert_valid_for_relay(imported: &Imported) -> Config {
+    let mut argv = vec!["outbox-relay".to_owned()];
+    if !imported.args.iter().any(|(f, _)| f == "--kafka-brokers") {
+        argv.extend(["--kafka-brokers".to_owned(), "127.0.0.1:9092".to_owned()]);
+    }
+    for (flag, value) in &imported.args {
+        argv.push(flag.clone());
+        argv.push(value.clone());
+    }
+    let cli = Cli::try_parse_from(argv).unwrap();
+    Config::from_cli(&cli).unwrap()
+}
+
+fn config(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut map: BTreeMap<String, String> = [
+        (
+            "connector.class",
+            "io.debezium.connector.postgresql.PostgresConnector",
+        ),
+        ("database.hostname", "db"),
+        ("database.user", "u"),
+        ("database.dbname", "app"),
+        ("plugin.name", "pgoutput"),
+        ("table.include.list", "public.outbox"),
+        ("transforms", "outbox"),
+        (
+            "transforms.outbox.type",
+            "io.debezium.transforms.outbox.EventRouter",
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    for (k, v) in pairs {
+        map.insert((*k).to_owned(), (*v).to_owned());
+    }
+    map
+}
+
+#[test]
+fn basic_outbox_example_gets_debeziums_defaults_spelled_out() {
+    let imported = import_fixture("basic-outbox.json", BASIC);
+    assert_eq!(
+        imported.args,
+        args(&[
+            (
+                "--postgres-url",
+                "postgres://postgres:postgres@postgres:5432/orderdb"
+            ),
+            ("--table", "inventory.outboxevent"),
+            ("--slot", "debezium"),
+            ("--publication", "dbz_publication"),
+            ("--route-by", "aggregatetype"),
+            ("--topic-template", "outbox.event.${routedByValue}"),
+            ("--key-column", "aggregateid"),
+            ("--id-column", "id"),
+            ("--payload-column", "payload"),
+        ])
+    );
+    assert_warned(&imported, &["--kafka-brokers", "bootstrap.servers"]);
+    assert_warned(
+        &imported,
+        &["publication.autocreate.mode=all_tables", "dbz_publication"],
+    );
+    assert_warned(&imported, &["table.field.event.timestamp", "commit time"]);
+    assert_warned(
+        &imported,
+        &["route.tombstone.on.empty.payload=false", "tombstone"],
+    );
+    assert_warned(&imported, &["key.converter", "value.converter", "worker"]);
+    assert_warned(
+        &imported,
+        &[
+            "ignored",
+            "schema.include.list",
+            "tasks.max",
+            "tombstones.on.delete",
+            "topic.prefix",
+        ],
+    );
+    let config = assert_valid_for_relay(&imported);
+    assert_eq!(config.mapping.route_by, "aggregatetype");
+    assert_eq!(config.postgres.password.as_deref(), Some("postgres"));
+}
+
+#[test]
+fn custom_routing_example_maps_headers_and_warns_about_the_envelope() {
+    let imported = import_fixture("custom-routing.json", CUSTOM);
+    assert_eq!(
+        imported.args,
+        args(&[
+            (
+                "--postgres-url",
+                "postgres://debezium:p%40ss%3Aw%2Frd@orders-db.internal:5432/orders?sslmode=disable"
+            ),
+            ("--table", "public.outbox"),
+            ("--slot", "orders_outbox"),
+            ("--publication", "orders_outbox"),
+            ("--route-by", "event_type"),
+            ("--topic-template", "${routedByValue}.events"),
+            ("--key-column", "aggregate_id"),
+            ("--id-column", "id"),
+            ("--payload-column", "payload"),
+            ("--timestamp-column", "timestamp"),
+            ("--header-column", "type:eventType"),
+        ])
+    );
+    assert_warned(
+        &imported,
+        &[
+            "table.fields.additional.placement",
+            "aggregatetype:envelope:aggregateType",
+        ],
+    );
+    assert_warned(&imported, &["table.expand.json.payload=true"]);
+    assert_warned(
+        &imported,
+        &[
+            "route.tombstone.on.empty.payload=false",
+            "\"payload\": null",
+        ],
+    );
+    assert_warned(
+        &imported,
+        &["value.converter=JsonConverter", "schemas.enable=false"],
+    );
+    assert_warned(
+        &imported,
+        &[
+            "errors.tolerance",
+            "--on-poison dead-letter --dead-letter-topic orders-outbox-dlq",
+        ],
+    );
+    assert_warned(&imported, &["heartbeat.interval.ms", "keepalive"]);
+    assert_warned(&imported, &["ignored", "snapshot.mode", "topic.prefix"]);
+    // StringConverter keys are what the relay sends: no key warning, no
+    // all-tables warning with a filtered publication.
+    assert!(
+        !imported
+            .warnings
+            .iter()
+            .any(|w| w.contains("key.converter"))
+    );
+    assert!(!imported.warnings.iter().any(|w| w.contains("all_tables")));
+    let config = assert_valid_for_relay(&imported);
+    assert_eq!(config.postgres.password.as_deref(), Some("p@ss:w/rd"));
+    assert_eq!(config.mapping.header_columns[0].header, "eventType");
+}
+
+#[test]
+fn properties_example_keeps_the_secret_out_and_passes_producer_overrides() {
+    let imported = import_fixture("secrets-zstd.properties", SECRETS);
+    assert_eq!(
+        imported.args,
+        args(&[
+            (
+                "--postgres-url",
+                "postgres://debezium@billing-db.internal:6543/billing"
+            ),
+            ("--table", "public.outbox"),
+            ("--table", "billing.outbox_events"),
+            ("--slot", "billing_outbox"),
+            ("--publication", "billing_outbox"),
+            ("--route-by", "aggregate_type"),
+            ("--topic-template", "billing.${routedByValue}"),
+            ("--key-column", "aggregate_id"),
+            ("--id-column", "id"),
+            ("--payload-column", "payload"),
+            ("--timestamp-column", "created_at"),
+            ("-X", "compression.type=zstd"),
+            ("-X", "linger.ms=20"),
+            ("-X", "message.max.bytes=2097152"),
+        ])
+    );
+    assert_warned(
+        &imported,
+        &[
+            "database.password",
+            "config-provider",
+            "OUTBOX_RELAY_POSTGRES_URL",
+        ],
+    );
+    assert_warned(
+        &imported,
+        &["unwrap", "ExtractNewRecordState", "not applied"],
+    );
+    assert_warned(
+        &imported,
+        &["route.tombstone.on.empty.payload=true", "whitespace-only"],
+    );
+    assert_warned(&imported, &["table.op.invalid.behavior=fatal"]);
+    assert_warned(&imported, &["sasl.jaas.config", "sasl.username"]);
+    assert_warned(&imported, &["max.request.size", "message.max.bytes"]);
+    assert_warned(
+        &imported,
+        &["heartbeat.action.query", "heartbeat.interval.ms"],
+    );
+    assert_warned(
+        &imported,
+        &["ignored", "snapshot.mode", "tasks.max", "topic.prefix"],
+    );
+    for w in &imported.warnings {
+        assert!(!w.contains("not-a-real-secret"), "secret leaked: {w}");
+        assert!(
+            !w.contains("/secrets/pg.properties"),
+            "reference leaked: {w}"
+        );
+    }
+    assert!(
+        !imported
+            .warnings
+            .iter()
+            .any(|w| w.contains("value.converter"))
+    );
+    let config = assert_valid_for_relay(&imported);
+    assert_eq!(config.postgres.password, None);
+    assert_eq!(config.postgres.port, 6543);
+}
+
+#[test]
+fn explain_prints_a_runnable_quoted_command_and_the_warnings() {
+    let imported = import_fixture("custom-routing.json", CUSTOM);
+    let text = explain(&imported);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "outbox-relay \\");
+    assert!(lines.contains(&"  --topic-template '${routedByValue}.events' \\"));
+    assert!(lines.contains(&"  --header-column type:eventType"));
+    assert!(
+        lines.contains(&"  --postgres-url 'postgres://debezium:p%40ss%3Aw%2Frd@orders-db.internal:5432/orders?sslmode=disable' \\")
+    );
+    let flag_lines = 1 + imported.args.len();
+    assert!(lines[1..flag_lines - 1].iter().all(|l| l.ends_with(" \\")));
+    assert!(!lines[flag_lines - 1].ends_with('\\'));
+    assert!(lines[flag_lines..].iter().all(|l| l.starts_with('#')));
+    assert_eq!(
+        lines[flag_lines..].len(),
+        imported.warnings.len() + 1,
+        "{text}"
+    );
+    assert_eq!(shell_quote("it's"), "'it'\\''s'");
+    assert_eq!(shell_quote(""), "''");
+}
+
+#[test]
+fn json_accepts_scalars_and_rejects_nesting() {
+    let map = parse(
+        r#"{"a": "x", "b": 5, "c": true, "d": null}"#,
+        SourceFormat::Json,
+    )
+    .unwrap();
+    assert_eq!(map.get("b").map(String::as_str), Some("5"));
+    assert_eq!(map.get("c").map(String::as_str), Some("true"));
+    assert!(!map.contains_key("d"));
+    let err = parse(r#"{"a": [1]}"#, SourceFormat::Json).unwrap_err();
+    assert!(matches!(err, DebeziumError::JsonValue { ref key, .. } if key == "a"));
+    let err = parse("[]", SourceFormat::Json).unwrap_err();
+    assert!(matches!(err, DebeziumError::JsonShape));
+    let err = parse("{\n  \"a\": \"x\",\n  \"b\" 1\n}", SourceFormat::Json).unwrap_err();
+    assert!(
+        matches!(err, DebeziumError::Json { line: 3, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("line 3"), "{err}");
+}
+
+#[test]
+fn properties_follow_java_syntax() {
+    let text = "  # comment\n! also\n\na=1\nb : 2\nc 3\nd\\=e = f\\tg\nlong = one \\\n    two\\\\\nu=\\u00e9\nempty\n";
+    let map = parse(text, SourceFormat::Properties).unwrap();
+    let get = |k: &str| map.get(k).map(String::as_str);
+    assert_eq!(get("a"), Some("1"));
+    assert_eq!(get("b"), Some("2"));
+    assert_eq!(get("c"), Some("3"));
+    assert_eq!(get("d=e"), Some("f\tg"));
+    assert_eq!(get("long"), Some("one two\\"));
+    assert_eq!(get("u"), Some("é"));
+    assert_eq!(get("empty"), Some(""));
+    assert_eq!(map.len(), 7);
+    let err = parse("a=1\nb=\\u12\n", SourceFormat::Properties).unwrap_err();
+    assert!(
+        matches!(err, DebeziumError::Properties { line: 2, .. }),
+        "{err:?}"
+    );
+    let err = parse("a=\\uD800\n", SourceFormat::Properties).unwrap_err();
+    assert!(matches!(err, DebeziumError::Properties { line: 1, .. }));
+}
+
+#[test]
+fn format_is_detected_by_extension_then_content() {
+    assert_eq!(
+        detect_format(Path::new("c.json"), "a=b"),
+        SourceFormat::Json
+    );
+    assert_eq!(
+        detect_format(Path::new("c.PROPERTIES"), "{"),
+        SourceFormat::Properties
+    );
+    assert_eq!(
+        detect_format(Path::new("c"), "\u{feff}\n  {\"a\": 1}"),
+        SourceFormat::Json
+    );
+    assert_eq!(
+        detect_format(Path::new("-"), "a=b"),
+        SourceFormat::Properties
+    );
+}
+
+#[test]
+fn wrong_connector_and_plugin_are_errors_that_say_what_to_do() {
+    let err = import(&config(&[(
+        "connector.class",
+        "io.debezium.connector.mysql.MySqlConnector",
+    )]))
+    .unwrap_err();
+    assert!(matches!(err, DebeziumError::NotPostgres { .. }));
+    assert!(err.to_string().contains("Postgres connector"), "{err}");
+    for plugin in ["decoderbufs", "wal2json"] {
+        let err = import(&config(&[("plugin.name", plugin)])).unwrap_err();
+        assert!(matches!(err, DebeziumError::UnsupportedPlugin { .. }));
+        assert!(err.to_string().contains("plugin.name=pgoutput"), "{err}");
+    }
+    let mut no_plugin = config(&[]);
+    no_plugin.remove("plugin.name");
+    let imported = import(&no_plugin).unwrap();
+    assert_warned(&imported, &["plugin.name", "decoderbufs", "--slot"]);
+    // Without pgoutput Debezium made no publication: no all_tables warning.
+    assert!(!imported.warnings.iter().any(|w| w.contains("all_tables")));
+}
+
+#[test]
+fn missing_required_keys_are_named() {
+    for key in [
+        "connector.class",
+        "database.hostname",
+        "database.user",
+        "database.dbname",
+        "table.include.list",
+    ] {
+        let mut map = config(&[]);
+        map.remove(key);
+        let err = import(&map).unwrap_err();
+        assert!(
+            matches!(err, DebeziumError::Missing { key: k, .. } if k == key),
+            "{key}: {err:?}"
+        );
+    }
+    let err = import(&config(&[("transforms", "")])).unwrap_err();
+    assert!(matches!(err, DebeziumError::NoEventRouter));
+    let err = import(&config(&[("database.port", "x")])).unwrap_err();
+    assert!(err.to_string().contains("database.port"), "{err}");
+    let err = import(&config(&[("database.user", "${env:PGUSER}")])).unwrap_err();
+    assert!(err.to_string().contains("config-provider"), "{err}");
+}
+
+#[test]
+fn table_lists_accept_names_and_reject_regexes() {
+    let imported = import(&config(&[(
+        "table.include.list",
+        r"public\.outbox, sales.Outbox ,outbox2",
+    )]))
+    .unwrap();
+    let tables: Vec<&str> = imported
+        .args
+        .iter()
+        .filter(|(f, _)| f == "--table")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(tables, ["public.outbox", "sales.Outbox", "outbox2"]);
+    assert_warned(&imported, &["without a schema", "outbox2"]);
+    assert_warned(&imported, &["case-insensitively", "sales.Outbox"]);
+    for regex in [r"public\.outbox.*", "public.(a|b)", r"inventory\.outbox\d"] {
+        let err = import(&config(&[("table.include.list", regex)])).unwrap_err();
+        assert!(matches!(err, DebeziumError::TableRegex { .. }), "{regex}");
+        assert!(err.to_string().contains("schema.table"), "{err}");
+    }
+    let imported = import(&config(&[
+        ("table.include.list", ""),
+        ("table.whitelist", "public.outbox"),
+    ]))
+    .unwrap();
+    assert!(
+        imported
+            .args
+            .contains(&("--table".into(), "public.outbox".into()))
+    );
+}
+
+#[test]
+fn topic_routing_converts_java_replacements_and_rejects_regex_routing() {
+    let template = |pairs: &[(&str, &str)]| {
+        import(&config(pairs)).map(|i| {
+            i.args
+                .into_iter()
+                .find(|(f, _)| f == "--topic-template")
+                .map(|(_, v)| v)
+                .unwrap()
+        })
+    };
+    assert_eq!(
+        template(&[(
+            "transforms.outbox.route.topic.replacement",
+            r"ev.\$.${routedByValue}"
+        )])
+        .unwrap(),
+        "ev.$$.${routedByValue}"
+    );
+    assert_eq!(
+        template(&[
+            ("transforms.outbox.route.topic.regex", "^(.*)$"),
+            ("transforms.outbox.route.topic.replacement", "x.$1.$0"),
+        ])
+        .unwrap(),
+        "x.${routedByValue}.${routedByValue}"
+    );
+    let imported = import(&config(&[
+        ("transforms.outbox.route.topic.regex", "(.+)"),
+        ("transforms.outbox.route.topic.replacement", "$1"),
+    ]))
+    .unwrap();
+    assert_warned(&imported, &["route.topic.regex", "treated as the default"]);
+    let err =
+        template(&[("transforms.outbox.route.topic.regex", "(?<t>[a-z]+)_(.*)")]).unwrap_err();
+    assert!(err.to_string().contains("no regex routing"), "{err}");
+    let err = template(&[(
+        "transforms.outbox.route.topic.replacement",
+        "${aggregatetype}",
+    )])
+    .unwrap_err();
+    assert!(err.to_string().contains("names no group"), "{err}");
+    let err = template(&[
+        ("transforms.outbox.route.topic.regex", "(.*)"),
+        (
+            "transforms.outbox.route.topic.replacement",
+            "${routedByValue}",
+        ),
+    ])
+    .unwrap_err();
+    assert!(err.to_string().contains("names no group"), "{err}");
+    let err = template(&[("transforms.outbox.route.topic.replacement", "a$2")]).unwrap_err();
+    assert!(err.to_string().contains("$2"), "{err}");
+}
+
+#[test]
+fn router_options_without_equivalent_are_each_named() {
+    let imported = import(&config(&[
+        ("transforms", "filter, outbox, outbox2"),
+        ("transforms.filter.type", "io.debezium.transforms.Filter"),
+        (
+            "transforms.outbox2.type",
+            "io.debezium.transforms.outbox.EventRouter",
+        ),
+        ("transforms.outbox.table.field.event.schema.version", "v"),
+        (
+            "transforms.outbox.table.json.payload.null.behavior",
+            "optional_bytes",
+        ),
+        ("transforms.outbox.debezium.op.invalid.behavior", "error"),
+        (
+            "transforms.outbox.table.fields.additional.error.on.missing",
+            "false",
+        ),
+        (
+            "transforms.outbox.table.fields.additional.placement",
+            "a:partition,b:header",
+        ),
+        ("transforms.outbox.tracing.span.context.field", "span"),
+        ("transforms.outbox.predicate", "isOutbox"),
+        ("transforms.outbox.negate", "false"),
+        ("transforms.outbox.route.topic.replacment", "typo"),
+        ("predicates", "isOutbox"),
+        (
+            "predicates.isOutbox.type",
+            "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
+        ),
+        (
+            "key.converter",
+            "org.apache.kafka.connect.json.JsonConverter",
+        ),
+        ("value.converter", "io.confluent.connect.avro.AvroConverter"),
+        (
+            "value.converter.schema.registry.url",
+            "http://registry:8081",
+        ),
+        ("producer.override.bootstrap.servers", "k1:9092,k2:9092"),
+        ("producer.override.acks", "1"),
+        ("producer.override.ssl.truststore.location", "/ts.jks"),
+        ("database.sslmode", "require"),
+        ("database.password", "${file:/s:pw}"),
+    ]))
+    .unwrap();
+    assert!(
+        imported
+            .args
+            .contains(&("--kafka-brokers".into(), "k1:9092,k2:9092".into()))
+    );
+    assert!(
+        imported
+            .args
+            .contains(&("--header-column".into(), "b".into()))
+    );
+    assert!(imported.args.contains(&("-X".into(), "acks=1".into())));
+    assert!(
+        imported
+            .args
+            .iter()
+            .any(|(_, v)| v.contains("sslmode=require"))
+    );
+    for needles in [
+        &["filter", "io.debezium.transforms.Filter", "not applied"][..],
+        &["outbox2", "second EventRouter"],
+        &["table.field.event.schema.version"],
+        &["table.json.payload.null.behavior"],
+        &["debezium.op.invalid.behavior=error"],
+        &["table.fields.additional.error.on.missing=false"],
+        &["partition placements", "a:partition"],
+        &["tracing.span.context.field"],
+        &["predicate=isOutbox"],
+        &["unknown EventRouter options", "route.topic.replacment"],
+        &[
+            "key.converter=JsonConverter",
+            "schemas.enable=true",
+            "partition",
+        ],
+        &["value.converter=io.confluent.connect.avro.AvroConverter"],
+        &["acks=1"],
+        &["ssl.truststore.location", "ssl.ca.location"],
+        &["sslmode", "TLS"],
+        &["database.password", "config-provider"],
+    ] {
+        assert_warned(&imported, needles);
+    }
+    assert!(
+        !imported.warnings.iter().any(|w| w.contains("ignored")),
+        "{:?}",
+        imported.warnings
+    );
+    assert!(
+        !imported
+            .warnings
+            .iter()
+            .any(|w| w.contains("add --kafka-brokers"))
+    );
+}
+
+#[test]
+fn raw_converters_make_null_payloads_match() {
+    let imported = import(&config(&[
+        (
+            "key.converter",
+            "org.apache.kafka.connect.storage.StringConverter",
+        ),
+        (
+            "value.converter",
+            "org.apache.kafka.connect.converters.ByteArrayConverter",
+        ),
+    ]))
+    .unwrap();
+    assert!(
+        !imported
+            .warnings
+            .iter()
+            .any(|w| w.contains("tombstone") || w.contains("converter")),
+        "{:?}",
+        imported.warnings
+    );
+}
