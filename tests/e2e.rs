@@ -373,3 +373,86 @@ async fn a_table_less_outbox_relays_logical_decoding_messages() {
     );
     assert!(relay.log().contains("non-transactional message"));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn switching_from_debezium_reuses_its_slot_and_publication() {
+    let world = World::start().await;
+    // What a Debezium deployment leaves behind: its default outbox schema,
+    // an all-tables publication and a pgoutput slot it confirmed up to some point.
+    world
+        .pg
+        .execute(
+            "CREATE TABLE public.outboxevent (id uuid PRIMARY KEY, aggregatetype text NOT NULL,
+                 aggregateid text NOT NULL, type text NOT NULL, payload jsonb);
+             CREATE PUBLICATION dbz_publication FOR ALL TABLES;",
+        )
+        .await;
+    world
+        .pg
+        .execute("SELECT pg_create_logical_replication_slot('debezium', 'pgoutput')")
+        .await;
+    let insert = |id: &str| {
+        format!("INSERT INTO outboxevent VALUES ('{id}', 'Order', 'o-1', 'OrderCreated', '{{}}')")
+    };
+    world
+        .pg
+        .execute(&insert("00000000-0000-4000-8000-000000000001"))
+        .await;
+    // Debezium delivered and confirmed everything so far.
+    world
+        .pg
+        .execute("SELECT pg_replication_slot_advance('debezium', pg_current_wal_lsn())")
+        .await;
+    world
+        .pg
+        .execute(&insert("00000000-0000-4000-8000-000000000002"))
+        .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let connector = dir.path().join("connector.json");
+    let url = url::Url::parse(&world.pg.url()).unwrap();
+    std::fs::write(
+        &connector,
+        serde_json::json!({
+            "name": "outbox-connector",
+            "config": {
+                "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+                "plugin.name": "pgoutput",
+                "database.hostname": "127.0.0.1",
+                "database.port": url.port().unwrap().to_string(),
+                "database.user": "postgres",
+                "database.password": crate::support::postgres::PgCluster::PASSWORD,
+                "database.dbname": "postgres",
+                "topic.prefix": "dbserver1",
+                "table.include.list": "public.outboxevent",
+                "transforms": "outbox",
+                "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+                "transforms.outbox.table.field.event.key": "aggregateid",
+                "transforms.outbox.route.by.field": "aggregatetype"
+            }
+        })
+        .to_string(),
+    )
+    .unwrap();
+    // No --postgres-url: everything but the brokers comes from the connector config.
+    let mut relay = Relay::spawn_raw(&[
+        "--debezium-config",
+        connector.to_str().unwrap(),
+        "--kafka-brokers",
+        &world.broker.bootstrap(),
+    ]);
+    relay.wait_streaming();
+    let end = world.current_lsn().await;
+    world.wait_confirmed("debezium", end, Duration::from_secs(20)).await;
+    let records = world
+        .broker
+        .consume(&["outbox.event.Order"], 2, Duration::from_secs(5));
+    let ids: Vec<String> = records.iter().map(|r| r.id()).collect();
+    assert_eq!(
+        ids,
+        ["00000000-0000-4000-8000-000000000002"],
+        "only what Debezium had not confirmed; log:\n{}",
+        relay.log()
+    );
+    assert_eq!(records[0].key_text().as_deref(), Some("o-1"));
+}

@@ -4,6 +4,7 @@
 //! Each command prints its result on stdout (logs go to stderr) and maps its
 //! failure to one of [`pipeline::exit_code`]'s codes, like the relay.
 
+pub mod debezium;
 mod drop_slot;
 mod relay;
 mod setup;
@@ -59,6 +60,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         Some(Command::Status(args)) => status::run(cli, args),
         Some(Command::Setup(args)) => setup::run(cli, args),
         Some(Command::DropSlot(args)) => drop_slot::run(cli, args),
+        Some(Command::DebeziumConfig(args)) => debezium::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

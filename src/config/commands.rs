@@ -20,6 +20,17 @@ pub enum Command {
     Setup(SetupArgs),
     /// Drop the replication slot (and optionally the publication).
     DropSlot(DropSlotArgs),
+    /// Translate a Debezium connector configuration into outbox-relay flags.
+    DebeziumConfig(DebeziumConfigArgs),
+}
+
+/// `debezium-config` flags.
+#[derive(Debug, Clone, Args)]
+pub struct DebeziumConfigArgs {
+    /// The connector configuration (JSON or .properties) whose equivalent
+    /// command line to print, with what does not carry over.
+    #[arg(long, value_name = "FILE")]
+    pub explain: std::path::PathBuf,
 }
 
 /// `status` flags.
@@ -59,6 +70,18 @@ impl Cli {
     pub fn parse_global() -> Cli {
         let mut cmd = Self::command_with_global_flags();
         let matches = cmd.clone().get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit())
+    }
+
+    /// Parses `args` (the first is the program name); prints help or the
+    /// error and exits as clap does.
+    pub fn parse_global_from<I, T>(args: I) -> Cli
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut cmd = Self::command_with_global_flags();
+        let matches = cmd.clone().get_matches_from(args);
         Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit())
     }
 

@@ -622,7 +622,7 @@ impl<'a> Importer<'a> {
         let password = match password {
             Some(p) if is_config_provider(p) => {
                 self.warn(
-                    "database.password is a Kafka Connect config-provider reference (${provider:...}), which the relay cannot resolve, so it is left out of --postgres-url. The relay reads the password only from the URL: resolve the secret at deploy time and pass the complete URL through the OUTBOX_RELAY_POSTGRES_URL environment variable (for example from a Kubernetes Secret) rather than on the command line",
+                    "database.password is a Kafka Connect config-provider reference (${provider:...}), which the relay cannot resolve, so it is left out of --postgres-url. Pass the password with --postgres-password-file PATH (a mounted secret) or the OUTBOX_RELAY_POSTGRES_PASSWORD environment variable",
                 );
                 None
             }
@@ -659,14 +659,7 @@ impl<'a> Importer<'a> {
         }
         let info = PostgresConnInfo::parse(&url)
             .map_err(|source| DebeziumError::PostgresUrl { source })?;
-        if !matches!(
-            info.sslmode,
-            super::SslMode::Disable | super::SslMode::Prefer
-        ) {
-            self.warn(
-                "database.sslmode requires TLS, which the relay does not support yet: it refuses sslmode=require, verify-ca and verify-full at start-up (exit code 2). Relax TLS enforcement for the relay's network path, or wait for TLS support",
-            );
-        }
+        let _ = info;
         Ok(url)
     }
 

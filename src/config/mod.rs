@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-pub use commands::{Command, DropSlotArgs, SetupArgs, SetupTarget, StatusArgs};
+pub use commands::{Command, DebeziumConfigArgs, DropSlotArgs, SetupArgs, SetupTarget, StatusArgs};
 pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, redact_url};
 
@@ -195,7 +195,14 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,rdkafka=warn).
+    /// A Debezium connector configuration (the JSON POSTed to Kafka Connect, or a
+    /// .properties file) to take the connection, slot, publication, tables and
+    /// EventRouter options from; flags given explicitly override it. See
+    /// `outbox-relay debezium-config --explain FILE`.
+    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
+    pub debezium_config: Option<PathBuf>,
+
+    /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,librdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
 

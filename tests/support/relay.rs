@@ -50,6 +50,33 @@ impl Relay {
         }
     }
 
+    /// Starts the relay with exactly `args` (plus test logging settings).
+    pub fn spawn_raw(args: &[&str]) -> Relay {
+        let dir = tempfile::tempdir().expect("temp dir for the relay log");
+        let log = dir.path().join("relay.log");
+        let stderr = File::create(&log).expect("create relay log");
+        let child = Command::new(binary())
+            .args([
+                "--log-level",
+                "info,outbox_relay=debug",
+                "--status-interval",
+                "200ms",
+            ])
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env("OUTBOX_RELAY_HTTP_ADDR", "none")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn outbox-relay");
+        Relay {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()

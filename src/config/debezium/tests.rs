@@ -223,7 +223,7 @@ fn properties_example_keeps_the_secret_out_and_passes_producer_overrides() {
         &[
             "database.password",
             "config-provider",
-            "OUTBOX_RELAY_POSTGRES_URL",
+            "--postgres-password-file",
         ],
     );
     assert_warned(
@@ -570,7 +570,6 @@ fn router_options_without_equivalent_are_each_named() {
         &["value.converter=io.confluent.connect.avro.AvroConverter"],
         &["acks=1"],
         &["ssl.truststore.location", "ssl.ca.location"],
-        &["sslmode", "TLS"],
         &["database.password", "config-provider"],
     ] {
         assert_warned(&imported, needles);
@@ -606,6 +605,45 @@ fn raw_converters_make_null_payloads_match() {
             .warnings
             .iter()
             .any(|w| w.contains("tombstone") || w.contains("converter")),
+        "{:?}",
+        imported.warnings
+    );
+}
+
+#[test]
+fn tls_modes_pass_through_without_a_warning() {
+    let mut config = BTreeMap::new();
+    for (k, v) in [
+        (
+            "connector.class",
+            "io.debezium.connector.postgresql.PostgresConnector",
+        ),
+        ("plugin.name", "pgoutput"),
+        ("database.hostname", "db"),
+        ("database.user", "u"),
+        ("database.dbname", "app"),
+        ("database.sslmode", "verify-full"),
+        ("database.sslrootcert", "/ca.pem"),
+        ("table.include.list", "public.outbox"),
+        ("transforms", "outbox"),
+        (
+            "transforms.outbox.type",
+            "io.debezium.transforms.outbox.EventRouter",
+        ),
+    ] {
+        config.insert(k.to_owned(), v.to_owned());
+    }
+    let imported = import(&config).unwrap();
+    assert!(
+        imported
+            .args
+            .iter()
+            .any(|(_, v)| v.contains("sslmode=verify-full") && v.contains("sslrootcert=")),
+        "{:?}",
+        imported.args
+    );
+    assert!(
+        !imported.warnings.iter().any(|w| w.contains("TLS")),
         "{:?}",
         imported.warnings
     );
