@@ -443,7 +443,9 @@ async fn switching_from_debezium_reuses_its_slot_and_publication() {
     ]);
     relay.wait_streaming();
     let end = world.current_lsn().await;
-    world.wait_confirmed("debezium", end, Duration::from_secs(20)).await;
+    world
+        .wait_confirmed("debezium", end, Duration::from_secs(20))
+        .await;
     let records = world
         .broker
         .consume(&["outbox.event.Order"], 2, Duration::from_secs(5));

@@ -14,5 +14,6 @@ mod harness;
 mod ops;
 mod poison;
 mod reliability;
+mod slot_hygiene;
 mod startup;
 mod tls;

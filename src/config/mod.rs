@@ -172,6 +172,12 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE_FALLBACK", value_enum, default_value_t = ExactlyOnceFallback::Fail)]
     pub exactly_once_fallback: ExactlyOnceFallback,
 
+    /// Write a non-transactional logical decoding message this often, so the slot
+    /// advances even when the database writes nothing (off by default: keepalive
+    /// positions already advance it whenever the server writes any WAL).
+    #[arg(long, env = "OUTBOX_RELAY_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
+    pub heartbeat_interval: Option<Duration>,
+
     /// What to do with an event that cannot be delivered (NULL id or routing
     /// value, invalid topic name, payload over message.max.bytes, a value invalid
     /// for its type, a broker-side rejection): stop before acknowledging it
@@ -344,6 +350,8 @@ pub struct Config {
     pub dead_letter_topic: Option<String>,
     /// Reconnect backoff bounds.
     pub reconnect_backoff: (Duration, Duration),
+    /// Heartbeat cadence, if enabled.
+    pub heartbeat_interval: Option<Duration>,
     /// Delivery guarantee.
     pub delivery: Delivery,
     /// Exactly-once fallback.
@@ -502,6 +510,7 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Config {
+            heartbeat_interval: cli.heartbeat_interval.filter(|d| !d.is_zero()),
             delivery: cli.delivery,
             exactly_once_fallback: cli.exactly_once_fallback,
             message_prefixes,

@@ -305,7 +305,16 @@ pub async fn run(
         exactly_once,
         observer: crate::observability::observer::PipelineObserver::new(),
     };
+    let heartbeat = pipeline.config.heartbeat_interval.map(|interval| {
+        tokio::spawn(crate::source::heartbeat::run(
+            pipeline.config.clone(),
+            interval,
+        ))
+    });
     let outcome = pipeline.run_streams().await;
+    if let Some(task) = heartbeat {
+        task.abort();
+    }
     let summary = pipeline.finish().await;
     outcome.map(|()| summary)
 }

@@ -5,6 +5,7 @@
 //! through and exposes exactly one way to move the slot, [`ReplicationStream::ack`],
 //! which only the pipeline calls, and only with the ack frontier.
 
+pub mod heartbeat;
 pub mod setup;
 pub mod sql;
 mod tls;

@@ -1,0 +1,45 @@
+//! `--heartbeat-interval`: a non-transactional logical decoding message
+//! written on a timer, so the walsender always has recent WAL of this database
+//! to decode and report. Keepalive positions that follow it are acknowledged
+//! when nothing is in flight, so the slot keeps up even when the database
+//! itself writes nothing for a long time (the case Debezium's
+//! `heartbeat.action.query` covers).
+
+use std::time::Duration;
+
+use super::setup;
+use crate::config::Config;
+
+/// The message prefix: not an outbox prefix, so it is never relayed.
+pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
+
+/// Writes a heartbeat every `interval` until the task is aborted. Never fails:
+/// an error is logged and retried on the next tick with a fresh connection.
+pub async fn run(config: Config, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client = None;
+    let mut warned = false;
+    loop {
+        ticker.tick().await;
+        if client.is_none() {
+            client = setup::connect(&config).await.ok();
+        }
+        let Some(c) = &client else { continue };
+        let sql = format!("SELECT pg_logical_emit_message(false, '{HEARTBEAT_PREFIX}', '')");
+        match c.simple_query(&sql).await {
+            Ok(_) => warned = false,
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(
+                        error = %super::pg_error_text(&e),
+                        "heartbeat failed; the role needs EXECUTE on pg_logical_emit_message \
+                         (superuser or REPLICATION). Retrying every interval"
+                    );
+                    warned = true;
+                }
+                client = None;
+            }
+        }
+    }
+}
