@@ -616,22 +616,10 @@ impl Pipeline {
                     return Ok(());
                 };
                 let table = mapping.table().clone();
-                let seq = self.tx_seq;
-                self.tx_seq = self.tx_seq.saturating_add(1);
-                match mapping.map(relation, &new, self.commit_time_ms) {
-                    Ok(record) => self.enqueue(record, table, seq).await?,
-                    Err(error) => {
-                        let poison = Poison::unmappable(
-                            mapping.raw_parts(&new),
-                            error,
-                            self.commit_lsn,
-                            table.to_string(),
-                            self.commit_time_ms,
-                        );
-                        let ticket = self.tracker.push(0, &table)?;
-                        self.poison(ticket, poison).await?;
-                    }
-                }
+                let mapped = mapping
+                    .map(relation, &new, self.commit_time_ms)
+                    .map_err(|error| (error, mapping.raw_parts(&new)));
+                self.relay_event(mapped, table).await?;
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
                 if let Some(mapping) = self.outbox.mappings.get(&relation_id) {
@@ -682,23 +670,10 @@ impl Pipeline {
             return Ok(());
         }
         let source = mapping.source().clone();
-        let record = mapping.map(&content, self.commit_time_ms);
-        let seq = self.tx_seq;
-        self.tx_seq = self.tx_seq.saturating_add(1);
-        match record {
-            Ok(record) => self.enqueue(record, source, seq).await,
-            Err(error) => {
-                let poison = Poison::unmappable(
-                    mapping.raw_parts(&content),
-                    error,
-                    self.commit_lsn,
-                    source.to_string(),
-                    self.commit_time_ms,
-                );
-                let ticket = self.tracker.push(0, &source)?;
-                self.poison(ticket, poison).await
-            }
-        }
+        let mapped = mapping
+            .map(&content, self.commit_time_ms)
+            .map_err(|error| (error, mapping.raw_parts(&content)));
+        self.relay_event(mapped, source).await
     }
 
     /// Waits until every in-flight record is acknowledged. Returns whether
@@ -715,6 +690,33 @@ impl Pipeline {
             }
         }
         Ok(false)
+    }
+
+    /// One outbox event (a row or a message) of the open transaction: the
+    /// record it maps to, or why it does not map and what could be read of it.
+    async fn relay_event(
+        &mut self,
+        mapped: Result<OutboxRecord, (crate::outbox::EventError, crate::outbox::RawParts)>,
+        source: std::sync::Arc<str>,
+    ) -> Result<(), RelayError> {
+        // Every event takes a sequence number, mapped or not, so a replayed
+        // transaction numbers its events the same way (exactly-once relies on it).
+        let seq = self.tx_seq;
+        self.tx_seq = self.tx_seq.saturating_add(1);
+        match mapped {
+            Ok(record) => self.enqueue(record, source, seq).await,
+            Err((error, parts)) => {
+                let poison = Poison::unmappable(
+                    parts,
+                    error,
+                    self.commit_lsn,
+                    source.to_string(),
+                    self.commit_time_ms,
+                );
+                let ticket = self.tracker.push(0, &source)?;
+                self.poison(ticket, poison).await
+            }
+        }
     }
 
     /// Hands one record to the producer, in stream order.

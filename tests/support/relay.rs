@@ -20,34 +20,9 @@ pub fn binary() -> &'static str {
 impl Relay {
     /// Starts the relay with `--postgres-url`, `--kafka-brokers` and `args`.
     pub fn spawn(postgres_url: &str, brokers: &str, args: &[&str]) -> Relay {
-        let dir = tempfile::tempdir().expect("temp dir for the relay log");
-        let log = dir.path().join("relay.log");
-        let stderr = File::create(&log).expect("create relay log");
-        let child = Command::new(binary())
-            .arg("--postgres-url")
-            .arg(postgres_url)
-            .arg("--kafka-brokers")
-            .arg(brokers)
-            .args([
-                "--log-level",
-                "info,outbox_relay=debug",
-                "--status-interval",
-                "200ms",
-            ])
-            .args(args)
-            .env_remove("RUST_LOG")
-            // Relays run in parallel: no fixed HTTP port unless a test passes --http-addr.
-            .env("OUTBOX_RELAY_HTTP_ADDR", "none")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn outbox-relay");
-        Relay {
-            child,
-            log,
-            _dir: dir,
-        }
+        let mut all = vec!["--postgres-url", postgres_url, "--kafka-brokers", brokers];
+        all.extend_from_slice(args);
+        Relay::spawn_raw(&all)
     }
 
     /// Starts the relay with exactly `args` (plus test logging settings).
