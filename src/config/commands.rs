@@ -112,15 +112,13 @@ pub struct SetupTarget {
 impl SetupTarget {
     /// Validates `--table`, `--slot` and `--publication` as [`super::Config::from_cli`] does.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let mut tables = Vec::with_capacity(cli.tables.len());
-        for raw in &cli.tables {
-            let table = TableName::parse(raw).map_err(|reason| invalid("--table", raw, &reason))?;
-            if !tables.contains(&table) {
-                tables.push(table);
-            }
-        }
-        if tables.is_empty() {
-            return Err(invalid("--table", "", "give at least one outbox table"));
+        let (tables, _) = super::parse_tables(&cli.tables)?;
+        if tables.is_empty() && cli.message_prefixes.is_empty() {
+            return Err(invalid(
+                "--table",
+                "",
+                "give at least one outbox table or --message-prefix",
+            ));
         }
         check_identifier("--slot", &cli.slot, true)?;
         check_identifier("--publication", &cli.publication, false)?;
@@ -140,6 +138,28 @@ mod tests {
     fn parse(args: &[&str]) -> Cli {
         Cli::try_parse_global_from(std::iter::once("outbox-relay").chain(args.iter().copied()))
             .unwrap()
+    }
+
+    #[test]
+    fn setup_reads_tables_like_the_relay() {
+        let cli = parse(&[
+            "setup",
+            "--print",
+            "--table",
+            "billing.outbox:key-column=a",
+            "--table",
+            "public.outbox",
+        ]);
+        let target = SetupTarget::from_cli(&cli).unwrap();
+        assert_eq!(
+            target.tables,
+            vec![
+                TableName::parse("billing.outbox").unwrap(),
+                TableName::parse("public.outbox").unwrap()
+            ]
+        );
+        let cli = parse(&["setup", "--table", "none", "--message-prefix", "outbox"]);
+        assert!(SetupTarget::from_cli(&cli).unwrap().tables.is_empty());
     }
 
     #[test]

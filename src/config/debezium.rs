@@ -1170,10 +1170,22 @@ impl<'a> Importer<'a> {
             }
         }
         if !heartbeat.is_empty() {
-            self.warn(format!(
-                "{} not needed: when nothing is in flight the relay acknowledges the server's keepalive positions, so a quiet outbox does not pin WAL",
-                heartbeat.join(", ")
-            ));
+            let interval = self
+                .config
+                .get("heartbeat.interval.ms")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|ms| *ms > 0);
+            let keys = heartbeat.join(", ");
+            if let Some(ms) = interval {
+                self.arg("--heartbeat-interval", format!("{ms}ms"));
+                self.warn(format!(
+                    "{keys}: mapped to --heartbeat-interval {ms}ms, which writes a non-transactional logical decoding message instead of running heartbeat.action.query; the relay also acknowledges keepalive positions whenever nothing is in flight, so a quiet outbox does not pin WAL even without it"
+                ));
+            } else {
+                self.warn(format!(
+                    "{keys} not needed: when nothing is in flight the relay acknowledges the server's keepalive positions, so a quiet outbox does not pin WAL (add --heartbeat-interval for a database that writes nothing at all)"
+                ));
+            }
         }
         if !ignored.is_empty() {
             self.warn(format!(

@@ -387,28 +387,7 @@ impl Config {
             ));
         }
         let observability = ObservabilityConfig::from_args(&cli.observability)?;
-        let mut tables = Vec::with_capacity(cli.tables.len());
-        let mut overridden = Vec::new();
-        for raw in &cli.tables {
-            let (name, overrides) = match raw.split_once(':') {
-                Some((name, overrides)) => (name, Some(overrides)),
-                None => (raw.as_str(), None),
-            };
-            if name == "none" {
-                continue;
-            }
-            let table =
-                TableName::parse(name).map_err(|reason| invalid("--table", raw, &reason))?;
-            if let Some(overrides) = overrides {
-                overridden.push((table.clone(), overrides.to_owned()));
-            }
-            if !tables.contains(&table) {
-                tables.push(table);
-            }
-        }
-        if cli.tables.iter().any(|t| t == "none") {
-            tables.clear();
-        }
+        let (tables, overridden) = parse_tables(&cli.tables)?;
         let message_prefixes: Vec<String> = cli
             .message_prefixes
             .iter()
@@ -531,6 +510,35 @@ impl Config {
             observability,
         })
     }
+}
+
+/// `--table` values: the tables in flag order (`none` alone means no tables,
+/// for a table-less outbox) and each table's raw overrides.
+pub(crate) fn parse_tables(
+    raw_tables: &[String],
+) -> Result<(Vec<TableName>, Vec<(TableName, String)>), ConfigError> {
+    let mut tables = Vec::with_capacity(raw_tables.len());
+    let mut overridden = Vec::new();
+    for raw in raw_tables {
+        let (name, overrides) = match raw.split_once(':') {
+            Some((name, overrides)) => (name, Some(overrides)),
+            None => (raw.as_str(), None),
+        };
+        if name == "none" {
+            continue;
+        }
+        let table = TableName::parse(name).map_err(|reason| invalid("--table", raw, &reason))?;
+        if let Some(overrides) = overrides {
+            overridden.push((table.clone(), overrides.to_owned()));
+        }
+        if !tables.contains(&table) {
+            tables.push(table);
+        }
+    }
+    if raw_tables.iter().any(|t| t == "none") {
+        tables.clear();
+    }
+    Ok((tables, overridden))
 }
 
 impl Config {

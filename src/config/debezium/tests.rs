@@ -149,6 +149,7 @@ fn custom_routing_example_maps_headers_and_warns_about_the_envelope() {
             ("--payload-column", "payload"),
             ("--timestamp-column", "timestamp"),
             ("--header-column", "type:eventType"),
+            ("--heartbeat-interval", "10000ms"),
         ])
     );
     assert_warned(
@@ -216,6 +217,7 @@ fn properties_example_keeps_the_secret_out_and_passes_producer_overrides() {
             ("-X", "compression.type=zstd"),
             ("-X", "linger.ms=20"),
             ("-X", "message.max.bytes=2097152"),
+            ("--heartbeat-interval", "10000ms"),
         ])
     );
     assert_warned(
@@ -270,7 +272,7 @@ fn explain_prints_a_runnable_quoted_command_and_the_warnings() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "outbox-relay \\");
     assert!(lines.contains(&"  --topic-template '${routedByValue}.events' \\"));
-    assert!(lines.contains(&"  --header-column type:eventType"));
+    assert!(lines.contains(&"  --header-column type:eventType \\"));
     assert!(
         lines.contains(&"  --postgres-url 'postgres://debezium:p%40ss%3Aw%2Frd@orders-db.internal:5432/orders?sslmode=disable' \\")
     );
