@@ -512,11 +512,14 @@ impl Config {
     }
 }
 
+/// Per-table overrides as written: the table and its `key=value;...` text.
+type TableOverrides = Vec<(TableName, String)>;
+
 /// `--table` values: the tables in flag order (`none` alone means no tables,
 /// for a table-less outbox) and each table's raw overrides.
 pub(crate) fn parse_tables(
     raw_tables: &[String],
-) -> Result<(Vec<TableName>, Vec<(TableName, String)>), ConfigError> {
+) -> Result<(Vec<TableName>, TableOverrides), ConfigError> {
     let mut tables = Vec::with_capacity(raw_tables.len());
     let mut overridden = Vec::new();
     for raw in raw_tables {
