@@ -131,3 +131,131 @@ async fn the_default_partitioner_matches_the_java_client() {
         );
     }
 }
+
+/// Writes one record that claims to come from this relay (`outbox.source`).
+fn forge(bootstrap: &str, topic: &str, partition: i32, key: &str, source: &str, lsn: &str) {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "id",
+            value: Some("forged"),
+        })
+        .insert(Header {
+            key: "outbox.source",
+            value: Some(source),
+        })
+        .insert(Header {
+            key: "outbox.lsn",
+            value: Some(lsn),
+        })
+        .insert(Header {
+            key: "outbox.seq",
+            value: Some("0"),
+        });
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(partition)
+                .key(key)
+                .payload("{}")
+                .headers(headers),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
+
+async fn source_id(world: &World) -> String {
+    let rows = world
+        .pg
+        .execute("SELECT system_identifier::text FROM pg_control_system()")
+        .await;
+    format!("outbox_relay@{}", rows[0][0].clone().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_writer_with_the_same_source_is_refused() {
+    let world = World::start().await;
+    world.broker.ensure_topic("Evt");
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &EO);
+    relay.wait_streaming();
+    let source = source_id(&world).await;
+    // A record "from us" at an LSN the WAL has not reached.
+    let partition = partition_for(b"agg-x", 4);
+    forge(
+        &world.broker.bootstrap(),
+        "Evt",
+        partition,
+        "agg-x",
+        &source,
+        "FFFF/0",
+    );
+    world.insert_tx(&[("Evt", "agg-x", "{}")]).await;
+    let status = relay
+        .wait_exit(Duration::from_secs(30))
+        .expect("relay stops");
+    let log = relay.log();
+    assert_eq!(status.code(), Some(4), "{log}");
+    assert!(
+        log.contains("another writer uses the same source header"),
+        "{log}"
+    );
+    assert!(
+        log.contains("--exactly-once-fallback at-least-once"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_partition_count_is_detected_and_the_fallback_continues() {
+    let world = World::start().await;
+    world.broker.ensure_topic("Evt");
+    let source = source_id(&world).await;
+    // The next event's partition holds, as the last record "from us", one
+    // whose key hashes to another partition: as if the topic had been resized.
+    let key = "order-1".to_owned();
+    let target = partition_for(key.as_bytes(), 4);
+    let planted_key = (0..100)
+        .map(|i| format!("m-{i}"))
+        .find(|k| partition_for(k.as_bytes(), 4) != target)
+        .unwrap();
+    forge(
+        &world.broker.bootstrap(),
+        "Evt",
+        target,
+        &planted_key,
+        &source,
+        "0/1",
+    );
+
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &EO);
+    relay.wait_streaming();
+    world.insert_tx(&[("Evt", &key, "{}")]).await;
+    let status = relay
+        .wait_exit(Duration::from_secs(30))
+        .expect("relay stops");
+    let log = relay.log();
+    assert_eq!(status.code(), Some(4), "{log}");
+    assert!(log.contains("partition count"), "{log}");
+
+    // With the fallback allowed, the same event goes through (at-least-once for that partition).
+    let mut args = EO.to_vec();
+    args.extend(["--exactly-once-fallback", "at-least-once"]);
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &args);
+    relay.wait_streaming();
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(30))
+        .await;
+    assert!(
+        relay.log().contains("continuing at-least-once"),
+        "{}",
+        relay.log()
+    );
+}
