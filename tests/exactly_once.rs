@@ -259,3 +259,75 @@ async fn a_changed_partition_count_is_detected_and_the_fallback_continues() {
         relay.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_removed_by_retention_is_detected() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let world = World::start().await;
+    world.broker.ensure_topic("Evt");
+    let bootstrap = world.broker.bootstrap();
+    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
+    relay.wait_streaming();
+    world.insert_tx(&[("Evt", "order-1", "{}")]).await;
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(30))
+        .await;
+    relay.signal("TERM");
+    relay.wait_exit(Duration::from_secs(30)).expect("stops");
+
+    // Other writers fill the partition until the mock broker's retention
+    // (about 5 MB per partition) has dropped the relay's record.
+    let partition = partition_for(b"order-1", 4);
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "retention-check")
+        .create()
+        .unwrap();
+    let blob = "x".repeat(200_000);
+    for i in 0..80 {
+        forge_payload(&bootstrap, "Evt", partition, &format!("other-{i}"), &blob);
+        let (low, _) = consumer
+            .fetch_watermarks("Evt", partition, Duration::from_secs(5))
+            .unwrap();
+        if low > 0 {
+            break;
+        }
+    }
+    let (low, _) = consumer
+        .fetch_watermarks("Evt", partition, Duration::from_secs(5))
+        .unwrap();
+    assert!(low > 0, "retention did not drop anything");
+
+    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
+    relay.wait_streaming();
+    world.insert_tx(&[("Evt", "order-1", "{}")]).await;
+    let status = relay
+        .wait_exit(Duration::from_secs(60))
+        .expect("relay stops");
+    let log = relay.log();
+    assert_eq!(status.code(), Some(4), "{log}");
+    assert!(log.contains("retention removed older records"), "{log}");
+}
+
+/// Writes a record from another producer (no relay headers).
+fn forge_payload(bootstrap: &str, topic: &str, partition: i32, key: &str, payload: &str) {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("message.max.bytes", "1000000")
+        .create()
+        .unwrap();
+    producer
+        .send(
+            BaseRecord::to(topic)
+                .partition(partition)
+                .key(key)
+                .payload(payload),
+        )
+        .map_err(|(e, _)| e)
+        .unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
