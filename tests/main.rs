@@ -7,6 +7,7 @@
 
 mod support;
 
+mod deploy;
 mod e2e;
 mod exactly_once;
 mod failures;
