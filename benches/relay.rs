@@ -126,6 +126,8 @@ struct Args {
     large_tx: u64,
     skip_large: bool,
     status_interval: String,
+    /// `--delivery` passed to the relay (`at-least-once` or `exactly-once`).
+    delivery: String,
     kafka_properties: Vec<String>,
     quick: bool,
 }
@@ -142,6 +144,7 @@ impl Args {
             large_tx: if quick { 100_000 } else { 1_000_000 },
             skip_large: false,
             status_interval: "500ms".to_owned(),
+            delivery: "at-least-once".to_owned(),
             kafka_properties: Vec::new(),
             quick,
         };
@@ -166,6 +169,7 @@ impl Args {
                 "--large-tx" => args.large_tx = number(flag, value(flag)?)?,
                 "--status-interval" => args.status_interval = value(flag)?,
                 "-X" | "--kafka-property" => args.kafka_properties.push(value(flag)?),
+                "--delivery" => args.delivery = value(flag)?,
                 "--skip-large" => args.skip_large = true,
                 _ => {}
             }
@@ -564,6 +568,7 @@ impl RelayProcess {
             .args(["--kafka-brokers", bootstrap])
             .args(["--slot", SLOT_RELAY, "--publication", PUBLICATION])
             .args(["--status-interval", &args.status_interval])
+            .args(["--delivery", &args.delivery])
             .args(
                 args.kafka_properties
                     .iter()
@@ -1269,6 +1274,7 @@ async fn run(args: Args) -> Result<()> {
         .report
         .add("postgres", version.split_whitespace().next().unwrap_or("?"));
     bench.report.add("loadavg_start", load_average());
+    bench.report.add("delivery", &bench.args.delivery);
     bench.backlog().await?;
     bench.steady().await?;
     if bench.args.skip_large {
