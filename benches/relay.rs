@@ -143,7 +143,7 @@ impl Args {
             duration: Duration::from_secs(if quick { 5 } else { 30 }),
             large_tx: if quick { 100_000 } else { 1_000_000 },
             skip_large: false,
-            status_interval: "500ms".to_owned(),
+            status_interval: "100ms".to_owned(),
             delivery: "at-least-once".to_owned(),
             kafka_properties: Vec::new(),
             quick,

@@ -143,7 +143,7 @@ pub struct Cli {
     pub shutdown_timeout: Duration,
 
     /// How often the acknowledged position is reported to Postgres.
-    #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL", default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
     pub status_interval: Duration,
 
     /// Most events enqueued to Kafka but not yet acknowledged; reading the WAL
