@@ -331,3 +331,50 @@ fn forge_payload(bootstrap: &str, topic: &str, partition: i32, key: &str, payloa
         .unwrap();
     producer.flush(Duration::from_secs(10)).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_reads_many_partition_tails_promptly() {
+    let world = World::start().await;
+    let topics: Vec<String> = (0..5).map(|i| format!("Evt{i}")).collect();
+    for t in &topics {
+        world.broker.ensure_topic(t);
+    }
+    let bootstrap = world.broker.bootstrap();
+    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
+    relay.wait_streaming();
+    let rows: Vec<(String, String)> = (0..100)
+        .map(|i| (topics[i % 5].clone(), format!("agg-{i}")))
+        .collect();
+    let refs: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|(t, k)| (t.as_str(), k.as_str(), "{}"))
+        .collect();
+    let mut ids = world.insert_tx(&refs).await;
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(30))
+        .await;
+    relay.signal("TERM");
+    relay.wait_exit(Duration::from_secs(30)).expect("stops");
+
+    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
+    relay.wait_streaming();
+    let started = Instant::now();
+    ids.extend(world.insert_tx(&refs).await);
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(60))
+        .await;
+    let took = started.elapsed();
+    eprintln!("exactly-once restart: 20 partition tails read and 100 events confirmed in {took:?}");
+    let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let records = world
+        .broker
+        .consume_ids(&topic_refs, &ids, Duration::from_secs(30));
+    assert_eq!(records.len(), 200, "{}", relay.log());
+    assert!(
+        took < Duration::from_secs(4),
+        "20 partition tails took {took:?} to read; log:\n{}",
+        relay.log()
+    );
+}

@@ -257,6 +257,9 @@ impl TailReader {
             .set("group.id", "outbox-relay-tail-reader")
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "true")
+            // A tail read ends at the partition's end: do not let the broker
+            // hold each fetch open waiting for more data.
+            .set("fetch.wait.max.ms", "10")
             .set("log_level", "3");
         // Security settings apply to the reader too; producer-only properties
         // are ignored by librdkafka's consumer with a warning.
@@ -314,9 +317,15 @@ impl TailReader {
                 };
                 let msg = match result {
                     Ok(msg) => msg,
-                    Err(rdkafka::error::KafkaError::PartitionEOF(_)) => break,
+                    Err(rdkafka::error::KafkaError::PartitionEOF(p)) if p == partition => break,
+                    // End of another (previously assigned) partition.
+                    Err(rdkafka::error::KafkaError::PartitionEOF(_)) => continue,
                     Err(e) => return Err(read_err(e.to_string())),
                 };
+                // Messages still buffered from a previously assigned partition.
+                if msg.topic() != topic || msg.partition() != partition {
+                    continue;
+                }
                 next = msg.offset() + 1;
                 if msg.offset() >= end {
                     break;
