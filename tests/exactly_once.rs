@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use outbox_relay::sink::exactly_once::partition_for;
 
 use crate::support::relay::Relay;
-use crate::support::world::World;
+use crate::support::world::{Schedule, World};
 
 const SLOT: &str = "outbox_relay";
 const EO: [&str; 6] = [
@@ -26,13 +26,7 @@ async fn sigkill_crash_loop_delivers_every_event_exactly_once() {
     let url = world.pg.url();
     let bootstrap = world.broker.bootstrap();
     let kills = 20;
-    let mut seed: u64 = 0xD1B5_4A32_D192_ED03;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut schedule = Schedule::new(0xD1B5_4A32_D192_ED03);
     let mut committed = Vec::new();
     let mut n = 0u64;
     for kill in 0..=kills {
@@ -41,9 +35,9 @@ async fn sigkill_crash_loop_delivers_every_event_exactly_once() {
             relay.wait_streaming();
         }
         // Let most runs stream for a while, so kills land mid-delivery.
-        let until = Instant::now() + Duration::from_millis(300 + next() % 900);
+        let until = Instant::now() + Duration::from_millis(300 + schedule.next() % 900);
         while Instant::now() < until {
-            let events = 1 + (next() % 4) as usize;
+            let events = 1 + (schedule.next() % 4) as usize;
             let rows: Vec<(String, String, String)> = (0..events)
                 .map(|k| {
                     let key = if (n + k as u64).is_multiple_of(7) {
@@ -54,11 +48,7 @@ async fn sigkill_crash_loop_delivers_every_event_exactly_once() {
                     ("Evt".to_owned(), key, format!(r#"{{"n": {n}, "k": {k}}}"#))
                 })
                 .collect();
-            let refs: Vec<(&str, &str, &str)> = rows
-                .iter()
-                .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
-                .collect();
-            committed.extend(world.insert_tx(&refs).await);
+            committed.extend(world.insert_tx(&rows).await);
             n += 1;
         }
         if kill < kills {
@@ -342,14 +332,10 @@ async fn a_restart_reads_many_partition_tails_promptly() {
     let bootstrap = world.broker.bootstrap();
     let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
     relay.wait_streaming();
-    let rows: Vec<(String, String)> = (0..100)
-        .map(|i| (topics[i % 5].clone(), format!("agg-{i}")))
+    let rows: Vec<(String, String, &str)> = (0..100)
+        .map(|i| (topics[i % 5].clone(), format!("agg-{i}"), "{}"))
         .collect();
-    let refs: Vec<(&str, &str, &str)> = rows
-        .iter()
-        .map(|(t, k)| (t.as_str(), k.as_str(), "{}"))
-        .collect();
-    let mut ids = world.insert_tx(&refs).await;
+    let mut ids = world.insert_tx(&rows).await;
     let end = world.current_lsn().await;
     world
         .wait_confirmed(SLOT, end, Duration::from_secs(30))
@@ -360,7 +346,7 @@ async fn a_restart_reads_many_partition_tails_promptly() {
     let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
     relay.wait_streaming();
     let started = Instant::now();
-    ids.extend(world.insert_tx(&refs).await);
+    ids.extend(world.insert_tx(&rows).await);
     let end = world.current_lsn().await;
     world
         .wait_confirmed(SLOT, end, Duration::from_secs(60))

@@ -82,11 +82,7 @@ async fn sigkill_mid_stream_then_restart_loses_nothing() {
                 )
             })
             .collect();
-        let refs: Vec<(&str, &str, &str)> = rows
-            .iter()
-            .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
-            .collect();
-        committed.extend(world.insert_tx(&refs).await);
+        committed.extend(world.insert_tx(&rows).await);
         if n == 60 {
             relay.signal("KILL");
             relay.wait_exit(Duration::from_secs(10)).expect("killed");

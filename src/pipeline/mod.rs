@@ -78,7 +78,11 @@ pub enum RelayError {
         frontier: Lsn,
     },
     /// librdkafka refused a record at enqueue time for a reason that is not the record's fault.
-    #[error("{source} (commit LSN {lsn}, table {table}); the slot was not moved past it")]
+    #[error(
+        "{source} (commit LSN {lsn}, table {table}); the slot was not moved past it. Check the \
+         -X producer properties and the brokers, then restart: the relay resumes from the last \
+         acknowledged transaction"
+    )]
     Sink {
         /// Commit LSN of the event's transaction.
         lsn: Lsn,
@@ -210,7 +214,7 @@ struct Outbox {
     tables: Vec<TableName>,
     relations: RelationCache,
     mappings: HashMap<u32, TableMapping>,
-    warned_non_insert: bool,
+    /// UPDATE/DELETE messages on outbox tables, which are ignored.
     non_insert_changes: u64,
     messages: HashMap<String, MessageMapping>,
     warned_non_transactional: bool,
@@ -279,7 +283,6 @@ pub async fn run(
             tables: config.tables.clone(),
             relations: RelationCache::default(),
             mappings: HashMap::new(),
-            warned_non_insert: false,
             non_insert_changes: 0,
             messages: config
                 .message_prefixes
@@ -623,9 +626,8 @@ impl Pipeline {
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
                 if let Some(mapping) = self.outbox.mappings.get(&relation_id) {
-                    self.outbox.non_insert_changes += 1;
-                    if !self.outbox.warned_non_insert {
-                        self.outbox.warned_non_insert = true;
+                    // Warn on the first one only; the count is reported at shutdown.
+                    if self.outbox.non_insert_changes == 0 {
                         tracing::warn!(
                             table = %mapping.table(),
                             lsn = %self.commit_lsn,
@@ -633,6 +635,7 @@ impl Pipeline {
                              (create the publication WITH (publish = 'insert') to stop receiving them)"
                         );
                     }
+                    self.outbox.non_insert_changes += 1;
                 }
             }
             Message::Begin { .. }
@@ -851,6 +854,8 @@ impl Pipeline {
         tracing::info!(
             frontier = %frontier,
             acked = self.events_acked,
+            dead_lettered = self.dead_lettered,
+            ignored_updates_deletes = self.outbox.non_insert_changes,
             "stopped; slot confirmed up to the final frontier"
         );
         Summary {

@@ -41,9 +41,16 @@ impl World {
 
     /// Inserts one outbox row per `(event_type, aggregate_id, payload)` in ONE
     /// transaction, with a business row; returns the ids.
-    pub async fn insert_tx(&self, rows: &[(&str, &str, &str)]) -> Vec<String> {
+    pub async fn insert_tx<T, K, P>(&self, rows: &[(T, K, P)]) -> Vec<String>
+    where
+        T: AsRef<str>,
+        K: AsRef<str>,
+        P: AsRef<str>,
+    {
         let mut sql = String::from("BEGIN; INSERT INTO orders (note) VALUES ('x');");
         for (event_type, aggregate, payload) in rows {
+            let (event_type, aggregate, payload) =
+                (event_type.as_ref(), aggregate.as_ref(), payload.as_ref());
             sql.push_str(&format!(
                 "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
                  VALUES ('order', '{aggregate}', '{event_type}', '{payload}') RETURNING id::text;"
@@ -97,6 +104,24 @@ fn parse_lsn(rows: &[Vec<Option<String>>]) -> Lsn {
         .and_then(|r| r.first().cloned().flatten())
         .and_then(|t| t.parse().ok())
         .expect("an LSN")
+}
+
+/// A deterministic pseudo-random schedule (xorshift64), so a failing run replays.
+pub struct Schedule(u64);
+
+impl Schedule {
+    /// A schedule from a non-zero seed.
+    pub fn new(seed: u64) -> Schedule {
+        Schedule(seed.max(1))
+    }
+
+    /// The next number.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
 }
 
 /// Polls `check` every 100 ms until it is true or `timeout` passes.
