@@ -24,6 +24,10 @@
 //! `--rate R`, `--duration S`, `--large-tx N`, `--skip-large`,
 //! `--status-interval D` and `-X KEY=VALUE` (passed to the relay), `--quick`.
 
+// Test support: its `expect`s are on loopback set-up, not on relay output.
+#[allow(clippy::expect_used)]
+#[path = "../tests/support/http.rs"]
+mod http;
 #[path = "../tests/support/postgres.rs"]
 mod postgres;
 
@@ -62,8 +66,12 @@ const EVENT_TYPES: [&str; 10] = [
     "AddressChanged",
     "InvoiceIssued",
 ];
-/// Partitions per topic on the mock cluster.
-const PARTITIONS: i32 = 4;
+/// Partitions per topic on the mock cluster (`--partitions`), set once at start.
+static PARTITIONS: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+
+fn partitions() -> i32 {
+    PARTITIONS.get().copied().unwrap_or(4)
+}
 /// Distinct aggregates (record keys).
 const AGGREGATES: u64 = 1_000;
 /// Rows per backlog transaction.
@@ -125,6 +133,10 @@ struct Args {
     duration: Duration,
     large_tx: u64,
     skip_large: bool,
+    /// Mock cluster brokers (partition leaders spread over them).
+    brokers: i32,
+    /// Partitions per topic.
+    partitions: i32,
     status_interval: String,
     /// `--delivery` passed to the relay (`at-least-once` or `exactly-once`).
     delivery: String,
@@ -143,6 +155,8 @@ impl Args {
             duration: Duration::from_secs(if quick { 5 } else { 30 }),
             large_tx: if quick { 100_000 } else { 1_000_000 },
             skip_large: false,
+            brokers: 1,
+            partitions: 4,
             status_interval: "100ms".to_owned(),
             delivery: "at-least-once".to_owned(),
             kafka_properties: Vec::new(),
@@ -154,6 +168,12 @@ impl Args {
                 it.next()
                     .cloned()
                     .ok_or_else(|| anyhow!("{name} needs a value"))
+            };
+            let small = |name: &str, n: u64| -> Result<i32> {
+                i32::try_from(n)
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| anyhow!("{name} {n}: expected 1 to 1000"))
             };
             let number = |name: &str, v: String| -> Result<u64> {
                 v.replace('_', "")
@@ -171,6 +191,8 @@ impl Args {
                 "-X" | "--kafka-property" => args.kafka_properties.push(value(flag)?),
                 "--delivery" => args.delivery = value(flag)?,
                 "--skip-large" => args.skip_large = true,
+                "--brokers" => args.brokers = small(flag, number(flag, value(flag)?)?)?,
+                "--partitions" => args.partitions = small(flag, number(flag, value(flag)?)?)?,
                 _ => {}
             }
         }
@@ -218,6 +240,88 @@ fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     }
     let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
     sorted[rank - 1].as_secs_f64() * 1e3
+}
+
+/// The relay's commit → broker ack histogram: the commit time comes from the
+/// WAL (the transaction's commit timestamp), the ack time from the delivery
+/// report, both on this machine's clock.
+struct AckHistogram {
+    /// `(upper bound in seconds, cumulative count)`, ascending; the last is `+Inf`.
+    buckets: Vec<(f64, u64)>,
+    count: u64,
+    sum_s: f64,
+}
+
+impl AckHistogram {
+    const NAME: &str = "outbox_relay_commit_to_ack_seconds";
+
+    fn parse(metrics: &str) -> Result<AckHistogram> {
+        let mut buckets = Vec::new();
+        let (mut count, mut sum_s) = (None, None);
+        for line in metrics.lines() {
+            let Some(rest) = line.strip_prefix(Self::NAME) else {
+                continue;
+            };
+            let Some((series, value)) = rest.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            if let Some(le) = series
+                .strip_prefix("_bucket{le=\"")
+                .and_then(|s| s.strip_suffix("\"}"))
+            {
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().with_context(|| format!("bucket bound {le:?}"))?
+                };
+                buckets.push((le, value as u64));
+            } else if series == "_count" {
+                count = Some(value as u64);
+            } else if series == "_sum" {
+                sum_s = Some(value);
+            }
+        }
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        match (count, sum_s) {
+            (Some(count), Some(sum_s)) if !buckets.is_empty() => Ok(AckHistogram {
+                buckets,
+                count,
+                sum_s,
+            }),
+            _ => bail!("no {} histogram in the relay's /metrics", Self::NAME),
+        }
+    }
+
+    /// The `p` quantile in milliseconds, interpolated linearly inside its
+    /// bucket as Prometheus' `histogram_quantile` does.
+    fn quantile_ms(&self, p: f64) -> f64 {
+        let rank = p * self.count as f64;
+        let mut lower = (0.0, 0u64);
+        for &(le, cumulative) in &self.buckets {
+            if cumulative as f64 >= rank && cumulative > lower.1 {
+                if le.is_infinite() {
+                    return lower.0 * 1e3;
+                }
+                let within = (rank - lower.1 as f64) / (cumulative - lower.1) as f64;
+                return (lower.0 + (le - lower.0) * within) * 1e3;
+            }
+            lower = (le, cumulative);
+        }
+        f64::NAN
+    }
+
+    /// The upper bound of the highest non-empty bucket, in milliseconds.
+    fn max_bound_ms(&self) -> f64 {
+        let top = self.buckets.iter().find(|(_, c)| *c >= self.count);
+        top.map_or(f64::NAN, |(le, _)| le * 1e3)
+    }
+
+    fn mean_ms(&self) -> f64 {
+        self.sum_s / self.count.max(1) as f64 * 1e3
+    }
 }
 
 fn per_million(cpu_s: f64, events: u64) -> f64 {
@@ -444,7 +548,7 @@ async fn load_backlog(pg: &PgCluster, events: u64) -> Result<()> {
 fn topics_and_partitions() -> impl Iterator<Item = (&'static str, i32)> {
     EVENT_TYPES
         .iter()
-        .flat_map(|t| (0..PARTITIONS).map(move |p| (*t, p)))
+        .flat_map(|t| (0..partitions()).map(move |p| (*t, p)))
 }
 
 /// Sum of the high watermarks of every bench partition: records the broker has.
@@ -555,13 +659,18 @@ fn consume_ids(
 
 struct RelayProcess {
     child: Child,
+    /// Its `--http-addr` port: the relay runs as deployed, with /metrics on.
+    http_port: u16,
     spawned: Instant,
-    streaming: Arc<Mutex<Option<Instant>>>,
+    /// Spawn to the "streaming" line, from the line's own timestamp (so the
+    /// bench's reader thread being scheduled late does not count).
+    streaming: Arc<Mutex<Option<Duration>>>,
     tail: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl RelayProcess {
     fn spawn(bin: &Path, pg: &PgCluster, bootstrap: &str, args: &Args) -> Result<Self> {
+        let http_port = http::free_port();
         let mut child = Command::new(bin)
             .arg("--postgres-url")
             .arg(pg.url())
@@ -575,6 +684,7 @@ impl RelayProcess {
                     .flat_map(|p| ["-X", p.as_str()]),
             )
             .args(["--shutdown-timeout", "10s", "--log-level", "info"])
+            .args(["--http-addr", &format!("127.0.0.1:{http_port}")])
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -582,6 +692,7 @@ impl RelayProcess {
             .spawn()
             .with_context(|| format!("spawn {}", bin.display()))?;
         let spawned = Instant::now();
+        let spawned_wall = std::time::SystemTime::now();
         let streaming = Arc::new(Mutex::new(None));
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let stderr = child.stderr.take().ok_or_else(|| anyhow!("relay stderr"))?;
@@ -590,8 +701,13 @@ impl RelayProcess {
         thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if line.contains("streaming from the slot") {
+                    let logged = line
+                        .split_whitespace()
+                        .next()
+                        .and_then(|t| humantime::parse_rfc3339(t).ok())
+                        .and_then(|t| t.duration_since(spawned_wall).ok());
                     let mut at = streaming2.lock().unwrap_or_else(|p| p.into_inner());
-                    at.get_or_insert_with(Instant::now);
+                    at.get_or_insert_with(|| logged.unwrap_or_else(|| spawned.elapsed()));
                 }
                 let mut tail = tail2.lock().unwrap_or_else(|p| p.into_inner());
                 if tail.len() >= 40 {
@@ -602,6 +718,7 @@ impl RelayProcess {
         });
         Ok(RelayProcess {
             child,
+            http_port,
             spawned,
             streaming,
             tail,
@@ -630,7 +747,7 @@ impl RelayProcess {
         for _ in 0..(STARTUP_TIMEOUT.as_millis() + 1) {
             let at = *self.streaming.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(at) = at {
-                return Ok(at - self.spawned);
+                return Ok(at);
             }
             self.exited()?;
             if Instant::now() >= deadline {
@@ -642,6 +759,16 @@ impl RelayProcess {
             "the relay did not start streaming within {STARTUP_TIMEOUT:?}; its log:\n{}",
             self.log_tail()
         )
+    }
+
+    /// Its `outbox_relay_commit_to_ack_seconds` histogram, from /metrics.
+    fn commit_to_ack(&self) -> Result<AckHistogram> {
+        let (status, body) = http::get(self.http_port, "/metrics")
+            .ok_or_else(|| anyhow!("the relay's /metrics did not answer"))?;
+        if status != 200 {
+            bail!("the relay's /metrics answered {status}");
+        }
+        AckHistogram::parse(&body)
     }
 
     /// SIGTERM, then wait (SIGKILL after `RELAY_SHUTDOWN`).
@@ -1066,6 +1193,7 @@ impl Bench {
             .context("consumer task")?
             .map_err(|_| anyhow!("the consumer thread panicked"))??;
         let rss_mib = vm_hwm_mib(relay.pid()).unwrap_or(f64::NAN);
+        let acks = relay.commit_to_ack()?;
         relay.stop();
 
         // commit → slot confirmed, per transaction.
@@ -1092,7 +1220,16 @@ impl Bench {
         to_receipt.sort();
         let missing = events.saturating_sub(to_receipt.len() as u64);
         println!(
-            "commit → consumer receipt (upper bound of commit → broker ack), {} events: \
+            "commit → broker ack (the relay's histogram), {} events: p50 {:.2} ms, p99 {:.2} ms, \
+             mean {:.2} ms, max ≤ {} ms",
+            acks.count,
+            acks.quantile_ms(0.5),
+            acks.quantile_ms(0.99),
+            acks.mean_ms(),
+            acks.max_bound_ms()
+        );
+        println!(
+            "commit → consumer receipt (adds the consumer's fetch wait), {} events: \
              p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms{}",
             to_receipt.len(),
             percentile_ms(&to_receipt, 0.5),
@@ -1127,6 +1264,11 @@ impl Bench {
         r.add("steady_events", events);
         r.add("steady_late_tx", behind);
         r.add("steady_status_interval", &self.args.status_interval);
+        r.add("steady_acked", acks.count);
+        r.add_f("steady_ack_p50_ms", acks.quantile_ms(0.5), 2);
+        r.add_f("steady_ack_p99_ms", acks.quantile_ms(0.99), 2);
+        r.add_f("steady_ack_mean_ms", acks.mean_ms(), 2);
+        r.add("steady_ack_max_bound_ms", acks.max_bound_ms());
         r.add("steady_received", to_receipt.len());
         r.add_f("steady_recv_p50_ms", percentile_ms(&to_receipt, 0.5), 2);
         r.add_f("steady_recv_p99_ms", percentile_ms(&to_receipt, 0.99), 2);
@@ -1242,17 +1384,21 @@ async fn run(args: Args) -> Result<()> {
             .await
             .with_context(|| format!("create slot {slot}"))?;
     }
-    let broker = MockCluster::new(1).context("start the mock Kafka cluster")?;
+    let broker = MockCluster::new(args.brokers).context("start the mock Kafka cluster")?;
+    let _ = PARTITIONS.set(args.partitions);
     for topic in EVENT_TYPES {
         broker
-            .create_topic(topic, PARTITIONS, 1)
+            .create_topic(topic, args.partitions, args.brokers)
             .with_context(|| format!("create topic {topic}"))?;
     }
     println!(
-        "PostgreSQL {version} on 127.0.0.1:{}; mock Kafka {} ({} topics x {PARTITIONS} partitions)",
+        "PostgreSQL {version} on 127.0.0.1:{}; mock Kafka {}: {} broker(s), {} topics x {} \
+         partitions",
         pg.port(),
         broker.bootstrap_servers(),
-        EVENT_TYPES.len()
+        args.brokers,
+        EVENT_TYPES.len(),
+        args.partitions
     );
 
     let mut bench = Bench {
@@ -1275,6 +1421,8 @@ async fn run(args: Args) -> Result<()> {
         .add("postgres", version.split_whitespace().next().unwrap_or("?"));
     bench.report.add("loadavg_start", load_average());
     bench.report.add("delivery", &bench.args.delivery);
+    bench.report.add("brokers", bench.args.brokers);
+    bench.report.add("partitions", bench.args.partitions);
     bench.backlog().await?;
     bench.steady().await?;
     if bench.args.skip_large {

@@ -21,8 +21,12 @@ pub fn run(cli: &Cli) -> ExitCode {
             return ExitCode::from(exit_code::CONFIG);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: the replication reader, the pipeline and the endpoints hand
+    // each other every event, and on one thread that costs no wake-ups
+    // (a multi-threaded runtime doubled the relay's CPU per event, see
+    // docs/benchmark.md). librdkafka runs its own threads; blocking Kafka
+    // calls go to the blocking pool.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

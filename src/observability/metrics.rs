@@ -76,9 +76,11 @@ pub const ALL: &[&str] = &[
     BUILD_INFO,
 ];
 
-/// Buckets of [`COMMIT_TO_ACK_SECONDS`]: 1 ms to 60 s.
+/// Buckets of [`COMMIT_TO_ACK_SECONDS`]: 0.5 ms to 60 s, fine below 25 ms
+/// where a healthy relay's latencies fall.
 pub const COMMIT_TO_ACK_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
 /// The values of the `wal_status` label, as `pg_replication_slots` spells them.
@@ -385,7 +387,7 @@ mod tests {
         assert!(SLOT_LAG_BYTES.ends_with("_bytes"));
         assert!(SLOT_SAFE_WAL_SIZE_BYTES.ends_with("_bytes"));
         assert!(IN_FLIGHT_BYTES.ends_with("_bytes"));
-        assert_eq!(COMMIT_TO_ACK_BUCKETS.first(), Some(&0.001));
+        assert_eq!(COMMIT_TO_ACK_BUCKETS.first(), Some(&0.0005));
         assert_eq!(COMMIT_TO_ACK_BUCKETS.last(), Some(&60.0));
         assert!(COMMIT_TO_ACK_BUCKETS.windows(2).all(|w| w[0] < w[1]));
     }

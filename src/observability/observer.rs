@@ -26,7 +26,7 @@ use crate::pipeline::ack::Ticket;
 struct Pending {
     topic: Counter,
     bytes: usize,
-    commit_time_ms: i64,
+    commit_time_us: i64,
     handed_at: Instant,
 }
 
@@ -93,7 +93,8 @@ impl PipelineObserver {
     }
 
     /// The event with `ticket` was handed to the producer.
-    pub fn event_sent(&mut self, ticket: Ticket, topic: &str, bytes: usize, commit_time_ms: i64) {
+    /// `commit_time_us` is the transaction's commit time in Unix microseconds.
+    pub fn event_sent(&mut self, ticket: Ticket, topic: &str, bytes: usize, commit_time_us: i64) {
         if self.pending.is_empty() {
             self.base = ticket.0;
         }
@@ -111,7 +112,7 @@ impl PipelineObserver {
         self.pending.push_back(Some(Pending {
             topic: self.metrics.topic(topic),
             bytes,
-            commit_time_ms,
+            commit_time_us,
             handed_at,
         }));
         self.in_flight_events += 1;
@@ -123,7 +124,7 @@ impl PipelineObserver {
     pub fn event_acked(&mut self, ticket: Ticket) {
         if let Some(p) = self.take(ticket) {
             self.metrics
-                .acked_on(Some(&p.topic), p.bytes, commit_to_ack(p.commit_time_ms));
+                .acked_on(Some(&p.topic), p.bytes, commit_to_ack(p.commit_time_us));
             self.health.add_acked(1);
             self.health.set_producer_connected(true);
         }
@@ -179,12 +180,12 @@ impl PipelineObserver {
     }
 }
 
-/// From the commit time (Unix ms, the server's clock) to now; zero if the clocks disagree.
-fn commit_to_ack(commit_time_ms: i64) -> Duration {
-    let now_ms = SystemTime::now()
+/// From the commit time (Unix µs, the server's clock) to now; zero if the clocks disagree.
+fn commit_to_ack(commit_time_us: i64) -> Duration {
+    let now_us = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    Duration::from_millis(u64::try_from(now_ms.saturating_sub(commit_time_ms)).unwrap_or(0))
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    Duration::from_micros(u64::try_from(now_us.saturating_sub(commit_time_us)).unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -192,11 +193,11 @@ mod tests {
     use super::*;
     use crate::observability::health::ReadinessThresholds;
 
-    fn now_ms() -> i64 {
+    fn now_us() -> i64 {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap()
-            .as_millis() as i64
+            .as_micros() as i64
     }
 
     #[test]
@@ -206,10 +207,10 @@ mod tests {
         let health = Arc::new(Health::new(ReadinessThresholds::default()));
         ::metrics::with_local_recorder(&recorder, || {
             let mut obs = PipelineObserver::with_health(health.clone());
-            obs.event_sent(Ticket(0), "a", 10, now_ms());
+            obs.event_sent(Ticket(0), "a", 10, now_us());
             let first = obs.oldest_in_flight().unwrap();
-            obs.event_sent(Ticket(1), "b", 20, now_ms());
-            obs.event_sent(Ticket(2), "a", 30, now_ms());
+            obs.event_sent(Ticket(1), "b", 20, now_us());
+            obs.event_sent(Ticket(2), "a", 30, now_us());
             assert_eq!(health.progress().in_flight_events, 3);
 
             obs.event_acked(Ticket(1));
@@ -248,7 +249,9 @@ mod tests {
 
     #[test]
     fn commit_to_ack_never_goes_negative() {
-        assert_eq!(commit_to_ack(now_ms() + 60_000), Duration::ZERO);
-        assert!(commit_to_ack(now_ms() - 1500) >= Duration::from_millis(1500));
+        assert_eq!(commit_to_ack(now_us() + 60_000_000), Duration::ZERO);
+        let ack = commit_to_ack(now_us() - 1_500_000);
+        assert!(ack >= Duration::from_millis(1500), "{ack:?}");
+        assert!(ack < Duration::from_millis(1600), "{ack:?}");
     }
 }

@@ -114,6 +114,11 @@ pub fn pg_micros_to_unix_ms(micros: i64) -> i64 {
     micros.div_euclid(1000) + PG_EPOCH_UNIX_MS
 }
 
+/// Postgres timestamp (microseconds since 2000-01-01 UTC) to Unix microseconds.
+pub fn pg_micros_to_unix_micros(micros: i64) -> i64 {
+    micros.saturating_add(PG_EPOCH_UNIX_MS * 1000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +170,9 @@ mod tests {
     fn converts_pg_epoch_micros() {
         assert_eq!(pg_micros_to_unix_ms(0), PG_EPOCH_UNIX_MS);
         assert_eq!(pg_micros_to_unix_ms(1_500), PG_EPOCH_UNIX_MS + 1);
+        assert_eq!(
+            pg_micros_to_unix_micros(1_500),
+            PG_EPOCH_UNIX_MS * 1000 + 1_500
+        );
     }
 }

@@ -3,7 +3,7 @@
 //! its position, and skip what a partition's tail shows was already delivered.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 
@@ -19,7 +19,9 @@ use crate::sink::exactly_once::{
 /// Per-run exactly-once state.
 pub(super) struct ExactlyOnce {
     source_id: Bytes,
-    tail: TailReader,
+    /// Shared with the blocking-pool task that reads a tail: the relay's
+    /// runtime has one thread, which must not block.
+    tail: Arc<Mutex<TailReader>>,
     wal_end: Lsn,
     fallback: ExactlyOnceFallback,
     partitions: HashMap<String, i32>,
@@ -38,7 +40,7 @@ impl ExactlyOnce {
     ) -> Self {
         ExactlyOnce {
             source_id: Bytes::from(source_id),
-            tail,
+            tail: Arc::new(Mutex::new(tail)),
             wal_end,
             fallback,
             partitions: HashMap::new(),
@@ -55,21 +57,26 @@ impl ExactlyOnce {
     }
 
     /// Pins and tags `record`, or returns `None` when its partition already holds it.
-    pub(super) fn prepare(
+    pub(super) async fn prepare(
         &mut self,
-        sink: &KafkaSink,
+        sink: &Arc<KafkaSink>,
         mut record: OutboxRecord,
         position: Position,
     ) -> Result<Option<OutboxRecord>, TailError> {
         let partitions = match self.partitions.get(&record.topic) {
             Some(n) => *n,
             None => {
-                let n = tokio::task::block_in_place(|| sink.partition_count(&record.topic))
-                    .map_err(|e| TailError::Read {
-                        topic: record.topic.clone(),
-                        partition: -1,
-                        reason: format!("cannot read the topic's partition count: {e}"),
-                    })?;
+                let (sink, topic) = (Arc::clone(sink), record.topic.clone());
+                let n = blocking(&record.topic, -1, move || {
+                    sink.partition_count(&topic)
+                        .map_err(|e| format!("cannot read the topic's partition count: {e}"))
+                })
+                .await?
+                .map_err(|reason| TailError::Read {
+                    topic: record.topic.clone(),
+                    partition: -1,
+                    reason,
+                })?;
                 self.partitions.insert(record.topic.clone(), n);
                 n
             }
@@ -80,10 +87,15 @@ impl ExactlyOnce {
         let last = match self.last.get(&slot) {
             Some(last) => *last,
             None => {
-                let read = tokio::task::block_in_place(|| {
-                    self.tail
-                        .last_position(&record.topic, partition, partitions, self.wal_end)
-                });
+                let (tail, topic, wal_end) =
+                    (Arc::clone(&self.tail), record.topic.clone(), self.wal_end);
+                let read = blocking(&record.topic, partition, move || {
+                    tail.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .last_position(&topic, partition, partitions, wal_end)
+                })
+                .await
+                .and_then(|read| read);
                 let last = match read {
                     Ok(last) => last,
                     Err(e) if self.fallback == ExactlyOnceFallback::AtLeastOnce => {
@@ -119,4 +131,19 @@ impl ExactlyOnce {
         ));
         Ok(Some(record))
     }
+}
+
+/// Runs a blocking Kafka call on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    topic: &str,
+    partition: i32,
+    call: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, TailError> {
+    tokio::task::spawn_blocking(call)
+        .await
+        .map_err(|e| TailError::Read {
+            topic: topic.to_owned(),
+            partition,
+            reason: format!("the blocking read stopped: {e}"),
+        })
 }

@@ -226,7 +226,7 @@ type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub struct Pipeline {
     config: Config,
     stream: Option<ReplicationStream>,
-    sink: KafkaSink,
+    sink: std::sync::Arc<KafkaSink>,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     tracker: AckTracker,
     outbox: Outbox,
@@ -235,6 +235,8 @@ pub struct Pipeline {
     reported: Lsn,
     commit_lsn: Lsn,
     commit_time_ms: i64,
+    /// The same, in Unix microseconds: commit → ack latencies are milliseconds.
+    commit_time_us: i64,
     events_acked: u64,
     dead_lettered: u64,
     reconnects: u64,
@@ -295,12 +297,13 @@ pub async fn run(
         reported: slot.confirmed_flush,
         config,
         stream: None,
-        sink,
+        sink: std::sync::Arc::new(sink),
         deliveries,
         shutdown: Box::pin(shutdown),
         shutting_down: false,
         commit_lsn: Lsn::ZERO,
         commit_time_ms: 0,
+        commit_time_us: 0,
         events_acked: 0,
         dead_lettered: 0,
         reconnects: 0,
@@ -556,6 +559,7 @@ impl Pipeline {
             } => {
                 self.commit_lsn = final_lsn.into();
                 self.commit_time_ms = values::pg_micros_to_unix_ms(commit_time_micros);
+                self.commit_time_us = values::pg_micros_to_unix_micros(commit_time_micros);
                 self.tx_seq = 0;
                 self.tracker.begin(self.commit_lsn)?;
             }
@@ -736,7 +740,7 @@ impl Pipeline {
                     lsn: self.commit_lsn,
                     seq,
                 };
-                match eo.prepare(&self.sink, record, position) {
+                match eo.prepare(&self.sink, record, position).await {
                     Ok(Some(record)) => record,
                     Ok(None) => {
                         // Already in its partition from a previous run.
@@ -757,7 +761,7 @@ impl Pipeline {
         match self.sink.send(ticket, &record).await {
             Ok(()) => {
                 self.observer
-                    .event_sent(ticket, &record.topic, record.size(), self.commit_time_ms);
+                    .event_sent(ticket, &record.topic, record.size(), self.commit_time_us);
                 Ok(())
             }
             Err(SinkError::Enqueue {
