@@ -87,15 +87,34 @@ impl ExactlyOnce {
         let last = match self.last.get(&slot) {
             Some(last) => *last,
             None => {
+                // The first record for this partition since the (re)connect:
+                // read the tails of all the topic's partitions at once, as
+                // the others are likely needed next.
                 let (tail, topic, wal_end) =
                     (Arc::clone(&self.tail), record.topic.clone(), self.wal_end);
-                let read = blocking(&record.topic, partition, move || {
+                let mut read = blocking(&record.topic, partition, move || {
                     tail.lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .last_position(&topic, partition, partitions, wal_end)
+                        .last_positions(&topic, partitions, wal_end)
                 })
-                .await
-                .and_then(|read| read);
+                .await?;
+                let mut wanted = None;
+                for (p, result) in (0..partitions).zip(read.drain(..)) {
+                    if p == partition {
+                        wanted = Some(result);
+                    } else if let Ok(last) = result {
+                        // A failed read of another partition is retried,
+                        // and reported, when that partition is needed.
+                        self.last.insert((record.topic.clone(), p), last);
+                    }
+                }
+                let read = wanted.unwrap_or_else(|| {
+                    Err(TailError::Read {
+                        topic: record.topic.clone(),
+                        partition,
+                        reason: "the partition was not read".to_owned(),
+                    })
+                });
                 let last = match read {
                     Ok(last) => last,
                     Err(e) if self.fallback == ExactlyOnceFallback::AtLeastOnce => {

@@ -283,97 +283,15 @@ impl TailReader {
         partitions: i32,
         wal_end: Lsn,
     ) -> Result<Option<Position>, TailError> {
-        use rdkafka::consumer::Consumer;
-        use rdkafka::message::{Headers, Message};
-
-        let read_err = |reason: String| TailError::Read {
-            topic: topic.to_owned(),
-            partition,
-            reason,
-        };
-        let (low, high) = self
-            .consumer
-            .fetch_watermarks(topic, partition, self.timeout)
-            .map_err(|e| read_err(e.to_string()))?;
+        let (low, high) = self.watermarks(topic, partition)?;
         let deadline = std::time::Instant::now() + self.timeout;
-        let mut window: i64 = 256;
+        let mut window: i64 = TAIL_WINDOW;
         let mut end = high;
         while end > low {
             let start = (end - window).max(low);
-            let mut tpl = rdkafka::TopicPartitionList::new();
-            tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(start))
-                .map_err(|e| read_err(e.to_string()))?;
-            self.consumer
-                .assign(&tpl)
-                .map_err(|e| read_err(e.to_string()))?;
-            let mut found: Option<(i64, Position, Vec<u8>)> = None;
-            let mut next = start;
-            while next < end {
-                if std::time::Instant::now() > deadline {
-                    return Err(read_err("timed out".to_owned()));
-                }
-                let Some(result) = self.consumer.poll(std::time::Duration::from_millis(200)) else {
-                    continue;
-                };
-                let msg = match result {
-                    Ok(msg) => msg,
-                    Err(rdkafka::error::KafkaError::PartitionEOF(p)) if p == partition => break,
-                    // End of another (previously assigned) partition.
-                    Err(rdkafka::error::KafkaError::PartitionEOF(_)) => continue,
-                    Err(e) => return Err(read_err(e.to_string())),
-                };
-                // Messages still buffered from a previously assigned partition.
-                if msg.topic() != topic || msg.partition() != partition {
-                    continue;
-                }
-                next = msg.offset() + 1;
-                if msg.offset() >= end {
-                    break;
-                }
-                let Some(headers) = msg.headers() else {
-                    continue;
-                };
-                let (mut src, mut lsn, mut seq, mut id) = (None, None, None, None);
-                for h in headers.iter() {
-                    match h.key {
-                        SOURCE_HEADER => src = h.value,
-                        LSN_HEADER => lsn = h.value,
-                        SEQ_HEADER => seq = h.value,
-                        crate::outbox::ID_HEADER => id = h.value,
-                        _ => {}
-                    }
-                }
-                if src != Some(self.source_id.as_bytes()) {
-                    continue;
-                }
-                let Some(position) = lsn.zip(seq).and_then(|(l, s)| Position::from_headers(l, s))
-                else {
-                    continue;
-                };
-                let key = msg.key().or(id).unwrap_or_default().to_vec();
-                if found.as_ref().is_none_or(|(o, _, _)| msg.offset() > *o) {
-                    found = Some((msg.offset(), position, key));
-                }
-            }
-            if let Some((_, position, key)) = found {
-                if partition_for(&key, partitions) != partition {
-                    return Err(TailError::PartitionCountChanged {
-                        topic: topic.to_owned(),
-                        partition,
-                        key: String::from_utf8_lossy(&key).into_owned(),
-                        partitions,
-                    });
-                }
-                if position.lsn > wal_end {
-                    return Err(TailError::ForeignWriter {
-                        topic: topic.to_owned(),
-                        partition,
-                        source_id: self.source_id.clone(),
-                        lsn: position.lsn,
-                        wal_end,
-                    });
-                }
-                return Ok(Some(position));
+            let found = self.scan(topic, &[(partition, start, end)], deadline)?;
+            if let Some(Some(found)) = found.into_iter().next() {
+                return self.check(topic, partition, partitions, wal_end, found);
             }
             end = start;
             window = window.saturating_mul(4);
@@ -387,6 +305,205 @@ impl TailReader {
         }
         Ok(None)
     }
+
+    /// [`Self::last_position`] of every partition of `topic`, reading their
+    /// last records in one pass (one assignment, so one round of fetches
+    /// rather than one per partition). A partition whose last records hold
+    /// nothing of ours is then read further back on its own.
+    pub fn last_positions(
+        &self,
+        topic: &str,
+        partitions: i32,
+        wal_end: Lsn,
+    ) -> Vec<Result<Option<Position>, TailError>> {
+        let deadline = std::time::Instant::now() + self.timeout;
+        let mut marks = Vec::new();
+        for partition in 0..partitions {
+            marks.push(self.watermarks(topic, partition));
+        }
+        let ranges: Vec<(i32, i64, i64)> = marks
+            .iter()
+            .zip(0..)
+            .filter_map(|(m, p)| m.as_ref().ok().map(|&(low, high)| (p, low, high)))
+            .filter(|&(_, low, high)| high > low)
+            .map(|(p, low, high)| (p, (high - TAIL_WINDOW).max(low), high))
+            .collect();
+        let scanned = self.scan(topic, &ranges, deadline);
+        marks
+            .into_iter()
+            .zip(0..)
+            .map(|(mark, partition)| {
+                let (low, high) = mark?;
+                if high <= low {
+                    return self.last_position(topic, partition, partitions, wal_end);
+                }
+                let slot = ranges.iter().position(|r| r.0 == partition);
+                let found = match (&scanned, slot) {
+                    (Ok(found), Some(i)) => found.get(i).cloned().flatten(),
+                    _ => None,
+                };
+                match found {
+                    Some(found) => self.check(topic, partition, partitions, wal_end, found),
+                    // Nothing of ours in the last records, or the joint read
+                    // failed: read this partition on its own.
+                    None => self.last_position(topic, partition, partitions, wal_end),
+                }
+            })
+            .collect()
+    }
+
+    fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), TailError> {
+        use rdkafka::consumer::Consumer;
+        self.consumer
+            .fetch_watermarks(topic, partition, self.timeout)
+            .map_err(|e| TailError::Read {
+                topic: topic.to_owned(),
+                partition,
+                reason: e.to_string(),
+            })
+    }
+
+    /// Reads `[start, end)` of each `(partition, start, end)` of `topic` and
+    /// returns, per range, the last record written by this relay.
+    fn scan(
+        &self,
+        topic: &str,
+        ranges: &[(i32, i64, i64)],
+        deadline: std::time::Instant,
+    ) -> Result<Vec<Option<Found>>, TailError> {
+        use rdkafka::consumer::Consumer;
+        use rdkafka::message::{Headers, Message};
+
+        let read_err = |partition: i32, reason: String| TailError::Read {
+            topic: topic.to_owned(),
+            partition,
+            reason,
+        };
+        let mut found: Vec<Option<Found>> = vec![None; ranges.len()];
+        if ranges.is_empty() {
+            return Ok(found);
+        }
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for &(partition, start, _) in ranges {
+            tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(start))
+                .map_err(|e| read_err(partition, e.to_string()))?;
+        }
+        self.consumer
+            .assign(&tpl)
+            .map_err(|e| read_err(ranges[0].0, e.to_string()))?;
+        let mut done: Vec<bool> = ranges.iter().map(|&(_, start, end)| start >= end).collect();
+        while done.iter().any(|d| !d) {
+            if std::time::Instant::now() > deadline {
+                let pending = ranges[done.iter().position(|d| !d).unwrap_or(0)].0;
+                return Err(read_err(pending, "timed out".to_owned()));
+            }
+            let Some(result) = self.consumer.poll(std::time::Duration::from_millis(200)) else {
+                continue;
+            };
+            let index_of = |t: &str, p: i32| {
+                if t == topic {
+                    ranges.iter().position(|r| r.0 == p)
+                } else {
+                    None
+                }
+            };
+            let msg = match result {
+                Ok(msg) => msg,
+                Err(rdkafka::error::KafkaError::PartitionEOF(p)) => {
+                    // The end of one of ours, or of a previously assigned partition.
+                    if let Some(i) = index_of(topic, p) {
+                        done[i] = true;
+                    }
+                    continue;
+                }
+                Err(e) => return Err(read_err(ranges[0].0, e.to_string())),
+            };
+            // Messages still buffered from a previously assigned partition.
+            let Some(i) = index_of(msg.topic(), msg.partition()) else {
+                continue;
+            };
+            let end = ranges[i].2;
+            if msg.offset() + 1 >= end {
+                done[i] = true;
+            }
+            if msg.offset() >= end {
+                continue;
+            }
+            let Some(headers) = msg.headers() else {
+                continue;
+            };
+            let (mut src, mut lsn, mut seq, mut id) = (None, None, None, None);
+            for h in headers.iter() {
+                match h.key {
+                    SOURCE_HEADER => src = h.value,
+                    LSN_HEADER => lsn = h.value,
+                    SEQ_HEADER => seq = h.value,
+                    crate::outbox::ID_HEADER => id = h.value,
+                    _ => {}
+                }
+            }
+            if src != Some(self.source_id.as_bytes()) {
+                continue;
+            }
+            let Some(position) = lsn.zip(seq).and_then(|(l, s)| Position::from_headers(l, s))
+            else {
+                continue;
+            };
+            let key = msg.key().or(id).unwrap_or_default().to_vec();
+            if found[i].as_ref().is_none_or(|f| msg.offset() > f.offset) {
+                found[i] = Some(Found {
+                    offset: msg.offset(),
+                    position,
+                    key,
+                });
+            }
+        }
+        // Stop fetching now rather than at the next assignment, which would
+        // otherwise wait for these partitions' fetchers to wind down.
+        let _ = self.consumer.unassign();
+        Ok(found)
+    }
+
+    /// The checks a found position must pass before it is trusted.
+    fn check(
+        &self,
+        topic: &str,
+        partition: i32,
+        partitions: i32,
+        wal_end: Lsn,
+        found: Found,
+    ) -> Result<Option<Position>, TailError> {
+        if partition_for(&found.key, partitions) != partition {
+            return Err(TailError::PartitionCountChanged {
+                topic: topic.to_owned(),
+                partition,
+                key: String::from_utf8_lossy(&found.key).into_owned(),
+                partitions,
+            });
+        }
+        if found.position.lsn > wal_end {
+            return Err(TailError::ForeignWriter {
+                topic: topic.to_owned(),
+                partition,
+                source_id: self.source_id.clone(),
+                lsn: found.position.lsn,
+                wal_end,
+            });
+        }
+        Ok(Some(found.position))
+    }
+}
+
+/// Records read back at first from each partition's end; doubled fourfold
+/// each time nothing of ours is among them.
+const TAIL_WINDOW: i64 = 256;
+
+/// The last record of ours in a partition range.
+#[derive(Debug, Clone)]
+struct Found {
+    offset: i64,
+    position: Position,
+    key: Vec<u8>,
 }
 
 /// Connection and security properties, which the tail reader shares with the producer.
