@@ -109,11 +109,6 @@ fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
 /// Postgres' epoch (2000-01-01) in Unix milliseconds.
 const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
 
-/// Converts a pgoutput timestamp (microseconds since 2000-01-01) to Unix ms.
-pub fn pg_micros_to_unix_ms(micros: i64) -> i64 {
-    micros.div_euclid(1000) + PG_EPOCH_UNIX_MS
-}
-
 /// Postgres timestamp (microseconds since 2000-01-01 UTC) to Unix microseconds.
 pub fn pg_micros_to_unix_micros(micros: i64) -> i64 {
     micros.saturating_add(PG_EPOCH_UNIX_MS * 1000)
@@ -168,8 +163,7 @@ mod tests {
 
     #[test]
     fn converts_pg_epoch_micros() {
-        assert_eq!(pg_micros_to_unix_ms(0), PG_EPOCH_UNIX_MS);
-        assert_eq!(pg_micros_to_unix_ms(1_500), PG_EPOCH_UNIX_MS + 1);
+        assert_eq!(pg_micros_to_unix_micros(0), PG_EPOCH_UNIX_MS * 1000);
         assert_eq!(
             pg_micros_to_unix_micros(1_500),
             PG_EPOCH_UNIX_MS * 1000 + 1_500

@@ -234,8 +234,7 @@ pub struct Pipeline {
     shutting_down: bool,
     reported: Lsn,
     commit_lsn: Lsn,
-    commit_time_ms: i64,
-    /// The same, in Unix microseconds: commit → ack latencies are milliseconds.
+    /// In Unix microseconds: commit → ack latencies are a few milliseconds.
     commit_time_us: i64,
     events_acked: u64,
     dead_lettered: u64,
@@ -302,7 +301,6 @@ pub async fn run(
         shutdown: Box::pin(shutdown),
         shutting_down: false,
         commit_lsn: Lsn::ZERO,
-        commit_time_ms: 0,
         commit_time_us: 0,
         events_acked: 0,
         dead_lettered: 0,
@@ -326,6 +324,11 @@ pub async fn run(
 }
 
 impl Pipeline {
+    /// The open transaction's commit time in Unix milliseconds (Kafka timestamps).
+    fn commit_time_ms(&self) -> i64 {
+        self.commit_time_us.div_euclid(1000)
+    }
+
     /// Connects, streams, and on a transient failure reconnects with capped
     /// exponential backoff, keeping in-flight deliveries and the tracker.
     async fn run_streams(&mut self) -> Result<(), RelayError> {
@@ -558,7 +561,6 @@ impl Pipeline {
                 ..
             } => {
                 self.commit_lsn = final_lsn.into();
-                self.commit_time_ms = values::pg_micros_to_unix_ms(commit_time_micros);
                 self.commit_time_us = values::pg_micros_to_unix_micros(commit_time_micros);
                 self.tx_seq = 0;
                 self.tracker.begin(self.commit_lsn)?;
@@ -624,7 +626,7 @@ impl Pipeline {
                 };
                 let table = mapping.table().clone();
                 let mapped = mapping
-                    .map(relation, &new, self.commit_time_ms)
+                    .map(relation, &new, self.commit_time_ms())
                     .map_err(|error| (error, mapping.raw_parts(&new)));
                 self.relay_event(mapped, table).await?;
             }
@@ -678,7 +680,7 @@ impl Pipeline {
         }
         let source = mapping.source().clone();
         let mapped = mapping
-            .map(&content, self.commit_time_ms)
+            .map(&content, self.commit_time_ms())
             .map_err(|error| (error, mapping.raw_parts(&content)));
         self.relay_event(mapped, source).await
     }
@@ -718,7 +720,7 @@ impl Pipeline {
                     error,
                     self.commit_lsn,
                     source.to_string(),
-                    self.commit_time_ms,
+                    self.commit_time_ms(),
                 );
                 let ticket = self.tracker.push(0, &source)?;
                 self.poison(ticket, poison).await
