@@ -296,14 +296,7 @@ impl TailReader {
             end = start;
             window = window.saturating_mul(4);
         }
-        if low > 0 {
-            return Err(TailError::RetentionGap {
-                topic: topic.to_owned(),
-                partition,
-                log_start: low,
-            });
-        }
-        Ok(None)
+        nothing_of_ours(topic, partition, low)
     }
 
     /// [`Self::last_position`] of every partition of `topic`, reading their
@@ -335,7 +328,7 @@ impl TailReader {
             .map(|(mark, partition)| {
                 let (low, high) = mark?;
                 if high <= low {
-                    return self.last_position(topic, partition, partitions, wal_end);
+                    return nothing_of_ours(topic, partition, low);
                 }
                 let slot = ranges.iter().position(|r| r.0 == partition);
                 let found = match (&scanned, slot) {
@@ -492,6 +485,19 @@ impl TailReader {
         }
         Ok(Some(found.position))
     }
+}
+
+/// A partition with no record of ours left: never written to (fine), or
+/// emptied by retention (what was sent cannot be proven).
+fn nothing_of_ours(topic: &str, partition: i32, low: i64) -> Result<Option<Position>, TailError> {
+    if low > 0 {
+        return Err(TailError::RetentionGap {
+            topic: topic.to_owned(),
+            partition,
+            log_start: low,
+        });
+    }
+    Ok(None)
 }
 
 /// Records read back at first from each partition's end; doubled fourfold
