@@ -45,8 +45,6 @@ async fn relay(config: Config) -> ExitCode {
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = match config.observability.http_addr {
         Some(addr) => {
-            // Installed only with an endpoint: its upkeep keeps histograms bounded.
-            let handle = metrics::install();
             let listener = match http::bind(addr).await {
                 Ok(listener) => listener,
                 Err(e) => {
@@ -55,14 +53,13 @@ async fn relay(config: Config) -> ExitCode {
                     return ExitCode::from(exit_code::CONFIG);
                 }
             };
-            Some(tokio::spawn(http::serve_on(
-                listener,
-                handle,
-                health.clone(),
-                async {
+            Some(tokio::spawn(async move {
+                let handle = install_metrics().await;
+                http::serve_on(listener, handle, health::global(), async {
                     let _ = http_stopped.await;
-                },
-            )))
+                })
+                .await
+            }))
         }
         None => None,
     };
@@ -75,7 +72,13 @@ async fn relay(config: Config) -> ExitCode {
         background.push(tokio::spawn(progress::run(health.clone(), interval)));
     }
 
-    let outcome = pipeline::run(config, shutdown_signal()).await;
+    let metrics_ready = config.observability.http_addr.is_some();
+    let outcome = pipeline::run(config, shutdown_signal(), async move {
+        if metrics_ready {
+            install_metrics().await;
+        }
+    })
+    .await;
 
     for task in background {
         task.abort();
@@ -103,6 +106,19 @@ async fn relay(config: Config) -> ExitCode {
             tracing::error!(error = %e, exit_code = code, "outbox-relay stopped");
             ExitCode::from(code)
         }
+    }
+}
+
+/// Installs the Prometheus recorder (only with an endpoint: its upkeep keeps
+/// histograms bounded) on the blocking pool. Building it calibrates the TSC
+/// clock (`quanta`), which takes up to 200 ms on a busy machine; this way it
+/// overlaps the Postgres checks instead of delaying them. Every caller gets
+/// the one handle.
+async fn install_metrics() -> metrics_exporter_prometheus::PrometheusHandle {
+    match tokio::task::spawn_blocking(metrics::install).await {
+        Ok(handle) => handle,
+        // Only a panic inside the install stops the task; try once more here.
+        Err(_) => metrics::install(),
     }
 }
 

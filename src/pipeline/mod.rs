@@ -246,9 +246,12 @@ pub struct Pipeline {
 }
 
 /// Start-up checks, then streams until `shutdown` resolves or a fatal error.
+/// `observability_ready` resolves once the metrics recorder is in place: the
+/// pipeline's metric handles bind to the recorder installed when they are made.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
+    observability_ready: impl Future<Output = ()>,
 ) -> Result<Summary, RelayError> {
     let control = setup::connect(&config).await?;
     let slot = setup::prepare(&control, &config).await?;
@@ -279,6 +282,7 @@ pub async fn run(
             ))
         }
     };
+    observability_ready.await;
     let mut pipeline = Pipeline {
         outbox: Outbox {
             tables: config.tables.clone(),
