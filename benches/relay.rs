@@ -897,6 +897,29 @@ impl Bench {
         })
     }
 
+    /// Polls every 10 ms until the relay's slot is confirmed at or past `lsn`
+    /// (true) or `within` has passed (false); an exited relay is an error.
+    async fn wait_confirmed(
+        &self,
+        relay: &mut RelayProcess,
+        lsn: Lsn,
+        within: Duration,
+    ) -> Result<bool> {
+        let poll = Duration::from_millis(10);
+        let deadline = Instant::now() + within;
+        for _ in 0..(within.as_millis() / poll.as_millis() + 1) {
+            if confirmed_flush(&self.control, SLOT_RELAY).await? >= lsn {
+                return Ok(true);
+            }
+            relay.exited()?;
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(poll).await;
+        }
+        Ok(false)
+    }
+
     /// Spawns the relay and waits until the slot is confirmed at `end` and the
     /// broker holds `broker_target` records.
     async fn drain_relay(
@@ -1176,16 +1199,11 @@ impl Bench {
         let warm_last = warm_first + EVENT_TYPES.len() as i64 - 1;
         writer.execute(&stmt, &[&warm_first, &warm_last]).await?;
         let warm_lsn = current_lsn(&writer).await?;
-        let warm_deadline = Instant::now() + Duration::from_secs(60);
-        for _ in 0..6_000 {
-            if confirmed_flush(&self.control, SLOT_RELAY).await? >= warm_lsn {
-                break;
-            }
-            relay.exited()?;
-            if Instant::now() >= warm_deadline {
-                bail!("the warm-up transaction was not confirmed within 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        if !self
+            .wait_confirmed(&mut relay, warm_lsn, Duration::from_secs(60))
+            .await?
+        {
+            bail!("the warm-up transaction was not confirmed within 60 s");
         }
         let warm_acks = relay.commit_to_ack()?;
 
@@ -1237,17 +1255,10 @@ impl Bench {
             wrote.as_secs_f64()
         );
 
-        // Wait for the slot to pass the last commit, then stop the pollers.
-        let settle = Instant::now() + Duration::from_secs(20);
-        for _ in 0..2_000 {
-            if confirmed_flush(&self.control, SLOT_RELAY).await? >= last_lsn
-                || Instant::now() >= settle
-            {
-                break;
-            }
-            relay.exited()?;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        // Wait for the slot to pass the last commit (what is still unconfirmed
+        // after that is reported), then stop the pollers.
+        self.wait_confirmed(&mut relay, last_lsn, Duration::from_secs(20))
+            .await?;
         tokio::time::sleep(CONFIRMED_POLL * 5).await;
         stop.store(true, Ordering::Relaxed);
         let confirmed = poller.await.context("poller task")??;

@@ -92,14 +92,14 @@ impl ExactlyOnce {
                 // the others are likely needed next.
                 let (tail, topic, wal_end) =
                     (Arc::clone(&self.tail), record.topic.clone(), self.wal_end);
-                let mut read = blocking(&record.topic, partition, move || {
+                let read = blocking(&record.topic, partition, move || {
                     tail.lock()
                         .unwrap_or_else(PoisonError::into_inner)
                         .last_positions(&topic, partitions, wal_end)
                 })
                 .await?;
                 let mut wanted = None;
-                for (p, result) in (0..partitions).zip(read.drain(..)) {
+                for (p, result) in (0..partitions).zip(read) {
                     if p == partition {
                         wanted = Some(result);
                     } else if let Ok(last) = result {

@@ -385,6 +385,13 @@ impl TailReader {
             .assign(&tpl)
             .map_err(|e| read_err(ranges[0].0, e.to_string()))?;
         let mut done: Vec<bool> = ranges.iter().map(|&(_, start, end)| start >= end).collect();
+        let index_of = |t: &str, p: i32| {
+            if t == topic {
+                ranges.iter().position(|r| r.0 == p)
+            } else {
+                None
+            }
+        };
         while done.iter().any(|d| !d) {
             if std::time::Instant::now() > deadline {
                 let pending = ranges[done.iter().position(|d| !d).unwrap_or(0)].0;
@@ -392,13 +399,6 @@ impl TailReader {
             }
             let Some(result) = self.consumer.poll(std::time::Duration::from_millis(200)) else {
                 continue;
-            };
-            let index_of = |t: &str, p: i32| {
-                if t == topic {
-                    ranges.iter().position(|r| r.0 == p)
-                } else {
-                    None
-                }
             };
             let msg = match result {
                 Ok(msg) => msg,
