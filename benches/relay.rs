@@ -1413,6 +1413,7 @@ async fn run(args: Args) -> Result<()> {
                 ("autovacuum".into(), "off".into()),
             ],
             extra_hba: Vec::new(),
+            major: None,
         })
     })
     .await

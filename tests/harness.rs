@@ -202,6 +202,7 @@ async fn start_with_applies_extra_conf() {
             ("wal_sender_timeout".into(), "'5s'".into()),
         ],
         extra_hba: vec!["host all blocked 127.0.0.1/32 reject".into()],
+        major: None,
     });
     assert_eq!(one(&pg.execute("SHOW max_replication_slots").await), "20");
     assert_eq!(one(&pg.execute("SHOW wal_sender_timeout").await), "5s");

@@ -93,6 +93,7 @@ async fn tls_world(pki: &Pki) -> World {
             "hostnossl all          all 127.0.0.1/32 reject".into(),
             "hostnossl replication  all 127.0.0.1/32 reject".into(),
         ],
+        major: None,
     });
     // The harness's client uses the unix socket, so this works with TCP TLS-only.
     pg.execute(SCHEMA).await;

