@@ -59,6 +59,7 @@ fn default_mapping() -> Option<MappingConfig> {
         payload_column: "payload".to_owned(),
         timestamp_column: None,
         header_columns: Vec::new(),
+        cloudevents: None,
     })
 }
 

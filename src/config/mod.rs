@@ -127,6 +127,27 @@ pub struct Cli {
     )]
     pub header_columns: Vec<String>,
 
+    /// Add the CloudEvents Kafka binding's binary-mode headers: ce_specversion, ce_id (the
+    /// id column), ce_type (the --route-by value), ce_source, ce_time (commit time),
+    /// ce_subject (the key, when not null) and content-type (json/jsonb payloads).
+    #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
+    pub cloudevents: bool,
+
+    /// ce_source of every event with --cloudevents; default /DATABASE/SCHEMA/TABLE
+    /// (/DATABASE/message/PREFIX for --message-prefix events).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_CLOUDEVENTS_SOURCE",
+        requires = "cloudevents"
+    )]
+    pub cloudevents_source: Option<String>,
+
+    /// What happens to outbox rows once their events are acknowledged by the broker:
+    /// kept (`none`), or deleted by primary key before the slot moves past them
+    /// (`delete`; needs a primary key and DELETE on the table).
+    #[arg(long, env = "OUTBOX_RELAY_CLEANUP", value_enum, default_value_t = Cleanup::None)]
+    pub cleanup: Cleanup,
+
     /// librdkafka producer property KEY=VALUE, passed through and overriding the
     /// relay's defaults (e.g. -X security.protocol=SASL_SSL). Repeatable.
     #[arg(
@@ -237,6 +258,15 @@ pub enum ExactlyOnceFallback {
     Fail,
     /// Continue that partition at-least-once, with a warning.
     AtLeastOnce,
+}
+
+/// What happens to relayed outbox rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Cleanup {
+    /// Leave them; the application deletes them (see the README's cleanup patterns).
+    None,
+    /// Delete them by primary key once the broker has acknowledged their events.
+    Delete,
 }
 
 /// What happens to an event that can never be delivered.
@@ -358,6 +388,8 @@ pub struct Config {
     pub exactly_once_fallback: ExactlyOnceFallback,
     /// Metrics, health and slot monitoring.
     pub observability: ObservabilityConfig,
+    /// `--cleanup`
+    pub cleanup: Cleanup,
 }
 
 impl Config {
@@ -479,6 +511,12 @@ impl Config {
             payload_column: cli.payload_column.clone(),
             timestamp_column: cli.timestamp_column.clone().filter(|c| !c.is_empty()),
             header_columns,
+            cloudevents: cli
+                .cloudevents
+                .then(|| crate::outbox::cloudevents::CloudEventsConfig {
+                    source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
+                    database: postgres.dbname.clone(),
+                }),
         };
         let table_mappings = overridden
             .into_iter()
@@ -508,6 +546,7 @@ impl Config {
             max_in_flight_events: cli.max_in_flight_events,
             max_in_flight_bytes: cli.max_in_flight_bytes,
             observability,
+            cleanup: cli.cleanup,
         })
     }
 }

@@ -20,6 +20,8 @@ use super::{EventError, MappingConfig, OutboxRecord, RawParts, Segment, check_to
 pub struct MessageMapping {
     config: MappingConfig,
     source: Arc<str>,
+    /// `ce_source`, with `--cloudevents`.
+    ce_source: Option<Arc<str>>,
 }
 
 /// A message's top-level fields, borrowed from its content.
@@ -80,6 +82,10 @@ impl MessageMapping {
     /// Maps messages with `prefix` through `config`.
     pub fn new(config: MappingConfig, prefix: &str) -> Self {
         MessageMapping {
+            ce_source: config
+                .cloudevents
+                .as_ref()
+                .map(|ce| ce.source_for(&format!("message/{prefix}"))),
             config,
             source: Arc::from(format!("message:{prefix}").as_str()),
         }
@@ -142,9 +148,32 @@ impl MessageMapping {
         for h in &self.config.header_columns {
             headers.push((Arc::from(h.header.as_str()), f.bytes(&h.column)?));
         }
+        let key = f.bytes(&self.config.key_column)?;
+        if let Some(source) = &self.ce_source {
+            let route = &self.config.route_by;
+            let event_type = f.bytes(route)?.filter(|v| !v.is_empty()).ok_or_else(|| {
+                EventError::EmptyRoutingValue {
+                    column: route.clone(),
+                }
+            })?;
+            let json = f
+                .fields
+                .get(&self.config.payload_column)
+                .is_some_and(|raw| raw.get() != "null" && !raw.get().starts_with('"'));
+            headers.extend(super::cloudevents::headers(
+                &super::cloudevents::Attributes {
+                    source,
+                    id: &id,
+                    event_type,
+                    subject: key.as_ref(),
+                    time_ms: commit_time_ms,
+                    json,
+                },
+            ));
+        }
         Ok(OutboxRecord {
             topic,
-            key: f.bytes(&self.config.key_column)?,
+            key,
             payload: f.bytes(&self.config.payload_column)?,
             id,
             headers,
@@ -189,6 +218,7 @@ mod tests {
                 payload_column: "payload".into(),
                 timestamp_column: Some("ts".into()),
                 header_columns: vec![HeaderColumn::parse("aggregate_type:type").unwrap()],
+                cloudevents: None,
             },
             "outbox",
         )
@@ -210,6 +240,42 @@ mod tests {
         let payload = rec.payload.unwrap();
         let within = content.as_ptr() as usize..content.as_ptr() as usize + content.len();
         assert!(within.contains(&(payload.as_ptr() as usize)));
+    }
+
+    #[test]
+    fn cloudevents_headers_for_messages() {
+        let mut config = mapping().config;
+        config.cloudevents = Some(crate::outbox::cloudevents::CloudEventsConfig {
+            source: None,
+            database: "shop".into(),
+        });
+        let m = MessageMapping::new(config, "outbox");
+        let header = |content: &'static [u8], name: &str| {
+            let rec = m.map(&Bytes::from_static(content), 2_000).unwrap();
+            rec.headers
+                .iter()
+                .find(|(n, _)| &**n == name)
+                .and_then(|(_, v)| v.as_deref())
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        let json = br#"{"id":"e-1","aggregate_id":"o-1","event_type":"E","payload":{"a":1}}"#;
+        assert_eq!(header(json, "ce_type").as_deref(), Some("E"));
+        assert_eq!(
+            header(json, "ce_source").as_deref(),
+            Some("/shop/message/outbox")
+        );
+        assert_eq!(header(json, "ce_subject").as_deref(), Some("o-1"));
+        assert_eq!(
+            header(json, "ce_time").as_deref(),
+            Some("1970-01-01T00:00:02.000Z")
+        );
+        assert_eq!(
+            header(json, "content-type").as_deref(),
+            Some("application/json")
+        );
+        let text = br#"{"id":"e-1","event_type":"E","payload":"plain"}"#;
+        assert_eq!(header(text, "content-type"), None);
+        assert_eq!(header(text, "ce_subject"), None);
     }
 
     #[test]

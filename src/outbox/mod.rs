@@ -12,6 +12,7 @@
 //! topic from `event_type`, key from `aggregate_id`, value from `payload`, the
 //! `id` header from `id`.
 
+pub mod cloudevents;
 pub mod message;
 mod template;
 pub mod values;
@@ -44,6 +45,8 @@ pub struct MappingConfig {
     pub timestamp_column: Option<String>,
     /// `--header-column`
     pub header_columns: Vec<HeaderColumn>,
+    /// `--cloudevents`: add the CloudEvents binary-mode headers.
+    pub cloudevents: Option<cloudevents::CloudEventsConfig>,
 }
 
 impl MappingConfig {
@@ -105,6 +108,9 @@ pub struct TableMapping {
     payload_kind: PayloadKind,
     timestamp: Option<(usize, TimestampKind)>,
     headers: Vec<(usize, Arc<str>)>,
+    /// `ce_source` and whether the payload column is json/jsonb.
+    cloudevents: Option<(Arc<str>, bool)>,
+    route: usize,
 }
 
 /// The table's columns do not fit the mapping (at start-up or after a schema change).
@@ -340,10 +346,17 @@ impl TableMapping {
             });
         }
         let payload = find("--payload-column", &config.payload_column)?;
-        let payload_kind = match relation.columns.get(payload).map(|c| c.type_oid) {
+        let payload_oid = relation.columns.get(payload).map(|c| c.type_oid);
+        let payload_kind = match payload_oid {
             Some(values::oid::BYTEA) => PayloadKind::Bytea,
             _ => PayloadKind::Text,
         };
+        let cloudevents = config.cloudevents.as_ref().map(|ce| {
+            (
+                ce.source_for(&format!("{}/{}", relation.namespace, relation.name)),
+                matches!(payload_oid, Some(values::oid::JSON | values::oid::JSONB)),
+            )
+        });
         let timestamp = match &config.timestamp_column {
             None => None,
             Some(column) => {
@@ -381,6 +394,8 @@ impl TableMapping {
             payload_kind,
             timestamp,
             headers,
+            cloudevents,
+            route,
             table: Arc::from(table.as_str()),
         })
     }
@@ -529,6 +544,21 @@ impl TableMapping {
         let mut headers = Vec::with_capacity(self.headers.len());
         for (idx, name) in &self.headers {
             headers.push((Arc::clone(name), text(*idx)?.cloned()));
+        }
+        if let Some((source, json)) = &self.cloudevents {
+            let event_type = text(self.route)?.filter(|v| !v.is_empty()).ok_or_else(|| {
+                EventError::EmptyRoutingValue {
+                    column: column_name(self.route),
+                }
+            })?;
+            headers.extend(cloudevents::headers(&cloudevents::Attributes {
+                source,
+                id: &id,
+                event_type: event_type.clone(),
+                subject: key.as_ref(),
+                time_ms: commit_time_ms,
+                json: *json,
+            }));
         }
 
         Ok(OutboxRecord {

@@ -43,6 +43,7 @@ fn config(extra: impl FnOnce(&mut MappingConfig)) -> MappingConfig {
         payload_column: "payload".into(),
         timestamp_column: None,
         header_columns: vec![],
+        cloudevents: None,
     };
     extra(&mut c);
     c
@@ -319,4 +320,69 @@ fn dead_letter_records_keep_key_payload_and_say_why() {
     let mut r = standard_row(Value::Null);
     r.0[0] = Value::Null;
     assert_eq!(m.raw_parts(&r).id.len(), 0);
+}
+
+#[test]
+fn cloudevents_headers_come_from_the_row_and_the_commit_time() {
+    let ce = |c: &mut MappingConfig| {
+        c.cloudevents = Some(cloudevents::CloudEventsConfig {
+            source: None,
+            database: "shop".into(),
+        });
+        c.timestamp_column = Some("created_at".into());
+    };
+    let rel = standard();
+    let m = TableMapping::bind(&config(ce), &rel).unwrap();
+    let rec = m.map(&rel, &standard_row(t("{}")), 1_000).unwrap();
+    let header = |name: &str| {
+        rec.headers
+            .iter()
+            .find(|(n, _)| &**n == name)
+            .and_then(|(_, v)| v.as_deref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    assert_eq!(header("ce_specversion").as_deref(), Some("1.0"));
+    assert_eq!(
+        header("ce_id").as_deref(),
+        Some("6f1c2c4e-0000-4000-8000-000000000001")
+    );
+    assert_eq!(header("ce_type").as_deref(), Some("OrderCreated"));
+    assert_eq!(header("ce_source").as_deref(), Some("/shop/public/outbox"));
+    // The commit time, not the timestamp column.
+    assert_eq!(
+        header("ce_time").as_deref(),
+        Some("1970-01-01T00:00:01.000Z")
+    );
+    assert_eq!(header("ce_subject").as_deref(), Some("order-42"));
+    assert_eq!(header("content-type").as_deref(), Some("application/json"));
+
+    // A null key has no subject; a text payload no content type; a NULL
+    // route-by value cannot make an event (ce_type is required).
+    let text_payload = relation(&[
+        ("id", UUID),
+        ("aggregate_type", TEXT),
+        ("aggregate_id", TEXT),
+        ("event_type", TEXT),
+        ("payload", TEXT),
+        ("created_at", values::oid::TIMESTAMPTZ),
+    ]);
+    let m = TableMapping::bind(&config(ce), &text_payload).unwrap();
+    let mut r = standard_row(t("hello"));
+    r.0[2] = Value::Null;
+    let rec = m.map(&text_payload, &r, 0).unwrap();
+    assert!(!rec.headers.iter().any(|(n, _)| &**n == "ce_subject"));
+    assert!(!rec.headers.iter().any(|(n, _)| &**n == "content-type"));
+    let m = TableMapping::bind(
+        &config(|c| {
+            ce(c);
+            c.topic_template = TopicTemplate::parse("events").unwrap();
+        }),
+        &rel,
+    )
+    .unwrap();
+    r.0[3] = Value::Null;
+    assert!(matches!(
+        m.map(&rel, &r, 0),
+        Err(EventError::EmptyRoutingValue { .. })
+    ));
 }

@@ -13,6 +13,10 @@ pub mod oid {
     pub const INT8: u32 = 20;
     /// `int4`
     pub const INT4: u32 = 23;
+    /// `json`
+    pub const JSON: u32 = 114;
+    /// `jsonb`
+    pub const JSONB: u32 = 3802;
     /// `timestamp`
     pub const TIMESTAMP: u32 = 1114;
     /// `timestamptz`
