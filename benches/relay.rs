@@ -26,7 +26,7 @@
 //! Flags (unknown ones, like cargo's `--bench`, are ignored): `--events N`,
 //! `--rounds N` (backlog drains; the median is reported), `--brokers N` and
 //! `--partitions N` (mock cluster shape), `--rate R`, `--duration S`, `--large-tx N`, `--skip-large`,
-//! `--status-interval D` and `-X KEY=VALUE` (passed to the relay), `--quick`.
+//! `--status-interval D`, `--cleanup none|delete` and `-X KEY=VALUE` (passed to the relay), `--quick`.
 
 // Test support: its `expect`s are on loopback set-up, not on relay output.
 #[allow(clippy::expect_used)]
@@ -144,6 +144,8 @@ struct Args {
     status_interval: String,
     /// `--delivery` passed to the relay (`at-least-once` or `exactly-once`).
     delivery: String,
+    /// `--cleanup` passed to the relay (`none` or `delete`).
+    cleanup: String,
     kafka_properties: Vec<String>,
     quick: bool,
 }
@@ -164,6 +166,7 @@ impl Args {
             partitions: 4,
             status_interval: "100ms".to_owned(),
             delivery: "at-least-once".to_owned(),
+            cleanup: "none".to_owned(),
             kafka_properties: Vec::new(),
             quick,
         };
@@ -196,6 +199,7 @@ impl Args {
                 "--status-interval" => args.status_interval = value(flag)?,
                 "-X" | "--kafka-property" => args.kafka_properties.push(value(flag)?),
                 "--delivery" => args.delivery = value(flag)?,
+                "--cleanup" => args.cleanup = value(flag)?,
                 "--skip-large" => args.skip_large = true,
                 "--brokers" => args.brokers = small(flag, number(flag, value(flag)?)?)?,
                 "--partitions" => args.partitions = small(flag, number(flag, value(flag)?)?)?,
@@ -647,6 +651,7 @@ impl RelayProcess {
             .args(["--slot", SLOT_RELAY, "--publication", PUBLICATION])
             .args(["--status-interval", &args.status_interval])
             .args(["--delivery", &args.delivery])
+            .args(["--cleanup", &args.cleanup])
             .args(
                 args.kafka_properties
                     .iter()
@@ -1474,6 +1479,7 @@ async fn run(args: Args) -> Result<()> {
         .add("postgres", version.split_whitespace().next().unwrap_or("?"));
     bench.report.add("loadavg_start", load_average());
     bench.report.add("delivery", &bench.args.delivery);
+    bench.report.add("cleanup", &bench.args.cleanup);
     bench.report.add("brokers", bench.args.brokers);
     bench.report.add("partitions", bench.args.partitions);
     bench.backlog().await?;

@@ -7,6 +7,8 @@
 
 mod support;
 
+mod cleanup;
+mod cloudevents;
 mod deploy;
 mod e2e;
 mod exactly_once;

@@ -55,6 +55,8 @@ pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outbox_relay_slot_safe_wal_size_byte
 pub const COMMIT_TO_ACK_SECONDS: &str = "outbox_relay_commit_to_ack_seconds";
 /// Replication stream reconnects.
 pub const RECONNECTS_TOTAL: &str = "outbox_relay_reconnects_total";
+/// Outbox rows deleted by `--cleanup delete`.
+pub const CLEANUP_DELETED_ROWS_TOTAL: &str = "outbox_relay_cleanup_deleted_rows_total";
 /// Always 1; the label carries the version. Label: `version`.
 pub const BUILD_INFO: &str = "outbox_relay_build_info";
 
@@ -73,6 +75,7 @@ pub const ALL: &[&str] = &[
     SLOT_SAFE_WAL_SIZE_BYTES,
     COMMIT_TO_ACK_SECONDS,
     RECONNECTS_TOTAL,
+    CLEANUP_DELETED_ROWS_TOTAL,
     BUILD_INFO,
 ];
 
@@ -176,6 +179,10 @@ fn describe() {
         "Seconds from the transaction's commit in Postgres to the broker's acknowledgement."
     );
     describe_counter!(RECONNECTS_TOTAL, "Replication stream reconnects.");
+    describe_counter!(
+        CLEANUP_DELETED_ROWS_TOTAL,
+        "Outbox rows deleted by --cleanup delete after the broker acknowledged their events."
+    );
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
 }
 
@@ -204,6 +211,11 @@ pub fn dead_lettered() {
 /// The replication stream was re-established.
 pub fn reconnected() {
     ::metrics::counter!(RECONNECTS_TOTAL).increment(1);
+}
+
+/// `--cleanup delete` removed `rows` outbox rows.
+pub fn cleanup_deleted(rows: u64) {
+    ::metrics::counter!(CLEANUP_DELETED_ROWS_TOTAL).increment(rows);
 }
 
 /// Events and bytes in flight.
@@ -380,6 +392,7 @@ mod tests {
             DELIVERY_ERRORS_TOTAL,
             DEAD_LETTERED_TOTAL,
             RECONNECTS_TOTAL,
+            CLEANUP_DELETED_ROWS_TOTAL,
         ] {
             assert!(counter.ends_with("_total"), "{counter}");
         }
@@ -408,6 +421,7 @@ mod tests {
             delivery_error("message_timed_out");
             dead_lettered();
             reconnected();
+            cleanup_deleted(3);
             build_info("1.2.3");
         });
         let text = handle.render();
@@ -426,6 +440,7 @@ mod tests {
             "outbox_relay_delivery_errors_total{kind=\"message_timed_out\"} 1",
             "outbox_relay_dead_lettered_total 1",
             "outbox_relay_reconnects_total 1",
+            "outbox_relay_cleanup_deleted_rows_total 3",
             "outbox_relay_build_info{version=\"1.2.3\"} 1",
             "outbox_relay_commit_to_ack_seconds_bucket{le=\"0.005\"} 1",
             "outbox_relay_commit_to_ack_seconds_bucket{le=\"0.05\"} 2",

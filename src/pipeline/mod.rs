@@ -19,6 +19,7 @@
 
 pub mod ack;
 
+mod cleanup;
 mod exactly_once;
 mod poison;
 
@@ -209,6 +210,14 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
+/// Sleeps until `at`; never resolves for `None` (a disabled `select!` branch).
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Per-relation state: the announced layout and, for outbox tables, the bound mapping.
 struct Outbox {
     tables: Vec<TableName>,
@@ -242,6 +251,8 @@ pub struct Pipeline {
     /// Index of the next outbox event within the open transaction.
     tx_seq: u32,
     exactly_once: Option<exactly_once::ExactlyOnce>,
+    /// `--cleanup delete`.
+    cleanup: Option<cleanup::Cleanup>,
     observer: crate::observability::observer::PipelineObserver,
 }
 
@@ -255,7 +266,18 @@ pub async fn run(
 ) -> Result<Summary, RelayError> {
     let control = setup::connect(&config).await?;
     let slot = setup::prepare(&control, &config).await?;
-    drop(control);
+    let cleanup = match config.cleanup {
+        crate::config::Cleanup::None => None,
+        crate::config::Cleanup::Delete => {
+            let keys = setup::cleanup_keys(&control, &config).await?;
+            Some(cleanup::Cleanup::new(
+                control,
+                keys,
+                &config,
+                slot.confirmed_flush,
+            ))
+        }
+    };
     let (sink, deliveries) = KafkaSink::new(
         &config.kafka_brokers,
         &config.kafka_properties,
@@ -311,6 +333,7 @@ pub async fn run(
         reconnects: 0,
         tx_seq: 0,
         exactly_once,
+        cleanup,
         observer: crate::observability::observer::PipelineObserver::new(),
     };
     let heartbeat = pipeline.config.heartbeat_interval.map(|interval| {
@@ -342,7 +365,7 @@ impl Pipeline {
         let mut standby = false;
         loop {
             let start = self.tracker.resume_lsn();
-            let acked = self.tracker.frontier();
+            let acked = self.reportable();
             match ReplicationStream::start(&self.config, start, acked).await {
                 Ok(stream) => {
                     self.stream = Some(stream);
@@ -425,6 +448,9 @@ impl Pipeline {
                     self.observer.streaming(false);
                     crate::observability::metrics::reconnected();
                     self.tracker.abandon_open();
+                    if let Some(cleanup) = self.cleanup.as_mut() {
+                        cleanup.abandon_open();
+                    }
                     if self.exactly_once.is_some() {
                         // The replayed transaction must be checked against
                         // tails that include everything sent before the break.
@@ -481,6 +507,7 @@ impl Pipeline {
         loop {
             let can_read = self.tracker.window_len() < self.config.max_in_flight_events
                 && self.tracker.in_flight_bytes() < self.config.max_in_flight_bytes;
+            let cleanup_due = self.cleanup.as_ref().and_then(cleanup::Cleanup::due);
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
@@ -498,13 +525,30 @@ impl Pipeline {
                     }
                 }
                 event = stream.recv(), if can_read => self.on_event(event?).await?,
+                () = sleep_until_some(cleanup_due), if cleanup_due.is_some() => {}
             }
-            self.report_frontier();
+            self.report_frontier(false).await;
         }
     }
 
-    fn report_frontier(&mut self) {
+    /// The highest position that may be reported now: the ack frontier, held
+    /// back under `--cleanup delete` until the rows it covers are deleted.
+    fn reportable(&self) -> Lsn {
         let frontier = self.tracker.frontier();
+        self.cleanup
+            .as_ref()
+            .map_or(frontier, |c| c.cleared().min(frontier))
+    }
+
+    /// Reports the frontier; under `--cleanup delete`, first deletes the rows
+    /// it covers (`force`: now, else when a batch is full or due).
+    async fn report_frontier(&mut self, force: bool) {
+        if let Some(cleanup) = self.cleanup.as_mut() {
+            cleanup
+                .clear(self.tracker.frontier(), force, self.config.status_interval)
+                .await;
+        }
+        let frontier = self.reportable();
         self.observer.frontier(frontier);
         if frontier > self.reported
             && let Some(stream) = &self.stream
@@ -571,6 +615,9 @@ impl Pipeline {
             }
             ReplicationEvent::Commit { end_lsn, .. } => {
                 self.tracker.commit(end_lsn.into())?;
+                if let Some(cleanup) = self.cleanup.as_mut() {
+                    cleanup.commit(end_lsn.into(), self.config.status_interval);
+                }
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {
                 self.tracker.keepalive(wal_end.into());
@@ -615,9 +662,20 @@ impl Pipeline {
                         }
                     })?;
                     tracing::debug!(table = %mapping.table(), relation_id = relation.id, "bound outbox table");
+                    if let Some(cleanup) = self.cleanup.as_mut() {
+                        cleanup.bind(&relation, mapping.table()).map_err(|source| {
+                            RelayError::Bind {
+                                lsn: self.commit_lsn,
+                                source,
+                            }
+                        })?;
+                    }
                     self.outbox.mappings.insert(relation.id, mapping);
                 } else {
                     self.outbox.mappings.remove(&relation.id);
+                    if let Some(cleanup) = self.cleanup.as_mut() {
+                        cleanup.forget(relation.id);
+                    }
                 }
                 self.outbox.relations.insert(relation);
             }
@@ -628,6 +686,9 @@ impl Pipeline {
                 let Some(relation) = self.outbox.relations.get(relation_id) else {
                     return Ok(());
                 };
+                if let Some(cleanup) = self.cleanup.as_mut() {
+                    cleanup.row(relation_id, &new);
+                }
                 let table = mapping.table().clone();
                 let mapped = mapping
                     .map(relation, &new, self.commit_time_ms())
@@ -844,8 +905,8 @@ impl Pipeline {
                 Err(_) => {}
             }
         }
-        self.report_frontier();
-        let frontier = self.tracker.frontier();
+        self.report_frontier(true).await;
+        let frontier = self.reportable();
         let abandoned = self.tracker.in_flight_events();
         if abandoned > 0 {
             tracing::warn!(

@@ -124,6 +124,57 @@ pub enum SourceError {
         /// The publication.
         publication: String,
     },
+    /// A partitioned outbox table in a publication that publishes each partition under its own name.
+    #[error(
+        "publication {publication:?} publishes the partitions of {tables} under their own names, \
+         which the relay does not map; run ALTER PUBLICATION {publication} SET \
+         (publish_via_partition_root = true)"
+    )]
+    PublicationNotViaRoot {
+        /// The publication.
+        publication: String,
+        /// The partitioned outbox tables.
+        tables: String,
+    },
+    /// `--cleanup delete` on a table without a primary key.
+    #[error(
+        "--cleanup delete: table {table} has no primary key, so relayed rows cannot be deleted \
+         one by one; add one (ALTER TABLE {table} ADD PRIMARY KEY (id)) or use --cleanup none"
+    )]
+    CleanupNoPrimaryKey {
+        /// The table.
+        table: String,
+    },
+    /// `--cleanup delete` without DELETE on the table.
+    #[error(
+        "--cleanup delete: role {user:?} may not DELETE from {table}; run GRANT DELETE ON {table} \
+         TO {user}, or use --cleanup none"
+    )]
+    CleanupNoDeletePrivilege {
+        /// The table.
+        table: String,
+        /// The relay's role.
+        user: String,
+    },
+    /// `--cleanup delete` with a publication that publishes deletes.
+    #[error(
+        "--cleanup delete: publication {publication:?} publishes deletes, so every row the relay \
+         deletes would come back through the slot; run ALTER PUBLICATION {publication} SET \
+         (publish = 'insert')"
+    )]
+    CleanupPublishesDeletes {
+        /// The publication.
+        publication: String,
+    },
+    /// Deleting relayed rows failed; the frontier waits for the retry.
+    #[error("--cleanup delete: deleting relayed rows from {table} failed: {source}")]
+    CleanupDelete {
+        /// The table.
+        table: String,
+        /// The server's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
     /// The existing publication does not cover every outbox table.
     #[error("publication {publication:?} does not include {missing}; run {remedy}")]
     PublicationMissingTables {

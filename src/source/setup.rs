@@ -173,15 +173,20 @@ async fn check_table(
 
 async fn ensure_publication(client: &Client, config: &Config) -> Result<(), SourceError> {
     let publication = &config.publication;
+    let partitioned = partitioned_tables(client, &config.tables).await?;
     let row = query_one(
         client,
         "look up the publication",
-        "SELECT puballtables, pubinsert FROM pg_publication WHERE pubname = $1",
+        "SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
         &[publication],
     )
     .await?;
     let Some(row) = row else {
-        let sql = super::sql::create_publication(publication, &config.tables);
+        let sql = super::sql::create_publication_for(
+            publication,
+            &config.tables,
+            !partitioned.is_empty(),
+        );
         client
             .batch_execute(&sql)
             .await
@@ -196,6 +201,12 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
     if !publishes_inserts {
         return Err(SourceError::PublicationNoInsert {
             publication: publication.clone(),
+        });
+    }
+    if !partitioned.is_empty() && !row.get::<_, bool>(2) {
+        return Err(SourceError::PublicationNotViaRoot {
+            publication: publication.clone(),
+            tables: partitioned.join(", "),
         });
     }
     if all_tables {
@@ -237,6 +248,28 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
         });
     }
     Ok(())
+}
+
+/// The outbox tables that are partitioned, as `schema.table`.
+async fn partitioned_tables(
+    client: &Client,
+    tables: &[TableName],
+) -> Result<Vec<String>, SourceError> {
+    let mut partitioned = Vec::new();
+    for table in tables {
+        let row = query_one(
+            client,
+            "read the outbox table's kind",
+            "SELECT c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&table.schema, &table.name],
+        )
+        .await?;
+        if row.is_some_and(|r| r.get::<_, bool>(0)) {
+            partitioned.push(table.to_string());
+        }
+    }
+    Ok(partitioned)
 }
 
 async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
@@ -302,4 +335,67 @@ pub async fn confirmed_flush(client: &Client, slot: &str) -> Result<Option<Lsn>,
     Ok(row
         .and_then(|r| r.get::<_, Option<String>>(0))
         .and_then(|t| t.parse().ok()))
+}
+
+/// One outbox table's primary key, for `--cleanup delete`.
+#[derive(Debug, Clone)]
+pub struct PrimaryKey {
+    /// The table.
+    pub table: TableName,
+    /// `(column, type)` in key order; the type as `format_type` spells it.
+    pub columns: Vec<(String, String)>,
+}
+
+/// The `--cleanup delete` checks: every outbox table has a primary key and
+/// the role may DELETE from it, and the publication does not publish deletes.
+pub async fn cleanup_keys(
+    client: &Client,
+    config: &Config,
+) -> Result<Vec<PrimaryKey>, SourceError> {
+    let row = query_one(
+        client,
+        "look up the publication",
+        "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
+        &[&config.publication],
+    )
+    .await?;
+    if row.is_some_and(|r| r.get::<_, bool>(0)) {
+        return Err(SourceError::CleanupPublishesDeletes {
+            publication: config.publication.clone(),
+        });
+    }
+    let mut keys = Vec::with_capacity(config.tables.len());
+    for table in &config.tables {
+        let rows = client
+            .query(
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
+                        has_table_privilege(i.indrelid, 'DELETE') \
+                 FROM pg_index i JOIN pg_attribute a \
+                   ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+                 WHERE i.indrelid = $1::text::regclass AND i.indisprimary \
+                 ORDER BY array_position(i.indkey::int2[], a.attnum)",
+                &[&table.quoted()],
+            )
+            .await
+            .map_err(|source| SourceError::Query {
+                what: "read the outbox table's primary key",
+                source,
+            })?;
+        if rows.is_empty() {
+            return Err(SourceError::CleanupNoPrimaryKey {
+                table: table.to_string(),
+            });
+        }
+        if !rows.iter().all(|r| r.get::<_, bool>(2)) {
+            return Err(SourceError::CleanupNoDeletePrivilege {
+                table: table.to_string(),
+                user: config.postgres.user.clone(),
+            });
+        }
+        keys.push(PrimaryKey {
+            table: table.clone(),
+            columns: rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        });
+    }
+    Ok(keys)
 }

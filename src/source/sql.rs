@@ -11,6 +11,13 @@ use crate::outbox::{TableName, quote_ident};
 /// tables (a table-less outbox of logical decoding messages) the publication
 /// is empty: pgoutput sends messages whatever the publication covers.
 pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
+    create_publication_for(publication, tables, false)
+}
+
+/// [`create_publication`]; `via_root` adds `publish_via_partition_root = true`,
+/// so inserts into a partitioned outbox's partitions arrive as the parent's,
+/// under the name the relay maps.
+pub fn create_publication_for(publication: &str, tables: &[TableName], via_root: bool) -> String {
     let tables: Vec<String> = tables.iter().map(TableName::quoted).collect();
     let for_tables = if tables.is_empty() {
         String::new()
@@ -18,8 +25,13 @@ pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
         format!(" FOR TABLE {}", tables.join(", "))
     };
     format!(
-        "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert')",
+        "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert'{})",
         quote_ident(publication),
+        if via_root {
+            ", publish_via_partition_root = true"
+        } else {
+            ""
+        }
     )
 }
 

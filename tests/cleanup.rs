@@ -1,0 +1,288 @@
+//! `--cleanup delete`, and the two cleanup patterns that need no flag: delete
+//! in the same transaction, and a partitioned outbox whose old partitions are dropped.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::support::http::{free_port, get};
+use crate::support::kafka::consume_until;
+use crate::support::relay::{Relay, run_to_exit};
+use crate::support::world::{World, wait_until};
+
+const SLOT: &str = "outbox_relay";
+
+/// The ids still in `public.outbox`.
+async fn remaining(world: &World) -> HashSet<String> {
+    world
+        .pg
+        .execute("SELECT id::text FROM public.outbox")
+        .await
+        .into_iter()
+        .filter_map(|r| r.into_iter().next().flatten())
+        .collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
+    let world = World::start().await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut relay = Relay::spawn(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &["--cleanup", "delete", "--http-addr", &addr],
+    );
+    relay.wait_streaming();
+    let mut ids = Vec::new();
+    for n in 0..10 {
+        let rows: Vec<(String, String, String)> = (0..3)
+            .map(|k| ("Evt".into(), format!("a-{k}"), format!(r#"{{"n": {n}}}"#)))
+            .collect();
+        ids.extend(world.insert_tx(&rows).await);
+    }
+    let records = world
+        .broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(60));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    assert!(ids.iter().all(|id| got.contains(id)), "{}", relay.log());
+    let emptied = wait_until(Duration::from_secs(30), || async {
+        remaining(&world).await.is_empty()
+    })
+    .await;
+    assert!(
+        emptied,
+        "rows left: {:?}\n{}",
+        remaining(&world).await,
+        relay.log()
+    );
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(30))
+        .await;
+    let counted = wait_until(Duration::from_secs(30), || async {
+        get(port, "/metrics")
+            .is_some_and(|(_, body)| body.contains("outbox_relay_cleanup_deleted_rows_total 30"))
+    })
+    .await;
+    assert!(counted, "{:?}", get(port, "/metrics"));
+    // The deletes do not come back through the slot (publish = 'insert').
+    assert!(
+        !relay.log().contains("ignoring UPDATE/DELETE"),
+        "{}",
+        relay.log()
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn cleanup_with_sigkill_deletes_only_relayed_rows_and_eventually_all() {
+    let world = World::start().await;
+    let url = world.pg.url();
+    let bootstrap = world.broker.bootstrap();
+    let args = ["--cleanup", "delete"];
+    let mut relay = Relay::spawn(&url, &bootstrap, &args);
+    relay.wait_streaming();
+    let mut committed = Vec::new();
+    for n in 0..120 {
+        let rows: Vec<(String, String, String)> = (0..(1 + n % 4))
+            .map(|k| {
+                (
+                    format!("Evt{}", k % 2),
+                    format!("agg-{}", n % 7),
+                    format!(r#"{{"n": {n}, "k": {k}}}"#),
+                )
+            })
+            .collect();
+        committed.extend(world.insert_tx(&rows).await);
+        if n == 50 {
+            relay.signal("KILL");
+            relay.wait_exit(Duration::from_secs(10)).expect("killed");
+            // Every row gone from the table was delivered before it went.
+            let left = remaining(&world).await;
+            let deleted: Vec<&String> = committed.iter().filter(|id| !left.contains(*id)).collect();
+            let records = consume_until(
+                &bootstrap,
+                &["Evt0", "Evt1"],
+                Duration::from_secs(30),
+                Duration::ZERO,
+                |records| {
+                    let seen: HashSet<String> = records.iter().map(|r| r.id()).collect();
+                    deleted.iter().all(|id| seen.contains(*id))
+                },
+            );
+            let seen: HashSet<String> = records.iter().map(|r| r.id()).collect();
+            let unrelayed: Vec<&&String> =
+                deleted.iter().filter(|id| !seen.contains(**id)).collect();
+            assert!(
+                unrelayed.is_empty(),
+                "{} rows deleted without being delivered: {unrelayed:?}\n{}",
+                unrelayed.len(),
+                relay.log()
+            );
+            eprintln!(
+                "cleanup sigkill: {} of {} rows deleted at the kill",
+                deleted.len(),
+                committed.len()
+            );
+        }
+        if n == 80 {
+            relay = Relay::spawn(&url, &bootstrap, &args);
+            relay.wait_streaming();
+        }
+    }
+    let records = world
+        .broker
+        .consume_ids(&["Evt0", "Evt1"], &committed, Duration::from_secs(60));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    let lost: Vec<&String> = committed.iter().filter(|id| !got.contains(*id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} ids lost: {lost:?}\n{}",
+        lost.len(),
+        relay.log()
+    );
+    let emptied = wait_until(Duration::from_secs(30), || async {
+        remaining(&world).await.is_empty()
+    })
+    .await;
+    assert!(
+        emptied,
+        "rows left: {:?}\n{}",
+        remaining(&world).await,
+        relay.log()
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn cleanup_delete_refuses_to_start_without_a_primary_key_or_with_deletes_published() {
+    let world = World::start().await;
+    world
+        .pg
+        .execute(
+            "CREATE TABLE public.nopk (id uuid DEFAULT gen_random_uuid(), aggregate_id text, \
+             event_type text, payload jsonb);
+             CREATE PUBLICATION alldml FOR TABLE public.outbox;",
+        )
+        .await;
+    let (code, log) = run_to_exit(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &[
+            "--table",
+            "public.nopk",
+            "--publication",
+            "nopk",
+            "--cleanup",
+            "delete",
+        ],
+    );
+    assert_eq!(code, Some(3), "{log}");
+    assert!(
+        log.contains("table public.nopk has no primary key"),
+        "{log}"
+    );
+    let (code, log) = run_to_exit(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &["--publication", "alldml", "--cleanup", "delete"],
+    );
+    assert_eq!(code, Some(3), "{log}");
+    assert!(
+        log.contains("publication \"alldml\" publishes deletes"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn insert_and_delete_in_the_same_transaction_is_relayed() {
+    let world = World::start().await;
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    let id = "6f1c2c4e-0000-4000-8000-00000000d0d0".to_owned();
+    world
+        .pg
+        .execute(&format!(
+            "BEGIN;
+             INSERT INTO orders (note) VALUES ('x');
+             INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('{id}', 'order', 'o-1', 'Evt', '{{\"n\": 1}}');
+             DELETE FROM outbox WHERE id = '{id}';
+             COMMIT;"
+        ))
+        .await;
+    assert!(remaining(&world).await.is_empty());
+    let records = world.broker.consume(&["Evt"], 1, Duration::from_secs(30));
+    assert_eq!(
+        records.iter().map(|r| r.id()).collect::<Vec<_>>(),
+        vec![id],
+        "{}",
+        relay.log()
+    );
+    assert_eq!(records[0].payload_text().as_deref(), Some(r#"{"n": 1}"#));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn partitioned_outbox_relays_across_dropped_partitions() {
+    let world = World::start().await;
+    world
+        .pg
+        .execute(
+            "CREATE TABLE public.pbox (
+                 id uuid NOT NULL DEFAULT gen_random_uuid(),
+                 created_on date NOT NULL,
+                 aggregate_id text, event_type text, payload jsonb,
+                 PRIMARY KEY (id, created_on)
+             ) PARTITION BY RANGE (created_on);
+             CREATE TABLE public.pbox_01 PARTITION OF public.pbox
+                 FOR VALUES FROM ('2026-01-01') TO ('2026-02-01');
+             CREATE TABLE public.pbox_02 PARTITION OF public.pbox
+                 FOR VALUES FROM ('2026-02-01') TO ('2026-03-01');",
+        )
+        .await;
+    let insert = |day: &'static str| {
+        let pg = &world.pg;
+        async move {
+            pg.execute(&format!(
+                "INSERT INTO public.pbox (created_on, aggregate_id, event_type, payload) \
+                 VALUES ('{day}', 'a', 'Part', '{{}}') RETURNING id::text"
+            ))
+            .await[0][0]
+                .clone()
+                .unwrap()
+        }
+    };
+    let mut relay = Relay::spawn(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &["--table", "public.pbox", "--publication", "pbox"],
+    );
+    relay.wait_streaming();
+    let mut ids = vec![insert("2026-01-15").await, insert("2026-02-15").await];
+    let records = world
+        .broker
+        .consume_ids(&["Part"], &ids, Duration::from_secs(30));
+    assert_eq!(records.len(), 2, "{}", relay.log());
+    // Retention by partition: the oldest goes, a new one comes, the relay carries on.
+    world
+        .pg
+        .execute(
+            "DROP TABLE public.pbox_01;
+             CREATE TABLE public.pbox_03 PARTITION OF public.pbox
+                 FOR VALUES FROM ('2026-03-01') TO ('2026-04-01');",
+        )
+        .await;
+    ids.push(insert("2026-02-16").await);
+    ids.push(insert("2026-03-01").await);
+    let records = world
+        .broker
+        .consume_ids(&["Part"], &ids, Duration::from_secs(30));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    assert!(
+        ids.iter().all(|id| got.contains(id)),
+        "{got:?}\n{}",
+        relay.log()
+    );
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(30))
+        .await;
+}
