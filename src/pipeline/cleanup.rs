@@ -179,9 +179,13 @@ impl Cleanup {
         self.open.clear();
     }
 
-    /// When waiting rows must be deleted, if any wait.
-    pub(super) fn due(&self) -> Option<Instant> {
-        self.due
+    /// When rows that `frontier` covers must be deleted, if any wait (rows
+    /// still in flight wait for their acks, not for a timer).
+    pub(super) fn due(&self, frontier: Lsn) -> Option<Instant> {
+        self.done
+            .front()
+            .filter(|(end, _)| *end <= frontier)
+            .and(self.due)
     }
 
     /// The highest position that may be reported: the rows of every

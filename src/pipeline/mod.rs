@@ -507,7 +507,8 @@ impl Pipeline {
         loop {
             let can_read = self.tracker.window_len() < self.config.max_in_flight_events
                 && self.tracker.in_flight_bytes() < self.config.max_in_flight_bytes;
-            let cleanup_due = self.cleanup.as_ref().and_then(cleanup::Cleanup::due);
+            let frontier = self.tracker.frontier();
+            let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
