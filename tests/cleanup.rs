@@ -71,6 +71,39 @@ async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
         "{}",
         relay.log()
     );
+
+    // Rows whose events the broker has not acknowledged stay.
+    world.broker.down();
+    let held = world
+        .insert_tx(&[("Evt", "a-1", r#"{"n": 1}"#), ("Evt", "a-2", r#"{"n": 2}"#)])
+        .await;
+    let after_commit = world.current_lsn().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < deadline {
+        world
+            .pg
+            .execute("INSERT INTO orders (note) SELECT 'busy' FROM generate_series(1, 50)")
+            .await;
+        let left = remaining(&world).await;
+        assert!(
+            held.iter().all(|id| left.contains(id)),
+            "an unacknowledged row was deleted: {left:?}\n{}",
+            relay.log()
+        );
+        assert!(world.confirmed_flush(SLOT).await.unwrap() < after_commit);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    world.broker.up();
+    let emptied = wait_until(Duration::from_secs(60), || async {
+        remaining(&world).await.is_empty()
+    })
+    .await;
+    assert!(
+        emptied,
+        "rows left: {:?}\n{}",
+        remaining(&world).await,
+        relay.log()
+    );
 }
 
 #[tokio::test(flavor = "current_thread")]
