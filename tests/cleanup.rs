@@ -286,7 +286,15 @@ async fn partitioned_outbox_relays_across_dropped_partitions() {
     let mut relay = Relay::spawn(
         &world.pg.url(),
         &world.broker.bootstrap(),
-        &["--table", "public.pbox", "--publication", "pbox"],
+        // With --cleanup delete too: a composite primary key, deleted through the parent.
+        &[
+            "--table",
+            "public.pbox",
+            "--publication",
+            "pbox",
+            "--cleanup",
+            "delete",
+        ],
     );
     relay.wait_streaming();
     let mut ids = vec![insert("2026-01-15").await, insert("2026-02-15").await];
@@ -318,4 +326,6 @@ async fn partitioned_outbox_relays_across_dropped_partitions() {
     world
         .wait_confirmed(SLOT, end, Duration::from_secs(30))
         .await;
+    let left = world.pg.execute("SELECT count(*) FROM public.pbox").await;
+    assert_eq!(left[0][0].as_deref(), Some("0"), "{}", relay.log());
 }
