@@ -20,6 +20,9 @@ pub enum Command {
     Setup(SetupArgs),
     /// Drop the replication slot (and optionally the publication).
     DropSlot(DropSlotArgs),
+    /// Print the records the relay would produce for what is pending in the slot,
+    /// without consuming it (the slot must be inactive: stop the relay first).
+    Peek(PeekArgs),
     /// Translate a Debezium connector configuration into outbox-relay flags.
     DebeziumConfig(DebeziumConfigArgs),
 }
@@ -39,6 +42,17 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `peek` flags.
+#[derive(Debug, Clone, Args)]
+pub struct PeekArgs {
+    /// One JSON object per record instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Show at most this many records.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
 }
 
 /// `setup` flags.
