@@ -7,6 +7,7 @@
 
 mod support;
 
+mod demo;
 mod deploy;
 mod e2e;
 mod exactly_once;

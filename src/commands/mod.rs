@@ -5,6 +5,7 @@
 //! failure to one of [`pipeline::exit_code`]'s codes, like the relay.
 
 pub mod debezium;
+mod demo;
 mod drop_slot;
 mod peek;
 mod print;
@@ -55,6 +56,12 @@ pub enum CommandError {
         #[source]
         source: DecodeError,
     },
+    /// The relay stopped with an error.
+    #[error(transparent)]
+    Relay(#[from] RelayError),
+    /// The demo could not set up its cluster or broker.
+    #[error(transparent)]
+    Demo(#[from] demo::DemoError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -72,6 +79,9 @@ impl CommandError {
             }
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
             CommandError::Bind { .. } => exit_code::POISON,
+            CommandError::Relay(e) => e.exit_code(),
+            CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
+            CommandError::Demo(_) => 1,
             CommandError::Decode { .. } => exit_code::INTERNAL,
             CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }
@@ -86,6 +96,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         Some(Command::Setup(args)) => setup::run(cli, args),
         Some(Command::DropSlot(args)) => drop_slot::run(cli, args),
         Some(Command::Peek(args)) => peek::run(cli, args),
+        Some(Command::Demo(args)) => demo::run(cli, args),
         Some(Command::DebeziumConfig(args)) => debezium::run(args),
     };
     match result {

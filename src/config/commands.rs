@@ -13,6 +13,10 @@ use crate::outbox::TableName;
 /// What to do; the relay runs when no subcommand is given.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
+    /// See it work: a throwaway PostgreSQL (or --postgres-url), an in-process Kafka
+    /// broker (or --kafka-brokers), a writer committing orders with outbox events, the
+    /// relay between them, and a consumer printing what arrives. Ctrl-C stops.
+    Demo(DemoArgs),
     /// Show the slot (position, lag, WAL retention), the publication and the
     /// server settings the relay depends on.
     Status(StatusArgs),
@@ -42,6 +46,21 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `demo` flags.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Directory of the PostgreSQL server binaries (initdb, pg_ctl, postgres) for the
+    /// throwaway cluster; else `pg_config --bindir`, else the usual install directories.
+    #[arg(long, value_name = "DIR")]
+    pub pg_bin: Option<std::path::PathBuf>,
+    /// Orders (each with its outbox event) committed per second.
+    #[arg(long, default_value_t = 2.0)]
+    pub rate: f64,
+    /// Stop after this long (e.g. 30s); without it, run until Ctrl-C.
+    #[arg(long, value_parser = super::parse_duration)]
+    pub duration: Option<std::time::Duration>,
 }
 
 /// `peek` flags.

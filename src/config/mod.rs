@@ -18,7 +18,8 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 pub use commands::{
-    Command, DebeziumConfigArgs, DropSlotArgs, PeekArgs, SetupArgs, SetupTarget, StatusArgs,
+    Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs, SetupTarget,
+    StatusArgs,
 };
 pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, redact_url};
