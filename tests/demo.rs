@@ -74,7 +74,10 @@ async fn the_demo_runs_against_a_given_server_and_drops_its_slot() {
     let (code, out, err) = demo(&["--postgres-url", &url]);
     assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
     let [written, relayed, received] = tally(&out);
-    assert!(written > 0 && relayed == written && received == written, "{out}");
+    assert!(
+        written > 0 && relayed == written && received == written,
+        "{out}"
+    );
     assert!(!out.contains("throwaway"), "{out}");
     let rows = pg
         .execute("SELECT count(*)::text FROM outbox_demo.outbox")
