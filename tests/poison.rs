@@ -275,6 +275,7 @@ async fn a_batch_refused_for_its_size_is_sent_again_record_by_record() {
     assert_eq!(dead.len(), 1, "{}", relay.log());
     assert_eq!(dead[0].id(), big[0]);
     assert!(header(&dead[0], "outbox.payload.omitted").contains("message.max.bytes"));
+    assert_eq!(relay.metric("outbox_relay_dead_lettered_total"), Some(1.0));
 }
 
 #[tokio::test(flavor = "current_thread")]
