@@ -117,10 +117,6 @@ impl PostgresConnInfo {
     ///
     /// Defaults follow libpq: port 5432, user `postgres`, database = user.
     pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
-        let url = url::Url::parse(raw).map_err(|e| PostgresUrlError::Malformed {
-            url: redact_url(raw),
-            reason: e.to_string(),
-        })?;
         // The parser ends the user info at the first `/`, `?` or `#`: with one
         // of them unencoded in the password, the rest of the secret would be
         // taken for the port, database or a parameter, and printed as such.
@@ -132,6 +128,10 @@ impl PostgresConnInfo {
                     .to_owned(),
             });
         }
+        let url = url::Url::parse(raw).map_err(|e| PostgresUrlError::Malformed {
+            url: redact_url(raw),
+            reason: e.to_string(),
+        })?;
         if url.scheme() != "postgres" && url.scheme() != "postgresql" {
             return Err(PostgresUrlError::Scheme {
                 scheme: url.scheme().to_owned(),
