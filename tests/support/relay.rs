@@ -40,7 +40,7 @@ impl Relay {
             .and_then(|i| args.get(i + 1));
         let http_port = match given {
             Some(addr) => addr.rsplit(':').next().and_then(|p| p.parse().ok()),
-            None => Some(super::http::free_port()),
+            None => Some(super::postgres::reserve_free_port()),
         };
         let child = Command::new(binary())
             .args([
