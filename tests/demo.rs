@@ -4,13 +4,12 @@
 
 use std::path::Path;
 
-use crate::support::http::free_port;
-use crate::support::postgres::PgCluster;
+use crate::support::postgres::{PgCluster, reserve_free_port};
 use crate::support::relay::run_command;
 
 /// Runs the demo for a few seconds at 10 events/s; returns (exit code, stdout, stderr).
 fn demo(extra: &[&str]) -> (Option<i32>, String, String) {
-    let http = format!("127.0.0.1:{}", free_port());
+    let http = format!("127.0.0.1:{}", reserve_free_port());
     let mut args = vec![
         "demo",
         "--duration",
