@@ -323,25 +323,29 @@ fn topic_pattern(mapping: &MappingConfig) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::TopicTemplate;
+
+    /// The mapping the flags give (built from them, so new mapping flags need no change here).
+    fn mapping(template: &str) -> MappingConfig {
+        let cli = Cli::try_parse_global_from([
+            "outbox-relay",
+            "demo",
+            "--postgres-url",
+            "postgres://u@127.0.0.1/db",
+            "--topic-template",
+            template,
+        ])
+        .unwrap();
+        Config::from_cli(&cli).unwrap().mapping
+    }
 
     #[test]
     fn the_consumer_follows_the_topic_template() {
-        let mut mapping = MappingConfig {
-            route_by: "event_type".into(),
-            topic_template: TopicTemplate::parse("${routedByValue}").unwrap(),
-            key_column: "aggregate_id".into(),
-            id_column: "id".into(),
-            payload_column: "payload".into(),
-            timestamp_column: None,
-            header_columns: Vec::new(),
-        };
         assert_eq!(
-            demo_topics(&mapping).unwrap(),
+            demo_topics(&mapping("${routedByValue}")).unwrap(),
             ["order.created", "order.paid", "order.shipped"]
         );
-        mapping.topic_template = TopicTemplate::parse("outbox.${aggregate_type}.${x}").unwrap();
-        assert_eq!(demo_topics(&mapping), None);
-        assert_eq!(topic_pattern(&mapping), "^outbox\\.");
+        let custom = mapping("outbox.${aggregate_type}.${x}");
+        assert_eq!(demo_topics(&custom), None);
+        assert_eq!(topic_pattern(&custom), "^outbox\\.");
     }
 }
