@@ -4,19 +4,21 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::commands::print::{Position, RecordLine, text};
 
 /// A consumer of `topics` (names, or a `^` librdkafka regex), from their
-/// beginning, in a group of its own.
+/// beginning, in a group of its own; with `partitions` known (the mock
+/// broker's topics), assigned directly, which skips the group join's seconds.
 pub(super) fn subscribe(
     brokers: &str,
     properties: &[(String, String)],
     topics: &[String],
+    partitions: Option<i32>,
 ) -> Result<StreamConsumer, KafkaError> {
     let mut config = ClientConfig::new();
     // The relay's -X settings (security, say) apply to the broker, so to this client too.
@@ -35,8 +37,21 @@ pub(super) fn subscribe(
         .set("topic.metadata.refresh.interval.ms", "1000")
         .set("log_level", "3")
         .create()?;
-    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics)?;
+    match partitions {
+        Some(count) => {
+            let mut assignment = TopicPartitionList::new();
+            for topic in topics {
+                for partition in 0..count {
+                    assignment.add_partition_offset(topic, partition, Offset::Beginning)?;
+                }
+            }
+            consumer.assign(&assignment)?;
+        }
+        None => {
+            let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+            consumer.subscribe(&topics)?;
+        }
+    }
     Ok(consumer)
 }
 

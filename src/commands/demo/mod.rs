@@ -29,6 +29,9 @@ use crate::source::{SourceError, setup, sql};
 /// The demo's slot and publication, apart from a real relay's.
 const SLOT: &str = "outbox_relay_demo";
 
+/// Partitions of each demo topic on the mock broker.
+const MOCK_PARTITIONS: i32 = 3;
+
 /// How often the progress line is printed.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
@@ -148,15 +151,22 @@ async fn run_demo(
     // The slot before the first write: nothing committed before it is relayed.
     setup::prepare(&client, &config).await?;
     let topics = demo_topics(&config.mapping);
+    let mut partitions = None;
     if let (Some(mock), Some(topics)) = (mock, &topics) {
-        // Created up front, so the consumer's subscription finds them at once.
+        // Created up front, so the consumer reads them from the start.
         for topic in topics {
-            let _ = mock.create_topic(topic, 3, 1);
+            let _ = mock.create_topic(topic, MOCK_PARTITIONS, 1);
         }
+        partitions = Some(MOCK_PARTITIONS);
     }
     let topics = topics.unwrap_or_else(|| vec![topic_pattern(&config.mapping)]);
-    let consumer = consumer::subscribe(&config.kafka_brokers, &config.kafka_properties, &topics)
-        .map_err(DemoError::Kafka)?;
+    let consumer = consumer::subscribe(
+        &config.kafka_brokers,
+        &config.kafka_properties,
+        &topics,
+        partitions,
+    )
+    .map_err(DemoError::Kafka)?;
 
     let (written, consumed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
