@@ -232,6 +232,9 @@ pub struct Pipeline {
     outbox: Outbox,
     shutdown: Shutdown,
     shutting_down: bool,
+    /// When shutdown was requested plus `--shutdown-timeout`: the end of
+    /// reading to the open transaction's commit and of the drain together.
+    stop_by: Option<tokio::time::Instant>,
     reported: Lsn,
     commit_lsn: Lsn,
     /// In Unix microseconds: commit → ack latencies are a few milliseconds.
@@ -304,6 +307,7 @@ pub async fn run(
         deliveries,
         shutdown: Box::pin(shutdown),
         shutting_down: false,
+        stop_by: None,
         commit_lsn: Lsn::ZERO,
         commit_time_us: 0,
         events_acked: 0,
@@ -411,6 +415,13 @@ impl Pipeline {
 
             match self.stream_until_shutdown().await {
                 Ok(()) => return Ok(()),
+                // Stopping anyway: the open transaction is replayed after restart.
+                Err(RelayError::Source(e))
+                    if self.shutting_down && e.recovery() != Recovery::Fatal =>
+                {
+                    tracing::warn!(error = %e, "replication stream broke while stopping");
+                    return Ok(());
+                }
                 Err(RelayError::Source(e)) if e.recovery() != Recovery::Fatal => {
                     self.reconnects += 1;
                     attempt += 1;
@@ -468,7 +479,7 @@ impl Pipeline {
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if !self.shutting_down => {
-                    self.shutting_down = true;
+                    self.begin_shutdown();
                     return Ok(true);
                 }
                 Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
@@ -477,18 +488,50 @@ impl Pipeline {
         }
     }
 
+    fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+        self.stop_by = Some(tokio::time::Instant::now() + self.config.shutdown_timeout);
+    }
+
+    /// Streams until shutdown. A shutdown in the middle of a transaction keeps
+    /// reading to its commit (within `--shutdown-timeout`): stopping before it
+    /// would leave the frontier before the transaction and a restart would
+    /// send all of it again.
     async fn stream_until_shutdown(&mut self) -> Result<(), RelayError> {
         loop {
+            if self.shutting_down && !self.tracker.in_transaction() {
+                return Ok(());
+            }
             let can_read = self.tracker.window_len() < self.config.max_in_flight_events
                 && self.tracker.in_flight_bytes() < self.config.max_in_flight_bytes;
+            let stop_by = self.stop_by;
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if !self.shutting_down => {
-                    self.shutting_down = true;
-                    tracing::info!("shutdown requested: stopped reading, waiting for in-flight deliveries");
+                    self.begin_shutdown();
+                    if self.tracker.in_transaction() {
+                        tracing::info!(
+                            lsn = %self.commit_lsn,
+                            sent = self.tx_seq,
+                            "shutdown requested: reading to the open transaction's commit, then \
+                             waiting for in-flight deliveries"
+                        );
+                    } else {
+                        tracing::info!("shutdown requested: stopped reading, waiting for in-flight deliveries");
+                    }
+                }
+                () = async { if let Some(at) = stop_by { tokio::time::sleep_until(at).await } }, if stop_by.is_some() => {
+                    tracing::warn!(
+                        lsn = %self.commit_lsn,
+                        sent = self.tx_seq,
+                        frontier = %self.tracker.frontier(),
+                        "--shutdown-timeout ran out before the open transaction's commit arrived: \
+                         that transaction (its events sent so far included) and everything after \
+                         the frontier will be sent again after restart"
+                    );
                     return Ok(());
                 }
                 Some(delivery) = self.deliveries.recv() => {
@@ -696,7 +739,7 @@ impl Pipeline {
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if !self.shutting_down => {
-                    self.shutting_down = true;
+                    self.begin_shutdown();
                     return Ok(true);
                 }
                 Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
@@ -824,7 +867,9 @@ impl Pipeline {
     /// deliveries, reports the final frontier and closes the stream.
     async fn finish(mut self) -> Summary {
         self.observer.streaming(false);
-        let deadline = tokio::time::Instant::now() + self.config.shutdown_timeout;
+        let deadline = self
+            .stop_by
+            .unwrap_or_else(|| tokio::time::Instant::now() + self.config.shutdown_timeout);
         while self.tracker.window_len() > 0 && tokio::time::Instant::now() < deadline {
             let wait = tokio::time::Instant::now() + Duration::from_millis(100);
             match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {
