@@ -9,7 +9,8 @@
 //! 3. Backpressure is a chain: when the in-flight caps are reached the
 //!    pipeline stops reading the stream, pgwire-replication's bounded channel
 //!    fills, and TCP flow control slows the walsender. Memory stays bounded
-//!    however large one transaction is.
+//!    however large one transaction is; the channel's read-ahead (two rows)
+//!    is reserved out of the byte cap.
 //! 4. A delivery that fails for good is never acknowledged: the relay stops,
 //!    and a restart replays from the confirmed position (at-least-once).
 //!
@@ -244,6 +245,9 @@ pub struct Pipeline {
     reconnects: u64,
     /// Index of the next outbox event within the open transaction.
     tx_seq: u32,
+    /// The largest WAL message received this run: read-ahead holds up to two
+    /// such messages, reserved out of `--max-in-flight-bytes`.
+    largest_message: usize,
     exactly_once: Option<exactly_once::ExactlyOnce>,
     observer: crate::observability::observer::PipelineObserver,
 }
@@ -314,6 +318,7 @@ pub async fn run(
         dead_lettered: 0,
         reconnects: 0,
         tx_seq: 0,
+        largest_message: 0,
         exactly_once,
         observer: crate::observability::observer::PipelineObserver::new(),
     };
@@ -502,8 +507,14 @@ impl Pipeline {
             if self.shutting_down && !self.tracker.in_transaction() {
                 return Ok(());
             }
+            // Read-ahead (pgwire-replication's channel and its reader) holds up
+            // to two messages beyond what is in flight; with nothing in flight,
+            // read anyway so a row larger than the cap still goes through.
+            let in_flight = self.tracker.in_flight_bytes();
             let can_read = self.tracker.window_len() < self.config.max_in_flight_events
-                && self.tracker.in_flight_bytes() < self.config.max_in_flight_bytes;
+                && (in_flight == 0
+                    || in_flight.saturating_add(2 * self.largest_message)
+                        < self.config.max_in_flight_bytes);
             let stop_by = self.stop_by;
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
@@ -621,6 +632,7 @@ impl Pipeline {
             ReplicationEvent::XLogData {
                 wal_start, data, ..
             } => {
+                self.largest_message = self.largest_message.max(data.len());
                 let message = pgoutput::decode(&data).map_err(|source| RelayError::Decode {
                     lsn: wal_start.into(),
                     source,
@@ -633,6 +645,7 @@ impl Pipeline {
                 content,
                 lsn,
             } => {
+                self.largest_message = self.largest_message.max(content.len());
                 self.on_logical_message(transactional, &prefix, content, lsn.into())
                     .await?
             }
