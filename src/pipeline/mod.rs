@@ -245,8 +245,9 @@ pub struct Pipeline {
     reconnects: u64,
     /// Index of the next outbox event within the open transaction.
     tx_seq: u32,
-    /// The largest WAL message received this run: read-ahead holds up to two
-    /// such messages, reserved out of `--max-in-flight-bytes`.
+    /// The largest recent WAL message (a maximum that decays by 1/64 per
+    /// message, so one huge row does not throttle the rest of the run):
+    /// read-ahead holds up to two messages, reserved out of the byte cap.
     largest_message: usize,
     exactly_once: Option<exactly_once::ExactlyOnce>,
     observer: crate::observability::observer::PipelineObserver,
@@ -493,6 +494,10 @@ impl Pipeline {
         }
     }
 
+    fn saw_message(&mut self, len: usize) {
+        self.largest_message = len.max(self.largest_message - self.largest_message / 64);
+    }
+
     fn begin_shutdown(&mut self) {
         self.shutting_down = true;
         self.stop_by = Some(tokio::time::Instant::now() + self.config.shutdown_timeout);
@@ -632,7 +637,7 @@ impl Pipeline {
             ReplicationEvent::XLogData {
                 wal_start, data, ..
             } => {
-                self.largest_message = self.largest_message.max(data.len());
+                self.saw_message(data.len());
                 let message = pgoutput::decode(&data).map_err(|source| RelayError::Decode {
                     lsn: wal_start.into(),
                     source,
@@ -645,7 +650,7 @@ impl Pipeline {
                 content,
                 lsn,
             } => {
-                self.largest_message = self.largest_message.max(content.len());
+                self.saw_message(content.len());
                 self.on_logical_message(transactional, &prefix, content, lsn.into())
                     .await?
             }
