@@ -121,6 +121,49 @@ async fn sigterm_mid_transaction_reads_to_its_commit_and_a_restart_resends_nothi
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn a_shutdown_timeout_before_the_commit_says_what_will_be_sent_again() {
+    let world = World::start().await;
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let args = [
+        "--http-addr",
+        &addr,
+        "--max-in-flight-events",
+        "100",
+        "--shutdown-timeout",
+        "1s",
+    ];
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &args);
+    wait_ready(&relay, port).await;
+    world.broker.down();
+    world
+        .pg
+        .execute(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'order', 'agg-' || i, 'Bulk', '{}' FROM generate_series(1, 5000) AS i",
+        )
+        .await;
+    // Reading paused at the event cap, in the middle of the transaction.
+    let paused = wait_until(Duration::from_secs(60), || async {
+        metric(port, "outbox_relay_in_flight_events ").unwrap_or(0.0) >= 100.0
+    })
+    .await;
+    assert!(paused, "{}", relay.log());
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(60)).expect("exits");
+    let log = relay.log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    let warning = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("before the open transaction's commit"))
+        .unwrap_or_else(|| panic!("no warning naming the open transaction: {log}"));
+    assert!(
+        warning.contains("sent=100") && warning.contains("lsn=") && warning.contains("frontier="),
+        "{warning}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn huge_rows_with_the_broker_down_stay_within_the_byte_cap_plus_48_mib() {
     const CAP: u64 = 16 * 1024 * 1024;
     const ROWS: usize = 150;
