@@ -7,28 +7,11 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use crate::support::http::{free_port, get};
+use crate::reliability::peak_rss_mb;
 use crate::support::relay::Relay;
 use crate::support::world::{World, wait_until};
 
 const SLOT: &str = "outbox_relay";
-
-/// The value of an unlabelled metric, or of the first series whose line starts with `series`.
-fn metric(port: u16, series: &str) -> Option<f64> {
-    let (_, body) = get(port, "/metrics")?;
-    body.lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
-async fn wait_ready(relay: &Relay, port: u16) {
-    let ready = wait_until(Duration::from_secs(30), || async {
-        get(port, "/readyz").is_some_and(|(status, _)| status == 200)
-    })
-    .await;
-    assert!(ready, "relay not ready; log:\n{}", relay.log());
-}
 
 /// Records in every partition of `topic` (the sum of the high watermarks).
 fn records_in(bootstrap: &str, topic: &str, partitions: i32) -> i64 {
@@ -47,28 +30,16 @@ fn records_in(bootstrap: &str, topic: &str, partitions: i32) -> i64 {
         .sum()
 }
 
-/// Peak resident set size of a process, in MiB (VmHWM).
-fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn sigterm_mid_transaction_reads_to_its_commit_and_a_restart_resends_nothing() {
     const ROWS: i64 = 60_000;
     let world = World::start().await;
     world.broker.create_topic("Bulk", 4);
     let bootstrap = world.broker.bootstrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
     // A small event cap: the transaction streams in many batches.
-    let args = ["--http-addr", &addr, "--max-in-flight-events", "200"];
-    let relay = Relay::spawn(&world.pg.url(), &bootstrap, &args);
-    wait_ready(&relay, port).await;
+    let args = ["--max-in-flight-events", "200"];
+    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &args);
+    relay.wait_streaming();
 
     world
         .pg
@@ -79,25 +50,20 @@ async fn sigterm_mid_transaction_reads_to_its_commit_and_a_restart_resends_nothi
         ))
         .await;
     // SIGTERM once the first records of the transaction are acknowledged.
-    let series = "outbox_relay_events_relayed_total{topic=\"Bulk\"}";
-    let mut acked = 0.0;
-    let started = wait_until(Duration::from_secs(60), || {
-        acked = metric(port, series).unwrap_or(0.0);
-        async move { acked > 0.0 }
-    })
-    .await;
+    let relayed = |r: &Relay| r.metric("outbox_relay_events_relayed_total").unwrap_or(0.0);
+    let started = relay.wait_for(Duration::from_secs(60), |r| relayed(r) > 0.0);
     assert!(started, "nothing acknowledged; log:\n{}", relay.log());
+    let acked = relayed(&relay);
     relay.signal("TERM");
     assert!(
         acked < ROWS as f64,
         "the whole transaction was acknowledged before SIGTERM ({acked}): the test proves nothing"
     );
-    let mut relay = relay;
     let status = relay.wait_exit(Duration::from_secs(60)).expect("exits");
     assert_eq!(status.code(), Some(0), "{}", relay.log());
     // A restart streams on from there: one more event, then count.
-    let relay = Relay::spawn(&world.pg.url(), &bootstrap, &args);
-    wait_ready(&relay, port).await;
+    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &args);
+    relay.wait_streaming();
     let marker = world.insert_tx(&[("Bulk", "marker", "{}")]).await;
     let end = world.current_lsn().await;
     world
@@ -123,18 +89,9 @@ async fn sigterm_mid_transaction_reads_to_its_commit_and_a_restart_resends_nothi
 #[tokio::test(flavor = "current_thread")]
 async fn a_shutdown_timeout_before_the_commit_says_what_will_be_sent_again() {
     let world = World::start().await;
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let args = [
-        "--http-addr",
-        &addr,
-        "--max-in-flight-events",
-        "100",
-        "--shutdown-timeout",
-        "1s",
-    ];
+    let args = ["--max-in-flight-events", "100", "--shutdown-timeout", "1s"];
     let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &args);
-    wait_ready(&relay, port).await;
+    relay.wait_streaming();
     world.broker.down();
     world
         .pg
@@ -144,10 +101,9 @@ async fn a_shutdown_timeout_before_the_commit_says_what_will_be_sent_again() {
         )
         .await;
     // Reading paused at the event cap, in the middle of the transaction.
-    let paused = wait_until(Duration::from_secs(60), || async {
-        metric(port, "outbox_relay_in_flight_events ").unwrap_or(0.0) >= 100.0
-    })
-    .await;
+    let paused = relay.wait_for(Duration::from_secs(60), |r| {
+        r.metric("outbox_relay_in_flight_events").unwrap_or(0.0) >= 100.0
+    });
     assert!(paused, "{}", relay.log());
     relay.signal("TERM");
     let status = relay.wait_exit(Duration::from_secs(60)).expect("exits");
@@ -170,22 +126,18 @@ async fn huge_rows_with_the_broker_down_stay_within_the_byte_cap_plus_48_mib() {
     let world = World::start().await;
     let bootstrap = world.broker.bootstrap();
     world.broker.create_topic("Big", 1);
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
     let cap = CAP.to_string();
-    let relay = Relay::spawn(
+    let mut relay = Relay::spawn(
         &world.pg.url(),
         &bootstrap,
         &[
-            "--http-addr",
-            &addr,
             "--max-in-flight-bytes",
             &cap,
             "-X",
             "message.max.bytes=2000000",
         ],
     );
-    wait_ready(&relay, port).await;
+    relay.wait_streaming();
     world.broker.down();
 
     // 150 rows of ~900 kB (incompressible text) in one transaction.
@@ -200,10 +152,9 @@ async fn huge_rows_with_the_broker_down_stay_within_the_byte_cap_plus_48_mib() {
         .await;
     let end = world.current_lsn().await;
     // Reading pauses at the byte cap (less two rows reserved for read-ahead) ...
-    let paused = wait_until(Duration::from_secs(120), || async {
-        metric(port, "outbox_relay_in_flight_bytes ").unwrap_or(0.0) >= (CAP - 3_000_000) as f64
-    })
-    .await;
+    let paused = relay.wait_for(Duration::from_secs(120), |r| {
+        r.metric("outbox_relay_in_flight_bytes").unwrap_or(0.0) >= (CAP - 3_000_000) as f64
+    });
     assert!(
         paused,
         "in-flight bytes never reached the cap; log:\n{}",
@@ -222,13 +173,13 @@ async fn huge_rows_with_the_broker_down_stay_within_the_byte_cap_plus_48_mib() {
             .is_some_and(|lsn| lsn >= end)
     })
     .await;
-    let during_outage = peak_rss_mib(relay.pid());
+    let during_outage = peak_rss_mb(relay.pid());
 
     world.broker.up();
     world
         .wait_confirmed(SLOT, end, Duration::from_secs(300))
         .await;
-    let peak = peak_rss_mib(relay.pid());
+    let peak = peak_rss_mb(relay.pid());
     let limit = CAP as f64 / 1048576.0 + 48.0;
     eprintln!(
         "read-ahead: {ROWS} rows of ~900 kB with the broker down: relay peak RSS \
