@@ -9,14 +9,17 @@ mod support;
 
 mod cleanup;
 mod cloudevents;
+mod demo;
 mod deploy;
 mod e2e;
 mod exactly_once;
 mod failures;
 mod harness;
 mod ops;
+mod peek;
 mod poison;
 mod reliability;
 mod slot_hygiene;
 mod startup;
+mod stop;
 mod tls;

@@ -13,6 +13,7 @@
 //! `id` header from `id`.
 
 pub mod cloudevents;
+mod mapper;
 pub mod message;
 mod template;
 pub mod values;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+pub use mapper::{EventMapper, Mapped};
 pub use template::{HeaderColumn, ROUTED_BY_VALUE, Segment, TableName, TopicTemplate, quote_ident};
 
 use crate::pgoutput::{Relation, TupleData, Value};

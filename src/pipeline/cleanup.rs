@@ -111,9 +111,11 @@ impl Cleanup {
         }
     }
 
-    /// An outbox table's Relation message: where its key columns are.
-    pub(super) fn bind(&mut self, relation: &Relation, table: &Arc<str>) -> Result<(), BindError> {
-        let Some(t) = self.tables.get(&**table) else {
+    /// A Relation message: for an outbox table, where its key columns are.
+    pub(super) fn relation(&mut self, relation: &Relation) -> Result<(), BindError> {
+        let table = format!("{}.{}", relation.namespace, relation.name);
+        let Some(t) = self.tables.get(&table) else {
+            self.bound.remove(&relation.id);
             return Ok(());
         };
         let positions = t
@@ -125,7 +127,7 @@ impl Cleanup {
                     .iter()
                     .position(|c| &c.name == column)
                     .ok_or_else(|| BindError::MissingColumn {
-                        table: table.to_string(),
+                        table: table.clone(),
                         flag: "--cleanup delete (primary key)",
                         column: column.clone(),
                         available: relation
@@ -138,13 +140,8 @@ impl Cleanup {
             })
             .collect::<Result<Vec<_>, _>>()?;
         self.bound
-            .insert(relation.id, (Arc::clone(table), positions));
+            .insert(relation.id, (Arc::from(table.as_str()), positions));
         Ok(())
-    }
-
-    /// A relation that is not (or no longer) an outbox table.
-    pub(super) fn forget(&mut self, relation_id: u32) {
-        self.bound.remove(&relation_id);
     }
 
     /// An inserted outbox row of the open transaction.
