@@ -19,7 +19,7 @@ use clap::{Parser, ValueEnum};
 
 pub use commands::{Command, DebeziumConfigArgs, DropSlotArgs, SetupArgs, SetupTarget, StatusArgs};
 pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
-pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, redact_url};
+pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs, redact_url};
 
 use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
 

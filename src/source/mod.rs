@@ -195,6 +195,15 @@ pub enum SourceError {
         /// The slot.
         slot: String,
     },
+    /// None of the URL's servers satisfies `target_session_attrs` (during a
+    /// failover, until the standby is promoted): retried like a lost connection.
+    #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
+    NoSuitableHost {
+        /// The wanted state.
+        attrs: &'static str,
+        /// Each server and why it was passed over.
+        tried: String,
+    },
     /// The server did not accept START_REPLICATION in time.
     #[error("replication stream from slot {slot:?} did not start within {timeout:?}")]
     StartTimeout {
@@ -234,9 +243,9 @@ impl SourceError {
                 PgWireError::Auth(_) | PgWireError::Tls(_) => Recovery::Fatal,
                 _ => Recovery::Reconnect,
             },
-            SourceError::StartTimeout { .. } | SourceError::StreamEnded { .. } => {
-                Recovery::Reconnect
-            }
+            SourceError::StartTimeout { .. }
+            | SourceError::StreamEnded { .. }
+            | SourceError::NoSuitableHost { .. } => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
     }
@@ -311,6 +320,7 @@ fn replication_config(
 /// The cluster's system identifier and current WAL end (IDENTIFY_SYSTEM on a
 /// replication session, so it needs no privilege beyond REPLICATION).
 pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceError> {
+    let config = &setup::pin(config).await?;
     let stream_err = |source| SourceError::Stream {
         slot: config.slot.clone(),
         source,
@@ -338,6 +348,14 @@ impl ReplicationStream {
     /// (its events are in flight, so asking for it again would only duplicate
     /// them) and `acked` is the ack frontier, which may be behind it.
     pub async fn start(config: &Config, start: Lsn, acked: Lsn) -> Result<Self, SourceError> {
+        // A server that went away mid-run is retried, like the stream itself.
+        let config = &setup::pin(config).await.map_err(|e| match e {
+            SourceError::Connect { url, reason, .. } => SourceError::NoSuitableHost {
+                attrs: config.postgres.target_session_attrs.as_str(),
+                tried: format!("{url}: {reason}"),
+            },
+            e => e,
+        })?;
         let repl = replication_config(config, start, acked)?;
         let pg = &config.postgres;
         // TLS and authentication failures are configuration problems.
