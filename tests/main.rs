@@ -10,6 +10,7 @@ mod support;
 mod deploy;
 mod e2e;
 mod exactly_once;
+mod failover;
 mod failures;
 mod harness;
 mod ops;

@@ -166,8 +166,10 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     match &state.slot {
         SlotObservation::Unknown => {}
         SlotObservation::Missing => reasons.push(
-            "the replication slot does not exist (dropped?): restart the relay to recreate it, \
-             and reconcile events committed since it was dropped"
+            "the replication slot does not exist (dropped, or lost in a failover to a server \
+             without it): events committed since the last acknowledgement may never have been \
+             relayed. Start the relay once with --allow-new-slot, then re-publish them with \
+             `outbox-relay backfill --since TIMESTAMP`"
                 .to_owned(),
         ),
         SlotObservation::Seen(slot) => {
@@ -196,9 +198,9 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
 
 fn slot_lost_remedy() -> String {
     "the slot's wal_status is 'lost': Postgres removed WAL the slot still needed and the slot \
-     cannot stream. Drop and recreate it (outbox-relay drop-slot --yes-i-know, then \
-     outbox-relay setup or restart the relay), and reconcile events committed since the last \
-     confirmed position; raise max_slot_wal_keep_size to avoid a repeat"
+     cannot stream. Drop it (outbox-relay drop-slot --yes-i-know), start the relay with \
+     --allow-new-slot, and re-publish events committed since the last confirmed position with \
+     `outbox-relay backfill --since TIMESTAMP`; raise max_slot_wal_keep_size to avoid a repeat"
         .to_owned()
 }
 

@@ -68,7 +68,8 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
         let warnings = match &observation {
             SlotObservation::Seen(slot) => slot_warnings(slot, &health.thresholds()),
             SlotObservation::Missing => vec![format!(
-                "replication slot {:?} does not exist (dropped?); the relay cannot resume from it",
+                "replication slot {:?} does not exist (dropped, or lost in a failover); the relay \
+                 cannot resume from it: see the runbook (--allow-new-slot, then backfill)",
                 config.slot
             )],
             SlotObservation::Unknown => Vec::new(),

@@ -6,6 +6,7 @@
 //! which only the pipeline calls, and only with the ack frontier.
 
 pub mod heartbeat;
+pub mod lineage;
 pub mod setup;
 pub mod sql;
 mod tls;
@@ -195,6 +196,36 @@ pub enum SourceError {
         /// The slot.
         slot: String,
     },
+    /// The slot is missing where this relay streamed from it before: creating
+    /// a fresh one would skip every event committed since the last acknowledgement.
+    #[error(
+        "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
+         before (recorded in public.outbox_relay_slots at {created_at}). Most likely this server \
+         was promoted from a standby that did not have the slot (PostgreSQL 16 or older, or a \
+         slot not synchronized with --slot-failover); or the slot was dropped. Events committed \
+         between the relay's last acknowledgement and the promotion were never relayed, and a \
+         new slot would start from now and skip them. Remedy: start the relay once with \
+         --allow-new-slot (it creates a fresh slot and relays new events), then run \
+         `outbox-relay backfill --since TIMESTAMP` with a time before the failover to \
+         re-publish the rows the slot never saw (at-least-once: consumers may see duplicates)"
+    )]
+    SlotLost {
+        /// The slot.
+        slot: String,
+        /// The server, redacted.
+        url: String,
+        /// When the record was written.
+        created_at: String,
+    },
+    /// `--slot-failover` on a server without failover slots.
+    #[error(
+        "--slot-failover needs PostgreSQL 17 or later, but the server is {version}; on older \
+         servers a failover loses the slot (see the README's failover runbook)"
+    )]
+    FailoverUnsupported {
+        /// `server_version`.
+        version: String,
+    },
     /// None of the URL's servers satisfies `target_session_attrs` (during a
     /// failover, until the standby is promoted): retried like a lost connection.
     #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
@@ -287,7 +318,7 @@ fn sqlstate(message: &str) -> Option<&str> {
 }
 
 /// The replication session's settings, shared by the stream and IDENTIFY_SYSTEM.
-fn replication_config(
+pub(crate) fn replication_config(
     config: &Config,
     start: Lsn,
     acked: Lsn,

@@ -5,7 +5,7 @@
 
 use tokio_postgres::Client;
 
-use super::{SourceError, tls};
+use super::{SourceError, lineage, tls};
 use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::outbox::{TableName, quote_ident};
@@ -319,11 +319,17 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
         &[slot],
     )
     .await?;
+    let mark_failover = match config.slot_failover {
+        true => lineage::check_failover(client, config).await?,
+        false => false,
+    };
     let Some(row) = row else {
-        let sql = super::sql::create_slot(slot);
+        lineage::check_missing_slot(client, config).await?;
+        let sql = super::sql::create_slot(slot, config.slot_failover);
         let row = query_one(client, "create the replication slot", &sql, &[]).await?;
         let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(1)))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
+        lineage::record_slot(client, slot).await;
         return Ok(SlotState {
             confirmed_flush: lsn,
             created: true,
@@ -349,6 +355,11 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
         });
     }
     let confirmed_flush = parse_lsn(row.get(3))?;
+    // A slot created before the record existed (or by `setup`) is recorded now.
+    lineage::record_slot(client, slot).await;
+    if mark_failover {
+        lineage::mark_failover(config).await?;
+    }
     Ok(SlotState {
         confirmed_flush,
         created: false,
