@@ -232,9 +232,13 @@ async fn pg16_failover_stops_the_relay_with_the_missing_slot_explained() {
     let committed = Arc::new(AtomicU64::new(0));
     spawn_writer(url.clone(), stop.clone(), committed.clone());
     wait_commits(&committed, 50).await;
+    let before_failover = primary.execute("SELECT now()::text").await[0][0]
+        .clone()
+        .unwrap();
 
     primary.stop_immediate();
     standby.promote();
+    // Rows committed after the promotion: no slot ever sees them.
     wait_commits(&committed, 50).await;
     stop.store(true, Ordering::SeqCst);
 
@@ -260,5 +264,44 @@ async fn pg16_failover_stops_the_relay_with_the_missing_slot_explained() {
     assert!(
         !slot_exists(&standby).await,
         "no slot on the promoted server"
+    );
+
+    // The runbook: a fresh slot knowingly, then backfill from before the failover.
+    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &["--allow-new-slot"]);
+    relay.wait_streaming();
+    let out = std::process::Command::new(crate::support::relay::binary())
+        .args([
+            "backfill",
+            "--since",
+            &before_failover,
+            "--postgres-url",
+            &url,
+        ])
+        .args(["--kafka-brokers", &broker.bootstrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "backfill failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = standby.execute("SELECT id::text FROM outbox").await;
+    let ids: Vec<String> = rows.into_iter().filter_map(|r| r[0].clone()).collect();
+    let got: HashSet<String> = broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(60))
+        .iter()
+        .map(|r| r.id())
+        .collect();
+    let lost = ids.iter().filter(|id| !got.contains(*id)).count();
+    assert_eq!(
+        lost,
+        0,
+        "{lost} of {} rows missing after the backfill",
+        ids.len()
+    );
+    assert!(
+        relay.wait_exit(Duration::from_millis(10)).is_none(),
+        "{}",
+        relay.log()
     );
 }

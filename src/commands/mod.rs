@@ -4,6 +4,7 @@
 //! Each command prints its result on stdout (logs go to stderr) and maps its
 //! failure to one of [`pipeline::exit_code`]'s codes, like the relay.
 
+mod backfill;
 pub mod debezium;
 mod drop_slot;
 mod relay;
@@ -29,6 +30,9 @@ pub enum CommandError {
     /// The command declined to act; the message says why and what to do.
     #[error("{0}")]
     Refused(String),
+    /// Kafka refused.
+    #[error(transparent)]
+    Sink(#[from] crate::sink::SinkError),
     /// The HTTP endpoint could not start.
     #[error(transparent)]
     Http(#[from] HttpError),
@@ -48,6 +52,7 @@ impl CommandError {
                 exit_code::CONFIG
             }
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
+            CommandError::Sink(_) => exit_code::KAFKA,
             CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }
     }
@@ -61,6 +66,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         Some(Command::Setup(args)) => setup::run(cli, args),
         Some(Command::DropSlot(args)) => drop_slot::run(cli, args),
         Some(Command::DebeziumConfig(args)) => debezium::run(args),
+        Some(Command::Backfill(args)) => backfill::run(cli, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-pub use commands::{Command, DebeziumConfigArgs, DropSlotArgs, SetupArgs, SetupTarget, StatusArgs};
+pub use commands::{
+    BackfillArgs, Command, DebeziumConfigArgs, DropSlotArgs, SetupArgs, SetupTarget, StatusArgs,
+};
 pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs, redact_url};
 

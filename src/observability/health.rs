@@ -78,6 +78,10 @@ pub struct SlotStatus {
     pub wal_status: WalStatus,
     /// `safe_wal_size`; `None` when unlimited (`max_slot_wal_keep_size = -1`) or lost.
     pub safe_wal_size_bytes: Option<i64>,
+    /// Whether the slot is marked for failover (`None` before PostgreSQL 17).
+    pub failover: Option<bool>,
+    /// Whether `synchronized_standby_slots` is set (`None` before PostgreSQL 17).
+    pub synchronized_standby_slots_set: Option<bool>,
 }
 
 /// What is known about the slot.
@@ -224,6 +228,14 @@ pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<Str
         WalStatus::Lost => warnings.push(slot_lost_remedy()),
         WalStatus::Reserved | WalStatus::Unknown => {}
     }
+    if slot.failover == Some(true) && slot.synchronized_standby_slots_set == Some(false) {
+        warnings.push(
+            "the slot is marked for failover but synchronized_standby_slots is empty: the relay \
+             may publish transactions no standby has received, which a failover then loses from \
+             the database. Set synchronized_standby_slots to the standbys' physical slots"
+                .to_owned(),
+        );
+    }
     if let Some(safe) = slot.safe_wal_size_bytes
         && slot.wal_status != WalStatus::Lost
         && safe < i64::try_from(limits.min_safe_wal_size).unwrap_or(i64::MAX)
@@ -354,6 +366,8 @@ impl Health {
             lag_bytes,
             wal_status,
             safe_wal_size_bytes: safe_wal_size,
+            failover: None,
+            synchronized_standby_slots_set: None,
         }));
     }
 
@@ -448,6 +462,8 @@ mod tests {
                 lag_bytes: Some(1000),
                 wal_status: WalStatus::Reserved,
                 safe_wal_size_bytes: None,
+                failover: None,
+                synchronized_standby_slots_set: None,
             }),
         }
     }
@@ -457,6 +473,8 @@ mod tests {
             lag_bytes: Some(lag),
             wal_status: status,
             safe_wal_size_bytes: safe,
+            failover: None,
+            synchronized_standby_slots_set: None,
         })
     }
 
