@@ -12,7 +12,7 @@ use crate::support::relay::{Relay, run_to_exit};
 use crate::support::world::{SCHEMA, World, wait_until};
 
 const SLOT: &str = "outbox_relay";
-const SLOT_LOST_EXIT: Option<i32> = Some(6);
+const SLOT_LOST_EXIT: Option<i32> = Some(7);
 const FAST_BACKOFF: [&str; 4] = [
     "--reconnect-backoff-min",
     "200ms",

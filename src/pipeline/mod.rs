@@ -54,10 +54,14 @@ pub mod exit_code {
     /// An event cannot be delivered under `--on-poison fail` (or its table no
     /// longer fits the mapping).
     pub const POISON: u8 = 5;
+    /// The dead-letter topic refused a dead-letter record for a reason about
+    /// the record (under `--on-poison dead-letter`): dead-lettering it again
+    /// would loop.
+    pub const DEAD_LETTER: u8 = 6;
     /// The slot is missing where this relay streamed before (a failover to a
     /// server without it, or a dropped slot): events may have been skipped.
     /// Start once with `--allow-new-slot`, then run `outbox-relay backfill`.
-    pub const SLOT_LOST: u8 = 6;
+    pub const SLOT_LOST: u8 = 7;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
 }
@@ -149,6 +153,23 @@ pub enum RelayError {
         /// What is wrong.
         reason: String,
     },
+    /// A dead-letter record was refused for a reason about the record itself.
+    #[error(
+        "the dead-letter record for event id {id:?} (commit LSN {lsn}) was refused by topic \
+         {topic:?}: {error}. It is not dead-lettered again (that would loop), and the slot was \
+         not moved past it: fix the dead-letter topic (its max.message.bytes, its policy) or the \
+         producer's -X properties, then restart"
+    )]
+    DeadLetter {
+        /// Commit LSN of the event's transaction.
+        lsn: Lsn,
+        /// Event id.
+        id: String,
+        /// The dead-letter topic.
+        topic: String,
+        /// librdkafka's error.
+        error: rdkafka::error::KafkaError,
+    },
     /// Exactly-once delivery cannot be guaranteed.
     #[error(
         "at commit LSN {lsn}: {source}. Nothing past it was acknowledged; fix the topic, or \
@@ -198,6 +219,7 @@ impl RelayError {
             | RelayError::Delivery { .. }
             | RelayError::ExactlyOnce { .. } => exit_code::KAFKA,
             RelayError::Bind { .. } | RelayError::Poison { .. } => exit_code::POISON,
+            RelayError::DeadLetter { .. } => exit_code::DEAD_LETTER,
             RelayError::Protocol(_) => exit_code::INTERNAL,
         }
     }
@@ -281,7 +303,9 @@ pub async fn run(
                 &config.kafka_properties,
                 source_id.clone(),
             )
-            .map_err(|source| RelayError::Producer(SinkError::Create { source }))?;
+            .map_err(|error| {
+                RelayError::Producer(SinkError::create(error, &config.kafka_properties))
+            })?;
             tracing::info!(source = %source_id, "exactly-once delivery: records carry outbox.source/lsn/seq");
             Some(exactly_once::ExactlyOnce::new(
                 source_id,
@@ -538,12 +562,44 @@ impl Pipeline {
                     .tracker
                     .commit_lsn_of(delivery.ticket)
                     .unwrap_or(Lsn::ZERO);
+                let table = self
+                    .tracker
+                    .table_of(delivery.ticket)
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                if !delivery.alone && crate::sink::is_batch_level(&failure.error) {
+                    // The broker blamed the whole batch: only a record refused
+                    // on its own is poison.
+                    tracing::warn!(
+                        lsn = %lsn,
+                        id = %failure.id,
+                        topic = %failure.topic,
+                        error = %failure.error,
+                        "the broker refused a batch; sending its records again one per batch"
+                    );
+                    let record = failure.to_record();
+                    return match self.sink.send_alone(delivery.ticket, &record).await {
+                        Ok(()) => Ok(()),
+                        Err(SinkError::Enqueue {
+                            poison: true,
+                            source,
+                            ..
+                        }) => {
+                            let poison = Poison::refused(record, source, lsn, table);
+                            self.poison(delivery.ticket, poison).await
+                        }
+                        Err(source) => Err(RelayError::Sink { lsn, table, source }),
+                    };
+                }
                 if crate::sink::is_poison(&failure.error) {
-                    let table = self
-                        .tracker
-                        .table_of(delivery.ticket)
-                        .map(ToString::to_string)
-                        .unwrap_or_default();
+                    if self.config.dead_letter_topic.as_ref() == Some(&failure.topic) {
+                        return Err(RelayError::DeadLetter {
+                            lsn,
+                            id: failure.id,
+                            topic: failure.topic,
+                            error: failure.error,
+                        });
+                    }
                     return self
                         .poison(delivery.ticket, Poison::rejected(failure, lsn, table))
                         .await;
@@ -820,11 +876,22 @@ impl Pipeline {
         );
         let lsn = poison.info.lsn;
         let table = poison.info.table.clone();
+        let id = poison.id_text();
         let record = poison.into_dead_letter(&topic);
         self.dead_lettered += 1;
         crate::observability::metrics::dead_lettered();
         match self.sink.send(ticket, &record).await {
             Ok(()) => Ok(()),
+            Err(SinkError::Enqueue {
+                poison: true,
+                source,
+                ..
+            }) => Err(RelayError::DeadLetter {
+                lsn,
+                id,
+                topic,
+                error: source,
+            }),
             Err(source) => Err(RelayError::Sink { lsn, table, source }),
         }
     }
