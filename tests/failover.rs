@@ -305,3 +305,47 @@ async fn pg16_failover_stops_the_relay_with_the_missing_slot_explained() {
         relay.log()
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn slot_failover_marks_an_existing_slot_and_reports_it() {
+    let pg = PgCluster::start_with(PgOptions {
+        major: Some(17),
+        ..PgOptions::default()
+    });
+    pg.execute(SCHEMA).await;
+    let broker = Broker::start();
+    let mut relay = Relay::spawn(&pg.url(), &broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    relay.signal("TERM");
+    relay
+        .wait_exit(Duration::from_secs(30))
+        .expect("relay stops");
+    let flag =
+        format!("SELECT failover::text FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
+    assert_eq!(
+        pg.execute(&flag).await,
+        vec![vec![Some("false".to_owned())]]
+    );
+
+    let args = ["--slot-failover", "--slot-poll-interval", "200ms"];
+    let mut relay = Relay::spawn(&pg.url(), &broker.bootstrap(), &args);
+    relay.wait_streaming();
+    assert_eq!(pg.execute(&flag).await, vec![vec![Some("true".to_owned())]]);
+    assert!(
+        relay.wait_for(Duration::from_secs(30), |r| {
+            r.metric("outbox_relay_slot_failover") == Some(1.0)
+        }),
+        "{}",
+        relay.log()
+    );
+    assert_eq!(
+        relay.metric("outbox_relay_synchronized_standby_slots_set"),
+        Some(0.0)
+    );
+    let (_, readyz) = crate::support::http::get(relay.http_port().unwrap(), "/readyz").unwrap();
+    assert!(readyz.contains("\"failover\":true"), "{readyz}");
+    assert!(
+        readyz.contains("synchronized_standby_slots is empty"),
+        "{readyz}"
+    );
+}

@@ -93,10 +93,17 @@ pub async fn check_missing_slot(client: &Client, config: &Config) -> Result<(), 
 /// that may not create the table is warned about, not stopped.
 pub async fn record_slot(client: &Client, slot: &str) {
     let result = async {
-        let exists = client
-            .query_one("SELECT to_regclass('public.outbox_relay_slots') IS NOT NULL", &[])
+        let state = client
+            .query_one(
+                "SELECT to_regclass('public.outbox_relay_slots') IS NOT NULL, pg_is_in_recovery()",
+                &[],
+            )
             .await?;
-        if !exists.get::<_, bool>(0) {
+        // On a hot standby nothing can be written; the primary's record, if any, is replicated.
+        if state.get::<_, bool>(1) {
+            return Ok(0);
+        }
+        if !state.get::<_, bool>(0) {
             client.batch_execute(CREATE_TABLE).await?;
         }
         client
