@@ -27,6 +27,12 @@ pub(super) fn run(cli: &Cli, args: &BackfillArgs) -> Result<(), CommandError> {
             "backfill needs --kafka-brokers (the relay's own)".to_owned(),
         ));
     }
+    if config.delivery == crate::config::Delivery::ExactlyOnce {
+        tracing::warn!(
+            "backfill is at-least-once even with --delivery exactly-once: rows the slot already \
+             relayed are published again, and consumers deduplicate them by the id header"
+        );
+    }
     let sent = super::block_on(backfill(&config, args))??;
     println!(
         "backfill: {sent} events with {} >= {} re-published and acknowledged by the broker",
