@@ -267,7 +267,7 @@ async fn all_delivered_and_still_running(world: &World, relay: &mut Relay, ids: 
 }
 
 /// Peak resident set size of a process, in MB (VmHWM).
-fn peak_rss_mb(pid: u32) -> f64 {
+pub(crate) fn peak_rss_mb(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()

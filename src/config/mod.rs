@@ -151,7 +151,8 @@ pub struct Cli {
     )]
     pub kafka_properties: Vec<KafkaProperty>,
 
-    /// On SIGINT/SIGTERM, how long to wait for in-flight deliveries before exiting.
+    /// On SIGINT/SIGTERM, how long to read to the open transaction's commit and
+    /// wait for in-flight deliveries before exiting.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 
