@@ -11,6 +11,7 @@ mod demo;
 mod deploy;
 mod e2e;
 mod exactly_once;
+mod failover;
 mod failures;
 mod harness;
 mod ops;

@@ -18,6 +18,8 @@ pub const SETTINGS: &[&str] = &[
     "max_slot_wal_keep_size",
     "max_replication_slots",
     "wal_sender_timeout",
+    "synchronized_standby_slots",
+    "sync_replication_slots",
 ];
 
 /// Everything `status` reports.
@@ -64,6 +66,8 @@ pub struct SlotInfo {
     pub wal_status: Option<String>,
     /// WAL that can still be written before the slot is lost; `null` when unlimited.
     pub safe_wal_size_bytes: Option<i64>,
+    /// Marked for failover (PostgreSQL 17+; `null` before).
+    pub failover: Option<bool>,
 }
 
 /// The publication and its tables.
@@ -143,8 +147,9 @@ async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError>
                     confirmed_flush_lsn::text, restart_lsn::text, \
                     ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                            ELSE pg_current_wal_lsn() END) - confirmed_flush_lsn)::bigint, \
-                    wal_status::text, safe_wal_size::bigint \
-             FROM pg_replication_slots WHERE slot_name = $1",
+                    wal_status::text, safe_wal_size::bigint, \
+                    (to_jsonb(s) -> 'failover')::boolean \
+             FROM pg_replication_slots s WHERE slot_name = $1",
             &[&name],
         )
         .await
@@ -163,6 +168,7 @@ async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError>
             lag_bytes: None,
             wal_status: None,
             safe_wal_size_bytes: None,
+            failover: None,
         },
         Some(r) => SlotInfo {
             name: name.to_owned(),
@@ -177,6 +183,7 @@ async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError>
             lag_bytes: r.get(7),
             wal_status: r.get(8),
             safe_wal_size_bytes: r.get(9),
+            failover: r.get(10),
         },
     })
 }
@@ -253,7 +260,9 @@ fn warnings(
     }
     if !slot.exists {
         out.push(format!(
-            "slot {:?} does not exist: the relay creates it on start (or run outbox-relay setup)",
+            "slot {:?} does not exist: the relay creates it on its first start (or run outbox-relay \
+             setup); where public.outbox_relay_slots shows it streamed before, it refuses: see \
+             the README's failover runbook",
             slot.name
         ));
     } else {
@@ -261,6 +270,12 @@ fn warnings(
             lag_bytes: slot.lag_bytes.map(|l| u64::try_from(l).unwrap_or(0)),
             wal_status: WalStatus::parse(slot.wal_status.as_deref()),
             safe_wal_size_bytes: slot.safe_wal_size_bytes,
+            failover: slot.failover,
+            synchronized_standby_slots_set: settings
+                .get("synchronized_standby_slots")
+                .cloned()
+                .flatten()
+                .map(|s| !s.is_empty()),
         };
         out.extend(slot_warnings(&status, &ReadinessThresholds::default()));
     }
@@ -328,6 +343,13 @@ pub fn render_text(s: &Status) -> String {
             &mut out,
             "wal_status",
             slot.wal_status.clone().unwrap_or_else(na),
+        );
+        row(
+            &mut out,
+            "failover",
+            slot.failover
+                .map(|f| f.to_string())
+                .unwrap_or_else(|| "n/a (PostgreSQL 17+)".to_owned()),
         );
         row(
             &mut out,

@@ -18,11 +18,11 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 pub use commands::{
-    Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs, SetupTarget,
-    StatusArgs,
+    BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
+    SetupTarget, StatusArgs,
 };
 pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
-pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, redact_url};
+pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs, redact_url};
 
 use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
 
@@ -81,6 +81,17 @@ pub struct Cli {
     /// Logical replication slot to stream from (created with pgoutput if missing).
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
     pub slot: String,
+
+    /// Create the slot with FAILOVER true (or alter an existing one), so that standbys with
+    /// sync_replication_slots keep a copy and a failover loses nothing. PostgreSQL 17+.
+    #[arg(long, env = "OUTBOX_RELAY_SLOT_FAILOVER")]
+    pub slot_failover: bool,
+
+    /// Create the slot even though public.outbox_relay_slots says this relay streamed from
+    /// it on this database before (it was lost in a failover or dropped): events since the
+    /// last acknowledgement are then relayed only by `outbox-relay backfill`.
+    #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
+    pub allow_new_slot: bool,
 
     /// Publication to stream (created FOR TABLE <tables> WITH (publish = 'insert') if missing).
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay")]
@@ -417,6 +428,10 @@ pub struct Config {
     pub slot: String,
     /// Publication name.
     pub publication: String,
+    /// Create or alter the slot with FAILOVER true.
+    pub slot_failover: bool,
+    /// Create a missing slot even where this relay streamed before.
+    pub allow_new_slot: bool,
     /// How rows become records.
     pub mapping: MappingConfig,
     /// librdkafka properties given with `-X`, in order.
@@ -594,6 +609,8 @@ impl Config {
             tables,
             slot: cli.slot.clone(),
             publication: cli.publication.clone(),
+            slot_failover: cli.slot_failover,
+            allow_new_slot: cli.allow_new_slot,
             kafka_properties,
             shutdown_timeout: cli.shutdown_timeout,
             status_interval: cli.status_interval,

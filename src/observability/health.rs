@@ -78,6 +78,10 @@ pub struct SlotStatus {
     pub wal_status: WalStatus,
     /// `safe_wal_size`; `None` when unlimited (`max_slot_wal_keep_size = -1`) or lost.
     pub safe_wal_size_bytes: Option<i64>,
+    /// Whether the slot is marked for failover (`None` before PostgreSQL 17).
+    pub failover: Option<bool>,
+    /// Whether `synchronized_standby_slots` is set (`None` before PostgreSQL 17).
+    pub synchronized_standby_slots_set: Option<bool>,
 }
 
 /// What is known about the slot.
@@ -166,8 +170,10 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     match &state.slot {
         SlotObservation::Unknown => {}
         SlotObservation::Missing => reasons.push(
-            "the replication slot does not exist (dropped?): restart the relay to recreate it, \
-             and reconcile events committed since it was dropped"
+            "the replication slot does not exist (dropped, or lost in a failover to a server \
+             without it): events committed since the last acknowledgement may never have been \
+             relayed. Start the relay once with --allow-new-slot, then re-publish them with \
+             `outbox-relay backfill --since TIMESTAMP`"
                 .to_owned(),
         ),
         SlotObservation::Seen(slot) => {
@@ -196,9 +202,9 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
 
 fn slot_lost_remedy() -> String {
     "the slot's wal_status is 'lost': Postgres removed WAL the slot still needed and the slot \
-     cannot stream. Drop and recreate it (outbox-relay drop-slot --yes-i-know, then \
-     outbox-relay setup or restart the relay), and reconcile events committed since the last \
-     confirmed position; raise max_slot_wal_keep_size to avoid a repeat"
+     cannot stream. Drop it (outbox-relay drop-slot --yes-i-know), start the relay with \
+     --allow-new-slot, and re-publish events committed since the last confirmed position with \
+     `outbox-relay backfill --since TIMESTAMP`; raise max_slot_wal_keep_size to avoid a repeat"
         .to_owned()
 }
 
@@ -221,6 +227,14 @@ pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<Str
         ),
         WalStatus::Lost => warnings.push(slot_lost_remedy()),
         WalStatus::Reserved | WalStatus::Unknown => {}
+    }
+    if slot.failover == Some(true) && slot.synchronized_standby_slots_set == Some(false) {
+        warnings.push(
+            "the slot is marked for failover but synchronized_standby_slots is empty: the relay \
+             may publish transactions no standby has received, which a failover then loses from \
+             the database. Set synchronized_standby_slots to the standbys' physical slots"
+                .to_owned(),
+        );
     }
     if let Some(safe) = slot.safe_wal_size_bytes
         && slot.wal_status != WalStatus::Lost
@@ -352,6 +366,8 @@ impl Health {
             lag_bytes,
             wal_status,
             safe_wal_size_bytes: safe_wal_size,
+            failover: None,
+            synchronized_standby_slots_set: None,
         }));
     }
 
@@ -446,6 +462,8 @@ mod tests {
                 lag_bytes: Some(1000),
                 wal_status: WalStatus::Reserved,
                 safe_wal_size_bytes: None,
+                failover: None,
+                synchronized_standby_slots_set: None,
             }),
         }
     }
@@ -455,6 +473,8 @@ mod tests {
             lag_bytes: Some(lag),
             wal_status: status,
             safe_wal_size_bytes: safe,
+            failover: None,
+            synchronized_standby_slots_set: None,
         })
     }
 

@@ -55,6 +55,10 @@ pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outbox_relay_slot_safe_wal_size_byte
 pub const COMMIT_TO_ACK_SECONDS: &str = "outbox_relay_commit_to_ack_seconds";
 /// Replication stream reconnects.
 pub const RECONNECTS_TOTAL: &str = "outbox_relay_reconnects_total";
+/// 1 when the slot is marked for failover (PostgreSQL 17+), else 0.
+pub const SLOT_FAILOVER: &str = "outbox_relay_slot_failover";
+/// 1 when the server's `synchronized_standby_slots` is set (PostgreSQL 17+), else 0.
+pub const SYNCHRONIZED_STANDBY_SLOTS_SET: &str = "outbox_relay_synchronized_standby_slots_set";
 /// Always 1; the label carries the version. Label: `version`.
 pub const BUILD_INFO: &str = "outbox_relay_build_info";
 
@@ -73,6 +77,8 @@ pub const ALL: &[&str] = &[
     SLOT_SAFE_WAL_SIZE_BYTES,
     COMMIT_TO_ACK_SECONDS,
     RECONNECTS_TOTAL,
+    SLOT_FAILOVER,
+    SYNCHRONIZED_STANDBY_SLOTS_SET,
     BUILD_INFO,
 ];
 
@@ -176,6 +182,14 @@ fn describe() {
         "Seconds from the transaction's commit in Postgres to the broker's acknowledgement."
     );
     describe_counter!(RECONNECTS_TOTAL, "Replication stream reconnects.");
+    describe_gauge!(
+        SLOT_FAILOVER,
+        "1 when the slot is marked for failover (PostgreSQL 17+), else 0."
+    );
+    describe_gauge!(
+        SYNCHRONIZED_STANDBY_SLOTS_SET,
+        "1 when synchronized_standby_slots is set on the server (PostgreSQL 17+), else 0."
+    );
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
 }
 
@@ -241,6 +255,13 @@ pub fn set_slot(lag_bytes: Option<u64>, wal_status: Option<&str>, safe_wal_size:
         Some(size) => ::metrics::gauge!(SLOT_SAFE_WAL_SIZE_BYTES).set(size as f64),
         None => ::metrics::gauge!(SLOT_SAFE_WAL_SIZE_BYTES).set(f64::NAN),
     }
+}
+
+/// The slot's failover facts; absent (before PostgreSQL 17) reads as 0.
+pub fn set_failover(failover: Option<bool>, standby_slots_set: Option<bool>) {
+    let value = |b: Option<bool>| if b == Some(true) { 1.0 } else { 0.0 };
+    ::metrics::gauge!(SLOT_FAILOVER).set(value(failover));
+    ::metrics::gauge!(SYNCHRONIZED_STANDBY_SLOTS_SET).set(value(standby_slots_set));
 }
 
 /// A bounded label value for a librdkafka error: the error code in snake case
@@ -405,6 +426,7 @@ mod tests {
             relay.set_received_lsn(Lsn(0x1_0000_0010));
             relay.set_ack_frontier(Lsn(42));
             set_slot(Some(1234), Some("extended"), Some(4096));
+            set_failover(Some(true), Some(false));
             delivery_error("message_timed_out");
             dead_lettered();
             reconnected();

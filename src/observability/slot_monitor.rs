@@ -22,8 +22,10 @@ use crate::source::setup;
 pub const SLOT_QUERY: &str = "\
     SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                  ELSE pg_current_wal_lsn() END - confirmed_flush_lsn)::bigint, \
-           wal_status::text, safe_wal_size::bigint, active_pid \
-    FROM pg_replication_slots WHERE slot_name = $1";
+           wal_status::text, safe_wal_size::bigint, active_pid, \
+           (to_jsonb(s) -> 'failover')::boolean, \
+           current_setting('synchronized_standby_slots', true) <> '' \
+    FROM pg_replication_slots s WHERE slot_name = $1";
 
 /// The same warnings are repeated at most this often.
 const REPEAT_WARNINGS: Duration = Duration::from_secs(300);
@@ -68,7 +70,8 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
         let warnings = match &observation {
             SlotObservation::Seen(slot) => slot_warnings(slot, &health.thresholds()),
             SlotObservation::Missing => vec![format!(
-                "replication slot {:?} does not exist (dropped?); the relay cannot resume from it",
+                "replication slot {:?} does not exist (dropped, or lost in a failover); the relay \
+                 cannot resume from it: see the runbook (--allow-new-slot, then backfill)",
                 config.slot
             )],
             SlotObservation::Unknown => Vec::new(),
@@ -106,6 +109,8 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
         lag_bytes: lag.map(|l| u64::try_from(l).unwrap_or(0)),
         wal_status: WalStatus::parse(wal_status.as_deref()),
         safe_wal_size_bytes: safe_wal_size,
+        failover: row.try_get(4)?,
+        synchronized_standby_slots_set: row.try_get(5)?,
     }))
 }
 
@@ -118,6 +123,7 @@ pub fn record(health: &Health, observation: &SlotObservation) {
                 known => Some(known.as_str()),
             };
             metrics::set_slot(slot.lag_bytes, status, slot.safe_wal_size_bytes);
+            metrics::set_failover(slot.failover, slot.synchronized_standby_slots_set);
         }
         SlotObservation::Missing => metrics::set_slot(None, None, None),
         SlotObservation::Unknown => {}

@@ -57,6 +57,10 @@ pub mod exit_code {
     /// the record (under `--on-poison dead-letter`): dead-lettering it again
     /// would loop.
     pub const DEAD_LETTER: u8 = 6;
+    /// The slot is missing where this relay streamed before (a failover to a
+    /// server without it, or a dropped slot): events may have been skipped.
+    /// Start once with `--allow-new-slot`, then run `outbox-relay backfill`.
+    pub const SLOT_LOST: u8 = 7;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
 }
@@ -69,10 +73,14 @@ pub enum RelayError {
     Source(#[from] SourceError),
     /// The slot was dropped while the relay was using it.
     #[error(
-        "replication slot {slot:?} was dropped while the relay was streaming from it; the last \
-         acknowledged position was {frontier}. Restart the relay to create a new slot at the \
-         current WAL position, then re-publish outbox rows committed after that position (the new \
-         slot cannot see them)"
+        "replication slot {slot:?} is missing on the server the relay (re)connected to: it was \
+         dropped, or this server was promoted from a standby that did not have it (PostgreSQL 16 \
+         or older, or a slot not synchronized with --slot-failover). The last acknowledged \
+         position was {frontier}; events committed after it on the old server and before the \
+         promotion were never relayed. No slot was created. Remedy: start the relay once with \
+         --allow-new-slot (it creates a fresh slot and relays new events), then run \
+         `outbox-relay backfill --since TIMESTAMP` with a time before the failover to re-publish \
+         the rows the slot never saw (at-least-once: consumers may see duplicates)"
     )]
     SlotDropped {
         /// The slot.
@@ -202,9 +210,10 @@ impl RelayError {
             {
                 exit_code::CONFIG
             }
-            RelayError::Source(_) | RelayError::SlotDropped { .. } | RelayError::Decode { .. } => {
-                exit_code::POSTGRES
+            RelayError::Source(SourceError::SlotLost { .. }) | RelayError::SlotDropped { .. } => {
+                exit_code::SLOT_LOST
             }
+            RelayError::Source(_) | RelayError::Decode { .. } => exit_code::POSTGRES,
             RelayError::Sink { .. }
             | RelayError::Delivery { .. }
             | RelayError::ExactlyOnce { .. } => exit_code::KAFKA,

@@ -5,8 +5,8 @@
 
 use tokio_postgres::Client;
 
-use super::{SourceError, tls};
-use crate::config::Config;
+use super::{SourceError, lineage, tls};
+use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::outbox::{TableName, quote_ident};
 
@@ -20,9 +20,79 @@ pub struct SlotState {
 }
 
 /// Opens the control connection, with the TLS settings of `--postgres-url`
-/// (libpq's `sslmode` meanings; see [`tls`]).
+/// (libpq's `sslmode` meanings; see [`tls`]), to the server [`locate`] chooses.
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
+    locate(config).await.map(|(client, _)| client)
+}
+
+/// Connects to the first server of `--postgres-url` that satisfies its
+/// `target_session_attrs` and returns the settings pinned to it, so that the
+/// replication connection goes to the same server. Every (re)connect asks
+/// again: after a promotion the new primary is found without a restart.
+pub async fn locate(config: &Config) -> Result<(Client, PostgresConnInfo), SourceError> {
     let pg = &config.postgres;
+    let attrs = pg.target_session_attrs;
+    if pg.hosts.len() <= 1 && attrs == TargetSessionAttrs::Any {
+        return Ok((connect_to(pg).await?, pg.clone()));
+    }
+    let mut tried = Vec::new();
+    // prefer-standby: a standby on the first pass, any server on the second.
+    let passes: &[bool] = match attrs {
+        TargetSessionAttrs::PreferStandby => &[true, false],
+        _ => &[false],
+    };
+    for &strict in passes {
+        for (host, port) in &pg.hosts {
+            let pinned = pg.pinned(host, *port);
+            let client = match connect_to(&pinned).await {
+                Ok(client) => client,
+                Err(e) if pg.hosts.len() == 1 => return Err(e),
+                Err(e) => {
+                    tried.push(format!("{host}:{port}: {e}"));
+                    continue;
+                }
+            };
+            let row = query_one(
+                &client,
+                "probe the server's role",
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
+                &[],
+            )
+            .await?;
+            let (in_recovery, read_only) = row.map_or((false, false), |r| (r.get(0), r.get(1)));
+            if attrs.accepts(in_recovery, read_only, strict) {
+                return Ok((client, pinned));
+            }
+            let state = if in_recovery {
+                "a standby"
+            } else {
+                "read-only"
+            };
+            tried.push(format!("{host}:{port}: {state}"));
+        }
+    }
+    Err(SourceError::NoSuitableHost {
+        attrs: attrs.as_str(),
+        tried: tried.join("; "),
+    })
+}
+
+/// `config` with its Postgres settings pinned to the server [`locate`] chooses
+/// (unchanged, without connecting, for one host and `target_session_attrs=any`).
+pub async fn pin(config: &Config) -> Result<Config, SourceError> {
+    let pg = &config.postgres;
+    if pg.hosts.len() <= 1 && pg.target_session_attrs == TargetSessionAttrs::Any {
+        return Ok(config.clone());
+    }
+    let (_, postgres) = locate(config).await?;
+    Ok(Config {
+        postgres,
+        ..config.clone()
+    })
+}
+
+/// One server's control connection.
+async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
     let mut cfg = tokio_postgres::Config::new();
     cfg.host(&pg.host)
         .port(pg.port)
@@ -249,11 +319,17 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
         &[slot],
     )
     .await?;
+    let mark_failover = match config.slot_failover {
+        true => lineage::check_failover(client, config).await?,
+        false => false,
+    };
     let Some(row) = row else {
-        let sql = super::sql::create_slot(slot);
+        lineage::check_missing_slot(client, config).await?;
+        let sql = super::sql::create_slot(slot, config.slot_failover);
         let row = query_one(client, "create the replication slot", &sql, &[]).await?;
         let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(1)))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
+        lineage::record_slot(client, slot).await;
         return Ok(SlotState {
             confirmed_flush: lsn,
             created: true,
@@ -279,6 +355,11 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
         });
     }
     let confirmed_flush = parse_lsn(row.get(3))?;
+    // A slot created before the record existed (or by `setup`) is recorded now.
+    lineage::record_slot(client, slot).await;
+    if mark_failover {
+        lineage::mark_failover(config).await?;
+    }
     Ok(SlotState {
         confirmed_flush,
         created: false,

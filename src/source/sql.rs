@@ -24,9 +24,11 @@ pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
 }
 
 /// Creates the logical slot with pgoutput; returns `(slot_name, lsn)` as text.
-pub fn create_slot(slot: &str) -> String {
+/// `failover` (PostgreSQL 17+) lets standbys synchronize it.
+pub fn create_slot(slot: &str, failover: bool) -> String {
+    let failover = if failover { ", false, false, true" } else { "" };
     format!(
-        "SELECT slot_name::text, lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')",
+        "SELECT slot_name::text, lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput'{failover})",
         quote_literal(slot)
     )
 }
@@ -62,7 +64,7 @@ mod tests {
              WITH (publish = 'insert')"
         );
         assert_eq!(
-            create_slot("outbox_relay"),
+            create_slot("outbox_relay", false),
             "SELECT slot_name::text, lsn::text FROM pg_create_logical_replication_slot('outbox_relay', 'pgoutput')"
         );
         assert_eq!(drop_slot("s"), "SELECT pg_drop_replication_slot('s')");

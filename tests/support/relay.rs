@@ -85,6 +85,11 @@ impl Relay {
             .is_some_and(|(_, body)| body.contains("\"streaming\":true"))
     }
 
+    /// The loopback port of `/metrics` and `/readyz`, if served.
+    pub fn http_port(&self) -> Option<u16> {
+        self.http_port
+    }
+
     /// A counter or gauge from `/metrics` (the sum over its label sets).
     pub fn metric(&self, name: &str) -> Option<f64> {
         let (_, body) = super::http::get(self.http_port?, "/metrics")?;
