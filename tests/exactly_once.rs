@@ -481,59 +481,37 @@ async fn a_refused_event_below_a_later_record_of_the_same_key_is_sent_after_rest
     each_once(&world, &ids, &relay);
 }
 
-/// `/readyz` of a relay started with `--http-addr 127.0.0.1:port`, as JSON.
-fn readyz(port: u16) -> Option<serde_json::Value> {
-    let (_, body) = crate::support::http::get(port, "/readyz")?;
-    serde_json::from_str(&body).ok()
-}
-
-async fn wait_readyz(port: u16, what: &str, check: impl Fn(&serde_json::Value) -> bool) {
-    let ok = crate::support::world::wait_until(Duration::from_secs(30), || {
-        let ready = readyz(port);
-        let ok = ready.as_ref().is_some_and(&check);
-        async move { ok }
-    })
-    .await;
-    assert!(ok, "{what}: /readyz said {:?}", readyz(port));
-}
-
-/// An exactly-once relay serving `/readyz` on a fresh loopback port.
-fn spawn_with_http(world: &World, extra: &[&str]) -> (Relay, u16) {
-    let port = crate::support::http::free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut args = EO.to_vec();
-    args.extend(["--http-addr", addr.as_str()]);
-    args.extend_from_slice(extra);
-    let relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &args);
-    (relay, port)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_the_unconfirmed_records_of_an_exactly_once_relay() {
     let world = World::start().await;
     world.broker.ensure_topic("Evt");
-    let (mut active, port_a) = spawn_with_http(&world, &ONE_PER_REQUEST);
-    wait_readyz(port_a, "the first relay streams", |r| r["ready"] == true).await;
+    let (url, bootstrap) = (world.pg.url(), world.broker.bootstrap());
+    let mut args = EO.to_vec();
+    args.extend(ONE_PER_REQUEST);
+    let mut active = Relay::spawn(&url, &bootstrap, &args);
+    active.wait_streaming();
     let mut ids = world.insert_tx(&[("Evt", "a", "{}")]).await;
     let end = world.current_lsn().await;
     world
         .wait_confirmed(SLOT, end, Duration::from_secs(30))
         .await;
 
-    let (standby, port_b) = spawn_with_http(&world, &ONE_PER_REQUEST);
+    let mut standby = Relay::spawn(&url, &bootstrap, &args);
     // Its producer is up (so its start-up checks are done) but it cannot stream.
-    wait_readyz(port_b, "the second relay waits", |r| {
-        let reasons = r["reasons"].to_string();
-        reasons.contains("not streaming") && !reasons.contains("producer is not connected")
-    })
-    .await;
+    let waiting = standby.wait_for(Duration::from_secs(30), |r| {
+        r.readyz().is_some_and(|j| {
+            let reasons = j["reasons"].to_string();
+            reasons.contains("not streaming") && !reasons.contains("producer is not connected")
+        })
+    });
+    assert!(waiting, "{:?}\n{}", standby.readyz(), standby.log());
     // The active relay now leaves, unconfirmed, a record at a position past
     // the WAL end the standby saw at start-up: its own source, not a foreign writer.
     let (refused, _) = refuse_one_accept_the_next(&world, "a").await;
     the_second_landed(&world, &mut active, &refused);
     ids.extend(refused);
 
-    wait_readyz(port_b, "the standby takes over", |r| r["ready"] == true).await;
+    standby.wait_streaming();
     ids.extend(world.insert_tx(&[("Evt", "a", "{}")]).await);
     let end = world.current_lsn().await;
     world
@@ -546,8 +524,8 @@ async fn a_standby_takes_over_the_unconfirmed_records_of_an_exactly_once_relay()
 async fn the_first_event_to_a_topic_the_broker_creates_is_retried_until_it_exists() {
     use rdkafka::types::RDKafkaRespErr;
     let world = World::start().await;
-    let (mut relay, port) = spawn_with_http(&world, &[]);
-    wait_readyz(port, "the relay streams", |r| r["ready"] == true).await;
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &EO);
+    relay.wait_streaming();
     // The topic is being created: metadata does not know it yet.
     world.broker.topic_error(
         "Fresh",
@@ -555,11 +533,10 @@ async fn the_first_event_to_a_topic_the_broker_creates_is_retried_until_it_exist
     );
     let before = world.current_lsn().await;
     let ids = world.insert_tx(&[("Fresh", "a", "{}")]).await;
-    let received = crate::support::world::wait_until(Duration::from_secs(30), || {
-        let lsn = received_lsn(port);
-        async move { lsn.is_some_and(|l| l > before.as_u64() as f64) }
-    })
-    .await;
+    let received = relay.wait_for(Duration::from_secs(30), |r| {
+        r.metric("outbox_relay_received_lsn")
+            .is_some_and(|l| l > before.as_u64() as f64)
+    });
     assert!(received, "{}", relay.log());
     world
         .broker
@@ -577,12 +554,4 @@ async fn the_first_event_to_a_topic_the_broker_creates_is_retried_until_it_exist
         "{}",
         relay.log()
     );
-}
-
-/// The relay's `outbox_relay_received_lsn` gauge.
-fn received_lsn(port: u16) -> Option<f64> {
-    let (_, text) = crate::support::http::get(port, "/metrics")?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("outbox_relay_received_lsn "))
-        .and_then(|v| v.trim().parse().ok())
 }
