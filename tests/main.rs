@@ -7,12 +7,14 @@
 
 mod support;
 
+mod demo;
 mod deploy;
 mod e2e;
 mod exactly_once;
 mod failures;
 mod harness;
 mod ops;
+mod peek;
 mod poison;
 mod reliability;
 mod slot_hygiene;

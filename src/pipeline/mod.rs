@@ -23,7 +23,6 @@ pub mod ack;
 mod exactly_once;
 mod poison;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -33,9 +32,8 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::outbox::message::MessageMapping;
-use crate::outbox::{BindError, OutboxRecord, TableMapping, TableName, values};
-use crate::pgoutput::{self, DecodeError, Message, RelationCache};
+use crate::outbox::{BindError, EventMapper, OutboxRecord, values};
+use crate::pgoutput::{self, DecodeError, Message};
 use crate::sink::{Delivery, KafkaSink, SinkError};
 use crate::source::{Recovery, ReplicationStream, SourceError, setup};
 use ack::{AckError, AckTracker, Ticket};
@@ -232,14 +230,11 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
-/// Per-relation state: the announced layout and, for outbox tables, the bound mapping.
+/// The shared mapper plus what the relay tells the operator about ignored changes.
 struct Outbox {
-    tables: Vec<TableName>,
-    relations: RelationCache,
-    mappings: HashMap<u32, TableMapping>,
+    mapper: EventMapper,
     /// UPDATE/DELETE messages on outbox tables, which are ignored.
     non_insert_changes: u64,
-    messages: HashMap<String, MessageMapping>,
     warned_non_transactional: bool,
 }
 
@@ -317,15 +312,8 @@ pub async fn run(
     observability_ready.await;
     let mut pipeline = Pipeline {
         outbox: Outbox {
-            tables: config.tables.clone(),
-            relations: RelationCache::default(),
-            mappings: HashMap::new(),
+            mapper: config.event_mapper(),
             non_insert_changes: 0,
-            messages: config
-                .message_prefixes
-                .iter()
-                .map(|p| (p.clone(), MessageMapping::new(config.mapping.clone(), p)))
-                .collect(),
             warned_non_transactional: false,
         },
         tracker: AckTracker::new(slot.confirmed_flush),
@@ -386,7 +374,7 @@ impl Pipeline {
                             slot = %self.config.slot,
                             publication = %self.config.publication,
                             lsn = %start,
-                            tables = %self.outbox.tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                            tables = %self.config.tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
                             "streaming from the slot's confirmed position"
                         );
                     } else {
@@ -732,45 +720,32 @@ impl Pipeline {
     async fn on_message(&mut self, message: Message) -> Result<(), RelayError> {
         match message {
             Message::Relation(relation) => {
-                let table = self
-                    .outbox
-                    .tables
-                    .iter()
-                    .find(|t| t.schema == relation.namespace && t.name == relation.name);
-                if let Some(table) = table {
-                    let config = self.config.mapping_for(table);
-                    let mapping = TableMapping::bind(config, &relation).map_err(|source| {
-                        RelayError::Bind {
-                            lsn: self.commit_lsn,
-                            source,
-                        }
+                let id = relation.id;
+                self.outbox
+                    .mapper
+                    .relation(relation)
+                    .map_err(|source| RelayError::Bind {
+                        lsn: self.commit_lsn,
+                        source,
                     })?;
-                    tracing::debug!(table = %mapping.table(), relation_id = relation.id, "bound outbox table");
-                    self.outbox.mappings.insert(relation.id, mapping);
-                } else {
-                    self.outbox.mappings.remove(&relation.id);
+                if let Some(table) = self.outbox.mapper.outbox_table(id) {
+                    tracing::debug!(table = %table, relation_id = id, "bound outbox table");
                 }
-                self.outbox.relations.insert(relation);
             }
             Message::Insert { relation_id, new } => {
-                let Some(mapping) = self.outbox.mappings.get(&relation_id) else {
-                    return Ok(());
-                };
-                let Some(relation) = self.outbox.relations.get(relation_id) else {
-                    return Ok(());
-                };
-                let table = mapping.table().clone();
-                let mapped = mapping
-                    .map(relation, &new, self.commit_time_ms())
-                    .map_err(|error| (error, mapping.raw_parts(&new)));
-                self.relay_event(mapped, table).await?;
+                let commit_time_ms = self.commit_time_ms();
+                if let Some((table, mapped)) =
+                    self.outbox.mapper.insert(relation_id, &new, commit_time_ms)
+                {
+                    self.relay_event(mapped, table).await?;
+                }
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
-                if let Some(mapping) = self.outbox.mappings.get(&relation_id) {
+                if let Some(table) = self.outbox.mapper.outbox_table(relation_id) {
                     // Warn on the first one only; the count is reported at shutdown.
                     if self.outbox.non_insert_changes == 0 {
                         tracing::warn!(
-                            table = %mapping.table(),
+                            table = %table,
                             lsn = %self.commit_lsn,
                             "ignoring UPDATE/DELETE on an outbox table: only inserts are relayed \
                              (create the publication WITH (publish = 'insert') to stop receiving them)"
@@ -798,7 +773,9 @@ impl Pipeline {
         content: bytes::Bytes,
         lsn: Lsn,
     ) -> Result<(), RelayError> {
-        let Some(mapping) = self.outbox.messages.get(prefix) else {
+        let commit_time_ms = self.commit_time_ms();
+        let Some((source, mapped)) = self.outbox.mapper.message(prefix, &content, commit_time_ms)
+        else {
             return Ok(());
         };
         if !transactional || !self.tracker.in_transaction() {
@@ -813,10 +790,6 @@ impl Pipeline {
             }
             return Ok(());
         }
-        let source = mapping.source().clone();
-        let mapped = mapping
-            .map(&content, self.commit_time_ms())
-            .map_err(|error| (error, mapping.raw_parts(&content)));
         self.relay_event(mapped, source).await
     }
 
