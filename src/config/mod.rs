@@ -181,8 +181,8 @@ pub struct Cli {
     pub delivery: Delivery,
 
     /// With --delivery exactly-once: what to do when a partition's tail cannot
-    /// prove what was sent (retention removed it, the partition count changed,
-    /// another writer uses the same source): stop (`fail`) or continue that
+    /// prove what was sent (the partition count changed, another writer uses
+    /// the same source, it cannot be read): stop (`fail`) or continue that
     /// partition at-least-once (`at-least-once`).
     #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE_FALLBACK", value_enum, default_value_t = ExactlyOnceFallback::Fail)]
     pub exactly_once_fallback: ExactlyOnceFallback,

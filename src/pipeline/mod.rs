@@ -313,8 +313,8 @@ pub async fn run(
             Some(exactly_once::ExactlyOnce::new(
                 source_id,
                 tail,
-                wal_end,
                 config.exactly_once_fallback,
+                wal_end,
             ))
         }
     };
@@ -400,6 +400,11 @@ impl Pipeline {
                             }
                         );
                     }
+                    if standby {
+                        // The active relay wrote past the WAL end seen at
+                        // start-up: its records are not another writer's.
+                        self.refresh_exactly_once().await;
+                    }
                     backoff = min_backoff;
                     attempt = 0;
                     standby = false;
@@ -469,13 +474,7 @@ impl Pipeline {
                         if self.drain_in_flight().await? {
                             return Ok(());
                         }
-                        let wal_end = crate::source::identify_system(&self.config)
-                            .await
-                            .map(|(_, end)| end)
-                            .unwrap_or(Lsn(u64::MAX));
-                        if let Some(eo) = self.exactly_once.as_mut() {
-                            eo.reset(wal_end);
-                        }
+                        self.refresh_exactly_once().await;
                     }
                     if self.pause(backoff).await? {
                         return Ok(());
@@ -484,6 +483,21 @@ impl Pipeline {
                 Err(RelayError::Source(e)) => return Err(self.fatal_source(e)),
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Has exactly-once read the tails again before the next record, judged
+    /// against the WAL's end now.
+    async fn refresh_exactly_once(&mut self) {
+        if self.exactly_once.is_none() {
+            return;
+        }
+        let wal_end = crate::source::identify_system(&self.config)
+            .await
+            .map(|(_, end)| end)
+            .unwrap_or(Lsn(u64::MAX));
+        if let Some(eo) = self.exactly_once.as_mut() {
+            eo.reset(wal_end);
         }
     }
 

@@ -90,6 +90,12 @@ impl Relay {
         self.http_port
     }
 
+    /// `/readyz`'s answer, as JSON.
+    pub fn readyz(&self) -> Option<serde_json::Value> {
+        let (_, body) = super::http::get(self.http_port?, "/readyz")?;
+        serde_json::from_str(&body).ok()
+    }
+
     /// A counter or gauge from `/metrics` (the sum over its label sets).
     pub fn metric(&self, name: &str) -> Option<f64> {
         let (_, body) = super::http::get(self.http_port?, "/metrics")?;
