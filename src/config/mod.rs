@@ -79,7 +79,7 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
     pub slot: String,
 
-    /// Publication to stream (created FOR TABLE <tables> WITH (publish = 'insert') if missing).
+    /// Publication to stream (created FOR TABLE <tables> WITH (publish = 'insert', publish_via_partition_root = true) if missing).
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay")]
     pub publication: String,
 

@@ -165,6 +165,21 @@ pub enum RelayError {
     /// The stream violated transaction framing.
     #[error("replication stream out of order: {0}")]
     Protocol(#[from] AckError),
+    /// The relay's publication sent an insert into a table it cannot map.
+    #[error(
+        "publication {publication:?} sent an insert into {table} (commit LSN {lsn}), which is \
+         neither an outbox table (--table) nor a partition of one; nothing at or after this \
+         transaction was acknowledged. Add the table with --table, or remove it with ALTER \
+         PUBLICATION {publication} DROP TABLE {table};"
+    )]
+    UnmappedRelation {
+        /// Commit LSN of the transaction.
+        lsn: Lsn,
+        /// The publication.
+        publication: String,
+        /// The table, as `schema.name`.
+        table: String,
+    },
 }
 
 impl RelayError {
@@ -189,6 +204,7 @@ impl RelayError {
             | RelayError::Delivery { .. }
             | RelayError::ExactlyOnce { .. } => exit_code::KAFKA,
             RelayError::Bind { .. } | RelayError::Poison { .. } => exit_code::POISON,
+            RelayError::UnmappedRelation { .. } => exit_code::CONFIG,
             RelayError::Protocol(_) => exit_code::INTERNAL,
         }
     }
@@ -218,6 +234,12 @@ struct Outbox {
     non_insert_changes: u64,
     messages: HashMap<String, MessageMapping>,
     warned_non_transactional: bool,
+    /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
+    all_tables: bool,
+    /// Relations that are neither outbox tables nor partitions of one.
+    foreign: HashMap<u32, String>,
+    /// Looks up partition roots; opened on the first relation that needs it.
+    control: Option<tokio_postgres::Client>,
 }
 
 type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -295,6 +317,9 @@ pub async fn run(
                 .map(|p| (p.clone(), MessageMapping::new(config.mapping.clone(), p)))
                 .collect(),
             warned_non_transactional: false,
+            all_tables: slot.all_tables,
+            foreign: HashMap::new(),
+            control: None,
         },
         tracker: AckTracker::new(slot.confirmed_flush),
         reported: slot.confirmed_flush,
@@ -601,29 +626,59 @@ impl Pipeline {
     async fn on_message(&mut self, message: Message) -> Result<(), RelayError> {
         match message {
             Message::Relation(relation) => {
-                let table = self
-                    .outbox
-                    .tables
-                    .iter()
-                    .find(|t| t.schema == relation.namespace && t.name == relation.name);
-                if let Some(table) = table {
-                    let config = self.config.mapping_for(table);
-                    let mapping = TableMapping::bind(config, &relation).map_err(|source| {
+                self.outbox.mappings.remove(&relation.id);
+                self.outbox.foreign.remove(&relation.id);
+                let name = (relation.namespace.clone(), relation.name.clone());
+                let root = if self.is_outbox(&name) {
+                    Some(name)
+                } else {
+                    // A partition arrives under its own name when the publication
+                    // lacks publish_via_partition_root: map it to its root.
+                    self.partition_root(relation.id)
+                        .await?
+                        .filter(|root| self.is_outbox(root))
+                };
+                if let Some((namespace, name)) = root {
+                    let table = TableName {
+                        schema: namespace.clone(),
+                        name: name.clone(),
+                    };
+                    let as_root = pgoutput::Relation {
+                        namespace,
+                        name,
+                        ..relation.clone()
+                    };
+                    let config = self.config.mapping_for(&table);
+                    let mapping = TableMapping::bind(config, &as_root).map_err(|source| {
                         RelayError::Bind {
                             lsn: self.commit_lsn,
                             source,
                         }
                     })?;
-                    tracing::debug!(table = %mapping.table(), relation_id = relation.id, "bound outbox table");
+                    tracing::debug!(table = %mapping.table(), relation = %relation.name, relation_id = relation.id, "bound outbox table");
                     self.outbox.mappings.insert(relation.id, mapping);
                 } else {
-                    self.outbox.mappings.remove(&relation.id);
+                    let table = format!("{}.{}", relation.namespace, relation.name);
+                    self.outbox.foreign.insert(relation.id, table);
                 }
                 self.outbox.relations.insert(relation);
             }
             Message::Insert { relation_id, new } => {
                 let Some(mapping) = self.outbox.mappings.get(&relation_id) else {
-                    return Ok(());
+                    // Never skip silently: only FOR ALL TABLES sends other tables' rows.
+                    if self.outbox.all_tables {
+                        return Ok(());
+                    }
+                    return Err(RelayError::UnmappedRelation {
+                        lsn: self.commit_lsn,
+                        publication: self.config.publication.clone(),
+                        table: self
+                            .outbox
+                            .foreign
+                            .get(&relation_id)
+                            .cloned()
+                            .unwrap_or_else(|| format!("relation OID {relation_id}")),
+                    });
                 };
                 let Some(relation) = self.outbox.relations.get(relation_id) else {
                     return Ok(());
@@ -656,6 +711,55 @@ impl Pipeline {
             | Message::Message { .. } => {}
         }
         Ok(())
+    }
+
+    fn is_outbox(&self, (schema, name): &(String, String)) -> bool {
+        self.outbox
+            .tables
+            .iter()
+            .any(|t| t.schema == *schema && t.name == *name)
+    }
+
+    /// The root of the partition tree `relation_id` belongs to (`None` for a
+    /// plain table), over a control connection kept for later relations.
+    async fn partition_root(
+        &mut self,
+        relation_id: u32,
+    ) -> Result<Option<(String, String)>, RelayError> {
+        let lookup_err = |source| SourceError::PartitionLookup {
+            relation_id,
+            source,
+        };
+        if self
+            .outbox
+            .control
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            self.outbox.control = Some(
+                setup::connect(&self.config)
+                    .await
+                    .map_err(|e| lookup_err(Box::new(e)))?,
+            );
+        }
+        let Some(client) = self.outbox.control.as_ref() else {
+            return Ok(None);
+        };
+        let row = client
+            .query_opt(
+                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.oid = pg_partition_root($1::oid)",
+                &[&relation_id],
+            )
+            .await
+            .map_err(|e| {
+                lookup_err(Box::new(SourceError::Query {
+                    what: "look up a relation's partition root",
+                    source: e,
+                }))
+            })?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 
     /// A logical decoding message: an outbox event when its prefix is one of
