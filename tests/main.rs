@@ -13,6 +13,7 @@ mod exactly_once;
 mod failures;
 mod harness;
 mod ops;
+mod partitions;
 mod poison;
 mod reliability;
 mod slot_hygiene;

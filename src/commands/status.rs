@@ -276,9 +276,15 @@ fn warnings(
             safe_wal_size_bytes: slot.safe_wal_size_bytes,
             facts: slot.facts.clone(),
         };
-        out.extend(slot.facts.invalidated().map(|r| slot_invalidated_remedy(&r)));
+        out.extend(
+            slot.facts
+                .invalidated()
+                .map(|r| slot_invalidated_remedy(&r)),
+        );
         out.extend(slot_warnings(&status, &ReadinessThresholds::default()));
-        out.extend(idle_timeout_warning(slot.facts.idle_timeout_secs.unwrap_or(0)));
+        out.extend(idle_timeout_warning(
+            slot.facts.idle_timeout_secs.unwrap_or(0),
+        ));
     }
     if !publication.exists {
         out.push(format!(

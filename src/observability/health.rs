@@ -226,7 +226,9 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
                 reasons.push(slot_lost_remedy());
             }
             warnings = slot_warnings(slot, limits);
-            warnings.extend(idle_timeout_warning(slot.facts.idle_timeout_secs.unwrap_or(0)));
+            warnings.extend(idle_timeout_warning(
+                slot.facts.idle_timeout_secs.unwrap_or(0),
+            ));
         }
     }
     Readiness {
@@ -521,7 +523,10 @@ mod tests {
         slot.facts.idle_timeout_secs = Some(86_400);
         let r = evaluate(&state, &ReadinessThresholds::default());
         assert!(r.ready, "{r:?}");
-        assert!(r.warnings[0].contains("idle_replication_slot_timeout is 1day"), "{r:?}");
+        assert!(
+            r.warnings[0].contains("idle_replication_slot_timeout is 1day"),
+            "{r:?}"
+        );
         // PostgreSQL 16 says only `conflicting`; 17 also names the reason.
         for (reason, conflicting, named) in [
             (None, Some(true), "conflict with recovery"),
@@ -534,7 +539,10 @@ mod tests {
             slot.facts.conflicting = conflicting;
             let r = evaluate(&state, &ReadinessThresholds::default());
             assert!(!r.ready);
-            assert!(r.reasons[0].contains(&format!("invalidated ({named})")), "{r:?}");
+            assert!(
+                r.reasons[0].contains(&format!("invalidated ({named})")),
+                "{r:?}"
+            );
         }
     }
 

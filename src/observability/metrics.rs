@@ -260,7 +260,11 @@ pub fn set_slot(lag_bytes: Option<u64>, wal_status: Option<&str>, safe_wal_size:
 
 /// The slot facts of newer servers (see [`SLOT_INVALIDATED`]).
 pub fn set_slot_facts(facts: &crate::observability::health::SlotFacts) {
-    let invalidated = if facts.invalidated().is_some() { 1.0 } else { 0.0 };
+    let invalidated = if facts.invalidated().is_some() {
+        1.0
+    } else {
+        0.0
+    };
     ::metrics::gauge!(SLOT_INVALIDATED).set(invalidated);
     ::metrics::gauge!(SLOT_IDLE_TIMEOUT_SECONDS).set(facts.idle_timeout_secs.unwrap_or(0) as f64);
 }

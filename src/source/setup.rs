@@ -225,8 +225,9 @@ async fn check_table(
         client,
         "read the outbox table's persistence",
         "SELECT c.relkind = 'p', \
-                (SELECT string_agg(p.oid::regclass::text, ', ') FROM pg_partition_tree(c.oid) t \
-                 JOIN pg_class p ON p.oid = t.relid WHERE p.relpersistence = 'u') \
+                (SELECT string_agg(p.oid::regclass::text, ', ') FROM pg_class p \
+                 WHERE p.relpersistence = 'u' AND (p.oid = c.oid \
+                       OR p.oid IN (SELECT relid FROM pg_partition_tree(c.oid)))) \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          WHERE n.nspname = $1 AND c.relname = $2",
         &[&table.schema, &table.name],
