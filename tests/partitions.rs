@@ -94,19 +94,11 @@ async fn every_partition_is_relayed_including_ones_created_and_attached_while_st
     let mut relay = Relay::spawn(&pg.url(), &broker.bootstrap(), &[]);
     relay.wait_streaming();
 
-    // A row in every leaf: list (both), hash (both remainders, by enough rows).
-    let mut ids = insert(
-        &world,
-        &[
-            ("order", "2026-03-01"),
-            ("invoice", "2026-04-01"),
-            ("order", "2025-05-01"),
-            ("order", "2025-06-01"),
-            ("order", "2025-07-01"),
-            ("order", "2025-08-01"),
-        ],
-    )
-    .await;
+    // A row in every leaf: list (both), hash (both remainders: with random ids, 24
+    // rows all land in one with probability 2^-23).
+    let mut rows = vec![("order", "2026-03-01"), ("invoice", "2026-04-01")];
+    rows.extend([("order", "2025-05-01"); 24]);
+    let mut ids = insert(&world, &rows).await;
     let leaves = pg
         .execute("SELECT count(DISTINCT tableoid) FROM outbox WHERE created_at < '2027-01-01'")
         .await;
