@@ -18,4 +18,5 @@ mod poison;
 mod reliability;
 mod slot_hygiene;
 mod startup;
+mod stop;
 mod tls;

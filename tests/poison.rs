@@ -209,3 +209,102 @@ async fn under_fail_a_poison_event_stops_the_relay_before_it_is_acknowledged() {
     let confirmed = world.confirmed_flush(SLOT).await.unwrap();
     assert!(confirmed < after, "slot moved past the poison event");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_batch_refused_for_its_size_is_sent_again_record_by_record() {
+    let world = World::start().await;
+    world.broker.create_topic("Evt", 1);
+    world.broker.ensure_topic(DLQ);
+    let mut relay = Relay::spawn(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &[
+            "--on-poison",
+            "dead-letter",
+            "--dead-letter-topic",
+            DLQ,
+            "-X",
+            "linger.ms=100",
+        ],
+    );
+    relay.wait_streaming();
+    // The broker refuses the next batch as too large, as it does when a batch
+    // of small records exceeds the topic's max.message.bytes.
+    world.broker.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let rows: Vec<_> = (0..5)
+        .map(|n| ("Evt", "a".to_owned(), format!(r#"{{"n": {n}}}"#)))
+        .collect();
+    let ids = world.insert_tx(&rows).await;
+    let end = world.current_lsn().await;
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(60))
+        .await;
+    // Acknowledged, so each event is in Evt or in the dead-letter topic by now.
+    let got: Vec<String> = world
+        .broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(20))
+        .iter()
+        .map(Consumed::id)
+        .collect();
+    assert_eq!(
+        got,
+        ids,
+        "every healthy event delivered, in order; log:\n{}",
+        relay.log()
+    );
+    assert_eq!(
+        relay
+            .metric("outbox_relay_dead_lettered_total")
+            .unwrap_or(0.0),
+        0.0
+    );
+
+    // A record the broker refuses on its own as well is poison.
+    world.broker.request_errors(
+        RDKafkaApiKey::Produce,
+        &[
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE,
+        ],
+    );
+    let big = world.insert_tx(&[("Evt", "b", r#"{"big": true}"#)]).await;
+    let dead = world.broker.consume(&[DLQ], 1, Duration::from_secs(30));
+    assert_eq!(dead.len(), 1, "{}", relay.log());
+    assert_eq!(dead[0].id(), big[0]);
+    assert!(header(&dead[0], "outbox.payload.omitted").contains("message.max.bytes"));
+    assert_eq!(relay.metric("outbox_relay_dead_lettered_total"), Some(1.0));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dead_letter_record_refused_like_its_event_stops_the_relay() {
+    let world = World::start().await;
+    world.broker.ensure_topic("Evt");
+    world.broker.ensure_topic(DLQ);
+    let mut relay = Relay::spawn(
+        &world.pg.url(),
+        &world.broker.bootstrap(),
+        &["--on-poison", "dead-letter", "--dead-letter-topic", DLQ],
+    );
+    relay.wait_streaming();
+    // Every produce is refused for good, the dead-letter records' too.
+    world.broker.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD; 40],
+    );
+    let ids = world.insert_tx(&[("Evt", "a", "{}")]).await;
+    let after = world.current_lsn().await;
+    let status = relay
+        .wait_exit(Duration::from_secs(60))
+        .expect("the relay stops instead of dead-lettering the dead-letter record again");
+    let log = relay.log();
+    assert_eq!(status.code(), Some(6), "{log}");
+    assert!(
+        log.contains(&ids[0]) && log.contains("dead-letter record"),
+        "{log}"
+    );
+    let confirmed = world.confirmed_flush(SLOT).await.unwrap();
+    assert!(confirmed < after, "slot moved past the refused event");
+}

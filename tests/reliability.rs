@@ -7,6 +7,7 @@ use crate::support::relay::Relay;
 use crate::support::world::{Schedule, World};
 
 const SLOT: &str = "outbox_relay";
+const RECONNECTS: &str = "outbox_relay_reconnects_total";
 const FAST_BACKOFF: [&str; 4] = [
     "--reconnect-backoff-min",
     "200ms",
@@ -24,7 +25,9 @@ async fn survives_walsender_termination_and_postgres_restart() {
     assert!(world.pg.kill_walsenders().await >= 1);
     ids.extend(world.insert_tx(&[("Evt", "a", r#"{"n": 2}"#)]).await);
     assert!(
-        relay.wait_for_log("reconnected", Duration::from_secs(30)),
+        relay.wait_for(Duration::from_secs(30), |r| {
+            r.metric(RECONNECTS).unwrap_or(0.0) >= 1.0 && r.streaming()
+        }),
         "{}",
         relay.log()
     );
@@ -47,11 +50,15 @@ async fn a_second_relay_waits_as_standby_and_takes_over() {
     let mut active = Relay::spawn(&url, &bootstrap, &FAST_BACKOFF);
     active.wait_streaming();
     let mut standby = Relay::spawn(&url, &bootstrap, &FAST_BACKOFF);
+    // Up (its /readyz answers) but not streaming: the slot is the active's.
     assert!(
-        standby.wait_for_log("waiting as a standby", Duration::from_secs(30)),
+        standby.wait_for(Duration::from_secs(30), |r| r
+            .metric("outbox_relay_build_info")
+            .is_some()),
         "{}",
         standby.log()
     );
+    assert!(!standby.streaming(), "{}", standby.log());
     let ids = world.insert_tx(&[("Evt", "a", "{}")]).await;
     assert_eq!(
         world
@@ -69,7 +76,7 @@ async fn a_second_relay_waits_as_standby_and_takes_over() {
         Some(0)
     );
     assert!(
-        standby.wait_for_log("now active", Duration::from_secs(30)),
+        standby.wait_streaming_for(Duration::from_secs(30)),
         "{}",
         standby.log()
     );
@@ -263,7 +270,7 @@ async fn all_delivered_and_still_running(world: &World, relay: &mut Relay, ids: 
 }
 
 /// Peak resident set size of a process, in MB (VmHWM).
-fn peak_rss_mb(pid: u32) -> f64 {
+pub(crate) fn peak_rss_mb(pid: u32) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
@@ -355,8 +362,11 @@ async fn a_network_cut_to_postgres_heals_without_loss() {
 
     proxy.cut();
     ids.extend(world.insert_tx(&[("Evt", "a", r#"{"n": 2}"#)]).await);
+    // The relay saw the stream break.
     assert!(
-        relay.wait_for_log("cannot (re)connect", Duration::from_secs(30)),
+        relay.wait_for(Duration::from_secs(30), |r| {
+            r.metric(RECONNECTS).unwrap_or(0.0) >= 1.0
+        }),
         "{}",
         relay.log()
     );

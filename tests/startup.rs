@@ -31,6 +31,21 @@ async fn unreachable_postgres_is_reported_with_the_password_redacted() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn a_password_with_unencoded_delimiters_is_never_printed() {
+    let broker = Broker::start();
+    for (url, secret) in [
+        ("postgres://relay:pa/ss@127.0.0.1:1/app", "pa/ss"),
+        ("postgres://relay:123/abc@127.0.0.1:1/app", "123/abc"),
+        ("postgres://relay:123?abc@127.0.0.1:1/app", "abc"),
+    ] {
+        let (code, log) = run_to_exit(url, &broker.bootstrap(), &[]);
+        assert_eq!(code, Some(2), "{url}: {log}");
+        assert!(log.contains("percent-encoded"), "{url}: {log}");
+        assert!(!log.contains(secret), "{url}: password leaked:\n{log}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn wal_level_other_than_logical_says_how_to_fix_it() {
     let pg = PgCluster::start_with(PgOptions {
         extra_conf: vec![("wal_level".into(), "replica".into())],

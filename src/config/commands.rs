@@ -169,7 +169,10 @@ mod tests {
             cli.command,
             Some(Command::Status(StatusArgs { json: true }))
         ));
-        assert_eq!(cli.postgres_url.as_deref(), Some("postgres://u@h/db"));
+        assert_eq!(
+            cli.postgres_url.as_ref().map(crate::config::Secret::expose),
+            Some("postgres://u@h/db")
+        );
         let cli = parse(&["--slot", "s1", "drop-slot", "--yes-i-know"]);
         assert_eq!(cli.slot, "s1");
         assert!(matches!(

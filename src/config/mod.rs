@@ -35,7 +35,7 @@ pub struct Cli {
     /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require.
     /// The role needs REPLICATION (or superuser) and SELECT on the outbox tables. Required.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
-    pub postgres_url: Option<String>,
+    pub postgres_url: Option<Secret>,
 
     /// Postgres password; overrides --postgres-password-file and the URL's password.
     /// Prefer the file or the environment variable over putting the password in the URL
@@ -136,9 +136,10 @@ pub struct Cli {
         value_delimiter = ';',
         hide_env_values = true
     )]
-    pub kafka_properties: Vec<String>,
+    pub kafka_properties: Vec<KafkaProperty>,
 
-    /// On SIGINT/SIGTERM, how long to wait for in-flight deliveries before exiting.
+    /// On SIGINT/SIGTERM, how long to read to the open transaction's commit and
+    /// wait for in-flight deliveries before exiting.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 
@@ -282,6 +283,85 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// Whether a librdkafka property may hold a secret (`sasl.*`, `ssl.key.*`,
+/// `*.password`, `sasl.jaas.config`, tokens...), misspelt keys included: its
+/// value is never printed.
+pub fn is_sensitive_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [
+        "sasl",
+        "password",
+        "secret",
+        "key",
+        "jaas",
+        "token",
+        "credential",
+    ]
+    .iter()
+    .any(|word| key.contains(word))
+}
+
+/// One raw `-X KEY=VALUE`; `Debug` hides the value of a sensitive key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KafkaProperty(String);
+
+impl FromStr for KafkaProperty {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(KafkaProperty(s.to_owned()))
+    }
+}
+
+impl fmt::Debug for KafkaProperty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.split_once('=') {
+            Some((k, v)) => write!(f, "{:?}", (k, Redacted { key: k, value: v })),
+            None if is_sensitive_property(&self.0) => f.write_str("***"),
+            None => write!(f, "{:?}", self.0),
+        }
+    }
+}
+
+/// The validated `-X` properties, in order; `Debug` hides sensitive values.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KafkaProperties(pub Vec<(String, String)>);
+
+impl std::ops::Deref for KafkaProperties {
+    type Target = [(String, String)];
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl fmt::Debug for KafkaProperties {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(
+                self.0
+                    .iter()
+                    .map(|(k, v)| (k, Redacted { key: k, value: v })),
+            )
+            .finish()
+    }
+}
+
+struct Redacted<'a> {
+    key: &'a str,
+    value: &'a str,
+}
+
+impl fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if is_sensitive_property(self.key) {
+            f.write_str("***")
+        } else {
+            write!(f, "{:?}", self.value)
+        }
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 500ms, 2m)"))
 }
@@ -337,7 +417,7 @@ pub struct Config {
     /// How rows become records.
     pub mapping: MappingConfig,
     /// librdkafka properties given with `-X`, in order.
-    pub kafka_properties: Vec<(String, String)>,
+    pub kafka_properties: KafkaProperties,
     /// Grace period for in-flight deliveries on shutdown.
     pub shutdown_timeout: Duration,
     /// Standby status update cadence.
@@ -364,7 +444,7 @@ impl Config {
     /// Validates raw flags into a config. `--kafka-brokers` is required only
     /// to run the relay (no subcommand); otherwise it may be empty.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let Some(postgres_url) = cli.postgres_url.as_deref() else {
+        let Some(postgres_url) = cli.postgres_url.as_ref().map(Secret::expose) else {
             return Err(invalid(
                 "--postgres-url",
                 "",
@@ -425,15 +505,24 @@ impl Config {
         let kafka_properties = cli
             .kafka_properties
             .iter()
-            .map(|raw| match raw.split_once('=') {
+            .map(|raw| match raw.0.split_once('=') {
                 Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
                 _ => Err(ConfigError::Invalid {
                     flag: "--kafka-property",
-                    value: raw.split('=').next().unwrap_or_default().to_owned(),
-                    reason: "expected KEY=VALUE, e.g. -X compression.type=zstd".to_owned(),
+                    // Without '=' the text may be a secret cut at a ';' (the
+                    // delimiter): show the key only when there is one.
+                    value: raw
+                        .0
+                        .split_once('=')
+                        .map(|(k, _)| k.to_owned())
+                        .unwrap_or_default(),
+                    reason: "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split \
+                             at ';')"
+                        .to_owned(),
                 }),
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map(KafkaProperties)?;
         if cli.max_in_flight_events == 0 {
             return Err(invalid("--max-in-flight-events", "0", "must be at least 1"));
         }
@@ -692,7 +781,7 @@ mod tests {
         assert_eq!(config.tables.len(), 2);
         assert_eq!(config.tables[1].schema, "public");
         assert_eq!(
-            config.kafka_properties,
+            config.kafka_properties.to_vec(),
             vec![
                 ("linger.ms".to_owned(), "5".to_owned()),
                 ("compression.type".to_owned(), "zstd".to_owned())
@@ -845,6 +934,56 @@ mod tests {
         assert!(!format!("{cli:?}").contains("hunter2"));
         let config = Config::from_cli(&cli).unwrap();
         assert!(!format!("{config:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn debug_never_shows_url_or_kafka_secrets() {
+        let cli = Cli::try_parse_from([
+            "outbox-relay",
+            "--postgres-url",
+            "postgres://relay:pa/ss@127.0.0.1/app",
+            "--kafka-brokers",
+            "k:9092",
+            "-X",
+            "sasl.password=s1",
+            "-X",
+            "sasl.pasword=s2",
+            "-X",
+            "sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule password=\"s3\"",
+            "-X",
+            "ssl.key.pem=s4",
+            "-X",
+            "ssl.keystore.password=s5",
+            "-X",
+            "sasl.oauthbearer.client.secret=s6",
+            "-X",
+            "linger.ms=5",
+        ])
+        .unwrap();
+        let shown = format!("{cli:?}");
+        for secret in ["pa/ss", "s1", "s2", "s3", "s4", "s5", "s6"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(
+            shown.contains("sasl.pasword") && shown.contains("\"5\""),
+            "{shown}"
+        );
+        let mut cli = cli;
+        cli.postgres_url = Some("postgres://relay:hunter2@127.0.0.1/app".parse().unwrap());
+        let shown = format!("{:?}", Config::from_cli(&cli).unwrap());
+        for secret in ["hunter2", "s1", "s2", "s3", "s4", "s5", "s6"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("sasl.jaas.config"), "{shown}");
+        cli.kafka_properties = "sasl.jaas.config=a;s7\""
+            .split(';')
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let err = Config::from_cli(&cli).unwrap_err().to_string();
+        assert!(
+            err.contains("--kafka-property") && !err.contains("s7"),
+            "{err}"
+        );
     }
 
     #[test]

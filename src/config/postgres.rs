@@ -117,6 +117,17 @@ impl PostgresConnInfo {
     ///
     /// Defaults follow libpq: port 5432, user `postgres`, database = user.
     pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
+        // The parser ends the user info at the first `/`, `?` or `#`: with one
+        // of them unencoded in the password, the rest of the secret would be
+        // taken for the port, database or a parameter, and printed as such.
+        if credentials_span(raw).is_some_and(|span| raw[span].contains(['/', '?', '#'])) {
+            return Err(PostgresUrlError::Malformed {
+                url: redact_url(raw),
+                reason: "a '/', '?', '#' or '@' in the password or user name must be \
+                         percent-encoded (%2F, %3F, %23, %40), and so must an '@' after the host"
+                    .to_owned(),
+            });
+        }
         let url = url::Url::parse(raw).map_err(|e| PostgresUrlError::Malformed {
             url: redact_url(raw),
             reason: e.to_string(),
@@ -225,23 +236,37 @@ fn percent_decode(s: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Where credentials may stand in `raw`: from after `://` to the last `@`.
+///
+/// Looked for textually, not through a URL parser: a password with an
+/// unencoded `/`, `?`, `#` or `@` makes the parser end the user info early,
+/// so the secret lands in the host, port, path or query instead.
+fn credentials_span(raw: &str) -> Option<std::ops::Range<usize>> {
+    let start = raw.find("://")? + 3;
+    let at = raw[start..].rfind('@')? + start;
+    Some(start..at)
+}
+
 /// Replaces the password in anything URL-shaped with `***`.
 ///
-/// Works on strings that do not parse as URLs too (it only looks for
-/// `scheme://user:password@`), and on a `password=` query parameter, so a
-/// malformed URL can still be quoted in an error without leaking the secret.
+/// Works on strings that do not parse as URLs too: everything between `://`
+/// and the last `@` is hidden except a plain user name before the first `:`,
+/// and so is a `password=` parameter, so a malformed URL can still be quoted
+/// in an error without leaking the secret.
 pub fn redact_url(raw: &str) -> String {
     let mut out = raw.to_owned();
-    if let Some(scheme_end) = out.find("://") {
-        let rest_start = scheme_end + 3;
-        let authority_end = out[rest_start..]
-            .find(['/', '?'])
-            .map_or(out.len(), |i| rest_start + i);
-        if let Some(at) = out[rest_start..authority_end].rfind('@') {
-            let at = rest_start + at;
-            if let Some(colon) = out[rest_start..at].find(':') {
-                out.replace_range(rest_start + colon + 1..at, "***");
-            }
+    if let Some(span) = credentials_span(raw) {
+        let userinfo = &raw[span.clone()];
+        let user_end = userinfo.find(':').unwrap_or(userinfo.len());
+        let plain_user = !userinfo[..user_end].contains(['/', '?', '#', '@']);
+        let hidden = if plain_user {
+            span.start + user_end..span.end
+        } else {
+            span
+        };
+        if !hidden.is_empty() {
+            let mask = if plain_user { ":***" } else { "***" };
+            out.replace_range(hidden, mask);
         }
     }
     if let Some(start) = out.find("password=") {
@@ -296,6 +321,48 @@ mod tests {
         );
         let err = PostgresConnInfo::parse("postgres://relay:hunter2@[bad/db").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn passwords_with_unencoded_delimiters_are_never_printed() {
+        for (raw, secret) in [
+            ("postgres://relay:pa/ss@db/app", "pa/ss"),
+            ("postgres://relay:123/abc@db/app", "123/abc"),
+            ("postgres://relay:123?abc@db/app", "123?abc"),
+            ("postgres://relay:123#abc@db/app", "123#abc"),
+            ("postgres://relay:a@b/c@db/app", "b/c"),
+            ("postgres://relay:a@b?c@db/app", "b?c"),
+            (
+                "postgres://relay:p@ss@127.0.0.1:5432/app?sslmode=maybe",
+                "p@ss",
+            ),
+        ] {
+            let redacted = redact_url(raw);
+            assert!(!redacted.contains(secret), "{raw}: {redacted}");
+            let shown = match PostgresConnInfo::parse(raw) {
+                Ok(info) => format!("{} {info:?}", info.redacted()),
+                Err(e) => e.to_string(),
+            };
+            assert!(!shown.contains(secret), "{raw}: {shown}");
+            let tail = secret.rsplit(['/', '?', '#', '@']).next().unwrap_or(secret);
+            assert!(!shown.contains(&format!("{tail}@")), "{raw}: {shown}");
+        }
+        assert_eq!(
+            redact_url("postgres://relay:pa/ss@db/app"),
+            "postgres://relay:***@db/app"
+        );
+        assert_eq!(
+            redact_url("postgres://re/lay@db/app"),
+            "postgres://***@db/app"
+        );
+        assert_eq!(
+            redact_url("postgres://relay@db/app"),
+            "postgres://relay@db/app"
+        );
+        // An '@' in the password alone is what the parser expects (the last one ends it).
+        let info = PostgresConnInfo::parse("postgres://relay:p@ss@db/app").unwrap();
+        assert_eq!(info.password.as_deref(), Some("p@ss"));
+        assert_eq!(info.host, "db");
     }
 
     #[test]

@@ -211,13 +211,23 @@ mod tests {
             let first = obs.oldest_in_flight().unwrap();
             obs.event_sent(Ticket(1), "b", 20, now_us());
             obs.event_sent(Ticket(2), "a", 30, now_us());
+            let third = obs
+                .pending
+                .back()
+                .and_then(Option::as_ref)
+                .unwrap()
+                .handed_at;
             assert_eq!(health.progress().in_flight_events, 3);
 
             obs.event_acked(Ticket(1));
             assert_eq!(obs.oldest_in_flight(), Some(first));
             obs.event_acked(Ticket(1)); // twice: ignored
             obs.event_acked(Ticket(0));
-            assert!(obs.oldest_in_flight().unwrap() >= first);
+            assert_eq!(
+                obs.oldest_in_flight(),
+                Some(third),
+                "the oldest left is the third"
+            );
             assert_eq!(obs.pending.len(), 1);
             obs.delivery_failed(
                 Ticket(2),

@@ -9,8 +9,10 @@
 //! unbroken prefix. Transactions with no events are done as soon as everything
 //! before them is, so a busy database with an idle outbox still advances.
 //!
-//! All operations are O(1) amortised; memory is proportional to what is in
-//! flight, which the pipeline caps.
+//! Consecutive transactions without events collapse into the entry before
+//! them, so the FIFO is no longer than the number of transactions with events
+//! in flight, whatever happens elsewhere in the database. All operations are O(1) amortised; memory is
+//! proportional to what is in flight, which the pipeline caps.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -149,6 +151,16 @@ impl AckTracker {
             });
         }
         self.last_end = end_lsn;
+        // No event since the previous committed transaction: this one is done
+        // exactly when that one is, so it extends that entry instead of queueing.
+        // Transactions without outbox events then cost nothing while an event
+        // is stuck, and the queue stays as long as the transactions in flight.
+        if let Some(last) = self.committed.back_mut()
+            && last.end_seq == self.next_seq
+        {
+            last.end_lsn = end_lsn;
+            return Ok(self.advance());
+        }
         self.committed.push_back(CommittedTx {
             end_seq: self.next_seq,
             end_lsn,
@@ -417,6 +429,46 @@ mod tests {
         t.ack(orphan).unwrap();
         assert_eq!(t.frontier(), Lsn(20));
         assert_eq!(t.resume_lsn(), Lsn(20));
+    }
+
+    #[test]
+    fn event_less_transactions_behind_a_stuck_event_collapse_into_one_entry() {
+        let mut t = AckTracker::new(Lsn(0));
+        let stuck = tx(&mut t, 10, 1, 20);
+        // An hour of other applications' transactions while the event is stuck.
+        for i in 0..100_000u64 {
+            tx(&mut t, 30 + 10 * i, 0, 35 + 10 * i);
+        }
+        assert_eq!(t.committed.len(), 1, "one entry, not one per transaction");
+        assert_eq!(t.frontier(), Lsn(0));
+        // A transaction with an event starts a new entry; empty ones after it join it.
+        let next = tx(&mut t, 2_000_000, 1, 2_000_010);
+        tx(&mut t, 2_000_020, 0, 2_000_030);
+        assert_eq!(t.committed.len(), 2);
+        assert_eq!(t.commit_lsn_of(next[0]), Some(Lsn(2_000_000)));
+        assert_eq!(t.commit_lsn_of(stuck[0]), Some(Lsn(10)));
+        t.ack(stuck[0]).unwrap();
+        // The collapsed entry releases its highest end.
+        assert_eq!(t.frontier(), Lsn(35 + 10 * 99_999));
+        t.ack(next[0]).unwrap();
+        assert_eq!(t.frontier(), Lsn(2_000_030));
+        assert!(t.is_idle());
+    }
+
+    #[test]
+    fn an_orphaned_event_keeps_the_next_empty_transaction_separate() {
+        let mut t = AckTracker::new(Lsn(0));
+        let first = tx(&mut t, 5, 1, 8);
+        t.begin(Lsn(10)).unwrap();
+        let orphan = t.push(1, &table()).unwrap();
+        t.abandon_open();
+        // The replayed transaction (here without events) must wait for the orphan.
+        tx(&mut t, 10, 0, 20);
+        assert_eq!(t.committed.len(), 2);
+        t.ack(first[0]).unwrap();
+        assert_eq!(t.frontier(), Lsn(8));
+        t.ack(orphan).unwrap();
+        assert_eq!(t.frontier(), Lsn(20));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! 3. Backpressure is a chain: when the in-flight caps are reached the
 //!    pipeline stops reading the stream, pgwire-replication's bounded channel
 //!    fills, and TCP flow control slows the walsender. Memory stays bounded
-//!    however large one transaction is.
+//!    however large one transaction is; the channel's read-ahead (two rows)
+//!    is reserved out of the byte cap.
 //! 4. A delivery that fails for good is never acknowledged: the relay stops,
 //!    and a restart replays from the confirmed position (at-least-once).
 //!
@@ -54,6 +55,10 @@ pub mod exit_code {
     /// An event cannot be delivered under `--on-poison fail` (or its table no
     /// longer fits the mapping).
     pub const POISON: u8 = 5;
+    /// The dead-letter topic refused a dead-letter record for a reason about
+    /// the record (under `--on-poison dead-letter`): dead-lettering it again
+    /// would loop.
+    pub const DEAD_LETTER: u8 = 6;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
 }
@@ -141,6 +146,23 @@ pub enum RelayError {
         /// What is wrong.
         reason: String,
     },
+    /// A dead-letter record was refused for a reason about the record itself.
+    #[error(
+        "the dead-letter record for event id {id:?} (commit LSN {lsn}) was refused by topic \
+         {topic:?}: {error}. It is not dead-lettered again (that would loop), and the slot was \
+         not moved past it: fix the dead-letter topic (its max.message.bytes, its policy) or the \
+         producer's -X properties, then restart"
+    )]
+    DeadLetter {
+        /// Commit LSN of the event's transaction.
+        lsn: Lsn,
+        /// Event id.
+        id: String,
+        /// The dead-letter topic.
+        topic: String,
+        /// librdkafka's error.
+        error: rdkafka::error::KafkaError,
+    },
     /// Exactly-once delivery cannot be guaranteed.
     #[error(
         "at commit LSN {lsn}: {source}. Nothing past it was acknowledged; fix the topic, or \
@@ -205,6 +227,7 @@ impl RelayError {
             | RelayError::ExactlyOnce { .. } => exit_code::KAFKA,
             RelayError::Bind { .. } | RelayError::Poison { .. } => exit_code::POISON,
             RelayError::UnmappedRelation { .. } => exit_code::CONFIG,
+            RelayError::DeadLetter { .. } => exit_code::DEAD_LETTER,
             RelayError::Protocol(_) => exit_code::INTERNAL,
         }
     }
@@ -254,6 +277,9 @@ pub struct Pipeline {
     outbox: Outbox,
     shutdown: Shutdown,
     shutting_down: bool,
+    /// When shutdown was requested plus `--shutdown-timeout`: the end of
+    /// reading to the open transaction's commit and of the drain together.
+    stop_by: Option<tokio::time::Instant>,
     reported: Lsn,
     commit_lsn: Lsn,
     /// In Unix microseconds: commit → ack latencies are a few milliseconds.
@@ -263,6 +289,10 @@ pub struct Pipeline {
     reconnects: u64,
     /// Index of the next outbox event within the open transaction.
     tx_seq: u32,
+    /// The largest recent WAL message (a maximum that decays by 1/64 per
+    /// message, so one huge row does not throttle the rest of the run):
+    /// read-ahead holds up to two messages, reserved out of the byte cap.
+    largest_message: usize,
     exactly_once: Option<exactly_once::ExactlyOnce>,
     observer: crate::observability::observer::PipelineObserver,
 }
@@ -294,7 +324,9 @@ pub async fn run(
                 &config.kafka_properties,
                 source_id.clone(),
             )
-            .map_err(|source| RelayError::Producer(SinkError::Create { source }))?;
+            .map_err(|error| {
+                RelayError::Producer(SinkError::create(error, &config.kafka_properties))
+            })?;
             tracing::info!(source = %source_id, "exactly-once delivery: records carry outbox.source/lsn/seq");
             Some(exactly_once::ExactlyOnce::new(
                 source_id,
@@ -329,12 +361,14 @@ pub async fn run(
         deliveries,
         shutdown: Box::pin(shutdown),
         shutting_down: false,
+        stop_by: None,
         commit_lsn: Lsn::ZERO,
         commit_time_us: 0,
         events_acked: 0,
         dead_lettered: 0,
         reconnects: 0,
         tx_seq: 0,
+        largest_message: 0,
         exactly_once,
         observer: crate::observability::observer::PipelineObserver::new(),
     };
@@ -436,6 +470,13 @@ impl Pipeline {
 
             match self.stream_until_shutdown().await {
                 Ok(()) => return Ok(()),
+                // Stopping anyway: the open transaction is replayed after restart.
+                Err(RelayError::Source(e))
+                    if self.shutting_down && e.recovery() != Recovery::Fatal =>
+                {
+                    tracing::warn!(error = %e, "replication stream broke while stopping");
+                    return Ok(());
+                }
                 Err(RelayError::Source(e)) if e.recovery() != Recovery::Fatal => {
                     self.reconnects += 1;
                     attempt += 1;
@@ -493,7 +534,7 @@ impl Pipeline {
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if !self.shutting_down => {
-                    self.shutting_down = true;
+                    self.begin_shutdown();
                     return Ok(true);
                 }
                 Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
@@ -502,18 +543,60 @@ impl Pipeline {
         }
     }
 
+    fn saw_message(&mut self, len: usize) {
+        self.largest_message = len.max(self.largest_message - self.largest_message / 64);
+    }
+
+    fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+        self.stop_by = Some(tokio::time::Instant::now() + self.config.shutdown_timeout);
+    }
+
+    /// Streams until shutdown. A shutdown in the middle of a transaction keeps
+    /// reading to its commit (within `--shutdown-timeout`): stopping before it
+    /// would leave the frontier before the transaction and a restart would
+    /// send all of it again.
     async fn stream_until_shutdown(&mut self) -> Result<(), RelayError> {
         loop {
+            if self.shutting_down && !self.tracker.in_transaction() {
+                return Ok(());
+            }
+            // Read-ahead (pgwire-replication's channel and its reader) holds up
+            // to two messages beyond what is in flight; with nothing in flight,
+            // read anyway so a row larger than the cap still goes through.
+            let in_flight = self.tracker.in_flight_bytes();
             let can_read = self.tracker.window_len() < self.config.max_in_flight_events
-                && self.tracker.in_flight_bytes() < self.config.max_in_flight_bytes;
+                && (in_flight == 0
+                    || in_flight.saturating_add(2 * self.largest_message)
+                        < self.config.max_in_flight_bytes);
+            let stop_by = self.stop_by;
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if !self.shutting_down => {
-                    self.shutting_down = true;
-                    tracing::info!("shutdown requested: stopped reading, waiting for in-flight deliveries");
+                    self.begin_shutdown();
+                    if self.tracker.in_transaction() {
+                        tracing::info!(
+                            lsn = %self.commit_lsn,
+                            sent = self.tx_seq,
+                            "shutdown requested: reading to the open transaction's commit, then \
+                             waiting for in-flight deliveries"
+                        );
+                    } else {
+                        tracing::info!("shutdown requested: stopped reading, waiting for in-flight deliveries");
+                    }
+                }
+                () = async { if let Some(at) = stop_by { tokio::time::sleep_until(at).await } }, if stop_by.is_some() => {
+                    tracing::warn!(
+                        lsn = %self.commit_lsn,
+                        sent = self.tx_seq,
+                        frontier = %self.tracker.frontier(),
+                        "--shutdown-timeout ran out before the open transaction's commit arrived: \
+                         that transaction (its events sent so far included) and everything after \
+                         the frontier will be sent again after restart"
+                    );
                     return Ok(());
                 }
                 Some(delivery) = self.deliveries.recv() => {
@@ -554,12 +637,44 @@ impl Pipeline {
                     .tracker
                     .commit_lsn_of(delivery.ticket)
                     .unwrap_or(Lsn::ZERO);
+                let table = self
+                    .tracker
+                    .table_of(delivery.ticket)
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                if !delivery.alone && crate::sink::is_batch_level(&failure.error) {
+                    // The broker blamed the whole batch: only a record refused
+                    // on its own is poison.
+                    tracing::warn!(
+                        lsn = %lsn,
+                        id = %failure.id,
+                        topic = %failure.topic,
+                        error = %failure.error,
+                        "the broker refused a batch; sending its records again one per batch"
+                    );
+                    let record = failure.to_record();
+                    return match self.sink.send_alone(delivery.ticket, &record).await {
+                        Ok(()) => Ok(()),
+                        Err(SinkError::Enqueue {
+                            poison: true,
+                            source,
+                            ..
+                        }) => {
+                            let poison = Poison::refused(record, source, lsn, table);
+                            self.poison(delivery.ticket, poison).await
+                        }
+                        Err(source) => Err(RelayError::Sink { lsn, table, source }),
+                    };
+                }
                 if crate::sink::is_poison(&failure.error) {
-                    let table = self
-                        .tracker
-                        .table_of(delivery.ticket)
-                        .map(ToString::to_string)
-                        .unwrap_or_default();
+                    if self.config.dead_letter_topic.as_ref() == Some(&failure.topic) {
+                        return Err(RelayError::DeadLetter {
+                            lsn,
+                            id: failure.id,
+                            topic: failure.topic,
+                            error: failure.error,
+                        });
+                    }
                     return self
                         .poison(delivery.ticket, Poison::rejected(failure, lsn, table))
                         .await;
@@ -603,6 +718,7 @@ impl Pipeline {
             ReplicationEvent::XLogData {
                 wal_start, data, ..
             } => {
+                self.saw_message(data.len());
                 let message = pgoutput::decode(&data).map_err(|source| RelayError::Decode {
                     lsn: wal_start.into(),
                     source,
@@ -615,6 +731,7 @@ impl Pipeline {
                 content,
                 lsn,
             } => {
+                self.saw_message(content.len());
                 self.on_logical_message(transactional, &prefix, content, lsn.into())
                     .await?
             }
@@ -800,7 +917,7 @@ impl Pipeline {
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if !self.shutting_down => {
-                    self.shutting_down = true;
+                    self.begin_shutdown();
                     return Ok(true);
                 }
                 Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
@@ -915,11 +1032,22 @@ impl Pipeline {
         );
         let lsn = poison.info.lsn;
         let table = poison.info.table.clone();
+        let id = poison.id_text();
         let record = poison.into_dead_letter(&topic);
         self.dead_lettered += 1;
         crate::observability::metrics::dead_lettered();
         match self.sink.send(ticket, &record).await {
             Ok(()) => Ok(()),
+            Err(SinkError::Enqueue {
+                poison: true,
+                source,
+                ..
+            }) => Err(RelayError::DeadLetter {
+                lsn,
+                id,
+                topic,
+                error: source,
+            }),
             Err(source) => Err(RelayError::Sink { lsn, table, source }),
         }
     }
@@ -928,7 +1056,9 @@ impl Pipeline {
     /// deliveries, reports the final frontier and closes the stream.
     async fn finish(mut self) -> Summary {
         self.observer.streaming(false);
-        let deadline = tokio::time::Instant::now() + self.config.shutdown_timeout;
+        let deadline = self
+            .stop_by
+            .unwrap_or_else(|| tokio::time::Instant::now() + self.config.shutdown_timeout);
         while self.tracker.window_len() > 0 && tokio::time::Instant::now() < deadline {
             let wait = tokio::time::Instant::now() + Duration::from_millis(100);
             match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {

@@ -12,8 +12,14 @@
 //! `message.max.bytes`, an invalid topic name) is a [`SinkError`], and so is
 //! every failed delivery report: librdkafka has already retried whatever was
 //! retriable until `message.timeout.ms`.
+//!
+//! A broker judges a produce request's size per batch, so a size error in a
+//! delivery report does not say which record is too large: each record of the
+//! failed batch is sent again in a batch of its own ([`KafkaSink::send_alone`],
+//! through a second producer made on first use), and only a record refused
+//! alone is poison.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -53,6 +59,8 @@ pub struct Delivery {
     pub ticket: Ticket,
     /// `Ok` once the broker acknowledged it.
     pub outcome: Result<Acked, DeliveryFailure>,
+    /// Whether the record was sent in a batch of its own ([`KafkaSink::send_alone`]).
+    pub alone: bool,
 }
 
 /// Where an acknowledged record landed.
@@ -82,6 +90,23 @@ pub struct DeliveryFailure {
     pub headers: Vec<(Arc<str>, Option<Bytes>)>,
     /// The record's timestamp.
     pub timestamp_ms: Option<i64>,
+    /// The partition it was meant for (negative when none was chosen).
+    pub partition: i32,
+}
+
+impl DeliveryFailure {
+    /// The record again, to send it once more (to the same partition).
+    pub fn to_record(&self) -> OutboxRecord {
+        OutboxRecord {
+            topic: self.topic.clone(),
+            key: self.key.clone(),
+            payload: self.payload.clone(),
+            id: Bytes::from(self.id.clone()),
+            headers: self.headers.clone(),
+            timestamp_ms: self.timestamp_ms.unwrap_or_default(),
+            partition: (self.partition >= 0).then_some(self.partition),
+        }
+    }
 }
 
 /// Whether a Kafka error condemns one record (poison: dead-letter it or stop)
@@ -103,17 +128,29 @@ pub fn is_poison(error: &KafkaError) -> bool {
     )
 }
 
+/// Whether a failed delivery may be the fault of the batch the record was in
+/// rather than of the record: the broker checks sizes per batch
+/// (`MSG_SIZE_TOO_LARGE`, `RECORD_LIST_TOO_LARGE`), and with KIP-467 the
+/// healthy records of a batch holding an invalid one fail with
+/// `_INVALID_DIFFERENT_RECORD`. Such a record is sent again alone.
+pub fn is_batch_level(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(C::MessageSizeTooLarge | C::MessageBatchTooLarge | C::InvalidDifferentRecord)
+    )
+}
+
 /// The producer could not be built or refused a record outright.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     /// Bad producer configuration (an unknown `-X` property, say).
     #[error(
-        "cannot create the Kafka producer: {source}. Check --kafka-brokers and the -X properties"
+        "cannot create the Kafka producer: {reason}. Check --kafka-brokers and the -X properties"
     )]
     Create {
-        /// librdkafka's complaint.
-        #[source]
-        source: KafkaError,
+        /// librdkafka's complaint without any property value (see [`SinkError::create`]).
+        reason: String,
     },
     /// librdkafka refused to enqueue a record.
     #[error("Kafka refused the record for topic {topic:?} (id {id}): {source}")]
@@ -130,8 +167,36 @@ pub enum SinkError {
     },
 }
 
+impl SinkError {
+    /// A client that could not be created. librdkafka's error quotes the
+    /// refused value, which may be a secret (`-X sasl.pasword=...`): keep the
+    /// key and the reason, and hide every sensitive value.
+    pub fn create(error: KafkaError, properties: &[(String, String)]) -> Self {
+        let hide = |mut text: String, value: &str| {
+            if !value.is_empty() {
+                text = text.replace(value, "***");
+            }
+            text
+        };
+        let mut reason = match error {
+            KafkaError::ClientConfig(_, description, key, value) => {
+                format!("librdkafka refused -X {key}: {}", hide(description, &value))
+            }
+            other => other.to_string(),
+        };
+        for (key, value) in properties {
+            if crate::config::is_sensitive_property(key) {
+                reason = hide(reason, value);
+            }
+        }
+        SinkError::Create { reason }
+    }
+}
+
 struct DeliveryContext {
     deliveries: mpsc::UnboundedSender<Delivery>,
+    /// The one-record-batch producer: its statistics are not the relay's.
+    alone: bool,
 }
 
 impl ClientContext for DeliveryContext {
@@ -165,6 +230,9 @@ impl ClientContext for DeliveryContext {
     }
 
     fn stats_raw(&self, statistics: &[u8]) {
+        if self.alone {
+            return;
+        }
         crate::observability::health::global().producer_stats(statistics);
     }
 }
@@ -203,17 +271,27 @@ impl ProducerContext for DeliveryContext {
                     payload: msg.payload().map(Bytes::copy_from_slice),
                     headers,
                     timestamp_ms: msg.timestamp().to_millis(),
+                    partition: msg.partition(),
                 })
             }
         };
         // The receiver is gone only when the relay is shutting down.
-        let _ = self.deliveries.send(Delivery { ticket, outcome });
+        let _ = self.deliveries.send(Delivery {
+            ticket,
+            outcome,
+            alone: self.alone,
+        });
     }
 }
 
 /// The Kafka side of the relay.
 pub struct KafkaSink {
     producer: ThreadedProducer<DeliveryContext>,
+    /// Settings and report channel for the one-record-batch producer.
+    config: ClientConfig,
+    properties: Vec<(String, String)>,
+    deliveries: mpsc::UnboundedSender<Delivery>,
+    alone: OnceLock<ThreadedProducer<DeliveryContext>>,
 }
 
 impl KafkaSink {
@@ -237,13 +315,54 @@ impl KafkaSink {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let producer = config
-            .create_with_context(DeliveryContext { deliveries: tx })
-            .map_err(|source| SinkError::Create { source })?;
-        Ok((KafkaSink { producer }, rx))
+            .create_with_context(DeliveryContext {
+                deliveries: tx.clone(),
+                alone: false,
+            })
+            .map_err(|error| SinkError::create(error, properties))?;
+        let sink = KafkaSink {
+            producer,
+            config,
+            properties: properties.to_vec(),
+            deliveries: tx,
+            alone: OnceLock::new(),
+        };
+        Ok((sink, rx))
     }
 
     /// Enqueues one record. Waits while librdkafka's queue is full.
     pub async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
+        Self::send_with(&self.producer, ticket, record).await
+    }
+
+    /// Enqueues one record in a batch of its own, so that a size error
+    /// reported for it is about it alone.
+    pub async fn send_alone(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
+        let producer = match self.alone.get() {
+            Some(producer) => producer,
+            None => {
+                let mut config = self.config.clone();
+                config
+                    .set("batch.num.messages", "1")
+                    .set("linger.ms", "0")
+                    .set("statistics.interval.ms", "0");
+                let producer = config
+                    .create_with_context(DeliveryContext {
+                        deliveries: self.deliveries.clone(),
+                        alone: true,
+                    })
+                    .map_err(|error| SinkError::create(error, &self.properties))?;
+                self.alone.get_or_init(|| producer)
+            }
+        };
+        Self::send_with(producer, ticket, record).await
+    }
+
+    async fn send_with(
+        producer: &ThreadedProducer<DeliveryContext>,
+        ticket: Ticket,
+        record: &OutboxRecord,
+    ) -> Result<(), SinkError> {
         let mut waited = Duration::ZERO;
         loop {
             let mut headers =
@@ -270,7 +389,7 @@ impl KafkaSink {
             if let Some(payload) = &record.payload {
                 base = base.payload(payload.as_ref());
             }
-            match self.producer.send(base) {
+            match producer.send(base) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
                     if waited.as_secs() > 0 && waited.as_millis() % 10_000 < 5 {
@@ -316,12 +435,13 @@ impl KafkaSink {
 
     /// Records librdkafka holds that the broker has not acknowledged.
     pub fn in_flight(&self) -> i32 {
-        self.producer.in_flight_count()
+        self.producer.in_flight_count() + self.alone.get().map_or(0, |p| p.in_flight_count())
     }
 
     /// Waits up to `timeout` for outstanding deliveries.
     pub fn flush(&self, timeout: Duration) -> bool {
-        self.producer.flush(timeout).is_ok()
+        let alone = self.alone.get().is_none_or(|p| p.flush(timeout).is_ok());
+        self.producer.flush(timeout).is_ok() && alone
     }
 }
 
@@ -361,6 +481,40 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("-X"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn refused_properties_show_the_key_never_the_value() {
+        for (key, value) in [
+            ("sasl.pasword", "hunter2"),
+            (
+                "sasl.jaas.config",
+                "PlainLoginModule required password=\"hunter2\"",
+            ),
+            ("acks", "hunter2"),
+            ("security.protocol", "hunter2"),
+        ] {
+            let err = KafkaSink::new("127.0.0.1:1", &props(&[(key, value)]), 10)
+                .err()
+                .map(|e| format!("{e} {e:?}"))
+                .unwrap_or_default();
+            assert!(err.contains(key), "{key}: {err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
+    #[test]
+    fn size_errors_from_the_broker_are_batch_level() {
+        for code in [
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::MessageBatchTooLarge,
+            RDKafkaErrorCode::InvalidDifferentRecord,
+        ] {
+            assert!(is_batch_level(&KafkaError::MessageProduction(code)));
+        }
+        assert!(!is_batch_level(&KafkaError::MessageProduction(
+            RDKafkaErrorCode::InvalidRecord
+        )));
     }
 
     #[test]

@@ -24,9 +24,12 @@ use crate::lsn::Lsn;
 const SESSION_OPTIONS: &str =
     "-c datestyle=ISO,YMD -c timezone=UTC -c intervalstyle=postgres -c extra_float_digits=3";
 
-/// Events buffered between the socket reader and the pipeline. Each holds at
-/// most one WAL message (one row), so this bounds read-ahead memory.
-const STREAM_BUFFER_EVENTS: usize = 1024;
+/// Events buffered between pgwire-replication's socket reader and the
+/// pipeline. pgwire-replication bounds this channel by count only, and one
+/// event holds one whole WAL message (one row, up to 1 GB), so the smallest
+/// channel is the tightest bound: read-ahead is at most this event, the one
+/// the reader holds while waiting for room, and its 128 KiB socket buffer.
+const STREAM_BUFFER_EVENTS: usize = 1;
 
 /// Something went wrong on the Postgres side.
 #[derive(Debug, thiserror::Error)]

@@ -839,8 +839,9 @@ fn reserved_ports() -> &'static Mutex<HashSet<u16>> {
 }
 
 /// A port that was free on 127.0.0.1 a moment ago and is not used by another cluster of
-/// this process. (Another process may still take it: `start_with` retries on a clash.)
-fn reserve_free_port() -> u16 {
+/// this process (relays included). (Another process may still take it: `start_with`
+/// retries on a clash.)
+pub fn reserve_free_port() -> u16 {
     let mut last_err = None;
     for _ in 0..50 {
         match TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| l.local_addr()) {

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 pub struct Relay {
     child: Child,
     log: PathBuf,
+    /// Where its /readyz answers.
+    http_port: Option<u16>,
     _dir: tempfile::TempDir,
 }
 
@@ -30,6 +32,16 @@ impl Relay {
         let dir = tempfile::tempdir().expect("temp dir for the relay log");
         let log = dir.path().join("relay.log");
         let stderr = File::create(&log).expect("create relay log");
+        // Every relay serves /readyz on loopback (unless the test picks the
+        // address), so tests wait on its state rather than on log wording.
+        let given = args
+            .iter()
+            .position(|a| *a == "--http-addr")
+            .and_then(|i| args.get(i + 1));
+        let http_port = match given {
+            Some(addr) => addr.rsplit(':').next().and_then(|p| p.parse().ok()),
+            None => Some(super::postgres::reserve_free_port()),
+        };
         let child = Command::new(binary())
             .args([
                 "--log-level",
@@ -39,7 +51,10 @@ impl Relay {
             ])
             .args(args)
             .env_remove("RUST_LOG")
-            .env("OUTBOX_RELAY_HTTP_ADDR", "none")
+            .env(
+                "OUTBOX_RELAY_HTTP_ADDR",
+                http_port.map_or("none".to_owned(), |p| format!("127.0.0.1:{p}")),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -48,6 +63,7 @@ impl Relay {
         Relay {
             child,
             log,
+            http_port,
             _dir: dir,
         }
     }
@@ -62,25 +78,48 @@ impl Relay {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Waits until the log contains `needle`; false on timeout or exit.
-    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> bool {
+    /// `/readyz`'s `streaming` field: the replication stream is running.
+    pub fn streaming(&self) -> bool {
+        self.http_port
+            .and_then(|port| super::http::get(port, "/readyz"))
+            .is_some_and(|(_, body)| body.contains("\"streaming\":true"))
+    }
+
+    /// A counter or gauge from `/metrics` (the sum over its label sets).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = super::http::get(self.http_port?, "/metrics")?;
+        let values: Vec<f64> = body
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum())
+    }
+
+    /// Waits until `check` holds; false on timeout or once the relay exited.
+    pub fn wait_for(&mut self, timeout: Duration, check: impl Fn(&Relay) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            if self.log().contains(needle) {
+            if check(self) {
                 return true;
             }
             if let Ok(Some(_)) = self.child.try_wait() {
-                return self.log().contains(needle);
+                return false;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         false
     }
 
+    /// Waits until `/readyz` says the relay is streaming; false on timeout or exit.
+    pub fn wait_streaming_for(&mut self, timeout: Duration) -> bool {
+        self.wait_for(timeout, Relay::streaming)
+    }
+
     /// Waits until the relay is streaming.
     pub fn wait_streaming(&mut self) {
         assert!(
-            self.wait_for_log("streaming from the slot", Duration::from_secs(30)),
+            self.wait_streaming_for(Duration::from_secs(30)),
             "relay did not start streaming; log:\n{}",
             self.log()
         );
