@@ -7,6 +7,7 @@
 
 mod support;
 
+mod demo;
 mod deploy;
 mod e2e;
 mod exactly_once;
@@ -14,6 +15,7 @@ mod failures;
 mod harness;
 mod ops;
 mod partitions;
+mod peek;
 mod poison;
 mod reliability;
 mod slot_hygiene;

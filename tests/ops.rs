@@ -1,11 +1,10 @@
 //! Operating the relay: /healthz, /readyz and /metrics on a running relay, and
 //! the `status`, `setup` and `drop-slot` subcommands against a live server.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::http::{free_port, get};
-use crate::support::relay::{Relay, binary};
+use crate::support::relay::{Relay, run_command as run};
 use crate::support::world::World;
 
 const SLOT: &str = "outbox_relay";
@@ -140,22 +139,6 @@ async fn readiness_fails_while_deliveries_are_stuck_and_recovers() {
         .broker
         .consume(&["OrderCreated"], 1, Duration::from_secs(30));
     assert_eq!(records.len(), 1);
-}
-
-/// Runs the binary with `args`; returns (exit code, stdout, stderr).
-fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let output = Command::new(binary())
-        .args(args)
-        .env_remove("RUST_LOG")
-        .env("OUTBOX_RELAY_HTTP_ADDR", "none")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run outbox-relay");
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -1,11 +1,14 @@
-//! The binary's commands: the relay itself (no subcommand) and the operator
-//! subcommands `status`, `setup` and `drop-slot`.
+//! The binary's commands: the relay itself (no subcommand), the operator
+//! subcommands `status`, `setup`, `drop-slot` and `peek`, and `demo`.
 //!
 //! Each command prints its result on stdout (logs go to stderr) and maps its
 //! failure to one of [`pipeline::exit_code`]'s codes, like the relay.
 
 pub mod debezium;
+mod demo;
 mod drop_slot;
+mod peek;
+mod print;
 mod relay;
 mod setup;
 mod status;
@@ -13,7 +16,10 @@ mod status;
 use std::process::ExitCode;
 
 use crate::config::{Cli, Command, ConfigError};
+use crate::lsn::Lsn;
 use crate::observability::http::HttpError;
+use crate::outbox::BindError;
+use crate::pgoutput::DecodeError;
 use crate::pipeline::{RelayError, exit_code};
 use crate::source::SourceError;
 
@@ -32,6 +38,30 @@ pub enum CommandError {
     /// The HTTP endpoint could not start.
     #[error(transparent)]
     Http(#[from] HttpError),
+    /// An outbox table no longer fits the mapping.
+    #[error("at commit LSN {lsn}: {source}")]
+    Bind {
+        /// Commit LSN of the transaction that announced the layout.
+        lsn: Lsn,
+        /// The mismatch.
+        #[source]
+        source: BindError,
+    },
+    /// The slot's data is not valid pgoutput (a bug: please report).
+    #[error("cannot decode the change at LSN {lsn}: {source}")]
+    Decode {
+        /// Where.
+        lsn: Lsn,
+        /// What is wrong.
+        #[source]
+        source: DecodeError,
+    },
+    /// The relay stopped with an error.
+    #[error(transparent)]
+    Relay(#[from] RelayError),
+    /// The demo could not set up its cluster or broker.
+    #[error(transparent)]
+    Demo(#[from] demo::DemoError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
@@ -48,6 +78,11 @@ impl CommandError {
                 exit_code::CONFIG
             }
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
+            CommandError::Bind { .. } => exit_code::POISON,
+            CommandError::Relay(e) => e.exit_code(),
+            CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
+            CommandError::Demo(_) => 1,
+            CommandError::Decode { .. } => exit_code::INTERNAL,
             CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }
     }
@@ -60,6 +95,8 @@ pub fn run(cli: &Cli) -> ExitCode {
         Some(Command::Status(args)) => status::run(cli, args),
         Some(Command::Setup(args)) => setup::run(cli, args),
         Some(Command::DropSlot(args)) => drop_slot::run(cli, args),
+        Some(Command::Peek(args)) => peek::run(cli, args),
+        Some(Command::Demo(args)) => demo::run(cli, args),
         Some(Command::DebeziumConfig(args)) => debezium::run(args),
     };
     match result {

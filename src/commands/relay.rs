@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use super::CommandError;
 use crate::config::{Cli, Config};
 use crate::observability::{health, http, metrics, progress, slot_monitor};
 use crate::pipeline::{self, exit_code};
@@ -36,10 +37,18 @@ pub fn run(cli: &Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(relay(config))
+    match runtime.block_on(run_with(config, shutdown_signal())) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => ExitCode::from(e.exit_code()),
+    }
 }
 
-async fn relay(config: Config) -> ExitCode {
+/// Runs the relay with `config` until `shutdown` resolves or a fatal error:
+/// the binary's relay, and the one `demo` runs in-process.
+pub(super) async fn run_with(
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<pipeline::Summary, CommandError> {
     let health = health::global();
     health.set_thresholds(config.observability.readiness);
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -50,7 +59,7 @@ async fn relay(config: Config) -> ExitCode {
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the HTTP endpoint");
                     eprintln!("error: {e}");
-                    return ExitCode::from(exit_code::CONFIG);
+                    return Err(e.into());
                 }
             };
             Some(tokio::spawn(async move {
@@ -73,7 +82,7 @@ async fn relay(config: Config) -> ExitCode {
     }
 
     let metrics_ready = config.observability.http_addr.is_some();
-    let outcome = pipeline::run(config, shutdown_signal(), async move {
+    let outcome = pipeline::run(config, shutdown, async move {
         if metrics_ready {
             install_metrics().await;
         }
@@ -99,12 +108,12 @@ async fn relay(config: Config) -> ExitCode {
                 abandoned = summary.abandoned,
                 "outbox-relay stopped cleanly"
             );
-            ExitCode::SUCCESS
+            Ok(summary)
         }
         Err(e) => {
             let code = e.exit_code();
             tracing::error!(error = %e, exit_code = code, "outbox-relay stopped");
-            ExitCode::from(code)
+            Err(e.into())
         }
     }
 }
@@ -123,7 +132,7 @@ async fn install_metrics() -> metrics_exporter_prometheus::PrometheusHandle {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+pub(super) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,

@@ -13,6 +13,10 @@ use crate::outbox::TableName;
 /// What to do; the relay runs when no subcommand is given.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
+    /// See it work: a throwaway PostgreSQL (or --postgres-url), an in-process Kafka
+    /// broker (or --kafka-brokers), a writer committing orders with outbox events, the
+    /// relay between them, and a consumer printing what arrives. Ctrl-C stops.
+    Demo(DemoArgs),
     /// Show the slot (position, lag, WAL retention), the publication and the
     /// server settings the relay depends on.
     Status(StatusArgs),
@@ -20,6 +24,9 @@ pub enum Command {
     Setup(SetupArgs),
     /// Drop the replication slot (and optionally the publication).
     DropSlot(DropSlotArgs),
+    /// Print the records the relay would produce for what is pending in the slot,
+    /// without consuming it (the slot must be inactive: stop the relay first).
+    Peek(PeekArgs),
     /// Translate a Debezium connector configuration into outbox-relay flags.
     DebeziumConfig(DebeziumConfigArgs),
 }
@@ -39,6 +46,32 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `demo` flags.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Directory of the PostgreSQL server binaries (initdb, pg_ctl, postgres) for the
+    /// throwaway cluster; else `pg_config --bindir`, else the usual install directories.
+    #[arg(long, value_name = "DIR")]
+    pub pg_bin: Option<std::path::PathBuf>,
+    /// Orders (each with its outbox event) committed per second.
+    #[arg(long, default_value_t = 2.0)]
+    pub rate: f64,
+    /// Stop after this long (e.g. 30s); without it, run until Ctrl-C.
+    #[arg(long, value_parser = super::parse_duration)]
+    pub duration: Option<std::time::Duration>,
+}
+
+/// `peek` flags.
+#[derive(Debug, Clone, Args)]
+pub struct PeekArgs {
+    /// One JSON object per record instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Show at most this many records.
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
 }
 
 /// `setup` flags.

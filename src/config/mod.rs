@@ -17,7 +17,10 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-pub use commands::{Command, DebeziumConfigArgs, DropSlotArgs, SetupArgs, SetupTarget, StatusArgs};
+pub use commands::{
+    Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs, SetupTarget,
+    StatusArgs,
+};
 pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, redact_url};
 
@@ -634,6 +637,21 @@ pub(crate) fn parse_tables(
 }
 
 impl Config {
+    /// The mapper for this configuration's tables and message prefixes: what
+    /// the relay and `peek` both map with.
+    pub fn event_mapper(&self) -> crate::outbox::EventMapper {
+        crate::outbox::EventMapper::new(
+            self.tables
+                .iter()
+                .map(|t| (t.clone(), self.mapping_for(t).clone()))
+                .collect(),
+            self.message_prefixes
+                .iter()
+                .map(|p| (p.clone(), self.mapping.clone()))
+                .collect(),
+        )
+    }
+
     /// The mapping for one outbox table: its overrides, else the global flags.
     pub fn mapping_for(&self, table: &TableName) -> &MappingConfig {
         self.table_mappings

@@ -12,6 +12,7 @@
 //! topic from `event_type`, key from `aggregate_id`, value from `payload`, the
 //! `id` header from `id`.
 
+mod mapper;
 pub mod message;
 mod template;
 pub mod values;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+pub use mapper::{EventMapper, Mapped};
 pub use template::{HeaderColumn, ROUTED_BY_VALUE, Segment, TableName, TopicTemplate, quote_ident};
 
 use crate::pgoutput::{Relation, TupleData, Value};

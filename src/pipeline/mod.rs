@@ -33,9 +33,8 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::outbox::message::MessageMapping;
-use crate::outbox::{BindError, OutboxRecord, TableMapping, TableName, values};
-use crate::pgoutput::{self, DecodeError, Message, RelationCache};
+use crate::outbox::{BindError, EventMapper, OutboxRecord, TableName, values};
+use crate::pgoutput::{self, DecodeError, Message};
 use crate::sink::{Delivery, KafkaSink, SinkError};
 use crate::source::{Recovery, ReplicationStream, SourceError, setup};
 use ack::{AckError, AckTracker, Ticket};
@@ -248,14 +247,11 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
-/// Per-relation state: the announced layout and, for outbox tables, the bound mapping.
+/// The shared mapper plus what the relay tells the operator about ignored changes.
 struct Outbox {
-    tables: Vec<TableName>,
-    relations: RelationCache,
-    mappings: HashMap<u32, TableMapping>,
+    mapper: EventMapper,
     /// UPDATE/DELETE messages on outbox tables, which are ignored.
     non_insert_changes: u64,
-    messages: HashMap<String, MessageMapping>,
     warned_non_transactional: bool,
     /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
     all_tables: bool,
@@ -339,15 +335,8 @@ pub async fn run(
     observability_ready.await;
     let mut pipeline = Pipeline {
         outbox: Outbox {
-            tables: config.tables.clone(),
-            relations: RelationCache::default(),
-            mappings: HashMap::new(),
+            mapper: config.event_mapper(),
             non_insert_changes: 0,
-            messages: config
-                .message_prefixes
-                .iter()
-                .map(|p| (p.clone(), MessageMapping::new(config.mapping.clone(), p)))
-                .collect(),
             warned_non_transactional: false,
             all_tables: slot.all_tables,
             foreign: HashMap::new(),
@@ -411,7 +400,7 @@ impl Pipeline {
                             slot = %self.config.slot,
                             publication = %self.config.publication,
                             lsn = %start,
-                            tables = %self.outbox.tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                            tables = %self.config.tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
                             "streaming from the slot's confirmed position"
                         );
                     } else {
@@ -743,75 +732,59 @@ impl Pipeline {
     async fn on_message(&mut self, message: Message) -> Result<(), RelayError> {
         match message {
             Message::Relation(relation) => {
-                self.outbox.mappings.remove(&relation.id);
-                self.outbox.foreign.remove(&relation.id);
-                let name = (relation.namespace.clone(), relation.name.clone());
-                let root = if self.is_outbox(&name) {
-                    Some(name)
+                let id = relation.id;
+                let name = format!("{}.{}", relation.namespace, relation.name);
+                // A partition arrives under its own name when the publication
+                // lacks publish_via_partition_root: map it to its root.
+                let root = if self
+                    .outbox
+                    .mapper
+                    .is_outbox(&relation.namespace, &relation.name)
+                {
+                    None
                 } else {
-                    // A partition arrives under its own name when the publication
-                    // lacks publish_via_partition_root: map it to its root.
-                    self.partition_root(relation.id)
-                        .await?
-                        .filter(|root| self.is_outbox(root))
+                    self.partition_root(id).await?
                 };
-                if let Some((namespace, name)) = root {
-                    let table = TableName {
-                        schema: namespace.clone(),
-                        name: name.clone(),
-                    };
-                    let as_root = pgoutput::Relation {
-                        namespace,
-                        name,
-                        ..relation.clone()
-                    };
-                    let config = self.config.mapping_for(&table);
-                    let mapping = TableMapping::bind(config, &as_root).map_err(|source| {
-                        RelayError::Bind {
-                            lsn: self.commit_lsn,
-                            source,
-                        }
+                self.outbox
+                    .mapper
+                    .relation(relation, root)
+                    .map_err(|source| RelayError::Bind {
+                        lsn: self.commit_lsn,
+                        source,
                     })?;
-                    tracing::debug!(table = %mapping.table(), relation = %relation.name, relation_id = relation.id, "bound outbox table");
-                    self.outbox.mappings.insert(relation.id, mapping);
+                self.outbox.foreign.remove(&id);
+                if let Some(table) = self.outbox.mapper.outbox_table(id) {
+                    tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
                 } else {
-                    let table = format!("{}.{}", relation.namespace, relation.name);
-                    self.outbox.foreign.insert(relation.id, table);
+                    self.outbox.foreign.insert(id, name);
                 }
-                self.outbox.relations.insert(relation);
             }
             Message::Insert { relation_id, new } => {
-                let Some(mapping) = self.outbox.mappings.get(&relation_id) else {
+                let commit_time_ms = self.commit_time_ms();
+                match self.outbox.mapper.insert(relation_id, &new, commit_time_ms) {
+                    Some((table, mapped)) => self.relay_event(mapped, table).await?,
                     // Never skip silently: only FOR ALL TABLES sends other tables' rows.
-                    if self.outbox.all_tables {
-                        return Ok(());
+                    None if self.outbox.all_tables => {}
+                    None => {
+                        return Err(RelayError::UnmappedRelation {
+                            lsn: self.commit_lsn,
+                            publication: self.config.publication.clone(),
+                            table: self
+                                .outbox
+                                .foreign
+                                .get(&relation_id)
+                                .cloned()
+                                .unwrap_or_else(|| format!("relation OID {relation_id}")),
+                        });
                     }
-                    return Err(RelayError::UnmappedRelation {
-                        lsn: self.commit_lsn,
-                        publication: self.config.publication.clone(),
-                        table: self
-                            .outbox
-                            .foreign
-                            .get(&relation_id)
-                            .cloned()
-                            .unwrap_or_else(|| format!("relation OID {relation_id}")),
-                    });
-                };
-                let Some(relation) = self.outbox.relations.get(relation_id) else {
-                    return Ok(());
-                };
-                let table = mapping.table().clone();
-                let mapped = mapping
-                    .map(relation, &new, self.commit_time_ms())
-                    .map_err(|error| (error, mapping.raw_parts(&new)));
-                self.relay_event(mapped, table).await?;
+                }
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
-                if let Some(mapping) = self.outbox.mappings.get(&relation_id) {
+                if let Some(table) = self.outbox.mapper.outbox_table(relation_id) {
                     // Warn on the first one only; the count is reported at shutdown.
                     if self.outbox.non_insert_changes == 0 {
                         tracing::warn!(
-                            table = %mapping.table(),
+                            table = %table,
                             lsn = %self.commit_lsn,
                             "ignoring UPDATE/DELETE on an outbox table: only inserts are relayed \
                              (create the publication WITH (publish = 'insert') to stop receiving them)"
@@ -830,19 +803,9 @@ impl Pipeline {
         Ok(())
     }
 
-    fn is_outbox(&self, (schema, name): &(String, String)) -> bool {
-        self.outbox
-            .tables
-            .iter()
-            .any(|t| t.schema == *schema && t.name == *name)
-    }
-
     /// The root of the partition tree `relation_id` belongs to (`None` for a
     /// plain table), over a control connection kept for later relations.
-    async fn partition_root(
-        &mut self,
-        relation_id: u32,
-    ) -> Result<Option<(String, String)>, RelayError> {
+    async fn partition_root(&mut self, relation_id: u32) -> Result<Option<TableName>, RelayError> {
         let lookup_err = |source| SourceError::PartitionLookup {
             relation_id,
             source,
@@ -876,7 +839,10 @@ impl Pipeline {
                     source: e,
                 }))
             })?;
-        Ok(row.map(|r| (r.get(0), r.get(1))))
+        Ok(row.map(|r| TableName {
+            schema: r.get(0),
+            name: r.get(1),
+        }))
     }
 
     /// A logical decoding message: an outbox event when its prefix is one of
@@ -888,7 +854,9 @@ impl Pipeline {
         content: bytes::Bytes,
         lsn: Lsn,
     ) -> Result<(), RelayError> {
-        let Some(mapping) = self.outbox.messages.get(prefix) else {
+        let commit_time_ms = self.commit_time_ms();
+        let Some((source, mapped)) = self.outbox.mapper.message(prefix, &content, commit_time_ms)
+        else {
             return Ok(());
         };
         if !transactional || !self.tracker.in_transaction() {
@@ -903,10 +871,6 @@ impl Pipeline {
             }
             return Ok(());
         }
-        let source = mapping.source().clone();
-        let mapped = mapping
-            .map(&content, self.commit_time_ms())
-            .map_err(|error| (error, mapping.raw_parts(&content)));
         self.relay_event(mapped, source).await
     }
 

@@ -167,3 +167,19 @@ pub fn run_to_exit(postgres_url: &str, brokers: &str, args: &[&str]) -> (Option<
     let log = relay.log();
     (status.and_then(|s| s.code()), log)
 }
+
+/// Runs the binary with `args` to completion: its exit code, stdout and stderr.
+pub fn run_command(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = Command::new(binary())
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env("OUTBOX_RELAY_HTTP_ADDR", "none")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run outbox-relay");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

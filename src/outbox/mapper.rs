@@ -1,0 +1,123 @@
+//! PURE: the one place where decoded pgoutput becomes outbox records, shared by
+//! the relay and `outbox-relay peek` so both map with the same code and flags.
+//!
+//! It follows the session's Relation messages (binding the configured outbox
+//! tables' mappings) and maps inserts and logical decoding messages; ordering,
+//! acknowledgement and delivery stay with the caller.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::message::MessageMapping;
+use super::{
+    BindError, EventError, MappingConfig, OutboxRecord, RawParts, TableMapping, TableName,
+};
+use crate::pgoutput::{Relation, RelationCache, TupleData};
+
+/// A mapped event, or why it does not map and what could be read of it.
+pub type Mapped = Result<OutboxRecord, (EventError, RawParts)>;
+
+/// Maps a replication session's changes to outbox records.
+#[derive(Debug, Default)]
+pub struct EventMapper {
+    tables: Vec<(TableName, MappingConfig)>,
+    relations: RelationCache,
+    bound: HashMap<u32, TableMapping>,
+    messages: HashMap<String, MessageMapping>,
+}
+
+impl EventMapper {
+    /// `tables` with each one's mapping; `messages` by prefix with theirs.
+    pub fn new(
+        tables: Vec<(TableName, MappingConfig)>,
+        messages: Vec<(String, MappingConfig)>,
+    ) -> Self {
+        EventMapper {
+            tables,
+            messages: messages
+                .into_iter()
+                .map(|(prefix, config)| {
+                    let mapping = MessageMapping::new(config, &prefix);
+                    (prefix, mapping)
+                })
+                .collect(),
+            ..EventMapper::default()
+        }
+    }
+
+    /// Takes a Relation message: binds the mapping when the table is an
+    /// outbox table, or a partition of `root` (an outbox table) sent under its
+    /// own name; records then name the root. A table that no longer fits its
+    /// mapping is an error.
+    pub fn relation(
+        &mut self,
+        relation: Relation,
+        root: Option<TableName>,
+    ) -> Result<(), BindError> {
+        let table = root.unwrap_or_else(|| TableName {
+            schema: relation.namespace.clone(),
+            name: relation.name.clone(),
+        });
+        match self.tables.iter().find(|(t, _)| *t == table) {
+            Some((_, config)) => {
+                let named = Relation {
+                    namespace: table.schema,
+                    name: table.name,
+                    ..relation.clone()
+                };
+                let mapping = TableMapping::bind(config, &named)?;
+                self.bound.insert(relation.id, mapping);
+            }
+            None => {
+                self.bound.remove(&relation.id);
+            }
+        }
+        self.relations.insert(relation);
+        Ok(())
+    }
+
+    /// Whether `schema.name` is a configured outbox table.
+    pub fn is_outbox(&self, schema: &str, name: &str) -> bool {
+        self.tables
+            .iter()
+            .any(|(t, _)| t.schema == schema && t.name == name)
+    }
+
+    /// `schema.table` when `relation_id` is a bound outbox table.
+    pub fn outbox_table(&self, relation_id: u32) -> Option<&Arc<str>> {
+        self.bound.get(&relation_id).map(TableMapping::table)
+    }
+
+    /// Maps an inserted row: `None` when the table is not an outbox table,
+    /// else the table and the record.
+    pub fn insert(
+        &self,
+        relation_id: u32,
+        row: &TupleData,
+        commit_time_ms: i64,
+    ) -> Option<(Arc<str>, Mapped)> {
+        let mapping = self.bound.get(&relation_id)?;
+        let relation = self.relations.get(relation_id)?;
+        let mapped = mapping
+            .map(relation, row, commit_time_ms)
+            .map_err(|error| (error, mapping.raw_parts(row)));
+        Some((mapping.table().clone(), mapped))
+    }
+
+    /// Maps a logical decoding message: `None` when its prefix is not an
+    /// outbox prefix, else `message:<prefix>` and the record.
+    pub fn message(
+        &self,
+        prefix: &str,
+        content: &Bytes,
+        commit_time_ms: i64,
+    ) -> Option<(Arc<str>, Mapped)> {
+        let mapping = self.messages.get(prefix)?;
+        let mapped = mapping
+            .map(content, commit_time_ms)
+            .map_err(|error| (error, mapping.raw_parts(content)));
+        Some((mapping.source().clone(), mapped))
+    }
+}
