@@ -15,6 +15,7 @@ mod failover;
 mod failures;
 mod harness;
 mod ops;
+mod partitions;
 mod peek;
 mod poison;
 mod reliability;

@@ -51,6 +51,11 @@ pub const SLOT_LAG_BYTES: &str = "outbox_relay_slot_lag_bytes";
 pub const SLOT_WAL_STATUS: &str = "outbox_relay_slot_wal_status";
 /// The slot's `safe_wal_size`: WAL that can still be written before the slot is lost.
 pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outbox_relay_slot_safe_wal_size_bytes";
+/// 1 when the server reports the slot invalidated (`invalidation_reason`, 17+;
+/// `conflicting`, 16+), else 0.
+pub const SLOT_INVALIDATED: &str = "outbox_relay_slot_invalidated";
+/// `idle_replication_slot_timeout` (18+): a stopped relay loses its slot after it; 0 is off.
+pub const SLOT_IDLE_TIMEOUT_SECONDS: &str = "outbox_relay_slot_idle_timeout_seconds";
 /// From the transaction's commit in Postgres to the broker's acknowledgement.
 pub const COMMIT_TO_ACK_SECONDS: &str = "outbox_relay_commit_to_ack_seconds";
 /// Replication stream reconnects.
@@ -75,6 +80,8 @@ pub const ALL: &[&str] = &[
     SLOT_LAG_BYTES,
     SLOT_WAL_STATUS,
     SLOT_SAFE_WAL_SIZE_BYTES,
+    SLOT_INVALIDATED,
+    SLOT_IDLE_TIMEOUT_SECONDS,
     COMMIT_TO_ACK_SECONDS,
     RECONNECTS_TOTAL,
     SLOT_FAILOVER,
@@ -177,6 +184,14 @@ fn describe() {
         SLOT_SAFE_WAL_SIZE_BYTES,
         "WAL that can still be written before the slot is invalidated (NaN when unlimited)."
     );
+    describe_gauge!(
+        SLOT_INVALIDATED,
+        "1 when Postgres reports the slot invalidated (invalidation_reason, conflicting)."
+    );
+    describe_gauge!(
+        SLOT_IDLE_TIMEOUT_SECONDS,
+        "idle_replication_slot_timeout: a relay stopped longer loses its slot (0: off)."
+    );
     describe_histogram!(
         COMMIT_TO_ACK_SECONDS,
         "Seconds from the transaction's commit in Postgres to the broker's acknowledgement."
@@ -262,6 +277,17 @@ pub fn set_failover(failover: Option<bool>, standby_slots_set: Option<bool>) {
     let value = |b: Option<bool>| if b == Some(true) { 1.0 } else { 0.0 };
     ::metrics::gauge!(SLOT_FAILOVER).set(value(failover));
     ::metrics::gauge!(SYNCHRONIZED_STANDBY_SLOTS_SET).set(value(standby_slots_set));
+}
+
+/// The slot facts of newer servers (see [`SLOT_INVALIDATED`]).
+pub fn set_slot_facts(facts: &crate::observability::health::SlotFacts) {
+    let invalidated = if facts.invalidated().is_some() {
+        1.0
+    } else {
+        0.0
+    };
+    ::metrics::gauge!(SLOT_INVALIDATED).set(invalidated);
+    ::metrics::gauge!(SLOT_IDLE_TIMEOUT_SECONDS).set(facts.idle_timeout_secs.unwrap_or(0) as f64);
 }
 
 /// A bounded label value for a librdkafka error: the error code in snake case

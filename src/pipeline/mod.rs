@@ -23,6 +23,7 @@ pub mod ack;
 mod exactly_once;
 mod poison;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -32,7 +33,7 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::outbox::{BindError, EventMapper, OutboxRecord, values};
+use crate::outbox::{BindError, EventMapper, OutboxRecord, TableName, values};
 use crate::pgoutput::{self, DecodeError, Message};
 use crate::sink::{Delivery, KafkaSink, SinkError};
 use crate::source::{Recovery, ReplicationStream, SourceError, setup};
@@ -193,6 +194,21 @@ pub enum RelayError {
     /// The stream violated transaction framing.
     #[error("replication stream out of order: {0}")]
     Protocol(#[from] AckError),
+    /// The relay's publication sent an insert into a table it cannot map.
+    #[error(
+        "publication {publication:?} sent an insert into {table} (commit LSN {lsn}), which is \
+         neither an outbox table (--table) nor a partition of one; nothing at or after this \
+         transaction was acknowledged. Add the table with --table, or remove it with ALTER \
+         PUBLICATION {publication} DROP TABLE {table};"
+    )]
+    UnmappedRelation {
+        /// Commit LSN of the transaction.
+        lsn: Lsn,
+        /// The publication.
+        publication: String,
+        /// The table, as `schema.name`.
+        table: String,
+    },
 }
 
 impl RelayError {
@@ -218,6 +234,7 @@ impl RelayError {
             | RelayError::Delivery { .. }
             | RelayError::ExactlyOnce { .. } => exit_code::KAFKA,
             RelayError::Bind { .. } | RelayError::Poison { .. } => exit_code::POISON,
+            RelayError::UnmappedRelation { .. } => exit_code::CONFIG,
             RelayError::DeadLetter { .. } => exit_code::DEAD_LETTER,
             RelayError::Protocol(_) => exit_code::INTERNAL,
         }
@@ -245,6 +262,12 @@ struct Outbox {
     /// UPDATE/DELETE messages on outbox tables, which are ignored.
     non_insert_changes: u64,
     warned_non_transactional: bool,
+    /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
+    all_tables: bool,
+    /// Relations that are neither outbox tables nor partitions of one.
+    foreign: HashMap<u32, String>,
+    /// Looks up partition roots; opened on the first relation that needs it.
+    control: Option<tokio_postgres::Client>,
 }
 
 type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -324,6 +347,9 @@ pub async fn run(
             mapper: config.event_mapper(),
             non_insert_changes: 0,
             warned_non_transactional: false,
+            all_tables: slot.all_tables,
+            foreign: HashMap::new(),
+            control: None,
         },
         tracker: AckTracker::new(slot.confirmed_flush),
         reported: slot.confirmed_flush,
@@ -730,23 +756,50 @@ impl Pipeline {
         match message {
             Message::Relation(relation) => {
                 let id = relation.id;
+                let name = format!("{}.{}", relation.namespace, relation.name);
+                // A partition arrives under its own name when the publication
+                // lacks publish_via_partition_root: map it to its root.
+                let root = if self
+                    .outbox
+                    .mapper
+                    .is_outbox(&relation.namespace, &relation.name)
+                {
+                    None
+                } else {
+                    self.partition_root(id).await?
+                };
                 self.outbox
                     .mapper
-                    .relation(relation)
+                    .relation(relation, root)
                     .map_err(|source| RelayError::Bind {
                         lsn: self.commit_lsn,
                         source,
                     })?;
+                self.outbox.foreign.remove(&id);
                 if let Some(table) = self.outbox.mapper.outbox_table(id) {
-                    tracing::debug!(table = %table, relation_id = id, "bound outbox table");
+                    tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
+                } else {
+                    self.outbox.foreign.insert(id, name);
                 }
             }
             Message::Insert { relation_id, new } => {
                 let commit_time_ms = self.commit_time_ms();
-                if let Some((table, mapped)) =
-                    self.outbox.mapper.insert(relation_id, &new, commit_time_ms)
-                {
-                    self.relay_event(mapped, table).await?;
+                match self.outbox.mapper.insert(relation_id, &new, commit_time_ms) {
+                    Some((table, mapped)) => self.relay_event(mapped, table).await?,
+                    // Never skip silently: only FOR ALL TABLES sends other tables' rows.
+                    None if self.outbox.all_tables => {}
+                    None => {
+                        return Err(RelayError::UnmappedRelation {
+                            lsn: self.commit_lsn,
+                            publication: self.config.publication.clone(),
+                            table: self
+                                .outbox
+                                .foreign
+                                .get(&relation_id)
+                                .cloned()
+                                .unwrap_or_else(|| format!("relation OID {relation_id}")),
+                        });
+                    }
                 }
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
@@ -771,6 +824,48 @@ impl Pipeline {
             | Message::Message { .. } => {}
         }
         Ok(())
+    }
+
+    /// The root of the partition tree `relation_id` belongs to (`None` for a
+    /// plain table), over a control connection kept for later relations.
+    async fn partition_root(&mut self, relation_id: u32) -> Result<Option<TableName>, RelayError> {
+        let lookup_err = |source| SourceError::PartitionLookup {
+            relation_id,
+            source,
+        };
+        if self
+            .outbox
+            .control
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            self.outbox.control = Some(
+                setup::connect(&self.config)
+                    .await
+                    .map_err(|e| lookup_err(Box::new(e)))?,
+            );
+        }
+        let Some(client) = self.outbox.control.as_ref() else {
+            return Ok(None);
+        };
+        let row = client
+            .query_opt(
+                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.oid = pg_partition_root($1::oid)",
+                &[&relation_id],
+            )
+            .await
+            .map_err(|e| {
+                lookup_err(Box::new(SourceError::Query {
+                    what: "look up a relation's partition root",
+                    source: e,
+                }))
+            })?;
+        Ok(row.map(|r| TableName {
+            schema: r.get(0),
+            name: r.get(1),
+        }))
     }
 
     /// A logical decoding message: an outbox event when its prefix is one of

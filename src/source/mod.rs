@@ -75,6 +75,43 @@ pub enum SourceError {
         #[source]
         source: PgWireError,
     },
+    /// The server is older than the oldest supported version.
+    #[error(
+        "Postgres {version} is not supported: the relay needs PostgreSQL {minimum} or newer \
+         (pgoutput's `messages` option, PostgreSQL 14)"
+    )]
+    ServerTooOld {
+        /// The server's `server_version`.
+        version: String,
+        /// The oldest supported major version.
+        minimum: i32,
+    },
+    /// An outbox table (or a partition of it) is UNLOGGED.
+    #[error(
+        "outbox table {table} cannot be relayed: {unlogged} is UNLOGGED, and UNLOGGED tables \
+         write no WAL, so logical decoding never sees their rows. Run ALTER TABLE ... SET \
+         LOGGED; on each"
+    )]
+    TableUnlogged {
+        /// The configured table.
+        table: String,
+        /// The unlogged table and partitions.
+        unlogged: String,
+    },
+    /// The existing publication publishes a partitioned outbox under its partitions' names.
+    #[error(
+        "publication {publication:?} lacks publish_via_partition_root, so rows of the \
+         partitioned outbox table {tables} would arrive under each partition's name; run \
+         {remedy}"
+    )]
+    PublicationNotViaRoot {
+        /// The publication.
+        publication: String,
+        /// The partitioned outbox tables.
+        tables: String,
+        /// SQL that fixes it.
+        remedy: String,
+    },
     /// `wal_level` is not `logical`.
     #[error(
         "Postgres has wal_level={actual:?}, but logical replication needs wal_level=logical. \
@@ -238,6 +275,16 @@ pub enum SourceError {
         /// Each server and why it was passed over.
         tried: String,
     },
+    /// A relation's partition root could not be looked up mid-stream (the stream
+    /// is restarted, replaying the open transaction).
+    #[error("cannot look up the partition root of relation OID {relation_id}: {source}")]
+    PartitionLookup {
+        /// The relation.
+        relation_id: u32,
+        /// The connection or query error.
+        #[source]
+        source: Box<SourceError>,
+    },
     /// The server did not accept START_REPLICATION in time.
     #[error("replication stream from slot {slot:?} did not start within {timeout:?}")]
     StartTimeout {
@@ -279,7 +326,8 @@ impl SourceError {
             },
             SourceError::StartTimeout { .. }
             | SourceError::StreamEnded { .. }
-            | SourceError::NoSuitableHost { .. } => Recovery::Reconnect,
+            | SourceError::NoSuitableHost { .. }
+            | SourceError::PartitionLookup { .. } => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
     }

@@ -10,6 +10,9 @@ use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::outbox::{TableName, quote_ident};
 
+/// The oldest PostgreSQL major version the relay supports (`server_version_num / 10000`).
+pub const MIN_SERVER_MAJOR: i32 = 14;
+
 /// What start-up learned about the slot.
 #[derive(Debug, Clone)]
 pub struct SlotState {
@@ -17,6 +20,9 @@ pub struct SlotState {
     pub confirmed_flush: Lsn,
     /// Whether this run created the slot.
     pub created: bool,
+    /// Whether the publication is `FOR ALL TABLES`, where relations other than the
+    /// outbox tables are expected (and skipped) rather than a misconfiguration.
+    pub all_tables: bool,
 }
 
 /// Opens the control connection, with the TLS settings of `--postgres-url`
@@ -154,13 +160,58 @@ fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
 
 /// Runs every start-up check, creates what is missing, and returns the slot's position.
 pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
+    check_server_version(client).await?;
     check_wal_level(client).await?;
     check_privileges(client, &config.postgres.user).await?;
+    let mut partitioned = Vec::new();
     for table in &config.tables {
-        check_table(client, config, table).await?;
+        if check_table(client, config, table).await? {
+            partitioned.push(table);
+        }
     }
-    ensure_publication(client, config).await?;
-    ensure_slot(client, config).await
+    let all_tables = ensure_publication(client, config, &partitioned).await?;
+    warn_idle_slot_timeout(client).await?;
+    let slot = ensure_slot(client, config).await?;
+    Ok(SlotState { all_tables, ..slot })
+}
+
+/// Versions before 14 lack pgoutput's `messages` option (the stream would fail
+/// at START_REPLICATION); say so once instead.
+async fn check_server_version(client: &Client) -> Result<(), SourceError> {
+    let row = query_one(
+        client,
+        "read the server version",
+        "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+        &[],
+    )
+    .await?;
+    let Some(row) = row else { return Ok(()) };
+    let num: i32 = row.get(0);
+    if num / 10000 < MIN_SERVER_MAJOR {
+        return Err(SourceError::ServerTooOld {
+            version: row.get(1),
+            minimum: MIN_SERVER_MAJOR,
+        });
+    }
+    Ok(())
+}
+
+/// PostgreSQL 18's `idle_replication_slot_timeout` drops the slot of a relay
+/// stopped for longer (at a checkpoint): the operator should know at start-up.
+async fn warn_idle_slot_timeout(client: &Client) -> Result<(), SourceError> {
+    use crate::observability::{health, slot_monitor};
+    let row = query_one(
+        client,
+        "read idle_replication_slot_timeout",
+        slot_monitor::IDLE_TIMEOUT_QUERY,
+        &[],
+    )
+    .await?;
+    let secs = row.and_then(|r| r.get::<_, Option<i64>>(0)).unwrap_or(0);
+    if let Some(warning) = health::idle_timeout_warning(u64::try_from(secs).unwrap_or(0)) {
+        tracing::warn!("{warning}");
+    }
+    Ok(())
 }
 
 async fn query_one(
@@ -204,11 +255,12 @@ async fn check_privileges(client: &Client, user: &str) -> Result<(), SourceError
     Ok(())
 }
 
+/// Checks the table's columns and persistence; returns whether it is partitioned.
 async fn check_table(
     client: &Client,
     config: &Config,
     table: &TableName,
-) -> Result<(), SourceError> {
+) -> Result<bool, SourceError> {
     let rows = client
         .query(
             "SELECT a.attname::text FROM pg_attribute a \
@@ -238,15 +290,41 @@ async fn check_table(
             });
         }
     }
-    Ok(())
+    // An UNLOGGED table (or partition) writes no WAL, so its rows are never decoded.
+    let row = query_one(
+        client,
+        "read the outbox table's persistence",
+        "SELECT c.relkind = 'p', \
+                (SELECT string_agg(p.oid::regclass::text, ', ') FROM pg_class p \
+                 WHERE p.relpersistence = 'u' AND (p.oid = c.oid \
+                       OR p.oid IN (SELECT relid FROM pg_partition_tree(c.oid)))) \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = $2",
+        &[&table.schema, &table.name],
+    )
+    .await?;
+    let (partitioned, unlogged) = row.map_or((false, None), |r| (r.get(0), r.get(1)));
+    if let Some(unlogged) = unlogged {
+        return Err(SourceError::TableUnlogged {
+            table: table.to_string(),
+            unlogged,
+        });
+    }
+    Ok(partitioned)
 }
 
-async fn ensure_publication(client: &Client, config: &Config) -> Result<(), SourceError> {
+/// Creates the publication or checks the existing one; returns whether it is
+/// `FOR ALL TABLES`.
+async fn ensure_publication(
+    client: &Client,
+    config: &Config,
+    partitioned: &[&TableName],
+) -> Result<bool, SourceError> {
     let publication = &config.publication;
     let row = query_one(
         client,
         "look up the publication",
-        "SELECT puballtables, pubinsert FROM pg_publication WHERE pubname = $1",
+        "SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
         &[publication],
     )
     .await?;
@@ -260,16 +338,32 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
                 source,
             })?;
         tracing::info!(publication = %publication, sql = %sql, "created publication");
-        return Ok(());
+        return Ok(false);
     };
-    let (all_tables, publishes_inserts): (bool, bool) = (row.get(0), row.get(1));
+    let (all_tables, publishes_inserts, via_root): (bool, bool, bool) =
+        (row.get(0), row.get(1), row.get(2));
     if !publishes_inserts {
         return Err(SourceError::PublicationNoInsert {
             publication: publication.clone(),
         });
     }
+    // Without it, a partitioned outbox's rows arrive under each partition's name.
+    if !via_root && !partitioned.is_empty() {
+        return Err(SourceError::PublicationNotViaRoot {
+            publication: publication.clone(),
+            tables: partitioned
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            remedy: format!(
+                "ALTER PUBLICATION {} SET (publish_via_partition_root = true);",
+                quote_ident(publication)
+            ),
+        });
+    }
     if all_tables {
-        return Ok(());
+        return Ok(true);
     }
     let rows = client
         .query(
@@ -306,7 +400,7 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
             ),
         });
     }
-    Ok(())
+    Ok(false)
 }
 
 async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
@@ -333,6 +427,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
         return Ok(SlotState {
             confirmed_flush: lsn,
             created: true,
+            all_tables: false,
         });
     };
     let slot_type: Option<String> = row.get(0);
@@ -363,6 +458,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
     Ok(SlotState {
         confirmed_flush,
         created: false,
+        all_tables: false,
     })
 }
 

@@ -6,8 +6,10 @@
 
 use crate::outbox::{TableName, quote_ident};
 
-/// `CREATE PUBLICATION ... FOR TABLE ... WITH (publish = 'insert')`: only
-/// inserts, because only inserts into an outbox table are events. With no
+/// `CREATE PUBLICATION ... FOR TABLE ... WITH (publish = 'insert', ...)`: only
+/// inserts, because only inserts into an outbox table are events, and rows of a
+/// partitioned outbox under the root's name (`publish_via_partition_root`), so
+/// partitions created or attached later need nothing. With no
 /// tables (a table-less outbox of logical decoding messages) the publication
 /// is empty: pgoutput sends messages whatever the publication covers.
 pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
@@ -18,7 +20,7 @@ pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
         format!(" FOR TABLE {}", tables.join(", "))
     };
     format!(
-        "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert')",
+        "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert', publish_via_partition_root = true)",
         quote_ident(publication),
     )
 }
@@ -61,7 +63,7 @@ mod tests {
         assert_eq!(
             create_publication("outbox_relay", &tables),
             "CREATE PUBLICATION \"outbox_relay\" FOR TABLE \"public\".\"outbox\", \"sales\".\"Outbox\" \
-             WITH (publish = 'insert')"
+             WITH (publish = 'insert', publish_via_partition_root = true)"
         );
         assert_eq!(
             create_slot("outbox_relay", false),
