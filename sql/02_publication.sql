@@ -12,4 +12,4 @@
 -- More outbox tables later:
 --   ALTER PUBLICATION outbox_relay ADD TABLE billing.outbox;
 
-CREATE PUBLICATION outbox_relay FOR TABLE public.outbox WITH (publish = 'insert');
+CREATE PUBLICATION outbox_relay FOR TABLE public.outbox WITH (publish = 'insert', publish_via_partition_root = true);

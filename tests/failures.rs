@@ -224,3 +224,26 @@ async fn permanent_delivery_failure_exits_non_zero_without_acknowledging() {
     let records = world.broker.consume(&["Evt"], 2, Duration::from_secs(60));
     assert!(records.iter().any(|r| r.id() == ids[0]));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_dropped_publication_stops_the_relay_instead_of_retrying() {
+    let world = World::start().await;
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    world.pg.execute("DROP PUBLICATION outbox_relay").await;
+    let before = world.current_lsn().await;
+    world.insert_tx(&[("Evt", "a-1", r#"{"n": 1}"#)]).await;
+    let status = relay.wait_exit(Duration::from_secs(60));
+    let log = relay.log();
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(outbox_relay::pipeline::exit_code::POSTGRES as i32),
+        "{log}"
+    );
+    assert!(
+        log.contains("publication \\\"outbox_relay\\\" does not exist")
+            || log.contains("publication \"outbox_relay\" does not exist"),
+        "{log}"
+    );
+    assert!(world.confirmed_flush(SLOT).await.unwrap() <= before);
+}

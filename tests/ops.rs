@@ -167,7 +167,7 @@ async fn status_setup_and_drop_slot_subcommands() {
     assert_eq!(code, Some(0), "{err}");
     assert!(
         out.contains(
-            "CREATE PUBLICATION \"outbox_relay\" FOR TABLE \"public\".\"outbox\" WITH (publish = 'insert');"
+            "CREATE PUBLICATION \"outbox_relay\" FOR TABLE \"public\".\"outbox\" WITH (publish = 'insert', publish_via_partition_root = true);"
         ),
         "{out}"
     );

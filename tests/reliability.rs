@@ -128,12 +128,9 @@ async fn a_dropped_slot_stops_the_relay_with_the_remedy() {
         .wait_exit(Duration::from_secs(30))
         .expect("relay exits");
     let log = relay.log();
-    assert_eq!(status.code(), Some(3), "{log}");
-    assert!(
-        log.contains("was dropped while the relay was streaming"),
-        "{log}"
-    );
-    assert!(log.contains("re-publish outbox rows"), "{log}");
+    assert_eq!(status.code(), Some(7), "{log}");
+    assert!(log.contains("is missing on the server"), "{log}");
+    assert!(log.contains("outbox-relay backfill"), "{log}");
 }
 
 #[tokio::test(flavor = "current_thread")]

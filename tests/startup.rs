@@ -197,3 +197,64 @@ fn bad_flags_exit_with_the_config_code_before_connecting() {
     assert!(help.contains("--topic-template"));
     assert!(!help.contains("hunter2"), "{help}");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn servers_before_14_are_refused_naming_the_version_and_the_minimum() {
+    let pg = PgCluster::start_with(PgOptions {
+        major: Some(13),
+        ..PgOptions::default()
+    });
+    pg.execute(SCHEMA).await;
+    let broker = Broker::start();
+    let (code, log) = run_to_exit(&pg.url(), &broker.bootstrap(), &[]);
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
+    assert!(log.contains("Postgres 13."), "{log}");
+    assert!(log.contains("needs PostgreSQL 14 or newer"), "{log}");
+    let slots = pg
+        .execute("SELECT slot_name FROM pg_replication_slots")
+        .await;
+    assert!(slots.is_empty(), "no slot created: {slots:?}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn idle_replication_slot_timeout_is_reported_at_startup_and_in_status() {
+    let pg = PgCluster::start_with(PgOptions {
+        major: Some(18),
+        extra_conf: vec![("idle_replication_slot_timeout".into(), "1d".into())],
+        ..PgOptions::default()
+    });
+    pg.execute(SCHEMA).await;
+    let broker = Broker::start();
+    let mut relay = crate::support::relay::Relay::spawn(&pg.url(), &broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    assert!(
+        relay
+            .log()
+            .contains("idle_replication_slot_timeout is 1day"),
+        "{}",
+        relay.log()
+    );
+    relay.signal("TERM");
+    assert!(relay.wait_exit(Duration::from_secs(30)).is_some());
+
+    let output = std::process::Command::new(crate::support::relay::binary())
+        .args(["status", "--json", "--postgres-url", &pg.url()])
+        .env("OUTBOX_RELAY_HTTP_ADDR", "none")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let slot = &status["slot"];
+    assert_eq!(slot["idle_timeout_secs"], 86_400, "{out}");
+    assert_eq!(slot["conflicting"], false, "{out}");
+    assert!(slot["invalidation_reason"].is_null(), "{out}");
+    assert!(slot["inactive_since"].is_string(), "released slot: {out}");
+    assert!(
+        status["warnings"].as_array().unwrap().iter().any(|w| w
+            .as_str()
+            .unwrap()
+            .contains("idle_replication_slot_timeout is 1day")),
+        "{out}"
+    );
+}

@@ -4,6 +4,7 @@
 //! Each command prints its result on stdout (logs go to stderr) and maps its
 //! failure to one of [`pipeline::exit_code`]'s codes, like the relay.
 
+mod backfill;
 pub mod debezium;
 mod demo;
 mod drop_slot;
@@ -35,6 +36,9 @@ pub enum CommandError {
     /// The command declined to act; the message says why and what to do.
     #[error("{0}")]
     Refused(String),
+    /// Kafka refused.
+    #[error(transparent)]
+    Sink(#[from] crate::sink::SinkError),
     /// The HTTP endpoint could not start.
     #[error(transparent)]
     Http(#[from] HttpError),
@@ -83,6 +87,7 @@ impl CommandError {
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
             CommandError::Demo(_) => 1,
             CommandError::Decode { .. } => exit_code::INTERNAL,
+            CommandError::Sink(_) => exit_code::KAFKA,
             CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }
     }
@@ -98,6 +103,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         Some(Command::Peek(args)) => peek::run(cli, args),
         Some(Command::Demo(args)) => demo::run(cli, args),
         Some(Command::DebeziumConfig(args)) => debezium::run(args),
+        Some(Command::Backfill(args)) => backfill::run(cli, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -114,7 +114,7 @@ async fn peek(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
             }
             Message::Relation(relation) => {
                 mapper
-                    .relation(relation)
+                    .relation(relation, None)
                     .map_err(|source| CommandError::Bind {
                         lsn: commit_lsn,
                         source,

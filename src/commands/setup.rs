@@ -35,12 +35,17 @@ pub fn print(target: &SetupTarget) -> String {
          \n\
          -- The slot keeps WAL from now until a relay confirms it: create it shortly\n\
          -- before the relay first starts (or let the relay create it).\n\
-         {create_slot};\n",
+         {create_slot};\n\
+         \n\
+         -- Records that the relay streams from this slot, so that after a failover to a\n\
+         -- server without it the relay stops instead of starting over from \"now\".\n\
+         {create_record};\n",
         publication = target.publication,
         slot = target.slot,
         tables = tables.join(", "),
         create_publication = sql::create_publication(&target.publication, &target.tables),
-        create_slot = sql::create_slot(&target.slot),
+        create_slot = sql::create_slot(&target.slot, false),
+        create_record = crate::source::lineage::CREATE_TABLE,
     )
 }
 
@@ -110,7 +115,7 @@ mod tests {
             "{script}"
         );
         assert!(
-            script.contains(&format!("{};\n", sql::create_slot("s"))),
+            script.contains(&format!("{};\n", sql::create_slot("s", false))),
             "{script}"
         );
     }

@@ -9,7 +9,11 @@ use tokio_postgres::Client;
 
 use super::{CommandError, human_bytes};
 use crate::config::{Cli, Config, StatusArgs};
-use crate::observability::health::{ReadinessThresholds, SlotStatus, WalStatus, slot_warnings};
+use crate::observability::health::{
+    ReadinessThresholds, SlotFacts, SlotStatus, WalStatus, idle_timeout_warning,
+    slot_invalidated_remedy, slot_warnings,
+};
+use crate::observability::slot_monitor::slot_facts;
 use crate::source::{SourceError, setup};
 
 /// Server settings worth seeing next to the slot.
@@ -18,6 +22,9 @@ pub const SETTINGS: &[&str] = &[
     "max_slot_wal_keep_size",
     "max_replication_slots",
     "wal_sender_timeout",
+    "synchronized_standby_slots",
+    "sync_replication_slots",
+    "idle_replication_slot_timeout",
 ];
 
 /// Everything `status` reports.
@@ -64,6 +71,11 @@ pub struct SlotInfo {
     pub wal_status: Option<String>,
     /// WAL that can still be written before the slot is lost; `null` when unlimited.
     pub safe_wal_size_bytes: Option<i64>,
+    /// Marked for failover (PostgreSQL 17+; `null` before).
+    pub failover: Option<bool>,
+    /// What only newer servers report (`null` on older ones).
+    #[serde(flatten)]
+    pub facts: SlotFacts,
 }
 
 /// The publication and its tables.
@@ -139,12 +151,16 @@ pub async fn read(config: &Config) -> Result<Status, SourceError> {
 async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
     let row = client
         .query_opt(
-            "SELECT plugin::text, slot_type::text, database::text, active, active_pid, \
+            concat!(
+                "SELECT plugin::text, slot_type::text, database::text, active, active_pid, \
                     confirmed_flush_lsn::text, restart_lsn::text, \
                     ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                            ELSE pg_current_wal_lsn() END) - confirmed_flush_lsn)::bigint, \
-                    wal_status::text, safe_wal_size::bigint \
-             FROM pg_replication_slots WHERE slot_name = $1",
+                    wal_status::text, safe_wal_size::bigint, \
+                    (to_jsonb(s) -> 'failover')::boolean, ",
+                crate::slot_facts_columns!(),
+                " FROM pg_replication_slots s WHERE slot_name = $1"
+            ),
             &[&name],
         )
         .await
@@ -163,6 +179,8 @@ async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError>
             lag_bytes: None,
             wal_status: None,
             safe_wal_size_bytes: None,
+            failover: None,
+            facts: SlotFacts::default(),
         },
         Some(r) => SlotInfo {
             name: name.to_owned(),
@@ -177,6 +195,8 @@ async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError>
             lag_bytes: r.get(7),
             wal_status: r.get(8),
             safe_wal_size_bytes: r.get(9),
+            failover: r.get(10),
+            facts: slot_facts(&r, 11).map_err(query_err("read the replication slot"))?,
         },
     })
 }
@@ -253,7 +273,9 @@ fn warnings(
     }
     if !slot.exists {
         out.push(format!(
-            "slot {:?} does not exist: the relay creates it on start (or run outbox-relay setup)",
+            "slot {:?} does not exist: the relay creates it on its first start (or run outbox-relay \
+             setup); where public.outbox_relay_slots shows it streamed before, it refuses: see \
+             the README's failover runbook",
             slot.name
         ));
     } else {
@@ -261,8 +283,23 @@ fn warnings(
             lag_bytes: slot.lag_bytes.map(|l| u64::try_from(l).unwrap_or(0)),
             wal_status: WalStatus::parse(slot.wal_status.as_deref()),
             safe_wal_size_bytes: slot.safe_wal_size_bytes,
+            failover: slot.failover,
+            synchronized_standby_slots_set: settings
+                .get("synchronized_standby_slots")
+                .cloned()
+                .flatten()
+                .map(|s| !s.is_empty()),
+            facts: slot.facts.clone(),
         };
+        out.extend(
+            slot.facts
+                .invalidated()
+                .map(|r| slot_invalidated_remedy(&r)),
+        );
         out.extend(slot_warnings(&status, &ReadinessThresholds::default()));
+        out.extend(idle_timeout_warning(
+            slot.facts.idle_timeout_secs.unwrap_or(0),
+        ));
     }
     if !publication.exists {
         out.push(format!(
@@ -331,11 +368,24 @@ pub fn render_text(s: &Status) -> String {
         );
         row(
             &mut out,
+            "failover",
+            slot.failover
+                .map(|f| f.to_string())
+                .unwrap_or_else(|| "n/a (PostgreSQL 17+)".to_owned()),
+        );
+        row(
+            &mut out,
             "safe_wal_size",
             slot.safe_wal_size_bytes
                 .map(|b| format!("{b} bytes ({})", human_bytes(b)))
                 .unwrap_or_else(|| "unlimited (max_slot_wal_keep_size = -1)".to_owned()),
         );
+        if let Some(reason) = slot.facts.invalidated() {
+            row(&mut out, "invalidated", reason);
+        }
+        if let Some(since) = &slot.facts.inactive_since {
+            row(&mut out, "inactive since", since.clone());
+        }
     } else {
         out.push_str(&format!("slot {}: does not exist\n", slot.name));
     }

@@ -29,6 +29,21 @@ pub enum Command {
     Peek(PeekArgs),
     /// Translate a Debezium connector configuration into outbox-relay flags.
     DebeziumConfig(DebeziumConfigArgs),
+    /// Re-publish outbox rows still in the tables (at-least-once), e.g. the rows a
+    /// lost slot never saw after a failover.
+    Backfill(BackfillArgs),
+}
+
+/// `backfill` flags.
+#[derive(Debug, Clone, Args)]
+pub struct BackfillArgs {
+    /// Re-publish rows whose --column is at or after this time (a timestamptz
+    /// literal, e.g. '2026-11-23 10:00:00+00').
+    #[arg(long)]
+    pub since: String,
+    /// The timestamp column --since applies to.
+    #[arg(long, default_value = "created_at")]
+    pub column: String,
 }
 
 /// `debezium-config` flags.

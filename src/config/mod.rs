@@ -18,11 +18,11 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 pub use commands::{
-    Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs, SetupTarget,
-    StatusArgs,
+    BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
+    SetupTarget, StatusArgs,
 };
 pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
-pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, redact_url};
+pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs, redact_url};
 
 use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
 
@@ -82,7 +82,18 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
     pub slot: String,
 
-    /// Publication to stream (created FOR TABLE <tables> WITH (publish = 'insert') if missing).
+    /// Create the slot with FAILOVER true (or alter an existing one), so that standbys with
+    /// sync_replication_slots keep a copy and a failover loses nothing. PostgreSQL 17+.
+    #[arg(long, env = "OUTBOX_RELAY_SLOT_FAILOVER")]
+    pub slot_failover: bool,
+
+    /// Create the slot even though public.outbox_relay_slots says this relay streamed from
+    /// it on this database before (it was lost in a failover or dropped): events since the
+    /// last acknowledgement are then relayed only by `outbox-relay backfill`.
+    #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
+    pub allow_new_slot: bool,
+
+    /// Publication to stream (created FOR TABLE <tables> WITH (publish = 'insert', publish_via_partition_root = true) if missing).
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay")]
     pub publication: String,
 
@@ -191,8 +202,8 @@ pub struct Cli {
     pub delivery: Delivery,
 
     /// With --delivery exactly-once: what to do when a partition's tail cannot
-    /// prove what was sent (retention removed it, the partition count changed,
-    /// another writer uses the same source): stop (`fail`) or continue that
+    /// prove what was sent (the partition count changed, another writer uses
+    /// the same source, it cannot be read): stop (`fail`) or continue that
     /// partition at-least-once (`at-least-once`).
     #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE_FALLBACK", value_enum, default_value_t = ExactlyOnceFallback::Fail)]
     pub exactly_once_fallback: ExactlyOnceFallback,
@@ -447,6 +458,10 @@ pub struct Config {
     pub slot: String,
     /// Publication name.
     pub publication: String,
+    /// Create or alter the slot with FAILOVER true.
+    pub slot_failover: bool,
+    /// Create a missing slot even where this relay streamed before.
+    pub allow_new_slot: bool,
     /// How rows become records.
     pub mapping: MappingConfig,
     /// librdkafka properties given with `-X`, in order.
@@ -632,6 +647,8 @@ impl Config {
             tables,
             slot: cli.slot.clone(),
             publication: cli.publication.clone(),
+            slot_failover: cli.slot_failover,
+            allow_new_slot: cli.allow_new_slot,
             kafka_properties,
             shutdown_timeout: cli.shutdown_timeout,
             status_interval: cli.status_interval,

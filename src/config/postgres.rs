@@ -42,13 +42,81 @@ impl SslMode {
     }
 }
 
+/// Which server of several the relay may use (libpq's `target_session_attrs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum TargetSessionAttrs {
+    /// The first server that answers (libpq's default).
+    #[default]
+    Any,
+    /// A server that accepts writes (a primary not in read-only mode).
+    ReadWrite,
+    /// A server not in recovery.
+    Primary,
+    /// A server in recovery or in read-only mode.
+    ReadOnly,
+    /// A server in recovery.
+    Standby,
+    /// A standby if one answers, else any server.
+    PreferStandby,
+}
+
+impl TargetSessionAttrs {
+    fn parse(value: &str) -> Result<Self, PostgresUrlError> {
+        Ok(match value {
+            "any" => Self::Any,
+            "read-write" => Self::ReadWrite,
+            "primary" => Self::Primary,
+            "read-only" => Self::ReadOnly,
+            "standby" => Self::Standby,
+            "prefer-standby" => Self::PreferStandby,
+            other => {
+                return Err(PostgresUrlError::InvalidParameter {
+                    name: "target_session_attrs",
+                    value: other.to_owned(),
+                    expected: "any, read-write, primary, read-only, standby or prefer-standby",
+                });
+            }
+        })
+    }
+
+    /// libpq's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Any => "any",
+            Self::ReadWrite => "read-write",
+            Self::Primary => "primary",
+            Self::ReadOnly => "read-only",
+            Self::Standby => "standby",
+            Self::PreferStandby => "prefer-standby",
+        }
+    }
+
+    /// Whether a server in this state qualifies. `strict` is the first pass of
+    /// `prefer-standby` (standbys only); the second pass takes any server.
+    pub fn accepts(self, in_recovery: bool, read_only: bool, strict: bool) -> bool {
+        match self {
+            Self::Any => true,
+            Self::ReadWrite => !in_recovery && !read_only,
+            Self::Primary => !in_recovery,
+            Self::ReadOnly => in_recovery || read_only,
+            Self::Standby => in_recovery,
+            Self::PreferStandby => in_recovery || !strict,
+        }
+    }
+}
+
 /// A parsed `postgres://` URL.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PostgresConnInfo {
-    /// Host name, IP address, or a Unix socket directory (starts with `/`).
+    /// Host name, IP address, or a Unix socket directory (starts with `/`): the
+    /// first of [`Self::hosts`] until a connection chose another.
     pub host: String,
-    /// TCP port.
+    /// TCP port of `host`.
     pub port: u16,
+    /// Every server of the URL, in order (`postgres://u@db1:5432,db2:5432/app`).
+    pub hosts: Vec<(String, u16)>,
+    /// Which of `hosts` to use.
+    pub target_session_attrs: TargetSessionAttrs,
     /// Role to log in as.
     pub user: String,
     /// Password, if any. Never printed.
@@ -98,7 +166,7 @@ pub enum PostgresUrlError {
     },
     /// A query parameter the relay does not support.
     #[error(
-        "--postgres-url parameter {name:?} is not supported; supported: host, port, user, password, dbname, sslmode, sslrootcert, sslcert, sslkey, application_name"
+        "--postgres-url parameter {name:?} is not supported; supported: host, port, user, password, dbname, sslmode, sslrootcert, sslcert, sslkey, application_name, target_session_attrs"
     )]
     UnsupportedParameter {
         /// Parameter name.
@@ -116,6 +184,8 @@ impl PostgresConnInfo {
     /// Parses a libpq URL (`postgres://user:pass@host:port/db?sslmode=require`).
     ///
     /// Defaults follow libpq: port 5432, user `postgres`, database = user.
+    /// Several hosts are separated by commas (`db1:5432,db2:5432`, or
+    /// `?host=db1,db2&port=5432,5433`), each with its own port or the default.
     pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
         // The parser ends the user info at the first `/`, `?` or `#`: with one
         // of them unencoded in the password, the rest of the secret would be
@@ -128,10 +198,13 @@ impl PostgresConnInfo {
                     .to_owned(),
             });
         }
-        let url = url::Url::parse(raw).map_err(|e| PostgresUrlError::Malformed {
+        let malformed = |reason: String| PostgresUrlError::Malformed {
             url: redact_url(raw),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        // The URL parser knows one host per URL: it gets the first, the rest are split here.
+        let (first_only, extra_hosts) = split_hosts(raw);
+        let url = url::Url::parse(&first_only).map_err(|e| malformed(e.to_string()))?;
         if url.scheme() != "postgres" && url.scheme() != "postgresql" {
             return Err(PostgresUrlError::Scheme {
                 scheme: url.scheme().to_owned(),
@@ -147,6 +220,8 @@ impl PostgresConnInfo {
                 None => "localhost".to_owned(),
             },
             port: url.port().unwrap_or(5432),
+            hosts: Vec::new(),
+            target_session_attrs: TargetSessionAttrs::default(),
             user: decode("user", url.username())?,
             password: url.password().map(|p| decode("password", p)).transpose()?,
             dbname: decode("database name", url.path().trim_start_matches('/'))?,
@@ -156,18 +231,31 @@ impl PostgresConnInfo {
             sslkey: None,
             application_name: None,
         };
+        let mut hosts: Vec<String> = vec![info.host.clone()];
+        let mut ports: Vec<Option<u16>> = vec![url.port()];
+        for extra in &extra_hosts {
+            let (host, port) = split_host_port(extra)
+                .ok_or_else(|| malformed(format!("host {extra:?} is not HOST or HOST:PORT")))?;
+            hosts.push(decode("host", &host)?);
+            ports.push(port);
+        }
         for (name, value) in url.query_pairs() {
             let value = value.into_owned();
             match name.as_ref() {
-                "host" => info.host = value,
+                "host" => hosts = value.split(',').map(str::to_owned).collect(),
                 "port" => {
-                    info.port = value
-                        .parse()
+                    ports = value
+                        .split(',')
+                        .map(|p| p.parse().map(Some))
+                        .collect::<Result<_, _>>()
                         .map_err(|_| PostgresUrlError::InvalidParameter {
                             name: "port",
                             value,
-                            expected: "a TCP port number",
+                            expected: "a TCP port number, or one per host separated by commas",
                         })?
+                }
+                "target_session_attrs" => {
+                    info.target_session_attrs = TargetSessionAttrs::parse(&value)?
                 }
                 "user" => info.user = value,
                 "password" => info.password = Some(value),
@@ -184,6 +272,26 @@ impl PostgresConnInfo {
                 }
             }
         }
+        // libpq: one port for every host, or one per host.
+        if ports.len() != 1 && ports.len() != hosts.len() {
+            return Err(PostgresUrlError::InvalidParameter {
+                name: "port",
+                value: format!("{} ports for {} hosts", ports.len(), hosts.len()),
+                expected: "one port, or one per host",
+            });
+        }
+        info.hosts = hosts
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let port = ports.get(i).or(ports.first()).copied().flatten();
+                (h, port.unwrap_or(5432))
+            })
+            .collect();
+        if let Some((host, port)) = info.hosts.first() {
+            info.host = host.clone();
+            info.port = *port;
+        }
         if info.user.is_empty() {
             info.user = "postgres".to_owned();
         }
@@ -193,18 +301,39 @@ impl PostgresConnInfo {
         Ok(info)
     }
 
-    /// The URL with the password replaced by `***`, for logs and errors.
+    /// The URL with the password replaced by `***`, for logs and errors: the
+    /// chosen host only, once a connection has chosen one.
     pub fn redacted(&self) -> String {
         let password = if self.password.is_some() { ":***" } else { "" };
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
+        let hosts = if self.hosts.len() > 1 {
+            &self.hosts[..]
         } else {
-            self.host.clone()
+            &[(self.host.clone(), self.port)][..]
         };
+        let hosts: Vec<String> = hosts
+            .iter()
+            .map(|(host, port)| match host.contains(':') {
+                true => format!("[{host}]:{port}"),
+                false => format!("{host}:{port}"),
+            })
+            .collect();
         format!(
-            "postgres://{}{}@{}:{}/{}",
-            self.user, password, host, self.port, self.dbname
+            "postgres://{}{}@{}/{}",
+            self.user,
+            password,
+            hosts.join(","),
+            self.dbname
         )
+    }
+
+    /// The same settings, pinned to one server of [`Self::hosts`].
+    pub fn pinned(&self, host: &str, port: u16) -> PostgresConnInfo {
+        PostgresConnInfo {
+            host: host.to_owned(),
+            port,
+            hosts: vec![(host.to_owned(), port)],
+            ..self.clone()
+        }
     }
 }
 
@@ -216,6 +345,43 @@ impl fmt::Debug for PostgresConnInfo {
             .field("sslrootcert", &self.sslrootcert)
             .finish_non_exhaustive()
     }
+}
+
+/// The URL with only the first of its comma-separated hosts, and the others.
+fn split_hosts(raw: &str) -> (String, Vec<String>) {
+    let Some(scheme_end) = raw.find("://") else {
+        return (raw.to_owned(), Vec::new());
+    };
+    let start = scheme_end + 3;
+    let end = raw[start..]
+        .find(['/', '?', '#'])
+        .map_or(raw.len(), |i| start + i);
+    let hosts_start = raw[start..end]
+        .rfind('@')
+        .map_or(start, |at| start + at + 1);
+    let mut hosts = raw[hosts_start..end].split(',');
+    let first = hosts.next().unwrap_or_default();
+    let rest = hosts.map(str::to_owned).collect();
+    (
+        format!("{}{first}{}", &raw[..hosts_start], &raw[end..]),
+        rest,
+    )
+}
+
+/// `db2:5433`, `db2` or `[::1]:5433`.
+fn split_host_port(text: &str) -> Option<(String, Option<u16>)> {
+    let (host, port) = match text.strip_prefix('[') {
+        Some(rest) => {
+            let (host, after) = rest.split_once(']')?;
+            (host, after.strip_prefix(':'))
+        }
+        None => match text.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        },
+    };
+    let port = port.map(str::parse).transpose().ok()?;
+    (!host.is_empty()).then(|| (host.to_owned(), port))
 }
 
 fn percent_decode(s: &str) -> Option<String> {
@@ -321,6 +487,38 @@ mod tests {
         );
         let err = PostgresConnInfo::parse("postgres://relay:hunter2@[bad/db").unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn parses_several_hosts_and_target_session_attrs() {
+        let info = PostgresConnInfo::parse(
+            "postgres://relay:pw@db1:5432,db2,[::1]:6000/app?target_session_attrs=read-write",
+        )
+        .unwrap();
+        assert_eq!(
+            info.hosts,
+            vec![
+                ("db1".to_owned(), 5432),
+                ("db2".to_owned(), 5432),
+                ("::1".to_owned(), 6000)
+            ]
+        );
+        assert_eq!((info.host.as_str(), info.port), ("db1", 5432));
+        assert_eq!(info.dbname, "app");
+        assert_eq!(info.target_session_attrs, TargetSessionAttrs::ReadWrite);
+        assert_eq!(
+            info.redacted(),
+            "postgres://relay:***@db1:5432,db2:5432,[::1]:6000/app"
+        );
+        let pinned = info.pinned("db2", 5432);
+        assert_eq!(pinned.redacted(), "postgres://relay:***@db2:5432/app");
+        let info = PostgresConnInfo::parse("postgres://u@x/db?host=a,b&port=1,2").unwrap();
+        assert_eq!(info.hosts, vec![("a".to_owned(), 1), ("b".to_owned(), 2)]);
+        assert!(PostgresConnInfo::parse("postgres://u@a,b,c/db?port=1,2").is_err());
+        assert!(PostgresConnInfo::parse("postgres://u@a/db?target_session_attrs=x").is_err());
+        assert!(TargetSessionAttrs::PreferStandby.accepts(false, false, false));
+        assert!(!TargetSessionAttrs::PreferStandby.accepts(false, false, true));
+        assert!(!TargetSessionAttrs::ReadWrite.accepts(true, false, false));
     }
 
     #[test]

@@ -78,6 +78,49 @@ pub struct SlotStatus {
     pub wal_status: WalStatus,
     /// `safe_wal_size`; `None` when unlimited (`max_slot_wal_keep_size = -1`) or lost.
     pub safe_wal_size_bytes: Option<i64>,
+    /// Whether the slot is marked for failover (`None` before PostgreSQL 17).
+    pub failover: Option<bool>,
+    /// Whether `synchronized_standby_slots` is set (`None` before PostgreSQL 17).
+    pub synchronized_standby_slots_set: Option<bool>,
+    /// What only newer servers report.
+    #[serde(flatten)]
+    pub facts: SlotFacts,
+}
+
+/// Slot facts of newer servers; `None` where the server lacks them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SlotFacts {
+    /// `invalidation_reason` (PostgreSQL 17+): why the slot can no longer stream.
+    pub invalidation_reason: Option<String>,
+    /// `conflicting` (PostgreSQL 16+): invalidated by a recovery conflict.
+    pub conflicting: Option<bool>,
+    /// `inactive_since` (PostgreSQL 17+): when the slot was last released.
+    pub inactive_since: Option<String>,
+    /// `idle_replication_slot_timeout` in seconds (PostgreSQL 18+; 0 is off).
+    pub idle_timeout_secs: Option<u64>,
+}
+
+impl SlotFacts {
+    /// Why the slot can no longer stream, when the server says it cannot.
+    pub fn invalidated(&self) -> Option<String> {
+        match (&self.invalidation_reason, self.conflicting) {
+            (Some(reason), _) => Some(reason.clone()),
+            (None, Some(true)) => Some("conflict with recovery".to_owned()),
+            _ => None,
+        }
+    }
+}
+
+/// PURE: the warning for an `idle_replication_slot_timeout` (in seconds) that is set.
+pub fn idle_timeout_warning(secs: u64) -> Option<String> {
+    (secs > 0).then(|| {
+        format!(
+            "idle_replication_slot_timeout is {}: if the relay stays stopped longer, Postgres \
+             invalidates its slot (invalidation_reason idle_timeout) and events committed \
+             meanwhile can no longer be streamed. Keep restarts shorter, or set it to 0",
+            humantime::format_duration(Duration::from_secs(secs))
+        )
+    })
 }
 
 /// What is known about the slot.
@@ -166,8 +209,10 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     match &state.slot {
         SlotObservation::Unknown => {}
         SlotObservation::Missing => reasons.push(
-            "the replication slot does not exist (dropped?): restart the relay to recreate it, \
-             and reconcile events committed since it was dropped"
+            "the replication slot does not exist (dropped, or lost in a failover to a server \
+             without it): events committed since the last acknowledgement may never have been \
+             relayed. Start the relay once with --allow-new-slot, then re-publish them with \
+             `outbox-relay backfill --since TIMESTAMP`"
                 .to_owned(),
         ),
         SlotObservation::Seen(slot) => {
@@ -181,10 +226,15 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
                     limits.max_slot_lag_bytes
                 ));
             }
-            if slot.wal_status == WalStatus::Lost {
+            if let Some(reason) = slot.facts.invalidated() {
+                reasons.push(slot_invalidated_remedy(&reason));
+            } else if slot.wal_status == WalStatus::Lost {
                 reasons.push(slot_lost_remedy());
             }
             warnings = slot_warnings(slot, limits);
+            warnings.extend(idle_timeout_warning(
+                slot.facts.idle_timeout_secs.unwrap_or(0),
+            ));
         }
     }
     Readiness {
@@ -196,10 +246,19 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
 
 fn slot_lost_remedy() -> String {
     "the slot's wal_status is 'lost': Postgres removed WAL the slot still needed and the slot \
-     cannot stream. Drop and recreate it (outbox-relay drop-slot --yes-i-know, then \
-     outbox-relay setup or restart the relay), and reconcile events committed since the last \
-     confirmed position; raise max_slot_wal_keep_size to avoid a repeat"
+     cannot stream. Drop it (outbox-relay drop-slot --yes-i-know), start the relay with \
+     --allow-new-slot, and re-publish events committed since the last confirmed position with \
+     `outbox-relay backfill --since TIMESTAMP`; raise max_slot_wal_keep_size to avoid a repeat"
         .to_owned()
+}
+
+/// For an invalidated slot: what it means and what to do.
+pub fn slot_invalidated_remedy(reason: &str) -> String {
+    format!(
+        "the slot is invalidated ({reason}) and cannot stream. Drop and recreate it \
+         (outbox-relay drop-slot --yes-i-know, then restart the relay), and reconcile events \
+         committed since the last confirmed position"
+    )
 }
 
 /// PURE: warnings about the slot's WAL retention, each with the operator's remedy.
@@ -221,6 +280,14 @@ pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<Str
         ),
         WalStatus::Lost => warnings.push(slot_lost_remedy()),
         WalStatus::Reserved | WalStatus::Unknown => {}
+    }
+    if slot.failover == Some(true) && slot.synchronized_standby_slots_set == Some(false) {
+        warnings.push(
+            "the slot is marked for failover but synchronized_standby_slots is empty: the relay \
+             may publish transactions no standby has received, which a failover then loses from \
+             the database. Set synchronized_standby_slots to the standbys' physical slots"
+                .to_owned(),
+        );
     }
     if let Some(safe) = slot.safe_wal_size_bytes
         && slot.wal_status != WalStatus::Lost
@@ -352,6 +419,9 @@ impl Health {
             lag_bytes,
             wal_status,
             safe_wal_size_bytes: safe_wal_size,
+            failover: None,
+            synchronized_standby_slots_set: None,
+            facts: SlotFacts::default(),
         }));
     }
 
@@ -446,6 +516,9 @@ mod tests {
                 lag_bytes: Some(1000),
                 wal_status: WalStatus::Reserved,
                 safe_wal_size_bytes: None,
+                failover: None,
+                synchronized_standby_slots_set: None,
+                facts: SlotFacts::default(),
             }),
         }
     }
@@ -455,7 +528,42 @@ mod tests {
             lag_bytes: Some(lag),
             wal_status: status,
             safe_wal_size_bytes: safe,
+            failover: None,
+            synchronized_standby_slots_set: None,
+            facts: SlotFacts::default(),
         })
+    }
+
+    #[test]
+    fn newer_servers_slot_facts_reach_readiness() {
+        let mut state = good();
+        let SlotObservation::Seen(slot) = &mut state.slot else {
+            unreachable!()
+        };
+        slot.facts.idle_timeout_secs = Some(86_400);
+        let r = evaluate(&state, &ReadinessThresholds::default());
+        assert!(r.ready, "{r:?}");
+        assert!(
+            r.warnings[0].contains("idle_replication_slot_timeout is 1day"),
+            "{r:?}"
+        );
+        // PostgreSQL 16 says only `conflicting`; 17 also names the reason.
+        for (reason, conflicting, named) in [
+            (None, Some(true), "conflict with recovery"),
+            (Some("idle_timeout"), Some(false), "idle_timeout"),
+        ] {
+            let SlotObservation::Seen(slot) = &mut state.slot else {
+                unreachable!()
+            };
+            slot.facts.invalidation_reason = reason.map(str::to_owned);
+            slot.facts.conflicting = conflicting;
+            let r = evaluate(&state, &ReadinessThresholds::default());
+            assert!(!r.ready);
+            assert!(
+                r.reasons[0].contains(&format!("invalidated ({named})")),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]

@@ -138,6 +138,10 @@ async fn readyz(State(state): State<AppState>) -> Response {
             "lag_bytes": slot.lag_bytes,
             "wal_status": slot.wal_status,
             "safe_wal_size_bytes": slot.safe_wal_size_bytes,
+            "failover": slot.failover,
+            "synchronized_standby_slots_set": slot.synchronized_standby_slots_set,
+            "invalidated": slot.facts.invalidated(),
+            "idle_timeout_secs": slot.facts.idle_timeout_secs,
         }),
     };
     let body = serde_json::json!({

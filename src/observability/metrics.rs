@@ -51,12 +51,21 @@ pub const SLOT_LAG_BYTES: &str = "outbox_relay_slot_lag_bytes";
 pub const SLOT_WAL_STATUS: &str = "outbox_relay_slot_wal_status";
 /// The slot's `safe_wal_size`: WAL that can still be written before the slot is lost.
 pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "outbox_relay_slot_safe_wal_size_bytes";
+/// 1 when the server reports the slot invalidated (`invalidation_reason`, 17+;
+/// `conflicting`, 16+), else 0.
+pub const SLOT_INVALIDATED: &str = "outbox_relay_slot_invalidated";
+/// `idle_replication_slot_timeout` (18+): a stopped relay loses its slot after it; 0 is off.
+pub const SLOT_IDLE_TIMEOUT_SECONDS: &str = "outbox_relay_slot_idle_timeout_seconds";
 /// From the transaction's commit in Postgres to the broker's acknowledgement.
 pub const COMMIT_TO_ACK_SECONDS: &str = "outbox_relay_commit_to_ack_seconds";
 /// Replication stream reconnects.
 pub const RECONNECTS_TOTAL: &str = "outbox_relay_reconnects_total";
 /// Outbox rows deleted by `--cleanup delete`.
 pub const CLEANUP_DELETED_ROWS_TOTAL: &str = "outbox_relay_cleanup_deleted_rows_total";
+/// 1 when the slot is marked for failover (PostgreSQL 17+), else 0.
+pub const SLOT_FAILOVER: &str = "outbox_relay_slot_failover";
+/// 1 when the server's `synchronized_standby_slots` is set (PostgreSQL 17+), else 0.
+pub const SYNCHRONIZED_STANDBY_SLOTS_SET: &str = "outbox_relay_synchronized_standby_slots_set";
 /// Always 1; the label carries the version. Label: `version`.
 pub const BUILD_INFO: &str = "outbox_relay_build_info";
 
@@ -73,9 +82,13 @@ pub const ALL: &[&str] = &[
     SLOT_LAG_BYTES,
     SLOT_WAL_STATUS,
     SLOT_SAFE_WAL_SIZE_BYTES,
+    SLOT_INVALIDATED,
+    SLOT_IDLE_TIMEOUT_SECONDS,
     COMMIT_TO_ACK_SECONDS,
     RECONNECTS_TOTAL,
     CLEANUP_DELETED_ROWS_TOTAL,
+    SLOT_FAILOVER,
+    SYNCHRONIZED_STANDBY_SLOTS_SET,
     BUILD_INFO,
 ];
 
@@ -174,6 +187,14 @@ fn describe() {
         SLOT_SAFE_WAL_SIZE_BYTES,
         "WAL that can still be written before the slot is invalidated (NaN when unlimited)."
     );
+    describe_gauge!(
+        SLOT_INVALIDATED,
+        "1 when Postgres reports the slot invalidated (invalidation_reason, conflicting)."
+    );
+    describe_gauge!(
+        SLOT_IDLE_TIMEOUT_SECONDS,
+        "idle_replication_slot_timeout: a relay stopped longer loses its slot (0: off)."
+    );
     describe_histogram!(
         COMMIT_TO_ACK_SECONDS,
         "Seconds from the transaction's commit in Postgres to the broker's acknowledgement."
@@ -182,6 +203,14 @@ fn describe() {
     describe_counter!(
         CLEANUP_DELETED_ROWS_TOTAL,
         "Outbox rows deleted by --cleanup delete after the broker acknowledged their events."
+    );
+    describe_gauge!(
+        SLOT_FAILOVER,
+        "1 when the slot is marked for failover (PostgreSQL 17+), else 0."
+    );
+    describe_gauge!(
+        SYNCHRONIZED_STANDBY_SLOTS_SET,
+        "1 when synchronized_standby_slots is set on the server (PostgreSQL 17+), else 0."
     );
     describe_gauge!(BUILD_INFO, "Always 1; the version label names the build.");
 }
@@ -253,6 +282,24 @@ pub fn set_slot(lag_bytes: Option<u64>, wal_status: Option<&str>, safe_wal_size:
         Some(size) => ::metrics::gauge!(SLOT_SAFE_WAL_SIZE_BYTES).set(size as f64),
         None => ::metrics::gauge!(SLOT_SAFE_WAL_SIZE_BYTES).set(f64::NAN),
     }
+}
+
+/// The slot's failover facts; absent (before PostgreSQL 17) reads as 0.
+pub fn set_failover(failover: Option<bool>, standby_slots_set: Option<bool>) {
+    let value = |b: Option<bool>| if b == Some(true) { 1.0 } else { 0.0 };
+    ::metrics::gauge!(SLOT_FAILOVER).set(value(failover));
+    ::metrics::gauge!(SYNCHRONIZED_STANDBY_SLOTS_SET).set(value(standby_slots_set));
+}
+
+/// The slot facts of newer servers (see [`SLOT_INVALIDATED`]).
+pub fn set_slot_facts(facts: &crate::observability::health::SlotFacts) {
+    let invalidated = if facts.invalidated().is_some() {
+        1.0
+    } else {
+        0.0
+    };
+    ::metrics::gauge!(SLOT_INVALIDATED).set(invalidated);
+    ::metrics::gauge!(SLOT_IDLE_TIMEOUT_SECONDS).set(facts.idle_timeout_secs.unwrap_or(0) as f64);
 }
 
 /// A bounded label value for a librdkafka error: the error code in snake case
@@ -418,6 +465,7 @@ mod tests {
             relay.set_received_lsn(Lsn(0x1_0000_0010));
             relay.set_ack_frontier(Lsn(42));
             set_slot(Some(1234), Some("extended"), Some(4096));
+            set_failover(Some(true), Some(false));
             delivery_error("message_timed_out");
             dead_lettered();
             reconnected();

@@ -12,18 +12,65 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::health::{Health, SlotObservation, SlotStatus, WalStatus, slot_warnings};
+use super::health::{Health, SlotFacts, SlotObservation, SlotStatus, WalStatus, slot_warnings};
 use super::metrics;
 use crate::config::Config;
 use crate::source::setup;
 
+/// The [`SlotFacts`] columns of `pg_replication_slots s`, for [`slot_facts`].
+#[macro_export]
+#[doc(hidden)]
+macro_rules! slot_facts_columns {
+    () => {
+        concat!(
+            "to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool, \
+             to_jsonb(s) ->> 'inactive_since', ",
+            $crate::idle_timeout_secs!()
+        )
+    };
+}
+
+/// `idle_replication_slot_timeout` in seconds, NULL before PostgreSQL 18.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! idle_timeout_secs {
+    () => {
+        "(SELECT setting::bigint * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 \
+                 WHEN 'd' THEN 86400 ELSE 1 END \
+          FROM pg_settings WHERE name = 'idle_replication_slot_timeout')"
+    };
+}
+
 /// The poll. On a standby (logical slots exist there from Postgres 16) the
-/// replay position stands in for `pg_current_wal_lsn()`.
-pub const SLOT_QUERY: &str = "\
-    SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                 ELSE pg_current_wal_lsn() END - confirmed_flush_lsn)::bigint, \
-           wal_status::text, safe_wal_size::bigint, active_pid \
-    FROM pg_replication_slots WHERE slot_name = $1";
+/// replay position stands in for `pg_current_wal_lsn()`. Newer servers' columns
+/// are read through `to_jsonb`, so one query fits every version.
+pub const SLOT_QUERY: &str = concat!(
+    "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                  ELSE pg_current_wal_lsn() END - confirmed_flush_lsn)::bigint, \
+            wal_status::text, safe_wal_size::bigint, active_pid, \
+            (to_jsonb(s) -> 'failover')::boolean, \
+            current_setting('synchronized_standby_slots', true) <> '', ",
+    crate::slot_facts_columns!(),
+    " FROM pg_replication_slots s WHERE slot_name = $1"
+);
+
+/// `idle_replication_slot_timeout` in seconds (NULL before PostgreSQL 18).
+pub const IDLE_TIMEOUT_QUERY: &str = concat!("SELECT ", crate::idle_timeout_secs!());
+
+/// [`SlotFacts`] from the four `slot_facts_columns!()` starting at column `first`.
+pub fn slot_facts(
+    row: &tokio_postgres::Row,
+    first: usize,
+) -> Result<SlotFacts, tokio_postgres::Error> {
+    Ok(SlotFacts {
+        invalidation_reason: row.try_get(first)?,
+        conflicting: row.try_get(first + 1)?,
+        inactive_since: row.try_get(first + 2)?,
+        idle_timeout_secs: row
+            .try_get::<_, Option<i64>>(first + 3)?
+            .map(|s| u64::try_from(s).unwrap_or(0)),
+    })
+}
 
 /// The same warnings are repeated at most this often.
 const REPEAT_WARNINGS: Duration = Duration::from_secs(300);
@@ -68,7 +115,8 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
         let warnings = match &observation {
             SlotObservation::Seen(slot) => slot_warnings(slot, &health.thresholds()),
             SlotObservation::Missing => vec![format!(
-                "replication slot {:?} does not exist (dropped?); the relay cannot resume from it",
+                "replication slot {:?} does not exist (dropped, or lost in a failover); the relay \
+                 cannot resume from it: see the runbook (--allow-new-slot, then backfill)",
                 config.slot
             )],
             SlotObservation::Unknown => Vec::new(),
@@ -106,6 +154,9 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
         lag_bytes: lag.map(|l| u64::try_from(l).unwrap_or(0)),
         wal_status: WalStatus::parse(wal_status.as_deref()),
         safe_wal_size_bytes: safe_wal_size,
+        failover: row.try_get(4)?,
+        synchronized_standby_slots_set: row.try_get(5)?,
+        facts: slot_facts(&row, 6)?,
     }))
 }
 
@@ -118,6 +169,8 @@ pub fn record(health: &Health, observation: &SlotObservation) {
                 known => Some(known.as_str()),
             };
             metrics::set_slot(slot.lag_bytes, status, slot.safe_wal_size_bytes);
+            metrics::set_failover(slot.failover, slot.synchronized_standby_slots_set);
+            metrics::set_slot_facts(&slot.facts);
         }
         SlotObservation::Missing => metrics::set_slot(None, None, None),
         SlotObservation::Unknown => {}

@@ -48,16 +48,26 @@ impl EventMapper {
     }
 
     /// Takes a Relation message: binds the mapping when the table is an
-    /// outbox table. A table that no longer fits its mapping is an error.
-    pub fn relation(&mut self, relation: Relation) -> Result<(), BindError> {
-        let config = self
-            .tables
-            .iter()
-            .find(|(t, _)| t.schema == relation.namespace && t.name == relation.name)
-            .map(|(_, config)| config);
-        match config {
-            Some(config) => {
-                let mapping = TableMapping::bind(config, &relation)?;
+    /// outbox table, or a partition of `root` (an outbox table) sent under its
+    /// own name; records then name the root. A table that no longer fits its
+    /// mapping is an error.
+    pub fn relation(
+        &mut self,
+        relation: Relation,
+        root: Option<TableName>,
+    ) -> Result<(), BindError> {
+        let table = root.unwrap_or_else(|| TableName {
+            schema: relation.namespace.clone(),
+            name: relation.name.clone(),
+        });
+        match self.tables.iter().find(|(t, _)| *t == table) {
+            Some((_, config)) => {
+                let named = Relation {
+                    namespace: table.schema,
+                    name: table.name,
+                    ..relation.clone()
+                };
+                let mapping = TableMapping::bind(config, &named)?;
                 self.bound.insert(relation.id, mapping);
             }
             None => {
@@ -66,6 +76,13 @@ impl EventMapper {
         }
         self.relations.insert(relation);
         Ok(())
+    }
+
+    /// Whether `schema.name` is a configured outbox table.
+    pub fn is_outbox(&self, schema: &str, name: &str) -> bool {
+        self.tables
+            .iter()
+            .any(|(t, _)| t.schema == schema && t.name == name)
     }
 
     /// `schema.table` when `relation_id` is a bound outbox table.

@@ -111,9 +111,17 @@ impl Cleanup {
         }
     }
 
-    /// A Relation message: for an outbox table, where its key columns are.
-    pub(super) fn relation(&mut self, relation: &Relation) -> Result<(), BindError> {
-        let table = format!("{}.{}", relation.namespace, relation.name);
+    /// A Relation message: for an outbox table (or a partition of one,
+    /// `root`), where its key columns are; rows are deleted through the root.
+    pub(super) fn relation(
+        &mut self,
+        relation: &Relation,
+        root: Option<&crate::outbox::TableName>,
+    ) -> Result<(), BindError> {
+        let table = match root {
+            Some(root) => root.to_string(),
+            None => format!("{}.{}", relation.namespace, relation.name),
+        };
         let Some(t) = self.tables.get(&table) else {
             self.bound.remove(&relation.id);
             return Ok(());

@@ -2,8 +2,9 @@
 //! [`crate::sink::exactly_once`]): pin each record's partition, tag it with
 //! its position, and skip what a partition's tail shows was already delivered.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -12,9 +13,12 @@ use crate::lsn::Lsn;
 use crate::outbox::OutboxRecord;
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::{
-    LSN_HEADER, Position, SEQ_HEADER, SOURCE_HEADER, TailError, TailReader, Verdict, partition_for,
-    verdict,
+    LSN_HEADER, Position, SEQ_HEADER, SOURCE_HEADER, TailError, TailReader, partition_for,
 };
+
+/// Metadata reads of a topic that does not exist yet (a broker creating it
+/// on first use answers so for a moment) before the relay gives up.
+const TOPIC_ATTEMPTS: u32 = 20;
 
 /// Per-run exactly-once state.
 pub(super) struct ExactlyOnce {
@@ -25,8 +29,9 @@ pub(super) struct ExactlyOnce {
     wal_end: Lsn,
     fallback: ExactlyOnceFallback,
     partitions: HashMap<String, i32>,
-    /// Last position of ours per partition, read once per (re)connect.
-    last: HashMap<(String, i32), Option<Position>>,
+    /// Per partition, the positions of events still to come that are already
+    /// there; read once per (re)connect, each entry used once.
+    delivered: HashMap<(String, i32), HashSet<Position>>,
     /// Events skipped because a previous run had delivered them.
     pub(super) skipped: u64,
 }
@@ -35,8 +40,8 @@ impl ExactlyOnce {
     pub(super) fn new(
         source_id: String,
         tail: TailReader,
-        wal_end: Lsn,
         fallback: ExactlyOnceFallback,
+        wal_end: Lsn,
     ) -> Self {
         ExactlyOnce {
             source_id: Bytes::from(source_id),
@@ -44,15 +49,16 @@ impl ExactlyOnce {
             wal_end,
             fallback,
             partitions: HashMap::new(),
-            last: HashMap::new(),
+            delivered: HashMap::new(),
             skipped: 0,
         }
     }
 
-    /// Forgets what the tails said: after a reconnect they are read again
-    /// (once the in-flight records have landed).
+    /// Forgets what the tails said: after a reconnect or a takeover they are
+    /// read again (once the in-flight records have landed), judged against
+    /// the WAL's end now.
     pub(super) fn reset(&mut self, wal_end: Lsn) {
-        self.last.clear();
+        self.delivered.clear();
         self.wal_end = wal_end;
     }
 
@@ -63,76 +69,21 @@ impl ExactlyOnce {
         mut record: OutboxRecord,
         position: Position,
     ) -> Result<Option<OutboxRecord>, TailError> {
-        let partitions = match self.partitions.get(&record.topic) {
-            Some(n) => *n,
-            None => {
-                let (sink, topic) = (Arc::clone(sink), record.topic.clone());
-                let n = blocking(&record.topic, -1, move || {
-                    sink.partition_count(&topic)
-                        .map_err(|e| format!("cannot read the topic's partition count: {e}"))
-                })
-                .await?
-                .map_err(|reason| TailError::Read {
-                    topic: record.topic.clone(),
-                    partition: -1,
-                    reason,
-                })?;
-                self.partitions.insert(record.topic.clone(), n);
-                n
-            }
-        };
+        let partitions = self.partition_count(sink, &record.topic).await?;
         let key = record.key.as_ref().unwrap_or(&record.id);
         let partition = partition_for(key, partitions);
         let slot = (record.topic.clone(), partition);
-        let last = match self.last.get(&slot) {
-            Some(last) => *last,
-            None => {
-                // The first record for this partition since the (re)connect:
-                // read the tails of all the topic's partitions at once, as
-                // the others are likely needed next.
-                let (tail, topic, wal_end) =
-                    (Arc::clone(&self.tail), record.topic.clone(), self.wal_end);
-                let read = blocking(&record.topic, partition, move || {
-                    tail.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .last_positions(&topic, partitions, wal_end)
-                })
+        if !self.delivered.contains_key(&slot) {
+            // Events come in commit order: no later one sits below this one,
+            // so records of ours below it need not be read.
+            self.read_tails(&record.topic, partitions, partition, position.lsn)
                 .await?;
-                let mut wanted = None;
-                for (p, result) in (0..partitions).zip(read) {
-                    if p == partition {
-                        wanted = Some(result);
-                    } else if let Ok(last) = result {
-                        // A failed read of another partition is retried,
-                        // and reported, when that partition is needed.
-                        self.last.insert((record.topic.clone(), p), last);
-                    }
-                }
-                let read = wanted.unwrap_or_else(|| {
-                    Err(TailError::Read {
-                        topic: record.topic.clone(),
-                        partition,
-                        reason: "the partition was not read".to_owned(),
-                    })
-                });
-                let last = match read {
-                    Ok(last) => last,
-                    Err(e) if self.fallback == ExactlyOnceFallback::AtLeastOnce => {
-                        tracing::warn!(
-                            error = %e,
-                            "exactly-once cannot be guaranteed for this partition; continuing \
-                             at-least-once for it (--exactly-once-fallback at-least-once)"
-                        );
-                        None
-                    }
-                    Err(e) => return Err(e),
-                };
-                tracing::debug!(topic = %record.topic, partition, last = ?last, "read partition tail");
-                self.last.insert(slot, last);
-                last
-            }
-        };
-        if verdict(last, position) == Verdict::Delivered {
+        }
+        if self
+            .delivered
+            .get_mut(&slot)
+            .is_some_and(|d| d.remove(&position))
+        {
             self.skipped += 1;
             return Ok(None);
         }
@@ -149,6 +100,107 @@ impl ExactlyOnce {
             Some(Bytes::from(position.seq.to_string())),
         ));
         Ok(Some(record))
+    }
+
+    /// The topic's partition count, waiting a little for a topic the broker
+    /// is still creating (the first event to it must not stop the relay).
+    async fn partition_count(
+        &mut self,
+        sink: &Arc<KafkaSink>,
+        topic: &str,
+    ) -> Result<i32, TailError> {
+        use rdkafka::types::RDKafkaErrorCode as C;
+        if let Some(n) = self.partitions.get(topic) {
+            return Ok(*n);
+        }
+        let mut wait = Duration::from_millis(100);
+        let mut attempt = 1;
+        loop {
+            let (sink, owned) = (Arc::clone(sink), topic.to_owned());
+            match blocking(topic, -1, move || sink.partition_count(&owned)).await? {
+                Ok(n) => {
+                    self.partitions.insert(topic.to_owned(), n);
+                    return Ok(n);
+                }
+                Err(e)
+                    if attempt < TOPIC_ATTEMPTS
+                        && matches!(
+                            e.rdkafka_error_code(),
+                            Some(
+                                C::UnknownTopicOrPartition
+                                    | C::UnknownTopic
+                                    | C::LeaderNotAvailable
+                            )
+                        ) =>
+                {
+                    tracing::debug!(topic, error = %e, "topic not there yet; asking again");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                    attempt += 1;
+                }
+                Err(e) => {
+                    return Err(TailError::Read {
+                        topic: topic.to_owned(),
+                        partition: -1,
+                        reason: format!("cannot read the topic's partition count: {e}"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Reads the tails of all the topic's partitions at once (the others are
+    /// likely needed next); `wanted` is the one needed now.
+    async fn read_tails(
+        &mut self,
+        topic: &str,
+        partitions: i32,
+        wanted: i32,
+        floor: Lsn,
+    ) -> Result<(), TailError> {
+        let (tail, owned, wal_end) = (Arc::clone(&self.tail), topic.to_owned(), self.wal_end);
+        let read = blocking(topic, wanted, move || {
+            tail.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .delivered(&owned, partitions, floor, wal_end)
+        })
+        .await?;
+        let mut failure = None;
+        for (p, result) in (0..partitions).zip(read) {
+            match result {
+                Ok(delivered) => {
+                    tracing::debug!(
+                        topic,
+                        partition = p,
+                        replayed_present = delivered.len(),
+                        "read partition tail"
+                    );
+                    self.delivered.insert((topic.to_owned(), p), delivered);
+                }
+                // A changed partition count moves replayed events between
+                // partitions: it concerns every event of the topic.
+                Err(e) if p == wanted || matches!(e, TailError::PartitionCountChanged { .. }) => {
+                    failure.get_or_insert(e);
+                }
+                // Another partition is read again, and its failure reported, when needed.
+                Err(_) => {}
+            }
+        }
+        let Some(e) = failure else {
+            return Ok(());
+        };
+        if self.fallback == ExactlyOnceFallback::Fail {
+            return Err(e);
+        }
+        tracing::warn!(
+            error = %e,
+            "exactly-once cannot be guaranteed for this partition; continuing \
+             at-least-once for it (--exactly-once-fallback at-least-once)"
+        );
+        self.delivered
+            .entry((topic.to_owned(), wanted))
+            .or_default();
+        Ok(())
     }
 }
 

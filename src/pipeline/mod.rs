@@ -26,6 +26,7 @@ mod cleanup;
 mod exactly_once;
 mod poison;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -35,7 +36,7 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::outbox::{BindError, EventMapper, OutboxRecord, values};
+use crate::outbox::{BindError, EventMapper, OutboxRecord, TableName, values};
 use crate::pgoutput::{self, DecodeError, Message};
 use crate::sink::{Delivery, KafkaSink, SinkError};
 use crate::source::{Recovery, ReplicationStream, SourceError, setup};
@@ -60,6 +61,10 @@ pub mod exit_code {
     /// the record (under `--on-poison dead-letter`): dead-lettering it again
     /// would loop.
     pub const DEAD_LETTER: u8 = 6;
+    /// The slot is missing where this relay streamed before (a failover to a
+    /// server without it, or a dropped slot): events may have been skipped.
+    /// Start once with `--allow-new-slot`, then run `outbox-relay backfill`.
+    pub const SLOT_LOST: u8 = 7;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
 }
@@ -72,10 +77,14 @@ pub enum RelayError {
     Source(#[from] SourceError),
     /// The slot was dropped while the relay was using it.
     #[error(
-        "replication slot {slot:?} was dropped while the relay was streaming from it; the last \
-         acknowledged position was {frontier}. Restart the relay to create a new slot at the \
-         current WAL position, then re-publish outbox rows committed after that position (the new \
-         slot cannot see them)"
+        "replication slot {slot:?} is missing on the server the relay (re)connected to: it was \
+         dropped, or this server was promoted from a standby that did not have it (PostgreSQL 16 \
+         or older, or a slot not synchronized with --slot-failover). The last acknowledged \
+         position was {frontier}; events committed after it on the old server and before the \
+         promotion were never relayed. No slot was created. Remedy: start the relay once with \
+         --allow-new-slot (it creates a fresh slot and relays new events), then run \
+         `outbox-relay backfill --since TIMESTAMP` with a time before the failover to re-publish \
+         the rows the slot never saw (at-least-once: consumers may see duplicates)"
     )]
     SlotDropped {
         /// The slot.
@@ -188,6 +197,21 @@ pub enum RelayError {
     /// The stream violated transaction framing.
     #[error("replication stream out of order: {0}")]
     Protocol(#[from] AckError),
+    /// The relay's publication sent an insert into a table it cannot map.
+    #[error(
+        "publication {publication:?} sent an insert into {table} (commit LSN {lsn}), which is \
+         neither an outbox table (--table) nor a partition of one; nothing at or after this \
+         transaction was acknowledged. Add the table with --table, or remove it with ALTER \
+         PUBLICATION {publication} DROP TABLE {table};"
+    )]
+    UnmappedRelation {
+        /// Commit LSN of the transaction.
+        lsn: Lsn,
+        /// The publication.
+        publication: String,
+        /// The table, as `schema.name`.
+        table: String,
+    },
 }
 
 impl RelayError {
@@ -205,13 +229,15 @@ impl RelayError {
             {
                 exit_code::CONFIG
             }
-            RelayError::Source(_) | RelayError::SlotDropped { .. } | RelayError::Decode { .. } => {
-                exit_code::POSTGRES
+            RelayError::Source(SourceError::SlotLost { .. }) | RelayError::SlotDropped { .. } => {
+                exit_code::SLOT_LOST
             }
+            RelayError::Source(_) | RelayError::Decode { .. } => exit_code::POSTGRES,
             RelayError::Sink { .. }
             | RelayError::Delivery { .. }
             | RelayError::ExactlyOnce { .. } => exit_code::KAFKA,
             RelayError::Bind { .. } | RelayError::Poison { .. } => exit_code::POISON,
+            RelayError::UnmappedRelation { .. } => exit_code::CONFIG,
             RelayError::DeadLetter { .. } => exit_code::DEAD_LETTER,
             RelayError::Protocol(_) => exit_code::INTERNAL,
         }
@@ -247,6 +273,12 @@ struct Outbox {
     /// UPDATE/DELETE messages on outbox tables, which are ignored.
     non_insert_changes: u64,
     warned_non_transactional: bool,
+    /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
+    all_tables: bool,
+    /// Relations that are neither outbox tables nor partitions of one.
+    foreign: HashMap<u32, String>,
+    /// Looks up partition roots; opened on the first relation that needs it.
+    control: Option<tokio_postgres::Client>,
 }
 
 type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -328,8 +360,8 @@ pub async fn run(
             Some(exactly_once::ExactlyOnce::new(
                 source_id,
                 tail,
-                wal_end,
                 config.exactly_once_fallback,
+                wal_end,
             ))
         }
     };
@@ -339,6 +371,9 @@ pub async fn run(
             mapper: config.event_mapper(),
             non_insert_changes: 0,
             warned_non_transactional: false,
+            all_tables: slot.all_tables,
+            foreign: HashMap::new(),
+            control: None,
         },
         tracker: AckTracker::new(slot.confirmed_flush),
         reported: slot.confirmed_flush,
@@ -416,6 +451,11 @@ impl Pipeline {
                             }
                         );
                     }
+                    if standby {
+                        // The active relay wrote past the WAL end seen at
+                        // start-up: its records are not another writer's.
+                        self.refresh_exactly_once().await;
+                    }
                     backoff = min_backoff;
                     attempt = 0;
                     standby = false;
@@ -488,13 +528,7 @@ impl Pipeline {
                         if self.drain_in_flight().await? {
                             return Ok(());
                         }
-                        let wal_end = crate::source::identify_system(&self.config)
-                            .await
-                            .map(|(_, end)| end)
-                            .unwrap_or(Lsn(u64::MAX));
-                        if let Some(eo) = self.exactly_once.as_mut() {
-                            eo.reset(wal_end);
-                        }
+                        self.refresh_exactly_once().await;
                     }
                     if self.pause(backoff).await? {
                         return Ok(());
@@ -503,6 +537,21 @@ impl Pipeline {
                 Err(RelayError::Source(e)) => return Err(self.fatal_source(e)),
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Has exactly-once read the tails again before the next record, judged
+    /// against the WAL's end now.
+    async fn refresh_exactly_once(&mut self) {
+        if self.exactly_once.is_none() {
+            return;
+        }
+        let wal_end = crate::source::identify_system(&self.config)
+            .await
+            .map(|(_, end)| end)
+            .unwrap_or(Lsn(u64::MAX));
+        if let Some(eo) = self.exactly_once.as_mut() {
+            eo.reset(wal_end);
         }
     }
 
@@ -757,9 +806,21 @@ impl Pipeline {
         match message {
             Message::Relation(relation) => {
                 let id = relation.id;
+                let name = format!("{}.{}", relation.namespace, relation.name);
+                // A partition arrives under its own name when the publication
+                // lacks publish_via_partition_root: map it to its root.
+                let root = if self
+                    .outbox
+                    .mapper
+                    .is_outbox(&relation.namespace, &relation.name)
+                {
+                    None
+                } else {
+                    self.partition_root(id).await?
+                };
                 if let Some(cleanup) = self.cleanup.as_mut() {
                     cleanup
-                        .relation(&relation)
+                        .relation(&relation, root.as_ref())
                         .map_err(|source| RelayError::Bind {
                             lsn: self.commit_lsn,
                             source,
@@ -767,13 +828,16 @@ impl Pipeline {
                 }
                 self.outbox
                     .mapper
-                    .relation(relation)
+                    .relation(relation, root)
                     .map_err(|source| RelayError::Bind {
                         lsn: self.commit_lsn,
                         source,
                     })?;
+                self.outbox.foreign.remove(&id);
                 if let Some(table) = self.outbox.mapper.outbox_table(id) {
-                    tracing::debug!(table = %table, relation_id = id, "bound outbox table");
+                    tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
+                } else {
+                    self.outbox.foreign.insert(id, name);
                 }
             }
             Message::Insert { relation_id, new } => {
@@ -781,10 +845,22 @@ impl Pipeline {
                     cleanup.row(relation_id, &new);
                 }
                 let commit_time_ms = self.commit_time_ms();
-                if let Some((table, mapped)) =
-                    self.outbox.mapper.insert(relation_id, &new, commit_time_ms)
-                {
-                    self.relay_event(mapped, table).await?;
+                match self.outbox.mapper.insert(relation_id, &new, commit_time_ms) {
+                    Some((table, mapped)) => self.relay_event(mapped, table).await?,
+                    // Never skip silently: only FOR ALL TABLES sends other tables' rows.
+                    None if self.outbox.all_tables => {}
+                    None => {
+                        return Err(RelayError::UnmappedRelation {
+                            lsn: self.commit_lsn,
+                            publication: self.config.publication.clone(),
+                            table: self
+                                .outbox
+                                .foreign
+                                .get(&relation_id)
+                                .cloned()
+                                .unwrap_or_else(|| format!("relation OID {relation_id}")),
+                        });
+                    }
                 }
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
@@ -809,6 +885,48 @@ impl Pipeline {
             | Message::Message { .. } => {}
         }
         Ok(())
+    }
+
+    /// The root of the partition tree `relation_id` belongs to (`None` for a
+    /// plain table), over a control connection kept for later relations.
+    async fn partition_root(&mut self, relation_id: u32) -> Result<Option<TableName>, RelayError> {
+        let lookup_err = |source| SourceError::PartitionLookup {
+            relation_id,
+            source,
+        };
+        if self
+            .outbox
+            .control
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            self.outbox.control = Some(
+                setup::connect(&self.config)
+                    .await
+                    .map_err(|e| lookup_err(Box::new(e)))?,
+            );
+        }
+        let Some(client) = self.outbox.control.as_ref() else {
+            return Ok(None);
+        };
+        let row = client
+            .query_opt(
+                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.oid = pg_partition_root($1::oid)",
+                &[&relation_id],
+            )
+            .await
+            .map_err(|e| {
+                lookup_err(Box::new(SourceError::Query {
+                    what: "look up a relation's partition root",
+                    source: e,
+                }))
+            })?;
+        Ok(row.map(|r| TableName {
+            schema: r.get(0),
+            name: r.get(1),
+        }))
     }
 
     /// A logical decoding message: an outbox event when its prefix is one of

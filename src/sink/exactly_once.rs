@@ -3,33 +3,39 @@
 //! # The argument
 //! In `--delivery exactly-once` mode every record carries `outbox.source`
 //! (`<slot>@<Postgres system identifier>`), `outbox.lsn` (the commit LSN of its
-//! transaction) and `outbox.seq` (its index within the transaction), and its
-//! partition is fixed by its key (Java-compatible murmur2; the event id when the
-//! key is NULL), so a replayed event goes to the same partition as before.
-//! With the idempotent producer each partition holds, for one producer session,
-//! a gap-free prefix of the relay's records for it, in commit order. A new
-//! session replays from the slot's confirmed position, which is at or before
-//! everything the broker holds. So before the relay sends anything to a
-//! partition after (re)starting, it reads that partition's tail back (once,
-//! lazily, cached) to find the last record with its own `outbox.source`, and
-//! skips every event at or below that `(lsn, seq)`: those are exactly the
-//! events the previous session delivered and did not get to acknowledge.
+//! transaction) and `outbox.seq` (its index within the transaction): a
+//! position that names one event exactly. Its partition is fixed by its key
+//! (Java-compatible murmur2; the event id when the key is NULL), so a replayed
+//! event goes to the same partition as before. A new session replays from the
+//! slot's confirmed position, in commit order. So before the relay sends the
+//! first event to a topic after (re)starting, it reads the topic's partitions
+//! back from their ends (once, lazily) until each meets a record of ours
+//! below that event's commit LSN (the *floor*: no event still to come sits
+//! below it), or the log's start, and collects the positions of the records
+//! of ours at or above it. A replayed event is skipped only when its
+//! own position is among them: a partition is not assumed to hold a gap-free
+//! run of our records (one refused delivery while a later one is accepted, a
+//! `message.timeout.ms` expiry, or a dead-letter record lost in a crash each
+//! leave a gap), so a record of ours above an event proves nothing about it.
 //!
-//! # Limits, each detected at start-up of a partition
-//! - The partition count changed: the last record found would not hash to the
-//!   partition it is in. Replays would land elsewhere; refused.
-//! - The tail was removed by retention (the partition's log start is above 0
-//!   and no record of ours remains): the relay cannot prove what was sent.
+//! # Limits, each detected when a topic's tails are read
+//! - The partition count changed: a record of ours at or above the floor does
+//!   not hash to the partition it is in. Replays would land elsewhere (and be
+//!   sent again); refused for the whole topic.
 //! - Another writer uses the same `outbox.source`: a record of "ours" lies past
 //!   the current end of the WAL. Refused.
 //!
 //! In each case the relay stops, unless `--exactly-once-fallback at-least-once`
 //! lets it continue for that partition without skipping (duplicates possible).
-//! The window that remains: a produce request of a killed relay that the broker
-//! appends after the new relay has read the tail. Kafka transactions close it
-//! by fencing; this design narrows it by reading tails only when needed.
+//! What remains open (each a duplicate, never a loss): a produce request of a
+//! killed relay that the broker appends after the new relay has read the tail
+//! (Kafka transactions close it by fencing; reading tails only when needed
+//! narrows it); records of ours at or above the floor that retention removed
+//! before the restart; and a refused event re-sent above later records of
+//! ours that are still unacknowledged when the relay stops again (the next
+//! read-back may stop at the re-sent record and send those later ones again).
 
-use std::cmp::Ordering;
+use std::collections::HashSet;
 
 use crate::lsn::Lsn;
 
@@ -94,24 +100,6 @@ impl Position {
     }
 }
 
-/// What the tail of one partition says about a replayed event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    /// Already in the partition: skip it.
-    Delivered,
-    /// Not there yet: send it.
-    Send,
-}
-
-/// Whether an event at `position` is already in a partition whose last
-/// record of ours is `last`.
-pub fn verdict(last: Option<Position>, position: Position) -> Verdict {
-    match last.map(|l| position.cmp(&l)) {
-        Some(Ordering::Less | Ordering::Equal) => Verdict::Delivered,
-        _ => Verdict::Send,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,18 +139,7 @@ mod tests {
     }
 
     #[test]
-    fn events_at_or_below_the_tail_are_skipped() {
-        let last = Position {
-            lsn: Lsn(100),
-            seq: 2,
-        };
-        let at = |lsn, seq| Position { lsn: Lsn(lsn), seq };
-        assert_eq!(verdict(Some(last), at(90, 9)), Verdict::Delivered);
-        assert_eq!(verdict(Some(last), at(100, 1)), Verdict::Delivered);
-        assert_eq!(verdict(Some(last), at(100, 2)), Verdict::Delivered);
-        assert_eq!(verdict(Some(last), at(100, 3)), Verdict::Send);
-        assert_eq!(verdict(Some(last), at(101, 0)), Verdict::Send);
-        assert_eq!(verdict(None, at(1, 0)), Verdict::Send);
+    fn positions_parse_from_headers() {
         assert_eq!(
             Position::from_headers(b"0/64", b"2"),
             Some(Position {
@@ -189,10 +166,10 @@ pub enum TailError {
     },
     /// The partition count changed since the record was written.
     #[error(
-        "{topic}/{partition}: its last record from this relay (key {key:?}) belongs to another \
-         partition with the current partition count ({partitions}); the topic's partition count \
-         changed, so replayed events would land elsewhere. Exactly-once cannot be guaranteed \
-         for it"
+        "{topic}/{partition}: a record from this relay not yet confirmed (key {key:?}) belongs to \
+         another partition with the current partition count ({partitions}); the topic's \
+         partition count changed, so replayed events would land elsewhere. Exactly-once cannot \
+         be guaranteed for it"
     )]
     PartitionCountChanged {
         /// Topic.
@@ -203,20 +180,6 @@ pub enum TailError {
         key: String,
         /// Current partition count.
         partitions: i32,
-    },
-    /// Retention removed the records that would prove what was sent.
-    #[error(
-        "{topic}/{partition}: no record from this relay remains and the log starts at offset \
-         {log_start} (retention removed older records), so what a previous run sent cannot be \
-         proven"
-    )]
-    RetentionGap {
-        /// Topic.
-        topic: String,
-        /// Partition.
-        partition: i32,
-        /// First offset still present.
-        log_start: i64,
     },
     /// A record carries our source header but a position we cannot have written yet.
     #[error(
@@ -275,45 +238,21 @@ impl TailReader {
         })
     }
 
-    /// The last position this relay wrote to `topic`/`partition`, if any.
-    pub fn last_position(
-        &self,
-        topic: &str,
-        partition: i32,
-        partitions: i32,
-        wal_end: Lsn,
-    ) -> Result<Option<Position>, TailError> {
-        let (low, high) = self.watermarks(topic, partition)?;
-        let deadline = std::time::Instant::now() + self.timeout;
-        let mut window: i64 = TAIL_WINDOW;
-        let mut end = high;
-        while end > low {
-            let start = (end - window).max(low);
-            let found = self.scan(topic, &[(partition, start, end)], deadline)?;
-            if let Some(Some(found)) = found.into_iter().next() {
-                return self.check(topic, partition, partitions, wal_end, found);
-            }
-            end = start;
-            window = window.saturating_mul(4);
-        }
-        nothing_of_ours(topic, partition, low)
-    }
-
-    /// [`Self::last_position`] of every partition of `topic`, reading their
-    /// last records in one pass (one assignment, so one round of fetches
-    /// rather than one per partition). A partition whose last records hold
-    /// nothing of ours is then read further back on its own.
-    pub fn last_positions(
+    /// The positions of the records of ours at or above `floor` (the commit
+    /// LSN of the next event to send) in each partition of `topic`: the
+    /// events still to come that are already there. The last
+    /// records of every partition are read in one pass (one assignment, so one
+    /// round of fetches rather than one per partition); a partition that needs
+    /// more is then read further back on its own.
+    pub fn delivered(
         &self,
         topic: &str,
         partitions: i32,
+        floor: Lsn,
         wal_end: Lsn,
-    ) -> Vec<Result<Option<Position>, TailError>> {
+    ) -> Vec<Result<HashSet<Position>, TailError>> {
         let deadline = std::time::Instant::now() + self.timeout;
-        let mut marks = Vec::new();
-        for partition in 0..partitions {
-            marks.push(self.watermarks(topic, partition));
-        }
+        let marks: Vec<_> = (0..partitions).map(|p| self.watermarks(topic, p)).collect();
         let ranges: Vec<(i32, i64, i64)> = marks
             .iter()
             .zip(0..)
@@ -321,28 +260,69 @@ impl TailReader {
             .filter(|&(_, low, high)| high > low)
             .map(|(p, low, high)| (p, (high - TAIL_WINDOW).max(low), high))
             .collect();
-        let scanned = self.scan(topic, &ranges, deadline);
+        let mut scanned = self.scan(topic, &ranges, deadline).ok();
+        let read = ReadBack {
+            topic,
+            partitions,
+            floor,
+            wal_end,
+            deadline,
+        };
         marks
             .into_iter()
             .zip(0..)
             .map(|(mark, partition)| {
                 let (low, high) = mark?;
-                if high <= low {
-                    return nothing_of_ours(topic, partition, low);
-                }
-                let slot = ranges.iter().position(|r| r.0 == partition);
-                let found = match (&scanned, slot) {
-                    (Ok(found), Some(i)) => found.get(i).cloned().flatten(),
-                    _ => None,
-                };
-                match found {
-                    Some(found) => self.check(topic, partition, partitions, wal_end, found),
-                    // Nothing of ours in the last records, or the joint read
-                    // failed: read this partition on its own.
-                    None => self.last_position(topic, partition, partitions, wal_end),
-                }
+                // A failed joint read is retried per partition.
+                let first = ranges
+                    .iter()
+                    .position(|r| r.0 == partition)
+                    .and_then(|i| scanned.as_mut().map(|s| std::mem::take(&mut s[i])));
+                self.read_back(&read, partition, (low, high), first)
             })
             .collect()
+    }
+
+    /// Reads `partition` back from its end in growing windows until a record
+    /// of ours below the floor (or the log's start), starting with the
+    /// records of the first window when the joint pass read them.
+    fn read_back(
+        &self,
+        read: &ReadBack<'_>,
+        partition: i32,
+        (low, high): (i64, i64),
+        mut first: Option<Vec<Found>>,
+    ) -> Result<HashSet<Position>, TailError> {
+        let mut delivered = HashSet::new();
+        let (mut end, mut window) = (high, TAIL_WINDOW);
+        while end > low {
+            let start = (end - window).max(low);
+            let records = match first.take() {
+                Some(records) => records,
+                None => self
+                    .scan(read.topic, &[(partition, start, end)], read.deadline)?
+                    .pop()
+                    .unwrap_or_default(),
+            };
+            let mut reached_floor = false;
+            for found in records {
+                if found.position.lsn < read.floor {
+                    reached_floor = true;
+                } else {
+                    self.check(read, partition, &found)?;
+                    delivered.insert(found.position);
+                }
+            }
+            if reached_floor {
+                break;
+            }
+            end = start;
+            window = window.saturating_mul(4);
+        }
+        // At the log's start with nothing of ours below the floor: never
+        // written to, or older records aged out by retention. Either way the
+        // records that matter (at or above the floor) are those collected.
+        Ok(delivered)
     }
 
     fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), TailError> {
@@ -357,13 +337,13 @@ impl TailReader {
     }
 
     /// Reads `[start, end)` of each `(partition, start, end)` of `topic` and
-    /// returns, per range, the last record written by this relay.
+    /// returns, per range, the records written by this relay.
     fn scan(
         &self,
         topic: &str,
         ranges: &[(i32, i64, i64)],
         deadline: std::time::Instant,
-    ) -> Result<Vec<Option<Found>>, TailError> {
+    ) -> Result<Vec<Vec<Found>>, TailError> {
         use rdkafka::consumer::Consumer;
         use rdkafka::message::{Headers, Message};
 
@@ -372,7 +352,7 @@ impl TailReader {
             partition,
             reason,
         };
-        let mut found: Vec<Option<Found>> = vec![None; ranges.len()];
+        let mut found: Vec<Vec<Found>> = vec![Vec::new(); ranges.len()];
         if ranges.is_empty() {
             return Ok(found);
         }
@@ -443,13 +423,7 @@ impl TailReader {
                 continue;
             };
             let key = msg.key().or(id).unwrap_or_default().to_vec();
-            if found[i].as_ref().is_none_or(|f| msg.offset() > f.offset) {
-                found[i] = Some(Found {
-                    offset: msg.offset(),
-                    position,
-                    key,
-                });
-            }
+            found[i].push(Found { position, key });
         }
         // Stop fetching now rather than at the next assignment, which would
         // otherwise wait for these partitions' fetchers to wind down.
@@ -457,57 +431,45 @@ impl TailReader {
         Ok(found)
     }
 
-    /// The checks a found position must pass before it is trusted.
-    fn check(
-        &self,
-        topic: &str,
-        partition: i32,
-        partitions: i32,
-        wal_end: Lsn,
-        found: Found,
-    ) -> Result<Option<Position>, TailError> {
-        if partition_for(&found.key, partitions) != partition {
+    /// The checks a record of ours at or above the floor must pass.
+    fn check(&self, read: &ReadBack<'_>, partition: i32, found: &Found) -> Result<(), TailError> {
+        if partition_for(&found.key, read.partitions) != partition {
             return Err(TailError::PartitionCountChanged {
-                topic: topic.to_owned(),
+                topic: read.topic.to_owned(),
                 partition,
                 key: String::from_utf8_lossy(&found.key).into_owned(),
-                partitions,
+                partitions: read.partitions,
             });
         }
-        if found.position.lsn > wal_end {
+        if found.position.lsn > read.wal_end {
             return Err(TailError::ForeignWriter {
-                topic: topic.to_owned(),
+                topic: read.topic.to_owned(),
                 partition,
                 source_id: self.source_id.clone(),
                 lsn: found.position.lsn,
-                wal_end,
+                wal_end: read.wal_end,
             });
         }
-        Ok(Some(found.position))
+        Ok(())
     }
 }
 
-/// A partition with no record of ours left: never written to (fine), or
-/// emptied by retention (what was sent cannot be proven).
-fn nothing_of_ours(topic: &str, partition: i32, low: i64) -> Result<Option<Position>, TailError> {
-    if low > 0 {
-        return Err(TailError::RetentionGap {
-            topic: topic.to_owned(),
-            partition,
-            log_start: low,
-        });
-    }
-    Ok(None)
+/// What one read-back of a topic's tails judges against.
+struct ReadBack<'a> {
+    topic: &'a str,
+    partitions: i32,
+    floor: Lsn,
+    wal_end: Lsn,
+    deadline: std::time::Instant,
 }
 
 /// Records read back at first from each partition's end; doubled fourfold
 /// each time nothing of ours is among them.
 const TAIL_WINDOW: i64 = 256;
 
-/// The last record of ours in a partition range.
+/// A record of ours read back.
 #[derive(Debug, Clone)]
 struct Found {
-    offset: i64,
     position: Position,
     key: Vec<u8>,
 }

@@ -30,7 +30,18 @@ pub async fn run(config: Config, interval: Duration) {
         match c.simple_query(&sql).await {
             Ok(_) => warned = false,
             Err(e) => {
-                if !warned {
+                let read_only =
+                    e.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION);
+                if !warned && read_only {
+                    tracing::warn!(
+                        error = %super::pg_error_text(&e),
+                        "heartbeat refused: the relay reads from a hot standby (or a read-only \
+                         server), where nothing can be written. The slot still advances with \
+                         the primary's WAL as the standby replays it; point the heartbeat at \
+                         the primary or drop --heartbeat-interval"
+                    );
+                    warned = true;
+                } else if !warned {
                     tracing::warn!(
                         error = %super::pg_error_text(&e),
                         "heartbeat failed; the role needs EXECUTE on pg_logical_emit_message \

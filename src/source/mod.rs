@@ -6,6 +6,7 @@
 //! which only the pipeline calls, and only with the ack frontier.
 
 pub mod heartbeat;
+pub mod lineage;
 pub mod setup;
 pub mod sql;
 mod tls;
@@ -74,6 +75,43 @@ pub enum SourceError {
         #[source]
         source: PgWireError,
     },
+    /// The server is older than the oldest supported version.
+    #[error(
+        "Postgres {version} is not supported: the relay needs PostgreSQL {minimum} or newer \
+         (pgoutput's `messages` option, PostgreSQL 14)"
+    )]
+    ServerTooOld {
+        /// The server's `server_version`.
+        version: String,
+        /// The oldest supported major version.
+        minimum: i32,
+    },
+    /// An outbox table (or a partition of it) is UNLOGGED.
+    #[error(
+        "outbox table {table} cannot be relayed: {unlogged} is UNLOGGED, and UNLOGGED tables \
+         write no WAL, so logical decoding never sees their rows. Run ALTER TABLE ... SET \
+         LOGGED; on each"
+    )]
+    TableUnlogged {
+        /// The configured table.
+        table: String,
+        /// The unlogged table and partitions.
+        unlogged: String,
+    },
+    /// The existing publication publishes a partitioned outbox under its partitions' names.
+    #[error(
+        "publication {publication:?} lacks publish_via_partition_root, so rows of the \
+         partitioned outbox table {tables} would arrive under each partition's name; run \
+         {remedy}"
+    )]
+    PublicationNotViaRoot {
+        /// The publication.
+        publication: String,
+        /// The partitioned outbox tables.
+        tables: String,
+        /// SQL that fixes it.
+        remedy: String,
+    },
     /// `wal_level` is not `logical`.
     #[error(
         "Postgres has wal_level={actual:?}, but logical replication needs wal_level=logical. \
@@ -126,18 +164,6 @@ pub enum SourceError {
     PublicationNoInsert {
         /// The publication.
         publication: String,
-    },
-    /// A partitioned outbox table in a publication that publishes each partition under its own name.
-    #[error(
-        "publication {publication:?} publishes the partitions of {tables} under their own names, \
-         which the relay does not map; run ALTER PUBLICATION {publication} SET \
-         (publish_via_partition_root = true)"
-    )]
-    PublicationNotViaRoot {
-        /// The publication.
-        publication: String,
-        /// The partitioned outbox tables.
-        tables: String,
     },
     /// `--cleanup delete` on a table without a primary key.
     #[error(
@@ -249,6 +275,55 @@ pub enum SourceError {
         /// The slot.
         slot: String,
     },
+    /// The slot is missing where this relay streamed from it before: creating
+    /// a fresh one would skip every event committed since the last acknowledgement.
+    #[error(
+        "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
+         before (recorded in public.outbox_relay_slots at {created_at}). Most likely this server \
+         was promoted from a standby that did not have the slot (PostgreSQL 16 or older, or a \
+         slot not synchronized with --slot-failover); or the slot was dropped. Events committed \
+         between the relay's last acknowledgement and the promotion were never relayed, and a \
+         new slot would start from now and skip them. Remedy: start the relay once with \
+         --allow-new-slot (it creates a fresh slot and relays new events), then run \
+         `outbox-relay backfill --since TIMESTAMP` with a time before the failover to \
+         re-publish the rows the slot never saw (at-least-once: consumers may see duplicates)"
+    )]
+    SlotLost {
+        /// The slot.
+        slot: String,
+        /// The server, redacted.
+        url: String,
+        /// When the record was written.
+        created_at: String,
+    },
+    /// `--slot-failover` on a server without failover slots.
+    #[error(
+        "--slot-failover needs PostgreSQL 17 or later, but the server is {version}; on older \
+         servers a failover loses the slot (see the README's failover runbook)"
+    )]
+    FailoverUnsupported {
+        /// `server_version`.
+        version: String,
+    },
+    /// None of the URL's servers satisfies `target_session_attrs` (during a
+    /// failover, until the standby is promoted): retried like a lost connection.
+    #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
+    NoSuitableHost {
+        /// The wanted state.
+        attrs: &'static str,
+        /// Each server and why it was passed over.
+        tried: String,
+    },
+    /// A relation's partition root could not be looked up mid-stream (the stream
+    /// is restarted, replaying the open transaction).
+    #[error("cannot look up the partition root of relation OID {relation_id}: {source}")]
+    PartitionLookup {
+        /// The relation.
+        relation_id: u32,
+        /// The connection or query error.
+        #[source]
+        source: Box<SourceError>,
+    },
     /// The server did not accept START_REPLICATION in time.
     #[error("replication stream from slot {slot:?} did not start within {timeout:?}")]
     StartTimeout {
@@ -288,9 +363,10 @@ impl SourceError {
                 PgWireError::Auth(_) | PgWireError::Tls(_) => Recovery::Fatal,
                 _ => Recovery::Reconnect,
             },
-            SourceError::StartTimeout { .. } | SourceError::StreamEnded { .. } => {
-                Recovery::Reconnect
-            }
+            SourceError::StartTimeout { .. }
+            | SourceError::StreamEnded { .. }
+            | SourceError::NoSuitableHost { .. }
+            | SourceError::PartitionLookup { .. } => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
     }
@@ -332,7 +408,7 @@ fn sqlstate(message: &str) -> Option<&str> {
 }
 
 /// The replication session's settings, shared by the stream and IDENTIFY_SYSTEM.
-fn replication_config(
+pub(crate) fn replication_config(
     config: &Config,
     start: Lsn,
     acked: Lsn,
@@ -365,6 +441,7 @@ fn replication_config(
 /// The cluster's system identifier and current WAL end (IDENTIFY_SYSTEM on a
 /// replication session, so it needs no privilege beyond REPLICATION).
 pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceError> {
+    let config = &setup::pin(config).await?;
     let stream_err = |source| SourceError::Stream {
         slot: config.slot.clone(),
         source,
@@ -392,6 +469,14 @@ impl ReplicationStream {
     /// (its events are in flight, so asking for it again would only duplicate
     /// them) and `acked` is the ack frontier, which may be behind it.
     pub async fn start(config: &Config, start: Lsn, acked: Lsn) -> Result<Self, SourceError> {
+        // A server that went away mid-run is retried, like the stream itself.
+        let config = &setup::pin(config).await.map_err(|e| match e {
+            SourceError::Connect { url, reason, .. } => SourceError::NoSuitableHost {
+                attrs: config.postgres.target_session_attrs.as_str(),
+                tried: format!("{url}: {reason}"),
+            },
+            e => e,
+        })?;
         let repl = replication_config(config, start, acked)?;
         let pg = &config.postgres;
         // TLS and authentication failures are configuration problems.

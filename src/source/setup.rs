@@ -5,10 +5,13 @@
 
 use tokio_postgres::Client;
 
-use super::{SourceError, tls};
-use crate::config::Config;
+use super::{SourceError, lineage, tls};
+use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::outbox::{TableName, quote_ident};
+
+/// The oldest PostgreSQL major version the relay supports (`server_version_num / 10000`).
+pub const MIN_SERVER_MAJOR: i32 = 14;
 
 /// What start-up learned about the slot.
 #[derive(Debug, Clone)]
@@ -17,12 +20,85 @@ pub struct SlotState {
     pub confirmed_flush: Lsn,
     /// Whether this run created the slot.
     pub created: bool,
+    /// Whether the publication is `FOR ALL TABLES`, where relations other than the
+    /// outbox tables are expected (and skipped) rather than a misconfiguration.
+    pub all_tables: bool,
 }
 
 /// Opens the control connection, with the TLS settings of `--postgres-url`
-/// (libpq's `sslmode` meanings; see [`tls`]).
+/// (libpq's `sslmode` meanings; see [`tls`]), to the server [`locate`] chooses.
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
+    locate(config).await.map(|(client, _)| client)
+}
+
+/// Connects to the first server of `--postgres-url` that satisfies its
+/// `target_session_attrs` and returns the settings pinned to it, so that the
+/// replication connection goes to the same server. Every (re)connect asks
+/// again: after a promotion the new primary is found without a restart.
+pub async fn locate(config: &Config) -> Result<(Client, PostgresConnInfo), SourceError> {
     let pg = &config.postgres;
+    let attrs = pg.target_session_attrs;
+    if pg.hosts.len() <= 1 && attrs == TargetSessionAttrs::Any {
+        return Ok((connect_to(pg).await?, pg.clone()));
+    }
+    let mut tried = Vec::new();
+    // prefer-standby: a standby on the first pass, any server on the second.
+    let passes: &[bool] = match attrs {
+        TargetSessionAttrs::PreferStandby => &[true, false],
+        _ => &[false],
+    };
+    for &strict in passes {
+        for (host, port) in &pg.hosts {
+            let pinned = pg.pinned(host, *port);
+            let client = match connect_to(&pinned).await {
+                Ok(client) => client,
+                Err(e) if pg.hosts.len() == 1 => return Err(e),
+                Err(e) => {
+                    tried.push(format!("{host}:{port}: {e}"));
+                    continue;
+                }
+            };
+            let row = query_one(
+                &client,
+                "probe the server's role",
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
+                &[],
+            )
+            .await?;
+            let (in_recovery, read_only) = row.map_or((false, false), |r| (r.get(0), r.get(1)));
+            if attrs.accepts(in_recovery, read_only, strict) {
+                return Ok((client, pinned));
+            }
+            let state = if in_recovery {
+                "a standby"
+            } else {
+                "read-only"
+            };
+            tried.push(format!("{host}:{port}: {state}"));
+        }
+    }
+    Err(SourceError::NoSuitableHost {
+        attrs: attrs.as_str(),
+        tried: tried.join("; "),
+    })
+}
+
+/// `config` with its Postgres settings pinned to the server [`locate`] chooses
+/// (unchanged, without connecting, for one host and `target_session_attrs=any`).
+pub async fn pin(config: &Config) -> Result<Config, SourceError> {
+    let pg = &config.postgres;
+    if pg.hosts.len() <= 1 && pg.target_session_attrs == TargetSessionAttrs::Any {
+        return Ok(config.clone());
+    }
+    let (_, postgres) = locate(config).await?;
+    Ok(Config {
+        postgres,
+        ..config.clone()
+    })
+}
+
+/// One server's control connection.
+async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
     let mut cfg = tokio_postgres::Config::new();
     cfg.host(&pg.host)
         .port(pg.port)
@@ -84,13 +160,58 @@ fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
 
 /// Runs every start-up check, creates what is missing, and returns the slot's position.
 pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
+    check_server_version(client).await?;
     check_wal_level(client).await?;
     check_privileges(client, &config.postgres.user).await?;
+    let mut partitioned = Vec::new();
     for table in &config.tables {
-        check_table(client, config, table).await?;
+        if check_table(client, config, table).await? {
+            partitioned.push(table);
+        }
     }
-    ensure_publication(client, config).await?;
-    ensure_slot(client, config).await
+    let all_tables = ensure_publication(client, config, &partitioned).await?;
+    warn_idle_slot_timeout(client).await?;
+    let slot = ensure_slot(client, config).await?;
+    Ok(SlotState { all_tables, ..slot })
+}
+
+/// Versions before 14 lack pgoutput's `messages` option (the stream would fail
+/// at START_REPLICATION); say so once instead.
+async fn check_server_version(client: &Client) -> Result<(), SourceError> {
+    let row = query_one(
+        client,
+        "read the server version",
+        "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+        &[],
+    )
+    .await?;
+    let Some(row) = row else { return Ok(()) };
+    let num: i32 = row.get(0);
+    if num / 10000 < MIN_SERVER_MAJOR {
+        return Err(SourceError::ServerTooOld {
+            version: row.get(1),
+            minimum: MIN_SERVER_MAJOR,
+        });
+    }
+    Ok(())
+}
+
+/// PostgreSQL 18's `idle_replication_slot_timeout` drops the slot of a relay
+/// stopped for longer (at a checkpoint): the operator should know at start-up.
+async fn warn_idle_slot_timeout(client: &Client) -> Result<(), SourceError> {
+    use crate::observability::{health, slot_monitor};
+    let row = query_one(
+        client,
+        "read idle_replication_slot_timeout",
+        slot_monitor::IDLE_TIMEOUT_QUERY,
+        &[],
+    )
+    .await?;
+    let secs = row.and_then(|r| r.get::<_, Option<i64>>(0)).unwrap_or(0);
+    if let Some(warning) = health::idle_timeout_warning(u64::try_from(secs).unwrap_or(0)) {
+        tracing::warn!("{warning}");
+    }
+    Ok(())
 }
 
 async fn query_one(
@@ -134,11 +255,12 @@ async fn check_privileges(client: &Client, user: &str) -> Result<(), SourceError
     Ok(())
 }
 
+/// Checks the table's columns and persistence; returns whether it is partitioned.
 async fn check_table(
     client: &Client,
     config: &Config,
     table: &TableName,
-) -> Result<(), SourceError> {
+) -> Result<bool, SourceError> {
     let rows = client
         .query(
             "SELECT a.attname::text FROM pg_attribute a \
@@ -168,12 +290,37 @@ async fn check_table(
             });
         }
     }
-    Ok(())
+    // An UNLOGGED table (or partition) writes no WAL, so its rows are never decoded.
+    let row = query_one(
+        client,
+        "read the outbox table's persistence",
+        "SELECT c.relkind = 'p', \
+                (SELECT string_agg(p.oid::regclass::text, ', ') FROM pg_class p \
+                 WHERE p.relpersistence = 'u' AND (p.oid = c.oid \
+                       OR p.oid IN (SELECT relid FROM pg_partition_tree(c.oid)))) \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname = $1 AND c.relname = $2",
+        &[&table.schema, &table.name],
+    )
+    .await?;
+    let (partitioned, unlogged) = row.map_or((false, None), |r| (r.get(0), r.get(1)));
+    if let Some(unlogged) = unlogged {
+        return Err(SourceError::TableUnlogged {
+            table: table.to_string(),
+            unlogged,
+        });
+    }
+    Ok(partitioned)
 }
 
-async fn ensure_publication(client: &Client, config: &Config) -> Result<(), SourceError> {
+/// Creates the publication or checks the existing one; returns whether it is
+/// `FOR ALL TABLES`.
+async fn ensure_publication(
+    client: &Client,
+    config: &Config,
+    partitioned: &[&TableName],
+) -> Result<bool, SourceError> {
     let publication = &config.publication;
-    let partitioned = partitioned_tables(client, &config.tables).await?;
     let row = query_one(
         client,
         "look up the publication",
@@ -182,11 +329,7 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
     )
     .await?;
     let Some(row) = row else {
-        let sql = super::sql::create_publication_for(
-            publication,
-            &config.tables,
-            !partitioned.is_empty(),
-        );
+        let sql = super::sql::create_publication(publication, &config.tables);
         client
             .batch_execute(&sql)
             .await
@@ -195,22 +338,32 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
                 source,
             })?;
         tracing::info!(publication = %publication, sql = %sql, "created publication");
-        return Ok(());
+        return Ok(false);
     };
-    let (all_tables, publishes_inserts): (bool, bool) = (row.get(0), row.get(1));
+    let (all_tables, publishes_inserts, via_root): (bool, bool, bool) =
+        (row.get(0), row.get(1), row.get(2));
     if !publishes_inserts {
         return Err(SourceError::PublicationNoInsert {
             publication: publication.clone(),
         });
     }
-    if !partitioned.is_empty() && !row.get::<_, bool>(2) {
+    // Without it, a partitioned outbox's rows arrive under each partition's name.
+    if !via_root && !partitioned.is_empty() {
         return Err(SourceError::PublicationNotViaRoot {
             publication: publication.clone(),
-            tables: partitioned.join(", "),
+            tables: partitioned
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            remedy: format!(
+                "ALTER PUBLICATION {} SET (publish_via_partition_root = true);",
+                quote_ident(publication)
+            ),
         });
     }
     if all_tables {
-        return Ok(());
+        return Ok(true);
     }
     let rows = client
         .query(
@@ -247,29 +400,7 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
             ),
         });
     }
-    Ok(())
-}
-
-/// The outbox tables that are partitioned, as `schema.table`.
-async fn partitioned_tables(
-    client: &Client,
-    tables: &[TableName],
-) -> Result<Vec<String>, SourceError> {
-    let mut partitioned = Vec::new();
-    for table in tables {
-        let row = query_one(
-            client,
-            "read the outbox table's kind",
-            "SELECT c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2",
-            &[&table.schema, &table.name],
-        )
-        .await?;
-        if row.is_some_and(|r| r.get::<_, bool>(0)) {
-            partitioned.push(table.to_string());
-        }
-    }
-    Ok(partitioned)
+    Ok(false)
 }
 
 async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
@@ -282,14 +413,21 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
         &[slot],
     )
     .await?;
+    let mark_failover = match config.slot_failover {
+        true => lineage::check_failover(client, config).await?,
+        false => false,
+    };
     let Some(row) = row else {
-        let sql = super::sql::create_slot(slot);
+        lineage::check_missing_slot(client, config).await?;
+        let sql = super::sql::create_slot(slot, config.slot_failover);
         let row = query_one(client, "create the replication slot", &sql, &[]).await?;
         let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(1)))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
+        lineage::record_slot(client, slot).await;
         return Ok(SlotState {
             confirmed_flush: lsn,
             created: true,
+            all_tables: false,
         });
     };
     let slot_type: Option<String> = row.get(0);
@@ -312,9 +450,15 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
         });
     }
     let confirmed_flush = parse_lsn(row.get(3))?;
+    // A slot created before the record existed (or by `setup`) is recorded now.
+    lineage::record_slot(client, slot).await;
+    if mark_failover {
+        lineage::mark_failover(config).await?;
+    }
     Ok(SlotState {
         confirmed_flush,
         created: false,
+        all_tables: false,
     })
 }
 

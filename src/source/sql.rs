@@ -6,18 +6,13 @@
 
 use crate::outbox::{TableName, quote_ident};
 
-/// `CREATE PUBLICATION ... FOR TABLE ... WITH (publish = 'insert')`: only
-/// inserts, because only inserts into an outbox table are events. With no
+/// `CREATE PUBLICATION ... FOR TABLE ... WITH (publish = 'insert', ...)`: only
+/// inserts, because only inserts into an outbox table are events, and rows of a
+/// partitioned outbox under the root's name (`publish_via_partition_root`), so
+/// partitions created or attached later need nothing. With no
 /// tables (a table-less outbox of logical decoding messages) the publication
 /// is empty: pgoutput sends messages whatever the publication covers.
 pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
-    create_publication_for(publication, tables, false)
-}
-
-/// [`create_publication`]; `via_root` adds `publish_via_partition_root = true`,
-/// so inserts into a partitioned outbox's partitions arrive as the parent's,
-/// under the name the relay maps.
-pub fn create_publication_for(publication: &str, tables: &[TableName], via_root: bool) -> String {
     let tables: Vec<String> = tables.iter().map(TableName::quoted).collect();
     let for_tables = if tables.is_empty() {
         String::new()
@@ -25,20 +20,17 @@ pub fn create_publication_for(publication: &str, tables: &[TableName], via_root:
         format!(" FOR TABLE {}", tables.join(", "))
     };
     format!(
-        "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert'{})",
+        "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert', publish_via_partition_root = true)",
         quote_ident(publication),
-        if via_root {
-            ", publish_via_partition_root = true"
-        } else {
-            ""
-        }
     )
 }
 
 /// Creates the logical slot with pgoutput; returns `(slot_name, lsn)` as text.
-pub fn create_slot(slot: &str) -> String {
+/// `failover` (PostgreSQL 17+) lets standbys synchronize it.
+pub fn create_slot(slot: &str, failover: bool) -> String {
+    let failover = if failover { ", false, false, true" } else { "" };
     format!(
-        "SELECT slot_name::text, lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput')",
+        "SELECT slot_name::text, lsn::text FROM pg_create_logical_replication_slot({}, 'pgoutput'{failover})",
         quote_literal(slot)
     )
 }
@@ -71,10 +63,10 @@ mod tests {
         assert_eq!(
             create_publication("outbox_relay", &tables),
             "CREATE PUBLICATION \"outbox_relay\" FOR TABLE \"public\".\"outbox\", \"sales\".\"Outbox\" \
-             WITH (publish = 'insert')"
+             WITH (publish = 'insert', publish_via_partition_root = true)"
         );
         assert_eq!(
-            create_slot("outbox_relay"),
+            create_slot("outbox_relay", false),
             "SELECT slot_name::text, lsn::text FROM pg_create_logical_replication_slot('outbox_relay', 'pgoutput')"
         );
         assert_eq!(drop_slot("s"), "SELECT pg_drop_replication_slot('s')");

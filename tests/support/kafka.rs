@@ -95,6 +95,22 @@ impl Broker {
         self.cluster.request_errors(api, errors);
     }
 
+    /// Makes metadata answers for `topic` carry `error` (`NO_ERROR` clears it).
+    pub fn topic_error(&self, topic: &str, error: rdkafka::types::RDKafkaRespErr) {
+        self.cluster
+            .topic_error(topic, error)
+            .expect("set a mock topic error");
+    }
+
+    /// Delays every broker's responses by `delay` (zero: no delay).
+    pub fn round_trip_time(&self, delay: Duration) {
+        for id in 1..=BROKERS {
+            self.cluster
+                .broker_round_trip_time(id, delay)
+                .expect("broker_round_trip_time");
+        }
+    }
+
     /// Takes every broker down: connections are closed and refused.
     pub fn down(&self) {
         for id in 1..=BROKERS {

@@ -376,6 +376,107 @@ impl PgCluster {
         );
     }
 
+    /// A streaming standby of this cluster, built from a cold copy of its data
+    /// directory (the npm binaries have no `pg_basebackup`): creates the physical
+    /// slot `slot` here, stops this cluster (fast), copies the data directory,
+    /// starts this cluster again, and starts the copy with `standby.signal`,
+    /// `primary_conninfo` (with `dbname`, which slot synchronization needs),
+    /// `primary_slot_name` and `extra_conf`.
+    pub async fn start_standby(&mut self, slot: &str, extra_conf: &[(&str, &str)]) -> PgCluster {
+        self.execute(&format!(
+            "SELECT pg_create_physical_replication_slot('{slot}', true)"
+        ))
+        .await;
+        self.stop();
+        let as_root = running_as_root();
+        let dir = make_temp_dir(as_root);
+        let data_dir = dir.path().join("data");
+        let out = run_with_timeout(
+            {
+                let mut cmd = Command::new("cp");
+                cmd.arg("-a").arg(&self.data_dir).arg(&data_dir);
+                cmd
+            },
+            COMMAND_TIMEOUT,
+        );
+        assert!(
+            out.success(),
+            "PgCluster: copying the data directory failed: {}",
+            out.output
+        );
+        let _ = fs::remove_file(data_dir.join("postmaster.pid"));
+        let _ = fs::remove_file(data_dir.join("server.log"));
+        write_file(&data_dir.join("standby.signal"), "");
+        if as_root {
+            chown_to_server_user(dir.path());
+        }
+        self.restart();
+        let conninfo = format!(
+            "host=127.0.0.1 port={} user=postgres password={} dbname=postgres application_name={slot}",
+            self.port,
+            PgCluster::PASSWORD
+        );
+        let mut conf: Vec<(String, String)> = vec![
+            ("primary_conninfo".into(), conninfo),
+            ("primary_slot_name".into(), slot.into()),
+            ("hot_standby".into(), "on".into()),
+        ];
+        conf.extend(
+            extra_conf
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        let mut standby = PgCluster {
+            log_file: data_dir.join("server.log"),
+            dir: Some(dir),
+            data_dir,
+            port: 0,
+            running: false,
+            bins: self.bins.clone(),
+        };
+        for _ in 0..START_ATTEMPTS {
+            standby.port = reserve_free_port();
+            standby.write_harness_conf(&conf);
+            if standby.try_start().is_ok() {
+                return standby;
+            }
+            release_port(standby.port);
+        }
+        panic!(
+            "PgCluster: the standby did not start:\n{}",
+            standby.log_tail()
+        );
+    }
+
+    /// `pg_ctl promote` (waits until the server accepts writes).
+    pub fn promote(&self) {
+        let out = run_pg(
+            &self.bins.pg_ctl,
+            &[
+                "promote".as_ref(),
+                "-D".as_ref(),
+                self.data_dir.as_os_str(),
+                "-w".as_ref(),
+                "-t".as_ref(),
+                PG_CTL_TIMEOUT.as_secs().to_string().as_ref(),
+            ],
+            self.socket_dir(),
+        );
+        assert!(
+            out.success(),
+            "PgCluster: pg_ctl promote failed ({}): {}\n{}",
+            out.describe(),
+            out.output,
+            self.log_tail()
+        );
+    }
+
+    /// Stops the server with `-m immediate` (a crash, as far as clients can tell).
+    pub fn stop_immediate(&mut self) {
+        let _ = self.pg_ctl_stop("immediate");
+        self.running = false;
+    }
+
     fn write_harness_conf(&self, extra_conf: &[(String, String)]) {
         let socket_dir = self.socket_dir().display().to_string();
         let mut conf = String::from("# Written by the test harness (tests/support/postgres.rs).\n");

@@ -85,6 +85,17 @@ impl Relay {
             .is_some_and(|(_, body)| body.contains("\"streaming\":true"))
     }
 
+    /// The loopback port of `/metrics` and `/readyz`, if served.
+    pub fn http_port(&self) -> Option<u16> {
+        self.http_port
+    }
+
+    /// `/readyz`'s answer, as JSON.
+    pub fn readyz(&self) -> Option<serde_json::Value> {
+        let (_, body) = super::http::get(self.http_port?, "/readyz")?;
+        serde_json::from_str(&body).ok()
+    }
+
     /// A counter or gauge from `/metrics` (the sum over its label sets).
     pub fn metric(&self, name: &str) -> Option<f64> {
         let (_, body) = super::http::get(self.http_port?, "/metrics")?;

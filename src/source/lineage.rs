@@ -1,0 +1,204 @@
+//! What survives a failover: the record that this relay has streamed from a
+//! database before, and the slot's failover settings (PostgreSQL 17+).
+//!
+//! A logical slot lives outside the WAL, so a standby promoted without it
+//! (PostgreSQL 16 and older, or a slot that was not synchronized) has none.
+//! Creating a fresh slot there would start from "now" and silently skip every
+//! event committed between the relay's last acknowledgement and the
+//! promotion. The table [`TABLE`] is ordinary data: it is replicated to every
+//! standby and survives the promotion, so a missing slot whose name it records
+//! under the same system identifier means "lost", not "first start".
+
+use tokio_postgres::Client;
+
+use super::SourceError;
+use crate::config::Config;
+
+/// Where the relay records the slots it created.
+pub const TABLE: &str = "public.outbox_relay_slots";
+
+/// Creates [`TABLE`] if missing (also run by `outbox-relay setup`).
+pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_slots (\
+     slot_name text PRIMARY KEY, system_identifier text NOT NULL, \
+     created_at timestamptz NOT NULL DEFAULT now(), created_lsn pg_lsn)";
+
+/// The first PostgreSQL major version with failover slots.
+const FAILOVER_MIN_VERSION: i32 = 170_000;
+
+/// The server's system identifier (kept by a promoted standby, unlike its timeline).
+async fn system_identifier(client: &Client) -> Result<String, SourceError> {
+    client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .map(|row| row.get(0))
+        .map_err(|source| SourceError::Query {
+            what: "read the system identifier",
+            source,
+        })
+}
+
+/// Called before creating a missing slot: refuses when [`TABLE`] says this
+/// relay streamed from the slot on this cluster before, unless
+/// `--allow-new-slot` says the operator knows.
+pub async fn check_missing_slot(client: &Client, config: &Config) -> Result<(), SourceError> {
+    let row = match client
+        .query_opt(
+            "SELECT system_identifier, created_at::text FROM public.outbox_relay_slots \
+             WHERE slot_name = $1",
+            &[&config.slot],
+        )
+        .await
+    {
+        Ok(row) => row,
+        // No table: this relay never created a slot in this database.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => None,
+        Err(source) => {
+            return Err(SourceError::Query {
+                what: "read public.outbox_relay_slots",
+                source,
+            });
+        }
+    };
+    let Some(row) = row else { return Ok(()) };
+    let (recorded_id, created_at): (String, String) = (row.get(0), row.get(1));
+    if recorded_id != system_identifier(client).await? {
+        tracing::warn!(
+            slot = %config.slot,
+            "{TABLE} names this slot under another cluster's system identifier (the database \
+             was copied from another cluster): creating the slot as on a first start"
+        );
+        return Ok(());
+    }
+    if config.allow_new_slot {
+        tracing::warn!(
+            slot = %config.slot,
+            created_at = %created_at,
+            "--allow-new-slot: creating a fresh slot where this relay streamed before; events \
+             committed between the last acknowledgement and now are relayed only by \
+             `outbox-relay backfill`"
+        );
+        return Ok(());
+    }
+    Err(SourceError::SlotLost {
+        slot: config.slot.clone(),
+        url: config.postgres.redacted(),
+        created_at,
+    })
+}
+
+/// Records the slot in [`TABLE`] (creating it if needed). Best effort: a role
+/// that may not create the table is warned about, not stopped.
+pub async fn record_slot(client: &Client, slot: &str) {
+    let result = async {
+        let state = client
+            .query_one(
+                "SELECT to_regclass('public.outbox_relay_slots') IS NOT NULL, pg_is_in_recovery()",
+                &[],
+            )
+            .await?;
+        // On a hot standby nothing can be written; the primary's record, if any, is replicated.
+        if state.get::<_, bool>(1) {
+            return Ok(0);
+        }
+        if !state.get::<_, bool>(0) {
+            client.batch_execute(CREATE_TABLE).await?;
+        }
+        client
+            .execute(
+                "INSERT INTO public.outbox_relay_slots (slot_name, system_identifier, created_lsn) \
+                 SELECT $1::text, system_identifier::text, \
+                        (SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1::text) \
+                 FROM pg_control_system() \
+                 ON CONFLICT (slot_name) DO UPDATE SET system_identifier = EXCLUDED.system_identifier \
+                 WHERE outbox_relay_slots.system_identifier <> EXCLUDED.system_identifier",
+                &[&slot],
+            )
+            .await
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::warn!(
+            slot,
+            error = %super::pg_error_text(&e),
+            "cannot record the slot in {TABLE}: after a failover to a server without the slot \
+             the relay could not tell a lost slot from a first start. Run `outbox-relay setup` \
+             as the table's owner, or grant the relay's role CREATE on schema public"
+        );
+    }
+}
+
+/// With `--slot-failover`: the server must be PostgreSQL 17+; warns when
+/// `synchronized_standby_slots` is empty. Returns whether the slot must still
+/// be altered to `FAILOVER true` (an existing slot created without it).
+pub async fn check_failover(client: &Client, config: &Config) -> Result<bool, SourceError> {
+    let query = |what, sql| async move {
+        client
+            .query_opt(sql, &[])
+            .await
+            .map_err(|source| SourceError::Query { what, source })
+    };
+    let version: i32 = query("read server_version_num", "SHOW server_version_num")
+        .await?
+        .and_then(|r| r.get::<_, String>(0).parse().ok())
+        .unwrap_or(0);
+    if version < FAILOVER_MIN_VERSION {
+        let version = query("read server_version", "SHOW server_version")
+            .await?
+            .map(|r| r.get::<_, String>(0))
+            .unwrap_or_default();
+        return Err(SourceError::FailoverUnsupported { version });
+    }
+    let standby_slots: String = query(
+        "read synchronized_standby_slots",
+        "SHOW synchronized_standby_slots",
+    )
+    .await?
+    .map(|r| r.get(0))
+    .unwrap_or_default();
+    if standby_slots.trim().is_empty() {
+        tracing::warn!(
+            slot = %config.slot,
+            "--slot-failover: synchronized_standby_slots is empty on the primary, so the relay may \
+             receive (and publish) transactions a standby has not received yet; after a failover \
+             to that standby they exist in Kafka but not in the database. Set it to the standbys' \
+             physical slots"
+        );
+    }
+    let row = client
+        .query_opt(
+            "SELECT failover FROM pg_replication_slots WHERE slot_name = $1",
+            &[&config.slot],
+        )
+        .await
+        .map_err(|source| SourceError::Query {
+            what: "read the slot's failover flag",
+            source,
+        })?;
+    Ok(row.is_some_and(|r| !r.get::<_, bool>(0)))
+}
+
+/// `ALTER_REPLICATION_SLOT ... (FAILOVER true)`: a replication command, so
+/// it runs on a replication connection.
+pub async fn mark_failover(config: &Config) -> Result<(), SourceError> {
+    let config = &super::setup::pin(config).await?;
+    let stream_err = |source| SourceError::Stream {
+        slot: config.slot.clone(),
+        source,
+    };
+    let repl = super::replication_config(config, crate::lsn::Lsn::ZERO, crate::lsn::Lsn::ZERO)?;
+    let mut client = pgwire_replication::ReplicationClient::connect_gated(repl)
+        .await
+        .map_err(stream_err)?;
+    client
+        .simple_query(&format!(
+            "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
+            config.slot
+        ))
+        .await
+        .map_err(stream_err)?;
+    tracing::info!(slot = %config.slot, "marked the slot for failover (FAILOVER true)");
+    Ok(())
+}

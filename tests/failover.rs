@@ -1,0 +1,351 @@
+//! Failover: several hosts in one URL, failover slots (PostgreSQL 17), and
+//! the refusal to start over from "now" where the slot was lost.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::support::kafka::Broker;
+use crate::support::postgres::{PgCluster, PgOptions};
+use crate::support::relay::{Relay, run_to_exit};
+use crate::support::world::{SCHEMA, World, wait_until};
+
+const SLOT: &str = "outbox_relay";
+const SLOT_LOST_EXIT: Option<i32> = Some(7);
+const FAST_BACKOFF: [&str; 4] = [
+    "--reconnect-backoff-min",
+    "200ms",
+    "--reconnect-backoff-max",
+    "1s",
+];
+
+async fn slot_exists(pg: &PgCluster) -> bool {
+    !pg.execute(&format!(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+    ))
+    .await
+    .is_empty()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_lost_slot_where_the_relay_streamed_before_stops_it_until_allowed() {
+    let world = World::start().await;
+    let url = world.pg.url();
+    let brokers = world.broker.bootstrap();
+    let mut relay = Relay::spawn(&url, &brokers, &[]);
+    relay.wait_streaming();
+    relay.signal("TERM");
+    relay
+        .wait_exit(Duration::from_secs(30))
+        .expect("relay stops");
+    world
+        .pg
+        .execute(&format!("SELECT pg_drop_replication_slot('{SLOT}')"))
+        .await;
+
+    let (code, log) = run_to_exit(&url, &brokers, &[]);
+    assert_eq!(code, SLOT_LOST_EXIT, "{log}");
+    assert!(
+        log.contains("where this relay has streamed from it before"),
+        "{log}"
+    );
+    assert!(log.contains("outbox-relay backfill --since"), "{log}");
+    assert!(!slot_exists(&world.pg).await, "no slot may be created");
+
+    let mut relay = Relay::spawn(&url, &brokers, &["--allow-new-slot"]);
+    relay.wait_streaming();
+    let ids = world.insert_tx(&[("Evt", "a", r#"{"n": 1}"#)]).await;
+    let got = world
+        .broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(30));
+    assert_eq!(got.len(), 1, "{}", relay.log());
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn slot_failover_is_refused_before_postgres_17_naming_the_version() {
+    let pg = PgCluster::start_with(PgOptions {
+        major: Some(16),
+        ..PgOptions::default()
+    });
+    pg.execute(SCHEMA).await;
+    let broker = Broker::start();
+    let (code, log) = run_to_exit(&pg.url(), &broker.bootstrap(), &["--slot-failover"]);
+    assert_eq!(code, Some(3), "{log}");
+    assert!(
+        log.contains("needs PostgreSQL 17 or later, but the server is 16"),
+        "{log}"
+    );
+}
+
+/// Commits one outbox row per transaction to whichever server is the primary
+/// until stopped; counts the commits.
+fn spawn_writer(url: String, stop: Arc<AtomicBool>, committed: Arc<AtomicU64>) {
+    tokio::spawn(async move {
+        let mut client: Option<tokio_postgres::Client> = None;
+        for n in 0..20_000u64 {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            if client.as_ref().is_none_or(|c| c.is_closed()) {
+                client = match tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                    Ok((c, connection)) => {
+                        tokio::spawn(connection);
+                        Some(c)
+                    }
+                    Err(_) => None,
+                };
+            }
+            let ok = match &client {
+                Some(c) => c
+                    .execute(
+                        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                         VALUES ('order', $1, 'Evt', '{}')",
+                        &[&n.to_string()],
+                    )
+                    .await
+                    .is_ok(),
+                None => false,
+            };
+            if ok {
+                committed.fetch_add(1, Ordering::SeqCst);
+            } else {
+                client = None;
+            }
+            tokio::time::sleep(Duration::from_millis(if ok { 5 } else { 100 })).await;
+        }
+    });
+}
+
+/// A primary and a streaming standby of `major`; the relay's and the writer's URLs.
+async fn primary_and_standby(major: u32, standby_conf: &[(&str, &str)]) -> (PgCluster, PgCluster) {
+    let mut primary = PgCluster::start_with(PgOptions {
+        major: Some(major),
+        ..PgOptions::default()
+    });
+    primary.execute(SCHEMA).await;
+    let standby = primary.start_standby("standby1", standby_conf).await;
+    (primary, standby)
+}
+
+fn both_hosts(primary: &PgCluster, standby: &PgCluster) -> String {
+    format!(
+        "postgres://postgres:{}@127.0.0.1:{},127.0.0.1:{}/postgres?target_session_attrs=read-write",
+        PgCluster::PASSWORD,
+        primary.port(),
+        standby.port()
+    )
+}
+
+/// Waits until the writer committed `more` rows after this call.
+async fn wait_commits(committed: &AtomicU64, more: u64) {
+    let target = committed.load(Ordering::SeqCst) + more;
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            committed.load(Ordering::SeqCst) >= target
+        })
+        .await,
+        "the writer did not commit {more} rows"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg17_failover_slots_follow_a_promotion_without_losing_an_event() {
+    let (mut primary, standby) = primary_and_standby(
+        17,
+        &[
+            ("sync_replication_slots", "on"),
+            ("hot_standby_feedback", "on"),
+        ],
+    )
+    .await;
+    primary
+        .execute("ALTER SYSTEM SET synchronized_standby_slots = 'standby1'")
+        .await;
+    primary.execute("SELECT pg_reload_conf()").await;
+    let broker = Broker::start();
+    let url = both_hosts(&primary, &standby);
+    let mut args = vec!["--slot-failover"];
+    args.extend(FAST_BACKOFF);
+    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &args);
+    relay.wait_streaming();
+    let flags = primary
+        .execute(&format!(
+            "SELECT failover::text FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+        ))
+        .await;
+    assert_eq!(flags, vec![vec![Some("true".to_owned())]]);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(AtomicU64::new(0));
+    spawn_writer(url.clone(), stop.clone(), committed.clone());
+    wait_commits(&committed, 50).await;
+    // The standby must hold a persistent synchronized copy before the primary dies.
+    let synced = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_relay' \
+                  AND synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL";
+    assert!(
+        wait_until(Duration::from_secs(120), || async {
+            !standby.execute(synced).await.is_empty()
+        })
+        .await,
+        "the slot was not synchronized to the standby:\n{}",
+        standby.log_tail()
+    );
+    wait_commits(&committed, 50).await;
+
+    primary.stop_immediate();
+    standby.promote();
+    wait_commits(&committed, 100).await;
+    stop.store(true, Ordering::SeqCst);
+
+    let rows = standby.execute("SELECT id::text FROM outbox").await;
+    let ids: Vec<String> = rows.into_iter().filter_map(|r| r[0].clone()).collect();
+    assert!(ids.len() >= 200, "{} rows", ids.len());
+    let got: HashSet<String> = broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(90))
+        .iter()
+        .map(|r| r.id())
+        .collect();
+    let lost: Vec<&String> = ids.iter().filter(|id| !got.contains(*id)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} rows never reached Kafka; relay log:\n{}",
+        lost.len(),
+        ids.len(),
+        relay.log()
+    );
+    assert!(
+        relay.wait_exit(Duration::from_millis(10)).is_none(),
+        "the relay must keep running:\n{}",
+        relay.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg16_failover_stops_the_relay_with_the_missing_slot_explained() {
+    let (mut primary, standby) = primary_and_standby(16, &[("hot_standby_feedback", "on")]).await;
+    let broker = Broker::start();
+    let url = both_hosts(&primary, &standby);
+    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &FAST_BACKOFF);
+    relay.wait_streaming();
+    let stop = Arc::new(AtomicBool::new(false));
+    let committed = Arc::new(AtomicU64::new(0));
+    spawn_writer(url.clone(), stop.clone(), committed.clone());
+    wait_commits(&committed, 50).await;
+    let before_failover = primary.execute("SELECT now()::text").await[0][0]
+        .clone()
+        .unwrap();
+
+    primary.stop_immediate();
+    standby.promote();
+    // Rows committed after the promotion: no slot ever sees them.
+    wait_commits(&committed, 50).await;
+    stop.store(true, Ordering::SeqCst);
+
+    let status = relay
+        .wait_exit(Duration::from_secs(60))
+        .expect("the relay stops");
+    let log = relay.log();
+    assert_eq!(status.code(), SLOT_LOST_EXIT, "{log}");
+    assert!(log.contains("is missing on the server"), "{log}");
+    assert!(log.contains("No slot was created"), "{log}");
+    assert!(
+        !slot_exists(&standby).await,
+        "no slot on the promoted server"
+    );
+
+    // A restart finds the record of the old slot (replicated with the data) and refuses too.
+    let (code, log) = run_to_exit(&url, &broker.bootstrap(), &[]);
+    assert_eq!(code, SLOT_LOST_EXIT, "{log}");
+    assert!(
+        log.contains("recorded in public.outbox_relay_slots"),
+        "{log}"
+    );
+    assert!(
+        !slot_exists(&standby).await,
+        "no slot on the promoted server"
+    );
+
+    // The runbook: a fresh slot knowingly, then backfill from before the failover.
+    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &["--allow-new-slot"]);
+    relay.wait_streaming();
+    let out = std::process::Command::new(crate::support::relay::binary())
+        .args([
+            "backfill",
+            "--since",
+            &before_failover,
+            "--postgres-url",
+            &url,
+        ])
+        .args(["--kafka-brokers", &broker.bootstrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "backfill failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows = standby.execute("SELECT id::text FROM outbox").await;
+    let ids: Vec<String> = rows.into_iter().filter_map(|r| r[0].clone()).collect();
+    let got: HashSet<String> = broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(60))
+        .iter()
+        .map(|r| r.id())
+        .collect();
+    let lost = ids.iter().filter(|id| !got.contains(*id)).count();
+    assert_eq!(
+        lost,
+        0,
+        "{lost} of {} rows missing after the backfill",
+        ids.len()
+    );
+    assert!(
+        relay.wait_exit(Duration::from_millis(10)).is_none(),
+        "{}",
+        relay.log()
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn slot_failover_marks_an_existing_slot_and_reports_it() {
+    let pg = PgCluster::start_with(PgOptions {
+        major: Some(17),
+        ..PgOptions::default()
+    });
+    pg.execute(SCHEMA).await;
+    let broker = Broker::start();
+    let mut relay = Relay::spawn(&pg.url(), &broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    relay.signal("TERM");
+    relay
+        .wait_exit(Duration::from_secs(30))
+        .expect("relay stops");
+    let flag =
+        format!("SELECT failover::text FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
+    assert_eq!(
+        pg.execute(&flag).await,
+        vec![vec![Some("false".to_owned())]]
+    );
+
+    let args = ["--slot-failover", "--slot-poll-interval", "200ms"];
+    let mut relay = Relay::spawn(&pg.url(), &broker.bootstrap(), &args);
+    relay.wait_streaming();
+    assert_eq!(pg.execute(&flag).await, vec![vec![Some("true".to_owned())]]);
+    assert!(
+        relay.wait_for(Duration::from_secs(30), |r| {
+            r.metric("outbox_relay_slot_failover") == Some(1.0)
+        }),
+        "{}",
+        relay.log()
+    );
+    assert_eq!(
+        relay.metric("outbox_relay_synchronized_standby_slots_set"),
+        Some(0.0)
+    );
+    let (_, readyz) = crate::support::http::get(relay.http_port().unwrap(), "/readyz").unwrap();
+    assert!(readyz.contains("\"failover\":true"), "{readyz}");
+    assert!(
+        readyz.contains("synchronized_standby_slots is empty"),
+        "{readyz}"
+    );
+}
