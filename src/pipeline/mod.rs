@@ -259,6 +259,18 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
+/// The control connection, opened (again) when needed.
+async fn control<'a>(
+    control: &'a mut Option<tokio_postgres::Client>,
+    config: &Config,
+) -> Result<&'a tokio_postgres::Client, SourceError> {
+    let client = match control.take() {
+        Some(client) if !client.is_closed() => client,
+        _ => setup::connect(config).await?,
+    };
+    Ok(control.insert(client))
+}
+
 /// Sleeps until `at`; never resolves for `None` (a disabled `select!` branch).
 async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     match at {
@@ -297,6 +309,14 @@ pub struct Pipeline {
     /// reading to the open transaction's commit and of the drain together.
     stop_by: Option<tokio::time::Instant>,
     reported: Lsn,
+    /// The highest position that may be reported: the frontier as it stood
+    /// before the last check that found the publication intact (PostgreSQL 18
+    /// decodes on without a dropped publication, skipping its rows).
+    verified: Lsn,
+    /// The publication's OID at the first check: another one means it was
+    /// dropped and re-created, and rows committed in between were skipped.
+    publication_oid: Option<u32>,
+    next_publication_check: tokio::time::Instant,
     commit_lsn: Lsn,
     /// In Unix microseconds: commit → ack latencies are a few milliseconds.
     commit_time_us: i64,
@@ -377,6 +397,9 @@ pub async fn run(
         },
         tracker: AckTracker::new(slot.confirmed_flush),
         reported: slot.confirmed_flush,
+        verified: slot.confirmed_flush,
+        publication_oid: None,
+        next_publication_check: tokio::time::Instant::now(),
         config,
         stream: None,
         sink: std::sync::Arc::new(sink),
@@ -612,6 +635,7 @@ impl Pipeline {
             let stop_by = self.stop_by;
             let frontier = self.tracker.frontier();
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
+            let check_at = self.next_publication_check;
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
@@ -649,18 +673,61 @@ impl Pipeline {
                 }
                 event = stream.recv(), if can_read => self.on_event(event?).await?,
                 () = sleep_until_some(cleanup_due), if cleanup_due.is_some() => {}
+                () = tokio::time::sleep_until(check_at) => {
+                    self.check_publication().await?;
+                    self.next_publication_check =
+                        tokio::time::Instant::now() + self.config.status_interval;
+                }
             }
             self.report_frontier(false).await;
         }
     }
 
     /// The highest position that may be reported now: the ack frontier, held
-    /// back under `--cleanup delete` until the rows it covers are deleted.
+    /// back under `--cleanup delete` until the rows it covers are deleted, and
+    /// until a check of the publication that started after it was reached.
     fn reportable(&self) -> Lsn {
+        self.unverified().min(self.verified)
+    }
+
+    fn unverified(&self) -> Lsn {
         let frontier = self.tracker.frontier();
         self.cleanup
             .as_ref()
             .map_or(frontier, |c| c.cleared().min(frontier))
+    }
+
+    /// Checks that the publication still exists, is the same one and covers
+    /// the outbox tables; then the frontier as it stood before the check may be
+    /// reported: everything up to it was decoded before any drop committed.
+    /// A check that cannot run (the server unreachable) confirms nothing.
+    async fn check_publication(&mut self) -> Result<(), RelayError> {
+        let candidate = self.unverified();
+        let client = match control(&mut self.outbox.control, &self.config).await {
+            Ok(client) => client,
+            Err(error) => {
+                tracing::debug!(%error, "cannot check the publication; confirming nothing until it can be checked");
+                return Ok(());
+            }
+        };
+        match setup::verify_publication(client, &self.config).await {
+            Ok(oid) if self.publication_oid.is_some_and(|known| known != oid) => {
+                Err(RelayError::Source(SourceError::PublicationDropped {
+                    publication: self.config.publication.clone(),
+                    what: "was dropped and re-created",
+                }))
+            }
+            Ok(oid) => {
+                self.publication_oid = Some(oid);
+                self.verified = self.verified.max(candidate);
+                Ok(())
+            }
+            Err(SourceError::Query { what, source }) => {
+                tracing::debug!(what, error = %source, "cannot check the publication; confirming nothing until it can be checked");
+                Ok(())
+            }
+            Err(e) => Err(RelayError::Source(e)),
+        }
     }
 
     /// Reports the frontier; under `--cleanup delete`, first deletes the rows
@@ -894,21 +961,9 @@ impl Pipeline {
             relation_id,
             source,
         };
-        if self
-            .outbox
-            .control
-            .as_ref()
-            .is_none_or(tokio_postgres::Client::is_closed)
-        {
-            self.outbox.control = Some(
-                setup::connect(&self.config)
-                    .await
-                    .map_err(|e| lookup_err(Box::new(e)))?,
-            );
-        }
-        let Some(client) = self.outbox.control.as_ref() else {
-            return Ok(None);
-        };
+        let client = control(&mut self.outbox.control, &self.config)
+            .await
+            .map_err(|e| lookup_err(Box::new(e)))?;
         let row = client
             .query_opt(
                 "SELECT n.nspname::text, c.relname::text FROM pg_class c \
@@ -1125,6 +1180,11 @@ impl Pipeline {
                 Err(_) if self.sink.in_flight() == 0 && self.deliveries.is_empty() => break,
                 Err(_) => {}
             }
+        }
+        // A last check, so a clean stop confirms what it delivered.
+        let check = tokio::time::timeout(Duration::from_secs(5), self.check_publication());
+        if let Ok(Err(error)) = check.await {
+            tracing::warn!(%error, "not confirming the final frontier");
         }
         self.report_frontier(true).await;
         let frontier = self.reportable();

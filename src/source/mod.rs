@@ -156,6 +156,22 @@ pub enum SourceError {
         /// The table's columns.
         available: String,
     },
+    /// The publication was dropped (or dropped and re-created) while the relay
+    /// streamed. PostgreSQL 18 then decodes on without it, skipping the outbox
+    /// rows with only a warning in the server log, so the relay stops first.
+    #[error(
+        "publication {publication:?} {what} while the relay was streaming; outbox rows \
+         committed while it was missing are not decoded, so the relay stops without confirming \
+         any position after its last check of the publication. Re-create it (or start the relay, \
+         which creates it), restart, and run `outbox-relay backfill --since TIMESTAMP` with a \
+         time before the drop to re-publish rows the slot skipped"
+    )]
+    PublicationDropped {
+        /// The publication.
+        publication: String,
+        /// "does not exist" or "was dropped and re-created".
+        what: &'static str,
+    },
     /// The existing publication does not publish inserts.
     #[error(
         "publication {publication:?} does not publish inserts; run ALTER PUBLICATION \

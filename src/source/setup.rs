@@ -340,6 +340,37 @@ async fn ensure_publication(
         tracing::info!(publication = %publication, sql = %sql, "created publication");
         return Ok(false);
     };
+    check_publication(client, config, &row, partitioned).await
+}
+
+/// The publication, as found while streaming: its OID (a dropped and
+/// re-created publication has another) and whether it is `FOR ALL TABLES`.
+/// Postgres 18's pgoutput skips a missing publication with only a warning, so
+/// the relay must look for itself before confirming a position.
+pub async fn verify_publication(client: &Client, config: &Config) -> Result<u32, SourceError> {
+    let row = query_one(
+        client,
+        "look up the publication",
+        "SELECT puballtables, pubinsert, pubviaroot, oid FROM pg_publication WHERE pubname = $1",
+        &[&config.publication],
+    )
+    .await?
+    .ok_or_else(|| SourceError::PublicationDropped {
+        publication: config.publication.clone(),
+        what: "does not exist",
+    })?;
+    check_publication(client, config, &row, &[]).await?;
+    Ok(row.get(3))
+}
+
+/// Checks an existing publication (`row`: puballtables, pubinsert, pubviaroot).
+async fn check_publication(
+    client: &Client,
+    config: &Config,
+    row: &tokio_postgres::Row,
+    partitioned: &[&TableName],
+) -> Result<bool, SourceError> {
+    let publication = &config.publication;
     let (all_tables, publishes_inserts, via_root): (bool, bool, bool) =
         (row.get(0), row.get(1), row.get(2));
     if !publishes_inserts {
