@@ -178,6 +178,18 @@ impl AckTracker {
         self.open = None;
     }
 
+    /// The stream resumes at `to`, before the last transaction received: a
+    /// promoted server whose WAL may not reach that far. Nothing received
+    /// from the old server may then move the frontier past `to`, since the
+    /// new server's transactions between `to` and there are still to come.
+    pub fn rewind(&mut self, to: Lsn) {
+        self.last_end = self.last_end.min(to);
+        self.frontier = self.frontier.min(to);
+        for tx in &mut self.committed {
+            tx.end_lsn = tx.end_lsn.min(to);
+        }
+    }
+
     /// Where a reconnected stream should start: the end of the last
     /// transaction fully received (or keepalive position confirmed).
     pub fn resume_lsn(&self) -> Lsn {
@@ -342,6 +354,28 @@ mod tests {
         assert_eq!(t.frontier(), Lsn(8));
         t.ack(a[0]).unwrap();
         assert_eq!(t.frontier(), Lsn(40));
+    }
+
+    #[test]
+    fn a_rewind_after_a_promotion_keeps_the_old_servers_positions_out_of_the_frontier() {
+        let mut t = AckTracker::new(Lsn(100));
+        // The old primary: a transaction in flight, then (idle) a keepalive
+        // beyond what the standby received.
+        let old = tx(&mut t, 110, 1, 120);
+        t.ack(old[0]).unwrap();
+        assert!(t.keepalive(Lsn(500)));
+        let late = tx(&mut t, 510, 1, 520);
+        // The new primary's slot is confirmed at 120: resume there.
+        t.rewind(Lsn(120));
+        assert_eq!((t.frontier(), t.resume_lsn()), (Lsn(120), Lsn(120)));
+        // Its first transaction ends below the old keepalive and is accepted.
+        let new = tx(&mut t, 130, 1, 140);
+        // The old server's late transaction, delivered, cannot carry the
+        // frontier past the new server's undelivered one.
+        t.ack(late[0]).unwrap();
+        assert_eq!(t.frontier(), Lsn(120));
+        t.ack(new[0]).unwrap();
+        assert_eq!(t.frontier(), Lsn(140));
     }
 
     #[test]

@@ -317,6 +317,8 @@ pub struct Pipeline {
     /// dropped and re-created, and rows committed in between were skipped.
     publication_oid: Option<u32>,
     next_publication_check: tokio::time::Instant,
+    /// The server and timeline the last stream ran on.
+    server: Option<crate::source::ServerId>,
     commit_lsn: Lsn,
     /// In Unix microseconds: commit → ack latencies are a few milliseconds.
     commit_time_us: i64,
@@ -400,6 +402,7 @@ pub async fn run(
         verified: slot.confirmed_flush,
         publication_oid: None,
         next_publication_check: tokio::time::Instant::now(),
+        server: None,
         config,
         stream: None,
         sink: std::sync::Arc::new(sink),
@@ -448,8 +451,24 @@ impl Pipeline {
         loop {
             let start = self.tracker.resume_lsn();
             let acked = self.reportable();
-            match ReplicationStream::start(&self.config, start, acked).await {
+            match ReplicationStream::start(&self.config, start, acked, self.server.as_ref()).await {
                 Ok(stream) => {
+                    if stream.start < start {
+                        tracing::warn!(
+                            slot = %self.config.slot,
+                            from = ?self.server,
+                            to = ?stream.server,
+                            received = %start,
+                            lsn = %stream.start,
+                            "reconnected to another server or timeline (a promotion): resuming \
+                             from the slot's confirmed position there, not after the last \
+                             transaction received from the old one"
+                        );
+                        self.tracker.rewind(stream.start);
+                        self.reported = self.reported.min(stream.start);
+                        self.verified = self.verified.min(stream.start);
+                    }
+                    self.server = Some(stream.server.clone());
                     self.stream = Some(stream);
                     self.observer.streaming(true);
                     if attempt == 0 && !standby {

@@ -423,6 +423,18 @@ fn sqlstate(message: &str) -> Option<&str> {
     message.get(at..at + 5)
 }
 
+/// The slot's confirmed position, read on a gated session; `None` when it
+/// cannot be read.
+async fn slot_confirmed(client: &mut ReplicationClient, slot: &str) -> Option<Lsn> {
+    let sql = format!(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = {}",
+        sql::quote_literal(slot)
+    );
+    let rows = client.simple_query(&sql).await.ok()?;
+    let text = rows.first()?.first()?.as_ref()?;
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
 /// The replication session's settings, shared by the stream and IDENTIFY_SYSTEM.
 pub(crate) fn replication_config(
     config: &Config,
@@ -470,10 +482,46 @@ pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceErr
     Ok((system.system_id, system.xlogpos.into()))
 }
 
+/// The server and timeline a stream runs on. A promotion changes the
+/// timeline, and a failover to another host changes the host, even when the
+/// system identifier (kept by a standby) stays the same.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerId {
+    /// `host:port` as pinned from `--postgres-url`.
+    pub addr: String,
+    /// IDENTIFY_SYSTEM's system identifier.
+    pub system_id: String,
+    /// IDENTIFY_SYSTEM's timeline.
+    pub timeline: u32,
+}
+
+/// Where a stream resumes on `current`, given the position the relay keeps
+/// in memory. On the server and timeline the previous stream ran on, that
+/// position. Elsewhere no later than the slot's confirmed position there:
+/// the in-memory one may come from the old primary's keepalives, past the
+/// point the new primary's WAL reached, and starting there would skip the new
+/// primary's first transactions. An unknown confirmed position gives 0/0,
+/// where the server starts from the slot's own.
+pub fn resume_point(
+    previous: Option<&ServerId>,
+    current: &ServerId,
+    in_memory: Lsn,
+    slot_confirmed: Option<Lsn>,
+) -> Lsn {
+    match previous {
+        Some(previous) if previous != current => in_memory.min(slot_confirmed.unwrap_or(Lsn::ZERO)),
+        _ => in_memory,
+    }
+}
+
 /// The logical replication stream of one slot.
 pub struct ReplicationStream {
     client: ReplicationClient,
     slot: String,
+    /// Where it runs.
+    pub server: ServerId,
+    /// Where it started: before the requested position after a promotion.
+    pub start: Lsn,
 }
 
 impl ReplicationStream {
@@ -483,8 +531,15 @@ impl ReplicationStream {
     /// On first start both are the slot's confirmed position. After a
     /// reconnect, `start` is the end of the last transaction already received
     /// (its events are in flight, so asking for it again would only duplicate
-    /// them) and `acked` is the ack frontier, which may be behind it.
-    pub async fn start(config: &Config, start: Lsn, acked: Lsn) -> Result<Self, SourceError> {
+    /// them) and `acked` is the ack frontier, which may be behind it. When
+    /// the server or timeline differs from `previous`, the start moves back
+    /// as [`resume_point`] says; [`ReplicationStream::start`] tells where.
+    pub async fn start(
+        config: &Config,
+        start: Lsn,
+        acked: Lsn,
+        previous: Option<&ServerId>,
+    ) -> Result<Self, SourceError> {
         // A server that went away mid-run is retried, like the stream itself.
         let config = &setup::pin(config).await.map_err(|e| match e {
             SourceError::Connect { url, reason, .. } => SourceError::NoSuitableHost {
@@ -510,7 +565,28 @@ impl ReplicationStream {
                 }
             }
         };
-        let mut client = ReplicationClient::connect(repl).await.map_err(stream_err)?;
+        // IDENTIFY_SYSTEM and the slot's position on the session that then
+        // streams, so both describe the server the stream opens on.
+        let mut client = ReplicationClient::connect_gated(repl)
+            .await
+            .map_err(stream_err)?;
+        let system = client.identify_system().await.map_err(stream_err)?;
+        let server = ServerId {
+            addr: format!("{}:{}", pg.host, pg.port),
+            system_id: system.system_id,
+            timeline: system.timeline,
+        };
+        let mut start = start;
+        if previous.is_some_and(|p| *p != server) {
+            let confirmed = slot_confirmed(&mut client, &config.slot).await;
+            start = resume_point(previous, &server, start, confirmed);
+            // The gated session's start position is fixed: open another.
+            let _ = client.shutdown().await;
+            let repl = replication_config(config, start, acked)?;
+            client = ReplicationClient::connect(repl).await.map_err(stream_err)?;
+        } else {
+            client.start().await.map_err(stream_err)?;
+        }
         let timeout = Duration::from_secs(30);
         match tokio::time::timeout(timeout, client.wait_started()).await {
             Ok(Ok(())) => {}
@@ -525,6 +601,8 @@ impl ReplicationStream {
         Ok(ReplicationStream {
             client,
             slot: config.slot.clone(),
+            server,
+            start,
         })
     }
 
@@ -561,6 +639,47 @@ impl ReplicationStream {
         }
         if let Err(e) = self.client.shutdown().await {
             tracing::debug!(error = %e, "replication stream ended with an error during shutdown");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(addr: &str, timeline: u32) -> ServerId {
+        ServerId {
+            addr: addr.to_owned(),
+            system_id: "7300000000000000001".to_owned(),
+            timeline,
+        }
+    }
+
+    #[test]
+    fn a_reconnect_to_the_same_server_resumes_after_the_last_transaction_received() {
+        let db1 = server("127.0.0.1:5432", 1);
+        assert_eq!(resume_point(None, &db1, Lsn(500), Some(Lsn(100))), Lsn(500));
+        assert_eq!(
+            resume_point(Some(&db1), &db1, Lsn(500), Some(Lsn(100))),
+            Lsn(500)
+        );
+    }
+
+    #[test]
+    fn a_promotion_resumes_no_later_than_the_new_servers_slot() {
+        let old = server("127.0.0.1:5432", 1);
+        // Another host, or the same address on a new timeline (a DNS endpoint).
+        for new in [server("127.0.0.1:5433", 1), server("127.0.0.1:5432", 2)] {
+            assert_eq!(
+                resume_point(Some(&old), &new, Lsn(500), Some(Lsn(120))),
+                Lsn(120)
+            );
+            assert_eq!(
+                resume_point(Some(&old), &new, Lsn(100), Some(Lsn(120))),
+                Lsn(100)
+            );
+            // Unknown: 0/0 lets the server start from the slot's own position.
+            assert_eq!(resume_point(Some(&old), &new, Lsn(500), None), Lsn::ZERO);
         }
     }
 }
