@@ -654,7 +654,9 @@ impl Pipeline {
             let stop_by = self.stop_by;
             let frontier = self.tracker.frontier();
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
-            let check_at = self.next_publication_check;
+            // Checked at the status interval while there is something new to confirm.
+            let check_at = (self.unverified() > self.verified || self.publication_oid.is_none())
+                .then_some(self.next_publication_check);
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
@@ -692,10 +694,13 @@ impl Pipeline {
                 }
                 event = stream.recv(), if can_read => self.on_event(event?).await?,
                 () = sleep_until_some(cleanup_due), if cleanup_due.is_some() => {}
-                () = tokio::time::sleep_until(check_at) => {
-                    self.check_publication().await?;
-                    self.next_publication_check =
-                        tokio::time::Instant::now() + self.config.status_interval;
+                () = sleep_until_some(check_at), if check_at.is_some() => {
+                    // A check that could not run is retried less often.
+                    let wait = match self.check_publication().await? {
+                        true => self.config.status_interval,
+                        false => self.config.status_interval.max(Duration::from_secs(1)),
+                    };
+                    self.next_publication_check = tokio::time::Instant::now() + wait;
                 }
             }
             self.report_frontier(false).await;
@@ -719,14 +724,15 @@ impl Pipeline {
     /// Checks that the publication still exists, is the same one and covers
     /// the outbox tables; then the frontier as it stood before the check may be
     /// reported: everything up to it was decoded before any drop committed.
-    /// A check that cannot run (the server unreachable) confirms nothing.
-    async fn check_publication(&mut self) -> Result<(), RelayError> {
+    /// A check that cannot run (the server unreachable) confirms nothing and
+    /// returns false.
+    async fn check_publication(&mut self) -> Result<bool, RelayError> {
         let candidate = self.unverified();
         let client = match control(&mut self.outbox.control, &self.config).await {
             Ok(client) => client,
             Err(error) => {
-                tracing::debug!(%error, "cannot check the publication; confirming nothing until it can be checked");
-                return Ok(());
+                tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
+                return Ok(false);
             }
         };
         match setup::verify_publication(client, &self.config).await {
@@ -739,11 +745,11 @@ impl Pipeline {
             Ok(oid) => {
                 self.publication_oid = Some(oid);
                 self.verified = self.verified.max(candidate);
-                Ok(())
+                Ok(true)
             }
             Err(SourceError::Query { what, source }) => {
-                tracing::debug!(what, error = %source, "cannot check the publication; confirming nothing until it can be checked");
-                Ok(())
+                tracing::warn!(what, error = %source, "cannot check the publication; confirming nothing until it can be checked");
+                Ok(false)
             }
             Err(e) => Err(RelayError::Source(e)),
         }

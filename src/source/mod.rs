@@ -567,29 +567,33 @@ impl ReplicationStream {
         };
         // IDENTIFY_SYSTEM and the slot's position on the session that then
         // streams, so both describe the server the stream opens on.
-        let mut client = ReplicationClient::connect_gated(repl)
-            .await
-            .map_err(stream_err)?;
-        let system = client.identify_system().await.map_err(stream_err)?;
-        let server = ServerId {
-            addr: format!("{}:{}", pg.host, pg.port),
-            system_id: system.system_id,
-            timeline: system.timeline,
-        };
-        let mut start = start;
-        if previous.is_some_and(|p| *p != server) {
-            let confirmed = slot_confirmed(&mut client, &config.slot).await;
-            start = resume_point(previous, &server, start, confirmed);
-            // The gated session's start position is fixed: open another.
-            let _ = client.shutdown().await;
-            let repl = replication_config(config, start, acked)?;
-            client = ReplicationClient::connect(repl).await.map_err(stream_err)?;
-        } else {
-            client.start().await.map_err(stream_err)?;
-        }
         let timeout = Duration::from_secs(30);
-        match tokio::time::timeout(timeout, client.wait_started()).await {
-            Ok(Ok(())) => {}
+        let opened = async {
+            let mut client = ReplicationClient::connect_gated(repl).await?;
+            let system = client.identify_system().await?;
+            let server = ServerId {
+                addr: format!("{}:{}", pg.host, pg.port),
+                system_id: system.system_id,
+                timeline: system.timeline,
+            };
+            let mut start = start;
+            if previous.is_some_and(|p| *p != server) {
+                let confirmed = slot_confirmed(&mut client, &config.slot).await;
+                start = resume_point(previous, &server, start, confirmed);
+                // The gated session's start position is fixed: dropping it
+                // ends it, and another starts where decided.
+                drop(client);
+                let repl = replication_config(config, start, acked)
+                    .map_err(|e| PgWireError::Internal(e.to_string()))?;
+                client = ReplicationClient::connect(repl).await?;
+            } else {
+                client.start().await?;
+            }
+            client.wait_started().await?;
+            Ok((client, server, start))
+        };
+        let (client, server, start) = match tokio::time::timeout(timeout, opened).await {
+            Ok(Ok(opened)) => opened,
             Ok(Err(source)) => return Err(stream_err(source)),
             Err(_) => {
                 return Err(SourceError::StartTimeout {
@@ -597,7 +601,7 @@ impl ReplicationStream {
                     timeout,
                 });
             }
-        }
+        };
         Ok(ReplicationStream {
             client,
             slot: config.slot.clone(),
