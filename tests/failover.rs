@@ -349,3 +349,83 @@ async fn slot_failover_marks_an_existing_slot_and_reports_it() {
         "{readyz}"
     );
 }
+
+/// The old primary's keepalives move the relay's position past WAL the
+/// standby never received; after the promotion the new primary's first
+/// transactions lie below that position and must still be relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_resumes_from_the_new_primarys_slot_not_the_old_primarys_keepalives() {
+    let (mut primary, mut standby) = primary_and_standby(
+        17,
+        &[
+            ("sync_replication_slots", "on"),
+            ("hot_standby_feedback", "on"),
+        ],
+    )
+    .await;
+    // No synchronized_standby_slots: the old primary may stream past the standby.
+    let broker = Broker::start();
+    let url = both_hosts(&primary, &standby);
+    let mut args = vec!["--slot-failover"];
+    args.extend(FAST_BACKOFF);
+    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &args);
+    relay.wait_streaming();
+    primary
+        .execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Evt', '{}')")
+        .await;
+    let synced = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_relay' \
+                  AND synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL";
+    assert!(
+        wait_until(Duration::from_secs(120), || async {
+            !standby.execute(synced).await.is_empty()
+        })
+        .await,
+        "the slot was not synchronized to the standby:\n{}",
+        standby.log_tail()
+    );
+    standby.stop();
+    // WAL the standby never receives; the idle relay confirms past it.
+    primary
+        .execute("CREATE TABLE filler AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 20000) g")
+        .await;
+    let end = primary.execute("SELECT pg_current_wal_lsn()::text").await[0][0]
+        .clone()
+        .unwrap();
+    let past_end = format!(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = '{SLOT}' \
+         AND confirmed_flush_lsn >= '{end}'::pg_lsn"
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            !primary.execute(&past_end).await.is_empty()
+        })
+        .await,
+        "the relay did not confirm the old primary's WAL end {end}:\n{}",
+        relay.log()
+    );
+    primary.stop_immediate();
+    standby.restart();
+    standby.promote();
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        let row = standby
+            .execute(&format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ('order', 'b{n}', 'Evt', '{{}}') RETURNING id::text"
+            ))
+            .await;
+        ids.extend(row.into_iter().filter_map(|r| r[0].clone()));
+    }
+    // The test means something only if the new rows lie below the old end.
+    let below = standby
+        .execute(&format!("SELECT pg_current_wal_lsn() < '{end}'::pg_lsn"))
+        .await;
+    assert_eq!(below, vec![vec![Some("t".to_owned())]]);
+    let got: HashSet<String> = broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(60))
+        .iter()
+        .map(|r| r.id())
+        .collect();
+    let lost = ids.iter().filter(|id| !got.contains(*id)).count();
+    assert_eq!(lost, 0, "relay log:\n{}", relay.log());
+}

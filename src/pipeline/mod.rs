@@ -730,19 +730,34 @@ impl Pipeline {
         let candidate = self.unverified();
         let client = match control(&mut self.outbox.control, &self.config).await {
             Ok(client) => client,
+            // A server shutting down commits nothing more but waits for its
+            // walsender's last position to be confirmed; only a drop in the
+            // last status interval before the shutdown would go unnoticed.
+            Err(SourceError::Connect { source, .. })
+                if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
+            {
+                self.verified = self.verified.max(candidate);
+                return Ok(true);
+            }
             Err(error) => {
                 tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
                 return Ok(false);
             }
         };
         match setup::verify_publication(client, &self.config).await {
-            Ok(oid) if self.publication_oid.is_some_and(|known| known != oid) => {
+            Ok((oid, _)) if self.publication_oid.is_some_and(|known| known != oid) => {
                 Err(RelayError::Source(SourceError::PublicationDropped {
                     publication: self.config.publication.clone(),
                     what: "was dropped and re-created",
                 }))
             }
-            Ok(oid) => {
+            // Before 18, pgoutput fails the stream on a missing publication.
+            Ok((oid, version)) if version < 180_000 => {
+                self.publication_oid = Some(oid);
+                self.verified = Lsn(u64::MAX);
+                Ok(true)
+            }
+            Ok((oid, _)) => {
                 self.publication_oid = Some(oid);
                 self.verified = self.verified.max(candidate);
                 Ok(true)

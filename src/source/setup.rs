@@ -347,11 +347,16 @@ async fn ensure_publication(
 /// re-created publication has another) and whether it is `FOR ALL TABLES`.
 /// Postgres 18's pgoutput skips a missing publication with only a warning, so
 /// the relay must look for itself before confirming a position.
-pub async fn verify_publication(client: &Client, config: &Config) -> Result<u32, SourceError> {
+/// Also returns `server_version_num`.
+pub async fn verify_publication(
+    client: &Client,
+    config: &Config,
+) -> Result<(u32, i32), SourceError> {
     let row = query_one(
         client,
         "look up the publication",
-        "SELECT puballtables, pubinsert, pubviaroot, oid FROM pg_publication WHERE pubname = $1",
+        "SELECT puballtables, pubinsert, pubviaroot, oid, \
+         current_setting('server_version_num')::int FROM pg_publication WHERE pubname = $1",
         &[&config.publication],
     )
     .await?
@@ -360,7 +365,7 @@ pub async fn verify_publication(client: &Client, config: &Config) -> Result<u32,
         what: "does not exist",
     })?;
     check_publication(client, config, &row, &[]).await?;
-    Ok(row.get(3))
+    Ok((row.get(3), row.get(4)))
 }
 
 /// Checks an existing publication (`row`: puballtables, pubinsert, pubviaroot).
