@@ -375,7 +375,20 @@ async fn query_text(pg: &PgCluster, sql: &str) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pg16_hot_standby_relays_from_its_own_slot_until_a_conflict_invalidates_it() {
-    let (mut primary, standby) = primary_and_standby(16, &[("hot_standby_feedback", "on")]).await;
+    // PostgreSQL 16 says only `conflicting`.
+    hot_standby_relays_until_invalidated(16, "conflict with recovery").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pg17_hot_standby_slot_invalidated_by_wal_level_names_the_reason() {
+    hot_standby_relays_until_invalidated(17, "wal_level_insufficient").await;
+}
+
+/// The relay reads from a hot standby of `major`, with its slot there, until
+/// `wal_level = replica` on the primary invalidates that slot (`reason`).
+async fn hot_standby_relays_until_invalidated(major: u32, reason: &str) {
+    let (mut primary, standby) =
+        primary_and_standby(major, &[("hot_standby_feedback", "on")]).await;
     let broker = Broker::start();
     let mut args = vec!["--slot-poll-interval", "200ms"];
     args.extend(FAST_BACKOFF);
@@ -449,7 +462,7 @@ async fn a_pg16_hot_standby_relays_from_its_own_slot_until_a_conflict_invalidate
         .expect("the relay stops");
     let log = relay.log();
     assert_eq!(status.code(), Some(3), "{log}");
-    assert!(log.contains("conflicting"), "{log}");
+    assert!(log.contains(&format!("invalidated ({reason})")), "{log}");
     assert!(log.contains("wal_level = logical on the primary"), "{log}");
     assert_eq!(
         query_text(
@@ -462,4 +475,7 @@ async fn a_pg16_hot_standby_relays_from_its_own_slot_until_a_conflict_invalidate
         .as_deref(),
         Some("true")
     );
+    let (code, log) = run_to_exit(&standby.url(), &broker.bootstrap(), &args);
+    assert_eq!(code, Some(3), "{log}");
+    assert!(log.contains(&format!("invalidated ({reason})")), "{log}");
 }

@@ -593,6 +593,31 @@ mod tests {
     }
 
     #[test]
+    fn invalidation_remedies_name_the_cause_and_the_settings_that_prevent_it() {
+        let rows = slot_invalidated_remedy("rows_removed");
+        assert!(rows.contains("invalidation_reason rows_removed"), "{rows}");
+        assert!(
+            rows.contains("hot_standby_feedback = on on the standby"),
+            "{rows}"
+        );
+        assert!(rows.contains("primary_slot_name"), "{rows}");
+        let level = slot_invalidated_remedy("wal_level_insufficient");
+        assert!(
+            level.contains("wal_level = logical on the primary"),
+            "{level}"
+        );
+        let pg16 = slot_invalidated_remedy("conflict with recovery");
+        for part in [
+            "conflicting = true",
+            "hot_standby_feedback",
+            "wal_level = logical",
+        ] {
+            assert!(pg16.contains(part), "{pg16}");
+        }
+        assert!(pg16.contains("outbox-relay backfill --since"), "{pg16}");
+    }
+
+    #[test]
     fn healthy_state_is_ready_without_warnings() {
         let r = evaluate(&good(), &ReadinessThresholds::default());
         assert_eq!(

@@ -467,12 +467,6 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
             expected: config.postgres.dbname.clone(),
         });
     }
-    if let Some(remedy) = slot_invalidation(client, slot).await? {
-        return Err(SourceError::SlotInvalidatedBy {
-            slot: slot.clone(),
-            remedy,
-        });
-    }
     let confirmed_flush = parse_lsn(row.get(3))?;
     // A slot created before the record existed (or by `setup`) is recorded now.
     lineage::record_slot(client, slot).await;
