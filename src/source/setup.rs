@@ -227,7 +227,7 @@ async fn query_one(
 }
 
 /// Whether the server is a standby (in recovery), where nothing can be written.
-pub(crate) async fn in_recovery(client: &Client) -> Result<bool, SourceError> {
+async fn in_recovery(client: &Client) -> Result<bool, SourceError> {
     let row = query_one(
         client,
         "ask pg_is_in_recovery()",
