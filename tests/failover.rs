@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use outbox_relay::lsn::Lsn;
+
 use crate::support::kafka::Broker;
 use crate::support::postgres::{PgCluster, PgOptions};
 use crate::support::relay::{Relay, run_to_exit};
@@ -428,4 +430,132 @@ async fn a_promotion_resumes_from_the_new_primarys_slot_not_the_old_primarys_kee
         .collect();
     let lost = ids.iter().filter(|id| !got.contains(*id)).count();
     assert_eq!(lost, 0, "relay log:\n{}", relay.log());
+}
+
+/// Logs a running-xacts record on the primary every 200 ms until stopped: a
+/// standby creates a logical slot only after replaying one, and the primary
+/// writes one by itself only every 15 s.
+fn log_standby_snapshots(client: tokio_postgres::Client, stop: Arc<AtomicBool>) {
+    tokio::spawn(async move {
+        for _ in 0..3_000 {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let _ = client
+                .simple_query("SELECT pg_log_standby_snapshot()")
+                .await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
+
+async fn query_text(pg: &PgCluster, sql: &str) -> Option<String> {
+    pg.execute(sql).await.first().and_then(|r| r[0].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pg16_hot_standby_relays_from_its_own_slot_until_a_conflict_invalidates_it() {
+    // PostgreSQL 16 says only `conflicting`.
+    hot_standby_relays_until_invalidated(16, "conflict with recovery").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pg17_hot_standby_slot_invalidated_by_wal_level_names_the_reason() {
+    hot_standby_relays_until_invalidated(17, "wal_level_insufficient").await;
+}
+
+/// The relay reads from a hot standby of `major`, with its slot there, until
+/// `wal_level = replica` on the primary invalidates that slot (`reason`).
+async fn hot_standby_relays_until_invalidated(major: u32, reason: &str) {
+    let (mut primary, standby) =
+        primary_and_standby(major, &[("hot_standby_feedback", "on")]).await;
+    let broker = Broker::start();
+    let mut args = vec!["--slot-poll-interval", "200ms"];
+    args.extend(FAST_BACKOFF);
+
+    // A standby cannot create the publication: it must come from the primary.
+    let (code, log) = run_to_exit(&standby.url(), &broker.bootstrap(), &args);
+    assert_eq!(code, Some(3), "{log}");
+    assert!(log.contains("create it on the primary"), "{log}");
+    primary
+        .execute(
+            "CREATE PUBLICATION outbox_relay FOR TABLE outbox \
+             WITH (publish = 'insert', publish_via_partition_root = true)",
+        )
+        .await;
+    let replicated = "SELECT 1 FROM pg_publication WHERE pubname = 'outbox_relay'";
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            !standby.execute(replicated).await.is_empty()
+        })
+        .await
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    log_standby_snapshots(primary.client().await, stop.clone());
+    let mut relay = Relay::spawn(&standby.url(), &broker.bootstrap(), &args);
+    relay.wait_streaming();
+    let slot_lsn = format!(
+        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+    );
+    assert!(query_text(&standby, &slot_lsn).await.is_some());
+    assert!(
+        !slot_exists(&primary).await,
+        "the slot lives on the standby"
+    );
+
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let sql = format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', '{n}', 'Evt', '{{}}') RETURNING id::text"
+        );
+        ids.extend(query_text(&primary, &sql).await);
+    }
+    let written: Lsn = query_text(&primary, "SELECT pg_current_wal_lsn()::text")
+        .await
+        .and_then(|t| t.parse().ok())
+        .unwrap();
+    let got = broker.consume_ids(&["Evt"], &ids, Duration::from_secs(60));
+    assert_eq!(got.len(), ids.len(), "{}", relay.log());
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            query_text(&standby, &slot_lsn)
+                .await
+                .and_then(|t| t.parse::<Lsn>().ok())
+                .is_some_and(|lsn| lsn >= written)
+        })
+        .await,
+        "the standby's slot did not advance past {written}:\n{}",
+        relay.log()
+    );
+
+    // wal_level below logical on the primary invalidates the standby's logical
+    // slots when the standby replays the change (a recovery conflict).
+    stop.store(true, Ordering::SeqCst);
+    primary
+        .execute("ALTER SYSTEM SET wal_level = replica")
+        .await;
+    primary.restart();
+    let status = relay
+        .wait_exit(Duration::from_secs(60))
+        .expect("the relay stops");
+    let log = relay.log();
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(log.contains(&format!("invalidated ({reason})")), "{log}");
+    assert!(log.contains("wal_level = logical on the primary"), "{log}");
+    assert_eq!(
+        query_text(
+            &standby,
+            &format!(
+                "SELECT conflicting::text FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+            )
+        )
+        .await
+        .as_deref(),
+        Some("true")
+    );
+    let (code, log) = run_to_exit(&standby.url(), &broker.bootstrap(), &args);
+    assert_eq!(code, Some(3), "{log}");
+    assert!(log.contains(&format!("invalidated ({reason})")), "{log}");
 }

@@ -252,12 +252,38 @@ fn slot_lost_remedy() -> String {
         .to_owned()
 }
 
-/// For an invalidated slot: what it means and what to do.
+/// For an invalidated slot (`reason` from [`SlotFacts::invalidated`]): what
+/// it means and what to do. Recovery conflicts (a slot on a standby) name the
+/// standby settings that prevent a repeat.
 pub fn slot_invalidated_remedy(reason: &str) -> String {
+    const FEEDBACK: &str = "set hot_standby_feedback = on on the standby and stream it through \
+                            a physical slot on the primary (primary_slot_name), so the primary \
+                            keeps the catalog rows the slot needs";
+    const WAL_LEVEL: &str = "set wal_level = logical on the primary and restart it";
+    let why = match reason {
+        "rows_removed" => format!(
+            "invalidation_reason rows_removed: a recovery conflict, the primary removed catalog \
+             rows the slot still needed; {FEEDBACK}"
+        ),
+        "wal_level_insufficient" => format!(
+            "invalidation_reason wal_level_insufficient: the primary runs with wal_level below \
+             logical; {WAL_LEVEL}"
+        ),
+        "conflict with recovery" => format!(
+            "conflicting = true: a recovery conflict on the standby. Either the primary removed \
+             catalog rows the slot still needed ({FEEDBACK}), or its wal_level fell below logical \
+             ({WAL_LEVEL})"
+        ),
+        "wal_removed" => "invalidation_reason wal_removed: the slot held more WAL than \
+                          max_slot_wal_keep_size; raise it"
+            .to_owned(),
+        other => format!("invalidation_reason {other}"),
+    };
     format!(
-        "the slot is invalidated ({reason}) and cannot stream. Drop and recreate it \
-         (outbox-relay drop-slot --yes-i-know, then restart the relay), and reconcile events \
-         committed since the last confirmed position"
+        "the slot is invalidated ({reason}) and cannot stream. Cause: {why}. Then drop the slot \
+         (outbox-relay drop-slot --yes-i-know), start the relay with --allow-new-slot, and \
+         re-publish events committed since the last confirmed position with `outbox-relay \
+         backfill --since TIMESTAMP`"
     )
 }
 
@@ -564,6 +590,31 @@ mod tests {
                 "{r:?}"
             );
         }
+    }
+
+    #[test]
+    fn invalidation_remedies_name_the_cause_and_the_settings_that_prevent_it() {
+        let rows = slot_invalidated_remedy("rows_removed");
+        assert!(rows.contains("invalidation_reason rows_removed"), "{rows}");
+        assert!(
+            rows.contains("hot_standby_feedback = on on the standby"),
+            "{rows}"
+        );
+        assert!(rows.contains("primary_slot_name"), "{rows}");
+        let level = slot_invalidated_remedy("wal_level_insufficient");
+        assert!(
+            level.contains("wal_level = logical on the primary"),
+            "{level}"
+        );
+        let pg16 = slot_invalidated_remedy("conflict with recovery");
+        for part in [
+            "conflicting = true",
+            "hot_standby_feedback",
+            "wal_level = logical",
+        ] {
+            assert!(pg16.contains(part), "{pg16}");
+        }
+        assert!(pg16.contains("outbox-relay backfill --since"), "{pg16}");
     }
 
     #[test]

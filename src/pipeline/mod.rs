@@ -504,7 +504,7 @@ impl Pipeline {
                 }
                 Err(e) => {
                     let wait = match e.recovery() {
-                        Recovery::Fatal => return Err(self.fatal_source(e)),
+                        Recovery::Fatal => return Err(self.fatal_source(e).await),
                         Recovery::Standby => {
                             if !standby {
                                 tracing::warn!(
@@ -576,7 +576,7 @@ impl Pipeline {
                         return Ok(());
                     }
                 }
-                Err(RelayError::Source(e)) => return Err(self.fatal_source(e)),
+                Err(RelayError::Source(e)) => return Err(self.fatal_source(e).await),
                 Err(e) => return Err(e),
             }
         }
@@ -597,14 +597,15 @@ impl Pipeline {
         }
     }
 
-    fn fatal_source(&self, e: SourceError) -> RelayError {
+    // `&mut`: the pipeline future must stay `Send`, and `Pipeline` is not `Sync`.
+    async fn fatal_source(&mut self, e: SourceError) -> RelayError {
         if e.is_slot_dropped() {
             RelayError::SlotDropped {
                 slot: self.config.slot.clone(),
                 frontier: self.tracker.frontier(),
             }
         } else {
-            RelayError::Source(e)
+            RelayError::Source(crate::source::explain_invalidation(&self.config, e).await)
         }
     }
 

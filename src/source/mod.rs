@@ -220,6 +220,18 @@ pub enum SourceError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// A hot standby has no publication of that name and cannot create one.
+    #[error(
+        "publication {publication:?} does not exist, and this server is a hot standby, where \
+         nothing can be created; create it on the primary (it reaches the standby through \
+         replication): {sql};"
+    )]
+    PublicationMissingOnStandby {
+        /// The publication.
+        publication: String,
+        /// The statement to run on the primary.
+        sql: String,
+    },
     /// The existing publication does not cover every outbox table.
     #[error("publication {publication:?} does not include {missing}; run {remedy}")]
     PublicationMissingTables {
@@ -265,6 +277,14 @@ pub enum SourceError {
         "replication slot has no confirmed position (it may have been invalidated after exceeding max_slot_wal_keep_size); drop and recreate it, and re-publish or reconcile events written meanwhile"
     )]
     SlotInvalidated,
+    /// Postgres reports the slot invalidated (`invalidation_reason`, `conflicting`).
+    #[error("replication slot {slot:?}: {remedy}")]
+    SlotInvalidatedBy {
+        /// The slot.
+        slot: String,
+        /// What it means and what to do.
+        remedy: String,
+    },
     /// A catalog query failed.
     #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
     Query {
@@ -391,6 +411,26 @@ impl SourceError {
     pub fn is_slot_dropped(&self) -> bool {
         matches!(self, SourceError::Stream { source: PgWireError::Server(m), .. }
             if sqlstate(m) == Some("42704") && m.contains("replication slot"))
+    }
+}
+
+/// A permanent stream error on a slot that Postgres reports invalidated (the
+/// stream says only "can no longer get changes", or, on a standby, names the
+/// primary's `wal_level`) becomes [`SourceError::SlotInvalidatedBy`], with why
+/// and what to do; any other error is returned as it is.
+pub async fn explain_invalidation(config: &Config, error: SourceError) -> SourceError {
+    if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
+        return error;
+    }
+    let Ok(client) = setup::connect(config).await else {
+        return error;
+    };
+    match setup::slot_invalidation(&client, &config.slot).await {
+        Ok(Some(remedy)) => SourceError::SlotInvalidatedBy {
+            slot: config.slot.clone(),
+            remedy,
+        },
+        _ => error,
     }
 }
 

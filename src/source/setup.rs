@@ -226,6 +226,18 @@ async fn query_one(
         .map_err(|source| SourceError::Query { what, source })
 }
 
+/// Whether the server is a standby (in recovery), where nothing can be written.
+async fn in_recovery(client: &Client) -> Result<bool, SourceError> {
+    let row = query_one(
+        client,
+        "ask pg_is_in_recovery()",
+        "SELECT pg_is_in_recovery()",
+        &[],
+    )
+    .await?;
+    Ok(row.is_some_and(|r| r.get(0)))
+}
+
 async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
     let row = query_one(client, "read wal_level", "SHOW wal_level", &[]).await?;
     let level: String = row.map(|r| r.get(0)).unwrap_or_default();
@@ -330,6 +342,12 @@ async fn ensure_publication(
     .await?;
     let Some(row) = row else {
         let sql = super::sql::create_publication(publication, &config.tables);
+        if in_recovery(client).await? {
+            return Err(SourceError::PublicationMissingOnStandby {
+                publication: publication.clone(),
+                sql,
+            });
+        }
         client
             .batch_execute(&sql)
             .await
@@ -501,6 +519,26 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
 fn parse_lsn(text: Option<String>) -> Result<Lsn, SourceError> {
     let text = text.ok_or(SourceError::SlotInvalidated)?;
     text.parse().map_err(|_| SourceError::SlotInvalidated)
+}
+
+/// When Postgres reports the slot invalidated (`invalidation_reason`,
+/// `conflicting`): why, and what to do.
+pub async fn slot_invalidation(client: &Client, slot: &str) -> Result<Option<String>, SourceError> {
+    use crate::observability::{health, slot_monitor};
+    let what = "read the slot's invalidation";
+    let sql = concat!(
+        "SELECT ",
+        crate::slot_facts_columns!(),
+        " FROM pg_replication_slots s WHERE slot_name = $1"
+    );
+    let Some(row) = query_one(client, what, sql, &[&slot]).await? else {
+        return Ok(None);
+    };
+    let facts =
+        slot_monitor::slot_facts(&row, 0).map_err(|source| SourceError::Query { what, source })?;
+    Ok(facts
+        .invalidated()
+        .map(|reason| health::slot_invalidated_remedy(&reason)))
 }
 
 /// The slot's confirmed position as Postgres reports it now.
