@@ -317,11 +317,12 @@ pub enum SourceError {
         "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
          before (recorded in public.outbox_relay_slots at {created_at}). Most likely this server \
          was promoted from a standby that did not have the slot (PostgreSQL 16 or older, or a \
-         slot not synchronized with --slot-failover); or the slot was dropped. Events committed \
-         between the relay's last acknowledgement and the promotion were never relayed, and a \
-         new slot would start from now and skip them. Remedy: start the relay once with \
+         slot not synchronized with --slot-failover); or the slot was dropped; or the relay now \
+         points at a standby of the server it streamed from (slots are per server). Events \
+         committed since the relay's last acknowledgement are not in any slot here, and a new \
+         slot would start from now and skip them. Remedy: start the relay once with \
          --allow-new-slot (it creates a fresh slot and relays new events), then run \
-         `outbox-relay backfill --since TIMESTAMP` with a time before the failover to \
+         `outbox-relay backfill --since TIMESTAMP` with a time before the change to \
          re-publish the rows the slot never saw (at-least-once: consumers may see duplicates)"
     )]
     SlotLost {
