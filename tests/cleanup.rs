@@ -78,21 +78,16 @@ async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
         .insert_tx(&[("Evt", "a-1", r#"{"n": 1}"#), ("Evt", "a-2", r#"{"n": 2}"#)])
         .await;
     let after_commit = world.current_lsn().await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(4);
-    while std::time::Instant::now() < deadline {
-        world
-            .pg
-            .execute("INSERT INTO orders (note) SELECT 'busy' FROM generate_series(1, 50)")
-            .await;
-        let left = remaining(&world).await;
-        assert!(
-            held.iter().all(|id| left.contains(id)),
-            "an unacknowledged row was deleted: {left:?}\n{}",
-            relay.log()
-        );
-        assert!(world.confirmed_flush(SLOT).await.unwrap() < after_commit);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    world
+        .wait_replies_past(SLOT, after_commit, Duration::from_secs(30))
+        .await;
+    let left = remaining(&world).await;
+    assert!(
+        held.iter().all(|id| left.contains(id)),
+        "an unacknowledged row was deleted: {left:?}\n{}",
+        relay.log()
+    );
+    assert!(world.confirmed_flush(SLOT).await.unwrap() < after_commit);
     world.broker.up();
     let emptied = wait_until(Duration::from_secs(60), || async {
         remaining(&world).await.is_empty()

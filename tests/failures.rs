@@ -2,7 +2,7 @@
 //! the slot never moves past an event the broker has not acknowledged.
 
 use std::collections::HashSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::relay::Relay;
 use crate::support::world::World;
@@ -32,21 +32,15 @@ async fn slot_holds_while_the_broker_is_down_and_catches_up_after() {
         .insert_tx(&[("Evt", "a-1", r#"{"n": 1}"#), ("Evt", "a-2", r#"{"n": 2}"#)])
         .await;
     let after_commit = world.current_lsn().await;
-    // Keep other tables busy so the walsender has WAL and keepalives to send.
-    let deadline = Instant::now() + Duration::from_secs(6);
-    while Instant::now() < deadline {
-        world
-            .pg
-            .execute("INSERT INTO orders (note) SELECT 'busy' FROM generate_series(1, 50)")
-            .await;
-        let confirmed = world.confirmed_flush(SLOT).await.unwrap();
-        assert!(
-            confirmed < after_commit,
-            "slot confirmed {confirmed} past the undelivered transaction ending at {after_commit}\n{}",
-            relay.log()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    world
+        .wait_replies_past(SLOT, after_commit, Duration::from_secs(30))
+        .await;
+    let confirmed = world.confirmed_flush(SLOT).await.unwrap();
+    assert!(
+        confirmed < after_commit,
+        "slot confirmed {confirmed} past the undelivered transaction ending at {after_commit}\n{}",
+        relay.log()
+    );
 
     world.broker.up();
     let records = world.broker.consume(&["Evt"], 3, Duration::from_secs(60));

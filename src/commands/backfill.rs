@@ -47,12 +47,8 @@ fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> SourceErro
 
 async fn backfill(config: &Config, args: &BackfillArgs) -> Result<u64, CommandError> {
     let client = setup::connect(config).await?;
-    // The text forms the replication session receives (see source::SESSION_OPTIONS).
     client
-        .batch_execute(
-            "SET datestyle = ISO, YMD; SET timezone = UTC; SET intervalstyle = postgres; \
-             SET extra_float_digits = 3",
-        )
+        .batch_execute(crate::source::SESSION_FORMATS)
         .await
         .map_err(query_err("set the session's formats"))?;
     let (sink, mut deliveries) = KafkaSink::new(

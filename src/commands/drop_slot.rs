@@ -30,14 +30,7 @@ fn refusal(slot: &str) -> String {
 async fn drop(config: &Config, drop_publication: bool) -> Result<(), CommandError> {
     let client = setup::connect(config).await?;
     let query_err = |what| move |source| SourceError::Query { what, source };
-    let row = client
-        .query_opt(
-            "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots \
-             WHERE slot_name = $1",
-            &[&config.slot],
-        )
-        .await
-        .map_err(query_err("look up the replication slot"))?;
+    let row = super::slot_activity(&client, &config.slot).await?;
     let mut out = std::io::stdout().lock();
     match row {
         None => writeln!(
@@ -45,9 +38,7 @@ async fn drop(config: &Config, drop_publication: bool) -> Result<(), CommandErro
             "slot {:?} does not exist; nothing to drop",
             config.slot
         )?,
-        Some(row) => {
-            let active_pid: Option<i32> = row.get(0);
-            let confirmed: Option<String> = row.get(1);
+        Some((active_pid, confirmed)) => {
             if let Some(pid) = active_pid {
                 return Err(CommandError::Refused(format!(
                     "slot {:?} is in use by server process {pid} (a running relay?); stop it \

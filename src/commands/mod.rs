@@ -115,6 +115,30 @@ pub fn run(cli: &Cli) -> ExitCode {
 }
 
 /// A single-threaded runtime for the short subcommands.
+/// The slot's `active_pid` and `confirmed_flush_lsn`; `None` when it does not exist.
+async fn slot_activity(
+    client: &tokio_postgres::Client,
+    slot: &str,
+) -> Result<Option<(Option<i32>, Option<String>)>, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots \
+             WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|source| SourceError::Query {
+            what: "look up the replication slot",
+            source,
+        })?;
+    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .transpose()
+        .map_err(|source| SourceError::Query {
+            what: "read the replication slot",
+            source,
+        })
+}
+
 fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -44,14 +44,7 @@ pub(crate) fn record_line(record: &OutboxRecord, position: Position) -> RecordLi
 async fn peek(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
     let client = setup::connect(config).await?;
     let query_err = |what| move |source| SourceError::Query { what, source };
-    let row = client
-        .query_opt(
-            "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots \
-             WHERE slot_name = $1",
-            &[&config.slot],
-        )
-        .await
-        .map_err(query_err("look up the replication slot"))?;
+    let row = super::slot_activity(&client, &config.slot).await?;
     let Some(row) = row else {
         return Err(CommandError::Refused(format!(
             "slot {:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
@@ -59,19 +52,16 @@ async fn peek(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
             config.slot
         )));
     };
-    if let Some(pid) = row.get::<_, Option<i32>>(0) {
+    let (active_pid, confirmed) = row;
+    if let Some(pid) = active_pid {
         return Err(CommandError::Refused(format!(
             "slot {:?} is in use by server process {pid} (a running relay?): Postgres lets only \
              one session read a slot. Stop the relay to peek, or watch `outbox-relay status`",
             config.slot
         )));
     }
-    let confirmed: Option<String> = row.get(1);
     client
-        .batch_execute(
-            "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; SET intervalstyle = 'postgres'; \
-             SET extra_float_digits = 3",
-        )
+        .batch_execute(crate::source::SESSION_FORMATS)
         .await
         .map_err(query_err("set the session's date and time format"))?;
     // The publication quoted as an identifier: pgoutput reads a list of them.

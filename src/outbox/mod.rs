@@ -317,27 +317,36 @@ impl OutboxRecord {
     }
 }
 
+/// The position of `column` in `relation`, or the error naming the `flag` that
+/// asked for it and the columns there are.
+pub(crate) fn column_index(
+    relation: &Relation,
+    table: &str,
+    flag: &'static str,
+    column: &str,
+) -> Result<usize, BindError> {
+    relation
+        .columns
+        .iter()
+        .position(|c| c.name == column)
+        .ok_or_else(|| BindError::MissingColumn {
+            table: table.to_owned(),
+            flag,
+            column: column.to_owned(),
+            available: relation
+                .columns
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
 impl TableMapping {
     /// Binds the flags to a table's columns, as announced by a Relation message.
     pub fn bind(config: &MappingConfig, relation: &Relation) -> Result<Self, BindError> {
         let table = format!("{}.{}", relation.namespace, relation.name);
-        let find = |flag: &'static str, column: &str| -> Result<usize, BindError> {
-            relation
-                .columns
-                .iter()
-                .position(|c| c.name == column)
-                .ok_or_else(|| BindError::MissingColumn {
-                    table: table.clone(),
-                    flag,
-                    column: column.to_owned(),
-                    available: relation
-                        .columns
-                        .iter()
-                        .map(|c| c.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                })
-        };
+        let find = |flag: &'static str, column: &str| column_index(relation, &table, flag, column);
         let route = find("--route-by", &config.route_by)?;
         let mut topic = Vec::with_capacity(config.topic_template.segments().len());
         for seg in config.topic_template.segments() {

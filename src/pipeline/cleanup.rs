@@ -24,7 +24,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::outbox::{BindError, quote_ident};
+use crate::outbox::{BindError, column_index, quote_ident};
 use crate::pgoutput::{Relation, TupleData, Value};
 use crate::source::SourceError;
 use crate::source::setup::{self, PrimaryKey};
@@ -129,23 +129,7 @@ impl Cleanup {
         let positions = t
             .columns
             .iter()
-            .map(|column| {
-                relation
-                    .columns
-                    .iter()
-                    .position(|c| &c.name == column)
-                    .ok_or_else(|| BindError::MissingColumn {
-                        table: table.clone(),
-                        flag: "--cleanup delete (primary key)",
-                        column: column.clone(),
-                        available: relation
-                            .columns
-                            .iter()
-                            .map(|c| c.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    })
-            })
+            .map(|column| column_index(relation, &table, "--cleanup delete (primary key)", column))
             .collect::<Result<Vec<_>, _>>()?;
         self.bound
             .insert(relation.id, (Arc::from(table.as_str()), positions));

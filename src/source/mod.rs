@@ -25,6 +25,11 @@ use crate::lsn::Lsn;
 const SESSION_OPTIONS: &str =
     "-c datestyle=ISO,YMD -c timezone=UTC -c intervalstyle=postgres -c extra_float_digits=3";
 
+/// [`SESSION_OPTIONS`] for a control session that reads rows as the stream
+/// sends them (`peek`, `backfill`).
+pub const SESSION_FORMATS: &str = "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; \
+     SET intervalstyle = 'postgres'; SET extra_float_digits = 3";
+
 /// Events buffered between pgwire-replication's socket reader and the
 /// pipeline. pgwire-replication bounds this channel by count only, and one
 /// event holds one whole WAL message (one row, up to 1 GB), so the smallest

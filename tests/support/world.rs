@@ -97,6 +97,37 @@ impl World {
         }
         panic!("slot {slot} confirmed only {last}, expected >= {lsn}");
     }
+
+    /// Waits on progress, not time, for a relay that must hold its slot before
+    /// `lsn`: writes to `orders` keep WAL and keepalives flowing until the
+    /// slot's walsender has sent past `lsn` and the relay has answered three
+    /// status updates, so a relay that would confirm past `lsn` has done so.
+    pub async fn wait_replies_past(&self, slot: &str, lsn: Lsn, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut replies = std::collections::HashSet::new();
+        while replies.len() < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "the walsender of {slot} did not send past {lsn} with the relay answering"
+            );
+            self.pg
+                .execute("INSERT INTO orders (note) SELECT 'busy' FROM generate_series(1, 50)")
+                .await;
+            let rows = self
+                .pg
+                .execute(&format!(
+                    "SELECT r.reply_time::text FROM pg_stat_replication r \
+                     JOIN pg_replication_slots s ON s.active_pid = r.pid \
+                     WHERE s.slot_name = '{slot}' AND r.sent_lsn > '{lsn}'::pg_lsn"
+                ))
+                .await;
+            replies.extend(
+                rows.into_iter()
+                    .filter_map(|r| r.into_iter().next().flatten()),
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 fn parse_lsn(rows: &[Vec<Option<String>>]) -> Lsn {
