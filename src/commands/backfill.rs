@@ -55,6 +55,7 @@ async fn backfill(config: &Config, args: &BackfillArgs) -> Result<u64, CommandEr
         &config.kafka_brokers,
         &config.kafka_properties,
         config.max_in_flight_events,
+        None,
     )?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

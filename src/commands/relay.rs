@@ -2,11 +2,13 @@
 //! HTTP endpoint, the slot poller, the progress line).
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::CommandError;
 use crate::config::{Cli, Config};
-use crate::observability::{health, http, metrics, progress, slot_monitor};
+use crate::observability::health::Health;
+use crate::observability::{http, metrics, progress, slot_monitor};
 use crate::pipeline::{self, exit_code};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
@@ -37,20 +39,22 @@ pub fn run(cli: &Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run_with(config, shutdown_signal())) {
+    let health = Arc::new(Health::new(config.observability.readiness));
+    match runtime.block_on(run_with(config, health, shutdown_signal())) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => ExitCode::from(e.exit_code()),
     }
 }
 
 /// Runs the relay with `config` until `shutdown` resolves or a fatal error:
-/// the binary's relay, and the one `demo` runs in-process.
+/// the binary's relay, and the one `demo` runs in-process. `health` is the
+/// relay's one readiness state, shared by the HTTP endpoint, the producer,
+/// the pipeline and the slot poller.
 pub(super) async fn run_with(
     config: Config,
+    health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<pipeline::Summary, CommandError> {
-    let health = health::global();
-    health.set_thresholds(config.observability.readiness);
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = match config.observability.http_addr {
         Some(addr) => {
@@ -62,9 +66,10 @@ pub(super) async fn run_with(
                     return Err(e.into());
                 }
             };
+            let health = health.clone();
             Some(tokio::spawn(async move {
                 let handle = install_metrics().await;
-                http::serve_on(listener, handle, health::global(), async {
+                http::serve_on(listener, handle, health, async {
                     let _ = http_stopped.await;
                 })
                 .await
@@ -82,7 +87,7 @@ pub(super) async fn run_with(
     }
 
     let metrics_ready = config.observability.http_addr.is_some();
-    let outcome = pipeline::run(config, shutdown, async move {
+    let outcome = pipeline::run(config, health, shutdown, async move {
         if metrics_ready {
             install_metrics().await;
         }

@@ -169,7 +169,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observability::health::{ReadinessThresholds, WalStatus};
+    use crate::observability::health::{ReadinessThresholds, SlotStatus, WalStatus};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -216,7 +216,14 @@ mod tests {
 
         health.set_streaming(true);
         health.set_producer_connected(true);
-        health.set_slot(Some(10), WalStatus::Extended, Some(5 << 30));
+        health.set_slot_observation(SlotObservation::Seen(SlotStatus {
+            lag_bytes: Some(10),
+            wal_status: WalStatus::Extended,
+            safe_wal_size_bytes: Some(5 << 30),
+            failover: None,
+            synchronized_standby_slots_set: None,
+            facts: Default::default(),
+        }));
         let (status, body) = get(addr, "/readyz").await;
         assert_eq!(status, 200, "{body}");
         let json: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -342,6 +342,7 @@ pub struct Pipeline {
 /// pipeline's metric handles bind to the recorder installed when they are made.
 pub async fn run(
     config: Config,
+    health: std::sync::Arc<crate::observability::health::Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     observability_ready: impl Future<Output = ()>,
 ) -> Result<Summary, RelayError> {
@@ -363,6 +364,7 @@ pub async fn run(
         &config.kafka_brokers,
         &config.kafka_properties,
         config.max_in_flight_events,
+        Some(health.clone()),
     )
     .map_err(RelayError::Producer)?;
     let exactly_once = match config.delivery {
@@ -419,7 +421,7 @@ pub async fn run(
         largest_message: 0,
         exactly_once,
         cleanup,
-        observer: crate::observability::observer::PipelineObserver::new(),
+        observer: crate::observability::observer::PipelineObserver::with_health(health),
     };
     let heartbeat = pipeline.config.heartbeat_interval.map(|interval| {
         tokio::spawn(crate::source::heartbeat::run(
