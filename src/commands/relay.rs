@@ -62,7 +62,7 @@ pub(super) async fn run_with(
                 Ok(listener) => listener,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the HTTP endpoint");
-                    eprintln!("error: {e}");
+                    eprintln!("error: {}", super::report(&e));
                     return Err(e.into());
                 }
             };

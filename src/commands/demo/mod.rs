@@ -54,10 +54,10 @@ pub enum DemoError {
     #[error("the throwaway PostgreSQL did not start: {0}")]
     Cluster(String),
     /// The temporary directory or a port could not be had.
-    #[error("cannot prepare the throwaway PostgreSQL: {0}")]
+    #[error("cannot prepare the throwaway PostgreSQL")]
     Io(#[source] std::io::Error),
     /// The mock broker or the demo consumer could not start.
-    #[error("cannot start the demo's Kafka side: {0}")]
+    #[error("cannot start the demo's Kafka side")]
     Kafka(#[from] KafkaError),
 }
 
