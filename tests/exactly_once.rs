@@ -189,7 +189,10 @@ async fn commit_lsn_of_next_replay(world: &World) -> String {
 async fn source_id(world: &World) -> String {
     let rows = world
         .pg
-        .execute("SELECT system_identifier::text FROM pg_control_system()")
+        .execute(
+            "SELECT system_identifier::text || '/' || timeline_id \
+             FROM pg_control_system(), pg_control_checkpoint()",
+        )
         .await;
     format!("outbox_relay@{}", rows[0][0].clone().unwrap())
 }

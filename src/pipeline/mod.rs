@@ -368,22 +368,17 @@ pub async fn run(
     let exactly_once = match config.delivery {
         crate::config::Delivery::AtLeastOnce => None,
         crate::config::Delivery::ExactlyOnce => {
-            let (system_id, wal_end) = crate::source::identify_system(&config).await?;
-            let source_id = format!("{}@{}", config.slot, system_id);
             let tail = crate::sink::exactly_once::TailReader::new(
                 &config.kafka_brokers,
                 &config.kafka_properties,
-                source_id.clone(),
             )
             .map_err(|error| {
                 RelayError::Producer(SinkError::create(error, &config.kafka_properties))
             })?;
-            tracing::info!(source = %source_id, "exactly-once delivery: records carry outbox.source/lsn/seq");
             Some(exactly_once::ExactlyOnce::new(
-                source_id,
+                config.slot.clone(),
                 tail,
                 config.exactly_once_fallback,
-                wal_end,
             ))
         }
     };
@@ -468,6 +463,10 @@ impl Pipeline {
                         self.reported = self.reported.min(stream.start);
                         self.verified = self.verified.min(stream.start);
                     }
+                    let new_source = self
+                        .exactly_once
+                        .as_mut()
+                        .is_some_and(|eo| eo.follow(&stream.server));
                     self.server = Some(stream.server.clone());
                     self.stream = Some(stream);
                     self.observer.streaming(true);
@@ -493,9 +492,10 @@ impl Pipeline {
                             }
                         );
                     }
-                    if standby {
-                        // The active relay wrote past the WAL end seen at
-                        // start-up: its records are not another writer's.
+                    if standby || new_source {
+                        // A standby: the active relay wrote past the WAL end
+                        // seen at start-up, and its records are not another
+                        // writer's.
                         self.refresh_exactly_once().await;
                     }
                     backoff = min_backoff;

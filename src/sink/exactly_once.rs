@@ -2,7 +2,7 @@
 //!
 //! # The argument
 //! In `--delivery exactly-once` mode every record carries `outbox.source`
-//! (`<slot>@<Postgres system identifier>`), `outbox.lsn` (the commit LSN of its
+//! (`<slot>@<Postgres system identifier>/<timeline>`), `outbox.lsn` (the commit LSN of its
 //! transaction) and `outbox.seq` (its index within the transaction): a
 //! position that names one event exactly. Its partition is fixed by its key
 //! (Java-compatible murmur2; the event id when the key is NULL), so a replayed
@@ -34,6 +34,10 @@
 //! before the restart; and a refused event re-sent above later records of
 //! ours that are still unacknowledged when the relay stops again (the next
 //! read-back may stop at the re-sent record and send those later ones again).
+//! After a promotion, only records of the new timeline count: the new
+//! primary's WAL diverges from the old one's at the switch point, so an old
+//! record above it may share a position with a new event. Events below the
+//! switch point that the old timeline had delivered are sent again.
 
 use std::collections::HashSet;
 
@@ -208,11 +212,11 @@ pub struct TailReader {
 }
 
 impl TailReader {
-    /// A reader using the relay's broker list and `-X` properties.
+    /// A reader using the relay's broker list and `-X` properties; it knows
+    /// records as its own once [`TailReader::set_source`] names them.
     pub fn new(
         brokers: &str,
         properties: &[(String, String)],
-        source_id: String,
     ) -> Result<Self, rdkafka::error::KafkaError> {
         let mut config = rdkafka::ClientConfig::new();
         config
@@ -233,9 +237,14 @@ impl TailReader {
         }
         Ok(TailReader {
             consumer: config.create()?,
-            source_id,
+            source_id: String::new(),
             timeout: std::time::Duration::from_secs(30),
         })
+    }
+
+    /// The `outbox.source` of the records that count as this relay's.
+    pub fn set_source(&mut self, source_id: String) {
+        self.source_id = source_id;
     }
 
     /// The positions of the records of ours at or above `floor` (the commit
