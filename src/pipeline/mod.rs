@@ -313,9 +313,11 @@ pub struct Pipeline {
     /// before the last check that found the publication intact (PostgreSQL 18
     /// decodes on without a dropped publication, skipping its rows).
     verified: Lsn,
-    /// The publication's OID at the first check: another one means it was
-    /// dropped and re-created, and rows committed in between were skipped.
-    publication_oid: Option<u32>,
+    /// The publication as last found (first at start-up): a change shows
+    /// rows that were never decoded.
+    publication: setup::Publication,
+    /// The frontier as it stood before the last check of the publication.
+    checked: Lsn,
     next_publication_check: tokio::time::Instant,
     /// The server and timeline the last stream ran on.
     server: Option<crate::source::ServerId>,
@@ -388,14 +390,19 @@ pub async fn run(
             mapper: config.event_mapper(),
             non_insert_changes: 0,
             warned_non_transactional: false,
-            all_tables: slot.all_tables,
+            all_tables: slot.publication.all_tables,
             foreign: HashMap::new(),
             control: None,
         },
         tracker: AckTracker::new(slot.confirmed_flush),
         reported: slot.confirmed_flush,
-        verified: slot.confirmed_flush,
-        publication_oid: None,
+        // Before 18, pgoutput fails the stream on a missing publication.
+        verified: match slot.publication.server_version {
+            ..180_000 => Lsn(u64::MAX),
+            _ => slot.confirmed_flush,
+        },
+        checked: slot.confirmed_flush,
+        publication: slot.publication,
         next_publication_check: tokio::time::Instant::now(),
         server: None,
         config,
@@ -462,6 +469,7 @@ impl Pipeline {
                         self.tracker.rewind(stream.start);
                         self.reported = self.reported.min(stream.start);
                         self.verified = self.verified.min(stream.start);
+                        self.checked = self.checked.min(stream.start);
                     }
                     let new_source = self
                         .exactly_once
@@ -656,8 +664,8 @@ impl Pipeline {
             let frontier = self.tracker.frontier();
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
             // Checked at the status interval while there is something new to confirm.
-            let check_at = (self.unverified() > self.verified || self.publication_oid.is_none())
-                .then_some(self.next_publication_check);
+            let check_at =
+                (self.unverified() > self.checked).then_some(self.next_publication_check);
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
@@ -737,6 +745,7 @@ impl Pipeline {
             Err(SourceError::Connect { source, .. })
                 if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
             {
+                self.checked = self.checked.max(candidate);
                 self.verified = self.verified.max(candidate);
                 return Ok(true);
             }
@@ -745,21 +754,13 @@ impl Pipeline {
                 return Ok(false);
             }
         };
-        match setup::verify_publication(client, &self.config).await {
-            Ok((oid, _)) if self.publication_oid.is_some_and(|known| known != oid) => {
-                Err(RelayError::Source(SourceError::PublicationDropped {
-                    publication: self.config.publication.clone(),
-                    what: "was dropped and re-created",
-                }))
-            }
-            // Before 18, pgoutput fails the stream on a missing publication.
-            Ok((oid, version)) if version < 180_000 => {
-                self.publication_oid = Some(oid);
-                self.verified = Lsn(u64::MAX);
-                Ok(true)
-            }
-            Ok((oid, _)) => {
-                self.publication_oid = Some(oid);
+        match setup::verify_publication(client, &self.config, &[]).await {
+            Ok(found) => {
+                if let Some(e) = found.changed_since(&self.publication, &self.config.publication) {
+                    return Err(RelayError::Source(e));
+                }
+                self.publication = found;
+                self.checked = self.checked.max(candidate);
                 self.verified = self.verified.max(candidate);
                 Ok(true)
             }

@@ -177,6 +177,22 @@ pub enum SourceError {
         /// "does not exist" or "was dropped and re-created".
         what: &'static str,
     },
+    /// An outbox table was removed from the publication and added again
+    /// between two looks: on every version, rows inserted in between were
+    /// never decoded.
+    #[error(
+        "publication {publication:?} stopped publishing {table} and published it again \
+         (ALTER PUBLICATION ... DROP TABLE, then ADD TABLE) since the relay last looked; rows \
+         inserted into it in between were not decoded and are not in Kafka. Run `outbox-relay \
+         backfill --since TIMESTAMP` with a time before the change to re-publish them, then \
+         restart the relay"
+    )]
+    PublicationTableReAdded {
+        /// The publication.
+        publication: String,
+        /// The outbox table.
+        table: String,
+    },
     /// The existing publication does not publish inserts.
     #[error(
         "publication {publication:?} does not publish inserts; run ALTER PUBLICATION \
