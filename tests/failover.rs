@@ -151,6 +151,20 @@ async fn wait_commits(committed: &AtomicU64, more: u64) {
     );
 }
 
+/// Waits until `standby` holds a persistent synchronized copy of the slot.
+async fn wait_synced(standby: &PgCluster) {
+    let synced = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_relay' \
+                  AND synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL";
+    assert!(
+        wait_until(Duration::from_secs(120), || async {
+            !standby.execute(synced).await.is_empty()
+        })
+        .await,
+        "the slot was not synchronized to the standby:\n{}",
+        standby.log_tail()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg17_failover_slots_follow_a_promotion_without_losing_an_event() {
     let (mut primary, standby) = primary_and_standby(
@@ -183,16 +197,7 @@ async fn pg17_failover_slots_follow_a_promotion_without_losing_an_event() {
     spawn_writer(url.clone(), stop.clone(), committed.clone());
     wait_commits(&committed, 50).await;
     // The standby must hold a persistent synchronized copy before the primary dies.
-    let synced = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_relay' \
-                  AND synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL";
-    assert!(
-        wait_until(Duration::from_secs(120), || async {
-            !standby.execute(synced).await.is_empty()
-        })
-        .await,
-        "the slot was not synchronized to the standby:\n{}",
-        standby.log_tail()
-    );
+    wait_synced(&standby).await;
     wait_commits(&committed, 50).await;
 
     primary.stop_immediate();
@@ -375,16 +380,7 @@ async fn a_promotion_resumes_from_the_new_primarys_slot_not_the_old_primarys_kee
     primary
         .execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Evt', '{}')")
         .await;
-    let synced = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_relay' \
-                  AND synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL";
-    assert!(
-        wait_until(Duration::from_secs(120), || async {
-            !standby.execute(synced).await.is_empty()
-        })
-        .await,
-        "the slot was not synchronized to the standby:\n{}",
-        standby.log_tail()
-    );
+    wait_synced(&standby).await;
     standby.stop();
     // WAL the standby never receives; the idle relay confirms past it.
     primary
@@ -601,16 +597,7 @@ async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timel
     args.extend(FAST_BACKOFF);
     let mut relay = Relay::spawn(&url, &broker.bootstrap(), &args);
     relay.wait_streaming();
-    let synced = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_relay' \
-                  AND synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL";
-    assert!(
-        wait_until(Duration::from_secs(120), || async {
-            !standby.execute(synced).await.is_empty()
-        })
-        .await,
-        "the slot was not synchronized to the standby:\n{}",
-        standby.log_tail()
-    );
+    wait_synced(&standby).await;
     standby.stop();
     // Rows the standby never receives, relayed from the old timeline.
     let old = insert_rows(&primary, "a", N, 8).await;

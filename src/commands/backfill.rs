@@ -179,10 +179,10 @@ async fn backfill(
             let record = mapping
                 .map(&relation, &TupleData(values), now_ms)
                 .map_err(|e| CommandError::Refused(format!("{table}: {e}")))?;
-            if let Some(d) = delivered_before.as_mut() {
-                if d.contains(&sink, &record.topic, &record.id)? {
-                    continue;
-                }
+            if let Some(d) = delivered_before.as_mut()
+                && d.contains(&sink, &record.topic, &record.id)?
+            {
+                continue;
             }
             sink.send(Ticket(sent), &record).await?;
             sent += 1;
