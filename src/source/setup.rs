@@ -369,8 +369,6 @@ async fn check_table(
     Ok(partitioned)
 }
 
-/// Creates the publication or checks the existing one; returns whether it is
-/// `FOR ALL TABLES`.
 /// Creates the publication when missing.
 async fn ensure_publication(client: &Client, config: &Config) -> Result<(), SourceError> {
     let publication = &config.publication;
