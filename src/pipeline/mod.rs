@@ -596,9 +596,8 @@ impl Pipeline {
         if self.exactly_once.is_none() {
             return;
         }
-        let wal_end = crate::source::identify_system(&self.config)
+        let wal_end = crate::source::wal_end(&self.config)
             .await
-            .map(|(_, end)| end)
             .unwrap_or(Lsn(u64::MAX));
         if let Some(eo) = self.exactly_once.as_mut() {
             eo.reset(wal_end);

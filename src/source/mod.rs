@@ -528,9 +528,9 @@ pub(crate) fn replication_config(
     ))
 }
 
-/// The cluster's system identifier and current WAL end (IDENTIFY_SYSTEM on a
-/// replication session, so it needs no privilege beyond REPLICATION).
-pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceError> {
+/// The server's current WAL end (IDENTIFY_SYSTEM on a replication session,
+/// so it needs no privilege beyond REPLICATION).
+pub async fn wal_end(config: &Config) -> Result<Lsn, SourceError> {
     let config = &setup::pin(config).await?;
     let stream_err = |source| SourceError::Stream {
         slot: config.slot.clone(),
@@ -541,7 +541,7 @@ pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceErr
         .await
         .map_err(stream_err)?;
     let system = client.identify_system().await.map_err(stream_err)?;
-    Ok((system.system_id, system.xlogpos.into()))
+    Ok(system.xlogpos.into())
 }
 
 /// The server and timeline a stream runs on. A promotion changes the
