@@ -119,6 +119,12 @@ fn spawn_writer(url: String, stop: Arc<AtomicBool>, committed: Arc<AtomicU64>) {
     });
 }
 
+/// The standby settings that synchronize failover slots (PostgreSQL 17+).
+const SYNC_SLOTS: [(&str, &str); 2] = [
+    ("sync_replication_slots", "on"),
+    ("hot_standby_feedback", "on"),
+];
+
 /// A primary and a streaming standby of `major`; the relay's and the writer's URLs.
 async fn primary_and_standby(major: u32, standby_conf: &[(&str, &str)]) -> (PgCluster, PgCluster) {
     let mut primary = PgCluster::start_with(PgOptions {
@@ -167,14 +173,7 @@ async fn wait_synced(standby: &PgCluster) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg17_failover_slots_follow_a_promotion_without_losing_an_event() {
-    let (mut primary, standby) = primary_and_standby(
-        17,
-        &[
-            ("sync_replication_slots", "on"),
-            ("hot_standby_feedback", "on"),
-        ],
-    )
-    .await;
+    let (mut primary, standby) = primary_and_standby(17, &SYNC_SLOTS).await;
     primary
         .execute("ALTER SYSTEM SET synchronized_standby_slots = 'standby1'")
         .await;
@@ -362,14 +361,7 @@ async fn slot_failover_marks_an_existing_slot_and_reports_it() {
 /// transactions lie below that position and must still be relayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promotion_resumes_from_the_new_primarys_slot_not_the_old_primarys_keepalives() {
-    let (mut primary, mut standby) = primary_and_standby(
-        17,
-        &[
-            ("sync_replication_slots", "on"),
-            ("hot_standby_feedback", "on"),
-        ],
-    )
-    .await;
+    let (mut primary, mut standby) = primary_and_standby(17, &SYNC_SLOTS).await;
     // No synchronized_standby_slots: the old primary may stream past the standby.
     let broker = Broker::start();
     let url = both_hosts(&primary, &standby);
@@ -580,14 +572,7 @@ async fn insert_rows(pg: &PgCluster, prefix: &str, n: usize, width: usize) -> Ve
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timeline_used() {
     const N: usize = 150;
-    let (mut primary, mut standby) = primary_and_standby(
-        17,
-        &[
-            ("sync_replication_slots", "on"),
-            ("hot_standby_feedback", "on"),
-        ],
-    )
-    .await;
+    let (mut primary, mut standby) = primary_and_standby(17, &SYNC_SLOTS).await;
     let broker = Broker::start();
     // One partition: an old record and a new event at the same position
     // meet whatever their keys.
