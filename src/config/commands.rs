@@ -136,19 +136,16 @@ impl Cli {
     }
 
     /// Parses `args` (the first is the program name).
-    pub fn try_parse_global_from<I, T>(args: I) -> Result<Cli, clap::Error>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<OsString> + Clone,
-    {
+    pub fn try_parse_global_from(
+        args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    ) -> Result<Cli, clap::Error> {
         Self::try_parse_with(Self::command_with_global_flags(), args)
     }
 
-    fn try_parse_with<I, T>(mut cmd: clap::Command, args: I) -> Result<Cli, clap::Error>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<OsString> + Clone,
-    {
+    fn try_parse_with(
+        mut cmd: clap::Command,
+        args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    ) -> Result<Cli, clap::Error> {
         let matches = cmd.try_get_matches_from_mut(args)?;
         Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
     }

@@ -464,6 +464,14 @@ impl<'a> Importer<'a> {
         self.out.warnings.push(warning.into());
     }
 
+    /// One warning about all of `items` (none without any), given their list.
+    fn warn_all(&mut self, items: &[impl AsRef<str>], warning: impl FnOnce(&str) -> String) {
+        let items: Vec<&str> = items.iter().map(AsRef::as_ref).collect();
+        if !items.is_empty() {
+            self.warn(warning(&items.join(", ")));
+        }
+    }
+
     fn run(&mut self) -> Result<(), DebeziumError> {
         let class = self.required(
             "connector.class",
@@ -610,18 +618,12 @@ impl<'a> Importer<'a> {
             }
             self.arg("--table", name);
         }
-        if !unqualified.is_empty() {
-            self.warn(format!(
-                "{key} entries without a schema ({}): Debezium matches entries against schema.table; the relay reads them as public.TABLE",
-                unqualified.join(", ")
-            ));
-        }
-        if !mixed_case.is_empty() {
-            self.warn(format!(
-                "{key} entries with upper-case letters ({}): Debezium matched them case-insensitively; the relay uses the name exactly (Postgres folds unquoted names to lower case)",
-                mixed_case.join(", ")
-            ));
-        }
+        self.warn_all(&unqualified, |list| {
+            format!("{key} entries without a schema ({list}): Debezium matches entries against schema.table; the relay reads them as public.TABLE")
+        });
+        self.warn_all(&mixed_case, |list| {
+            format!("{key} entries with upper-case letters ({list}): Debezium matched them case-insensitively; the relay uses the name exactly (Postgres folds unquoted names to lower case)")
+        });
         Ok(())
     }
 
@@ -727,12 +729,9 @@ impl<'a> Importer<'a> {
                 None => unknown.push(format!("{prefix}{name}")),
             }
         }
-        if !unknown.is_empty() {
-            self.warn(format!(
-                "unknown EventRouter options not applied: {}",
-                unknown.join(", ")
-            ));
-        }
+        self.warn_all(&unknown, |list| {
+            format!("unknown EventRouter options not applied: {list}")
+        });
         Ok(())
     }
 
@@ -797,18 +796,12 @@ impl<'a> Importer<'a> {
                 }
             }
         }
-        if !envelope.is_empty() {
-            self.warn(format!(
-                "{key} envelope placements not supported ({}): Debezium's value was a struct {{\"payload\": ..., ALIAS: ...}}; the relay's value is the payload alone. Place them as headers instead (--header-column COLUMN:ALIAS) and have consumers read the header",
-                envelope.join(", ")
-            ));
-        }
-        if !partition.is_empty() {
-            self.warn(format!(
-                "{key} partition placements not supported ({}): Debezium took the record's partition from the column; the relay partitions by the key's murmur2 hash",
-                partition.join(", ")
-            ));
-        }
+        self.warn_all(&envelope, |list| {
+            format!("{key} envelope placements not supported ({list}): Debezium's value was a struct {{\"payload\": ..., ALIAS: ...}}; the relay's value is the payload alone. Place them as headers instead (--header-column COLUMN:ALIAS) and have consumers read the header")
+        });
+        self.warn_all(&partition, |list| {
+            format!("{key} partition placements not supported ({list}): Debezium took the record's partition from the column; the relay partitions by the key's murmur2 hash")
+        });
         Ok(!envelope.is_empty())
     }
 
@@ -936,12 +929,9 @@ impl<'a> Importer<'a> {
             };
             self.arg("-X", format!("{name}={value}"));
         }
-        if !dropped.is_empty() {
-            self.warn(format!(
-                "producer.override properties dropped (Java client only; librdkafka would refuse to start): {}",
-                dropped.join(", ")
-            ));
-        }
+        self.warn_all(&dropped, |list| {
+            format!("producer.override properties dropped (Java client only; librdkafka would refuse to start): {list}")
+        });
     }
 
     fn error_handling(&mut self) {
@@ -994,12 +984,9 @@ impl<'a> Importer<'a> {
                 ));
             }
         }
-        if !ignored.is_empty() {
-            self.warn(format!(
-                "ignored (no equivalent in the relay): {}",
-                ignored.join(", ")
-            ));
-        }
+        self.warn_all(&ignored, |list| {
+            format!("ignored (no equivalent in the relay): {list}")
+        });
     }
 }
 
