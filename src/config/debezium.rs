@@ -36,6 +36,8 @@ const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConne
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
 const DEFAULT_ROUTE_REGEX: &str = "(?<routedByValue>.*)";
 const ROUTED_BY_VALUE: &str = "${routedByValue}";
+const NO_REGEX_ROUTING: &str = "the relay has no regex routing: its topic is --topic-template, where ${routedByValue} is the whole route-by value and ${COLUMN} any column. Remove route.topic.regex and write the topic as route.topic.replacement, or add a column holding the topic part and route by it";
+const PROVIDER: &str = "a Kafka Connect config-provider reference; resolve it and import again";
 /// What a user name, password or database name keeps unencoded in the URL:
 /// RFC 3986's unreserved characters.
 const URL_PART: &AsciiSet = &NON_ALPHANUMERIC
@@ -174,7 +176,7 @@ fn invalid(key: impl Into<String>, value: &str, reason: impl Into<String>) -> De
 }
 
 /// The result of [`import`]: flags in command-line order, and what differs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Imported {
     /// `(flag, value)` pairs, e.g. `("--slot", "debezium")` or `("-X", "linger.ms=5")`.
     pub args: Vec<(String, String)>,
@@ -243,16 +245,11 @@ pub fn parse(text: &str, format: SourceFormat) -> Result<BTreeMap<String, String
 /// the first non-blank character is `{`.
 pub fn detect_format(path: &Path, text: &str) -> SourceFormat {
     let extension = path.extension().and_then(|e| e.to_str());
+    let brace = text.trim_start_matches(|c: char| c == '\u{feff}' || c.is_whitespace());
     match extension.map(str::to_ascii_lowercase).as_deref() {
         Some("json") => SourceFormat::Json,
         Some("properties" | "props") => SourceFormat::Properties,
-        _ if text
-            .trim_start_matches('\u{feff}')
-            .trim_start()
-            .starts_with('{') =>
-        {
-            SourceFormat::Json
-        }
+        _ if brace.starts_with('{') => SourceFormat::Json,
         _ => SourceFormat::Properties,
     }
 }
@@ -265,10 +262,7 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, DebeziumErr
     let mut importer = Importer {
         config,
         used: BTreeSet::from(["name"]),
-        out: Imported {
-            args: Vec::new(),
-            warnings: Vec::new(),
-        },
+        out: Imported::default(),
     };
     importer.run()?;
     Ok(importer.out)
@@ -308,19 +302,19 @@ fn parse_json(text: &str) -> Result<BTreeMap<String, String>, DebeziumError> {
             object
         }
     };
-    let kind = |value: &Value| match value {
-        Value::Array(_) => "an array",
-        _ => "an object",
-    };
     object
         .into_iter()
         .filter(|(_, value)| !value.is_null())
         .map(|(key, value)| match value {
             Value::String(text) => Ok((key, text)),
             Value::Number(_) | Value::Bool(_) => Ok((key, value.to_string())),
+            Value::Array(_) => Err(DebeziumError::JsonValue {
+                key,
+                kind: "an array",
+            }),
             _ => Err(DebeziumError::JsonValue {
                 key,
-                kind: kind(&value),
+                kind: "an object",
             }),
         })
         .collect()
@@ -448,12 +442,17 @@ impl<'a> Importer<'a> {
             .collect()
     }
 
+    /// The trimmed value of `key`, which must be set and literal.
     fn required(
         &mut self,
         key: &'static str,
         hint: &'static str,
     ) -> Result<&'a str, DebeziumError> {
-        self.take(key).ok_or(DebeziumError::Missing { key, hint })
+        let value = self.take(key).ok_or(DebeziumError::Missing { key, hint })?;
+        if is_config_provider(value) {
+            return Err(invalid(key, value, PROVIDER));
+        }
+        Ok(value)
     }
 
     fn arg(&mut self, flag: &str, value: impl Into<String>) {
@@ -537,21 +536,16 @@ impl<'a> Importer<'a> {
             "database.dbname",
             "add database.dbname (the database holding the outbox tables)",
         )?;
-        let port = self.take("database.port");
-        let settings = [("database.hostname", host), ("database.user", user)];
-        let settings = settings.into_iter().chain([("database.dbname", dbname)]);
-        let mut settings = settings.chain(port.map(|port| ("database.port", port)));
-        if let Some((key, value)) = settings.find(|(_, value)| is_config_provider(value)) {
-            let why = "a Kafka Connect config-provider reference; resolve it and import again";
-            return Err(invalid(key, value, why));
-        }
-        let port: u16 = match port {
+        let port: u16 = match self.take("database.port") {
             None => 5432,
-            Some(raw) => raw
-                .parse()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| invalid("database.port", raw, "expected a TCP port number"))?,
+            Some(raw) => raw.parse().ok().filter(|p| *p != 0).ok_or_else(|| {
+                let why = if is_config_provider(raw) {
+                    PROVIDER
+                } else {
+                    "expected a TCP port number"
+                };
+                invalid("database.port", raw, why)
+            })?,
         };
         // The password is used as written: Connect does not trim it either.
         let password = match self.take_raw("database.password") {
@@ -741,22 +735,20 @@ impl<'a> Importer<'a> {
         regex: Option<&str>,
         replacement: &str,
     ) -> Result<String, DebeziumError> {
-        let shape = match regex {
-            None => RouteRegex {
-                groups: 1,
-                named: true,
-            },
+        let groups = match regex {
+            None => (1, true),
             Some(raw) => {
-                let shape = route_regex(raw).ok_or_else(|| invalid(format!("{prefix}route.topic.regex"), raw, "the relay has no regex routing: its topic is --topic-template, where ${routedByValue} is the whole route-by value and ${COLUMN} any column. Remove route.topic.regex and write the topic as route.topic.replacement, or add a column holding the topic part and route by it"))?;
+                let key = format!("{prefix}route.topic.regex");
+                let groups = route_regex(raw).ok_or_else(|| invalid(key, raw, NO_REGEX_ROUTING))?;
                 if raw.trim() != DEFAULT_ROUTE_REGEX {
                     self.warn(format!(
                         "{prefix}route.topic.regex is treated as the default {DEFAULT_ROUTE_REGEX}: the relay has no regex routing, and this pattern captures the whole route-by value"
                     ));
                 }
-                shape
+                groups
             }
         };
-        convert_replacement(replacement, shape)
+        convert_replacement(replacement, groups)
             .and_then(|template| TopicTemplate::parse(&template).map(|_| template))
             .map_err(|reason| {
                 invalid(
@@ -990,32 +982,23 @@ impl<'a> Importer<'a> {
     }
 }
 
-/// The capture groups of a `route.topic.regex` that captures the whole value.
-#[derive(Clone, Copy)]
-struct RouteRegex {
-    /// 0 (no group) or 1.
-    groups: u32,
-    /// Whether group 1 is named `routedByValue`.
-    named: bool,
-}
-
 /// Recognises the regexes equivalent to the default: an optional `^`/`$`
 /// around `.*` or `.+`, bare, in a group, or in the `routedByValue` group.
-fn route_regex(raw: &str) -> Option<RouteRegex> {
+/// Returns the number of groups (0 or 1) and whether group 1 is `routedByValue`.
+fn route_regex(raw: &str) -> Option<(u32, bool)> {
     let raw = raw.trim();
     let inner = raw.strip_prefix('^').unwrap_or(raw);
-    let (groups, named) = match inner.strip_suffix('$').unwrap_or(inner) {
-        ".*" | ".+" => (0, false),
-        "(.*)" | "(.+)" => (1, false),
-        "(?<routedByValue>.*)" | "(?<routedByValue>.+)" => (1, true),
-        _ => return None,
-    };
-    Some(RouteRegex { groups, named })
+    match inner.strip_suffix('$').unwrap_or(inner) {
+        ".*" | ".+" => Some((0, false)),
+        "(.*)" | "(.+)" => Some((1, false)),
+        "(?<routedByValue>.*)" | "(?<routedByValue>.+)" => Some((1, true)),
+        _ => None,
+    }
 }
 
 /// Rewrites a Java `Matcher` replacement (`${name}`, `$N`, `\x` escapes) as a
 /// topic template, where every group reference is the whole routing value.
-fn convert_replacement(replacement: &str, regex: RouteRegex) -> Result<String, String> {
+fn convert_replacement(replacement: &str, (groups, named): (u32, bool)) -> Result<String, String> {
     let no_group = |group: &str| {
         format!("${group} names no group of route.topic.regex; use ${{routedByValue}}")
     };
@@ -1029,7 +1012,7 @@ fn convert_replacement(replacement: &str, regex: RouteRegex) -> Result<String, S
             ('\\', None) => return Err("ends with a lone backslash".to_owned()),
             ('$', Some('{')) => {
                 let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
-                if name != "routedByValue" || !regex.named {
+                if name != "routedByValue" || !named {
                     return Err(no_group(&format!("{{{name}}}")));
                 }
                 out.push_str(ROUTED_BY_VALUE);
@@ -1040,12 +1023,12 @@ fn convert_replacement(replacement: &str, regex: RouteRegex) -> Result<String, S
                 while let Some(next) = chars
                     .peek()
                     .and_then(|c| c.to_digit(10))
-                    .filter(|next| group * 10 + next <= regex.groups)
+                    .filter(|next| group * 10 + next <= groups)
                 {
                     group = group * 10 + next;
                     chars.next();
                 }
-                if group > regex.groups {
+                if group > groups {
                     return Err(no_group(&group.to_string()));
                 }
                 out.push_str(ROUTED_BY_VALUE);
