@@ -21,8 +21,8 @@ pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
     SetupTarget, StatusArgs,
 };
-pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
-pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs, redact_url};
+pub use observability::{ObservabilityArgs, ObservabilityConfig, ReadinessThresholds, parse_bytes};
+pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
 use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
 
@@ -418,8 +418,8 @@ pub enum ConfigError {
     PostgresUrl(#[from] PostgresUrlError),
     /// `--postgres-password-file` cannot be read. Only the path is shown.
     #[error(
-        "--postgres-password-file {}: cannot read it: {source}; check the path and that the \
-         relay's user may read the file",
+        "--postgres-password-file {}: cannot read it; check the path and that the relay's \
+         user may read the file",
         path.display()
     )]
     PasswordFile {
