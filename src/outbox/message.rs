@@ -35,7 +35,8 @@ impl<'a> Fields<'a> {
         let fields: HashMap<String, &RawValue> =
             serde_json::from_slice(content).map_err(|e| EventError::InvalidValue {
                 column: "(message content)".to_owned(),
-                reason: format!("not a JSON object: {e}"),
+                // serde_json's own message may quote the content.
+                reason: format!("not a JSON object (line {}, column {})", e.line(), e.column()),
             })?;
         Ok(Fields { content, fields })
     }
@@ -140,7 +141,7 @@ impl MessageMapping {
                     .or_else(|| values::parse_timestamp_ms(&v))
                     .ok_or_else(|| EventError::InvalidValue {
                         column: field.clone(),
-                        reason: format!("cannot read {v:?} as a timestamp"),
+                        reason: "not epoch milliseconds or an ISO 8601 time".to_owned(),
                     })?,
             },
         };

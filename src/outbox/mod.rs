@@ -5,7 +5,9 @@
 //! lookups, no name matching. A column the mapping needs that is missing or of
 //! an unusable type is an error at bind time, naming the table, the flag and
 //! the columns that do exist; a bad value in one row is an [`EventError`] that
-//! names the row.
+//! names the column, never the value (the caller adds the LSN, id and table).
+//! Logical decoding messages are mapped the same way ([`message`]), and
+//! [`EventMapper`] picks the mapping of each table or message prefix.
 //!
 //! The defaults mirror Debezium's Outbox Event Router on the common schema
 //! `outbox(id, aggregate_type, aggregate_id, event_type, payload, created_at)`:
@@ -543,10 +545,7 @@ impl TableMapping {
                     });
                     parsed.ok_or_else(|| EventError::InvalidValue {
                         column: column_name(idx),
-                        reason: format!(
-                            "cannot read {:?} as a timestamp",
-                            String::from_utf8_lossy(raw)
-                        ),
+                        reason: "not readable as a timestamp".to_owned(),
                     })?
                 }
             },
