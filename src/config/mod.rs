@@ -557,19 +557,12 @@ impl Config {
             .iter()
             .map(|raw| match raw.0.split_once('=') {
                 Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-                _ => Err(ConfigError::Invalid {
-                    flag: "--kafka-property",
-                    // Without '=' the text may be a secret cut at a ';' (the
-                    // delimiter): show the key only when there is one.
-                    value: raw
-                        .0
-                        .split_once('=')
-                        .map(|(k, _)| k.to_owned())
-                        .unwrap_or_default(),
-                    reason: "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split \
-                             at ';')"
-                        .to_owned(),
-                }),
+                // Not shown: without '=' the text may be a secret cut at a ';' (the delimiter).
+                _ => Err(invalid(
+                    "--kafka-property",
+                    "",
+                    "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split at ';')",
+                )),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(KafkaProperties)?;
