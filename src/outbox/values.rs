@@ -29,7 +29,9 @@ pub mod oid {
 /// Returns `None` for anything else (the legacy `escape` output is not used:
 /// `bytea_output` defaults to `hex` and the relay never changes it).
 pub fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
-    hex::decode(text.strip_prefix(b"\\x")?).ok().map(Bytes::from)
+    hex::decode(text.strip_prefix(b"\\x")?)
+        .ok()
+        .map(Bytes::from)
 }
 
 /// Parses ISO timestamp text (`2026-11-22 13:05:54.123456+00`, offset

@@ -587,8 +587,7 @@ impl ServerCertVerifier for Lenient {
         let Some(chain) = &self.chain else {
             return Ok(ServerCertVerified::assertion());
         };
-        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             // webpki checks the name last, so the chain and validity were accepted.
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
