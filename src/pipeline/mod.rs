@@ -313,9 +313,11 @@ pub struct Pipeline {
     /// before the last check that found the publication intact (PostgreSQL 18
     /// decodes on without a dropped publication, skipping its rows).
     verified: Lsn,
-    /// The publication's OID at the first check: another one means it was
-    /// dropped and re-created, and rows committed in between were skipped.
-    publication_oid: Option<u32>,
+    /// The publication as last found (first at start-up): a change shows
+    /// rows that were never decoded.
+    publication: setup::Publication,
+    /// The frontier as it stood before the last check of the publication.
+    checked: Lsn,
     next_publication_check: tokio::time::Instant,
     /// The server and timeline the last stream ran on.
     server: Option<crate::source::ServerId>,
@@ -368,22 +370,17 @@ pub async fn run(
     let exactly_once = match config.delivery {
         crate::config::Delivery::AtLeastOnce => None,
         crate::config::Delivery::ExactlyOnce => {
-            let (system_id, wal_end) = crate::source::identify_system(&config).await?;
-            let source_id = format!("{}@{}", config.slot, system_id);
             let tail = crate::sink::exactly_once::TailReader::new(
                 &config.kafka_brokers,
                 &config.kafka_properties,
-                source_id.clone(),
             )
             .map_err(|error| {
                 RelayError::Producer(SinkError::create(error, &config.kafka_properties))
             })?;
-            tracing::info!(source = %source_id, "exactly-once delivery: records carry outbox.source/lsn/seq");
             Some(exactly_once::ExactlyOnce::new(
-                source_id,
+                config.slot.clone(),
                 tail,
                 config.exactly_once_fallback,
-                wal_end,
             ))
         }
     };
@@ -393,14 +390,19 @@ pub async fn run(
             mapper: config.event_mapper(),
             non_insert_changes: 0,
             warned_non_transactional: false,
-            all_tables: slot.all_tables,
+            all_tables: slot.publication.all_tables,
             foreign: HashMap::new(),
             control: None,
         },
         tracker: AckTracker::new(slot.confirmed_flush),
         reported: slot.confirmed_flush,
-        verified: slot.confirmed_flush,
-        publication_oid: None,
+        // Before 18, pgoutput fails the stream on a missing publication.
+        verified: match slot.publication.server_version {
+            ..180_000 => Lsn(u64::MAX),
+            _ => slot.confirmed_flush,
+        },
+        checked: slot.confirmed_flush,
+        publication: slot.publication,
         next_publication_check: tokio::time::Instant::now(),
         server: None,
         config,
@@ -467,7 +469,12 @@ impl Pipeline {
                         self.tracker.rewind(stream.start);
                         self.reported = self.reported.min(stream.start);
                         self.verified = self.verified.min(stream.start);
+                        self.checked = self.checked.min(stream.start);
                     }
+                    let new_source = self
+                        .exactly_once
+                        .as_mut()
+                        .is_some_and(|eo| eo.follow(&stream.server));
                     self.server = Some(stream.server.clone());
                     self.stream = Some(stream);
                     self.observer.streaming(true);
@@ -493,9 +500,10 @@ impl Pipeline {
                             }
                         );
                     }
-                    if standby {
-                        // The active relay wrote past the WAL end seen at
-                        // start-up: its records are not another writer's.
+                    if standby || new_source {
+                        // A standby: the active relay wrote past the WAL end
+                        // seen at start-up, and its records are not another
+                        // writer's.
                         self.refresh_exactly_once().await;
                     }
                     backoff = min_backoff;
@@ -588,9 +596,8 @@ impl Pipeline {
         if self.exactly_once.is_none() {
             return;
         }
-        let wal_end = crate::source::identify_system(&self.config)
+        let wal_end = crate::source::wal_end(&self.config)
             .await
-            .map(|(_, end)| end)
             .unwrap_or(Lsn(u64::MAX));
         if let Some(eo) = self.exactly_once.as_mut() {
             eo.reset(wal_end);
@@ -656,8 +663,8 @@ impl Pipeline {
             let frontier = self.tracker.frontier();
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
             // Checked at the status interval while there is something new to confirm.
-            let check_at = (self.unverified() > self.verified || self.publication_oid.is_none())
-                .then_some(self.next_publication_check);
+            let check_at =
+                (self.unverified() > self.checked).then_some(self.next_publication_check);
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
@@ -737,6 +744,7 @@ impl Pipeline {
             Err(SourceError::Connect { source, .. })
                 if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
             {
+                self.checked = self.checked.max(candidate);
                 self.verified = self.verified.max(candidate);
                 return Ok(true);
             }
@@ -745,21 +753,13 @@ impl Pipeline {
                 return Ok(false);
             }
         };
-        match setup::verify_publication(client, &self.config).await {
-            Ok((oid, _)) if self.publication_oid.is_some_and(|known| known != oid) => {
-                Err(RelayError::Source(SourceError::PublicationDropped {
-                    publication: self.config.publication.clone(),
-                    what: "was dropped and re-created",
-                }))
-            }
-            // Before 18, pgoutput fails the stream on a missing publication.
-            Ok((oid, version)) if version < 180_000 => {
-                self.publication_oid = Some(oid);
-                self.verified = Lsn(u64::MAX);
-                Ok(true)
-            }
-            Ok((oid, _)) => {
-                self.publication_oid = Some(oid);
+        match setup::verify_publication(client, &self.config, &[]).await {
+            Ok(found) => {
+                if let Some(e) = found.changed_since(&self.publication, &self.config.publication) {
+                    return Err(RelayError::Source(e));
+                }
+                self.publication = found;
+                self.checked = self.checked.max(candidate);
                 self.verified = self.verified.max(candidate);
                 Ok(true)
             }

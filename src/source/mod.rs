@@ -177,6 +177,22 @@ pub enum SourceError {
         /// "does not exist" or "was dropped and re-created".
         what: &'static str,
     },
+    /// An outbox table was removed from the publication and added again
+    /// between two looks: on every version, rows inserted in between were
+    /// never decoded.
+    #[error(
+        "publication {publication:?} stopped publishing {table} and published it again \
+         (ALTER PUBLICATION ... DROP TABLE, then ADD TABLE) since the relay last looked; rows \
+         inserted into it in between were not decoded and are not in Kafka. Run `outbox-relay \
+         backfill --since TIMESTAMP` with a time before the change to re-publish them, then \
+         restart the relay"
+    )]
+    PublicationTableReAdded {
+        /// The publication.
+        publication: String,
+        /// The outbox table.
+        table: String,
+    },
     /// The existing publication does not publish inserts.
     #[error(
         "publication {publication:?} does not publish inserts; run ALTER PUBLICATION \
@@ -512,9 +528,9 @@ pub(crate) fn replication_config(
     ))
 }
 
-/// The cluster's system identifier and current WAL end (IDENTIFY_SYSTEM on a
-/// replication session, so it needs no privilege beyond REPLICATION).
-pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceError> {
+/// The server's current WAL end (IDENTIFY_SYSTEM on a replication session,
+/// so it needs no privilege beyond REPLICATION).
+pub async fn wal_end(config: &Config) -> Result<Lsn, SourceError> {
     let config = &setup::pin(config).await?;
     let stream_err = |source| SourceError::Stream {
         slot: config.slot.clone(),
@@ -525,7 +541,7 @@ pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceErr
         .await
         .map_err(stream_err)?;
     let system = client.identify_system().await.map_err(stream_err)?;
-    Ok((system.system_id, system.xlogpos.into()))
+    Ok(system.xlogpos.into())
 }
 
 /// The server and timeline a stream runs on. A promotion changes the
