@@ -1,4 +1,5 @@
-//! Flags of the operator's endpoint, readiness and the slot poller.
+//! Flags of the operator's endpoint, readiness and the slot poller, and the
+//! [`ReadinessThresholds`] they become (config owns the type; observability reads it).
 
 use std::net::SocketAddr;
 use std::time::Duration;
