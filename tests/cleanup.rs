@@ -22,6 +22,13 @@ async fn remaining(world: &World) -> HashSet<String> {
         .collect()
 }
 
+/// Waits until every row is gone from `public.outbox`.
+async fn wait_emptied(world: &World, relay: &Relay, timeout: Duration) {
+    let emptied = wait_until(timeout, || async { remaining(world).await.is_empty() }).await;
+    let left = remaining(world).await;
+    assert!(emptied, "rows left: {left:?}\n{}", relay.log());
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
     let world = World::start().await;
@@ -40,16 +47,7 @@ async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
         .consume_ids(&["Evt"], &ids, Duration::from_secs(60));
     let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
     assert!(ids.iter().all(|id| got.contains(id)), "{}", relay.log());
-    let emptied = wait_until(Duration::from_secs(30), || async {
-        remaining(&world).await.is_empty()
-    })
-    .await;
-    assert!(
-        emptied,
-        "rows left: {:?}\n{}",
-        remaining(&world).await,
-        relay.log()
-    );
+    wait_emptied(&world, &relay, Duration::from_secs(30)).await;
     world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
     let counted = wait_until(Duration::from_secs(30), || async {
         get(port, "/metrics")
@@ -81,16 +79,7 @@ async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
     );
     assert!(world.confirmed_flush(SLOT).await.unwrap() < after_commit);
     world.broker.up();
-    let emptied = wait_until(Duration::from_secs(60), || async {
-        remaining(&world).await.is_empty()
-    })
-    .await;
-    assert!(
-        emptied,
-        "rows left: {:?}\n{}",
-        remaining(&world).await,
-        relay.log()
-    );
+    wait_emptied(&world, &relay, Duration::from_secs(60)).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -113,8 +102,7 @@ async fn cleanup_with_sigkill_deletes_only_relayed_rows_and_eventually_all() {
             .collect();
         committed.extend(world.insert_tx(&rows).await);
         if n == 50 {
-            relay.signal("KILL");
-            relay.wait_exit(Duration::from_secs(10)).expect("killed");
+            relay.kill();
             // Every row gone from the table was delivered before it went.
             let left = remaining(&world).await;
             let deleted: Vec<&String> = committed.iter().filter(|id| !left.contains(*id)).collect();
@@ -158,16 +146,7 @@ async fn cleanup_with_sigkill_deletes_only_relayed_rows_and_eventually_all() {
         lost.len(),
         relay.log()
     );
-    let emptied = wait_until(Duration::from_secs(30), || async {
-        remaining(&world).await.is_empty()
-    })
-    .await;
-    assert!(
-        emptied,
-        "rows left: {:?}\n{}",
-        remaining(&world).await,
-        relay.log()
-    );
+    wait_emptied(&world, &relay, Duration::from_secs(30)).await;
 }
 
 #[tokio::test(flavor = "current_thread")]

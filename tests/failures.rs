@@ -79,8 +79,7 @@ async fn sigkill_mid_stream_then_restart_loses_nothing() {
             .collect();
         committed.extend(world.insert_tx(&rows).await);
         if n == 60 {
-            relay.signal("KILL");
-            relay.wait_exit(Duration::from_secs(10)).expect("killed");
+            relay.kill();
         }
         if n == 100 {
             relay = Relay::spawn(&url, &bootstrap, &[]);
