@@ -12,7 +12,7 @@
 use tokio_postgres::Client;
 
 use super::SourceError;
-use super::setup::{Version, query_err};
+use super::setup::{Server, query_err};
 use crate::config::Config;
 
 /// Where the relay records the slots it created.
@@ -122,11 +122,11 @@ pub(super) async fn record_slot(client: &Client, slot: &str) {
 pub(super) async fn check_failover(
     client: &Client,
     config: &Config,
-    (version_num, version): &Version,
+    server: &Server,
 ) -> Result<bool, SourceError> {
-    if *version_num < FAILOVER_MIN_VERSION {
+    if server.version_num < FAILOVER_MIN_VERSION {
         return Err(SourceError::FailoverUnsupported {
-            version: version.clone(),
+            version: server.version.clone(),
         });
     }
     let row = client

@@ -202,9 +202,7 @@ fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
 
 /// Runs every start-up check, creates what is missing, and returns the slot's position.
 pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
-    let version = check_server_version(client).await?;
-    check_wal_level(client).await?;
-    check_privileges(client, &config.postgres.user).await?;
+    let server = check_server(client, &config.postgres.user).await?;
     let mut partitioned = Vec::new();
     for table in &config.tables {
         if check_table(client, config, table).await? {
@@ -213,13 +211,13 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     }
     let publication = match verify_publication(client, config, &partitioned).await {
         Err(SourceError::PublicationDropped { .. }) => {
-            create_publication(client, config).await?;
+            create_publication(client, config, server.in_recovery).await?;
             verify_publication(client, config, &partitioned).await?
         }
         found => found?,
     };
     warn_idle_slot_timeout(client).await?;
-    let (confirmed_flush, created) = ensure_slot(client, config, &version).await?;
+    let (confirmed_flush, created) = ensure_slot(client, config, &server).await?;
     Ok(SlotState {
         confirmed_flush,
         created,
@@ -227,27 +225,53 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     })
 }
 
-/// The server's version: `server_version_num` and `server_version`.
-pub(super) type Version = (i32, String);
+/// What start-up learned about the server.
+pub(super) struct Server {
+    /// `server_version_num`.
+    pub(super) version_num: i32,
+    /// `server_version`, for messages.
+    pub(super) version: String,
+    /// A standby, where nothing can be written.
+    in_recovery: bool,
+}
 
-/// Versions before 14 lack pgoutput's `messages` option (the stream would fail
-/// at START_REPLICATION); say so once instead.
-async fn check_server_version(client: &Client) -> Result<Version, SourceError> {
-    let row = query_one(
-        client,
-        "read the server version",
-        "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
-        &[],
-    )
-    .await?;
-    let version: Version = row.map_or((0, String::new()), |r| (r.get(0), r.get(1)));
-    if version.0 / 10000 < MIN_SERVER_MAJOR {
+/// The server's version, `wal_level` and the role's right to replicate, in one
+/// look. Versions before 14 lack pgoutput's `messages` option (the stream would
+/// fail at START_REPLICATION): say so once instead.
+async fn check_server(client: &Client, user: &str) -> Result<Server, SourceError> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
+                    pg_is_in_recovery(), current_setting('wal_level'), \
+                    r.rolsuper OR r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
+                        WHERE g.rolname = 'rds_replication' \
+                          AND pg_has_role(current_user, g.oid, 'member')) \
+             FROM pg_roles r WHERE r.rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(query_err("read the server's version and settings"))?;
+    let server = Server {
+        version_num: row.get(0),
+        version: row.get(1),
+        in_recovery: row.get(2),
+    };
+    let (wal_level, may_replicate): (String, bool) = (row.get(3), row.get(4));
+    if server.version_num / 10000 < MIN_SERVER_MAJOR {
         return Err(SourceError::ServerTooOld {
-            version: version.1,
+            version: server.version,
             minimum: MIN_SERVER_MAJOR,
         });
     }
-    Ok(version)
+    if wal_level != "logical" {
+        return Err(SourceError::WalLevel { actual: wal_level });
+    }
+    if !may_replicate {
+        return Err(SourceError::NoReplicationPrivilege {
+            user: user.to_owned(),
+        });
+    }
+    Ok(server)
 }
 
 /// PostgreSQL 18's `idle_replication_slot_timeout` drops the slot of a relay
@@ -280,47 +304,6 @@ async fn query_one(
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Option<tokio_postgres::Row>, SourceError> {
     client.query_opt(sql, params).await.map_err(query_err(what))
-}
-
-/// Whether the server is a standby (in recovery), where nothing can be written.
-async fn in_recovery(client: &Client) -> Result<bool, SourceError> {
-    let row = query_one(
-        client,
-        "ask pg_is_in_recovery()",
-        "SELECT pg_is_in_recovery()",
-        &[],
-    )
-    .await?;
-    Ok(row.is_some_and(|r| r.get(0)))
-}
-
-async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
-    let row = query_one(client, "read wal_level", "SHOW wal_level", &[]).await?;
-    let level: String = row.map(|r| r.get(0)).unwrap_or_default();
-    if level != "logical" {
-        return Err(SourceError::WalLevel { actual: level });
-    }
-    Ok(())
-}
-
-async fn check_privileges(client: &Client, user: &str) -> Result<(), SourceError> {
-    let row = query_one(
-        client,
-        "read the role's privileges",
-        "SELECT r.rolsuper, r.rolreplication, \
-                EXISTS (SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication' \
-                        AND pg_has_role(current_user, g.oid, 'member')) \
-         FROM pg_roles r WHERE r.rolname = current_user",
-        &[],
-    )
-    .await?;
-    let ok = row.is_some_and(|r| r.get::<_, bool>(0) || r.get::<_, bool>(1) || r.get::<_, bool>(2));
-    if !ok {
-        return Err(SourceError::NoReplicationPrivilege {
-            user: user.to_owned(),
-        });
-    }
-    Ok(())
 }
 
 /// Checks the table's columns and persistence; returns whether it is partitioned.
@@ -398,10 +381,14 @@ pub(crate) async fn relation(client: &Client, table: &TableName) -> Result<Relat
 }
 
 /// Creates the missing publication (on a standby, says what to run on the primary).
-async fn create_publication(client: &Client, config: &Config) -> Result<(), SourceError> {
+async fn create_publication(
+    client: &Client,
+    config: &Config,
+    in_recovery: bool,
+) -> Result<(), SourceError> {
     let publication = &config.publication;
     let sql = super::sql::create_publication(publication, &config.tables);
-    if in_recovery(client).await? {
+    if in_recovery {
         return Err(SourceError::PublicationMissingOnStandby {
             publication: publication.clone(),
             sql,
@@ -553,7 +540,7 @@ async fn check_publication(
 async fn ensure_slot(
     client: &Client,
     config: &Config,
-    version: &Version,
+    server: &Server,
 ) -> Result<(Lsn, bool), SourceError> {
     let slot = &config.slot;
     let row = query_one(
@@ -565,7 +552,7 @@ async fn ensure_slot(
     )
     .await?;
     let mark_failover = match config.slot_failover {
-        true => lineage::check_failover(client, config, version).await?,
+        true => lineage::check_failover(client, config, server).await?,
         false => false,
     };
     let Some(row) = row else {
