@@ -5,9 +5,10 @@
 //! (PostgreSQL 16 and older, or a slot that was not synchronized) has none.
 //! Creating a fresh slot there would start from "now" and silently skip every
 //! event committed between the relay's last acknowledgement and the
-//! promotion. The table [`TABLE`] is ordinary data: it is replicated to every
-//! standby and survives the promotion, so a missing slot whose name it records
-//! under the same system identifier means "lost", not "first start".
+//! promotion. The table `public.outbox_relay_slots` is ordinary data: it is
+//! replicated to every standby and survives the promotion, so a missing slot
+//! whose name it records under the same system identifier means "lost", not
+//! "first start".
 
 use tokio_postgres::Client;
 
@@ -18,7 +19,7 @@ use crate::config::Config;
 /// Where the relay records the slots it created.
 const TABLE: &str = "public.outbox_relay_slots";
 
-/// Creates [`TABLE`] if missing (also run by `outbox-relay setup`).
+/// Creates `public.outbox_relay_slots` if missing (also run by `outbox-relay setup`).
 pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_slots (\
      slot_name text PRIMARY KEY, system_identifier text NOT NULL, \
      created_at timestamptz NOT NULL DEFAULT now(), created_lsn pg_lsn)";
@@ -26,7 +27,7 @@ pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_s
 /// The first PostgreSQL major version with failover slots.
 const FAILOVER_MIN_VERSION: i32 = 170_000;
 
-/// Called before creating a missing slot: refuses when [`TABLE`] says this
+/// Called before creating a missing slot: refuses when `public.outbox_relay_slots` says this
 /// relay streamed from the slot on this cluster before, unless
 /// `--allow-new-slot` says the operator knows.
 pub(super) async fn check_missing_slot(
@@ -75,7 +76,7 @@ pub(super) async fn check_missing_slot(
     })
 }
 
-/// Records the slot in [`TABLE`] (creating it if needed). Best effort: a role
+/// Records the slot in `public.outbox_relay_slots` (creating it if needed). Best effort: a role
 /// that may not create the table is warned about, not stopped.
 pub(super) async fn record_slot(client: &Client, slot: &str) {
     let result = async {
