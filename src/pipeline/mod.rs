@@ -43,7 +43,7 @@ use crate::pgoutput::{self, DecodeError, Message};
 use crate::sink::{Delivery, Sink, SinkError};
 use crate::source::cleanup::Cleanup;
 use crate::source::setup::SlotState;
-use crate::source::{PublicationCheck, Recovery, ServerId, Source, SourceError, Stream};
+use crate::source::{Recovery, ServerId, Source, SourceError, Stream};
 use ack::{AckError, AckTracker, Ticket};
 use poison::Poison;
 
@@ -304,8 +304,8 @@ pub struct Pipeline<S: Source, K: Sink> {
     /// before the last check that found the publication intact (PostgreSQL 18
     /// decodes on without a dropped publication, skipping its rows).
     verified: Lsn,
-    /// Whether a publication check has run (the first one runs at once).
-    publication_checked: bool,
+    /// The frontier as it stood before the last check of the publication.
+    checked: Lsn,
     next_publication_check: tokio::time::Instant,
     /// The server and timeline the last stream ran on.
     server: Option<ServerId>,
@@ -345,13 +345,17 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 mapper: config.event_mapper(),
                 non_insert_changes: 0,
                 warned_non_transactional: false,
-                all_tables: slot.all_tables,
+                all_tables: slot.publication.all_tables,
                 foreign: HashMap::new(),
             },
             tracker: AckTracker::new(confirmed),
             reported: confirmed,
-            verified: confirmed,
-            publication_checked: false,
+            // Before 18, pgoutput fails the stream on a missing publication.
+            verified: match slot.publication.server_version {
+                ..180_000 => Lsn(u64::MAX),
+                _ => confirmed,
+            },
+            checked: confirmed,
             next_publication_check: tokio::time::Instant::now(),
             server: None,
             config,
@@ -381,11 +385,11 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         self
     }
 
-    /// `--delivery exactly-once`: records carry `source_id` and their
-    /// position; `wal_end` is the WAL's end at start-up.
-    pub fn with_exactly_once(mut self, source_id: String, wal_end: Lsn) -> Self {
-        let fallback = self.config.exactly_once_fallback;
-        self.exactly_once = Some(exactly_once::ExactlyOnce::new(source_id, fallback, wal_end));
+    /// `--delivery exactly-once`: records carry their source and position,
+    /// and replayed ones a partition already holds are skipped.
+    pub fn with_exactly_once(mut self) -> Self {
+        let (slot, fallback) = (self.config.slot.clone(), self.config.exactly_once_fallback);
+        self.exactly_once = Some(exactly_once::ExactlyOnce::new(slot, fallback));
         self
     }
 
@@ -432,7 +436,12 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                         self.tracker.rewind(stream.started_at());
                         self.reported = self.reported.min(stream.started_at());
                         self.verified = self.verified.min(stream.started_at());
+                        self.checked = self.checked.min(stream.started_at());
                     }
+                    let new_source = self
+                        .exactly_once
+                        .as_mut()
+                        .is_some_and(|eo| eo.follow(stream.server()));
                     self.server = Some(stream.server().clone());
                     self.stream = Some(stream);
                     self.observer.streaming(true);
@@ -458,9 +467,10 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                             }
                         );
                     }
-                    if standby {
-                        // The active relay wrote past the WAL end seen at
-                        // start-up: its records are not another writer's.
+                    if standby || new_source {
+                        // A standby: the active relay wrote past the WAL end
+                        // seen at start-up, and its records are not another
+                        // writer's.
                         self.refresh_exactly_once().await;
                     }
                     backoff = min_backoff;
@@ -618,8 +628,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             let frontier = self.tracker.frontier();
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
             // Checked at the status interval while there is something new to confirm.
-            let check_at = (self.unverified() > self.verified || !self.publication_checked)
-                .then_some(self.next_publication_check);
+            let check_at =
+                (self.unverified() > self.checked).then_some(self.next_publication_check);
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
@@ -691,13 +701,11 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// returns false.
     async fn check_publication(&mut self) -> Result<bool, RelayError> {
         let candidate = self.unverified();
-        let check = self.source.check_publication().await?;
-        self.publication_checked |= check != PublicationCheck::Unknown;
-        match check {
-            PublicationCheck::Intact => self.verified = self.verified.max(candidate),
-            PublicationCheck::NotNeeded => self.verified = Lsn(u64::MAX),
-            PublicationCheck::Unknown => return Ok(false),
+        if !self.source.check_publication().await? {
+            return Ok(false);
         }
+        self.checked = self.checked.max(candidate);
+        self.verified = self.verified.max(candidate);
         Ok(true)
     }
 
