@@ -119,7 +119,7 @@ pub(super) async fn run_with(
         }
         Err(e) => {
             let code = e.exit_code();
-            tracing::error!(error = %e, exit_code = code, "outbox-relay stopped");
+            tracing::error!(error = %chain(&e), exit_code = code, "outbox-relay stopped");
             Err(e.into())
         }
     }
@@ -181,6 +181,22 @@ async fn relay(
         task.abort();
     }
     outcome
+}
+
+/// `error` and its causes, each once: a cause some message already quotes
+/// (a driver's text inside a Postgres error) is not repeated.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let line = c.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Installs the Prometheus recorder (only with an endpoint: its upkeep keeps
