@@ -323,3 +323,6 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
