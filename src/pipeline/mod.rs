@@ -24,7 +24,6 @@ pub mod ack;
 
 mod error;
 mod events;
-mod exactly_once;
 mod poison;
 mod stream;
 
@@ -41,6 +40,7 @@ use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::observability::observer::PipelineObserver;
 use crate::outbox::EventMapper;
+use crate::sink::exactly_once::ExactlyOnce;
 use crate::sink::{Delivery, Sink, Ticket};
 use crate::source::cleanup::Cleanup;
 use crate::source::setup::SlotState;
@@ -114,7 +114,7 @@ pub struct Pipeline<S: Source, K: Sink> {
     /// message, so one huge row does not throttle the rest of the run):
     /// read-ahead holds up to two messages, reserved out of the byte cap.
     largest_message: usize,
-    exactly_once: Option<exactly_once::ExactlyOnce>,
+    exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`.
     cleanup: Option<Cleanup>,
     observer: PipelineObserver,
@@ -182,7 +182,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// and replayed ones a partition already holds are skipped.
     pub fn with_exactly_once(mut self) -> Self {
         let (slot, fallback) = (self.config.slot.clone(), self.config.exactly_once_fallback);
-        self.exactly_once = Some(exactly_once::ExactlyOnce::new(slot, fallback));
+        self.exactly_once = Some(ExactlyOnce::new(slot, fallback));
         self
     }
 
