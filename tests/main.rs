@@ -20,6 +20,7 @@ mod ops;
 mod partitions;
 mod peek;
 mod poison;
+mod publication;
 mod reliability;
 mod slot_hygiene;
 mod startup;
