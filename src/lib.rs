@@ -8,15 +8,21 @@
 //!
 //! # Data flow
 //! ```text
-//! Postgres walsender ──pgoutput──▶ source (pgwire-replication)
-//!        ▲                              │ raw messages
-//!        │ flushed = ack frontier       ▼
-//!        │                        pgoutput::decode (pure)
-//!        │                              │ Relation / Insert / ...
-//!        │                              ▼
-//!   pipeline ◀── delivery reports ── outbox::TableMapping (pure) ──▶ sink (librdkafka)
-//!   (AckTracker, pure)
+//!             commands::relay  (wires the real source and sink, then runs the pipeline)
+//!                   │
+//! Postgres ──pgoutput──▶ source::PgSource / Stream ──ReplicationEvent──▶ pipeline::Pipeline
+//!    ▲   (pgwire-replication; setup, lineage,             │  pgoutput::decode (pure)
+//!    │    publication checks, cleanup)                    │  outbox::EventMapper (pure):
+//!    │                                                    │    row / message → OutboxRecord
+//!    │ Stream::ack(frontier)                              ▼
+//!    └──────────── pipeline::ack::AckTracker ◀── Delivery ── sink::KafkaSink (librdkafka;
+//!                  (pure ledger: commit order,               exactly_once: tails, dedupe)
+//!                   in-flight caps, frontier)  ──send(Ticket, record)──▶
 //! ```
+//! The pipeline reaches Postgres and Kafka only through the [`source::Source`]
+//! and [`sink::Sink`] traits, so its unit tests and the `simulation` test run
+//! the real pipeline against in-memory worlds. Observability reads the
+//! tracker's ledger; `Health` is created by the command and passed in.
 //!
 //! # The ack invariant
 //! Only the *ack frontier* is ever reported to Postgres as flushed: the end
