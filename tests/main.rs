@@ -21,6 +21,7 @@ mod partitions;
 mod peek;
 mod poison;
 mod reliability;
+mod simulation;
 mod slot_hygiene;
 mod startup;
 mod stop;

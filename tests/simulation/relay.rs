@@ -1,0 +1,4 @@
+use super::Shared;
+pub async fn drive(_shared: Shared) -> Result<(), String> {
+    Ok(())
+}
