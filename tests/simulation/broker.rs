@@ -3,7 +3,7 @@
 //! within one, as the idempotent producer guarantees), delays, outages,
 //! permanent errors, and the tail reads exactly-once relies on.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,7 +22,6 @@ use tokio::time::Instant;
 pub struct Logged {
     pub id: String,
     pub key: Option<Bytes>,
-    pub topic: String,
     pub position: Option<Position>,
     pub ours: bool,
 }
@@ -54,6 +53,8 @@ pub struct Broker {
     pub poison: BTreeMap<String, u32>,
     /// The next delivery fails for good for a reason not the record's.
     pub fail_next: bool,
+    /// Partitions failing so (authorization): what is queued there fails too.
+    pub failing: BTreeSet<(String, i32)>,
     pub max_delay_ms: u64,
 }
 
@@ -71,6 +72,7 @@ impl Broker {
             outage_until: None,
             poison: BTreeMap::new(),
             fail_next: false,
+            failing: BTreeSet::new(),
             max_delay_ms: rng.random_range(1..=50),
         }
     }
@@ -136,16 +138,19 @@ impl Broker {
             .1;
         let pending = self.queue.get_mut(&key)?.pop_front()?;
         let id = String::from_utf8_lossy(&pending.record.id).into_owned();
-        if let Some(left) = self.poison.get_mut(&id).filter(|_| pending.record.topic != super::DLQ)
+        if pending.record.topic != super::DLQ
+            && let Some(left) = self.poison.get_mut(&id).filter(|left| **left > 0)
         {
-            if *left > 0 {
-                *left -= 1;
-                let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
-                return Some((pending, Outcome::Failed(error)));
-            }
+            *left -= 1;
+            let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+            return Some((pending, Outcome::Failed(error)));
         }
-        if self.fail_next {
-            self.fail_next = false;
+        if std::mem::take(&mut self.fail_next) || self.failing.contains(&key) {
+            if self.queue.get(&key).is_some_and(VecDeque::is_empty) {
+                self.failing.remove(&key);
+            } else {
+                self.failing.insert(key);
+            }
             let error = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
             return Some((pending, Outcome::Failed(error)));
         }
@@ -164,7 +169,6 @@ impl Broker {
         log.push(Logged {
             id,
             key: pending.record.key.clone(),
-            topic: pending.record.topic.clone(),
             position,
             ours: header(SOURCE_HEADER).is_some(),
         });
