@@ -16,7 +16,7 @@ use super::CommandError;
 use crate::config::{BackfillArgs, Cli, Config};
 use crate::outbox::{TableMapping, TableName, quote_ident};
 use crate::pgoutput::{Column, Relation, TupleData, Value};
-use crate::pipeline::ack::Ticket;
+use crate::sink::Ticket;
 use crate::sink::{Delivery, KafkaSink};
 use crate::source::{SourceError, setup};
 

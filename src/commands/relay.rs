@@ -1,13 +1,20 @@
 //! Running the relay: the pipeline plus its observability companions (the
 //! HTTP endpoint, the slot poller, the progress line).
 
+use std::future::Future;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::CommandError;
 use crate::config::{Cli, Config};
-use crate::observability::{health, http, metrics, progress, slot_monitor};
-use crate::pipeline::{self, exit_code};
+use crate::observability::health::{self, Health};
+use crate::observability::{http, metrics, progress, slot_monitor};
+use crate::pipeline::{Pipeline, RelayError, Summary, exit_code};
+use crate::sink::exactly_once::TailReader;
+use crate::sink::{KafkaSink, SinkError};
+use crate::source::cleanup::Cleanup;
+use crate::source::{self, PgSource, heartbeat, setup};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -48,7 +55,7 @@ pub fn run(cli: &Cli) -> ExitCode {
 pub(super) async fn run_with(
     config: Config,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<pipeline::Summary, CommandError> {
+) -> Result<Summary, CommandError> {
     let health = health::global();
     health.set_thresholds(config.observability.readiness);
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -82,7 +89,7 @@ pub(super) async fn run_with(
     }
 
     let metrics_ready = config.observability.http_addr.is_some();
-    let outcome = pipeline::run(config, shutdown, async move {
+    let outcome = relay(config, health.clone(), shutdown, async move {
         if metrics_ready {
             install_metrics().await;
         }
@@ -116,6 +123,72 @@ pub(super) async fn run_with(
             Err(e.into())
         }
     }
+}
+
+/// Start-up checks, the real source and sink, then the pipeline until
+/// `shutdown` resolves or a fatal error. `observability_ready` resolves once
+/// the metrics recorder is in place (the pipeline's handles bind to it).
+async fn relay(
+    config: Config,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    observability_ready: impl Future<Output = ()>,
+) -> Result<Summary, RelayError> {
+    let control = setup::connect(&config).await?;
+    let slot = setup::prepare(&control, &config).await?;
+    let cleanup = match config.cleanup {
+        crate::config::Cleanup::None => None,
+        crate::config::Cleanup::Delete => {
+            let keys = setup::cleanup_keys(&control, &config).await?;
+            Some(Cleanup::new(control, keys, &config, slot.confirmed_flush))
+        }
+    };
+    let (mut sink, deliveries) = KafkaSink::new(
+        &config.kafka_brokers,
+        &config.kafka_properties,
+        config.max_in_flight_events,
+    )
+    .map_err(RelayError::Producer)?;
+    let mut exactly_once = None;
+    if config.delivery == crate::config::Delivery::ExactlyOnce {
+        let (system_id, wal_end) = source::identify_system(&config).await?;
+        let source_id = format!("{}@{}", config.slot, system_id);
+        let tails = TailReader::new(
+            &config.kafka_brokers,
+            &config.kafka_properties,
+            source_id.clone(),
+        )
+        .map_err(|error| {
+            RelayError::Producer(SinkError::create(error, &config.kafka_properties))
+        })?;
+        sink = sink.with_tails(tails);
+        tracing::info!(source = %source_id, "exactly-once delivery: records carry outbox.source/lsn/seq");
+        exactly_once = Some((source_id, wal_end));
+    }
+    observability_ready.await;
+    let source = PgSource::new(config.clone());
+    let mut pipeline = Pipeline::new(
+        config.clone(),
+        source,
+        Arc::new(sink),
+        deliveries,
+        health,
+        &slot,
+    );
+    if let Some(cleanup) = cleanup {
+        pipeline = pipeline.with_cleanup(cleanup);
+    }
+    if let Some((source_id, wal_end)) = exactly_once {
+        pipeline = pipeline.with_exactly_once(source_id, wal_end);
+    }
+    let heartbeat = config
+        .heartbeat_interval
+        .map(|interval| tokio::spawn(heartbeat::run(config.clone(), interval)));
+    let outcome = pipeline.run(shutdown).await;
+    if let Some(task) = heartbeat {
+        task.abort();
+    }
+    outcome
 }
 
 /// Installs the Prometheus recorder (only with an endpoint: its upkeep keeps

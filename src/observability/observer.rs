@@ -21,7 +21,7 @@ use rdkafka::error::KafkaError;
 use super::health::{self, Health};
 use super::metrics::{self as m, RelayMetrics};
 use crate::lsn::Lsn;
-use crate::pipeline::ack::Ticket;
+use crate::sink::Ticket;
 
 struct Pending {
     topic: Counter,

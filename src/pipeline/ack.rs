@@ -18,10 +18,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::lsn::Lsn;
-
-/// Identifies one in-flight event; handed to the producer and returned with the ack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Ticket(pub u64);
+pub use crate::sink::Ticket;
 
 /// The stream did something the pgoutput protocol rules out; the relay must
 /// stop rather than guess.

@@ -3,7 +3,7 @@
 //! its position, and skip what a partition's tail shows was already delivered.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,9 +11,9 @@ use bytes::Bytes;
 use crate::config::ExactlyOnceFallback;
 use crate::lsn::Lsn;
 use crate::outbox::OutboxRecord;
-use crate::sink::KafkaSink;
+use crate::sink::Sink;
 use crate::sink::exactly_once::{
-    LSN_HEADER, Position, SEQ_HEADER, SOURCE_HEADER, TailError, TailReader, partition_for,
+    LSN_HEADER, Position, SEQ_HEADER, SOURCE_HEADER, TailError, partition_for,
 };
 
 /// Metadata reads of a topic that does not exist yet (a broker creating it
@@ -23,9 +23,6 @@ const TOPIC_ATTEMPTS: u32 = 20;
 /// Per-run exactly-once state.
 pub(super) struct ExactlyOnce {
     source_id: Bytes,
-    /// Shared with the blocking-pool task that reads a tail: the relay's
-    /// runtime has one thread, which must not block.
-    tail: Arc<Mutex<TailReader>>,
     wal_end: Lsn,
     fallback: ExactlyOnceFallback,
     partitions: HashMap<String, i32>,
@@ -37,15 +34,9 @@ pub(super) struct ExactlyOnce {
 }
 
 impl ExactlyOnce {
-    pub(super) fn new(
-        source_id: String,
-        tail: TailReader,
-        fallback: ExactlyOnceFallback,
-        wal_end: Lsn,
-    ) -> Self {
+    pub(super) fn new(source_id: String, fallback: ExactlyOnceFallback, wal_end: Lsn) -> Self {
         ExactlyOnce {
             source_id: Bytes::from(source_id),
-            tail: Arc::new(Mutex::new(tail)),
             wal_end,
             fallback,
             partitions: HashMap::new(),
@@ -65,7 +56,7 @@ impl ExactlyOnce {
     /// Pins and tags `record`, or returns `None` when its partition already holds it.
     pub(super) async fn prepare(
         &mut self,
-        sink: &Arc<KafkaSink>,
+        sink: &impl Sink,
         mut record: OutboxRecord,
         position: Position,
     ) -> Result<Option<OutboxRecord>, TailError> {
@@ -76,7 +67,7 @@ impl ExactlyOnce {
         if !self.delivered.contains_key(&slot) {
             // Events come in commit order: no later one sits below this one,
             // so records of ours below it need not be read.
-            self.read_tails(&record.topic, partitions, partition, position.lsn)
+            self.read_tails(sink, &record.topic, partitions, partition, position.lsn)
                 .await?;
         }
         if self
@@ -104,11 +95,7 @@ impl ExactlyOnce {
 
     /// The topic's partition count, waiting a little for a topic the broker
     /// is still creating (the first event to it must not stop the relay).
-    async fn partition_count(
-        &mut self,
-        sink: &Arc<KafkaSink>,
-        topic: &str,
-    ) -> Result<i32, TailError> {
+    async fn partition_count(&mut self, sink: &impl Sink, topic: &str) -> Result<i32, TailError> {
         use rdkafka::types::RDKafkaErrorCode as C;
         if let Some(n) = self.partitions.get(topic) {
             return Ok(*n);
@@ -116,8 +103,7 @@ impl ExactlyOnce {
         let mut wait = Duration::from_millis(100);
         let mut attempt = 1;
         loop {
-            let (sink, owned) = (Arc::clone(sink), topic.to_owned());
-            match blocking(topic, -1, move || sink.partition_count(&owned)).await? {
+            match sink.partition_count(topic).await {
                 Ok(n) => {
                     self.partitions.insert(topic.to_owned(), n);
                     return Ok(n);
@@ -153,18 +139,13 @@ impl ExactlyOnce {
     /// likely needed next); `wanted` is the one needed now.
     async fn read_tails(
         &mut self,
+        sink: &impl Sink,
         topic: &str,
         partitions: i32,
         wanted: i32,
         floor: Lsn,
     ) -> Result<(), TailError> {
-        let (tail, owned, wal_end) = (Arc::clone(&self.tail), topic.to_owned(), self.wal_end);
-        let read = blocking(topic, wanted, move || {
-            tail.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .delivered(&owned, partitions, floor, wal_end)
-        })
-        .await?;
+        let read = sink.tails(topic, partitions, floor, self.wal_end).await;
         let mut failure = None;
         for (p, result) in (0..partitions).zip(read) {
             match result {
@@ -202,19 +183,4 @@ impl ExactlyOnce {
             .or_default();
         Ok(())
     }
-}
-
-/// Runs a blocking Kafka call on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(
-    topic: &str,
-    partition: i32,
-    call: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, TailError> {
-    tokio::task::spawn_blocking(call)
-        .await
-        .map_err(|e| TailError::Read {
-            topic: topic.to_owned(),
-            partition,
-            reason: format!("the blocking read stopped: {e}"),
-        })
 }

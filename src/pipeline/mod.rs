@@ -22,13 +22,13 @@
 
 pub mod ack;
 
-mod cleanup;
 mod exactly_once;
 mod poison;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pgwire_replication::ReplicationEvent;
@@ -36,10 +36,14 @@ use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::outbox::{BindError, EventMapper, OutboxRecord, TableName, values};
+use crate::observability::health::Health;
+use crate::observability::observer::PipelineObserver;
+use crate::outbox::{BindError, EventMapper, OutboxRecord, values};
 use crate::pgoutput::{self, DecodeError, Message};
-use crate::sink::{Delivery, KafkaSink, SinkError};
-use crate::source::{Recovery, ReplicationStream, SourceError, setup};
+use crate::sink::{Delivery, Sink, SinkError};
+use crate::source::cleanup::Cleanup;
+use crate::source::setup::SlotState;
+use crate::source::{PublicationCheck, Recovery, ServerId, Source, SourceError, Stream};
 use ack::{AckError, AckTracker, Ticket};
 use poison::Poison;
 
@@ -259,18 +263,6 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
-/// The control connection, opened (again) when needed.
-async fn control<'a>(
-    control: &'a mut Option<tokio_postgres::Client>,
-    config: &Config,
-) -> Result<&'a tokio_postgres::Client, SourceError> {
-    let client = match control.take() {
-        Some(client) if !client.is_closed() => client,
-        _ => setup::connect(config).await?,
-    };
-    Ok(control.insert(client))
-}
-
 /// Sleeps until `at`; never resolves for `None` (a disabled `select!` branch).
 async fn sleep_until_some(at: Option<tokio::time::Instant>) {
     match at {
@@ -289,17 +281,16 @@ struct Outbox {
     all_tables: bool,
     /// Relations that are neither outbox tables nor partitions of one.
     foreign: HashMap<u32, String>,
-    /// Looks up partition roots; opened on the first relation that needs it.
-    control: Option<tokio_postgres::Client>,
 }
 
 type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The running relay: source, tracker and sink.
-pub struct Pipeline {
+pub struct Pipeline<S: Source, K: Sink> {
     config: Config,
-    stream: Option<ReplicationStream>,
-    sink: std::sync::Arc<KafkaSink>,
+    source: S,
+    stream: Option<S::Stream>,
+    sink: Arc<K>,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     tracker: AckTracker,
     outbox: Outbox,
@@ -313,12 +304,11 @@ pub struct Pipeline {
     /// before the last check that found the publication intact (PostgreSQL 18
     /// decodes on without a dropped publication, skipping its rows).
     verified: Lsn,
-    /// The publication's OID at the first check: another one means it was
-    /// dropped and re-created, and rows committed in between were skipped.
-    publication_oid: Option<u32>,
+    /// Whether a publication check has run (the first one runs at once).
+    publication_checked: bool,
     next_publication_check: tokio::time::Instant,
     /// The server and timeline the last stream ran on.
-    server: Option<crate::source::ServerId>,
+    server: Option<ServerId>,
     commit_lsn: Lsn,
     /// In Unix microseconds: commit → ack latencies are a few milliseconds.
     commit_time_us: i64,
@@ -333,109 +323,84 @@ pub struct Pipeline {
     largest_message: usize,
     exactly_once: Option<exactly_once::ExactlyOnce>,
     /// `--cleanup delete`.
-    cleanup: Option<cleanup::Cleanup>,
-    observer: crate::observability::observer::PipelineObserver,
+    cleanup: Option<Cleanup>,
+    observer: PipelineObserver,
 }
 
-/// Start-up checks, then streams until `shutdown` resolves or a fatal error.
-/// `observability_ready` resolves once the metrics recorder is in place: the
-/// pipeline's metric handles bind to the recorder installed when they are made.
-pub async fn run(
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    observability_ready: impl Future<Output = ()>,
-) -> Result<Summary, RelayError> {
-    let control = setup::connect(&config).await?;
-    let slot = setup::prepare(&control, &config).await?;
-    let cleanup = match config.cleanup {
-        crate::config::Cleanup::None => None,
-        crate::config::Cleanup::Delete => {
-            let keys = setup::cleanup_keys(&control, &config).await?;
-            Some(cleanup::Cleanup::new(
-                control,
-                keys,
-                &config,
-                slot.confirmed_flush,
-            ))
+impl<S: Source, K: Sink> Pipeline<S, K> {
+    /// A pipeline resuming from `slot`'s confirmed position. Make it after
+    /// the metrics recorder is installed: its metric handles bind to the
+    /// recorder in place when it is made.
+    pub fn new(
+        config: Config,
+        source: S,
+        sink: Arc<K>,
+        deliveries: mpsc::UnboundedReceiver<Delivery>,
+        health: Arc<Health>,
+        slot: &SlotState,
+    ) -> Self {
+        let confirmed = slot.confirmed_flush;
+        Pipeline {
+            outbox: Outbox {
+                mapper: config.event_mapper(),
+                non_insert_changes: 0,
+                warned_non_transactional: false,
+                all_tables: slot.all_tables,
+                foreign: HashMap::new(),
+            },
+            tracker: AckTracker::new(confirmed),
+            reported: confirmed,
+            verified: confirmed,
+            publication_checked: false,
+            next_publication_check: tokio::time::Instant::now(),
+            server: None,
+            config,
+            source,
+            stream: None,
+            sink,
+            deliveries,
+            shutdown: Box::pin(std::future::pending()),
+            shutting_down: false,
+            stop_by: None,
+            commit_lsn: Lsn::ZERO,
+            commit_time_us: 0,
+            events_acked: 0,
+            dead_lettered: 0,
+            reconnects: 0,
+            tx_seq: 0,
+            largest_message: 0,
+            exactly_once: None,
+            cleanup: None,
+            observer: PipelineObserver::with_health(health),
         }
-    };
-    let (sink, deliveries) = KafkaSink::new(
-        &config.kafka_brokers,
-        &config.kafka_properties,
-        config.max_in_flight_events,
-    )
-    .map_err(RelayError::Producer)?;
-    let exactly_once = match config.delivery {
-        crate::config::Delivery::AtLeastOnce => None,
-        crate::config::Delivery::ExactlyOnce => {
-            let (system_id, wal_end) = crate::source::identify_system(&config).await?;
-            let source_id = format!("{}@{}", config.slot, system_id);
-            let tail = crate::sink::exactly_once::TailReader::new(
-                &config.kafka_brokers,
-                &config.kafka_properties,
-                source_id.clone(),
-            )
-            .map_err(|error| {
-                RelayError::Producer(SinkError::create(error, &config.kafka_properties))
-            })?;
-            tracing::info!(source = %source_id, "exactly-once delivery: records carry outbox.source/lsn/seq");
-            Some(exactly_once::ExactlyOnce::new(
-                source_id,
-                tail,
-                config.exactly_once_fallback,
-                wal_end,
-            ))
-        }
-    };
-    observability_ready.await;
-    let mut pipeline = Pipeline {
-        outbox: Outbox {
-            mapper: config.event_mapper(),
-            non_insert_changes: 0,
-            warned_non_transactional: false,
-            all_tables: slot.all_tables,
-            foreign: HashMap::new(),
-            control: None,
-        },
-        tracker: AckTracker::new(slot.confirmed_flush),
-        reported: slot.confirmed_flush,
-        verified: slot.confirmed_flush,
-        publication_oid: None,
-        next_publication_check: tokio::time::Instant::now(),
-        server: None,
-        config,
-        stream: None,
-        sink: std::sync::Arc::new(sink),
-        deliveries,
-        shutdown: Box::pin(shutdown),
-        shutting_down: false,
-        stop_by: None,
-        commit_lsn: Lsn::ZERO,
-        commit_time_us: 0,
-        events_acked: 0,
-        dead_lettered: 0,
-        reconnects: 0,
-        tx_seq: 0,
-        largest_message: 0,
-        exactly_once,
-        cleanup,
-        observer: crate::observability::observer::PipelineObserver::new(),
-    };
-    let heartbeat = pipeline.config.heartbeat_interval.map(|interval| {
-        tokio::spawn(crate::source::heartbeat::run(
-            pipeline.config.clone(),
-            interval,
-        ))
-    });
-    let outcome = pipeline.run_streams().await;
-    if let Some(task) = heartbeat {
-        task.abort();
     }
-    let summary = pipeline.finish().await;
-    outcome.map(|()| summary)
-}
 
-impl Pipeline {
+    /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
+    pub fn with_cleanup(mut self, cleanup: Cleanup) -> Self {
+        self.cleanup = Some(cleanup);
+        self
+    }
+
+    /// `--delivery exactly-once`: records carry `source_id` and their
+    /// position; `wal_end` is the WAL's end at start-up.
+    pub fn with_exactly_once(mut self, source_id: String, wal_end: Lsn) -> Self {
+        let fallback = self.config.exactly_once_fallback;
+        self.exactly_once = Some(exactly_once::ExactlyOnce::new(source_id, fallback, wal_end));
+        self
+    }
+
+    /// Streams until `shutdown` resolves or a fatal error, then drains
+    /// in-flight deliveries (up to `--shutdown-timeout`) and confirms the frontier.
+    pub async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Summary, RelayError> {
+        self.shutdown = Box::pin(shutdown);
+        let outcome = self.run_streams().await;
+        let summary = self.finish().await;
+        outcome.map(|()| summary)
+    }
+
     /// The open transaction's commit time in Unix milliseconds (Kafka timestamps).
     fn commit_time_ms(&self) -> i64 {
         self.commit_time_us.div_euclid(1000)
@@ -451,24 +416,24 @@ impl Pipeline {
         loop {
             let start = self.tracker.resume_lsn();
             let acked = self.reportable();
-            match ReplicationStream::start(&self.config, start, acked, self.server.as_ref()).await {
+            match self.source.start(start, acked).await {
                 Ok(stream) => {
-                    if stream.start < start {
+                    if stream.started_at() < start {
                         tracing::warn!(
                             slot = %self.config.slot,
                             from = ?self.server,
-                            to = ?stream.server,
+                            to = ?stream.server(),
                             received = %start,
-                            lsn = %stream.start,
+                            lsn = %stream.started_at(),
                             "reconnected to another server or timeline (a promotion): resuming \
                              from the slot's confirmed position there, not after the last \
                              transaction received from the old one"
                         );
-                        self.tracker.rewind(stream.start);
-                        self.reported = self.reported.min(stream.start);
-                        self.verified = self.verified.min(stream.start);
+                        self.tracker.rewind(stream.started_at());
+                        self.reported = self.reported.min(stream.started_at());
+                        self.verified = self.verified.min(stream.started_at());
                     }
-                    self.server = Some(stream.server.clone());
+                    self.server = Some(stream.server().clone());
                     self.stream = Some(stream);
                     self.observer.streaming(true);
                     if attempt == 0 && !standby {
@@ -588,10 +553,7 @@ impl Pipeline {
         if self.exactly_once.is_none() {
             return;
         }
-        let wal_end = crate::source::identify_system(&self.config)
-            .await
-            .map(|(_, end)| end)
-            .unwrap_or(Lsn(u64::MAX));
+        let wal_end = self.source.wal_end().await;
         if let Some(eo) = self.exactly_once.as_mut() {
             eo.reset(wal_end);
         }
@@ -605,7 +567,7 @@ impl Pipeline {
                 frontier: self.tracker.frontier(),
             }
         } else {
-            RelayError::Source(crate::source::explain_invalidation(&self.config, e).await)
+            RelayError::Source(self.source.explain(e).await)
         }
     }
 
@@ -656,7 +618,7 @@ impl Pipeline {
             let frontier = self.tracker.frontier();
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
             // Checked at the status interval while there is something new to confirm.
-            let check_at = (self.unverified() > self.verified || self.publication_oid.is_none())
+            let check_at = (self.unverified() > self.verified || !self.publication_checked)
                 .then_some(self.next_publication_check);
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
@@ -729,46 +691,14 @@ impl Pipeline {
     /// returns false.
     async fn check_publication(&mut self) -> Result<bool, RelayError> {
         let candidate = self.unverified();
-        let client = match control(&mut self.outbox.control, &self.config).await {
-            Ok(client) => client,
-            // A server shutting down commits nothing more but waits for its
-            // walsender's last position to be confirmed; only a drop in the
-            // last status interval before the shutdown would go unnoticed.
-            Err(SourceError::Connect { source, .. })
-                if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
-            {
-                self.verified = self.verified.max(candidate);
-                return Ok(true);
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
-                return Ok(false);
-            }
-        };
-        match setup::verify_publication(client, &self.config).await {
-            Ok((oid, _)) if self.publication_oid.is_some_and(|known| known != oid) => {
-                Err(RelayError::Source(SourceError::PublicationDropped {
-                    publication: self.config.publication.clone(),
-                    what: "was dropped and re-created",
-                }))
-            }
-            // Before 18, pgoutput fails the stream on a missing publication.
-            Ok((oid, version)) if version < 180_000 => {
-                self.publication_oid = Some(oid);
-                self.verified = Lsn(u64::MAX);
-                Ok(true)
-            }
-            Ok((oid, _)) => {
-                self.publication_oid = Some(oid);
-                self.verified = self.verified.max(candidate);
-                Ok(true)
-            }
-            Err(SourceError::Query { what, source }) => {
-                tracing::warn!(what, error = %source, "cannot check the publication; confirming nothing until it can be checked");
-                Ok(false)
-            }
-            Err(e) => Err(RelayError::Source(e)),
+        let check = self.source.check_publication().await?;
+        self.publication_checked |= check != PublicationCheck::Unknown;
+        match check {
+            PublicationCheck::Intact => self.verified = self.verified.max(candidate),
+            PublicationCheck::NotNeeded => self.verified = Lsn(u64::MAX),
+            PublicationCheck::Unknown => return Ok(false),
         }
+        Ok(true)
     }
 
     /// Reports the frontier; under `--cleanup delete`, first deletes the rows
@@ -924,7 +854,7 @@ impl Pipeline {
                 {
                     None
                 } else {
-                    self.partition_root(id).await?
+                    self.source.partition_root(id).await?
                 };
                 if let Some(cleanup) = self.cleanup.as_mut() {
                     cleanup
@@ -993,36 +923,6 @@ impl Pipeline {
             | Message::Message { .. } => {}
         }
         Ok(())
-    }
-
-    /// The root of the partition tree `relation_id` belongs to (`None` for a
-    /// plain table), over a control connection kept for later relations.
-    async fn partition_root(&mut self, relation_id: u32) -> Result<Option<TableName>, RelayError> {
-        let lookup_err = |source| SourceError::PartitionLookup {
-            relation_id,
-            source,
-        };
-        let client = control(&mut self.outbox.control, &self.config)
-            .await
-            .map_err(|e| lookup_err(Box::new(e)))?;
-        let row = client
-            .query_opt(
-                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE c.oid = pg_partition_root($1::oid)",
-                &[&relation_id],
-            )
-            .await
-            .map_err(|e| {
-                lookup_err(Box::new(SourceError::Query {
-                    what: "look up a relation's partition root",
-                    source: e,
-                }))
-            })?;
-        Ok(row.map(|r| TableName {
-            schema: r.get(0),
-            name: r.get(1),
-        }))
     }
 
     /// A logical decoding message: an outbox event when its prefix is one of
@@ -1111,7 +1011,7 @@ impl Pipeline {
                     lsn: self.commit_lsn,
                     seq,
                 };
-                match eo.prepare(&self.sink, record, position).await {
+                match eo.prepare(&*self.sink, record, position).await {
                     Ok(Some(record)) => record,
                     Ok(None) => {
                         // Already in its partition from a previous run.

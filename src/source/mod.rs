@@ -5,12 +5,14 @@
 //! through and exposes exactly one way to move the slot, [`ReplicationStream::ack`],
 //! which only the pipeline calls, and only with the ack frontier.
 
+pub mod cleanup;
 pub mod heartbeat;
 pub mod lineage;
 pub mod setup;
 pub mod sql;
 mod tls;
 
+use std::future::Future;
 use std::time::Duration;
 
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
@@ -19,6 +21,7 @@ pub use tls::TlsError;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
+use crate::outbox::TableName;
 
 /// Session settings for the walsender, so values arrive in one fixed text
 /// form whatever the server's defaults (timestamps in ISO, UTC).
@@ -690,6 +693,219 @@ impl ReplicationStream {
         if let Err(e) = self.client.shutdown().await {
             tracing::debug!(error = %e, "replication stream ended with an error during shutdown");
         }
+    }
+}
+
+/// The Postgres side as the pipeline sees it: replication sessions and the
+/// few control queries streaming needs. [`PgSource`] is the real one; a
+/// simulation implements it without a server.
+pub trait Source: Send {
+    /// One replication session.
+    type Stream: Stream;
+
+    /// Starts a session at `from` (the end of the last transaction received)
+    /// while reporting `acked` as confirmed. The stream says where it really
+    /// started: lower than `from` after a promotion.
+    fn start(
+        &mut self,
+        from: Lsn,
+        acked: Lsn,
+    ) -> impl Future<Output = Result<Self::Stream, SourceError>> + Send;
+
+    /// The root of the partition tree `relation_id` belongs to (`None` for a plain table).
+    fn partition_root(
+        &mut self,
+        relation_id: u32,
+    ) -> impl Future<Output = Result<Option<TableName>, SourceError>> + Send;
+
+    /// Whether the publication is intact, so positions decoded before the
+    /// check may be confirmed. `Err` when it was dropped (or re-created).
+    fn check_publication(
+        &mut self,
+    ) -> impl Future<Output = Result<PublicationCheck, SourceError>> + Send;
+
+    /// The current end of the WAL (`Lsn(u64::MAX)` when unknown): records
+    /// past it cannot be this relay's (exactly-once's foreign-writer check).
+    fn wal_end(&mut self) -> impl Future<Output = Lsn> + Send;
+
+    /// A fatal error with what the server can tell about it (an invalidated
+    /// slot's reason); by default the error as it is.
+    fn explain(&mut self, error: SourceError) -> impl Future<Output = SourceError> + Send {
+        async { error }
+    }
+}
+
+/// One replication session.
+pub trait Stream: Send {
+    /// Where the session started.
+    fn started_at(&self) -> Lsn;
+    /// The server and timeline it runs on.
+    fn server(&self) -> &ServerId;
+    /// The next event. A transient break is an error whose
+    /// [`SourceError::recovery`] is [`Recovery::Reconnect`] (e.g. [`SourceError::StreamEnded`]).
+    fn recv(&mut self) -> impl Future<Output = Result<ReplicationEvent, SourceError>> + Send;
+    /// Confirms `lsn` to Postgres: the only way a position reaches it.
+    fn ack(&self, lsn: Lsn);
+    /// Ends the session once `wait_for` has been reported (or `timeout` ran out).
+    fn close(self, wait_for: Lsn, timeout: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// What a publication check found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PublicationCheck {
+    /// Intact: positions decoded before the check may be confirmed.
+    Intact,
+    /// The server fails the stream itself on a missing publication (before
+    /// PostgreSQL 18): every position may be confirmed from now on.
+    NotNeeded,
+    /// The check could not run: confirm nothing new.
+    Unknown,
+}
+
+/// The real [`Source`]: pgwire-replication sessions and a control connection
+/// (reopened when it breaks) for the lookups.
+pub struct PgSource {
+    config: Config,
+    control: Option<tokio_postgres::Client>,
+    /// The server and timeline the last session ran on.
+    server: Option<ServerId>,
+    /// The publication's OID at the first check: another one means it was
+    /// dropped and re-created, and rows committed in between were skipped.
+    publication_oid: Option<u32>,
+}
+
+impl PgSource {
+    /// A source for `config`'s server, slot and publication.
+    pub fn new(config: Config) -> Self {
+        PgSource {
+            config,
+            control: None,
+            server: None,
+            publication_oid: None,
+        }
+    }
+}
+
+/// The control connection in `slot`, opened (again) when needed.
+async fn control<'a>(
+    slot: &'a mut Option<tokio_postgres::Client>,
+    config: &Config,
+) -> Result<&'a tokio_postgres::Client, SourceError> {
+    let client = match slot.take() {
+        Some(client) if !client.is_closed() => client,
+        _ => setup::connect(config).await?,
+    };
+    Ok(slot.insert(client))
+}
+
+impl Source for PgSource {
+    type Stream = ReplicationStream;
+
+    async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<ReplicationStream, SourceError> {
+        let stream =
+            ReplicationStream::start(&self.config, from, acked, self.server.as_ref()).await?;
+        self.server = Some(stream.server.clone());
+        Ok(stream)
+    }
+
+    async fn partition_root(&mut self, relation_id: u32) -> Result<Option<TableName>, SourceError> {
+        let lookup_err = |source| SourceError::PartitionLookup {
+            relation_id,
+            source: Box::new(source),
+        };
+        let client = control(&mut self.control, &self.config)
+            .await
+            .map_err(lookup_err)?;
+        let row = client
+            .query_opt(
+                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.oid = pg_partition_root($1::oid)",
+                &[&relation_id],
+            )
+            .await
+            .map_err(|source| {
+                lookup_err(SourceError::Query {
+                    what: "look up a relation's partition root",
+                    source,
+                })
+            })?;
+        Ok(row.map(|r| TableName {
+            schema: r.get(0),
+            name: r.get(1),
+        }))
+    }
+
+    async fn check_publication(&mut self) -> Result<PublicationCheck, SourceError> {
+        let client = match control(&mut self.control, &self.config).await {
+            Ok(client) => client,
+            // A server shutting down commits nothing more but waits for its
+            // walsender's last position to be confirmed; only a drop in the
+            // last status interval before the shutdown would go unnoticed.
+            Err(SourceError::Connect { source, .. })
+                if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
+            {
+                return Ok(PublicationCheck::Intact);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
+                return Ok(PublicationCheck::Unknown);
+            }
+        };
+        match setup::verify_publication(client, &self.config).await {
+            Ok((oid, _)) if self.publication_oid.is_some_and(|known| known != oid) => {
+                Err(SourceError::PublicationDropped {
+                    publication: self.config.publication.clone(),
+                    what: "was dropped and re-created",
+                })
+            }
+            Ok((oid, version)) => {
+                self.publication_oid = Some(oid);
+                // Before 18, pgoutput fails the stream on a missing publication.
+                Ok(if version < 180_000 {
+                    PublicationCheck::NotNeeded
+                } else {
+                    PublicationCheck::Intact
+                })
+            }
+            Err(SourceError::Query { what, source }) => {
+                tracing::warn!(what, error = %source, "cannot check the publication; confirming nothing until it can be checked");
+                Ok(PublicationCheck::Unknown)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn wal_end(&mut self) -> Lsn {
+        identify_system(&self.config)
+            .await
+            .map_or(Lsn(u64::MAX), |(_, end)| end)
+    }
+
+    async fn explain(&mut self, error: SourceError) -> SourceError {
+        explain_invalidation(&self.config, error).await
+    }
+}
+
+impl Stream for ReplicationStream {
+    fn started_at(&self) -> Lsn {
+        self.start
+    }
+
+    fn server(&self) -> &ServerId {
+        &self.server
+    }
+
+    async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+        ReplicationStream::recv(self).await
+    }
+
+    fn ack(&self, lsn: Lsn) {
+        ReplicationStream::ack(self, lsn);
+    }
+
+    async fn close(self, wait_for: Lsn, timeout: Duration) {
+        ReplicationStream::close(self, wait_for, timeout).await;
     }
 }
 
