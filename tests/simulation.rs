@@ -442,11 +442,11 @@ fn simulation() {
         match run_schedule(seed) {
             Ok(trace) => {
                 for line in trace {
-                    let kind = match line.split_once(": ") {
-                        Some(("fault" | "failed", what)) => what.split(['(', ':']).next().unwrap_or(what),
-                        _ => continue,
+                    let Some((kind @ ("fault" | "stop"), what)) = line.split_once(": ") else {
+                        continue;
                     };
-                    *seen.entry(kind.trim().to_owned()).or_default() += 1;
+                    let what = what.split(['(', ':']).next().unwrap_or(what).trim();
+                    *seen.entry(format!("{kind} {what}")).or_default() += 1;
                 }
             }
             Err(report) => panic!(

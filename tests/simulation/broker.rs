@@ -82,11 +82,7 @@ impl Broker {
     }
 
     pub fn in_flight_bytes(&self) -> usize {
-        self.queue
-            .values()
-            .flatten()
-            .map(|p| p.record.size())
-            .sum()
+        self.queue.values().flatten().map(|p| p.record.size()).sum()
     }
 
     /// What librdkafka's `murmur2_random` (or a pinned partition) picks.
@@ -99,7 +95,13 @@ impl Broker {
         }
     }
 
-    pub fn enqueue(&mut self, rng: &mut ChaCha8Rng, ticket: u64, record: OutboxRecord, alone: bool) {
+    pub fn enqueue(
+        &mut self,
+        rng: &mut ChaCha8Rng,
+        ticket: u64,
+        record: OutboxRecord,
+        alone: bool,
+    ) {
         let partition = self.partition(&record, rng);
         let queue = self
             .queue
@@ -120,7 +122,12 @@ impl Broker {
 
     /// When the next queued record is due (heads of each partition only).
     pub fn next_due(&self) -> Option<Instant> {
-        let due = self.queue.values().filter_map(|q| q.front()).map(|p| p.due).min()?;
+        let due = self
+            .queue
+            .values()
+            .filter_map(|q| q.front())
+            .map(|p| p.due)
+            .min()?;
         Some(self.outage_until.map_or(due, |o| due.max(o)))
     }
 

@@ -3,7 +3,7 @@
 //! restarting it as a supervisor would, until the schedule has recovered.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use outbox_relay::config::{Cli, Config};
@@ -21,41 +21,56 @@ use tokio::time::Instant;
 use super::broker::Outcome;
 use super::{Shared, Step};
 
-/// The relay's flags for this schedule: small caps, so backpressure is exercised.
+/// The relay's configuration for this schedule, from its flags: small caps,
+/// so backpressure is exercised. Parsed once per policy combination (clap
+/// is the slowest part of a small schedule); the caps are then set.
 fn config(plan: &super::Plan) -> Config {
-    let mut args: Vec<String> = [
-        "outbox-relay",
-        "--postgres-url",
-        "postgres://sim@127.0.0.1:9/sim",
-        "--kafka-brokers",
-        "127.0.0.1:9",
-        "--table",
-        "public.outbox",
-        "--message-prefix",
-        super::wal::PREFIX,
-        "--reconnect-backoff-min",
-        "10ms",
-        "--reconnect-backoff-max",
-        "1s",
-        "--shutdown-timeout",
-        "30s",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    args.extend([
-        "--max-in-flight-events".to_owned(),
-        plan.max_events.to_string(),
-        "--max-in-flight-bytes".to_owned(),
-        plan.max_bytes.to_string(),
-    ]);
-    if plan.dead_letter {
-        args.extend(["--on-poison", "dead-letter", "--dead-letter-topic", super::DLQ].map(str::to_owned));
-    }
-    if plan.exactly_once {
-        args.extend(["--delivery", "exactly-once"].map(str::to_owned));
-    }
-    let cli = Cli::parse_global_from(args);
-    Config::from_cli(&cli).expect("the simulation's flags are valid")
+    static PARSED: OnceLock<Vec<Config>> = OnceLock::new();
+    let parsed = PARSED.get_or_init(|| {
+        let mut configs = Vec::new();
+        for (exactly_once, dead_letter) in
+            [(false, false), (false, true), (true, false), (true, true)]
+        {
+            let mut args: Vec<&str> = vec![
+                "outbox-relay",
+                "--postgres-url",
+                "postgres://sim@127.0.0.1:9/sim",
+                "--kafka-brokers",
+                "127.0.0.1:9",
+                "--table",
+                "public.outbox",
+                "--message-prefix",
+                super::wal::PREFIX,
+                "--reconnect-backoff-min",
+                "10ms",
+                "--reconnect-backoff-max",
+                "1s",
+                "--max-in-flight-events",
+                "1",
+                "--max-in-flight-bytes",
+                "1024",
+            ];
+            if dead_letter {
+                args.extend([
+                    "--on-poison",
+                    "dead-letter",
+                    "--dead-letter-topic",
+                    super::DLQ,
+                ]);
+            }
+            if exactly_once {
+                args.extend(["--delivery", "exactly-once"]);
+            }
+            let cli = Cli::parse_global_from(args);
+            configs.push(Config::from_cli(&cli).expect("the simulation's flags are valid"));
+        }
+        configs
+    });
+    let mut config =
+        parsed[usize::from(plan.exactly_once) * 2 + usize::from(plan.dead_letter)].clone();
+    config.max_in_flight_events = plan.max_events;
+    config.max_in_flight_bytes = plan.max_bytes;
+    config
 }
 
 /// Postgres: sessions over the simulated WAL.
@@ -98,7 +113,10 @@ impl Source for SimSource {
         })
     }
 
-    async fn partition_root(&mut self, _relation_id: u32) -> Result<Option<TableName>, SourceError> {
+    async fn partition_root(
+        &mut self,
+        _relation_id: u32,
+    ) -> Result<Option<TableName>, SourceError> {
         Ok(None)
     }
 
@@ -186,7 +204,14 @@ impl Sink for SimSink {
     }
 
     async fn partition_count(&self, topic: &str) -> Result<i32, rdkafka::error::KafkaError> {
-        Ok(self.0.lock().broker.partitions.get(topic).copied().unwrap_or(1))
+        Ok(self
+            .0
+            .lock()
+            .broker
+            .partitions
+            .get(topic)
+            .copied()
+            .unwrap_or(1))
     }
 
     async fn tails(
@@ -202,7 +227,6 @@ impl Sink for SimSink {
             .collect()
     }
 }
-
 
 /// Delivers what is due, in any order across partitions, until aborted.
 async fn broker(shared: Shared) {
@@ -276,7 +300,11 @@ use rand::Rng;
 pub async fn drive(shared: Shared) -> Result<(), String> {
     let (config, exactly_once, wal_end) = {
         let world = shared.lock();
-        (config(&world.plan), world.plan.exactly_once, world.wal.end())
+        (
+            config(&world.plan),
+            world.plan.exactly_once,
+            world.wal.end(),
+        )
     };
     for run in 0..50 {
         let (deliveries_tx, deliveries) = tokio::sync::mpsc::unbounded_channel();
@@ -337,10 +365,10 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
             Some(Ok(Err(e))) => match e {
                 // The operator fixes the cause (e.g. message.max.bytes) and restarts.
                 RelayError::Poison { .. } if !world.plan.dead_letter => {
-                    world.note(format!("failed: poison ({e})"));
+                    world.note(format!("stop: poison ({e})"));
                     world.broker.poison.clear();
                 }
-                RelayError::Delivery { .. } => world.note(format!("failed: delivery ({e})")),
+                RelayError::Delivery { .. } => world.note(format!("stop: delivery ({e})")),
                 e => return Err(format!("unexpected failure: {e}")),
             },
         }

@@ -221,7 +221,10 @@ fn message_content(e: &Event) -> Bytes {
 pub enum Item {
     Event(ReplicationEvent),
     /// A keepalive; its `wal_end` is chosen when it is sent.
-    KeepAlive { low: u64, high: u64 },
+    KeepAlive {
+        low: u64,
+        high: u64,
+    },
 }
 
 /// What a replication session started at `start` sends, in order, before
@@ -328,8 +331,12 @@ mod tests {
         let Message::Relation(rel) = decode(&outbox_relation()).unwrap() else {
             panic!("not a relation")
         };
-        assert_eq!((rel.id, rel.name.as_str(), rel.columns.len()), (OUTBOX_OID, "outbox", 5));
-        let Message::Insert { relation_id, new } = decode(&insert(OUTBOX_OID, &["a", "b"])).unwrap()
+        assert_eq!(
+            (rel.id, rel.name.as_str(), rel.columns.len()),
+            (OUTBOX_OID, "outbox", 5)
+        );
+        let Message::Insert { relation_id, new } =
+            decode(&insert(OUTBOX_OID, &["a", "b"])).unwrap()
         else {
             panic!("not an insert")
         };
