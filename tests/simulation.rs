@@ -39,12 +39,6 @@ pub struct Plan {
     pub fault_rate: u32,
 }
 
-/// A fault the world asks the driver to act on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stop {
-    Crash,
-}
-
 /// The simulated world: Postgres' WAL and slot, the broker, the fault
 /// schedule and the oracle's bookkeeping. Shared by the trait
 /// implementations; never locked across an await.
@@ -60,7 +54,8 @@ pub struct World {
     pub sessions: u64,
     /// The current run's shutdown signal (SIGTERM).
     pub sigterm: Option<tokio::sync::oneshot::Sender<()>>,
-    pub crash: Option<Stop>,
+    /// A crash is under way: the driver drops the pipeline.
+    pub crash: bool,
     /// The current run's delivery reports.
     pub deliveries: Option<tokio::sync::mpsc::UnboundedSender<outbox_relay::sink::Delivery>>,
     pub faults_on: bool,
@@ -119,7 +114,7 @@ impl World {
             session: None,
             sessions: 0,
             sigterm: None,
-            crash: None,
+            crash: false,
             deliveries: None,
             faults_on: true,
             trace: Vec::new(),
@@ -229,7 +224,7 @@ impl World {
 
     /// One step of a session: the next message, a wait, or a break.
     pub fn recv(&mut self, session: u64) -> Step {
-        if self.crash.is_some() {
+        if self.crash {
             return Step::Wait(Duration::from_secs(3600));
         }
         match &self.session {
@@ -251,7 +246,7 @@ impl World {
                 }
                 2 => {
                     self.note("fault: crash".into());
-                    self.crash = Some(Stop::Crash);
+                    self.crash = true;
                     return Step::Crash;
                 }
                 3 => {

@@ -11,11 +11,11 @@ use outbox_relay::lsn::Lsn;
 use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
 use outbox_relay::sink::exactly_once::{Position, TailError};
-use outbox_relay::sink::{Acked, Delivery, DeliveryFailure, SinkError};
-use outbox_relay::sink::{Sink, Ticket};
+use outbox_relay::sink::{Acked, Delivery, DeliveryFailure, Sink, SinkError, Ticket};
 use outbox_relay::source::setup::SlotState;
 use outbox_relay::source::{PublicationCheck, ServerId, Source, SourceError, Stream};
 use pgwire_replication::ReplicationEvent;
+use rand::Rng;
 use tokio::time::Instant;
 
 use super::broker::Outcome;
@@ -244,7 +244,7 @@ async fn broker(shared: Shared) {
         }
         loop {
             let mut world = shared.lock();
-            if world.crash.is_some() {
+            if world.crash {
                 break;
             }
             let Some((pending, outcome)) = world.broker.pop_due(Instant::now()) else {
@@ -273,7 +273,7 @@ async fn broker(shared: Shared) {
                 if world.rng.random_bool(0.5) {
                     // Appended, but the report is lost with the process.
                     world.note("fault: crash before a delivery report".into());
-                    world.crash = Some(super::Stop::Crash);
+                    world.crash = true;
                     shared.stop.notify_one();
                     break;
                 }
@@ -291,8 +291,6 @@ async fn broker(shared: Shared) {
         }
     }
 }
-
-use rand::Rng;
 
 /// Runs the pipeline, restarting it after each stop, until the WAL is
 /// relayed and the faults are spent. Runs are bounded in count and in
@@ -314,7 +312,7 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
             world.note(format!("run {run}"));
             world.deliveries = Some(deliveries_tx);
             world.sigterm = Some(sigterm);
-            world.crash = None;
+            world.crash = false;
             world.session = None;
             world.broker.queue.clear();
             world.broker.failing.clear();
