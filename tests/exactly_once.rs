@@ -8,7 +8,7 @@ use outbox_relay::lsn::Lsn;
 use outbox_relay::sink::exactly_once::partition_for;
 
 use crate::support::kafka::Consumed;
-use crate::support::relay::Relay;
+use crate::support::relay::{Relay, run_command};
 use crate::support::world::{Schedule, World};
 
 const SLOT: &str = "outbox_relay";
@@ -189,7 +189,10 @@ async fn commit_lsn_of_next_replay(world: &World) -> String {
 async fn source_id(world: &World) -> String {
     let rows = world
         .pg
-        .execute("SELECT system_identifier::text FROM pg_control_system()")
+        .execute(
+            "SELECT system_identifier::text || '/' || timeline_id \
+             FROM pg_control_system(), pg_control_checkpoint()",
+        )
         .await;
     format!("outbox_relay@{}", rows[0][0].clone().unwrap())
 }
@@ -554,4 +557,71 @@ async fn the_first_event_to_a_topic_the_broker_creates_is_retried_until_it_exist
         "{}",
         relay.log()
     );
+}
+
+/// `backfill --delivery exactly-once` sends the rows no relay saw and skips
+/// those whose event ids are already in the topic, by the relay or by an
+/// earlier backfill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_exactly_once_sends_only_the_events_not_in_kafka() {
+    const N: usize = 30;
+    const M: usize = 20;
+    let world = World::start().await;
+    world.broker.ensure_topic("Evt");
+    let since = world.pg.execute("SELECT now()::text").await[0][0]
+        .clone()
+        .unwrap();
+    let rows = |prefix: &str, n: usize| -> Vec<(String, String, String)> {
+        (0..n)
+            .map(|i| ("Evt".to_owned(), format!("{prefix}{i}"), "{}".to_owned()))
+            .collect()
+    };
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    relay.wait_streaming();
+    let relayed = world.insert_tx(&rows("relayed-", N)).await;
+    let records = world
+        .broker
+        .consume_ids(&["Evt"], &relayed, Duration::from_secs(60));
+    assert_eq!(records.len(), N, "{}", relay.log());
+    relay.signal("TERM");
+    relay
+        .wait_exit(Duration::from_secs(30))
+        .expect("relay stops");
+    // Rows no slot ever sees.
+    world
+        .pg
+        .execute(&format!("SELECT pg_drop_replication_slot('{SLOT}')"))
+        .await;
+    let missed = world.insert_tx(&rows("missed-", M)).await;
+
+    let backfill = [
+        "backfill",
+        "--since",
+        &since,
+        "--delivery",
+        "exactly-once",
+        "--postgres-url",
+        &world.pg.url(),
+        "--kafka-brokers",
+        &world.broker.bootstrap(),
+    ];
+    for run in 0..2 {
+        let (code, _, stderr) = run_command(&backfill);
+        assert_eq!(code, Some(0), "backfill run {run}: {stderr}");
+    }
+    let all: Vec<String> = relayed.iter().chain(&missed).cloned().collect();
+    let records = world
+        .broker
+        .consume_ids(&["Evt"], &all, Duration::from_secs(60));
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for r in &records {
+        *counts.entry(r.id()).or_default() += 1;
+    }
+    let wrong: Vec<(&String, usize)> = all
+        .iter()
+        .map(|id| (id, counts.get(id).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n != 1)
+        .collect();
+    assert!(wrong.is_empty(), "ids not exactly once: {wrong:?}");
+    assert_eq!(records.len(), N + M);
 }

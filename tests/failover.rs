@@ -119,6 +119,12 @@ fn spawn_writer(url: String, stop: Arc<AtomicBool>, committed: Arc<AtomicU64>) {
     });
 }
 
+/// The standby settings that synchronize failover slots (PostgreSQL 17+).
+const SYNC_SLOTS: [(&str, &str); 2] = [
+    ("sync_replication_slots", "on"),
+    ("hot_standby_feedback", "on"),
+];
+
 /// A primary and a streaming standby of `major`; the relay's and the writer's URLs.
 async fn primary_and_standby(major: u32, standby_conf: &[(&str, &str)]) -> (PgCluster, PgCluster) {
     let mut primary = PgCluster::start_with(PgOptions {
@@ -151,16 +157,23 @@ async fn wait_commits(committed: &AtomicU64, more: u64) {
     );
 }
 
+/// Waits until `standby` holds a persistent synchronized copy of the slot.
+async fn wait_synced(standby: &PgCluster) {
+    let synced = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_relay' \
+                  AND synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL";
+    assert!(
+        wait_until(Duration::from_secs(120), || async {
+            !standby.execute(synced).await.is_empty()
+        })
+        .await,
+        "the slot was not synchronized to the standby:\n{}",
+        standby.log_tail()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg17_failover_slots_follow_a_promotion_without_losing_an_event() {
-    let (mut primary, standby) = primary_and_standby(
-        17,
-        &[
-            ("sync_replication_slots", "on"),
-            ("hot_standby_feedback", "on"),
-        ],
-    )
-    .await;
+    let (mut primary, standby) = primary_and_standby(17, &SYNC_SLOTS).await;
     primary
         .execute("ALTER SYSTEM SET synchronized_standby_slots = 'standby1'")
         .await;
@@ -183,16 +196,7 @@ async fn pg17_failover_slots_follow_a_promotion_without_losing_an_event() {
     spawn_writer(url.clone(), stop.clone(), committed.clone());
     wait_commits(&committed, 50).await;
     // The standby must hold a persistent synchronized copy before the primary dies.
-    let synced = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_relay' \
-                  AND synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL";
-    assert!(
-        wait_until(Duration::from_secs(120), || async {
-            !standby.execute(synced).await.is_empty()
-        })
-        .await,
-        "the slot was not synchronized to the standby:\n{}",
-        standby.log_tail()
-    );
+    wait_synced(&standby).await;
     wait_commits(&committed, 50).await;
 
     primary.stop_immediate();
@@ -357,14 +361,7 @@ async fn slot_failover_marks_an_existing_slot_and_reports_it() {
 /// transactions lie below that position and must still be relayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promotion_resumes_from_the_new_primarys_slot_not_the_old_primarys_keepalives() {
-    let (mut primary, mut standby) = primary_and_standby(
-        17,
-        &[
-            ("sync_replication_slots", "on"),
-            ("hot_standby_feedback", "on"),
-        ],
-    )
-    .await;
+    let (mut primary, mut standby) = primary_and_standby(17, &SYNC_SLOTS).await;
     // No synchronized_standby_slots: the old primary may stream past the standby.
     let broker = Broker::start();
     let url = both_hosts(&primary, &standby);
@@ -375,16 +372,7 @@ async fn a_promotion_resumes_from_the_new_primarys_slot_not_the_old_primarys_kee
     primary
         .execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Evt', '{}')")
         .await;
-    let synced = "SELECT 1 FROM pg_replication_slots WHERE slot_name = 'outbox_relay' \
-                  AND synced AND NOT temporary AND confirmed_flush_lsn IS NOT NULL";
-    assert!(
-        wait_until(Duration::from_secs(120), || async {
-            !standby.execute(synced).await.is_empty()
-        })
-        .await,
-        "the slot was not synchronized to the standby:\n{}",
-        standby.log_tail()
-    );
+    wait_synced(&standby).await;
     standby.stop();
     // WAL the standby never receives; the idle relay confirms past it.
     primary
@@ -558,4 +546,79 @@ async fn hot_standby_relays_until_invalidated(major: u32, reason: &str) {
     let (code, log) = run_to_exit(&standby.url(), &broker.bootstrap(), &args);
     assert_eq!(code, Some(3), "{log}");
     assert!(log.contains(&format!("invalidated ({reason})")), "{log}");
+}
+
+/// Inserts `n` outbox rows, one transaction each, with aggregate ids of
+/// `width` characters; returns their ids.
+async fn insert_rows(pg: &PgCluster, prefix: &str, n: usize, width: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let aggregate = format!("{prefix}{i:0width$}", width = width - prefix.len());
+        let row = pg
+            .execute(&format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ('order', '{aggregate}', 'Evt', '{{}}') RETURNING id::text"
+            ))
+            .await;
+        ids.extend(row.into_iter().filter_map(|r| r[0].clone()));
+    }
+    ids
+}
+
+/// With `--delivery exactly-once`, records the old primary's timeline
+/// delivered past the point the standby reached share positions (commit
+/// LSN, index) with the new primary's first events: they must not count as
+/// those events delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timeline_used() {
+    const N: usize = 150;
+    let (mut primary, mut standby) = primary_and_standby(17, &SYNC_SLOTS).await;
+    let broker = Broker::start();
+    // One partition: an old record and a new event at the same position
+    // meet whatever their keys.
+    broker.create_topic("Evt", 1);
+    let url = both_hosts(&primary, &standby);
+    let mut args = vec!["--slot-failover", "--delivery", "exactly-once"];
+    args.extend(FAST_BACKOFF);
+    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &args);
+    relay.wait_streaming();
+    wait_synced(&standby).await;
+    standby.stop();
+    // Rows the standby never receives, relayed from the old timeline.
+    let old = insert_rows(&primary, "a", N, 8).await;
+    let old_records = broker.consume_ids(&["Evt"], &old, Duration::from_secs(60));
+    let old_positions: HashSet<(String, String)> = old_records
+        .iter()
+        .map(|r| {
+            (
+                r.header("outbox.lsn").unwrap(),
+                r.header("outbox.seq").unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(old_positions.len(), N, "{}", relay.log());
+    primary.stop_immediate();
+    standby.restart();
+    standby.promote();
+    // Aggregate ids 8 bytes longer: each new transaction's WAL is one
+    // alignment unit longer than an old one, so the new commit positions
+    // drift across the old ones' and meet some of them.
+    let new = insert_rows(&standby, "b", N, 16).await;
+    let records = broker.consume_ids(&["Evt"], &new, Duration::from_secs(60));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    let lost = new.iter().filter(|id| !got.contains(*id)).count();
+    assert_eq!(lost, 0, "of {N} new rows; relay log:\n{}", relay.log());
+    // The test means something only if new events took old positions.
+    let reused = records
+        .iter()
+        .filter(|r| new.contains(&r.id()))
+        .filter(|r| {
+            old_positions.contains(&(
+                r.header("outbox.lsn").unwrap(),
+                r.header("outbox.seq").unwrap(),
+            ))
+        })
+        .count();
+    eprintln!("{reused} of {N} new events at positions the old timeline used");
+    assert!(reused > 0, "no new event took an old position");
 }

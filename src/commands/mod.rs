@@ -39,6 +39,9 @@ pub enum CommandError {
     /// Kafka refused.
     #[error(transparent)]
     Sink(#[from] crate::sink::SinkError),
+    /// Kafka's records could not be read back (`backfill --delivery exactly-once`).
+    #[error(transparent)]
+    Tail(#[from] crate::sink::exactly_once::TailError),
     /// The HTTP endpoint could not start.
     #[error(transparent)]
     Http(#[from] HttpError),
@@ -87,7 +90,7 @@ impl CommandError {
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
             CommandError::Demo(_) => 1,
             CommandError::Decode { .. } => exit_code::INTERNAL,
-            CommandError::Sink(_) => exit_code::KAFKA,
+            CommandError::Sink(_) | CommandError::Tail(_) => exit_code::KAFKA,
             CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }
     }

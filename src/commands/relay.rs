@@ -14,7 +14,7 @@ use crate::pipeline::{Pipeline, RelayError, Summary, exit_code};
 use crate::sink::exactly_once::TailReader;
 use crate::sink::{KafkaSink, SinkError};
 use crate::source::cleanup::Cleanup;
-use crate::source::{self, PgSource, heartbeat, setup};
+use crate::source::{PgSource, heartbeat, setup};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -119,7 +119,7 @@ pub(super) async fn run_with(
         }
         Err(e) => {
             let code = e.exit_code();
-            tracing::error!(error = %e, exit_code = code, "outbox-relay stopped");
+            tracing::error!(error = %chain(&e), exit_code = code, "outbox-relay stopped");
             Err(e.into())
         }
     }
@@ -149,24 +149,16 @@ async fn relay(
         config.max_in_flight_events,
     )
     .map_err(RelayError::Producer)?;
-    let mut exactly_once = None;
     if config.delivery == crate::config::Delivery::ExactlyOnce {
-        let (system_id, wal_end) = source::identify_system(&config).await?;
-        let source_id = format!("{}@{}", config.slot, system_id);
-        let tails = TailReader::new(
-            &config.kafka_brokers,
-            &config.kafka_properties,
-            source_id.clone(),
-        )
-        .map_err(|error| {
-            RelayError::Producer(SinkError::create(error, &config.kafka_properties))
-        })?;
+        let tails =
+            TailReader::new(&config.kafka_brokers, &config.kafka_properties).map_err(|error| {
+                RelayError::Producer(SinkError::create(error, &config.kafka_properties))
+            })?;
         sink = sink.with_tails(tails);
-        tracing::info!(source = %source_id, "exactly-once delivery: records carry outbox.source/lsn/seq");
-        exactly_once = Some((source_id, wal_end));
     }
     observability_ready.await;
-    let source = PgSource::new(config.clone());
+    let exactly_once = config.delivery == crate::config::Delivery::ExactlyOnce;
+    let source = PgSource::new(config.clone(), slot.publication.clone());
     let mut pipeline = Pipeline::new(
         config.clone(),
         source,
@@ -178,8 +170,8 @@ async fn relay(
     if let Some(cleanup) = cleanup {
         pipeline = pipeline.with_cleanup(cleanup);
     }
-    if let Some((source_id, wal_end)) = exactly_once {
-        pipeline = pipeline.with_exactly_once(source_id, wal_end);
+    if exactly_once {
+        pipeline = pipeline.with_exactly_once();
     }
     let heartbeat = config
         .heartbeat_interval
@@ -189,6 +181,22 @@ async fn relay(
         task.abort();
     }
     outcome
+}
+
+/// `error` and its causes, each once: a cause some message already quotes
+/// (a driver's text inside a Postgres error) is not repeated.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let line = c.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Installs the Prometheus recorder (only with an endpoint: its upkeep keeps

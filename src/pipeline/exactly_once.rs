@@ -15,6 +15,7 @@ use crate::sink::Sink;
 use crate::sink::exactly_once::{
     LSN_HEADER, Position, SEQ_HEADER, SOURCE_HEADER, TailError, partition_for,
 };
+use crate::source::ServerId;
 
 /// Metadata reads of a topic that does not exist yet (a broker creating it
 /// on first use answers so for a moment) before the relay gives up.
@@ -22,6 +23,11 @@ const TOPIC_ATTEMPTS: u32 = 20;
 
 /// Per-run exactly-once state.
 pub(super) struct ExactlyOnce {
+    slot: String,
+    /// `<slot>@<system identifier>/<timeline>` of the stream running now:
+    /// only records written on this timeline prove delivery, since a promoted
+    /// standby's WAL diverges from the old primary's at the switch point and
+    /// reuses its positions.
     source_id: Bytes,
     wal_end: Lsn,
     fallback: ExactlyOnceFallback,
@@ -34,15 +40,31 @@ pub(super) struct ExactlyOnce {
 }
 
 impl ExactlyOnce {
-    pub(super) fn new(source_id: String, fallback: ExactlyOnceFallback, wal_end: Lsn) -> Self {
+    /// The source is set by [`ExactlyOnce::follow`] when the first stream comes up.
+    pub(super) fn new(slot: String, fallback: ExactlyOnceFallback) -> Self {
         ExactlyOnce {
-            source_id: Bytes::from(source_id),
-            wal_end,
+            slot,
+            source_id: Bytes::new(),
+            wal_end: Lsn(u64::MAX),
             fallback,
             partitions: HashMap::new(),
             delivered: HashMap::new(),
             skipped: 0,
         }
+    }
+
+    /// Takes the source of a stream that came up on `server`; returns whether
+    /// it changed (the first stream, or a promotion), so that the tails must
+    /// be read again.
+    pub(super) fn follow(&mut self, server: &ServerId) -> bool {
+        let source_id = format!("{}@{}/{}", self.slot, server.system_id, server.timeline);
+        if self.source_id == source_id.as_bytes() {
+            return false;
+        }
+        tracing::info!(source = %source_id, "exactly-once delivery: records carry outbox.source/lsn/seq");
+        self.source_id = Bytes::from(source_id);
+        self.delivered.clear();
+        true
     }
 
     /// Forgets what the tails said: after a reconnect or a takeover they are
@@ -145,7 +167,10 @@ impl ExactlyOnce {
         wanted: i32,
         floor: Lsn,
     ) -> Result<(), TailError> {
-        let read = sink.tails(topic, partitions, floor, self.wal_end).await;
+        let source = String::from_utf8_lossy(&self.source_id);
+        let read = sink
+            .tails(topic, &source, partitions, floor, self.wal_end)
+            .await;
         let mut failure = None;
         for (p, result) in (0..partitions).zip(read) {
             match result {

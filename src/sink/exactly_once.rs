@@ -2,7 +2,7 @@
 //!
 //! # The argument
 //! In `--delivery exactly-once` mode every record carries `outbox.source`
-//! (`<slot>@<Postgres system identifier>`), `outbox.lsn` (the commit LSN of its
+//! (`<slot>@<Postgres system identifier>/<timeline>`), `outbox.lsn` (the commit LSN of its
 //! transaction) and `outbox.seq` (its index within the transaction): a
 //! position that names one event exactly. Its partition is fixed by its key
 //! (Java-compatible murmur2; the event id when the key is NULL), so a replayed
@@ -34,6 +34,10 @@
 //! before the restart; and a refused event re-sent above later records of
 //! ours that are still unacknowledged when the relay stops again (the next
 //! read-back may stop at the re-sent record and send those later ones again).
+//! After a promotion, only records of the new timeline count: the new
+//! primary's WAL diverges from the old one's at the switch point, so an old
+//! record above it may share a position with a new event. Events below the
+//! switch point that the old timeline had delivered are sent again.
 
 use std::collections::HashSet;
 
@@ -208,11 +212,11 @@ pub struct TailReader {
 }
 
 impl TailReader {
-    /// A reader using the relay's broker list and `-X` properties.
+    /// A reader using the relay's broker list and `-X` properties; it knows
+    /// records as its own once [`TailReader::set_source`] names them.
     pub fn new(
         brokers: &str,
         properties: &[(String, String)],
-        source_id: String,
     ) -> Result<Self, rdkafka::error::KafkaError> {
         let mut config = rdkafka::ClientConfig::new();
         config
@@ -233,9 +237,14 @@ impl TailReader {
         }
         Ok(TailReader {
             consumer: config.create()?,
-            source_id,
+            source_id: String::new(),
             timeout: std::time::Duration::from_secs(30),
         })
+    }
+
+    /// The `outbox.source` of the records that count as this relay's.
+    pub fn set_source(&mut self, source_id: String) {
+        self.source_id = source_id;
     }
 
     /// The positions of the records of ours at or above `floor` (the commit
@@ -260,7 +269,7 @@ impl TailReader {
             .filter(|&(_, low, high)| high > low)
             .map(|(p, low, high)| (p, (high - TAIL_WINDOW).max(low), high))
             .collect();
-        let mut scanned = self.scan(topic, &ranges, deadline).ok();
+        let mut scanned = self.scan(topic, &ranges, deadline, |m| self.ours(m)).ok();
         let read = ReadBack {
             topic,
             partitions,
@@ -300,7 +309,9 @@ impl TailReader {
             let records = match first.take() {
                 Some(records) => records,
                 None => self
-                    .scan(read.topic, &[(partition, start, end)], read.deadline)?
+                    .scan(read.topic, &[(partition, start, end)], read.deadline, |m| {
+                        self.ours(m)
+                    })?
                     .pop()
                     .unwrap_or_default(),
             };
@@ -337,22 +348,23 @@ impl TailReader {
     }
 
     /// Reads `[start, end)` of each `(partition, start, end)` of `topic` and
-    /// returns, per range, the records written by this relay.
-    fn scan(
+    /// returns, per range, what `keep` takes from its records.
+    fn scan<T: Clone>(
         &self,
         topic: &str,
         ranges: &[(i32, i64, i64)],
         deadline: std::time::Instant,
-    ) -> Result<Vec<Vec<Found>>, TailError> {
+        keep: impl Fn(&rdkafka::message::BorrowedMessage<'_>) -> Option<T>,
+    ) -> Result<Vec<Vec<T>>, TailError> {
         use rdkafka::consumer::Consumer;
-        use rdkafka::message::{Headers, Message};
+        use rdkafka::message::Message;
 
         let read_err = |partition: i32, reason: String| TailError::Read {
             topic: topic.to_owned(),
             partition,
             reason,
         };
-        let mut found: Vec<Vec<Found>> = vec![Vec::new(); ranges.len()];
+        let mut found: Vec<Vec<T>> = vec![Vec::new(); ranges.len()];
         if ranges.is_empty() {
             return Ok(found);
         }
@@ -402,33 +414,90 @@ impl TailReader {
             if msg.offset() >= end {
                 continue;
             }
-            let Some(headers) = msg.headers() else {
-                continue;
-            };
-            let (mut src, mut lsn, mut seq, mut id) = (None, None, None, None);
-            for h in headers.iter() {
-                match h.key {
-                    SOURCE_HEADER => src = h.value,
-                    LSN_HEADER => lsn = h.value,
-                    SEQ_HEADER => seq = h.value,
-                    crate::outbox::ID_HEADER => id = h.value,
-                    _ => {}
-                }
-            }
-            if src != Some(self.source_id.as_bytes()) {
-                continue;
-            }
-            let Some(position) = lsn.zip(seq).and_then(|(l, s)| Position::from_headers(l, s))
-            else {
-                continue;
-            };
-            let key = msg.key().or(id).unwrap_or_default().to_vec();
-            found[i].push(Found { position, key });
+            found[i].extend(keep(&msg));
         }
         // Stop fetching now rather than at the next assignment, which would
         // otherwise wait for these partitions' fetchers to wind down.
         let _ = self.consumer.unassign();
         Ok(found)
+    }
+
+    /// `msg` as a record of ours, when it is one.
+    fn ours(&self, msg: &rdkafka::message::BorrowedMessage<'_>) -> Option<Found> {
+        use rdkafka::message::Message;
+        let (mut src, mut lsn, mut seq) = (None, None, None);
+        for h in headers(msg) {
+            match h.key {
+                SOURCE_HEADER => src = h.value,
+                LSN_HEADER => lsn = h.value,
+                SEQ_HEADER => seq = h.value,
+                _ => {}
+            }
+        }
+        if src != Some(self.source_id.as_bytes()) {
+            return None;
+        }
+        let position = Position::from_headers(lsn?, seq?)?;
+        let key = msg.key().or(event_id(msg)).unwrap_or_default().to_vec();
+        Some(Found { position, key })
+    }
+
+    /// The event ids (`id` headers) of the records of `topic`'s partitions
+    /// from `since_ms` (Kafka timestamps, in Unix milliseconds) to their
+    /// ends: what `backfill --delivery exactly-once` must not send again.
+    ///
+    /// A partition is read from the offset the broker gives for that time.
+    /// One that cannot answer by time (an error, or no offset while the last
+    /// record is that recent) is read from its start: reading more only finds
+    /// more ids.
+    pub fn event_ids_since(
+        &self,
+        topic: &str,
+        partitions: i32,
+        since_ms: i64,
+    ) -> Result<HashSet<Vec<u8>>, TailError> {
+        use rdkafka::consumer::Consumer;
+        let read_err = |partition: i32, reason: String| TailError::Read {
+            topic: topic.to_owned(),
+            partition,
+            reason,
+        };
+        let mut query = rdkafka::TopicPartitionList::new();
+        for partition in 0..partitions {
+            query
+                .add_partition_offset(topic, partition, rdkafka::Offset::Offset(since_ms))
+                .map_err(|e| read_err(partition, e.to_string()))?;
+        }
+        let by_time = self.consumer.offsets_for_times(query, self.timeout).ok();
+        let deadline = std::time::Instant::now() + BACKFILL_READ_TIMEOUT;
+        let mut ranges = Vec::new();
+        for partition in 0..partitions {
+            let (low, high) = self.watermarks(topic, partition)?;
+            let answer = by_time
+                .as_ref()
+                .and_then(|tpl| tpl.find_partition(topic, partition))
+                .filter(|e| e.error().is_ok())
+                .map(|e| e.offset());
+            let start = match answer {
+                Some(rdkafka::Offset::Offset(offset)) => offset.clamp(low, high),
+                // No record from that time on, if the last one is older.
+                Some(rdkafka::Offset::End) if high > low => {
+                    let last = self.scan(topic, &[(partition, high - 1, high)], deadline, |m| {
+                        rdkafka::message::Message::timestamp(m).to_millis()
+                    })?;
+                    match last.concat().first() {
+                        Some(&at) if at < since_ms => high,
+                        _ => low,
+                    }
+                }
+                _ => low,
+            };
+            ranges.push((partition, start, high));
+        }
+        let ids = self.scan(topic, &ranges, deadline, |m| {
+            event_id(m).map(<[u8]>::to_vec)
+        })?;
+        Ok(ids.into_iter().flatten().collect())
     }
 
     /// The checks a record of ours at or above the floor must pass.
@@ -466,6 +535,24 @@ struct ReadBack<'a> {
 /// Records read back at first from each partition's end; doubled fourfold
 /// each time nothing of ours is among them.
 const TAIL_WINDOW: i64 = 256;
+
+/// How long `backfill` may spend reading back the records of one topic.
+const BACKFILL_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A record's headers, none when it has none.
+fn headers<'a>(
+    msg: &'a rdkafka::message::BorrowedMessage<'_>,
+) -> impl Iterator<Item = rdkafka::message::Header<'a, &'a [u8]>> {
+    use rdkafka::message::{Headers, Message};
+    msg.headers().into_iter().flat_map(|h| h.iter())
+}
+
+/// A record's event id (the mapping's `id` header).
+fn event_id<'a>(msg: &'a rdkafka::message::BorrowedMessage<'_>) -> Option<&'a [u8]> {
+    headers(msg)
+        .find(|h| h.key == crate::outbox::ID_HEADER)
+        .and_then(|h| h.value)
+}
 
 /// A record of ours read back.
 #[derive(Debug, Clone)]

@@ -65,11 +65,12 @@ pub trait Sink: Send + Sync + 'static {
     /// The partition count of `topic` (exactly-once pins partitions).
     fn partition_count(&self, topic: &str) -> impl Future<Output = Result<i32, KafkaError>> + Send;
 
-    /// Per partition of `topic`, the positions of this relay's records at or
-    /// above `floor` (exactly-once; see [`exactly_once`]).
+    /// Per partition of `topic`, the positions of the records of `source`
+    /// at or above `floor` (exactly-once; see [`exactly_once`]).
     fn tails(
         &self,
         topic: &str,
+        source: &str,
         partitions: i32,
         floor: Lsn,
         wal_end: Lsn,
@@ -492,6 +493,11 @@ impl KafkaSink {
         }
     }
 
+    /// [`Sink::partition_count`], blocking (for the `backfill` command).
+    pub fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
+        Self::fetch_partition_count(&self.producer, topic)
+    }
+
     /// Records librdkafka holds that the broker has not acknowledged.
     pub fn in_flight(&self) -> usize {
         let count =
@@ -529,6 +535,7 @@ impl Sink for KafkaSink {
     async fn tails(
         &self,
         topic: &str,
+        source: &str,
         partitions: i32,
         floor: Lsn,
         wal_end: Lsn,
@@ -547,12 +554,11 @@ impl Sink for KafkaSink {
         let Some(reader) = self.tails.clone() else {
             return failed("no tail reader (not --delivery exactly-once)".to_owned());
         };
-        let owned = topic.to_owned();
+        let (owned, source) = (topic.to_owned(), source.to_owned());
         let read = tokio::task::spawn_blocking(move || {
-            reader
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .delivered(&owned, partitions, floor, wal_end)
+            let mut reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            reader.set_source(source);
+            reader.delivered(&owned, partitions, floor, wal_end)
         });
         read.await
             .unwrap_or_else(|e| failed(format!("the blocking read stopped: {e}")))

@@ -180,6 +180,22 @@ pub enum SourceError {
         /// "does not exist" or "was dropped and re-created".
         what: &'static str,
     },
+    /// An outbox table was removed from the publication and added again
+    /// between two looks: on every version, rows inserted in between were
+    /// never decoded.
+    #[error(
+        "publication {publication:?} stopped publishing {table} and published it again \
+         (ALTER PUBLICATION ... DROP TABLE, then ADD TABLE) since the relay last looked; rows \
+         inserted into it in between were not decoded and are not in Kafka. Run `outbox-relay \
+         backfill --since TIMESTAMP` with a time before the change to re-publish them, then \
+         restart the relay"
+    )]
+    PublicationTableReAdded {
+        /// The publication.
+        publication: String,
+        /// The outbox table.
+        table: String,
+    },
     /// The existing publication does not publish inserts.
     #[error(
         "publication {publication:?} does not publish inserts; run ALTER PUBLICATION \
@@ -515,9 +531,9 @@ pub(crate) fn replication_config(
     ))
 }
 
-/// The cluster's system identifier and current WAL end (IDENTIFY_SYSTEM on a
-/// replication session, so it needs no privilege beyond REPLICATION).
-pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceError> {
+/// The server's current WAL end (IDENTIFY_SYSTEM on a replication session,
+/// so it needs no privilege beyond REPLICATION).
+pub async fn wal_end(config: &Config) -> Result<Lsn, SourceError> {
     let config = &setup::pin(config).await?;
     let stream_err = |source| SourceError::Stream {
         slot: config.slot.clone(),
@@ -528,7 +544,7 @@ pub async fn identify_system(config: &Config) -> Result<(String, Lsn), SourceErr
         .await
         .map_err(stream_err)?;
     let system = client.identify_system().await.map_err(stream_err)?;
-    Ok((system.system_id, system.xlogpos.into()))
+    Ok(system.xlogpos.into())
 }
 
 /// The server and timeline a stream runs on. A promotion changes the
@@ -718,11 +734,11 @@ pub trait Source: Send {
         relation_id: u32,
     ) -> impl Future<Output = Result<Option<TableName>, SourceError>> + Send;
 
-    /// Whether the publication is intact, so positions decoded before the
-    /// check may be confirmed. `Err` when it was dropped (or re-created).
-    fn check_publication(
-        &mut self,
-    ) -> impl Future<Output = Result<PublicationCheck, SourceError>> + Send;
+    /// Whether the publication is as found at start-up, so positions decoded
+    /// before the check may be confirmed: `Ok(false)` when the check could
+    /// not run, `Err` when it changed (dropped, re-created, a table dropped
+    /// from it and added again): rows were skipped.
+    fn check_publication(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send;
 
     /// The current end of the WAL (`Lsn(u64::MAX)` when unknown): records
     /// past it cannot be this relay's (exactly-once's foreign-writer check).
@@ -750,18 +766,6 @@ pub trait Stream: Send {
     fn close(self, wait_for: Lsn, timeout: Duration) -> impl Future<Output = ()> + Send;
 }
 
-/// What a publication check found.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PublicationCheck {
-    /// Intact: positions decoded before the check may be confirmed.
-    Intact,
-    /// The server fails the stream itself on a missing publication (before
-    /// PostgreSQL 18): every position may be confirmed from now on.
-    NotNeeded,
-    /// The check could not run: confirm nothing new.
-    Unknown,
-}
-
 /// The real [`Source`]: pgwire-replication sessions and a control connection
 /// (reopened when it breaks) for the lookups.
 pub struct PgSource {
@@ -769,19 +773,19 @@ pub struct PgSource {
     control: Option<tokio_postgres::Client>,
     /// The server and timeline the last session ran on.
     server: Option<ServerId>,
-    /// The publication's OID at the first check: another one means it was
-    /// dropped and re-created, and rows committed in between were skipped.
-    publication_oid: Option<u32>,
+    /// The publication as last found (first at start-up): a change shows
+    /// rows that were never decoded.
+    publication: setup::Publication,
 }
 
 impl PgSource {
-    /// A source for `config`'s server, slot and publication.
-    pub fn new(config: Config) -> Self {
+    /// A source for `config`'s server, slot and `publication` as found at start-up.
+    pub fn new(config: Config, publication: setup::Publication) -> Self {
         PgSource {
             config,
             control: None,
             server: None,
-            publication_oid: None,
+            publication,
         }
     }
 }
@@ -836,7 +840,7 @@ impl Source for PgSource {
         }))
     }
 
-    async fn check_publication(&mut self) -> Result<PublicationCheck, SourceError> {
+    async fn check_publication(&mut self) -> Result<bool, SourceError> {
         let client = match control(&mut self.control, &self.config).await {
             Ok(client) => client,
             // A server shutting down commits nothing more but waits for its
@@ -845,41 +849,31 @@ impl Source for PgSource {
             Err(SourceError::Connect { source, .. })
                 if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
             {
-                return Ok(PublicationCheck::Intact);
+                return Ok(true);
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
-                return Ok(PublicationCheck::Unknown);
+                return Ok(false);
             }
         };
-        match setup::verify_publication(client, &self.config).await {
-            Ok((oid, _)) if self.publication_oid.is_some_and(|known| known != oid) => {
-                Err(SourceError::PublicationDropped {
-                    publication: self.config.publication.clone(),
-                    what: "was dropped and re-created",
-                })
-            }
-            Ok((oid, version)) => {
-                self.publication_oid = Some(oid);
-                // Before 18, pgoutput fails the stream on a missing publication.
-                Ok(if version < 180_000 {
-                    PublicationCheck::NotNeeded
-                } else {
-                    PublicationCheck::Intact
-                })
+        match setup::verify_publication(client, &self.config, &[]).await {
+            Ok(found) => {
+                if let Some(e) = found.changed_since(&self.publication, &self.config.publication) {
+                    return Err(e);
+                }
+                self.publication = found;
+                Ok(true)
             }
             Err(SourceError::Query { what, source }) => {
                 tracing::warn!(what, error = %source, "cannot check the publication; confirming nothing until it can be checked");
-                Ok(PublicationCheck::Unknown)
+                Ok(false)
             }
             Err(e) => Err(e),
         }
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        identify_system(&self.config)
-            .await
-            .map_or(Lsn(u64::MAX), |(_, end)| end)
+        wal_end(&self.config).await.unwrap_or(Lsn(u64::MAX))
     }
 
     async fn explain(&mut self, error: SourceError) -> SourceError {

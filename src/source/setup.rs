@@ -20,9 +20,48 @@ pub struct SlotState {
     pub confirmed_flush: Lsn,
     /// Whether this run created the slot.
     pub created: bool,
-    /// Whether the publication is `FOR ALL TABLES`, where relations other than the
-    /// outbox tables are expected (and skipped) rather than a misconfiguration.
+    /// The publication as found at start-up, before the stream starts: later
+    /// checks compare against it.
+    pub publication: Publication,
+}
+
+/// The publication as found: what a later look must find unchanged.
+/// PostgreSQL 18's pgoutput skips a missing publication with only a warning,
+/// and on every version rows inserted while a table is out of the
+/// publication are never decoded, so the relay must look for itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Publication {
+    /// A dropped and re-created publication has another OID.
+    pub oid: u32,
+    /// `FOR ALL TABLES`, where relations other than the outbox tables are
+    /// expected (and skipped) rather than a misconfiguration.
     pub all_tables: bool,
+    /// `server_version_num`.
+    pub server_version: i32,
+    /// Per outbox table, the OIDs of the catalog rows that publish it
+    /// (`pg_publication_rel` of it or an ancestor, `pg_publication_namespace`
+    /// of their schemas): a table dropped and added again has new ones.
+    pub members: Vec<(String, Vec<u32>)>,
+}
+
+impl Publication {
+    /// Why `self`, found now, shows rows skipped since `earlier` was found.
+    pub fn changed_since(&self, earlier: &Publication, name: &str) -> Option<SourceError> {
+        if self.oid != earlier.oid {
+            return Some(SourceError::PublicationDropped {
+                publication: name.to_owned(),
+                what: "was dropped and re-created",
+            });
+        }
+        let (table, _) = self
+            .members
+            .iter()
+            .find(|member| !earlier.members.contains(member))?;
+        Some(SourceError::PublicationTableReAdded {
+            publication: name.to_owned(),
+            table: table.clone(),
+        })
+    }
 }
 
 /// Opens the control connection, with the TLS settings of `--postgres-url`
@@ -169,10 +208,15 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
             partitioned.push(table);
         }
     }
-    let all_tables = ensure_publication(client, config, &partitioned).await?;
+    ensure_publication(client, config).await?;
+    let publication = verify_publication(client, config, &partitioned).await?;
     warn_idle_slot_timeout(client).await?;
-    let slot = ensure_slot(client, config).await?;
-    Ok(SlotState { all_tables, ..slot })
+    let (confirmed_flush, created) = ensure_slot(client, config).await?;
+    Ok(SlotState {
+        confirmed_flush,
+        created,
+        publication,
+    })
 }
 
 /// Versions before 14 lack pgoutput's `messages` option (the stream would fail
@@ -325,51 +369,44 @@ async fn check_table(
     Ok(partitioned)
 }
 
-/// Creates the publication or checks the existing one; returns whether it is
-/// `FOR ALL TABLES`.
-async fn ensure_publication(
-    client: &Client,
-    config: &Config,
-    partitioned: &[&TableName],
-) -> Result<bool, SourceError> {
+/// Creates the publication when missing.
+async fn ensure_publication(client: &Client, config: &Config) -> Result<(), SourceError> {
     let publication = &config.publication;
     let row = query_one(
         client,
         "look up the publication",
-        "SELECT puballtables, pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
+        "SELECT 1 FROM pg_publication WHERE pubname = $1",
         &[publication],
     )
     .await?;
-    let Some(row) = row else {
-        let sql = super::sql::create_publication(publication, &config.tables);
-        if in_recovery(client).await? {
-            return Err(SourceError::PublicationMissingOnStandby {
-                publication: publication.clone(),
-                sql,
-            });
-        }
-        client
-            .batch_execute(&sql)
-            .await
-            .map_err(|source| SourceError::Query {
-                what: "create the publication",
-                source,
-            })?;
-        tracing::info!(publication = %publication, sql = %sql, "created publication");
-        return Ok(false);
-    };
-    check_publication(client, config, &row, partitioned).await
+    if row.is_some() {
+        return Ok(());
+    }
+    let sql = super::sql::create_publication(publication, &config.tables);
+    if in_recovery(client).await? {
+        return Err(SourceError::PublicationMissingOnStandby {
+            publication: publication.clone(),
+            sql,
+        });
+    }
+    client
+        .batch_execute(&sql)
+        .await
+        .map_err(|source| SourceError::Query {
+            what: "create the publication",
+            source,
+        })?;
+    tracing::info!(publication = %publication, sql = %sql, "created publication");
+    Ok(())
 }
 
-/// The publication, as found while streaming: its OID (a dropped and
-/// re-created publication has another) and whether it is `FOR ALL TABLES`.
-/// Postgres 18's pgoutput skips a missing publication with only a warning, so
-/// the relay must look for itself before confirming a position.
-/// Also returns `server_version_num`.
+/// Checks the publication (at start-up, `partitioned` names the partitioned
+/// outbox tables, which need `publish_via_partition_root`) and returns it.
 pub async fn verify_publication(
     client: &Client,
     config: &Config,
-) -> Result<(u32, i32), SourceError> {
+    partitioned: &[&TableName],
+) -> Result<Publication, SourceError> {
     let row = query_one(
         client,
         "look up the publication",
@@ -382,8 +419,52 @@ pub async fn verify_publication(
         publication: config.publication.clone(),
         what: "does not exist",
     })?;
-    check_publication(client, config, &row, &[]).await?;
-    Ok((row.get(3), row.get(4)))
+    let all_tables = check_publication(client, config, &row, partitioned).await?;
+    let (oid, server_version): (u32, i32) = (row.get(3), row.get(4));
+    let members = match all_tables {
+        true => Vec::new(),
+        false => members(client, config, oid, server_version).await?,
+    };
+    Ok(Publication {
+        oid,
+        all_tables,
+        server_version,
+        members,
+    })
+}
+
+/// [`Publication::members`].
+async fn members(
+    client: &Client,
+    config: &Config,
+    publication: u32,
+    server_version: i32,
+) -> Result<Vec<(String, Vec<u32>)>, SourceError> {
+    // Schemas in a publication (FOR TABLES IN SCHEMA) came with 15;
+    // pg_partition_ancestors gives nothing for a table that is not partitioned.
+    let schemas = match server_version >= 150_000 {
+        true => {
+            " UNION ALL SELECT n.oid FROM pg_publication_namespace n \
+             JOIN pg_class c ON c.relnamespace = n.pnnspid \
+             WHERE n.pnpubid = $1 AND c.oid IN (SELECT * FROM rels)"
+        }
+        false => "",
+    };
+    let sql = format!(
+        "SELECT t, ARRAY(WITH rels AS (SELECT t::regclass UNION \
+         SELECT relid FROM pg_partition_ancestors(t::regclass)) \
+         SELECT r.oid FROM pg_publication_rel r WHERE r.prpubid = $1 \
+         AND r.prrelid IN (SELECT * FROM rels){schemas} ORDER BY 1) FROM unnest($2::text[]) AS t"
+    );
+    let tables: Vec<String> = config.tables.iter().map(TableName::quoted).collect();
+    let rows = client
+        .query(&sql, &[&publication, &tables])
+        .await
+        .map_err(|source| SourceError::Query {
+            what: "list the catalog rows that publish the outbox tables",
+            source,
+        })?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 /// Checks an existing publication (`row`: puballtables, pubinsert, pubviaroot).
@@ -457,7 +538,8 @@ async fn check_publication(
     Ok(false)
 }
 
-async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
+/// The slot's confirmed position, and whether it was created now.
+async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), SourceError> {
     let slot = &config.slot;
     let row = query_one(
         client,
@@ -478,11 +560,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
         let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(1)))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
         lineage::record_slot(client, slot).await;
-        return Ok(SlotState {
-            confirmed_flush: lsn,
-            created: true,
-            all_tables: false,
-        });
+        return Ok((lsn, true));
     };
     let slot_type: Option<String> = row.get(0);
     let plugin: Option<String> = row.get(1);
@@ -509,11 +587,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<SlotState, Sour
     if mark_failover {
         lineage::mark_failover(config).await?;
     }
-    Ok(SlotState {
-        confirmed_flush,
-        created: false,
-        all_tables: false,
-    })
+    Ok((confirmed_flush, false))
 }
 
 fn parse_lsn(text: Option<String>) -> Result<Lsn, SourceError> {

@@ -42,13 +42,13 @@ impl Relay {
             Some(addr) => addr.rsplit(':').next().and_then(|p| p.parse().ok()),
             None => Some(super::postgres::reserve_free_port()),
         };
+        let status_interval = match args.contains(&"--status-interval") {
+            true => &[][..],
+            false => &["--status-interval", "200ms"][..],
+        };
         let child = Command::new(binary())
-            .args([
-                "--log-level",
-                "info,outbox_relay=debug",
-                "--status-interval",
-                "200ms",
-            ])
+            .args(["--log-level", "info,outbox_relay=debug"])
+            .args(status_interval)
             .args(args)
             .env_remove("RUST_LOG")
             .env(
