@@ -23,7 +23,8 @@ pub struct Logged {
     pub id: String,
     pub key: Option<Bytes>,
     pub position: Option<Position>,
-    pub ours: bool,
+    /// The `outbox.source` header: which relay (and timeline) wrote it.
+    pub source: Option<Bytes>,
 }
 
 /// A record handed to the producer, not yet appended.
@@ -177,7 +178,7 @@ impl Broker {
             id,
             key: pending.record.key.clone(),
             position,
-            ours: header(SOURCE_HEADER).is_some(),
+            source: header(SOURCE_HEADER),
         });
         let outcome = Outcome::Appended {
             partition: pending.partition,
@@ -188,12 +189,13 @@ impl Broker {
 
     /// Exactly-once's read-back of one partition: the positions of our
     /// records at or above `floor`, back to the first of ours below it.
-    pub fn tail(&self, topic: &str, partition: i32, floor: Lsn) -> HashSet<Position> {
+    pub fn tail(&self, topic: &str, source: &str, partition: i32, floor: Lsn) -> HashSet<Position> {
         let mut found = HashSet::new();
         let Some(log) = self.logs.get(&(topic.to_owned(), partition)) else {
             return found;
         };
-        for record in log.iter().rev().filter(|r| r.ours) {
+        let ours = |r: &&Logged| r.source.as_deref() == Some(source.as_bytes());
+        for record in log.iter().rev().filter(ours) {
             match record.position {
                 Some(p) if p.lsn < floor => break,
                 Some(p) => {

@@ -12,8 +12,8 @@ use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
 use outbox_relay::sink::exactly_once::{Position, TailError};
 use outbox_relay::sink::{Acked, Delivery, DeliveryFailure, Sink, SinkError, Ticket};
-use outbox_relay::source::setup::SlotState;
-use outbox_relay::source::{PublicationCheck, ServerId, Source, SourceError, Stream};
+use outbox_relay::source::setup::{Publication, SlotState};
+use outbox_relay::source::{ServerId, Source, SourceError, Stream};
 use pgwire_replication::ReplicationEvent;
 use rand::Rng;
 use tokio::time::Instant;
@@ -120,8 +120,8 @@ impl Source for SimSource {
         Ok(None)
     }
 
-    async fn check_publication(&mut self) -> Result<PublicationCheck, SourceError> {
-        Ok(PublicationCheck::Intact)
+    async fn check_publication(&mut self) -> Result<bool, SourceError> {
+        Ok(true)
     }
 
     async fn wal_end(&mut self) -> Lsn {
@@ -217,13 +217,14 @@ impl Sink for SimSink {
     async fn tails(
         &self,
         topic: &str,
+        source: &str,
         partitions: i32,
         floor: Lsn,
         _wal_end: Lsn,
     ) -> Vec<Result<HashSet<Position>, TailError>> {
         let world = self.0.lock();
         (0..partitions)
-            .map(|p| Ok(world.broker.tail(topic, p, floor)))
+            .map(|p| Ok(world.broker.tail(topic, source, p, floor)))
             .collect()
     }
 }
@@ -296,13 +297,9 @@ async fn broker(shared: Shared) {
 /// relayed and the faults are spent. Runs are bounded in count and in
 /// (virtual) time.
 pub async fn drive(shared: Shared) -> Result<(), String> {
-    let (config, exactly_once, wal_end) = {
+    let (config, exactly_once) = {
         let world = shared.lock();
-        (
-            config(&world.plan),
-            world.plan.exactly_once,
-            world.wal.end(),
-        )
+        (config(&world.plan), world.plan.exactly_once)
     };
     for run in 0..50 {
         let (deliveries_tx, deliveries) = tokio::sync::mpsc::unbounded_channel();
@@ -328,7 +325,12 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
         let slot = SlotState {
             confirmed_flush: Lsn(confirmed),
             created: false,
-            all_tables,
+            publication: Publication {
+                oid: 1,
+                all_tables,
+                server_version: 170_000,
+                members: Vec::new(),
+            },
         };
         let mut pipeline = Pipeline::new(
             config.clone(),
@@ -339,7 +341,7 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
             &slot,
         );
         if exactly_once {
-            pipeline = pipeline.with_exactly_once("outbox_relay@sim".to_owned(), Lsn(wal_end));
+            pipeline = pipeline.with_exactly_once();
         }
         let shutdown = async move {
             if shutdown.await.is_err() {
