@@ -1,5 +1,5 @@
-//! The `outbox-relay` binary: flags → logging → the relay or an operator
-//! subcommand → exit code.
+//! The `outbox-relay` binary: flags (and a `--debezium-config` file) → logging
+//! → the relay or an operator subcommand → exit code.
 
 use std::process::ExitCode;
 
@@ -9,15 +9,13 @@ use outbox_relay::observability;
 use outbox_relay::pipeline::exit_code;
 
 fn main() -> ExitCode {
-    let (args, import_warnings) =
-        match commands::debezium::expand_args(std::env::args_os().collect()) {
-            Ok(expanded) => expanded,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(exit_code::CONFIG);
-            }
-        };
-    let cli = Cli::parse_global_from(args);
+    let (cli, import_warnings) = match Cli::parse_global_from(std::env::args_os().collect()) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("error: {:#}", anyhow::Error::new(e));
+            return ExitCode::from(exit_code::CONFIG);
+        }
+    };
     if let Err(message) = observability::init(cli.log_format, &cli.log_level) {
         eprintln!("error: {message}");
         return ExitCode::from(exit_code::CONFIG);

@@ -5,8 +5,11 @@
 //! required in clap, which is why `--postgres-url` and `--kafka-brokers` are
 //! optional there and checked in [`super::Config::from_cli`] instead.
 
+use std::ffi::OsString;
+
 use clap::{Args, CommandFactory, FromArgMatches, Subcommand};
 
+use super::debezium::{self, ImportError};
 use super::{Cli, ConfigError, check_identifier, invalid};
 use crate::outbox::TableName;
 
@@ -114,32 +117,35 @@ impl Cli {
         Cli::command().mut_args(|arg| arg.global(true))
     }
 
-    /// Parses the process's arguments; prints help or the error and exits as clap does.
-    pub fn parse_global() -> Cli {
-        let mut cmd = Self::command_with_global_flags();
-        let matches = cmd.clone().get_matches();
-        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit())
-    }
-
-    /// Parses `args` (the first is the program name); prints help or the
-    /// error and exits as clap does.
-    pub fn parse_global_from<I, T>(args: I) -> Cli
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let mut cmd = Self::command_with_global_flags();
-        let matches = cmd.clone().get_matches_from(args);
-        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut cmd).exit())
+    /// Parses `args` (the first is the program name) with a `--debezium-config`
+    /// file's flags as defaults, and returns the import's warnings; prints help
+    /// or a usage error and exits as clap does.
+    pub fn parse_global_from(args: Vec<OsString>) -> Result<(Cli, Vec<String>), ImportError> {
+        let parse = |cmd| Self::try_parse_with(cmd, &args).unwrap_or_else(|e| e.exit());
+        let cli = parse(Self::command_with_global_flags());
+        let explain = matches!(cli.command, Some(Command::DebeziumConfig(_)));
+        let Some(path) = cli.debezium_config.as_deref().filter(|_| !explain) else {
+            return Ok((cli, Vec::new()));
+        };
+        let imported = debezium::import_file(path)?;
+        let cli = parse(debezium::with_defaults(
+            Self::command_with_global_flags(),
+            &imported,
+        ));
+        Ok((cli, imported.warnings))
     }
 
     /// Parses `args` (the first is the program name).
-    pub fn try_parse_global_from<I, T>(args: I) -> Result<Cli, clap::Error>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        let mut cmd = Self::command_with_global_flags();
+    pub fn try_parse_global_from(
+        args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    ) -> Result<Cli, clap::Error> {
+        Self::try_parse_with(Self::command_with_global_flags(), args)
+    }
+
+    fn try_parse_with(
+        mut cmd: clap::Command,
+        args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+    ) -> Result<Cli, clap::Error> {
         let matches = cmd.try_get_matches_from_mut(args)?;
         Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
     }

@@ -1,9 +1,11 @@
-//! PURE: a Debezium Postgres connector config (with the Outbox Event Router)
-//! turned into the relay's flags.
+//! A Debezium Postgres connector config (with the Outbox Event Router) as a
+//! configuration source: the relay's flags, their values taken from the config.
 //!
 //! A team leaving Kafka Connect has a connector config, either the JSON body
 //! they `POST`ed to `/connectors` or a `.properties` file. [`parse`] reads
-//! either into a flat key/value map, [`import`] maps it onto flags, and
+//! either into a flat key/value map, [`import`] maps it onto flags (both pure),
+//! [`with_defaults`] makes those values the flags' defaults, so a flag given on
+//! the command line or through its `OUTBOX_RELAY_*` variable wins, and
 //! [`explain`] prints the equivalent command line.
 //!
 //! Two rules shape the mapping:
@@ -19,20 +21,30 @@
 //!   differently (converters, tombstones, envelope fields, regex routing), is
 //!   a warning that says what consumers will see change; what cannot work
 //!   (another connector, another decoding plugin, regex table lists) is a
-//!   [`DebeziumError`] that says what to do. Warnings name keys, never values,
-//!   so secrets in the config do not leak into them.
+//!   [`DebeziumError`] that says what to do. Warnings never show the
+//!   `database.*` settings' values, so the password does not leak into them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::PostgresConnInfo;
-use super::PostgresUrlError;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+use super::{PostgresConnInfo, PostgresUrlError};
 use crate::outbox::{TableName, TopicTemplate};
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
 const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
 const DEFAULT_ROUTE_REGEX: &str = "(?<routedByValue>.*)";
 const ROUTED_BY_VALUE: &str = "${routedByValue}";
+const NO_REGEX_ROUTING: &str = "the relay has no regex routing: its topic is --topic-template, where ${routedByValue} is the whole route-by value and ${COLUMN} any column. Remove route.topic.regex and write the topic as route.topic.replacement, or add a column holding the topic part and route by it";
+const PROVIDER: &str = "a Kafka Connect config-provider reference; resolve it and import again";
+/// What a user name, password or database name keeps unencoded in the URL:
+/// RFC 3986's unreserved characters.
+const URL_PART: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
 
 /// The syntax of a connector config file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,9 +55,23 @@ pub enum SourceFormat {
     Properties,
 }
 
+/// A connector config file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("Debezium config {}", path.display())]
+pub struct ImportError {
+    /// The file.
+    pub path: PathBuf,
+    /// Why.
+    #[source]
+    pub source: DebeziumError,
+}
+
 /// A connector config that cannot be imported; each message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum DebeziumError {
+    /// The file cannot be read.
+    #[error("cannot read the file")]
+    Read(#[source] std::io::Error),
     /// The JSON does not parse.
     #[error(
         "the connector config is not valid JSON (line {line}, column {column}); export it with `curl http://CONNECT:8083/connectors/NAME/config`"
@@ -56,6 +82,7 @@ pub enum DebeziumError {
         /// 1-based column of the problem.
         column: usize,
         /// What the JSON parser said.
+        #[source]
         source: serde_json::Error,
     },
     /// The JSON is not an object.
@@ -74,12 +101,13 @@ pub enum DebeziumError {
         kind: &'static str,
     },
     /// A `.properties` line that does not parse.
-    #[error("connector config line {line}: {reason}")]
+    #[error("connector config line {line} is not valid .properties syntax")]
     Properties {
-        /// 1-based line where the logical line starts.
+        /// 1-based line where the logical line starts (0: unknown).
         line: usize,
-        /// What is wrong.
-        reason: String,
+        /// What the parser said.
+        #[source]
+        source: java_properties::PropertiesError,
     },
     /// Not Debezium's Postgres connector.
     #[error(
@@ -134,12 +162,21 @@ pub enum DebeziumError {
     #[error("the database.* settings do not make a usable --postgres-url")]
     PostgresUrl {
         /// What the URL parser said.
+        #[source]
         source: PostgresUrlError,
     },
 }
 
+fn invalid(key: impl Into<String>, value: &str, reason: impl Into<String>) -> DebeziumError {
+    DebeziumError::Invalid {
+        key: key.into(),
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
+}
+
 /// The result of [`import`]: flags in command-line order, and what differs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Imported {
     /// `(flag, value)` pairs, e.g. `("--slot", "debezium")` or `("-X", "linger.ms=5")`.
     pub args: Vec<(String, String)>,
@@ -147,37 +184,72 @@ pub struct Imported {
     pub warnings: Vec<String>,
 }
 
+/// Reads and translates a connector config file.
+pub fn import_file(path: &Path) -> Result<Imported, ImportError> {
+    std::fs::read_to_string(path)
+        .map_err(DebeziumError::Read)
+        .and_then(|text| import(&parse(&text, detect_format(path, &text))?))
+        .map_err(|source| ImportError {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+/// `command` with the imported values as its flags' defaults. clap then takes a
+/// flag from the command line, else its environment variable, else the import,
+/// else its own default; a repeatable flag given explicitly replaces every
+/// imported value.
+pub fn with_defaults(command: clap::Command, imported: &Imported) -> clap::Command {
+    let mut values: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (flag, value) in &imported.args {
+        values.entry(flag).or_default().push(value.clone());
+    }
+    values.into_iter().fold(command, |command, (flag, values)| {
+        let named = |arg: &&clap::Arg| {
+            arg.get_long().is_some_and(|l| flag == format!("--{l}"))
+                || arg.get_short().is_some_and(|s| flag == format!("-{s}"))
+        };
+        let id = command
+            .get_arguments()
+            .find(named)
+            .map(|a| a.get_id().clone());
+        match id {
+            Some(id) => command.mut_arg(id, |arg| arg.default_values(values)),
+            None => command,
+        }
+    })
+}
+
 /// Reads a connector config into a flat key/value map.
 ///
 /// JSON values may be strings, numbers or booleans (stringified); `null` is
-/// treated as unset. Properties follow `java.util.Properties.load`: `key=value`,
-/// `key: value` or `key value`, `#`/`!` comments, a trailing backslash
-/// continues the line, backslash escapes including `\uXXXX`.
+/// treated as unset. Properties follow `java.util.Properties.load`, read as UTF-8.
 pub fn parse(text: &str, format: SourceFormat) -> Result<BTreeMap<String, String>, DebeziumError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    match format {
-        SourceFormat::Json => parse_json(text),
-        SourceFormat::Properties => parse_properties(text),
+    if format == SourceFormat::Json {
+        return parse_json(text);
     }
+    let mut out = BTreeMap::new();
+    java_properties::PropertiesIter::new_with_encoding(text.as_bytes(), encoding_rs::UTF_8)
+        .read_into(|key, value| {
+            out.insert(key, value);
+        })
+        .map_err(|source| DebeziumError::Properties {
+            line: source.line_number().unwrap_or_default(),
+            source,
+        })?;
+    Ok(out)
 }
 
 /// Guesses the format: by extension (`.json`, `.properties`), else JSON when
 /// the first non-blank character is `{`.
 pub fn detect_format(path: &Path, text: &str) -> SourceFormat {
-    let extension = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase);
-    match extension.as_deref() {
+    let extension = path.extension().and_then(|e| e.to_str());
+    let brace = text.trim_start_matches(|c: char| c == '\u{feff}' || c.is_whitespace());
+    match extension.map(str::to_ascii_lowercase).as_deref() {
         Some("json") => SourceFormat::Json,
         Some("properties" | "props") => SourceFormat::Properties,
-        _ if text
-            .trim_start_matches('\u{feff}')
-            .trim_start()
-            .starts_with('{') =>
-        {
-            SourceFormat::Json
-        }
+        _ if brace.starts_with('{') => SourceFormat::Json,
         _ => SourceFormat::Properties,
     }
 }
@@ -189,15 +261,11 @@ pub fn detect_format(path: &Path, text: &str) -> SourceFormat {
 pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, DebeziumError> {
     let mut importer = Importer {
         config,
-        used: BTreeSet::new(),
-        args: Vec::new(),
-        warnings: Vec::new(),
+        used: BTreeSet::from(["name"]),
+        out: Imported::default(),
     };
     importer.run()?;
-    Ok(Imported {
-        args: importer.args,
-        warnings: importer.warnings,
-    })
+    Ok(importer.out)
 }
 
 /// The equivalent command line, shell-quoted, one flag per line, followed by
@@ -205,18 +273,13 @@ pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, DebeziumErr
 pub fn explain(imported: &Imported) -> String {
     let mut out = String::from("outbox-relay");
     for (flag, value) in &imported.args {
-        out.push_str(" \\\n  ");
-        out.push_str(flag);
-        out.push(' ');
-        out.push_str(&shell_quote(value));
+        out += &format!(" \\\n  {flag} {}", shell_words::quote(value));
     }
     out.push('\n');
     if !imported.warnings.is_empty() {
         out.push_str("# Differences from the Debezium connector:\n");
         for warning in &imported.warnings {
-            out.push_str("# - ");
-            out.push_str(warning);
-            out.push('\n');
+            out += &format!("# - {warning}\n");
         }
     }
     out
@@ -224,7 +287,7 @@ pub fn explain(imported: &Imported) -> String {
 
 fn parse_json(text: &str) -> Result<BTreeMap<String, String>, DebeziumError> {
     use serde_json::Value;
-    let value: Value = serde_json::from_str(text).map_err(|source| DebeziumError::Json {
+    let value = serde_json::from_str(text).map_err(|source| DebeziumError::Json {
         line: source.line(),
         column: source.column(),
         source,
@@ -234,144 +297,27 @@ fn parse_json(text: &str) -> Result<BTreeMap<String, String>, DebeziumError> {
     };
     let object = match object.remove("config") {
         Some(Value::Object(config)) => config,
-        Some(other) => {
-            object.insert("config".to_owned(), other);
+        other => {
+            object.extend(other.map(|value| ("config".to_owned(), value)));
             object
         }
-        None => object,
     };
-    let mut out = BTreeMap::new();
-    for (key, value) in object {
-        let text = match value {
-            Value::String(s) => s,
-            Value::Number(n) => n.to_string(),
-            Value::Bool(b) => b.to_string(),
-            Value::Null => continue,
-            Value::Array(_) => {
-                return Err(DebeziumError::JsonValue {
-                    key,
-                    kind: "an array",
-                });
-            }
-            Value::Object(_) => {
-                return Err(DebeziumError::JsonValue {
-                    key,
-                    kind: "an object",
-                });
-            }
-        };
-        out.insert(key, text);
-    }
-    Ok(out)
-}
-
-fn is_property_space(c: char) -> bool {
-    matches!(c, ' ' | '\t' | '\u{c}')
-}
-
-fn parse_properties(text: &str) -> Result<BTreeMap<String, String>, DebeziumError> {
-    let mut out = BTreeMap::new();
-    let mut lines = text.lines().enumerate();
-    while let Some((index, natural)) = lines.next() {
-        let line = index + 1;
-        let mut current = natural.trim_start_matches(is_property_space);
-        if current.is_empty() || current.starts_with('#') || current.starts_with('!') {
-            continue;
-        }
-        let mut logical = String::new();
-        loop {
-            let trailing = current.len() - current.trim_end_matches('\\').len();
-            if trailing % 2 == 0 {
-                logical.push_str(current);
-                break;
-            }
-            logical.push_str(&current[..current.len() - 1]);
-            match lines.next() {
-                Some((_, next)) => current = next.trim_start_matches(is_property_space),
-                None => break,
-            }
-        }
-        let (key, value) = split_property(&logical, line)?;
-        out.insert(key, value);
-    }
-    Ok(out)
-}
-
-/// Splits a logical line at the first unescaped `=`, `:` or blank.
-fn split_property(logical: &str, line: usize) -> Result<(String, String), DebeziumError> {
-    let mut key_end = logical.len();
-    let mut value_start = logical.len();
-    let mut ended_by_space = false;
-    let mut escaped = false;
-    for (i, c) in logical.char_indices() {
-        if escaped {
-            escaped = false;
-            continue;
-        }
-        match c {
-            '\\' => escaped = true,
-            '=' | ':' => {
-                key_end = i;
-                value_start = i + 1;
-                break;
-            }
-            c if is_property_space(c) => {
-                key_end = i;
-                value_start = i + c.len_utf8();
-                ended_by_space = true;
-                break;
-            }
-            _ => {}
-        }
-    }
-    let mut rest = logical
-        .get(value_start..)
-        .unwrap_or_default()
-        .trim_start_matches(is_property_space);
-    if ended_by_space && let Some(after) = rest.strip_prefix(['=', ':']) {
-        rest = after.trim_start_matches(is_property_space);
-    }
-    let key = unescape_property(logical.get(..key_end).unwrap_or_default(), line)?;
-    let value = unescape_property(rest, line)?;
-    Ok((key, value))
-}
-
-fn unescape_property(raw: &str, line: usize) -> Result<String, DebeziumError> {
-    let mut out = String::with_capacity(raw.len());
-    let mut chars = raw.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('t') => out.push('\t'),
-            Some('n') => out.push('\n'),
-            Some('r') => out.push('\r'),
-            Some('f') => out.push('\u{c}'),
-            Some('u') => {
-                let hex: String = chars.by_ref().take(4).collect();
-                let decoded = (hex.len() == 4 && hex.chars().all(|h| h.is_ascii_hexdigit()))
-                    .then(|| u32::from_str_radix(&hex, 16).ok())
-                    .flatten()
-                    .and_then(char::from_u32);
-                match decoded {
-                    Some(ch) => out.push(ch),
-                    None => {
-                        return Err(DebeziumError::Properties {
-                            line,
-                            reason: format!(
-                                "malformed \\u escape \"\\u{hex}\": expected four hex digits naming a character (write non-ASCII characters as themselves)"
-                            ),
-                        });
-                    }
-                }
-            }
-            Some(other) => out.push(other),
-            None => {}
-        }
-    }
-    Ok(out)
+    object
+        .into_iter()
+        .filter(|(_, value)| !value.is_null())
+        .map(|(key, value)| match value {
+            Value::String(text) => Ok((key, text)),
+            Value::Number(_) | Value::Bool(_) => Ok((key, value.to_string())),
+            Value::Array(_) => Err(DebeziumError::JsonValue {
+                key,
+                kind: "an array",
+            }),
+            _ => Err(DebeziumError::JsonValue {
+                key,
+                kind: "an object",
+            }),
+        })
+        .collect()
 }
 
 /// How a Connect converter serialised keys or values.
@@ -387,141 +333,163 @@ enum Converter {
     Other(String),
 }
 
-/// Connector keys with no equivalent, and why, for the "ignored" warning.
-const IGNORED_NOTES: &[(&str, &str)] = &[
-    (
-        "snapshot.mode",
-        "the relay never snapshots; it streams from the slot's confirmed position",
-    ),
-    ("topic.prefix", "outbox topics come from --topic-template"),
-    (
-        "database.server.name",
-        "outbox topics come from --topic-template",
-    ),
-    ("tasks.max", "run one relay per slot"),
-    ("slot.drop.on.stop", "the relay never drops its slot"),
-    (
-        "binary.handling.mode",
-        "bytea payloads are sent as raw bytes",
-    ),
-    (
-        "max.batch.size",
-        "see --max-in-flight-events and --max-in-flight-bytes",
-    ),
-    (
-        "max.queue.size",
-        "see --max-in-flight-events and --max-in-flight-bytes",
-    ),
-    (
-        "tombstones.on.delete",
-        "deletes on the outbox table are ignored",
-    ),
-    ("skipped.operations", "the relay relays inserts only"),
-    (
-        "schema.include.list",
-        "the relay reads exactly the --table tables",
-    ),
-    (
-        "table.exclude.list",
-        "the relay reads exactly the --table tables",
-    ),
-];
+/// Why a connector key without an equivalent is ignored, for the "ignored" warning.
+fn ignored_note(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "snapshot.mode" => {
+            "the relay never snapshots; it streams from the slot's confirmed position"
+        }
+        "topic.prefix" | "database.server.name" => "outbox topics come from --topic-template",
+        "tasks.max" => "run one relay per slot",
+        "slot.drop.on.stop" => "the relay never drops its slot",
+        "binary.handling.mode" => "bytea payloads are sent as raw bytes",
+        "max.batch.size" | "max.queue.size" => {
+            "see --max-in-flight-events and --max-in-flight-bytes"
+        }
+        "tombstones.on.delete" => "deletes on the outbox table are ignored",
+        "skipped.operations" => "the relay relays inserts only",
+        "schema.include.list" | "table.exclude.list" => {
+            "the relay reads exactly the --table tables"
+        }
+        _ => return None,
+    })
+}
 
-/// Java-only producer properties that librdkafka rejects at start-up.
-const JAVA_ONLY_PRODUCER: &[(&str, &str)] = &[
-    ("key.serializer", "the relay sends the key's raw text"),
-    ("value.serializer", "the relay sends the payload's bytes"),
-    (
-        "partitioner.class",
-        "the relay uses murmur2_random, the Java client's default hash",
-    ),
-    ("interceptor.classes", "no librdkafka equivalent"),
-    (
-        "buffer.memory",
-        "librdkafka's is queue.buffering.max.kbytes",
-    ),
-    ("max.block.ms", "no librdkafka equivalent"),
-    (
-        "sasl.jaas.config",
-        "use -X sasl.username=... -X sasl.password=...",
-    ),
-    (
-        "transactional.id",
-        "the relay does not use Kafka transactions",
-    ),
-    ("metric.reporters", "no librdkafka equivalent"),
-];
+/// Why a Java-only producer property, which librdkafka would refuse at start-up, is dropped.
+fn java_only_producer(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "key.serializer" => "the relay sends the key's raw text",
+        "value.serializer" => "the relay sends the payload's bytes",
+        "partitioner.class" => "the relay uses murmur2_random, the Java client's default hash",
+        "interceptor.classes" | "max.block.ms" | "metric.reporters" => "no librdkafka equivalent",
+        "buffer.memory" => "librdkafka's is queue.buffering.max.kbytes",
+        "sasl.jaas.config" => "use -X sasl.username=... -X sasl.password=...",
+        "transactional.id" => "the relay does not use Kafka transactions",
+        // JKS stores; librdkafka reads PEM.
+        n if n.starts_with("ssl.truststore.") => {
+            "use -X ssl.ca.location=CA.pem (librdkafka reads PEM files)"
+        }
+        n if n.starts_with("ssl.keystore.") => {
+            "use -X ssl.certificate.location=... -X ssl.key.location=... (PEM)"
+        }
+        _ => return None,
+    })
+}
 
-/// Java-only producer property prefixes (JKS stores; librdkafka reads PEM).
-const JAVA_ONLY_PRODUCER_PREFIXES: &[(&str, &str)] = &[
-    (
-        "ssl.truststore.",
-        "use -X ssl.ca.location=CA.pem (librdkafka reads PEM files)",
-    ),
-    (
-        "ssl.keystore.",
-        "use -X ssl.certificate.location=... -X ssl.key.location=... (PEM)",
-    ),
-];
+/// Why an EventRouter option (relative to `transforms.NAME.`) with this value
+/// is not applied: `Some(None)` when the relay already behaves so, `None` for
+/// an option the router does not have.
+fn router_option_note(option: &str, value: &str) -> Option<Option<&'static str>> {
+    const OP_INVALID: [&str; 2] = ["table.op.invalid.behavior", "debezium.op.invalid.behavior"];
+    let why = match (option, value.to_ascii_lowercase().as_str()) {
+        (o, "error" | "fatal") if OP_INVALID.contains(&o) => {
+            "the relay ignores UPDATE and DELETE on the outbox table with one warning per run and goes on"
+        }
+        ("table.fields.additional.error.on.missing", "false") => {
+            "the relay refuses a table that lacks a --header-column column"
+        }
+        ("table.json.payload.null.behavior", _) => {
+            "it shapes table.expand.json.payload, which the relay does not do; JSON nulls stay in the payload text"
+        }
+        ("table.field.event.schema.version", _) => {
+            "the relay sends no Connect schema, so there is no schema version to set"
+        }
+        ("table.field.event.type", _) => {
+            "the relay has no event-type field; route or add headers with --route-by / --header-column"
+        }
+        ("predicate", _) => "the relay routes every insert into the --table tables",
+        (o, _) if o.starts_with("tracing.") => {
+            "the relay does not activate tracing spans from an outbox column"
+        }
+        (o, _) if OP_INVALID.contains(&o) => return Some(None),
+        ("table.fields.additional.error.on.missing" | "negate", _) => return Some(None),
+        _ => return None,
+    };
+    Some(Some(why))
+}
 
 struct Importer<'a> {
     config: &'a BTreeMap<String, String>,
     used: BTreeSet<&'a str>,
-    args: Vec<(String, String)>,
-    warnings: Vec<String>,
+    out: Imported,
 }
 
 impl<'a> Importer<'a> {
-    /// The trimmed value of `key` (marked as handled); empty counts as unset.
-    fn take(&mut self, key: &str) -> Option<&'a str> {
+    /// The value of `key` as written (marked as handled); empty counts as unset.
+    fn take_raw(&mut self, key: &str) -> Option<&'a str> {
         let (k, v) = self.config.get_key_value(key)?;
-        self.used.insert(k.as_str());
-        Some(v.trim()).filter(|v| !v.is_empty())
+        self.used.insert(k);
+        Some(v.as_str()).filter(|v| !v.is_empty())
     }
 
-    /// Every `(key, value)` under `prefix` (marked as handled), prefix stripped.
+    /// The trimmed value of `key` (marked as handled); empty counts as unset.
+    fn take(&mut self, key: &str) -> Option<&'a str> {
+        self.take_raw(key).map(str::trim).filter(|v| !v.is_empty())
+    }
+
+    /// Every `(key, value)` under `prefix` not yet handled (now marked), prefix stripped.
     fn take_prefixed(&mut self, prefix: &str) -> Vec<(&'a str, &'a str)> {
         let config = self.config;
-        let found: Vec<(&'a String, &'a String)> = config
-            .range::<str, _>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(k, _)| k.starts_with(prefix))
+        let found: Vec<(&'a str, &'a str)> = config
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix) && !self.used.contains(k.as_str()))
+            .map(|(k, v)| (k.as_str(), v.trim()))
             .collect();
+        self.used.extend(found.iter().map(|(k, _)| *k));
         found
             .into_iter()
-            .map(|(k, v)| {
-                self.used.insert(k.as_str());
-                (k.get(prefix.len()..).unwrap_or_default(), v.trim())
-            })
+            .map(|(k, v)| (k.get(prefix.len()..).unwrap_or_default(), v))
             .collect()
     }
 
+    /// The trimmed value of `key`, which must be set and literal.
     fn required(
         &mut self,
         key: &'static str,
         hint: &'static str,
     ) -> Result<&'a str, DebeziumError> {
-        self.take(key).ok_or(DebeziumError::Missing { key, hint })
+        let value = self.take(key).ok_or(DebeziumError::Missing { key, hint })?;
+        if is_config_provider(value) {
+            return Err(invalid(key, value, PROVIDER));
+        }
+        Ok(value)
     }
 
     fn arg(&mut self, flag: &str, value: impl Into<String>) {
-        self.args.push((flag.to_owned(), value.into()));
+        self.out.args.push((flag.to_owned(), value.into()));
     }
 
     fn warn(&mut self, warning: impl Into<String>) {
-        self.warnings.push(warning.into());
+        self.out.warnings.push(warning.into());
+    }
+
+    /// One warning about all of `items` (none without any), given their list.
+    fn warn_all(&mut self, items: &[impl AsRef<str>], warning: impl FnOnce(&str) -> String) {
+        let items: Vec<&str> = items.iter().map(AsRef::as_ref).collect();
+        if !items.is_empty() {
+            self.warn(warning(&items.join(", ")));
+        }
     }
 
     fn run(&mut self) -> Result<(), DebeziumError> {
-        self.used
-            .extend(self.config.get_key_value("name").map(|(k, _)| k.as_str()));
-        self.connector_class()?;
+        let class = self.required(
+            "connector.class",
+            "add connector.class=io.debezium.connector.postgresql.PostgresConnector",
+        )?;
+        // Kafka Connect also accepts the simple class name and its alias without `Connector`.
+        if !matches!(class, POSTGRES_CONNECTOR | "PostgresConnector" | "Postgres") {
+            let class = class.to_owned();
+            return Err(DebeziumError::NotPostgres { class });
+        }
         let pgoutput = self.plugin()?;
         let url = self.postgres_url()?;
         self.arg("--postgres-url", url);
-        self.kafka_brokers();
+        match self.take("producer.override.bootstrap.servers") {
+            Some(brokers) => self.arg("--kafka-brokers", brokers),
+            None => self.warn(
+                "add --kafka-brokers HOST:PORT,...: the brokers are not part of a connector config (they are the Connect worker's bootstrap.servers)",
+            ),
+        }
         self.tables()?;
         let slot = self.take("slot.name").unwrap_or("debezium");
         self.arg("--slot", slot);
@@ -537,21 +505,6 @@ impl<'a> Importer<'a> {
         self.error_handling();
         self.leftovers();
         Ok(())
-    }
-
-    fn connector_class(&mut self) -> Result<(), DebeziumError> {
-        let class = self.required(
-            "connector.class",
-            "add connector.class=io.debezium.connector.postgresql.PostgresConnector",
-        )?;
-        // Kafka Connect also accepts the simple class name and its alias without `Connector`.
-        if matches!(class, POSTGRES_CONNECTOR | "PostgresConnector" | "Postgres") {
-            Ok(())
-        } else {
-            Err(DebeziumError::NotPostgres {
-                class: class.to_owned(),
-            })
-        }
     }
 
     /// Whether Debezium used pgoutput (and so may have created a publication).
@@ -583,43 +536,19 @@ impl<'a> Importer<'a> {
             "database.dbname",
             "add database.dbname (the database holding the outbox tables)",
         )?;
-        let port = self.take("database.port");
-        for (key, value) in [
-            ("database.hostname", Some(host)),
-            ("database.user", Some(user)),
-            ("database.dbname", Some(dbname)),
-            ("database.port", port),
-        ] {
-            if let Some(value) = value.filter(|v| is_config_provider(v)) {
-                return Err(DebeziumError::Invalid {
-                    key: key.to_owned(),
-                    value: value.to_owned(),
-                    reason:
-                        "a Kafka Connect config-provider reference; resolve it and import again"
-                            .to_owned(),
-                });
-            }
-        }
-        let port = match port {
+        let port: u16 = match self.take("database.port") {
             None => 5432,
-            Some(raw) => raw.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
-                DebeziumError::Invalid {
-                    key: "database.port".to_owned(),
-                    value: raw.to_owned(),
-                    reason: "expected a TCP port number".to_owned(),
-                }
+            Some(raw) => raw.parse().ok().filter(|p| *p != 0).ok_or_else(|| {
+                let why = if is_config_provider(raw) {
+                    PROVIDER
+                } else {
+                    "expected a TCP port number"
+                };
+                invalid("database.port", raw, why)
             })?,
         };
         // The password is used as written: Connect does not trim it either.
-        let password = self
-            .config
-            .get_key_value("database.password")
-            .map(|(k, v)| {
-                self.used.insert(k.as_str());
-                v.as_str()
-            })
-            .filter(|v| !v.is_empty());
-        let password = match password {
+        let password = match self.take_raw("database.password") {
             Some(p) if is_config_provider(p) => {
                 self.warn(
                     "database.password is a Kafka Connect config-provider reference (${provider:...}), which the relay cannot resolve, so it is left out of --postgres-url. Pass the password with --postgres-password-file PATH (a mounted secret) or the OUTBOX_RELAY_POSTGRES_PASSWORD environment variable",
@@ -628,48 +557,28 @@ impl<'a> Importer<'a> {
             }
             other => other,
         };
-        let mut url = format!("postgres://{}", percent_encode(user));
-        if let Some(password) = password {
-            url.push(':');
-            url.push_str(&percent_encode(password));
-        }
-        url.push('@');
-        if host.contains(':') && !host.starts_with('[') {
-            url.push_str(&format!("[{host}]"));
+        let encode = |part| utf8_percent_encode(part, URL_PART);
+        let password = password.map(|p| format!(":{}", encode(p)));
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
         } else {
-            url.push_str(host);
-        }
-        url.push_str(&format!(":{port}/{}", percent_encode(dbname)));
+            host.to_owned()
+        };
+        let (user, dbname) = (encode(user), encode(dbname));
+        let password = password.unwrap_or_default();
+        let mut url = format!("postgres://{user}{password}@{host}:{port}/{dbname}");
         let mut query = url::form_urlencoded::Serializer::new(String::new());
-        let mut any_query = false;
-        for (key, param) in [
-            ("database.sslmode", "sslmode"),
-            ("database.sslrootcert", "sslrootcert"),
-            ("database.sslcert", "sslcert"),
-            ("database.sslkey", "sslkey"),
-        ] {
-            if let Some(value) = self.take(key) {
+        for param in ["sslmode", "sslrootcert", "sslcert", "sslkey"] {
+            if let Some(value) = self.take(&format!("database.{param}")) {
                 query.append_pair(param, value);
-                any_query = true;
             }
         }
-        if any_query {
-            url.push('?');
-            url.push_str(&query.finish());
+        let query = query.finish();
+        if !query.is_empty() {
+            url = format!("{url}?{query}");
         }
-        let info = PostgresConnInfo::parse(&url)
-            .map_err(|source| DebeziumError::PostgresUrl { source })?;
-        let _ = info;
+        PostgresConnInfo::parse(&url).map_err(|source| DebeziumError::PostgresUrl { source })?;
         Ok(url)
-    }
-
-    fn kafka_brokers(&mut self) {
-        match self.take("producer.override.bootstrap.servers") {
-            Some(brokers) => self.arg("--kafka-brokers", brokers),
-            None => self.warn(
-                "add --kafka-brokers HOST:PORT,...: the brokers are not part of a connector config (they are the Connect worker's bootstrap.servers)",
-            ),
-        }
     }
 
     fn tables(&mut self) -> Result<(), DebeziumError> {
@@ -688,12 +597,13 @@ impl<'a> Importer<'a> {
         let mut unqualified = Vec::new();
         let mut mixed_case = Vec::new();
         for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-            let name = literal_table_name(key, entry)?;
-            TableName::parse(&name).map_err(|reason| DebeziumError::Invalid {
-                key: key.to_owned(),
-                value: entry.to_owned(),
-                reason,
-            })?;
+            // `\.` is the only regex syntax a plain name needs.
+            let name = entry.replace(r"\.", ".");
+            if name.contains(|c| "\\*+?()[]{}|^$".contains(c)) {
+                let entry = entry.to_owned();
+                return Err(DebeziumError::TableRegex { key, entry });
+            }
+            TableName::parse(&name).map_err(|reason| invalid(key, entry, reason))?;
             if !name.contains('.') {
                 unqualified.push(name.clone());
             }
@@ -702,31 +612,22 @@ impl<'a> Importer<'a> {
             }
             self.arg("--table", name);
         }
-        if !unqualified.is_empty() {
-            self.warn(format!(
-                "{key} entries without a schema ({}): Debezium matches entries against schema.table; the relay reads them as public.TABLE",
-                unqualified.join(", ")
-            ));
-        }
-        if !mixed_case.is_empty() {
-            self.warn(format!(
-                "{key} entries with upper-case letters ({}): Debezium matched them case-insensitively; the relay uses the name exactly (Postgres folds unquoted names to lower case)",
-                mixed_case.join(", ")
-            ));
-        }
+        self.warn_all(&unqualified, |list| {
+            format!("{key} entries without a schema ({list}): Debezium matches entries against schema.table; the relay reads them as public.TABLE")
+        });
+        self.warn_all(&mixed_case, |list| {
+            format!("{key} entries with upper-case letters ({list}): Debezium matched them case-insensitively; the relay uses the name exactly (Postgres folds unquoted names to lower case)")
+        });
         Ok(())
     }
 
     fn publication_mode(&mut self, publication: &str, pgoutput: bool) {
         let mode = self.take("publication.autocreate.mode");
-        if !pgoutput {
-            return;
-        }
         match mode.unwrap_or("all_tables") {
-            "all_tables" => self.warn(format!(
+            "all_tables" if pgoutput => self.warn(format!(
                 "publication.autocreate.mode=all_tables (Debezium's default): Debezium created {publication} FOR ALL TABLES. The relay accepts an existing all-tables publication, but then receives every table's changes and drops those outside --table; it creates a publication only when missing, as FOR TABLE <tables> WITH (publish = 'insert'). To narrow it, pass a new --publication"
             )),
-            "no_tables" => self.warn(format!(
+            "no_tables" if pgoutput => self.warn(format!(
                 "publication.autocreate.mode=no_tables: {publication} was created without tables; the relay stops at start-up until the outbox tables are added (it prints the ALTER PUBLICATION ... ADD TABLE to run)"
             )),
             _ => {}
@@ -754,19 +655,10 @@ impl<'a> Importer<'a> {
     }
 
     fn event_router(&mut self, value_converter: &Converter) -> Result<(), DebeziumError> {
-        let names: Vec<&str> = self
-            .take("transforms")
-            .map(|list| {
-                list.split(',')
-                    .map(str::trim)
-                    .filter(|n| !n.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let names = self.take("transforms").unwrap_or_default();
         let mut router = None;
-        for name in names {
-            let kind = self.take(&format!("transforms.{name}.type"));
-            match (kind, router) {
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match (self.take(&format!("transforms.{name}.type")), router) {
                 (Some(EVENT_ROUTER), None) => router = Some(name),
                 (Some(EVENT_ROUTER), Some(first)) => self.warn(format!(
                     "transform {name} (a second EventRouter) not applied: the relay applies one Outbox Event Router, transforms.{first}"
@@ -779,10 +671,10 @@ impl<'a> Importer<'a> {
                 )),
             }
         }
-        let Some(name) = router else {
-            return Err(DebeziumError::NoEventRouter);
-        };
-        let prefix = format!("transforms.{name}.");
+        let prefix = format!(
+            "transforms.{}.",
+            router.ok_or(DebeziumError::NoEventRouter)?
+        );
         let option = |this: &mut Self, suffix: &str| this.take(&format!("{prefix}{suffix}"));
 
         let route_by = option(self, "route.by.field").unwrap_or("aggregatetype");
@@ -790,26 +682,25 @@ impl<'a> Importer<'a> {
         let replacement =
             option(self, "route.topic.replacement").unwrap_or("outbox.event.${routedByValue}");
         let template = self.topic_template(&prefix, regex, replacement)?;
-        let key = option(self, "table.field.event.key").unwrap_or("aggregateid");
-        let id = option(self, "table.field.event.id").unwrap_or("id");
-        let payload = option(self, "table.field.event.payload").unwrap_or("payload");
-        let timestamp = option(self, "table.field.event.timestamp");
         self.arg("--route-by", route_by);
         self.arg("--topic-template", template);
-        self.arg("--key-column", key);
-        self.arg("--id-column", id);
-        self.arg("--payload-column", payload);
-        match timestamp {
+        for (suffix, flag, default) in [
+            ("key", "--key-column", "aggregateid"),
+            ("id", "--id-column", "id"),
+            ("payload", "--payload-column", "payload"),
+        ] {
+            let column = option(self, &format!("table.field.event.{suffix}")).unwrap_or(default);
+            self.arg(flag, column);
+        }
+        match option(self, "table.field.event.timestamp") {
             Some(column) => self.arg("--timestamp-column", column),
             None => self.warn(format!(
                 "{prefix}table.field.event.timestamp is not set: Debezium stamped records with the time it processed the change (the event's ts_ms); the relay uses the transaction's commit time"
             )),
         }
         let envelope = self.placements(&prefix)?;
-
-        let expand = option(self, "table.expand.json.payload")
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        if expand {
+        if option(self, "table.expand.json.payload").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        {
             let seen = match value_converter {
                 Converter::Json { schemas: false } => {
                     "with JsonConverter (schemas disabled) consumers saw the same JSON document, though whitespace and key order may differ"
@@ -823,74 +714,18 @@ impl<'a> Importer<'a> {
                 "{prefix}table.expand.json.payload=true is not supported: the relay sends the payload column's text as it is, not an expanded struct; {seen}"
             ));
         }
-        if option(self, "table.json.payload.null.behavior").is_some() {
-            self.warn(format!(
-                "{prefix}table.json.payload.null.behavior not applied: it shapes table.expand.json.payload, which the relay does not do; JSON nulls stay in the payload text"
-            ));
-        }
         self.tombstones(&prefix, value_converter, envelope);
-
-        for suffix in ["table.op.invalid.behavior", "debezium.op.invalid.behavior"] {
-            match option(self, suffix) {
-                Some(b) if b.eq_ignore_ascii_case("error") || b.eq_ignore_ascii_case("fatal") => {
-                    self.warn(format!(
-                        "{prefix}{suffix}={b} not supported: the relay ignores UPDATE and DELETE on the outbox table with one warning per run and goes on"
-                    ));
-                }
-                _ => {}
+        let mut unknown = Vec::new();
+        for (name, value) in self.take_prefixed(&prefix) {
+            match router_option_note(name, value) {
+                Some(Some(why)) => self.warn(format!("{prefix}{name}={value} not applied: {why}")),
+                Some(None) => {}
+                None => unknown.push(format!("{prefix}{name}")),
             }
         }
-        if option(self, "table.fields.additional.error.on.missing")
-            .is_some_and(|v| v.eq_ignore_ascii_case("false"))
-        {
-            self.warn(format!(
-                "{prefix}table.fields.additional.error.on.missing=false not supported: the relay refuses a table that lacks a --header-column column"
-            ));
-        }
-        for (suffix, what) in [
-            (
-                "table.field.event.schema.version",
-                "the relay sends no Connect schema, so there is no schema version to set",
-            ),
-            (
-                "table.field.event.type",
-                "the relay has no event-type field; route or add headers with --route-by / --header-column",
-            ),
-        ] {
-            if option(self, suffix).is_some() {
-                self.warn(format!("{prefix}{suffix} not supported: {what}"));
-            }
-        }
-        let tracing: Vec<&str> = self
-            .take_prefixed(&format!("{prefix}tracing."))
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        if !tracing.is_empty() {
-            self.warn(format!(
-                "{prefix}tracing.{} not supported: the relay does not activate tracing spans from an outbox column",
-                tracing.join(", tracing.")
-            ));
-        }
-        if let Some(predicate) = option(self, "predicate") {
-            option(self, "negate");
-            self.warn(format!(
-                "{prefix}predicate={predicate} not applied: the relay routes every insert into the --table tables"
-            ));
-        }
-        option(self, "type");
-        let unknown: Vec<&str> = self
-            .take_prefixed(&prefix)
-            .into_iter()
-            .filter(|(k, _)| !KNOWN_ROUTER_OPTIONS.contains(k) && !k.starts_with("tracing."))
-            .map(|(k, _)| k)
-            .collect();
-        if !unknown.is_empty() {
-            self.warn(format!(
-                "unknown EventRouter options not applied: {prefix}{}",
-                unknown.join(&format!(", {prefix}"))
-            ));
-        }
+        self.warn_all(&unknown, |list| {
+            format!("unknown EventRouter options not applied: {list}")
+        });
         Ok(())
     }
 
@@ -900,37 +735,28 @@ impl<'a> Importer<'a> {
         regex: Option<&str>,
         replacement: &str,
     ) -> Result<String, DebeziumError> {
-        let shape = match regex {
-            None => RouteRegex {
-                groups: 1,
-                named: true,
-            },
+        let groups = match regex {
+            None => (1, true),
             Some(raw) => {
-                let shape = route_regex(raw).ok_or_else(|| DebeziumError::Invalid {
-                    key: format!("{prefix}route.topic.regex"),
-                    value: raw.to_owned(),
-                    reason: "the relay has no regex routing: its topic is --topic-template, where ${routedByValue} is the whole route-by value and ${COLUMN} any column. Remove route.topic.regex and write the topic as route.topic.replacement, or add a column holding the topic part and route by it".to_owned(),
-                })?;
+                let key = format!("{prefix}route.topic.regex");
+                let groups = route_regex(raw).ok_or_else(|| invalid(key, raw, NO_REGEX_ROUTING))?;
                 if raw.trim() != DEFAULT_ROUTE_REGEX {
                     self.warn(format!(
                         "{prefix}route.topic.regex is treated as the default {DEFAULT_ROUTE_REGEX}: the relay has no regex routing, and this pattern captures the whole route-by value"
                     ));
                 }
-                shape
+                groups
             }
         };
-        let template =
-            convert_replacement(replacement, shape).map_err(|reason| DebeziumError::Invalid {
-                key: format!("{prefix}route.topic.replacement"),
-                value: replacement.to_owned(),
-                reason,
-            })?;
-        TopicTemplate::parse(&template).map_err(|reason| DebeziumError::Invalid {
-            key: format!("{prefix}route.topic.replacement"),
-            value: replacement.to_owned(),
-            reason,
-        })?;
-        Ok(template)
+        convert_replacement(replacement, groups)
+            .and_then(|template| TopicTemplate::parse(&template).map(|_| template))
+            .map_err(|reason| {
+                invalid(
+                    format!("{prefix}route.topic.replacement"),
+                    replacement,
+                    reason,
+                )
+            })
     }
 
     /// Maps header placements to flags; returns whether any envelope field exists.
@@ -947,11 +773,8 @@ impl<'a> Importer<'a> {
                 [column, placement] => (*column, *placement, *column),
                 [column, placement, alias] => (*column, *placement, *alias),
                 _ => {
-                    return Err(DebeziumError::Invalid {
-                        key,
-                        value: entry.to_owned(),
-                        reason: "expected COLUMN:PLACEMENT or COLUMN:PLACEMENT:ALIAS".to_owned(),
-                    });
+                    let why = "expected COLUMN:PLACEMENT or COLUMN:PLACEMENT:ALIAS";
+                    return Err(invalid(key, entry, why));
                 }
             };
             match placement.to_ascii_lowercase().as_str() {
@@ -960,26 +783,17 @@ impl<'a> Importer<'a> {
                 "envelope" => envelope.push(entry),
                 "partition" => partition.push(entry),
                 _ => {
-                    return Err(DebeziumError::Invalid {
-                        key,
-                        value: entry.to_owned(),
-                        reason: "the placement must be header, envelope or partition".to_owned(),
-                    });
+                    let why = "the placement must be header, envelope or partition";
+                    return Err(invalid(key, entry, why));
                 }
             }
         }
-        if !envelope.is_empty() {
-            self.warn(format!(
-                "{key} envelope placements not supported ({}): Debezium's value was a struct {{\"payload\": ..., ALIAS: ...}}; the relay's value is the payload alone. Place them as headers instead (--header-column COLUMN:ALIAS) and have consumers read the header",
-                envelope.join(", ")
-            ));
-        }
-        if !partition.is_empty() {
-            self.warn(format!(
-                "{key} partition placements not supported ({}): Debezium took the record's partition from the column; the relay partitions by the key's murmur2 hash",
-                partition.join(", ")
-            ));
-        }
+        self.warn_all(&envelope, |list| {
+            format!("{key} envelope placements not supported ({list}): Debezium's value was a struct {{\"payload\": ..., ALIAS: ...}}; the relay's value is the payload alone. Place them as headers instead (--header-column COLUMN:ALIAS) and have consumers read the header")
+        });
+        self.warn_all(&partition, |list| {
+            format!("{key} partition placements not supported ({list}): Debezium took the record's partition from the column; the relay partitions by the key's murmur2 hash")
+        });
         Ok(!envelope.is_empty())
     }
 
@@ -993,24 +807,21 @@ impl<'a> Importer<'a> {
             ));
             return;
         }
-        let debezium = if envelope {
-            "the envelope struct with \"payload\": null, not a tombstone"
-        } else {
-            match value_converter {
-                // StringConverter and ByteArrayConverter turn a null value into a
-                // null record value: a tombstone, exactly what the relay sends.
-                Converter::Raw => return,
-                Converter::Json { schemas: true } => {
-                    "with JsonConverter {\"schema\": ..., \"payload\": null}, not a tombstone"
-                }
-                Converter::Json { schemas: false } => {
-                    "with JsonConverter (schemas disabled) the JSON text null, not a tombstone"
-                }
-                Converter::Unset => {
-                    "a tombstone with StringConverter/ByteArrayConverter, but JSON (null, or a schema envelope) with the JsonConverter Connect workers commonly default to"
-                }
-                Converter::Other(_) => "whatever the value converter made of a null value",
+        let debezium = match value_converter {
+            _ if envelope => "the envelope struct with \"payload\": null, not a tombstone",
+            // StringConverter and ByteArrayConverter turn a null value into a
+            // null record value: a tombstone, exactly what the relay sends.
+            Converter::Raw => return,
+            Converter::Json { schemas: true } => {
+                "with JsonConverter {\"schema\": ..., \"payload\": null}, not a tombstone"
             }
+            Converter::Json { schemas: false } => {
+                "with JsonConverter (schemas disabled) the JSON text null, not a tombstone"
+            }
+            Converter::Unset => {
+                "a tombstone with StringConverter/ByteArrayConverter, but JSON (null, or a schema envelope) with the JsonConverter Connect workers commonly default to"
+            }
+            Converter::Other(_) => "whatever the value converter made of a null value",
         };
         self.warn(format!(
             "{prefix}route.tombstone.on.empty.payload=false (Debezium's default): for a NULL payload Debezium still emitted a record typed with the payload column's schema, which became {debezium}. The relay always sends a NULL payload as a tombstone (null value)"
@@ -1059,32 +870,23 @@ impl<'a> Importer<'a> {
     fn header_converter(&mut self) {
         let class = self.take("header.converter");
         self.take_prefixed("header.converter.");
-        if let Some(class) = class {
-            let simple = class.rsplit('.').next().unwrap_or(class);
-            if !matches!(simple, "SimpleHeaderConverter" | "StringConverter") {
-                self.warn(format!(
-                    "header.converter={class}: the relay writes header values as the column's text, like SimpleHeaderConverter"
-                ));
-            }
+        let text_like = |class: &&str| {
+            matches!(
+                class.rsplit('.').next(),
+                Some("SimpleHeaderConverter" | "StringConverter")
+            )
+        };
+        if let Some(class) = class.filter(|class| !text_like(class)) {
+            self.warn(format!(
+                "header.converter={class}: the relay writes header values as the column's text, like SimpleHeaderConverter"
+            ));
         }
     }
 
     fn producer_overrides(&mut self) {
         let mut dropped = Vec::new();
-        let mut notes = Vec::new();
         for (name, value) in self.take_prefixed("producer.override.") {
-            if name == "bootstrap.servers" {
-                continue;
-            }
-            let java_only = JAVA_ONLY_PRODUCER
-                .iter()
-                .find(|(n, _)| *n == name)
-                .or_else(|| {
-                    JAVA_ONLY_PRODUCER_PREFIXES
-                        .iter()
-                        .find(|(p, _)| name.starts_with(p))
-                });
-            if let Some((_, hint)) = java_only {
+            if let Some(hint) = java_only_producer(name) {
                 dropped.push(format!("{name} ({hint})"));
                 continue;
             }
@@ -1094,43 +896,34 @@ impl<'a> Importer<'a> {
                 ));
                 continue;
             }
-            let name = match name {
+            let note = match name {
                 "max.request.size" => {
-                    notes.push("max.request.size became librdkafka's message.max.bytes".to_owned());
-                    "message.max.bytes"
+                    Some("max.request.size became librdkafka's message.max.bytes".to_owned())
                 }
-                "acks" if !matches!(value, "all" | "-1") => {
-                    notes.push(format!(
-                        "acks={value} weakens the relay's acks=all: an acknowledged event may be lost if the leader fails"
-                    ));
-                    name
-                }
-                "enable.idempotence" if value.eq_ignore_ascii_case("false") => {
-                    notes.push(
-                        "enable.idempotence=false lets retries duplicate or reorder records"
-                            .to_owned(),
-                    );
-                    name
-                }
-                "delivery.timeout.ms" => {
-                    notes.push(format!(
-                        "delivery.timeout.ms={value} is librdkafka's message.timeout.ms, which the relay sets to 0 (no deadline); an expired delivery stops the relay"
-                    ));
-                    name
-                }
-                _ => name,
+                "acks" if !matches!(value, "all" | "-1") => Some(format!(
+                    "acks={value} weakens the relay's acks=all: an acknowledged event may be lost if the leader fails"
+                )),
+                "enable.idempotence" if value.eq_ignore_ascii_case("false") => Some(
+                    "enable.idempotence=false lets retries duplicate or reorder records".into(),
+                ),
+                "delivery.timeout.ms" => Some(format!(
+                    "delivery.timeout.ms={value} is librdkafka's message.timeout.ms, which the relay sets to 0 (no deadline); an expired delivery stops the relay"
+                )),
+                _ => None,
+            };
+            if let Some(note) = note {
+                self.warn(format!("producer.override: {note}"));
+            }
+            let name = if name == "max.request.size" {
+                "message.max.bytes"
+            } else {
+                name
             };
             self.arg("-X", format!("{name}={value}"));
         }
-        if !dropped.is_empty() {
-            self.warn(format!(
-                "producer.override properties dropped (Java client only; librdkafka would refuse to start): {}",
-                dropped.join(", ")
-            ));
-        }
-        for note in notes {
-            self.warn(format!("producer.override: {note}"));
-        }
+        self.warn_all(&dropped, |list| {
+            format!("producer.override properties dropped (Java client only; librdkafka would refuse to start): {list}")
+        });
     }
 
     fn error_handling(&mut self) {
@@ -1149,33 +942,29 @@ impl<'a> Importer<'a> {
     }
 
     fn leftovers(&mut self) {
-        let mut heartbeat = Vec::new();
-        let mut ignored = Vec::new();
-        for key in self.config.keys() {
-            let key = key.as_str();
-            if self.used.contains(key)
-                || key.starts_with("transforms.")
-                || key == "predicates"
-                || key.starts_with("predicates.")
-            {
-                continue;
-            }
-            if key.starts_with("heartbeat.") {
-                heartbeat.push(key);
-                continue;
-            }
-            match IGNORED_NOTES.iter().find(|(k, _)| *k == key) {
-                Some((_, note)) => ignored.push(format!("{key} ({note})")),
-                None => ignored.push(key.to_owned()),
-            }
-        }
+        // Other transforms and predicates were warned about by name.
+        self.take_prefixed("transforms.");
+        self.take_prefixed("predicates");
+        let heartbeat: Vec<&str> = self
+            .take_prefixed("heartbeat.")
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        let ignored: Vec<String> = self
+            .take_prefixed("")
+            .into_iter()
+            .map(|(key, _)| match ignored_note(key) {
+                Some(note) => format!("{key} ({note})"),
+                None => key.to_owned(),
+            })
+            .collect();
         if !heartbeat.is_empty() {
             let interval = self
                 .config
                 .get("heartbeat.interval.ms")
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .filter(|ms| *ms > 0);
-            let keys = heartbeat.join(", ");
+            let keys = format!("heartbeat.{}", heartbeat.join(", heartbeat."));
             if let Some(ms) = interval {
                 self.arg("--heartbeat-interval", format!("{ms}ms"));
                 self.warn(format!(
@@ -1187,155 +976,70 @@ impl<'a> Importer<'a> {
                 ));
             }
         }
-        if !ignored.is_empty() {
-            self.warn(format!(
-                "ignored (no equivalent in the relay): {}",
-                ignored.join(", ")
-            ));
-        }
+        self.warn_all(&ignored, |list| {
+            format!("ignored (no equivalent in the relay): {list}")
+        });
     }
-}
-
-/// EventRouter options handled by name (relative to `transforms.NAME.`).
-const KNOWN_ROUTER_OPTIONS: &[&str] = &[
-    "type",
-    "predicate",
-    "negate",
-    "route.by.field",
-    "route.topic.regex",
-    "route.topic.replacement",
-    "route.tombstone.on.empty.payload",
-    "table.field.event.key",
-    "table.field.event.id",
-    "table.field.event.payload",
-    "table.field.event.timestamp",
-    "table.field.event.type",
-    "table.field.event.schema.version",
-    "table.fields.additional.placement",
-    "table.fields.additional.error.on.missing",
-    "table.expand.json.payload",
-    "table.json.payload.null.behavior",
-    "table.op.invalid.behavior",
-    "debezium.op.invalid.behavior",
-];
-
-/// The capture groups of a `route.topic.regex` that captures the whole value.
-#[derive(Clone, Copy)]
-struct RouteRegex {
-    /// 0 (no group) or 1.
-    groups: u32,
-    /// Whether group 1 is named `routedByValue`.
-    named: bool,
 }
 
 /// Recognises the regexes equivalent to the default: an optional `^`/`$`
 /// around `.*` or `.+`, bare, in a group, or in the `routedByValue` group.
-fn route_regex(raw: &str) -> Option<RouteRegex> {
+/// Returns the number of groups (0 or 1) and whether group 1 is `routedByValue`.
+fn route_regex(raw: &str) -> Option<(u32, bool)> {
     let raw = raw.trim();
     let inner = raw.strip_prefix('^').unwrap_or(raw);
-    let inner = inner.strip_suffix('$').unwrap_or(inner);
-    let (body, shape) = if let Some(body) = inner
-        .strip_prefix("(?<routedByValue>")
-        .and_then(|b| b.strip_suffix(')'))
-    {
-        (
-            body,
-            RouteRegex {
-                groups: 1,
-                named: true,
-            },
-        )
-    } else if let Some(body) = inner.strip_prefix('(').and_then(|b| b.strip_suffix(')')) {
-        (
-            body,
-            RouteRegex {
-                groups: 1,
-                named: false,
-            },
-        )
-    } else {
-        (
-            inner,
-            RouteRegex {
-                groups: 0,
-                named: false,
-            },
-        )
-    };
-    matches!(body, ".*" | ".+").then_some(shape)
+    match inner.strip_suffix('$').unwrap_or(inner) {
+        ".*" | ".+" => Some((0, false)),
+        "(.*)" | "(.+)" => Some((1, false)),
+        "(?<routedByValue>.*)" | "(?<routedByValue>.+)" => Some((1, true)),
+        _ => None,
+    }
 }
 
 /// Rewrites a Java `Matcher` replacement (`${name}`, `$N`, `\x` escapes) as a
 /// topic template, where every group reference is the whole routing value.
-fn convert_replacement(replacement: &str, regex: RouteRegex) -> Result<String, String> {
+fn convert_replacement(replacement: &str, (groups, named): (u32, bool)) -> Result<String, String> {
+    let no_group = |group: &str| {
+        format!("${group} names no group of route.topic.regex; use ${{routedByValue}}")
+    };
     let mut out = String::with_capacity(replacement.len());
     let mut chars = replacement.chars().peekable();
     while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
-                Some('$') => out.push_str("$$"),
-                Some(other) => out.push(other),
-                None => return Err("ends with a lone backslash".to_owned()),
-            },
-            '$' => match chars.next() {
-                Some('{') => {
-                    let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
-                    if name == "routedByValue" && regex.named {
-                        out.push_str(ROUTED_BY_VALUE);
-                    } else {
-                        return Err(format!(
-                            "${{{name}}} names no group of route.topic.regex; use ${{routedByValue}}"
-                        ));
-                    }
+        let escaped = matches!(c, '\\' | '$').then(|| chars.next()).flatten();
+        match (c, escaped) {
+            ('\\', Some('$')) => out.push_str("$$"),
+            ('\\', Some(other)) => out.push(other),
+            ('\\', None) => return Err("ends with a lone backslash".to_owned()),
+            ('$', Some('{')) => {
+                let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
+                if name != "routedByValue" || !named {
+                    return Err(no_group(&format!("{{{name}}}")));
                 }
-                Some(d) if d.is_ascii_digit() => {
-                    let mut group = d.to_digit(10).unwrap_or_default();
-                    // Java keeps reading digits while the number is still a group.
-                    while let Some(next) = chars.peek().and_then(|c| c.to_digit(10)) {
-                        if group * 10 + next > regex.groups {
-                            break;
-                        }
-                        group = group * 10 + next;
-                        chars.next();
-                    }
-                    if group > regex.groups {
-                        return Err(format!(
-                            "${group} names no group of route.topic.regex; use ${{routedByValue}}"
-                        ));
-                    }
-                    out.push_str(ROUTED_BY_VALUE);
-                }
-                _ => {
-                    return Err(
-                        "a '$' must start ${routedByValue} or a group number; write \\$ for a literal dollar"
-                            .to_owned(),
-                    );
-                }
-            },
-            other => out.push(other),
-        }
-    }
-    Ok(out)
-}
-
-/// Unescapes a plain `schema.table` entry; any other regex syntax is an error.
-fn literal_table_name(key: &'static str, entry: &str) -> Result<String, DebeziumError> {
-    let regex = || DebeziumError::TableRegex {
-        key,
-        entry: entry.to_owned(),
-    };
-    let mut out = String::with_capacity(entry.len());
-    let mut chars = entry.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
-                Some('.') => out.push('.'),
-                _ => return Err(regex()),
-            },
-            '*' | '+' | '?' | '(' | ')' | '[' | ']' | '{' | '}' | '|' | '^' | '$' => {
-                return Err(regex());
+                out.push_str(ROUTED_BY_VALUE);
             }
-            other => out.push(other),
+            ('$', Some(digit)) if digit.is_ascii_digit() => {
+                let mut group = digit.to_digit(10).unwrap_or_default();
+                // Java keeps reading digits while the number is still a group.
+                while let Some(next) = chars
+                    .peek()
+                    .and_then(|c| c.to_digit(10))
+                    .filter(|next| group * 10 + next <= groups)
+                {
+                    group = group * 10 + next;
+                    chars.next();
+                }
+                if group > groups {
+                    return Err(no_group(&group.to_string()));
+                }
+                out.push_str(ROUTED_BY_VALUE);
+            }
+            ('$', _) => {
+                return Err(
+                    "a '$' must start ${routedByValue} or a group number; write \\$ for a literal dollar"
+                        .to_owned(),
+                );
+            }
+            (other, _) => out.push(other),
         }
     }
     Ok(out)
@@ -1343,37 +1047,10 @@ fn literal_table_name(key: &'static str, entry: &str) -> Result<String, Debezium
 
 /// `${provider:path:key}`, Kafka Connect's config-provider syntax.
 fn is_config_provider(value: &str) -> bool {
-    value
-        .find("${")
-        .and_then(|start| value.get(start + 2..))
-        .and_then(|rest| {
-            rest.find('}')
-                .map(|end| rest.get(..end).unwrap_or_default())
-        })
-        .is_some_and(|inner| inner.contains(':'))
-}
-
-/// Percent-encodes everything but RFC 3986 unreserved characters.
-fn percent_encode(raw: &str) -> String {
-    let mut out = String::with_capacity(raw.len());
-    for b in raw.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// Single-quotes a word for a POSIX shell unless it is plainly safe.
-fn shell_quote(raw: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c);
-    if !raw.is_empty() && raw.chars().all(safe) {
-        raw.to_owned()
-    } else {
-        format!("'{}'", raw.replace('\'', "'\\''"))
-    }
+    let inner = value
+        .split_once("${")
+        .and_then(|(_, rest)| rest.split_once('}'));
+    inner.is_some_and(|(inner, _)| inner.contains(':'))
 }
 
 #[cfg(test)]

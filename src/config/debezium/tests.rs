@@ -285,8 +285,79 @@ fn explain_prints_a_runnable_quoted_command_and_the_warnings() {
         imported.warnings.len() + 1,
         "{text}"
     );
-    assert_eq!(shell_quote("it's"), "'it'\\''s'");
-    assert_eq!(shell_quote(""), "''");
+    // A shell reads back exactly the imported flags.
+    let words = shell_words::split(&lines[..flag_lines].join("\n")).unwrap();
+    let expected = imported
+        .args
+        .iter()
+        .flat_map(|(f, v)| [f.clone(), v.clone()]);
+    assert_eq!(words[1..], expected.collect::<Vec<_>>());
+    let quoted = explain(&Imported {
+        args: args(&[("--slot", "it's"), ("--route-by", "")]),
+        warnings: Vec::new(),
+    });
+    assert!(quoted.contains("--slot 'it'\\''s'"), "{quoted}");
+    assert_eq!(
+        shell_words::split(&quoted).unwrap()[1..],
+        ["--slot", "it's", "--route-by", ""]
+    );
+}
+
+fn parse_importing(args: &[&str]) -> Result<Cli, clap::Error> {
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/debezium/custom-routing.json"
+    );
+    let imported = import_file(Path::new(fixture)).unwrap();
+    assert!(!imported.warnings.is_empty());
+    let head = ["outbox-relay", "--debezium-config", fixture];
+    let argv = head.iter().chain(args);
+    let matches =
+        with_defaults(Cli::command_with_global_flags(), &imported).try_get_matches_from(argv)?;
+    Ok(<Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap())
+}
+
+#[test]
+fn imported_values_are_defaults_that_explicit_flags_replace() {
+    // Explicit flags (before or after a subcommand) win; the rest comes from the file.
+    let cli = parse_importing(&["--slot", "mine", "--kafka-brokers", "k:9092"]).unwrap();
+    assert_eq!(cli.slot, "mine");
+    assert_eq!(cli.route_by, "event_type");
+    assert_eq!(cli.publication, "orders_outbox");
+    assert_eq!(cli.header_columns, ["type:eventType"]);
+    let cli = parse_importing(&[
+        "status",
+        "--publication",
+        "p",
+        "--table",
+        "a.x",
+        "--table",
+        "b.y",
+    ])
+    .unwrap();
+    assert_eq!(cli.publication, "p");
+    assert_eq!(cli.slot, "orders_outbox");
+    // An explicit repeatable flag replaces every imported value.
+    assert_eq!(cli.tables, ["a.x", "b.y"]);
+    let config =
+        Config::from_cli(&parse_importing(&["--kafka-brokers", "k:9092"]).unwrap()).unwrap();
+    assert_eq!(config.mapping.route_by, "event_type");
+    assert_eq!(config.slot, "orders_outbox");
+    assert_eq!(config.postgres.password.as_deref(), Some("p@ss:w/rd"));
+    // An imported value is checked like a typed one.
+    let bad = Imported {
+        args: args(&[("--heartbeat-interval", "soon")]),
+        warnings: Vec::new(),
+    };
+    let cmd = with_defaults(Cli::command_with_global_flags(), &bad);
+    assert!(cmd.try_get_matches_from(["outbox-relay"]).is_err());
+}
+
+#[test]
+fn a_file_that_cannot_be_read_names_its_path() {
+    let err = import_file(Path::new("/no/such/file.json")).unwrap_err();
+    assert!(err.to_string().contains("/no/such/file.json"), "{err}");
+    assert!(matches!(err.source, DebeziumError::Read(_)), "{err:?}");
 }
 
 #[test]
