@@ -15,15 +15,9 @@ use crate::source::Source;
 impl<S: Source, K: Sink> Pipeline<S, K> {
     pub(super) async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
         match delivery.outcome {
-            Ok(_) => {
-                self.observer.event_acked(delivery.ticket);
-                self.tracker.ack(delivery.ticket)?;
-                self.events_acked += 1;
-                Ok(())
-            }
+            Ok(_) => Ok(self.acked(delivery.ticket)?),
             Err(failure) => {
-                self.observer
-                    .delivery_failed(delivery.ticket, &failure.error);
+                self.observer.delivery_failed(&failure.error);
                 let lsn = self
                     .tracker
                     .commit_lsn_of(delivery.ticket)
@@ -309,8 +303,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         let ticket: Ticket = self.tracker.push(record.size(), &table)?;
         match self.sink.send(ticket, &record).await {
             Ok(()) => {
-                self.observer
-                    .event_sent(ticket, &record.topic, record.size(), self.commit_time_us);
+                let sent = self.observer.event_sent(&record.topic, self.commit_time_us);
+                self.tracker.sent(ticket, sent);
                 Ok(())
             }
             Err(SinkError::Enqueue {

@@ -24,7 +24,6 @@ pub mod ack;
 
 mod error;
 mod events;
-mod exactly_once;
 mod poison;
 mod stream;
 
@@ -41,11 +40,12 @@ use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::observability::observer::PipelineObserver;
 use crate::outbox::EventMapper;
-use crate::sink::{Delivery, Sink};
+use crate::sink::exactly_once::ExactlyOnce;
+use crate::sink::{Delivery, Sink, Ticket};
 use crate::source::cleanup::Cleanup;
 use crate::source::setup::SlotState;
 use crate::source::{ServerId, Source, Stream};
-use ack::AckTracker;
+use ack::{AckError, AckTracker};
 
 pub use error::{RelayError, exit_code};
 
@@ -114,7 +114,7 @@ pub struct Pipeline<S: Source, K: Sink> {
     /// message, so one huge row does not throttle the rest of the run):
     /// read-ahead holds up to two messages, reserved out of the byte cap.
     largest_message: usize,
-    exactly_once: Option<exactly_once::ExactlyOnce>,
+    exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`.
     cleanup: Option<Cleanup>,
     observer: PipelineObserver,
@@ -182,7 +182,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// and replayed ones a partition already holds are skipped.
     pub fn with_exactly_once(mut self) -> Self {
         let (slot, fallback) = (self.config.slot.clone(), self.config.exactly_once_fallback);
-        self.exactly_once = Some(exactly_once::ExactlyOnce::new(slot, fallback));
+        self.exactly_once = Some(ExactlyOnce::new(slot, fallback));
         self
     }
 
@@ -251,12 +251,26 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         }
         let frontier = self.reportable();
         self.observer.frontier(frontier);
+        self.observer.in_flight(
+            self.tracker.in_flight_events(),
+            self.tracker.in_flight_bytes(),
+            self.tracker.oldest_sent(),
+        );
         if frontier > self.reported
             && let Some(stream) = &self.stream
         {
             stream.ack(frontier);
             self.reported = frontier;
         }
+    }
+
+    /// The broker acknowledged `ticket`.
+    fn acked(&mut self, ticket: Ticket) -> Result<(), AckError> {
+        let sent = self.tracker.take_sent(ticket);
+        self.tracker.ack(ticket)?;
+        self.observer.event_acked(sent);
+        self.events_acked += 1;
+        Ok(())
     }
 
     /// Stops reading, waits up to the shutdown timeout for in-flight
@@ -272,9 +286,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 Ok(Some(delivery)) => {
                     // Only successes can move the frontier; a failure is
                     // already reported or will be replayed after restart.
-                    if delivery.outcome.is_ok() && self.tracker.ack(delivery.ticket).is_ok() {
-                        self.observer.event_acked(delivery.ticket);
-                        self.events_acked += 1;
+                    if delivery.outcome.is_ok() {
+                        let _ = self.acked(delivery.ticket);
                     }
                 }
                 Ok(None) => break,
