@@ -61,7 +61,7 @@ fn config(plan: &super::Plan) -> Config {
             if exactly_once {
                 args.extend(["--delivery", "exactly-once"]);
             }
-            let cli = Cli::parse_global_from(args);
+            let cli = Cli::try_parse_global_from(args).expect("the simulation's flags parse");
             configs.push(Config::from_cli(&cli).expect("the simulation's flags are valid"));
         }
         configs
