@@ -188,15 +188,16 @@ impl World {
             .map_or(u64::MAX, |tx| tx.final_lsn)
     }
 
-    /// Oracle: a position reported to Postgres.
-    pub fn on_ack(&mut self, lsn: u64) {
+    /// Oracle: a position reported to Postgres; it moves the slot only over
+    /// a live session (a broken one's reports are lost), but is checked either way.
+    pub fn on_ack(&mut self, lsn: u64, live: bool) {
         let limit = self.safe_limit();
         if lsn > limit {
             self.complain(format!(
                 "confirmed {lsn:X} past {limit:X}, the commit of a transaction not fully acknowledged"
             ));
         }
-        if lsn > self.confirmed {
+        if live && lsn > self.confirmed {
             self.note(format!("ack {lsn:X}"));
             self.confirmed = lsn;
         }

@@ -95,7 +95,7 @@ impl Source for SimSource {
 
     async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<SimStream, SourceError> {
         let mut world = self.0.lock();
-        world.on_ack(acked.0);
+        world.on_ack(acked.0, true);
         if world.fault_now() {
             world.note("fault: connect refused".into());
             return Err(broken());
@@ -159,9 +159,8 @@ impl Stream for SimStream {
 
     fn ack(&self, lsn: Lsn) {
         let mut world = self.shared.lock();
-        if world.session.as_ref().is_some_and(|(id, _)| *id == self.id) {
-            world.on_ack(lsn.0);
-        }
+        let live = world.session.as_ref().is_some_and(|(id, _)| *id == self.id);
+        world.on_ack(lsn.0, live);
     }
 
     async fn close(self, wait_for: Lsn, _timeout: Duration) {
