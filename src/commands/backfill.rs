@@ -23,9 +23,8 @@ use super::CommandError;
 use crate::config::{BackfillArgs, Cli, Config, Delivery};
 use crate::outbox::{TableMapping, TableName, quote_ident};
 use crate::pgoutput::{Column, Relation, TupleData, Value};
-use crate::sink::Ticket;
 use crate::sink::exactly_once::{TailError, TailReader};
-use crate::sink::{KafkaSink, SinkError};
+use crate::sink::{KafkaSink, Sink, SinkError, Ticket};
 use crate::source::{SourceError, setup};
 
 pub(super) fn run(cli: &Cli, args: &BackfillArgs) -> Result<(), CommandError> {

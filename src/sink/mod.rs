@@ -386,36 +386,6 @@ impl KafkaSink {
         self
     }
 
-    /// Enqueues one record. Waits while librdkafka's queue is full.
-    pub async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
-        Self::send_with(&self.producer, ticket, record).await
-    }
-
-    async fn send_alone_inner(
-        &self,
-        ticket: Ticket,
-        record: &OutboxRecord,
-    ) -> Result<(), SinkError> {
-        let producer = match self.alone.get() {
-            Some(producer) => producer,
-            None => {
-                let mut config = self.config.clone();
-                config
-                    .set("batch.num.messages", "1")
-                    .set("linger.ms", "0")
-                    .set("statistics.interval.ms", "0");
-                let producer = config
-                    .create_with_context(DeliveryContext {
-                        deliveries: self.deliveries.clone(),
-                        alone: true,
-                    })
-                    .map_err(|error| SinkError::create(error, &self.properties))?;
-                self.alone.get_or_init(|| producer)
-            }
-        };
-        Self::send_with(producer, ticket, record).await
-    }
-
     async fn send_with(
         producer: &ThreadedProducer<DeliveryContext>,
         ticket: Ticket,
@@ -498,13 +468,6 @@ impl KafkaSink {
         Self::fetch_partition_count(&self.producer, topic)
     }
 
-    /// Records librdkafka holds that the broker has not acknowledged.
-    pub fn in_flight(&self) -> usize {
-        let count =
-            self.producer.in_flight_count() + self.alone.get().map_or(0, |p| p.in_flight_count());
-        usize::try_from(count).unwrap_or(0)
-    }
-
     /// Waits up to `timeout` for outstanding deliveries.
     pub fn flush(&self, timeout: Duration) -> bool {
         let alone = self.alone.get().is_none_or(|p| p.flush(timeout).is_ok());
@@ -514,15 +477,35 @@ impl KafkaSink {
 
 impl Sink for KafkaSink {
     async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
-        KafkaSink::send(self, ticket, record).await
+        Self::send_with(&self.producer, ticket, record).await
     }
 
+    /// Through a second producer, made on first use.
     async fn send_alone(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
-        self.send_alone_inner(ticket, record).await
+        let producer = match self.alone.get() {
+            Some(producer) => producer,
+            None => {
+                let mut config = self.config.clone();
+                config
+                    .set("batch.num.messages", "1")
+                    .set("linger.ms", "0")
+                    .set("statistics.interval.ms", "0");
+                let producer = config
+                    .create_with_context(DeliveryContext {
+                        deliveries: self.deliveries.clone(),
+                        alone: true,
+                    })
+                    .map_err(|error| SinkError::create(error, &self.properties))?;
+                self.alone.get_or_init(|| producer)
+            }
+        };
+        Self::send_with(producer, ticket, record).await
     }
 
     fn in_flight(&self) -> usize {
-        KafkaSink::in_flight(self)
+        let count =
+            self.producer.in_flight_count() + self.alone.get().map_or(0, |p| p.in_flight_count());
+        usize::try_from(count).unwrap_or(0)
     }
 
     async fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {

@@ -1,8 +1,10 @@
 //! I/O: the Postgres side. Start-up checks, publication and slot
-//! ([`setup`]), and the replication stream ([`ReplicationStream`]).
+//! ([`setup`]), `--cleanup delete` ([`cleanup`]), and what the pipeline sees
+//! through the [`Source`] and [`Stream`] traits: [`PgSource`] (replication
+//! sessions, and a control connection for lookups) and [`ReplicationStream`].
 //!
 //! The stream is a thin wrapper over pgwire-replication: it passes events
-//! through and exposes exactly one way to move the slot, [`ReplicationStream::ack`],
+//! through and exposes exactly one way to move the slot, [`Stream::ack`],
 //! which only the pipeline calls, and only with the ack frontier.
 
 pub mod cleanup;
@@ -439,26 +441,6 @@ impl SourceError {
     }
 }
 
-/// A permanent stream error on a slot that Postgres reports invalidated (the
-/// stream says only "can no longer get changes", or, on a standby, names the
-/// primary's `wal_level`) becomes [`SourceError::SlotInvalidatedBy`], with why
-/// and what to do; any other error is returned as it is.
-pub async fn explain_invalidation(config: &Config, error: SourceError) -> SourceError {
-    if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
-        return error;
-    }
-    let Ok(client) = setup::connect(config).await else {
-        return error;
-    };
-    match setup::slot_invalidation(&client, &config.slot).await {
-        Ok(Some(remedy)) => SourceError::SlotInvalidatedBy {
-            slot: config.slot.clone(),
-            remedy,
-        },
-        _ => error,
-    }
-}
-
 /// A tokio-postgres error with the server's message, detail and hint, which
 /// its `Display` ("db error") leaves out.
 pub fn pg_error_text(error: &tokio_postgres::Error) -> String {
@@ -674,42 +656,6 @@ impl ReplicationStream {
             start,
         })
     }
-
-    /// The next event.
-    pub async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
-        match self.client.recv().await {
-            Ok(Some(event)) => Ok(event),
-            Ok(None) => Err(SourceError::StreamEnded {
-                slot: self.slot.clone(),
-            }),
-            Err(source) => Err(SourceError::Stream {
-                slot: self.slot.clone(),
-                source,
-            }),
-        }
-    }
-
-    /// Reports `lsn` to Postgres as flushed (sent within the status interval).
-    /// Callers pass only the ack frontier.
-    pub fn ack(&self, lsn: Lsn) {
-        self.client.update_applied_lsn(lsn.into());
-    }
-
-    /// The position last written to the server in a status update.
-    pub fn reported(&self) -> Lsn {
-        self.client.metrics().last_applied_lsn().into()
-    }
-
-    /// Ends the stream after the last acknowledgement has been written.
-    pub async fn close(mut self, wait_for: Lsn, timeout: Duration) {
-        let deadline = tokio::time::Instant::now() + timeout;
-        while self.reported() < wait_for && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if let Err(e) = self.client.shutdown().await {
-            tracing::debug!(error = %e, "replication stream ended with an error during shutdown");
-        }
-    }
 }
 
 /// The Postgres side as the pipeline sees it: replication sessions and the
@@ -876,8 +822,23 @@ impl Source for PgSource {
         wal_end(&self.config).await.unwrap_or(Lsn(u64::MAX))
     }
 
+    /// A permanent stream error on a slot that Postgres reports invalidated
+    /// (the stream says only "can no longer get changes", or, on a standby,
+    /// names the primary's `wal_level`) becomes [`SourceError::SlotInvalidatedBy`].
     async fn explain(&mut self, error: SourceError) -> SourceError {
-        explain_invalidation(&self.config, error).await
+        if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
+            return error;
+        }
+        let Ok(client) = control(&mut self.control, &self.config).await else {
+            return error;
+        };
+        match setup::slot_invalidation(client, &self.config.slot).await {
+            Ok(Some(remedy)) => SourceError::SlotInvalidatedBy {
+                slot: self.config.slot.clone(),
+                remedy,
+            },
+            _ => error,
+        }
     }
 }
 
@@ -891,15 +852,32 @@ impl Stream for ReplicationStream {
     }
 
     async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
-        ReplicationStream::recv(self).await
+        match self.client.recv().await {
+            Ok(Some(event)) => Ok(event),
+            Ok(None) => Err(SourceError::StreamEnded {
+                slot: self.slot.clone(),
+            }),
+            Err(source) => Err(SourceError::Stream {
+                slot: self.slot.clone(),
+                source,
+            }),
+        }
     }
 
+    /// Reported within the status interval.
     fn ack(&self, lsn: Lsn) {
-        ReplicationStream::ack(self, lsn);
+        self.client.update_applied_lsn(lsn.into());
     }
 
-    async fn close(self, wait_for: Lsn, timeout: Duration) {
-        ReplicationStream::close(self, wait_for, timeout).await;
+    async fn close(mut self, wait_for: Lsn, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let reported = |c: &ReplicationClient| Lsn::from(c.metrics().last_applied_lsn());
+        while reported(&self.client) < wait_for && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if let Err(e) = self.client.shutdown().await {
+            tracing::debug!(error = %e, "replication stream ended with an error during shutdown");
+        }
     }
 }
 
