@@ -21,8 +21,8 @@ pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
     SetupTarget, StatusArgs,
 };
-pub use observability::{ObservabilityArgs, ObservabilityConfig, parse_bytes};
-pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs, redact_url};
+pub use observability::{ObservabilityArgs, ObservabilityConfig, ReadinessThresholds, parse_bytes};
+pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
 use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
 
@@ -418,8 +418,8 @@ pub enum ConfigError {
     PostgresUrl(#[from] PostgresUrlError),
     /// `--postgres-password-file` cannot be read. Only the path is shown.
     #[error(
-        "--postgres-password-file {}: cannot read it: {source}; check the path and that the \
-         relay's user may read the file",
+        "--postgres-password-file {}: cannot read it; check the path and that the relay's \
+         user may read the file",
         path.display()
     )]
     PasswordFile {
@@ -557,19 +557,12 @@ impl Config {
             .iter()
             .map(|raw| match raw.0.split_once('=') {
                 Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-                _ => Err(ConfigError::Invalid {
-                    flag: "--kafka-property",
-                    // Without '=' the text may be a secret cut at a ';' (the
-                    // delimiter): show the key only when there is one.
-                    value: raw
-                        .0
-                        .split_once('=')
-                        .map(|(k, _)| k.to_owned())
-                        .unwrap_or_default(),
-                    reason: "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split \
-                             at ';')"
-                        .to_owned(),
-                }),
+                // Not shown: without '=' the text may be a secret cut at a ';' (the delimiter).
+                _ => Err(invalid(
+                    "--kafka-property",
+                    "",
+                    "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split at ';')",
+                )),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(KafkaProperties)?;

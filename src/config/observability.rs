@@ -1,4 +1,5 @@
-//! Flags of the operator's endpoint, readiness and the slot poller.
+//! Flags of the operator's endpoint, readiness and the slot poller, and the
+//! [`ReadinessThresholds`] they become (config owns the type; observability reads it).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -6,7 +7,6 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{ConfigError, invalid, parse_duration};
-use crate::observability::health::ReadinessThresholds;
 
 /// Observability flags, flattened into [`super::Cli`].
 #[derive(Debug, Clone, Args)]
@@ -34,6 +34,28 @@ pub struct ObservabilityArgs {
     /// How often a one-line progress summary is logged; 0 disables it.
     #[arg(long, env = "OUTBOX_RELAY_PROGRESS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub progress_interval: Duration,
+}
+
+/// Limits of readiness (`--ready-max-*`, `--slot-min-safe-wal-size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadinessThresholds {
+    /// Slot lag above this is not ready.
+    pub max_slot_lag_bytes: u64,
+    /// The oldest unacknowledged event older than this is not ready.
+    pub max_ack_staleness: Duration,
+    /// `safe_wal_size` under this is a warning.
+    pub min_safe_wal_size: u64,
+}
+
+impl Default for ReadinessThresholds {
+    /// The flags' defaults.
+    fn default() -> Self {
+        ReadinessThresholds {
+            max_slot_lag_bytes: 1 << 30,
+            max_ack_staleness: Duration::from_secs(60),
+            min_safe_wal_size: 1 << 30,
+        }
+    }
 }
 
 /// Observability settings, validated.

@@ -210,15 +210,8 @@ impl PostgresConnInfo {
                 scheme: url.scheme().to_owned(),
             });
         }
-        let decode = |part: &'static str, s: &str| -> Result<String, PostgresUrlError> {
-            percent_decode(s).ok_or(PostgresUrlError::Encoding { part })
-        };
         let mut info = PostgresConnInfo {
-            host: match url.host() {
-                Some(url::Host::Ipv6(addr)) => addr.to_string(),
-                Some(host) => decode("host", &host.to_string())?,
-                None => "localhost".to_owned(),
-            },
+            host: host_name(&url)?,
             port: url.port().unwrap_or(5432),
             hosts: Vec::new(),
             target_session_attrs: TargetSessionAttrs::default(),
@@ -234,10 +227,13 @@ impl PostgresConnInfo {
         let mut hosts: Vec<String> = vec![info.host.clone()];
         let mut ports: Vec<Option<u16>> = vec![url.port()];
         for extra in &extra_hosts {
-            let (host, port) = split_host_port(extra)
+            // Each further host goes through the URL parser too (brackets, percent-encoding).
+            let url = url::Url::parse(&format!("postgres://{extra}"))
+                .ok()
+                .filter(|url| url.host().is_some())
                 .ok_or_else(|| malformed(format!("host {extra:?} is not HOST or HOST:PORT")))?;
-            hosts.push(decode("host", &host)?);
-            ports.push(port);
+            hosts.push(host_name(&url)?);
+            ports.push(url.port());
         }
         for (name, value) in url.query_pairs() {
             let value = value.into_owned();
@@ -368,38 +364,20 @@ fn split_hosts(raw: &str) -> (String, Vec<String>) {
     )
 }
 
-/// `db2:5433`, `db2` or `[::1]:5433`.
-fn split_host_port(text: &str) -> Option<(String, Option<u16>)> {
-    let (host, port) = match text.strip_prefix('[') {
-        Some(rest) => {
-            let (host, after) = rest.split_once(']')?;
-            (host, after.strip_prefix(':'))
-        }
-        None => match text.split_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (text, None),
-        },
-    };
-    let port = port.map(str::parse).transpose().ok()?;
-    (!host.is_empty()).then(|| (host.to_owned(), port))
+/// The URL's host, percent-decoded; IPv6 without brackets; `localhost` when empty.
+fn host_name(url: &url::Url) -> Result<String, PostgresUrlError> {
+    match url.host() {
+        Some(url::Host::Ipv6(addr)) => Ok(addr.to_string()),
+        Some(host) => decode("host", &host.to_string()),
+        None => Ok("localhost".to_owned()),
+    }
 }
 
-fn percent_decode(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        if b == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+fn decode(part: &'static str, s: &str) -> Result<String, PostgresUrlError> {
+    let decoded = percent_encoding::percent_decode_str(s).decode_utf8();
+    decoded
+        .map(String::from)
+        .map_err(|_| PostgresUrlError::Encoding { part })
 }
 
 /// Where credentials may stand in `raw`: from after `://` to the last `@`.
@@ -419,7 +397,7 @@ fn credentials_span(raw: &str) -> Option<std::ops::Range<usize>> {
 /// and the last `@` is hidden except a plain user name before the first `:`,
 /// and so is a `password=` parameter, so a malformed URL can still be quoted
 /// in an error without leaking the secret.
-pub fn redact_url(raw: &str) -> String {
+fn redact_url(raw: &str) -> String {
     let mut out = raw.to_owned();
     if let Some(span) = credentials_span(raw) {
         let userinfo = &raw[span.clone()];

@@ -24,10 +24,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use crate::config::ReadinessThresholds;
 use crate::lsn::Lsn;
-
-/// 1 GiB, the default of the byte thresholds.
-pub const GIB: u64 = 1024 * 1024 * 1024;
 
 /// `pg_replication_slots.wal_status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -132,27 +130,6 @@ pub enum SlotObservation {
     Missing,
     /// The last poll.
     Seen(SlotStatus),
-}
-
-/// Limits of readiness (`--ready-max-*`, `--slot-min-safe-wal-size`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReadinessThresholds {
-    /// Slot lag above this is not ready.
-    pub max_slot_lag_bytes: u64,
-    /// The oldest unacknowledged event older than this is not ready.
-    pub max_ack_staleness: Duration,
-    /// `safe_wal_size` under this is a warning.
-    pub min_safe_wal_size: u64,
-}
-
-impl Default for ReadinessThresholds {
-    fn default() -> Self {
-        ReadinessThresholds {
-            max_slot_lag_bytes: GIB,
-            max_ack_staleness: Duration::from_secs(60),
-            min_safe_wal_size: GIB,
-        }
-    }
 }
 
 /// The state readiness is judged on, at one instant.
@@ -663,7 +640,7 @@ mod tests {
             ),
             (
                 HealthSnapshot {
-                    slot: slot(GIB + 1, WalStatus::Reserved, None),
+                    slot: slot((1 << 30) + 1, WalStatus::Reserved, None),
                     ..good()
                 },
                 "bytes behind",

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use super::{EventError, MappingConfig, OutboxRecord, RawParts, Segment, check_topic_name, values};
+use super::{EventError, MappingConfig, OutboxRecord, RawParts, Segment, valid_topic, values};
 
 /// A [`MappingConfig`] applied to messages with one prefix.
 #[derive(Clone, Debug)]
@@ -35,7 +35,12 @@ impl<'a> Fields<'a> {
         let fields: HashMap<String, &RawValue> =
             serde_json::from_slice(content).map_err(|e| EventError::InvalidValue {
                 column: "(message content)".to_owned(),
-                reason: format!("not a JSON object: {e}"),
+                // serde_json's own message may quote the content.
+                reason: format!(
+                    "not a JSON object (line {}, column {})",
+                    e.line(),
+                    e.column()
+                ),
             })?;
         Ok(Fields { content, fields })
     }
@@ -126,10 +131,7 @@ impl MessageMapping {
             .ok_or_else(|| EventError::NullId {
                 column: self.config.id_column.clone(),
             })?;
-        let topic = self.topic(&f)?;
-        if let Err(reason) = check_topic_name(&topic) {
-            return Err(EventError::InvalidTopic { topic, reason });
-        }
+        let topic = valid_topic(self.topic(&f)?)?;
         let timestamp_ms = match &self.config.timestamp_column {
             None => commit_time_ms,
             Some(field) => match f.text(field)? {
@@ -140,7 +142,7 @@ impl MessageMapping {
                     .or_else(|| values::parse_timestamp_ms(&v))
                     .ok_or_else(|| EventError::InvalidValue {
                         column: field.clone(),
-                        reason: format!("cannot read {v:?} as a timestamp"),
+                        reason: "not epoch milliseconds or an ISO 8601 time".to_owned(),
                     })?,
             },
         };

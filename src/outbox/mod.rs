@@ -5,7 +5,9 @@
 //! lookups, no name matching. A column the mapping needs that is missing or of
 //! an unusable type is an error at bind time, naming the table, the flag and
 //! the columns that do exist; a bad value in one row is an [`EventError`] that
-//! names the row.
+//! names the column, never the value (the caller adds the LSN, id and table).
+//! Logical decoding messages are mapped the same way ([`message`]), and
+//! [`EventMapper`] picks the mapping of each table or message prefix.
 //!
 //! The defaults mirror Debezium's Outbox Event Router on the common schema
 //! `outbox(id, aggregate_type, aggregate_id, event_type, payload, created_at)`:
@@ -305,6 +307,14 @@ pub fn check_topic_name(topic: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// `topic`, when Kafka accepts the name.
+fn valid_topic(topic: String) -> Result<String, EventError> {
+    match check_topic_name(&topic) {
+        Ok(()) => Ok(topic),
+        Err(reason) => Err(EventError::InvalidTopic { topic, reason }),
+    }
+}
+
 impl OutboxRecord {
     /// Key plus value bytes: what the in-flight byte cap counts.
     pub fn size(&self) -> usize {
@@ -419,10 +429,7 @@ impl TableMapping {
     /// The row's id, key and payload as far as they can be read, for a
     /// dead-letter record of a row that failed to map.
     pub fn raw_parts(&self, row: &TupleData) -> RawParts {
-        let text = |idx: usize| match row.0.get(idx) {
-            Some(Value::Text(b) | Value::Binary(b)) => Some(b.clone()),
-            _ => None,
-        };
+        let text = |idx: usize| cell(row, idx).ok().flatten().cloned();
         let payload = text(self.payload).map(|raw| match self.payload_kind {
             PayloadKind::Bytea => values::decode_bytea_hex(&raw).unwrap_or(raw),
             PayloadKind::Text => raw,
@@ -431,32 +438,38 @@ impl TableMapping {
             id: text(self.id).unwrap_or_default(),
             key: text(self.key),
             payload,
-            intended_topic: self.render_topic_lossy(row),
+            intended_topic: self.topic(row, &|idx| format!("#{idx}")).ok(),
         }
     }
 
-    fn render_topic_lossy(&self, row: &TupleData) -> Option<String> {
+    /// The topic template filled in from `row` (not yet checked against Kafka's rules).
+    fn topic(
+        &self,
+        row: &TupleData,
+        column_name: &dyn Fn(usize) -> String,
+    ) -> Result<String, EventError> {
         let mut topic = String::new();
         for seg in &self.topic {
             match seg {
                 BoundSegment::Literal(s) => topic.push_str(s),
-                BoundSegment::Column(idx) => match row.0.get(*idx) {
-                    Some(Value::Text(b)) if !b.is_empty() => {
-                        topic.push_str(&String::from_utf8_lossy(b))
-                    }
-                    _ => return None,
-                },
+                BoundSegment::Column(idx) => {
+                    let invalid = |reason: String| EventError::InvalidValue {
+                        column: column_name(*idx),
+                        reason,
+                    };
+                    let value = cell(row, *idx).map_err(invalid)?;
+                    let value = value.filter(|v| !v.is_empty()).ok_or_else(|| {
+                        EventError::EmptyRoutingValue {
+                            column: column_name(*idx),
+                        }
+                    })?;
+                    let value =
+                        std::str::from_utf8(value).map_err(|_| invalid("not UTF-8".to_owned()))?;
+                    topic.push_str(value);
+                }
             }
         }
-        Some(topic)
-    }
-
-    /// The row's id as text, when it has one: for naming a row that failed to map.
-    pub fn id_text(&self, row: &TupleData) -> Option<String> {
-        match row.0.get(self.id) {
-            Some(Value::Text(b)) => Some(String::from_utf8_lossy(b).into_owned()),
-            _ => None,
-        }
+        Ok(topic)
     }
 
     /// Maps one inserted row. `commit_time_ms` is the record timestamp unless
@@ -473,53 +486,16 @@ impl TableMapping {
                 .get(idx)
                 .map_or_else(|| format!("#{idx}"), |c| c.name.clone())
         };
-        let text = |idx: usize| -> Result<Option<&Bytes>, EventError> {
-            match row.0.get(idx) {
-                Some(Value::Text(b)) => Ok(Some(b)),
-                Some(Value::Null) => Ok(None),
-                Some(Value::Unchanged) => Err(EventError::InvalidValue {
-                    column: column_name(idx),
-                    reason: "unchanged TOAST value in an insert".to_owned(),
-                }),
-                Some(Value::Binary(_)) => Err(EventError::InvalidValue {
-                    column: column_name(idx),
-                    reason: "binary-format value (the relay streams in text format)".to_owned(),
-                }),
-                None => Err(EventError::InvalidValue {
-                    column: column_name(idx),
-                    reason: format!("the row has only {} columns", row.0.len()),
-                }),
-            }
+        let text = |idx: usize| {
+            cell(row, idx).map_err(|reason| EventError::InvalidValue {
+                column: column_name(idx),
+                reason,
+            })
         };
-
         let id = text(self.id)?.cloned().ok_or_else(|| EventError::NullId {
             column: column_name(self.id),
         })?;
-
-        let mut topic = String::new();
-        for seg in &self.topic {
-            match seg {
-                BoundSegment::Literal(s) => topic.push_str(s),
-                BoundSegment::Column(idx) => {
-                    let value = text(*idx)?.filter(|v| !v.is_empty()).ok_or_else(|| {
-                        EventError::EmptyRoutingValue {
-                            column: column_name(*idx),
-                        }
-                    })?;
-                    let value =
-                        std::str::from_utf8(value).map_err(|_| EventError::InvalidValue {
-                            column: column_name(*idx),
-                            reason: "not UTF-8".to_owned(),
-                        })?;
-                    topic.push_str(value);
-                }
-            }
-        }
-
-        if let Err(reason) = check_topic_name(&topic) {
-            return Err(EventError::InvalidTopic { topic, reason });
-        }
-
+        let topic = valid_topic(self.topic(row, &column_name)?)?;
         let key = text(self.key)?.cloned();
         let payload = match (text(self.payload)?, self.payload_kind) {
             (None, _) => None,
@@ -543,10 +519,7 @@ impl TableMapping {
                     });
                     parsed.ok_or_else(|| EventError::InvalidValue {
                         column: column_name(idx),
-                        reason: format!(
-                            "cannot read {:?} as a timestamp",
-                            String::from_utf8_lossy(raw)
-                        ),
+                        reason: "not readable as a timestamp".to_owned(),
                     })?
                 }
             },
@@ -581,6 +554,19 @@ impl TableMapping {
             timestamp_ms,
             partition: None,
         })
+    }
+}
+
+/// The text of column `idx` of an inserted row; `None` when NULL.
+fn cell(row: &TupleData, idx: usize) -> Result<Option<&Bytes>, String> {
+    match row.0.get(idx) {
+        Some(Value::Text(b)) => Ok(Some(b)),
+        Some(Value::Null) => Ok(None),
+        Some(Value::Unchanged) => Err("unchanged TOAST value in an insert".to_owned()),
+        Some(Value::Binary(_)) => {
+            Err("binary-format value (the relay streams in text format)".to_owned())
+        }
+        None => Err(format!("the row has only {} columns", row.0.len())),
     }
 }
 

@@ -4,6 +4,7 @@
 //! timestamps parsed here always arrive as `YYYY-MM-DD HH:MM:SS[.ffffff]+00`.
 
 use bytes::Bytes;
+use chrono::{DateTime, NaiveDateTime};
 
 /// Well-known type OIDs (`pg_type.oid`), stable across Postgres versions.
 pub mod oid {
@@ -28,86 +29,21 @@ pub mod oid {
 /// Returns `None` for anything else (the legacy `escape` output is not used:
 /// `bytea_output` defaults to `hex` and the relay never changes it).
 pub fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
-    let hex = text.strip_prefix(b"\\x")?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    let nibble = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    };
-    let mut out = Vec::with_capacity(hex.len() / 2);
-    for pair in hex.chunks_exact(2) {
-        let (hi, lo) = (pair.first().copied()?, pair.get(1).copied()?);
-        out.push((nibble(hi)? << 4) | nibble(lo)?);
-    }
-    Some(Bytes::from(out))
+    hex::decode(text.strip_prefix(b"\\x")?)
+        .ok()
+        .map(Bytes::from)
 }
 
 /// Parses ISO timestamp text (`2026-11-22 13:05:54.123456+00`, offset
 /// optional, then UTC) into milliseconds since the Unix epoch.
 pub fn parse_timestamp_ms(text: &str) -> Option<i64> {
-    let (date, rest) = text.split_once(' ').or_else(|| text.split_once('T'))?;
-    let mut date_parts = date.splitn(3, '-');
-    let year: i64 = date_parts.next()?.parse().ok()?;
-    let month: u32 = date_parts.next()?.parse().ok()?;
-    let day: u32 = date_parts.next()?.parse().ok()?;
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-        return None;
+    let text = text.replacen('T', " ", 1);
+    match DateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f%#z") {
+        Ok(time) => Some(time.timestamp_millis()),
+        Err(_) => NaiveDateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f")
+            .ok()
+            .map(|time| time.and_utc().timestamp_millis()),
     }
-    // Split the time from a trailing +HH[:MM[:SS]] / -HH... offset.
-    let offset_at = rest.find(['+', '-']);
-    let (time, offset) = match offset_at {
-        Some(i) => (&rest[..i], Some(&rest[i..])),
-        None => (rest, None),
-    };
-    let (hms, frac) = match time.split_once('.') {
-        Some((hms, frac)) => (hms, frac),
-        None => (time, ""),
-    };
-    let mut hms_parts = hms.splitn(3, ':');
-    let hour: i64 = hms_parts.next()?.parse().ok()?;
-    let minute: i64 = hms_parts.next()?.parse().ok()?;
-    let second: i64 = hms_parts.next()?.parse().ok()?;
-    if hour > 24 || minute > 59 || second > 60 {
-        return None;
-    }
-    let millis: i64 = if frac.is_empty() {
-        0
-    } else {
-        if !frac.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        let digits: String = frac.chars().chain("000".chars()).take(3).collect();
-        digits.parse().ok()?
-    };
-    let offset_secs = match offset {
-        None => 0,
-        Some(o) => {
-            let sign = if o.starts_with('-') { -1 } else { 1 };
-            let mut parts = o[1..].splitn(3, ':');
-            let h: i64 = parts.next()?.parse().ok()?;
-            let m: i64 = parts.next().map_or(Some(0), |p| p.parse().ok())?;
-            let s: i64 = parts.next().map_or(Some(0), |p| p.parse().ok())?;
-            sign * (h * 3600 + m * 60 + s)
-        }
-    };
-    let days = days_from_civil(year, month, day);
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset_secs;
-    Some(secs * 1000 + millis)
-}
-
-/// Days since 1970-01-01 for a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(month);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// Postgres' epoch (2000-01-01) in Unix milliseconds.

@@ -100,8 +100,8 @@ pub enum TlsError {
     },
     /// A certificate or key file cannot be read.
     #[error(
-        "cannot read the {what} {} (from {param} in --postgres-url): {source}; check the path \
-         and that the relay's user may read the file",
+        "cannot read the {what} {} (from {param} in --postgres-url); check the path and that \
+         the relay's user may read the file",
         path.display()
     )]
     Read {
@@ -117,8 +117,8 @@ pub enum TlsError {
     },
     /// A certificate or key file is not valid PEM.
     #[error(
-        "the {what} {} (from {param} in --postgres-url) is not valid PEM: {source}; it must \
-         hold PEM blocks such as -----BEGIN CERTIFICATE-----",
+        "the {what} {} (from {param} in --postgres-url) is not valid PEM; it must hold PEM \
+         blocks such as -----BEGIN CERTIFICATE-----",
         path.display()
     )]
     Pem {
@@ -150,8 +150,8 @@ pub enum TlsError {
     },
     /// The client certificate and key do not make a usable pair.
     #[error(
-        "the client certificate {} and key {} (sslcert, sslkey) cannot be used: {source}; \
-         check that the key belongs to the certificate",
+        "the client certificate {} and key {} (sslcert, sslkey) cannot be used; check that \
+         the key belongs to the certificate",
         cert.display(),
         key.display()
     )]
@@ -165,16 +165,14 @@ pub enum TlsError {
         source: rustls::Error,
     },
     /// The root CA store cannot make a verifier.
-    #[error("cannot verify server certificates with the CA from {roots}: {source}")]
+    #[error("cannot verify server certificates with the given root CAs")]
     Verifier {
-        /// Where the roots came from.
-        roots: String,
         /// rustls' refusal.
         #[source]
         source: rustls::client::VerifierBuilderError,
     },
     /// rustls refused the protocol versions (a build problem, not a setting).
-    #[error("cannot set up TLS: {source}")]
+    #[error("cannot set up TLS")]
     Rustls {
         /// rustls' refusal.
         #[source]
@@ -194,15 +192,6 @@ enum Roots {
     },
     /// The public web PKI roots (webpki-roots).
     System,
-}
-
-impl Roots {
-    fn describe(&self) -> String {
-        match self {
-            Roots::File { path, .. } => path.display().to_string(),
-            Roots::System => "the public web PKI roots".to_owned(),
-        }
-    }
 }
 
 /// What is checked about the server's certificate once TLS is up.
@@ -371,19 +360,9 @@ impl TlsPlan {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
-            .map_err(|source| TlsError::Rustls { source })?;
-        let verifier: Arc<dyn ServerCertVerifier> = match &self.mode {
-            Mode::Off | Mode::Prefer | Mode::Require(Verify::Nothing) => {
-                Arc::new(AcceptAnyCertificate { provider })
-            }
-            Mode::Require(Verify::Chain(roots)) => Arc::new(ChainOnly {
-                inner: webpki_verifier(roots, provider)?,
-            }),
-            Mode::Require(Verify::Full(roots)) => webpki_verifier(roots, provider)?,
-        };
-        let builder = builder
+            .map_err(|source| TlsError::Rustls { source })?
             .dangerous()
-            .with_custom_certificate_verifier(verifier);
+            .with_custom_certificate_verifier(self.verifier(provider)?);
         match &self.client_cert {
             Some(cc) if self.mode != Mode::Off => {
                 let (chain, key) = load_client_cert(cc)?;
@@ -397,6 +376,21 @@ impl TlsPlan {
             }
             _ => Ok(builder.with_no_client_auth()),
         }
+    }
+
+    /// What the control connection checks about the server's certificate.
+    fn verifier(
+        &self,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Arc<dyn ServerCertVerifier>, TlsError> {
+        let chain = match &self.mode {
+            Mode::Require(Verify::Full(roots)) => return Ok(webpki_verifier(roots, provider)?),
+            Mode::Require(Verify::Chain(roots)) => {
+                Some(webpki_verifier(roots, Arc::clone(&provider))?)
+            }
+            Mode::Off | Mode::Prefer | Mode::Require(Verify::Nothing) => None,
+        };
+        Ok(Arc::new(Lenient { chain, provider }))
     }
 
     /// tokio-postgres' `sslmode` for the plan (verification is the connector's job).
@@ -567,75 +561,21 @@ fn webpki_verifier(
     let store = Arc::new(load_roots(roots)?);
     WebPkiServerVerifier::builder_with_provider(store, provider)
         .build()
-        .map_err(|source| TlsError::Verifier {
-            roots: roots.describe(),
-            source,
-        })
+        .map_err(|source| TlsError::Verifier { source })
 }
 
-/// `sslmode=require` (and `prefer`) without a root CA: any certificate is accepted,
-/// but the handshake signatures are still checked, so the session key is bound to
-/// the certificate the server presented.
+/// `verify-ca` (a `chain` verifier): the standard checks, except that a
+/// certificate which does not name the host is accepted; `require` and
+/// `prefer` without a root CA (no `chain`): any certificate. The handshake
+/// signatures are checked either way, so the session key is bound to the
+/// certificate the server presented.
 #[derive(Debug)]
-struct AcceptAnyCertificate {
+struct Lenient {
+    chain: Option<Arc<WebPkiServerVerifier>>,
     provider: Arc<CryptoProvider>,
 }
 
-impl ServerCertVerifier for AcceptAnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// `sslmode=verify-ca`: the standard verifier, except that a certificate which
-/// does not name the host is accepted (every other failure still refuses it).
-#[derive(Debug)]
-struct ChainOnly {
-    inner: Arc<WebPkiServerVerifier>,
-}
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -644,13 +584,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self.inner.verify_server_cert(
-            end_entity,
-            intermediates,
-            server_name,
-            ocsp_response,
-            now,
-        ) {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             // webpki checks the name last, so the chain and validity were accepted.
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
@@ -665,7 +602,8 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -674,11 +612,14 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 

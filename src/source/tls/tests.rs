@@ -219,13 +219,7 @@ impl Pki {
 
 fn verifier_for(plan: &TlsPlan) -> Arc<dyn ServerCertVerifier> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    match &plan.mode {
-        Mode::Require(Verify::Chain(roots)) => Arc::new(ChainOnly {
-            inner: webpki_verifier(roots, provider).unwrap(),
-        }),
-        Mode::Require(Verify::Full(roots)) => webpki_verifier(roots, provider).unwrap(),
-        _ => Arc::new(AcceptAnyCertificate { provider }),
-    }
+    plan.verifier(provider).unwrap()
 }
 
 fn check(verifier: &dyn ServerCertVerifier, leaf: &CertificateDer<'_>, host: &str) -> bool {
