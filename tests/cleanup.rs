@@ -22,17 +22,19 @@ async fn remaining(world: &World) -> HashSet<String> {
         .collect()
 }
 
+/// Waits until every row is gone from `public.outbox`.
+async fn wait_emptied(world: &World, relay: &Relay, timeout: Duration) {
+    let emptied = wait_until(timeout, || async { remaining(world).await.is_empty() }).await;
+    let left = remaining(world).await;
+    assert!(emptied, "rows left: {left:?}\n{}", relay.log());
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
     let world = World::start().await;
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut relay = Relay::spawn(
-        &world.pg.url(),
-        &world.broker.bootstrap(),
-        &["--cleanup", "delete", "--http-addr", &addr],
-    );
-    relay.wait_streaming();
+    let relay = world.relay(&["--cleanup", "delete", "--http-addr", &addr]);
     let mut ids = Vec::new();
     for n in 0..10 {
         let rows: Vec<(String, String, String)> = (0..3)
@@ -45,20 +47,8 @@ async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
         .consume_ids(&["Evt"], &ids, Duration::from_secs(60));
     let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
     assert!(ids.iter().all(|id| got.contains(id)), "{}", relay.log());
-    let emptied = wait_until(Duration::from_secs(30), || async {
-        remaining(&world).await.is_empty()
-    })
-    .await;
-    assert!(
-        emptied,
-        "rows left: {:?}\n{}",
-        remaining(&world).await,
-        relay.log()
-    );
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(30))
-        .await;
+    wait_emptied(&world, &relay, Duration::from_secs(30)).await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
     let counted = wait_until(Duration::from_secs(30), || async {
         get(port, "/metrics")
             .is_some_and(|(_, body)| body.contains("outbox_relay_cleanup_deleted_rows_total 30"))
@@ -89,16 +79,7 @@ async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
     );
     assert!(world.confirmed_flush(SLOT).await.unwrap() < after_commit);
     world.broker.up();
-    let emptied = wait_until(Duration::from_secs(60), || async {
-        remaining(&world).await.is_empty()
-    })
-    .await;
-    assert!(
-        emptied,
-        "rows left: {:?}\n{}",
-        remaining(&world).await,
-        relay.log()
-    );
+    wait_emptied(&world, &relay, Duration::from_secs(60)).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -107,8 +88,7 @@ async fn cleanup_with_sigkill_deletes_only_relayed_rows_and_eventually_all() {
     let url = world.pg.url();
     let bootstrap = world.broker.bootstrap();
     let args = ["--cleanup", "delete"];
-    let mut relay = Relay::spawn(&url, &bootstrap, &args);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&url, &bootstrap, &args);
     let mut committed = Vec::new();
     for n in 0..120 {
         let rows: Vec<(String, String, String)> = (0..(1 + n % 4))
@@ -122,8 +102,7 @@ async fn cleanup_with_sigkill_deletes_only_relayed_rows_and_eventually_all() {
             .collect();
         committed.extend(world.insert_tx(&rows).await);
         if n == 50 {
-            relay.signal("KILL");
-            relay.wait_exit(Duration::from_secs(10)).expect("killed");
+            relay.kill();
             // Every row gone from the table was delivered before it went.
             let left = remaining(&world).await;
             let deleted: Vec<&String> = committed.iter().filter(|id| !left.contains(*id)).collect();
@@ -153,8 +132,7 @@ async fn cleanup_with_sigkill_deletes_only_relayed_rows_and_eventually_all() {
             );
         }
         if n == 80 {
-            relay = Relay::spawn(&url, &bootstrap, &args);
-            relay.wait_streaming();
+            relay = Relay::spawn_streaming(&url, &bootstrap, &args);
         }
     }
     let records = world
@@ -168,16 +146,7 @@ async fn cleanup_with_sigkill_deletes_only_relayed_rows_and_eventually_all() {
         lost.len(),
         relay.log()
     );
-    let emptied = wait_until(Duration::from_secs(30), || async {
-        remaining(&world).await.is_empty()
-    })
-    .await;
-    assert!(
-        emptied,
-        "rows left: {:?}\n{}",
-        remaining(&world).await,
-        relay.log()
-    );
+    wait_emptied(&world, &relay, Duration::from_secs(30)).await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -223,8 +192,7 @@ async fn cleanup_delete_refuses_to_start_without_a_primary_key_or_with_deletes_p
 #[tokio::test(flavor = "current_thread")]
 async fn insert_and_delete_in_the_same_transaction_is_relayed() {
     let world = World::start().await;
-    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
-    relay.wait_streaming();
+    let relay = world.relay(&[]);
     let id = "6f1c2c4e-0000-4000-8000-00000000d0d0".to_owned();
     world
         .pg
@@ -278,9 +246,7 @@ async fn partitioned_outbox_relays_across_dropped_partitions() {
                 .unwrap()
         }
     };
-    let mut relay = Relay::spawn(
-        &world.pg.url(),
-        &world.broker.bootstrap(),
+    let relay = world.relay(
         // With --cleanup delete too: a composite primary key, deleted through the parent.
         &[
             "--table",
@@ -291,7 +257,6 @@ async fn partitioned_outbox_relays_across_dropped_partitions() {
             "delete",
         ],
     );
-    relay.wait_streaming();
     let mut ids = vec![insert("2026-01-15").await, insert("2026-02-15").await];
     let records = world
         .broker
@@ -317,10 +282,7 @@ async fn partitioned_outbox_relays_across_dropped_partitions() {
         "{got:?}\n{}",
         relay.log()
     );
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(30))
-        .await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
     let left = world.pg.execute("SELECT count(*) FROM public.pbox").await;
     assert_eq!(left[0][0].as_deref(), Some("0"), "{}", relay.log());
 }

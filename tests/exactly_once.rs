@@ -54,13 +54,9 @@ async fn sigkill_crash_loop_delivers_every_event_exactly_once() {
             n += 1;
         }
         if kill < kills {
-            relay.signal("KILL");
-            relay.wait_exit(Duration::from_secs(10)).expect("killed");
+            relay.kill();
         } else {
-            let end = world.current_lsn().await;
-            world
-                .wait_confirmed(SLOT, end, Duration::from_secs(90))
-                .await;
+            world.wait_caught_up(SLOT, Duration::from_secs(90)).await;
             let records = world
                 .broker
                 .consume_ids(&["Evt"], &committed, Duration::from_secs(60));
@@ -106,8 +102,7 @@ async fn sigkill_crash_loop_delivers_every_event_exactly_once() {
 async fn the_default_partitioner_matches_the_java_client() {
     let world = World::start().await;
     world.broker.ensure_topic("Evt");
-    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
-    relay.wait_streaming();
+    let relay = world.relay(&[]);
     let keys: Vec<String> = (0..40).map(|i| format!("order-{i}")).collect();
     let rows: Vec<(&str, &str, &str)> = keys.iter().map(|k| ("Evt", k.as_str(), "{}")).collect();
     world.insert_tx(&rows).await;
@@ -201,8 +196,7 @@ async fn source_id(world: &World) -> String {
 async fn another_writer_with_the_same_source_is_refused() {
     let world = World::start().await;
     world.broker.ensure_topic("Evt");
-    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &EO);
-    relay.wait_streaming();
+    let mut relay = world.relay(&EO);
     let source = source_id(&world).await;
     // A record "from us" at an LSN the WAL has not reached.
     let partition = partition_for(b"agg-x", 4);
@@ -237,8 +231,7 @@ async fn a_partition_count_change_below_the_last_record_is_detected_and_the_fall
     let bootstrap = world.broker.bootstrap();
     let source = source_id(&world).await;
     // A first run creates the slot.
-    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&world.pg.url(), &bootstrap, &EO);
     relay.signal("TERM");
     relay.wait_exit(Duration::from_secs(30)).expect("stops");
     // A transaction a previous run delivered while the topic had 3 partitions
@@ -272,12 +265,8 @@ async fn a_partition_count_change_below_the_last_record_is_detected_and_the_fall
     // With the fallback allowed, the same event goes through (at-least-once for that partition).
     let mut args = EO.to_vec();
     args.extend(["--exactly-once-fallback", "at-least-once"]);
-    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &args);
-    relay.wait_streaming();
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(30))
-        .await;
+    let relay = Relay::spawn_streaming(&world.pg.url(), &bootstrap, &args);
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
     assert!(
         relay.log().contains("continuing at-least-once"),
         "{}",
@@ -292,13 +281,9 @@ async fn a_tail_aged_out_by_retention_is_not_an_error() {
     let world = World::start().await;
     world.broker.ensure_topic("Evt");
     let bootstrap = world.broker.bootstrap();
-    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&world.pg.url(), &bootstrap, &EO);
     world.insert_tx(&[("Evt", "order-1", "{}")]).await;
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(30))
-        .await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
     relay.signal("TERM");
     relay.wait_exit(Duration::from_secs(30)).expect("stops");
 
@@ -326,13 +311,9 @@ async fn a_tail_aged_out_by_retention_is_not_an_error() {
     assert!(low > 0, "retention did not drop anything");
 
     // Everything of ours that aged out was confirmed: the next event goes through.
-    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&world.pg.url(), &bootstrap, &EO);
     let ids = world.insert_tx(&[("Evt", "order-1", "{}")]).await;
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(60))
-        .await;
+    world.wait_caught_up(SLOT, Duration::from_secs(60)).await;
     let records = world
         .broker
         .consume_ids(&["Evt"], &ids, Duration::from_secs(30));
@@ -377,26 +358,18 @@ async fn a_restart_reads_many_partition_tails_and_resends_nothing() {
         world.broker.ensure_topic(t);
     }
     let bootstrap = world.broker.bootstrap();
-    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&world.pg.url(), &bootstrap, &EO);
     let rows: Vec<(String, String, &str)> = (0..100)
         .map(|i| (topics[i % 5].clone(), format!("agg-{i}"), "{}"))
         .collect();
     let mut ids = world.insert_tx(&rows).await;
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(30))
-        .await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
     relay.signal("TERM");
     relay.wait_exit(Duration::from_secs(30)).expect("stops");
 
-    let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&world.pg.url(), &bootstrap, &EO);
     ids.extend(world.insert_tx(&rows).await);
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(60))
-        .await;
+    world.wait_caught_up(SLOT, Duration::from_secs(60)).await;
     let topic_refs: Vec<&str> = topics.iter().map(String::as_str).collect();
     let records = world
         .broker
@@ -459,13 +432,9 @@ async fn a_refused_event_below_a_later_record_of_the_same_key_is_sent_after_rest
     let (url, bootstrap) = (world.pg.url(), world.broker.bootstrap());
     let mut args = EO.to_vec();
     args.extend(ONE_PER_REQUEST);
-    let mut relay = Relay::spawn(&url, &bootstrap, &args);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&url, &bootstrap, &args);
     let mut ids = world.insert_tx(&[("Evt", "agg", "{}")]).await;
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(30))
-        .await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
 
     let (refused, end) = refuse_one_accept_the_next(&world, "agg").await;
     let before = the_second_landed(&world, &mut relay, &refused);
@@ -491,23 +460,13 @@ async fn a_standby_takes_over_the_unconfirmed_records_of_an_exactly_once_relay()
     let (url, bootstrap) = (world.pg.url(), world.broker.bootstrap());
     let mut args = EO.to_vec();
     args.extend(ONE_PER_REQUEST);
-    let mut active = Relay::spawn(&url, &bootstrap, &args);
-    active.wait_streaming();
+    let mut active = Relay::spawn_streaming(&url, &bootstrap, &args);
     let mut ids = world.insert_tx(&[("Evt", "a", "{}")]).await;
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(30))
-        .await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
 
     let mut standby = Relay::spawn(&url, &bootstrap, &args);
     // Its producer is up (so its start-up checks are done) but it cannot stream.
-    let waiting = standby.wait_for(Duration::from_secs(30), |r| {
-        r.readyz().is_some_and(|j| {
-            let reasons = j["reasons"].to_string();
-            reasons.contains("not streaming") && !reasons.contains("producer is not connected")
-        })
-    });
-    assert!(waiting, "{:?}\n{}", standby.readyz(), standby.log());
+    standby.wait_standing_by();
     // The active relay now leaves, unconfirmed, a record at a position past
     // the WAL end the standby saw at start-up: its own source, not a foreign writer.
     let (refused, _) = refuse_one_accept_the_next(&world, "a").await;
@@ -516,10 +475,7 @@ async fn a_standby_takes_over_the_unconfirmed_records_of_an_exactly_once_relay()
 
     standby.wait_streaming();
     ids.extend(world.insert_tx(&[("Evt", "a", "{}")]).await);
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(30))
-        .await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
     each_once(&world, &ids, &standby);
 }
 
@@ -527,8 +483,7 @@ async fn a_standby_takes_over_the_unconfirmed_records_of_an_exactly_once_relay()
 async fn the_first_event_to_a_topic_the_broker_creates_is_retried_until_it_exists() {
     use rdkafka::types::RDKafkaRespErr;
     let world = World::start().await;
-    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &EO);
-    relay.wait_streaming();
+    let mut relay = world.relay(&EO);
     // The topic is being created: metadata does not know it yet.
     world.broker.topic_error(
         "Fresh",
@@ -544,10 +499,7 @@ async fn the_first_event_to_a_topic_the_broker_creates_is_retried_until_it_exist
     world
         .broker
         .topic_error("Fresh", RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR);
-    let end = world.current_lsn().await;
-    world
-        .wait_confirmed(SLOT, end, Duration::from_secs(60))
-        .await;
+    world.wait_caught_up(SLOT, Duration::from_secs(60)).await;
     let records = world
         .broker
         .consume_ids(&["Fresh"], &ids, Duration::from_secs(30));
@@ -576,17 +528,13 @@ async fn backfill_exactly_once_sends_only_the_events_not_in_kafka() {
             .map(|i| ("Evt".to_owned(), format!("{prefix}{i}"), "{}".to_owned()))
             .collect()
     };
-    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
-    relay.wait_streaming();
+    let mut relay = world.relay(&[]);
     let relayed = world.insert_tx(&rows("relayed-", N)).await;
     let records = world
         .broker
         .consume_ids(&["Evt"], &relayed, Duration::from_secs(60));
     assert_eq!(records.len(), N, "{}", relay.log());
-    relay.signal("TERM");
-    relay
-        .wait_exit(Duration::from_secs(30))
-        .expect("relay stops");
+    relay.stop();
     // Rows no slot ever sees.
     world
         .pg

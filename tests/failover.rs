@@ -33,14 +33,9 @@ async fn slot_exists(pg: &PgCluster) -> bool {
 #[tokio::test(flavor = "current_thread")]
 async fn a_lost_slot_where_the_relay_streamed_before_stops_it_until_allowed() {
     let world = World::start().await;
-    let url = world.pg.url();
-    let brokers = world.broker.bootstrap();
-    let mut relay = Relay::spawn(&url, &brokers, &[]);
-    relay.wait_streaming();
-    relay.signal("TERM");
-    relay
-        .wait_exit(Duration::from_secs(30))
-        .expect("relay stops");
+    let mut relay = world.relay(&[]);
+    relay.stop();
+    let (url, brokers) = (world.pg.url(), world.broker.bootstrap());
     world
         .pg
         .execute(&format!("SELECT pg_drop_replication_slot('{SLOT}')"))
@@ -55,8 +50,7 @@ async fn a_lost_slot_where_the_relay_streamed_before_stops_it_until_allowed() {
     assert!(log.contains("outbox-relay backfill --since"), "{log}");
     assert!(!slot_exists(&world.pg).await, "no slot may be created");
 
-    let mut relay = Relay::spawn(&url, &brokers, &["--allow-new-slot"]);
-    relay.wait_streaming();
+    let relay = Relay::spawn_streaming(&url, &brokers, &["--allow-new-slot"]);
     let ids = world.insert_tx(&[("Evt", "a", r#"{"n": 1}"#)]).await;
     let got = world
         .broker
@@ -66,12 +60,7 @@ async fn a_lost_slot_where_the_relay_streamed_before_stops_it_until_allowed() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn slot_failover_is_refused_before_postgres_17_naming_the_version() {
-    let pg = PgCluster::start_with(PgOptions {
-        major: Some(16),
-        ..PgOptions::default()
-    });
-    pg.execute(SCHEMA).await;
-    let broker = Broker::start();
+    let World { pg, broker } = World::start_on(16).await;
     let (code, log) = run_to_exit(&pg.url(), &broker.bootstrap(), &["--slot-failover"]);
     assert_eq!(code, Some(3), "{log}");
     assert!(
@@ -182,8 +171,7 @@ async fn pg17_failover_slots_follow_a_promotion_without_losing_an_event() {
     let url = both_hosts(&primary, &standby);
     let mut args = vec!["--slot-failover"];
     args.extend(FAST_BACKOFF);
-    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &args);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&url, &broker.bootstrap(), &args);
     let flags = primary
         .execute(&format!(
             "SELECT failover::text FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
@@ -232,8 +220,7 @@ async fn pg16_failover_stops_the_relay_with_the_missing_slot_explained() {
     let (mut primary, standby) = primary_and_standby(16, &[("hot_standby_feedback", "on")]).await;
     let broker = Broker::start();
     let url = both_hosts(&primary, &standby);
-    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &FAST_BACKOFF);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&url, &broker.bootstrap(), &FAST_BACKOFF);
     let stop = Arc::new(AtomicBool::new(false));
     let committed = Arc::new(AtomicU64::new(0));
     spawn_writer(url.clone(), stop.clone(), committed.clone());
@@ -273,8 +260,7 @@ async fn pg16_failover_stops_the_relay_with_the_missing_slot_explained() {
     );
 
     // The runbook: a fresh slot knowingly, then backfill from before the failover.
-    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &["--allow-new-slot"]);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&url, &broker.bootstrap(), &["--allow-new-slot"]);
     let out = std::process::Command::new(crate::support::relay::binary())
         .args([
             "backfill",
@@ -314,18 +300,9 @@ async fn pg16_failover_stops_the_relay_with_the_missing_slot_explained() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn slot_failover_marks_an_existing_slot_and_reports_it() {
-    let pg = PgCluster::start_with(PgOptions {
-        major: Some(17),
-        ..PgOptions::default()
-    });
-    pg.execute(SCHEMA).await;
-    let broker = Broker::start();
-    let mut relay = Relay::spawn(&pg.url(), &broker.bootstrap(), &[]);
-    relay.wait_streaming();
-    relay.signal("TERM");
-    relay
-        .wait_exit(Duration::from_secs(30))
-        .expect("relay stops");
+    let World { pg, broker } = World::start_on(17).await;
+    let mut relay = Relay::spawn_streaming(&pg.url(), &broker.bootstrap(), &[]);
+    relay.stop();
     let flag =
         format!("SELECT failover::text FROM pg_replication_slots WHERE slot_name = '{SLOT}'");
     assert_eq!(
@@ -334,8 +311,7 @@ async fn slot_failover_marks_an_existing_slot_and_reports_it() {
     );
 
     let args = ["--slot-failover", "--slot-poll-interval", "200ms"];
-    let mut relay = Relay::spawn(&pg.url(), &broker.bootstrap(), &args);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&pg.url(), &broker.bootstrap(), &args);
     assert_eq!(pg.execute(&flag).await, vec![vec![Some("true".to_owned())]]);
     assert!(
         relay.wait_for(Duration::from_secs(30), |r| {
@@ -367,8 +343,7 @@ async fn a_promotion_resumes_from_the_new_primarys_slot_not_the_old_primarys_kee
     let url = both_hosts(&primary, &standby);
     let mut args = vec!["--slot-failover"];
     args.extend(FAST_BACKOFF);
-    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &args);
-    relay.wait_streaming();
+    let relay = Relay::spawn_streaming(&url, &broker.bootstrap(), &args);
     primary
         .execute("INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('order', 'a', 'Evt', '{}')")
         .await;
@@ -481,8 +456,7 @@ async fn hot_standby_relays_until_invalidated(major: u32, reason: &str) {
 
     let stop = Arc::new(AtomicBool::new(false));
     log_standby_snapshots(primary.client().await, stop.clone());
-    let mut relay = Relay::spawn(&standby.url(), &broker.bootstrap(), &args);
-    relay.wait_streaming();
+    let mut relay = Relay::spawn_streaming(&standby.url(), &broker.bootstrap(), &args);
     let slot_lsn = format!(
         "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
     );
@@ -580,8 +554,7 @@ async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timel
     let url = both_hosts(&primary, &standby);
     let mut args = vec!["--slot-failover", "--delivery", "exactly-once"];
     args.extend(FAST_BACKOFF);
-    let mut relay = Relay::spawn(&url, &broker.bootstrap(), &args);
-    relay.wait_streaming();
+    let relay = Relay::spawn_streaming(&url, &broker.bootstrap(), &args);
     wait_synced(&standby).await;
     standby.stop();
     // Rows the standby never receives, relayed from the old timeline.

@@ -20,6 +20,7 @@ mod ops;
 mod partitions;
 mod peek;
 mod poison;
+mod publication;
 mod reliability;
 mod simulation;
 mod slot_hygiene;

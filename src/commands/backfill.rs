@@ -21,11 +21,11 @@ use tokio_postgres::Client;
 
 use super::CommandError;
 use crate::config::{BackfillArgs, Cli, Config, Delivery};
-use crate::outbox::{TableMapping, TableName, quote_ident};
-use crate::pgoutput::{Column, Relation, TupleData, Value};
+use crate::outbox::{TableMapping, quote_ident};
+use crate::pgoutput::{TupleData, Value};
 use crate::sink::exactly_once::{TailError, TailReader};
 use crate::sink::{KafkaSink, Sink, SinkError, Ticket};
-use crate::source::{SourceError, setup};
+use crate::source::setup::{self, query_err};
 
 pub(super) fn run(cli: &Cli, args: &BackfillArgs) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)?;
@@ -116,10 +116,6 @@ impl Delivered {
     }
 }
 
-fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> SourceError {
-    move |source| SourceError::Query { what, source }
-}
-
 /// The events sent, and with exactly-once those skipped.
 async fn backfill(
     config: &Config,
@@ -134,6 +130,7 @@ async fn backfill(
         &config.kafka_brokers,
         &config.kafka_properties,
         config.max_in_flight_events,
+        None,
     )?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -144,7 +141,7 @@ async fn backfill(
         Delivery::AtLeastOnce => None,
     };
     for table in &config.tables {
-        let relation = relation(&client, table).await?;
+        let relation = setup::relation(&client, table).await?;
         let mapping = TableMapping::bind(config.mapping_for(table), &relation)
             .map_err(|e| CommandError::Refused(e.to_string()))?;
         if !relation.columns.iter().any(|c| c.name == args.column) {
@@ -209,32 +206,4 @@ fn delivered(delivery: Option<crate::sink::Delivery>) -> Result<u64, CommandErro
             "the producer stopped reporting deliveries".to_owned(),
         )),
     }
-}
-
-/// The table's columns as a pgoutput Relation announces them.
-async fn relation(client: &Client, table: &TableName) -> Result<Relation, CommandError> {
-    let rows = client
-        .query(
-            "SELECT attname::text, atttypid, atttypmod FROM pg_attribute \
-             WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped \
-             ORDER BY attnum",
-            &[&table.quoted()],
-        )
-        .await
-        .map_err(query_err("read the outbox table's columns"))?;
-    Ok(Relation {
-        id: 0,
-        namespace: table.schema.clone(),
-        name: table.name.clone(),
-        replica_identity: b'd',
-        columns: rows
-            .iter()
-            .map(|r| Column {
-                flags: 0,
-                name: r.get(0),
-                type_oid: r.get(1),
-                type_modifier: r.get(2),
-            })
-            .collect(),
-    })
 }

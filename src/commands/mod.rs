@@ -46,7 +46,7 @@ pub enum CommandError {
     #[error(transparent)]
     Http(#[from] HttpError),
     /// An outbox table no longer fits the mapping.
-    #[error("at commit LSN {lsn}: {source}")]
+    #[error("the outbox table no longer fits the mapping at commit LSN {lsn}")]
     Bind {
         /// Commit LSN of the transaction that announced the layout.
         lsn: Lsn,
@@ -55,7 +55,7 @@ pub enum CommandError {
         source: BindError,
     },
     /// The slot's data is not valid pgoutput (a bug: please report).
-    #[error("cannot decode the change at LSN {lsn}: {source}")]
+    #[error("cannot decode the change at LSN {lsn}")]
     Decode {
         /// Where.
         lsn: Lsn,
@@ -70,10 +70,10 @@ pub enum CommandError {
     #[error(transparent)]
     Demo(#[from] demo::DemoError),
     /// The async runtime could not start.
-    #[error("cannot start the async runtime: {0}")]
+    #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
     /// Writing the result failed (closed stdout, say).
-    #[error("cannot write the output: {0}")]
+    #[error("cannot write the output")]
     Output(#[from] std::io::Error),
 }
 
@@ -111,10 +111,20 @@ pub fn run(cli: &Cli) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", report(&e));
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// `error` and its causes, each once: error types keep their cause as
+/// `source`, not in their message.
+fn report(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    for cause in std::iter::successors(error.source(), |e| e.source()) {
+        text = format!("{text}: {cause}");
+    }
+    text
 }
 
 /// A single-threaded runtime for the short subcommands.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::CommandError;
 use crate::config::{Cli, Config};
-use crate::observability::health::{self, Health};
+use crate::observability::health::Health;
 use crate::observability::{http, metrics, progress, slot_monitor};
 use crate::pipeline::{Pipeline, RelayError, Summary, exit_code};
 use crate::sink::exactly_once::TailReader;
@@ -44,20 +44,22 @@ pub fn run(cli: &Cli) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run_with(config, shutdown_signal())) {
+    let health = Arc::new(Health::new(config.observability.readiness));
+    match runtime.block_on(run_with(config, health, shutdown_signal())) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => ExitCode::from(e.exit_code()),
     }
 }
 
 /// Runs the relay with `config` until `shutdown` resolves or a fatal error:
-/// the binary's relay, and the one `demo` runs in-process.
+/// the binary's relay, and the one `demo` runs in-process. `health` is the
+/// relay's one readiness state, shared by the HTTP endpoint, the producer,
+/// the pipeline and the slot poller.
 pub(super) async fn run_with(
     config: Config,
+    health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, CommandError> {
-    let health = health::global();
-    health.set_thresholds(config.observability.readiness);
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = match config.observability.http_addr {
         Some(addr) => {
@@ -65,13 +67,14 @@ pub(super) async fn run_with(
                 Ok(listener) => listener,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the HTTP endpoint");
-                    eprintln!("error: {e}");
+                    eprintln!("error: {}", super::report(&e));
                     return Err(e.into());
                 }
             };
+            let health = health.clone();
             Some(tokio::spawn(async move {
                 let handle = install_metrics().await;
-                http::serve_on(listener, handle, health::global(), async {
+                http::serve_on(listener, handle, health, async {
                     let _ = http_stopped.await;
                 })
                 .await
@@ -119,7 +122,7 @@ pub(super) async fn run_with(
         }
         Err(e) => {
             let code = e.exit_code();
-            tracing::error!(error = %chain(&e), exit_code = code, "outbox-relay stopped");
+            tracing::error!(error = %super::report(&e), exit_code = code, "outbox-relay stopped");
             Err(e.into())
         }
     }
@@ -147,6 +150,7 @@ async fn relay(
         &config.kafka_brokers,
         &config.kafka_properties,
         config.max_in_flight_events,
+        Some(health.clone()),
     )
     .map_err(RelayError::Producer)?;
     if config.delivery == crate::config::Delivery::ExactlyOnce {
@@ -181,22 +185,6 @@ async fn relay(
         task.abort();
     }
     outcome
-}
-
-/// `error` and its causes, each once: a cause some message already quotes
-/// (a driver's text inside a Postgres error) is not repeated.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        let line = c.to_string();
-        if !text.contains(&line) {
-            text.push_str(": ");
-            text.push_str(&line);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// Installs the Prometheus recorder (only with an endpoint: its upkeep keeps

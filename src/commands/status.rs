@@ -45,7 +45,7 @@ pub struct Status {
 }
 
 /// The slot's row of `pg_replication_slots`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct SlotInfo {
     /// `--slot`.
     pub name: String,
@@ -79,7 +79,7 @@ pub struct SlotInfo {
 }
 
 /// The publication and its tables.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct PublicationInfo {
     /// `--publication`.
     pub name: String,
@@ -168,19 +168,7 @@ async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError>
     Ok(match row {
         None => SlotInfo {
             name: name.to_owned(),
-            exists: false,
-            plugin: None,
-            slot_type: None,
-            database: None,
-            active: None,
-            active_pid: None,
-            confirmed_flush_lsn: None,
-            restart_lsn: None,
-            lag_bytes: None,
-            wal_status: None,
-            safe_wal_size_bytes: None,
-            failover: None,
-            facts: SlotFacts::default(),
+            ..SlotInfo::default()
         },
         Some(r) => SlotInfo {
             name: name.to_owned(),
@@ -217,11 +205,8 @@ async fn read_publication(
     let Some(row) = row else {
         return Ok(PublicationInfo {
             name: name.clone(),
-            exists: false,
-            all_tables: false,
-            publishes: Vec::new(),
-            tables: Vec::new(),
             missing_tables: config.tables.iter().map(ToString::to_string).collect(),
+            ..PublicationInfo::default()
         });
     };
     let publishes = ["insert", "update", "delete", "truncate"]
@@ -320,107 +305,93 @@ fn warnings(
 
 /// The text form.
 pub fn render_text(s: &Status) -> String {
+    let (slot, p) = (&s.slot, &s.publication);
     let mut out = String::new();
-    let na = || "-".to_owned();
-    let slot = &s.slot;
-    if slot.exists {
-        out.push_str(&format!("slot {}\n", slot.name));
-        let row = |out: &mut String, k: &str, v: String| out.push_str(&format!("  {k:<16}{v}\n"));
-        row(
-            &mut out,
-            "type",
-            format!(
-                "{} {} (database {})",
-                slot.slot_type.clone().unwrap_or_else(na),
-                slot.plugin.clone().unwrap_or_else(na),
-                slot.database.clone().unwrap_or_else(na)
-            ),
-        );
-        row(
-            &mut out,
-            "active pid",
-            match slot.active_pid {
-                Some(pid) => format!("{pid} (a relay is streaming)"),
-                None => "none (no relay connected)".to_owned(),
-            },
-        );
-        row(
-            &mut out,
-            "confirmed lsn",
-            slot.confirmed_flush_lsn.clone().unwrap_or_else(na),
-        );
-        row(
-            &mut out,
-            "restart lsn",
-            slot.restart_lsn.clone().unwrap_or_else(na),
-        );
-        row(
-            &mut out,
-            "lag",
-            slot.lag_bytes
-                .map(|l| format!("{l} bytes ({})", human_bytes(l)))
-                .unwrap_or_else(na),
-        );
-        row(
-            &mut out,
-            "wal_status",
-            slot.wal_status.clone().unwrap_or_else(na),
-        );
-        row(
-            &mut out,
-            "failover",
-            slot.failover
-                .map(|f| f.to_string())
-                .unwrap_or_else(|| "n/a (PostgreSQL 17+)".to_owned()),
-        );
-        row(
-            &mut out,
-            "safe_wal_size",
-            slot.safe_wal_size_bytes
-                .map(|b| format!("{b} bytes ({})", human_bytes(b)))
-                .unwrap_or_else(|| "unlimited (max_slot_wal_keep_size = -1)".to_owned()),
-        );
-        if let Some(reason) = slot.facts.invalidated() {
-            row(&mut out, "invalidated", reason);
-        }
-        if let Some(since) = &slot.facts.inactive_since {
-            row(&mut out, "inactive since", since.clone());
-        }
-    } else {
-        out.push_str(&format!("slot {}: does not exist\n", slot.name));
-    }
-    let p = &s.publication;
-    if p.exists {
-        out.push_str(&format!("publication {}\n", p.name));
-        out.push_str(&format!(
-            "  {:<16}{}\n",
-            "publishes",
-            p.publishes.join(", ")
-        ));
-        let tables = if p.all_tables {
-            "all tables".to_owned()
-        } else {
-            p.tables.join(", ")
-        };
-        out.push_str(&format!("  {:<16}{}\n", "tables", tables));
-    } else {
-        out.push_str(&format!("publication {}: does not exist\n", p.name));
-    }
+    section(
+        &mut out,
+        "slot",
+        &slot.name,
+        slot.exists.then(|| slot_rows(slot)),
+    );
+    let tables = match p.all_tables {
+        true => "all tables".to_owned(),
+        false => p.tables.join(", "),
+    };
+    let publication = vec![("publishes", p.publishes.join(", ")), ("tables", tables)];
+    section(
+        &mut out,
+        "publication",
+        &p.name,
+        p.exists.then_some(publication),
+    );
     out.push_str(&format!(
         "server {} (current wal lsn {})\n",
         s.server_version,
-        s.current_wal_lsn.clone().unwrap_or_else(na)
+        or_dash(&s.current_wal_lsn)
     ));
     for (name, value) in &s.settings {
-        out.push_str(&format!(
-            "  {name:<24}{}\n",
-            value
-                .clone()
-                .unwrap_or_else(|| "(not available)".to_owned())
-        ));
+        let value = value.as_deref().unwrap_or("(not available)");
+        out.push_str(&format!("  {name:<24}{value}\n"));
     }
     for warning in &s.warnings {
         out.push_str(&format!("warning: {warning}\n"));
     }
     out
+}
+
+/// `kind name` and its rows, or that it does not exist (`rows` is `None`).
+fn section(out: &mut String, kind: &str, name: &str, rows: Option<Vec<(&str, String)>>) {
+    let Some(rows) = rows else {
+        return out.push_str(&format!("{kind} {name}: does not exist\n"));
+    };
+    out.push_str(&format!("{kind} {name}\n"));
+    for (key, value) in rows {
+        out.push_str(&format!("  {key:<16}{value}\n"));
+    }
+}
+
+fn slot_rows(slot: &SlotInfo) -> Vec<(&'static str, String)> {
+    let bytes = |b: i64| format!("{b} bytes ({})", human_bytes(b));
+    let kind = format!("{} {}", or_dash(&slot.slot_type), or_dash(&slot.plugin));
+    let mut rows = vec![
+        (
+            "type",
+            format!("{kind} (database {})", or_dash(&slot.database)),
+        ),
+        (
+            "active pid",
+            match slot.active_pid {
+                Some(pid) => format!("{pid} (a relay is streaming)"),
+                None => "none (no relay connected)".to_owned(),
+            },
+        ),
+        ("confirmed lsn", or_dash(&slot.confirmed_flush_lsn)),
+        ("restart lsn", or_dash(&slot.restart_lsn)),
+        ("lag", slot.lag_bytes.map_or_else(|| "-".to_owned(), bytes)),
+        ("wal_status", or_dash(&slot.wal_status)),
+        (
+            "failover",
+            slot.failover
+                .map_or_else(|| "n/a (PostgreSQL 17+)".to_owned(), |f| f.to_string()),
+        ),
+        (
+            "safe_wal_size",
+            slot.safe_wal_size_bytes.map_or_else(
+                || "unlimited (max_slot_wal_keep_size = -1)".to_owned(),
+                bytes,
+            ),
+        ),
+    ];
+    rows.extend(slot.facts.invalidated().map(|r| ("invalidated", r)));
+    rows.extend(
+        slot.facts
+            .inactive_since
+            .clone()
+            .map(|t| ("inactive since", t)),
+    );
+    rows
+}
+
+fn or_dash(value: &Option<String>) -> String {
+    value.clone().unwrap_or_else(|| "-".to_owned())
 }

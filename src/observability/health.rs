@@ -10,18 +10,23 @@
 //! listed on `/readyz` and logged with the remedy, but do not flip readiness;
 //! a `lost` or missing slot does, because the relay can no longer stream.
 //!
+//! One [`Health`] per relay: the relay command creates it and hands it to
+//! the HTTP server, the producer's context, the pipeline's observer and the
+//! slot poller.
+//!
 //! # Where "producer connected" comes from
 //! librdkafka reports broker states in its statistics: the sink enables
-//! `statistics.interval.ms` (1 s unless `-X` overrides it) and hands the raw
-//! JSON to [`Health::producer_stats`], which sets the flag when any broker is
-//! `UP`. librdkafka's `AllBrokersDown` error clears it at once, and each
-//! successful delivery sets it, so with statistics disabled
+//! `statistics.interval.ms` (1 s unless `-X` overrides it) and hands rdkafka's
+//! typed [`Statistics`] to [`Health::producer_stats`], which sets the flag when
+//! any broker is `UP`. librdkafka's `AllBrokersDown` error clears it at once,
+//! and each successful delivery sets it, so with statistics disabled
 //! (`-X statistics.interval.ms=0`) the flag still follows deliveries.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use rdkafka::Statistics;
 use serde::Serialize;
 
 pub use crate::config::ReadinessThresholds;
@@ -306,21 +311,6 @@ pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<Str
     warnings
 }
 
-/// PURE: whether librdkafka's statistics JSON shows any broker `UP`;
-/// `None` when the JSON has no broker list.
-pub fn brokers_up(stats_json: &[u8]) -> Option<bool> {
-    #[derive(serde::Deserialize)]
-    struct Stats {
-        brokers: std::collections::HashMap<String, Broker>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Broker {
-        state: String,
-    }
-    let stats: Stats = serde_json::from_slice(stats_json).ok()?;
-    Some(stats.brokers.values().any(|b| b.state == "UP"))
-}
-
 /// Progress counters for the periodic summary line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Progress {
@@ -345,20 +335,11 @@ pub struct Health {
     /// Nanoseconds after `epoch` + 1 of the oldest in-flight event; 0 = none.
     oldest_in_flight: AtomicU64,
     slot: Mutex<SlotObservation>,
-    thresholds: Mutex<ReadinessThresholds>,
+    thresholds: ReadinessThresholds,
     events_acked: AtomicU64,
     in_flight_events: AtomicU64,
     received: AtomicU64,
     frontier: AtomicU64,
-}
-
-static GLOBAL: OnceLock<Arc<Health>> = OnceLock::new();
-
-/// The process's [`Health`], shared by the pipeline, the producer and the HTTP server.
-pub fn global() -> Arc<Health> {
-    GLOBAL
-        .get_or_init(|| Arc::new(Health::new(ReadinessThresholds::default())))
-        .clone()
 }
 
 impl Health {
@@ -370,7 +351,7 @@ impl Health {
             producer_connected: AtomicBool::new(false),
             oldest_in_flight: AtomicU64::new(0),
             slot: Mutex::new(SlotObservation::Unknown),
-            thresholds: Mutex::new(thresholds),
+            thresholds,
             events_acked: AtomicU64::new(0),
             in_flight_events: AtomicU64::new(0),
             received: AtomicU64::new(0),
@@ -378,20 +359,9 @@ impl Health {
         }
     }
 
-    /// Replaces the limits (from the flags).
-    pub fn set_thresholds(&self, thresholds: ReadinessThresholds) {
-        *self
-            .thresholds
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = thresholds;
-    }
-
     /// The limits in force.
     pub fn thresholds(&self) -> ReadinessThresholds {
-        *self
-            .thresholds
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.thresholds
     }
 
     /// The replication stream started (true) or stopped (false).
@@ -404,28 +374,9 @@ impl Health {
         self.producer_connected.store(connected, Ordering::Relaxed);
     }
 
-    /// librdkafka's statistics JSON, from the producer context's `stats_raw`.
-    pub fn producer_stats(&self, stats_json: &[u8]) {
-        if let Some(up) = brokers_up(stats_json) {
-            self.set_producer_connected(up);
-        }
-    }
-
-    /// What the slot poller saw.
-    pub fn set_slot(
-        &self,
-        lag_bytes: Option<u64>,
-        wal_status: WalStatus,
-        safe_wal_size: Option<i64>,
-    ) {
-        self.set_slot_observation(SlotObservation::Seen(SlotStatus {
-            lag_bytes,
-            wal_status,
-            safe_wal_size_bytes: safe_wal_size,
-            failover: None,
-            synchronized_standby_slots_set: None,
-            facts: SlotFacts::default(),
-        }));
+    /// librdkafka's statistics, from the producer context: connected when any broker is `UP`.
+    pub fn producer_stats(&self, stats: &Statistics) {
+        self.set_producer_connected(stats.brokers.values().any(|b| b.state == "UP"));
     }
 
     /// The slot poller's finding, including "missing" and "unknown".
@@ -752,17 +703,21 @@ mod tests {
 
     #[test]
     fn broker_state_comes_from_librdkafka_statistics() {
-        let up = br#"{"name":"p","brokers":{"127.0.0.1:9092/1":{"state":"UP","nodeid":1},
-                      "127.0.0.1:9092/bootstrap":{"state":"INIT","nodeid":-1}}}"#;
-        let down = br#"{"brokers":{"127.0.0.1:9092/1":{"state":"CONNECT"}}}"#;
-        assert_eq!(brokers_up(up), Some(true));
-        assert_eq!(brokers_up(down), Some(false));
-        assert_eq!(brokers_up(b"{}"), None);
-        assert_eq!(brokers_up(b"not json"), None);
+        let stats = |states: &[&str]| {
+            let mut stats = Statistics::default();
+            for (i, state) in states.iter().enumerate() {
+                let broker = rdkafka::statistics::Broker {
+                    state: (*state).to_owned(),
+                    ..Default::default()
+                };
+                stats.brokers.insert(format!("127.0.0.1:9092/{i}"), broker);
+            }
+            stats
+        };
         let health = Health::new(ReadinessThresholds::default());
-        health.producer_stats(up);
+        health.producer_stats(&stats(&["INIT", "UP"]));
         assert!(health.snapshot(Instant::now()).producer_connected);
-        health.producer_stats(down);
+        health.producer_stats(&stats(&["CONNECT"]));
         assert!(!health.snapshot(Instant::now()).producer_connected);
     }
 

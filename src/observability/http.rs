@@ -32,7 +32,7 @@ const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 pub enum HttpError {
     /// The address is taken or not ours.
     #[error(
-        "cannot listen on --http-addr {addr}: {source} (pick another address, or --http-addr none to disable)"
+        "cannot listen on --http-addr {addr} (pick another address, or --http-addr none to disable)"
     )]
     Bind {
         /// The address.
@@ -42,7 +42,7 @@ pub enum HttpError {
         source: std::io::Error,
     },
     /// Accepting connections failed.
-    #[error("the HTTP server on {addr} failed: {source}")]
+    #[error("the HTTP server on {addr} failed")]
     Serve {
         /// The address.
         addr: SocketAddr,
@@ -63,17 +63,6 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| HttpError::Bind { addr, source })
-}
-
-/// Binds `addr` and serves until `shutdown` resolves.
-pub async fn serve(
-    addr: SocketAddr,
-    handle: PrometheusHandle,
-    health: Arc<Health>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), HttpError> {
-    let listener = bind(addr).await?;
-    serve_on(listener, handle, health, shutdown).await
 }
 
 /// Serves on a bound listener until `shutdown` resolves.
@@ -169,7 +158,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observability::health::{ReadinessThresholds, WalStatus};
+    use crate::observability::health::{ReadinessThresholds, SlotStatus, WalStatus};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -216,7 +205,14 @@ mod tests {
 
         health.set_streaming(true);
         health.set_producer_connected(true);
-        health.set_slot(Some(10), WalStatus::Extended, Some(5 << 30));
+        health.set_slot_observation(SlotObservation::Seen(SlotStatus {
+            lag_bytes: Some(10),
+            wal_status: WalStatus::Extended,
+            safe_wal_size_bytes: Some(5 << 30),
+            failover: None,
+            synchronized_standby_slots_set: None,
+            facts: Default::default(),
+        }));
         let (status, body) = get(addr, "/readyz").await;
         assert_eq!(status, 200, "{body}");
         let json: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -1,10 +1,9 @@
-//! Logging set-up. Event-level lines carry `lsn`, `id`, `topic` as structured fields.
-//!
-//! Metrics, health and the operator's HTTP endpoint live in the submodules:
-//! [`metrics`] (names and recording), [`health`] (readiness rules),
-//! [`observer`] (the pipeline's hooks), [`http`] (`/metrics`, `/healthz`,
-//! `/readyz`), [`slot_monitor`] (slot lag and WAL retention) and
-//! [`progress`] (the periodic summary line).
+//! What the operator sees of a running relay: [`metrics`] (Prometheus names
+//! and recording), [`health`] (readiness state and rules), [`observer`] (the
+//! pipeline's hooks), [`http`] (`/metrics`, `/healthz`, `/readyz`),
+//! [`slot_monitor`] (slot lag and WAL retention), [`progress`] (the periodic
+//! summary line), and here the log subscriber ([`init`]); event-level lines
+//! carry `lsn`, `id`, `topic` as structured fields.
 
 pub mod health;
 pub mod http;

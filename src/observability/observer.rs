@@ -15,7 +15,7 @@ use ::metrics::Counter;
 use pgwire_replication::ReplicationEvent;
 use rdkafka::error::KafkaError;
 
-use super::health::{self, Health};
+use super::health::Health;
 use super::metrics::{self as m, RelayMetrics};
 use crate::lsn::Lsn;
 
@@ -39,20 +39,9 @@ pub struct PipelineObserver {
     frontier: Lsn,
 }
 
-impl Default for PipelineObserver {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl PipelineObserver {
-    /// Reports to the process's [`health::global`] state. Create it after
-    /// [`m::install`] (metric handles bind to the recorder installed then).
-    pub fn new() -> Self {
-        Self::with_health(health::global())
-    }
-
-    /// Reports to `health`.
+    /// Reports to `health`. Create it after [`m::install`] (metric handles
+    /// bind to the recorder installed then).
     pub fn with_health(health: Arc<Health>) -> Self {
         PipelineObserver {
             metrics: RelayMetrics::new(),

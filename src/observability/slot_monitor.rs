@@ -162,18 +162,6 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
 
 /// Publishes an observation to the metrics and `health`.
 pub fn record(health: &Health, observation: &SlotObservation) {
-    match observation {
-        SlotObservation::Seen(slot) => {
-            let status = match slot.wal_status {
-                WalStatus::Unknown => None,
-                known => Some(known.as_str()),
-            };
-            metrics::set_slot(slot.lag_bytes, status, slot.safe_wal_size_bytes);
-            metrics::set_failover(slot.failover, slot.synchronized_standby_slots_set);
-            metrics::set_slot_facts(&slot.facts);
-        }
-        SlotObservation::Missing => metrics::set_slot(None, None, None),
-        SlotObservation::Unknown => {}
-    }
+    metrics::set_slot(observation);
     health.set_slot_observation(observation.clone());
 }

@@ -28,14 +28,15 @@ use bytes::Bytes;
 
 pub mod exactly_once;
 
-use rdkafka::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
 
 use crate::lsn::Lsn;
+use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
 use exactly_once::{Position, TailError, TailReader};
 
@@ -241,8 +242,10 @@ impl SinkError {
 
 struct DeliveryContext {
     deliveries: mpsc::UnboundedSender<Delivery>,
-    /// The one-record-batch producer: its statistics are not the relay's.
     alone: bool,
+    /// Where broker states go; `None` for a producer whose state is not the
+    /// relay's readiness (the one-record-batch producer, `backfill`).
+    health: Option<Arc<Health>>,
 }
 
 impl ClientContext for DeliveryContext {
@@ -270,16 +273,17 @@ impl ClientContext for DeliveryContext {
         // Broker connection errors are retried by librdkafka; deliveries that
         // finally fail arrive as delivery reports, so this is informational.
         tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
-        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown) {
-            crate::observability::health::global().set_producer_connected(false);
+        if let Some(health) = &self.health
+            && error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown)
+        {
+            health.set_producer_connected(false);
         }
     }
 
-    fn stats_raw(&self, statistics: &[u8]) {
-        if self.alone {
-            return;
+    fn stats(&self, statistics: Statistics) {
+        if let Some(health) = &self.health {
+            health.producer_stats(&statistics);
         }
-        crate::observability::health::global().producer_stats(statistics);
     }
 }
 
@@ -344,11 +348,13 @@ pub struct KafkaSink {
 }
 
 impl KafkaSink {
-    /// Builds the producer. Delivery reports arrive on the returned channel.
+    /// Builds the producer. Delivery reports arrive on the returned channel;
+    /// broker states go to `health`.
     pub fn new(
         brokers: &str,
         properties: &[(String, String)],
         max_in_flight_events: usize,
+        health: Option<Arc<Health>>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", brokers);
@@ -367,6 +373,7 @@ impl KafkaSink {
             .create_with_context(DeliveryContext {
                 deliveries: tx.clone(),
                 alone: false,
+                health,
             })
             .map_err(|error| SinkError::create(error, properties))?;
         let sink = KafkaSink {
@@ -494,6 +501,7 @@ impl Sink for KafkaSink {
                     .create_with_context(DeliveryContext {
                         deliveries: self.deliveries.clone(),
                         alone: true,
+                        health: None,
                     })
                     .map_err(|error| SinkError::create(error, &self.properties))?;
                 self.alone.get_or_init(|| producer)
@@ -571,18 +579,32 @@ mod tests {
                     ("sasl.password", "secret"),
                 ]),
                 10,
+                None,
             );
             assert!(result.is_ok(), "{mechanism}: {:?}", result.err());
         }
-        assert!(KafkaSink::new("127.0.0.1:1", &props(&[("security.protocol", "SSL")]), 10).is_ok());
+        assert!(
+            KafkaSink::new(
+                "127.0.0.1:1",
+                &props(&[("security.protocol", "SSL")]),
+                10,
+                None
+            )
+            .is_ok()
+        );
     }
 
     #[tokio::test]
     async fn unknown_properties_are_a_clear_error() {
-        let err = KafkaSink::new("127.0.0.1:1", &props(&[("no.such.property", "1")]), 10)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err = KafkaSink::new(
+            "127.0.0.1:1",
+            &props(&[("no.such.property", "1")]),
+            10,
+            None,
+        )
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
         assert!(err.contains("-X"), "{err}");
     }
 
@@ -597,7 +619,7 @@ mod tests {
             ("acks", "hunter2"),
             ("security.protocol", "hunter2"),
         ] {
-            let err = KafkaSink::new("127.0.0.1:1", &props(&[(key, value)]), 10)
+            let err = KafkaSink::new("127.0.0.1:1", &props(&[(key, value)]), 10, None)
                 .err()
                 .map(|e| format!("{e} {e:?}"))
                 .unwrap_or_default();

@@ -10,8 +10,9 @@ use std::time::Duration;
 use super::setup;
 use crate::config::Config;
 
-/// The message prefix: not an outbox prefix, so it is never relayed.
-pub const HEARTBEAT_PREFIX: &str = "outbox-relay-heartbeat";
+/// The message's prefix, `outbox-relay-heartbeat`, is not an outbox prefix,
+/// so the heartbeat is never relayed.
+const HEARTBEAT: &str = "SELECT pg_logical_emit_message(false, 'outbox-relay-heartbeat', '')";
 
 /// Writes a heartbeat every `interval` until the task is aborted. Never fails:
 /// an error is logged and retried on the next tick with a fresh connection.
@@ -26,28 +27,25 @@ pub async fn run(config: Config, interval: Duration) {
             client = setup::connect(&config).await.ok();
         }
         let Some(c) = &client else { continue };
-        let sql = format!("SELECT pg_logical_emit_message(false, '{HEARTBEAT_PREFIX}', '')");
-        match c.simple_query(&sql).await {
+        match c.simple_query(HEARTBEAT).await {
             Ok(_) => warned = false,
             Err(e) => {
                 let read_only =
                     e.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION);
-                if !warned && read_only {
-                    tracing::warn!(
-                        error = %super::pg_error_text(&e),
+                let why = match read_only {
+                    true => {
                         "heartbeat refused: the relay reads from a hot standby (or a read-only \
                          server), where nothing can be written. The slot still advances with \
                          the primary's WAL as the standby replays it; point the heartbeat at \
                          the primary or drop --heartbeat-interval"
-                    );
-                    warned = true;
-                } else if !warned {
-                    tracing::warn!(
-                        error = %super::pg_error_text(&e),
+                    }
+                    false => {
                         "heartbeat failed; the role needs EXECUTE on pg_logical_emit_message \
                          (superuser or REPLICATION). Retrying every interval"
-                    );
-                    warned = true;
+                    }
+                };
+                if !std::mem::replace(&mut warned, true) {
+                    tracing::warn!(error = %super::pg_error_text(&e), "{why}");
                 }
                 client = None;
             }

@@ -5,19 +5,21 @@
 //! (PostgreSQL 16 and older, or a slot that was not synchronized) has none.
 //! Creating a fresh slot there would start from "now" and silently skip every
 //! event committed between the relay's last acknowledgement and the
-//! promotion. The table [`TABLE`] is ordinary data: it is replicated to every
-//! standby and survives the promotion, so a missing slot whose name it records
-//! under the same system identifier means "lost", not "first start".
+//! promotion. The table `public.outbox_relay_slots` is ordinary data: it is
+//! replicated to every standby and survives the promotion, so a missing slot
+//! whose name it records under the same system identifier means "lost", not
+//! "first start".
 
 use tokio_postgres::Client;
 
 use super::SourceError;
+use super::setup::{Server, query_err};
 use crate::config::Config;
 
 /// Where the relay records the slots it created.
-pub const TABLE: &str = "public.outbox_relay_slots";
+const TABLE: &str = "public.outbox_relay_slots";
 
-/// Creates [`TABLE`] if missing (also run by `outbox-relay setup`).
+/// Creates `public.outbox_relay_slots` if missing (also run by `outbox-relay setup`).
 pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_slots (\
      slot_name text PRIMARY KEY, system_identifier text NOT NULL, \
      created_at timestamptz NOT NULL DEFAULT now(), created_lsn pg_lsn)";
@@ -25,29 +27,19 @@ pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_s
 /// The first PostgreSQL major version with failover slots.
 const FAILOVER_MIN_VERSION: i32 = 170_000;
 
-/// The server's system identifier (kept by a promoted standby, unlike its timeline).
-async fn system_identifier(client: &Client) -> Result<String, SourceError> {
-    client
-        .query_one(
-            "SELECT system_identifier::text FROM pg_control_system()",
-            &[],
-        )
-        .await
-        .map(|row| row.get(0))
-        .map_err(|source| SourceError::Query {
-            what: "read the system identifier",
-            source,
-        })
-}
-
-/// Called before creating a missing slot: refuses when [`TABLE`] says this
+/// Called before creating a missing slot: refuses when `public.outbox_relay_slots` says this
 /// relay streamed from the slot on this cluster before, unless
 /// `--allow-new-slot` says the operator knows.
-pub async fn check_missing_slot(client: &Client, config: &Config) -> Result<(), SourceError> {
+pub(super) async fn check_missing_slot(
+    client: &Client,
+    config: &Config,
+) -> Result<(), SourceError> {
+    // The system identifier is kept by a promoted standby, unlike its timeline.
     let row = match client
         .query_opt(
-            "SELECT system_identifier, created_at::text FROM public.outbox_relay_slots \
-             WHERE slot_name = $1",
+            "SELECT system_identifier = (SELECT system_identifier::text FROM pg_control_system()), \
+                    created_at::text \
+             FROM public.outbox_relay_slots WHERE slot_name = $1",
             &[&config.slot],
         )
         .await
@@ -55,16 +47,11 @@ pub async fn check_missing_slot(client: &Client, config: &Config) -> Result<(), 
         Ok(row) => row,
         // No table: this relay never created a slot in this database.
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => None,
-        Err(source) => {
-            return Err(SourceError::Query {
-                what: "read public.outbox_relay_slots",
-                source,
-            });
-        }
+        Err(source) => return Err(query_err("read public.outbox_relay_slots")(source)),
     };
     let Some(row) = row else { return Ok(()) };
-    let (recorded_id, created_at): (String, String) = (row.get(0), row.get(1));
-    if recorded_id != system_identifier(client).await? {
+    let (same_cluster, created_at): (bool, String) = (row.get(0), row.get(1));
+    if !same_cluster {
         tracing::warn!(
             slot = %config.slot,
             "{TABLE} names this slot under another cluster's system identifier (the database \
@@ -89,9 +76,9 @@ pub async fn check_missing_slot(client: &Client, config: &Config) -> Result<(), 
     })
 }
 
-/// Records the slot in [`TABLE`] (creating it if needed). Best effort: a role
+/// Records the slot in `public.outbox_relay_slots` (creating it if needed). Best effort: a role
 /// that may not create the table is warned about, not stopped.
-pub async fn record_slot(client: &Client, slot: &str) {
+pub(super) async fn record_slot(client: &Client, slot: &str) {
     let result = async {
         let state = client
             .query_one(
@@ -133,31 +120,25 @@ pub async fn record_slot(client: &Client, slot: &str) {
 /// With `--slot-failover`: the server must be PostgreSQL 17+; warns when
 /// `synchronized_standby_slots` is empty. Returns whether the slot must still
 /// be altered to `FAILOVER true` (an existing slot created without it).
-pub async fn check_failover(client: &Client, config: &Config) -> Result<bool, SourceError> {
-    let query = |what, sql| async move {
-        client
-            .query_opt(sql, &[])
-            .await
-            .map_err(|source| SourceError::Query { what, source })
-    };
-    let version: i32 = query("read server_version_num", "SHOW server_version_num")
-        .await?
-        .and_then(|r| r.get::<_, String>(0).parse().ok())
-        .unwrap_or(0);
-    if version < FAILOVER_MIN_VERSION {
-        let version = query("read server_version", "SHOW server_version")
-            .await?
-            .map(|r| r.get::<_, String>(0))
-            .unwrap_or_default();
-        return Err(SourceError::FailoverUnsupported { version });
+pub(super) async fn check_failover(
+    client: &Client,
+    config: &Config,
+    server: &Server,
+) -> Result<bool, SourceError> {
+    if server.version_num < FAILOVER_MIN_VERSION {
+        return Err(SourceError::FailoverUnsupported {
+            version: server.version.clone(),
+        });
     }
-    let standby_slots: String = query(
-        "read synchronized_standby_slots",
-        "SHOW synchronized_standby_slots",
-    )
-    .await?
-    .map(|r| r.get(0))
-    .unwrap_or_default();
+    let row = client
+        .query_one(
+            "SELECT current_setting('synchronized_standby_slots'), \
+                    (SELECT failover FROM pg_replication_slots WHERE slot_name = $1)",
+            &[&config.slot],
+        )
+        .await
+        .map_err(query_err("read the slot's failover settings"))?;
+    let (standby_slots, failover): (String, Option<bool>) = (row.get(0), row.get(1));
     if standby_slots.trim().is_empty() {
         tracing::warn!(
             slot = %config.slot,
@@ -167,22 +148,12 @@ pub async fn check_failover(client: &Client, config: &Config) -> Result<bool, So
              physical slots"
         );
     }
-    let row = client
-        .query_opt(
-            "SELECT failover FROM pg_replication_slots WHERE slot_name = $1",
-            &[&config.slot],
-        )
-        .await
-        .map_err(|source| SourceError::Query {
-            what: "read the slot's failover flag",
-            source,
-        })?;
-    Ok(row.is_some_and(|r| !r.get::<_, bool>(0)))
+    Ok(failover == Some(false))
 }
 
 /// `ALTER_REPLICATION_SLOT ... (FAILOVER true)`: a replication command, so
 /// it runs on a replication connection.
-pub async fn mark_failover(config: &Config) -> Result<(), SourceError> {
+pub(super) async fn mark_failover(config: &Config) -> Result<(), SourceError> {
     let config = &super::setup::pin(config).await?;
     let stream_err = |source| SourceError::Stream {
         slot: config.slot.clone(),

@@ -1,6 +1,8 @@
-//! Start-up checks, publication and slot, over an ordinary (control) connection.
+//! The control connection (an ordinary one, to the server `--postgres-url`'s
+//! `target_session_attrs` picks) and what runs over it: the start-up checks,
+//! the publication and the slot, and the look-ups later checks repeat.
 //!
-//! Everything here runs before streaming starts, so a misconfiguration stops
+//! The start-up checks run before streaming starts, so a misconfiguration stops
 //! the relay with one clear message instead of a stream that never delivers.
 
 use tokio_postgres::Client;
@@ -9,9 +11,10 @@ use super::{SourceError, lineage, tls};
 use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::outbox::{TableName, quote_ident};
+use crate::pgoutput::{Column, Relation};
 
 /// The oldest PostgreSQL major version the relay supports (`server_version_num / 10000`).
-pub const MIN_SERVER_MAJOR: i32 = 14;
+const MIN_SERVER_MAJOR: i32 = 14;
 
 /// What start-up learned about the slot.
 #[derive(Debug, Clone)]
@@ -199,19 +202,22 @@ fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
 
 /// Runs every start-up check, creates what is missing, and returns the slot's position.
 pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
-    check_server_version(client).await?;
-    check_wal_level(client).await?;
-    check_privileges(client, &config.postgres.user).await?;
+    let server = check_server(client, &config.postgres.user).await?;
     let mut partitioned = Vec::new();
     for table in &config.tables {
         if check_table(client, config, table).await? {
             partitioned.push(table);
         }
     }
-    ensure_publication(client, config).await?;
-    let publication = verify_publication(client, config, &partitioned).await?;
+    let publication = match verify_publication(client, config, &partitioned).await {
+        Err(SourceError::PublicationDropped { .. }) => {
+            create_publication(client, config, server.in_recovery).await?;
+            verify_publication(client, config, &partitioned).await?
+        }
+        found => found?,
+    };
     warn_idle_slot_timeout(client).await?;
-    let (confirmed_flush, created) = ensure_slot(client, config).await?;
+    let (confirmed_flush, created) = ensure_slot(client, config, &server).await?;
     Ok(SlotState {
         confirmed_flush,
         created,
@@ -219,25 +225,53 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     })
 }
 
-/// Versions before 14 lack pgoutput's `messages` option (the stream would fail
-/// at START_REPLICATION); say so once instead.
-async fn check_server_version(client: &Client) -> Result<(), SourceError> {
-    let row = query_one(
-        client,
-        "read the server version",
-        "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
-        &[],
-    )
-    .await?;
-    let Some(row) = row else { return Ok(()) };
-    let num: i32 = row.get(0);
-    if num / 10000 < MIN_SERVER_MAJOR {
+/// What start-up learned about the server.
+pub(super) struct Server {
+    /// `server_version_num`.
+    pub(super) version_num: i32,
+    /// `server_version`, for messages.
+    pub(super) version: String,
+    /// A standby, where nothing can be written.
+    in_recovery: bool,
+}
+
+/// The server's version, `wal_level` and the role's right to replicate, in one
+/// look. Versions before 14 lack pgoutput's `messages` option (the stream would
+/// fail at START_REPLICATION): say so once instead.
+async fn check_server(client: &Client, user: &str) -> Result<Server, SourceError> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
+                    pg_is_in_recovery(), current_setting('wal_level'), \
+                    r.rolsuper OR r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
+                        WHERE g.rolname = 'rds_replication' \
+                          AND pg_has_role(current_user, g.oid, 'member')) \
+             FROM pg_roles r WHERE r.rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(query_err("read the server's version and settings"))?;
+    let server = Server {
+        version_num: row.get(0),
+        version: row.get(1),
+        in_recovery: row.get(2),
+    };
+    let (wal_level, may_replicate): (String, bool) = (row.get(3), row.get(4));
+    if server.version_num / 10000 < MIN_SERVER_MAJOR {
         return Err(SourceError::ServerTooOld {
-            version: row.get(1),
+            version: server.version,
             minimum: MIN_SERVER_MAJOR,
         });
     }
-    Ok(())
+    if wal_level != "logical" {
+        return Err(SourceError::WalLevel { actual: wal_level });
+    }
+    if !may_replicate {
+        return Err(SourceError::NoReplicationPrivilege {
+            user: user.to_owned(),
+        });
+    }
+    Ok(server)
 }
 
 /// PostgreSQL 18's `idle_replication_slot_timeout` drops the slot of a relay
@@ -258,57 +292,18 @@ async fn warn_idle_slot_timeout(client: &Client) -> Result<(), SourceError> {
     Ok(())
 }
 
+/// Names a failed control-connection query by what it was for.
+pub(crate) fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> SourceError {
+    move |source| SourceError::Query { what, source }
+}
+
 async fn query_one(
     client: &Client,
     what: &'static str,
     sql: &str,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Option<tokio_postgres::Row>, SourceError> {
-    client
-        .query_opt(sql, params)
-        .await
-        .map_err(|source| SourceError::Query { what, source })
-}
-
-/// Whether the server is a standby (in recovery), where nothing can be written.
-async fn in_recovery(client: &Client) -> Result<bool, SourceError> {
-    let row = query_one(
-        client,
-        "ask pg_is_in_recovery()",
-        "SELECT pg_is_in_recovery()",
-        &[],
-    )
-    .await?;
-    Ok(row.is_some_and(|r| r.get(0)))
-}
-
-async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
-    let row = query_one(client, "read wal_level", "SHOW wal_level", &[]).await?;
-    let level: String = row.map(|r| r.get(0)).unwrap_or_default();
-    if level != "logical" {
-        return Err(SourceError::WalLevel { actual: level });
-    }
-    Ok(())
-}
-
-async fn check_privileges(client: &Client, user: &str) -> Result<(), SourceError> {
-    let row = query_one(
-        client,
-        "read the role's privileges",
-        "SELECT r.rolsuper, r.rolreplication, \
-                EXISTS (SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication' \
-                        AND pg_has_role(current_user, g.oid, 'member')) \
-         FROM pg_roles r WHERE r.rolname = current_user",
-        &[],
-    )
-    .await?;
-    let ok = row.is_some_and(|r| r.get::<_, bool>(0) || r.get::<_, bool>(1) || r.get::<_, bool>(2));
-    if !ok {
-        return Err(SourceError::NoReplicationPrivilege {
-            user: user.to_owned(),
-        });
-    }
-    Ok(())
+    client.query_opt(sql, params).await.map_err(query_err(what))
 }
 
 /// Checks the table's columns and persistence; returns whether it is partitioned.
@@ -317,32 +312,15 @@ async fn check_table(
     config: &Config,
     table: &TableName,
 ) -> Result<bool, SourceError> {
-    let rows = client
-        .query(
-            "SELECT a.attname::text FROM pg_attribute a \
-             JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p') \
-               AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            &[&table.schema, &table.name],
-        )
-        .await
-        .map_err(|source| SourceError::Query {
-            what: "read the outbox table's columns",
-            source,
-        })?;
-    if rows.is_empty() {
-        return Err(SourceError::TableMissing {
-            table: table.to_string(),
-        });
-    }
-    let columns: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+    let columns = relation(client, table).await?.columns;
     for (flag, column) in config.mapping_for(table).required_columns() {
-        if !columns.iter().any(|c| c == column) {
+        if !columns.iter().any(|c| c.name == column) {
+            let available: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
             return Err(SourceError::ColumnMissing {
                 table: table.to_string(),
                 flag,
                 column: column.to_owned(),
-                available: columns.join(", "),
+                available: available.join(", "),
             });
         }
     }
@@ -369,21 +347,48 @@ async fn check_table(
     Ok(partitioned)
 }
 
-/// Creates the publication when missing.
-async fn ensure_publication(client: &Client, config: &Config) -> Result<(), SourceError> {
-    let publication = &config.publication;
-    let row = query_one(
-        client,
-        "look up the publication",
-        "SELECT 1 FROM pg_publication WHERE pubname = $1",
-        &[publication],
-    )
-    .await?;
-    if row.is_some() {
-        return Ok(());
+/// The table's columns as a pgoutput Relation announces them (`id` 0: no
+/// stream announced it); [`SourceError::TableMissing`] when there is no such table.
+pub(crate) async fn relation(client: &Client, table: &TableName) -> Result<Relation, SourceError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid \
+             WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p') \
+               AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(query_err("read the outbox table's columns"))?;
+    if rows.is_empty() {
+        return Err(SourceError::TableMissing {
+            table: table.to_string(),
+        });
     }
+    let columns = rows.iter().map(|r| Column {
+        flags: 0,
+        name: r.get(0),
+        type_oid: r.get(1),
+        type_modifier: r.get(2),
+    });
+    Ok(Relation {
+        id: 0,
+        namespace: table.schema.clone(),
+        name: table.name.clone(),
+        replica_identity: b'd',
+        columns: columns.collect(),
+    })
+}
+
+/// Creates the missing publication (on a standby, says what to run on the primary).
+async fn create_publication(
+    client: &Client,
+    config: &Config,
+    in_recovery: bool,
+) -> Result<(), SourceError> {
+    let publication = &config.publication;
     let sql = super::sql::create_publication(publication, &config.tables);
-    if in_recovery(client).await? {
+    if in_recovery {
         return Err(SourceError::PublicationMissingOnStandby {
             publication: publication.clone(),
             sql,
@@ -392,10 +397,7 @@ async fn ensure_publication(client: &Client, config: &Config) -> Result<(), Sour
     client
         .batch_execute(&sql)
         .await
-        .map_err(|source| SourceError::Query {
-            what: "create the publication",
-            source,
-        })?;
+        .map_err(query_err("create the publication"))?;
     tracing::info!(publication = %publication, sql = %sql, "created publication");
     Ok(())
 }
@@ -460,10 +462,9 @@ async fn members(
     let rows = client
         .query(&sql, &[&publication, &tables])
         .await
-        .map_err(|source| SourceError::Query {
-            what: "list the catalog rows that publish the outbox tables",
-            source,
-        })?;
+        .map_err(query_err(
+            "list the catalog rows that publish the outbox tables",
+        ))?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
@@ -506,10 +507,7 @@ async fn check_publication(
             &[publication],
         )
         .await
-        .map_err(|source| SourceError::Query {
-            what: "list the publication's tables",
-            source,
-        })?;
+        .map_err(query_err("list the publication's tables"))?;
     let covered: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     let missing: Vec<&TableName> = config
         .tables
@@ -539,7 +537,11 @@ async fn check_publication(
 }
 
 /// The slot's confirmed position, and whether it was created now.
-async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), SourceError> {
+async fn ensure_slot(
+    client: &Client,
+    config: &Config,
+    server: &Server,
+) -> Result<(Lsn, bool), SourceError> {
     let slot = &config.slot;
     let row = query_one(
         client,
@@ -550,7 +552,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
     )
     .await?;
     let mark_failover = match config.slot_failover {
-        true => lineage::check_failover(client, config).await?,
+        true => lineage::check_failover(client, config, server).await?,
         false => false,
     };
     let Some(row) = row else {
@@ -608,25 +610,10 @@ pub async fn slot_invalidation(client: &Client, slot: &str) -> Result<Option<Str
     let Some(row) = query_one(client, what, sql, &[&slot]).await? else {
         return Ok(None);
     };
-    let facts =
-        slot_monitor::slot_facts(&row, 0).map_err(|source| SourceError::Query { what, source })?;
+    let facts = slot_monitor::slot_facts(&row, 0).map_err(query_err(what))?;
     Ok(facts
         .invalidated()
         .map(|reason| health::slot_invalidated_remedy(&reason)))
-}
-
-/// The slot's confirmed position as Postgres reports it now.
-pub async fn confirmed_flush(client: &Client, slot: &str) -> Result<Option<Lsn>, SourceError> {
-    let row = query_one(
-        client,
-        "read the slot's confirmed position",
-        "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-        &[&slot],
-    )
-    .await?;
-    Ok(row
-        .and_then(|r| r.get::<_, Option<String>>(0))
-        .and_then(|t| t.parse().ok()))
 }
 
 /// One outbox table's primary key, for `--cleanup delete`.
@@ -669,10 +656,7 @@ pub async fn cleanup_keys(
                 &[&table.quoted()],
             )
             .await
-            .map_err(|source| SourceError::Query {
-                what: "read the outbox table's primary key",
-                source,
-            })?;
+            .map_err(query_err("read the outbox table's primary key"))?;
         if rows.is_empty() {
             return Err(SourceError::CleanupNoPrimaryKey {
                 table: table.to_string(),

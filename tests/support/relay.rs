@@ -27,6 +27,13 @@ impl Relay {
         Relay::spawn_raw(&all)
     }
 
+    /// [`Relay::spawn`], then waits until the relay streams.
+    pub fn spawn_streaming(postgres_url: &str, brokers: &str, args: &[&str]) -> Relay {
+        let mut relay = Relay::spawn(postgres_url, brokers, args);
+        relay.wait_streaming();
+        relay
+    }
+
     /// Starts the relay with exactly `args` (plus test logging settings).
     pub fn spawn_raw(args: &[&str]) -> Relay {
         let dir = tempfile::tempdir().expect("temp dir for the relay log");
@@ -134,6 +141,25 @@ impl Relay {
             "relay did not start streaming; log:\n{}",
             self.log()
         );
+    }
+
+    /// Waits until a relay that cannot stream (another holds the slot) has
+    /// done its start-up checks and connected its producer.
+    pub fn wait_standing_by(&mut self) {
+        let up = self.wait_for(Duration::from_secs(30), |r| {
+            r.readyz().is_some_and(|j| {
+                let reasons = j["reasons"].to_string();
+                reasons.contains("not streaming") && !reasons.contains("producer is not connected")
+            })
+        });
+        assert!(up, "{:?}\n{}", self.readyz(), self.log());
+    }
+
+    /// SIGTERM, then waits for the relay to exit.
+    pub fn stop(&mut self) {
+        self.signal("TERM");
+        self.wait_exit(Duration::from_secs(30))
+            .expect("relay stops");
     }
 
     /// Sends a signal by name (`TERM`, `KILL`, `INT`).

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use outbox_relay::lsn::Lsn;
 
 use super::kafka::Broker;
-use super::postgres::PgCluster;
+use super::postgres::{PgCluster, PgOptions};
+use super::relay::Relay;
 
 /// The common outbox schema plus a business table that is not published.
 pub const SCHEMA: &str = "
@@ -31,12 +32,29 @@ pub struct World {
 impl World {
     /// Starts both and creates the schema.
     pub async fn start() -> World {
-        let pg = PgCluster::start();
+        World::with(PgCluster::start()).await
+    }
+
+    /// [`World::start`] on one PostgreSQL major version.
+    pub async fn start_on(major: u32) -> World {
+        World::with(PgCluster::start_with(PgOptions {
+            major: Some(major),
+            ..PgOptions::default()
+        }))
+        .await
+    }
+
+    async fn with(pg: PgCluster) -> World {
         pg.execute(SCHEMA).await;
         World {
             pg,
             broker: Broker::start(),
         }
+    }
+
+    /// A relay on this world, streaming.
+    pub fn relay(&self, args: &[&str]) -> Relay {
+        Relay::spawn_streaming(&self.pg.url(), &self.broker.bootstrap(), args)
     }
 
     /// Inserts one outbox row per `(event_type, aggregate_id, payload)` in ONE
@@ -96,6 +114,13 @@ impl World {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("slot {slot} confirmed only {last}, expected >= {lsn}");
+    }
+
+    /// Waits until the slot is confirmed at the current WAL end; returns that end.
+    pub async fn wait_caught_up(&self, slot: &str, timeout: Duration) -> Lsn {
+        let end = self.current_lsn().await;
+        self.wait_confirmed(slot, end, timeout).await;
+        end
     }
 
     /// Waits on progress, not time, for a relay that must hold its slot before

@@ -22,7 +22,7 @@ use tokio_postgres::Client;
 
 use super::{CommandError, human_bytes, relay};
 use crate::config::{Cli, Config, ConfigError, DemoArgs};
-use crate::observability::health;
+use crate::observability::health::Health;
 use crate::outbox::{MappingConfig, Segment};
 use crate::source::{SourceError, setup, sql};
 
@@ -54,10 +54,10 @@ pub enum DemoError {
     #[error("the throwaway PostgreSQL did not start: {0}")]
     Cluster(String),
     /// The temporary directory or a port could not be had.
-    #[error("cannot prepare the throwaway PostgreSQL: {0}")]
+    #[error("cannot prepare the throwaway PostgreSQL")]
     Io(#[source] std::io::Error),
     /// The mock broker or the demo consumer could not start.
-    #[error("cannot start the demo's Kafka side: {0}")]
+    #[error("cannot start the demo's Kafka side")]
     Kafka(#[from] KafkaError),
 }
 
@@ -170,12 +170,14 @@ async fn run_demo(
 
     let (written, consumed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
-    let mut relay = tokio::spawn(relay::run_with(config.clone(), async move {
+    let health = Arc::new(Health::new(config.observability.readiness));
+    let shutdown = async move {
         let _ = relay_stopped.await;
-    }));
+    };
+    let mut relay = tokio::spawn(relay::run_with(config.clone(), health.clone(), shutdown));
     let consumer = tokio::spawn(consumer::run(consumer, consumed.clone()));
     let counts = [written.clone(), consumed.clone()];
-    let progress = tokio::spawn(progress(client.clone(), counts));
+    let progress = tokio::spawn(progress(client.clone(), health.clone(), counts));
 
     let (stop_writer, writer_stop) = tokio::sync::watch::channel(false);
     let mut writer = tokio::spawn(writer::run(
@@ -217,7 +219,7 @@ async fn run_demo(
         Ok(Err(e)) => Some(CommandError::from(e)),
         _ => None,
     };
-    let relayed = || health::global().progress().events_acked;
+    let relayed = || health.progress().events_acked;
     let deadline = Instant::now() + CATCH_UP;
     while relayed() < written.load(Ordering::Relaxed) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -246,7 +248,11 @@ async fn run_demo(
 }
 
 /// Every few seconds: the slot's confirmed position against the WAL end, and the counts.
-async fn progress(client: Arc<Client>, [written, consumed]: [Arc<AtomicU64>; 2]) {
+async fn progress(
+    client: Arc<Client>,
+    health: Arc<Health>,
+    [written, consumed]: [Arc<AtomicU64>; 2],
+) {
     let mut tick =
         tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
     loop {
@@ -271,7 +277,7 @@ async fn progress(client: Arc<Client>, [written, consumed]: [Arc<AtomicU64>; 2])
         println!(
             "demo: {slot}; events written {}, relayed {}, received {}",
             written.load(Ordering::Relaxed),
-            health::global().progress().events_acked,
+            health.progress().events_acked,
             consumed.load(Ordering::Relaxed)
         );
     }
