@@ -1,0 +1,209 @@
+//! The simulated Kafka side: topics with partition logs, a producer queue
+//! whose acknowledgements arrive in any order across partitions (in order
+//! within one, as the idempotent producer guarantees), delays, outages,
+//! permanent errors, and the tail reads exactly-once relies on.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::time::Duration;
+
+use bytes::Bytes;
+use outbox_relay::lsn::Lsn;
+use outbox_relay::outbox::OutboxRecord;
+use outbox_relay::sink::exactly_once::{
+    LSN_HEADER, Position, SEQ_HEADER, SOURCE_HEADER, partition_for,
+};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use tokio::time::Instant;
+
+/// One record in a partition log.
+#[derive(Clone, Debug)]
+pub struct Logged {
+    pub id: String,
+    pub key: Option<Bytes>,
+    pub position: Option<Position>,
+    /// The `outbox.source` header: which relay (and timeline) wrote it.
+    pub source: Option<Bytes>,
+}
+
+/// A record handed to the producer, not yet appended.
+#[derive(Debug)]
+pub struct Pending {
+    pub ticket: u64,
+    pub record: OutboxRecord,
+    pub partition: i32,
+    pub due: Instant,
+    pub alone: bool,
+}
+
+/// How one delivery ends.
+pub enum Outcome {
+    Appended { partition: i32, offset: i64 },
+    Failed(KafkaError),
+}
+
+/// The cluster: logs survive relay crashes, the producer queue does not.
+pub struct Broker {
+    pub partitions: BTreeMap<String, i32>,
+    pub logs: BTreeMap<(String, i32), Vec<Logged>>,
+    /// Per partition, in send order.
+    pub queue: BTreeMap<(String, i32), VecDeque<Pending>>,
+    pub outage_until: Option<Instant>,
+    /// Event ids the broker refuses as too large, with how many more times.
+    pub poison: BTreeMap<String, u32>,
+    /// The next delivery fails for good for a reason not the record's.
+    pub fail_next: bool,
+    /// Partitions failing so (authorization): what is queued there fails too.
+    pub failing: BTreeSet<(String, i32)>,
+    pub max_delay_ms: u64,
+}
+
+impl Broker {
+    pub fn new(rng: &mut ChaCha8Rng, dead_letter_topic: &str) -> Broker {
+        let mut partitions = BTreeMap::new();
+        for topic in super::wal::EVENT_TYPES {
+            partitions.insert(topic.to_owned(), rng.random_range(1..=3));
+        }
+        partitions.insert(dead_letter_topic.to_owned(), 1);
+        Broker {
+            partitions,
+            logs: BTreeMap::new(),
+            queue: BTreeMap::new(),
+            outage_until: None,
+            poison: BTreeMap::new(),
+            fail_next: false,
+            failing: BTreeSet::new(),
+            max_delay_ms: rng.random_range(1..=50),
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.queue.values().map(VecDeque::len).sum()
+    }
+
+    pub fn in_flight_bytes(&self) -> usize {
+        self.queue.values().flatten().map(|p| p.record.size()).sum()
+    }
+
+    /// What librdkafka's `murmur2_random` (or a pinned partition) picks.
+    pub fn partition(&self, record: &OutboxRecord, rng: &mut ChaCha8Rng) -> i32 {
+        let count = self.partitions.get(&record.topic).copied().unwrap_or(1);
+        match (record.partition, &record.key) {
+            (Some(p), _) => p,
+            (None, Some(key)) => partition_for(key, count),
+            (None, None) => rng.random_range(0..count),
+        }
+    }
+
+    pub fn enqueue(
+        &mut self,
+        rng: &mut ChaCha8Rng,
+        ticket: u64,
+        record: OutboxRecord,
+        alone: bool,
+    ) {
+        let partition = self.partition(&record, rng);
+        let queue = self
+            .queue
+            .entry((record.topic.clone(), partition))
+            .or_default();
+        let after = queue.back().map_or(Instant::now(), |p| p.due);
+        // Retriable errors are retried inside librdkafka: only a delay shows.
+        let retried = if rng.random_range(0..20) == 0 { 200 } else { 0 };
+        let delay = Duration::from_millis(rng.random_range(0..=self.max_delay_ms) + retried);
+        queue.push_back(Pending {
+            ticket,
+            record,
+            partition,
+            due: after.max(Instant::now() + delay),
+            alone,
+        });
+    }
+
+    /// When the next queued record is due (heads of each partition only).
+    pub fn next_due(&self) -> Option<Instant> {
+        let due = self
+            .queue
+            .values()
+            .filter_map(|q| q.front())
+            .map(|p| p.due)
+            .min()?;
+        Some(self.outage_until.map_or(due, |o| due.max(o)))
+    }
+
+    /// Takes the earliest due head, if due now.
+    pub fn pop_due(&mut self, now: Instant) -> Option<(Pending, Outcome)> {
+        if self.outage_until.is_some_and(|o| o > now) {
+            return None;
+        }
+        let key = self
+            .queue
+            .iter()
+            .filter_map(|(k, q)| q.front().map(|p| (p.due, k.clone())))
+            .filter(|(due, _)| *due <= now)
+            .min()?
+            .1;
+        let pending = self.queue.get_mut(&key)?.pop_front()?;
+        let id = String::from_utf8_lossy(&pending.record.id).into_owned();
+        if pending.record.topic != super::DLQ
+            && let Some(left) = self.poison.get_mut(&id).filter(|left| **left > 0)
+        {
+            *left -= 1;
+            let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+            return Some((pending, Outcome::Failed(error)));
+        }
+        if std::mem::take(&mut self.fail_next) || self.failing.contains(&key) {
+            if self.queue.get(&key).is_some_and(VecDeque::is_empty) {
+                self.failing.remove(&key);
+            } else {
+                self.failing.insert(key);
+            }
+            let error = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+            return Some((pending, Outcome::Failed(error)));
+        }
+        let log = self.logs.entry(key).or_default();
+        let header = |name: &str| {
+            pending
+                .record
+                .headers
+                .iter()
+                .find(|(k, _)| &**k == name)
+                .and_then(|(_, v)| v.clone())
+        };
+        let position = header(LSN_HEADER)
+            .zip(header(SEQ_HEADER))
+            .and_then(|(l, s)| Position::from_headers(&l, &s));
+        log.push(Logged {
+            id,
+            key: pending.record.key.clone(),
+            position,
+            source: header(SOURCE_HEADER),
+        });
+        let outcome = Outcome::Appended {
+            partition: pending.partition,
+            offset: log.len() as i64 - 1,
+        };
+        Some((pending, outcome))
+    }
+
+    /// Exactly-once's read-back of one partition: the positions of our
+    /// records at or above `floor`, back to the first of ours below it.
+    pub fn tail(&self, topic: &str, source: &str, partition: i32, floor: Lsn) -> HashSet<Position> {
+        let mut found = HashSet::new();
+        let Some(log) = self.logs.get(&(topic.to_owned(), partition)) else {
+            return found;
+        };
+        let ours = |r: &&Logged| r.source.as_deref() == Some(source.as_bytes());
+        for record in log.iter().rev().filter(ours) {
+            match record.position {
+                Some(p) if p.lsn < floor => break,
+                Some(p) => {
+                    found.insert(p);
+                }
+                None => {}
+            }
+        }
+        found
+    }
+}

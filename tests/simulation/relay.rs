@@ -1,0 +1,393 @@
+//! The seams: the simulated world behind the pipeline's `Source`, `Stream`
+//! and `Sink` traits, and the driver that runs the real pipeline over it,
+//! restarting it as a supervisor would, until the schedule has recovered.
+
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use outbox_relay::config::{Cli, Config};
+use outbox_relay::lsn::Lsn;
+use outbox_relay::outbox::{OutboxRecord, TableName};
+use outbox_relay::pipeline::{Pipeline, RelayError};
+use outbox_relay::sink::exactly_once::{Position, TailError};
+use outbox_relay::sink::{Acked, Delivery, DeliveryFailure, Sink, SinkError, Ticket};
+use outbox_relay::source::setup::{Publication, SlotState};
+use outbox_relay::source::{ServerId, Source, SourceError, Stream};
+use pgwire_replication::ReplicationEvent;
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::broker::Outcome;
+use super::{Shared, Step};
+
+/// The relay's configuration for this schedule, from its flags: small caps,
+/// so backpressure is exercised. Parsed once per policy combination (clap
+/// is the slowest part of a small schedule); the caps are then set.
+fn config(plan: &super::Plan) -> Config {
+    static PARSED: OnceLock<Vec<Config>> = OnceLock::new();
+    let parsed = PARSED.get_or_init(|| {
+        let mut configs = Vec::new();
+        for (exactly_once, dead_letter) in
+            [(false, false), (false, true), (true, false), (true, true)]
+        {
+            let mut args: Vec<&str> = vec![
+                "outbox-relay",
+                "--postgres-url",
+                "postgres://sim@127.0.0.1:9/sim",
+                "--kafka-brokers",
+                "127.0.0.1:9",
+                "--table",
+                "public.outbox",
+                "--message-prefix",
+                super::wal::PREFIX,
+                "--reconnect-backoff-min",
+                "10ms",
+                "--reconnect-backoff-max",
+                "1s",
+                "--max-in-flight-events",
+                "1",
+                "--max-in-flight-bytes",
+                "1024",
+            ];
+            if dead_letter {
+                args.extend([
+                    "--on-poison",
+                    "dead-letter",
+                    "--dead-letter-topic",
+                    super::DLQ,
+                ]);
+            }
+            if exactly_once {
+                args.extend(["--delivery", "exactly-once"]);
+            }
+            let cli = Cli::try_parse_global_from(args).expect("the simulation's flags parse");
+            configs.push(Config::from_cli(&cli).expect("the simulation's flags are valid"));
+        }
+        configs
+    });
+    let mut config =
+        parsed[usize::from(plan.exactly_once) * 2 + usize::from(plan.dead_letter)].clone();
+    config.max_in_flight_events = plan.max_events;
+    config.max_in_flight_bytes = plan.max_bytes;
+    config
+}
+
+/// Postgres: sessions over the simulated WAL.
+pub struct SimSource(pub Shared);
+
+/// One replication session.
+pub struct SimStream {
+    shared: Shared,
+    id: u64,
+    start: Lsn,
+    server: ServerId,
+}
+
+fn broken() -> SourceError {
+    SourceError::StreamEnded {
+        slot: "outbox_relay".to_owned(),
+    }
+}
+
+impl Source for SimSource {
+    type Stream = SimStream;
+
+    async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<SimStream, SourceError> {
+        let mut world = self.0.lock();
+        world.on_ack(acked.0, true);
+        if world.fault_now() {
+            world.note("fault: connect refused".into());
+            return Err(broken());
+        }
+        let (id, start) = world.start_session(from.0);
+        Ok(SimStream {
+            shared: self.0.clone(),
+            id,
+            start: Lsn(start),
+            server: ServerId {
+                addr: "127.0.0.1:9".to_owned(),
+                system_id: "7000000000000000001".to_owned(),
+                timeline: 1,
+            },
+        })
+    }
+
+    async fn partition_root(
+        &mut self,
+        _relation_id: u32,
+    ) -> Result<Option<TableName>, SourceError> {
+        Ok(None)
+    }
+
+    async fn check_publication(&mut self) -> Result<bool, SourceError> {
+        Ok(true)
+    }
+
+    async fn wal_end(&mut self) -> Lsn {
+        Lsn(self.0.lock().wal.end())
+    }
+}
+
+impl Stream for SimStream {
+    fn started_at(&self) -> Lsn {
+        self.start
+    }
+
+    fn server(&self) -> &ServerId {
+        &self.server
+    }
+
+    async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+        loop {
+            let step = self.shared.lock().recv(self.id);
+            match step {
+                Step::Event(event) => return Ok(event),
+                Step::Idle(event) => {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    return Ok(event);
+                }
+                Step::Wait(pause) => tokio::time::sleep(pause).await,
+                Step::Break => return Err(broken()),
+                Step::Crash => {
+                    self.shared.stop.notify_one();
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+
+    fn ack(&self, lsn: Lsn) {
+        let mut world = self.shared.lock();
+        let live = world.session.as_ref().is_some_and(|(id, _)| *id == self.id);
+        world.on_ack(lsn.0, live);
+    }
+
+    async fn close(self, wait_for: Lsn, _timeout: Duration) {
+        self.ack(wait_for);
+        let mut world = self.shared.lock();
+        if world.session.as_ref().is_some_and(|(id, _)| *id == self.id) {
+            world.session = None;
+        }
+    }
+}
+
+/// Kafka: the simulated producer.
+pub struct SimSink(pub Shared);
+
+impl SimSink {
+    fn enqueue(&self, ticket: u64, record: &OutboxRecord, alone: bool) {
+        let mut world = self.0.lock();
+        let world = &mut *world;
+        world
+            .broker
+            .enqueue(&mut world.rng, ticket, record.clone(), alone);
+        world.on_send();
+        self.0.broker_wake.notify_one();
+    }
+}
+
+impl Sink for SimSink {
+    async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
+        self.enqueue(ticket.0, record, false);
+        Ok(())
+    }
+
+    async fn send_alone(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
+        self.enqueue(ticket.0, record, true);
+        Ok(())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.0.lock().broker.in_flight()
+    }
+
+    async fn partition_count(&self, topic: &str) -> Result<i32, rdkafka::error::KafkaError> {
+        Ok(self
+            .0
+            .lock()
+            .broker
+            .partitions
+            .get(topic)
+            .copied()
+            .unwrap_or(1))
+    }
+
+    async fn tails(
+        &self,
+        topic: &str,
+        source: &str,
+        partitions: i32,
+        floor: Lsn,
+        _wal_end: Lsn,
+    ) -> Vec<Result<HashSet<Position>, TailError>> {
+        let world = self.0.lock();
+        (0..partitions)
+            .map(|p| Ok(world.broker.tail(topic, source, p, floor)))
+            .collect()
+    }
+}
+
+/// Delivers what is due, in any order across partitions, until aborted.
+async fn broker(shared: Shared) {
+    loop {
+        let next = shared.lock().broker.next_due();
+        match next {
+            Some(at) => {
+                tokio::select! {
+                    biased;
+                    () = shared.broker_wake.notified() => {}
+                    () = tokio::time::sleep_until(at) => {}
+                }
+            }
+            None => shared.broker_wake.notified().await,
+        }
+        loop {
+            let mut world = shared.lock();
+            if world.crash {
+                break;
+            }
+            let Some((pending, outcome)) = world.broker.pop_due(Instant::now()) else {
+                break;
+            };
+            let outcome = match outcome {
+                Outcome::Appended { partition, offset } => Ok(Acked { partition, offset }),
+                Outcome::Failed(error) => {
+                    let id = String::from_utf8_lossy(&pending.record.id).into_owned();
+                    world.note(format!("refused {id} ({error})"));
+                    world.refused.insert(id);
+                    let record = pending.record;
+                    Err(DeliveryFailure {
+                        error,
+                        topic: record.topic.clone(),
+                        id: String::from_utf8_lossy(&record.id).into_owned(),
+                        key: record.key.clone(),
+                        payload: record.payload.clone(),
+                        headers: record.headers.clone(),
+                        timestamp_ms: Some(record.timestamp_ms),
+                        partition: pending.partition,
+                    })
+                }
+            };
+            if world.fault_now() {
+                if world.rng.random_bool(0.5) {
+                    // Appended, but the report is lost with the process.
+                    world.note("fault: crash before a delivery report".into());
+                    world.crash = true;
+                    shared.stop.notify_one();
+                    break;
+                }
+                let end = Instant::now() + Duration::from_millis(world.rng.random_range(100..5000));
+                world.note("fault: broker outage".into());
+                world.broker.outage_until = Some(end);
+            }
+            if let Some(tx) = &world.deliveries {
+                let _ = tx.send(Delivery {
+                    ticket: Ticket(pending.ticket),
+                    outcome,
+                    alone: pending.alone,
+                });
+            }
+        }
+    }
+}
+
+/// Runs the pipeline, restarting it after each stop, until the WAL is
+/// relayed and the faults are spent. Runs are bounded in count and in
+/// (virtual) time.
+pub async fn drive(shared: Shared) -> Result<(), String> {
+    let (config, exactly_once) = {
+        let world = shared.lock();
+        (config(&world.plan), world.plan.exactly_once)
+    };
+    for run in 0..50 {
+        let (deliveries_tx, deliveries) = tokio::sync::mpsc::unbounded_channel();
+        let (sigterm, shutdown) = tokio::sync::oneshot::channel::<()>();
+        {
+            let mut world = shared.lock();
+            world.note(format!("run {run}"));
+            world.deliveries = Some(deliveries_tx);
+            world.sigterm = Some(sigterm);
+            world.crash = false;
+            world.session = None;
+            world.broker.queue.clear();
+            world.broker.failing.clear();
+        }
+        let broker = tokio::spawn(broker(shared.clone()));
+        let health = Arc::new(outbox_relay::observability::health::Health::new(
+            Default::default(),
+        ));
+        let (confirmed, all_tables) = {
+            let world = shared.lock();
+            (world.confirmed, world.plan.all_tables)
+        };
+        let slot = SlotState {
+            confirmed_flush: Lsn(confirmed),
+            created: false,
+            publication: Publication {
+                oid: 1,
+                all_tables,
+                server_version: 170_000,
+                members: Vec::new(),
+            },
+        };
+        let mut pipeline = Pipeline::new(
+            config.clone(),
+            SimSource(shared.clone()),
+            Arc::new(SimSink(shared.clone())),
+            deliveries,
+            health,
+            &slot,
+        );
+        if exactly_once {
+            pipeline = pipeline.with_exactly_once();
+        }
+        let shutdown = async move {
+            if shutdown.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let done = caught_up(shared.clone());
+        let outcome = tokio::select! {
+            biased;
+            () = shared.stop.notified() => None,
+            () = done => unreachable!(),
+            r = tokio::time::timeout(Duration::from_secs(3600), pipeline.run(shutdown)) => Some(r),
+        };
+        broker.abort();
+        let mut world = shared.lock();
+        world.deliveries = None;
+        match outcome {
+            None => world.note("crashed".into()),
+            Some(Err(_)) => return Err("a run made no progress for an hour (virtual)".into()),
+            Some(Ok(Ok(summary))) => world.note(format!("stopped at {}", summary.frontier)),
+            Some(Ok(Err(e))) => match e {
+                // The operator fixes the cause (e.g. message.max.bytes) and restarts.
+                RelayError::Poison { .. } if !world.plan.dead_letter => {
+                    world.note(format!("stop: poison ({e})"));
+                    world.broker.poison.clear();
+                }
+                RelayError::Delivery { .. } => world.note(format!("stop: delivery ({e})")),
+                e => return Err(format!("unexpected failure: {e}")),
+            },
+        }
+        if !world.faults_on && world.finished() {
+            return Ok(());
+        }
+    }
+    Err("not recovered after 50 runs".into())
+}
+
+/// Resolves never; once the WAL is relayed, turns faults off and sends SIGTERM.
+async fn caught_up(shared: Shared) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut world = shared.lock();
+        if world.finished() {
+            world.faults_on = false;
+            if let Some(tx) = world.sigterm.take() {
+                let _ = tx.send(());
+            }
+        }
+    }
+}
