@@ -14,7 +14,8 @@ use crate::observability::health::{
     slot_invalidated_remedy, slot_warnings,
 };
 use crate::observability::slot_monitor::slot_facts;
-use crate::source::{SourceError, setup};
+use crate::source::SourceError;
+use crate::source::setup::{self, query_err};
 
 /// Server settings worth seeing next to the slot.
 pub const SETTINGS: &[&str] = &[
@@ -106,10 +107,6 @@ pub(super) fn run(cli: &Cli, args: &StatusArgs) -> Result<(), CommandError> {
         out.write_all(render_text(&status).as_bytes())?;
     }
     Ok(())
-}
-
-fn query_err(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> SourceError {
-    move |source| SourceError::Query { what, source }
 }
 
 /// Reads the status over a new control connection.
