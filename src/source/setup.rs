@@ -600,20 +600,15 @@ fn parse_lsn(text: Option<String>) -> Result<Lsn, SourceError> {
 /// When Postgres reports the slot invalidated (`invalidation_reason`,
 /// `conflicting`): why, and what to do.
 pub async fn slot_invalidation(client: &Client, slot: &str) -> Result<Option<String>, SourceError> {
-    use crate::observability::{health, slot_monitor};
-    let what = "read the slot's invalidation";
-    let sql = concat!(
-        "SELECT ",
-        crate::slot_facts_columns!(),
-        " FROM pg_replication_slots s WHERE slot_name = $1"
-    );
-    let Some(row) = query_one(client, what, sql, &[&slot]).await? else {
-        return Ok(None);
-    };
-    let facts = slot_monitor::slot_facts(&row, 0).map_err(query_err(what))?;
-    Ok(facts
-        .invalidated()
-        .map(|reason| health::slot_invalidated_remedy(&reason)))
+    use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
+    let observation = crate::observability::slot_monitor::poll(client, slot)
+        .await
+        .map_err(query_err("read the slot's invalidation"))?;
+    Ok(match observation {
+        SlotObservation::Seen(status) => status.facts.invalidated(),
+        SlotObservation::Missing | SlotObservation::Unknown => None,
+    }
+    .map(|reason| slot_invalidated_remedy(&reason)))
 }
 
 /// One outbox table's primary key, for `--cleanup delete`.
