@@ -159,13 +159,13 @@ async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
             .map_err(|source| match rustls_error(&source) {
                 Some(tls_error) => SourceError::TlsHandshake {
                     url: pg.redacted(),
-                    reason: with_causes(&source),
+                    reason: super::pg_error_text(&source),
                     hint: tls::handshake_hint(tls_error),
                     source,
                 },
                 None => SourceError::Connect {
                     url: pg.redacted(),
-                    reason: with_causes(&source),
+                    reason: super::pg_error_text(&source),
                     source,
                 },
             })?;
@@ -175,22 +175,6 @@ async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
         }
     });
     Ok(client)
-}
-
-/// The error's message followed by its causes': tokio-postgres' own message is only
-/// the kind ("db error"), the server's words are in the cause.
-fn with_causes(error: &tokio_postgres::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = std::error::Error::source(error);
-    while let Some(e) = cause {
-        let part = e.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        cause = e.source();
-    }
-    text
 }
 
 /// The rustls error behind a failed connection, if the TLS handshake failed
