@@ -23,9 +23,8 @@ use super::CommandError;
 use crate::config::{BackfillArgs, Cli, Config, Delivery};
 use crate::outbox::{TableMapping, quote_ident};
 use crate::pgoutput::{TupleData, Value};
-use crate::pipeline::ack::Ticket;
 use crate::sink::exactly_once::{TailError, TailReader};
-use crate::sink::{KafkaSink, SinkError};
+use crate::sink::{KafkaSink, Sink, SinkError, Ticket};
 use crate::source::setup::{self, query_err};
 
 pub(super) fn run(cli: &Cli, args: &BackfillArgs) -> Result<(), CommandError> {

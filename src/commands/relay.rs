@@ -1,6 +1,7 @@
 //! Running the relay: the pipeline plus its observability companions (the
 //! HTTP endpoint, the slot poller, the progress line).
 
+use std::future::Future;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,7 +10,11 @@ use super::CommandError;
 use crate::config::{Cli, Config};
 use crate::observability::health::Health;
 use crate::observability::{http, metrics, progress, slot_monitor};
-use crate::pipeline::{self, exit_code};
+use crate::pipeline::{Pipeline, RelayError, Summary, exit_code};
+use crate::sink::exactly_once::TailReader;
+use crate::sink::{KafkaSink, SinkError};
+use crate::source::cleanup::Cleanup;
+use crate::source::{PgSource, heartbeat, setup};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -54,7 +59,7 @@ pub(super) async fn run_with(
     config: Config,
     health: Arc<Health>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<pipeline::Summary, CommandError> {
+) -> Result<Summary, CommandError> {
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = match config.observability.http_addr {
         Some(addr) => {
@@ -87,7 +92,7 @@ pub(super) async fn run_with(
     }
 
     let metrics_ready = config.observability.http_addr.is_some();
-    let outcome = pipeline::run(config, health, shutdown, async move {
+    let outcome = relay(config, health.clone(), shutdown, async move {
         if metrics_ready {
             install_metrics().await;
         }
@@ -117,10 +122,69 @@ pub(super) async fn run_with(
         }
         Err(e) => {
             let code = e.exit_code();
-            tracing::error!(error = %e, exit_code = code, "outbox-relay stopped");
+            tracing::error!(error = %super::report(&e), exit_code = code, "outbox-relay stopped");
             Err(e.into())
         }
     }
+}
+
+/// Start-up checks, the real source and sink, then the pipeline until
+/// `shutdown` resolves or a fatal error. `observability_ready` resolves once
+/// the metrics recorder is in place (the pipeline's handles bind to it).
+async fn relay(
+    config: Config,
+    health: Arc<Health>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    observability_ready: impl Future<Output = ()>,
+) -> Result<Summary, RelayError> {
+    let control = setup::connect(&config).await?;
+    let slot = setup::prepare(&control, &config).await?;
+    let cleanup = match config.cleanup {
+        crate::config::Cleanup::None => None,
+        crate::config::Cleanup::Delete => {
+            let keys = setup::cleanup_keys(&control, &config).await?;
+            Some(Cleanup::new(control, keys, &config, slot.confirmed_flush))
+        }
+    };
+    let (mut sink, deliveries) = KafkaSink::new(
+        &config.kafka_brokers,
+        &config.kafka_properties,
+        config.max_in_flight_events,
+        Some(health.clone()),
+    )
+    .map_err(RelayError::Producer)?;
+    if config.delivery == crate::config::Delivery::ExactlyOnce {
+        let tails =
+            TailReader::new(&config.kafka_brokers, &config.kafka_properties).map_err(|error| {
+                RelayError::Producer(SinkError::create(error, &config.kafka_properties))
+            })?;
+        sink = sink.with_tails(tails);
+    }
+    observability_ready.await;
+    let exactly_once = config.delivery == crate::config::Delivery::ExactlyOnce;
+    let source = PgSource::new(config.clone(), slot.publication.clone());
+    let mut pipeline = Pipeline::new(
+        config.clone(),
+        source,
+        Arc::new(sink),
+        deliveries,
+        health,
+        &slot,
+    );
+    if let Some(cleanup) = cleanup {
+        pipeline = pipeline.with_cleanup(cleanup);
+    }
+    if exactly_once {
+        pipeline = pipeline.with_exactly_once();
+    }
+    let heartbeat = config
+        .heartbeat_interval
+        .map(|interval| tokio::spawn(heartbeat::run(config.clone(), interval)));
+    let outcome = pipeline.run(shutdown).await;
+    if let Some(task) = heartbeat {
+        task.abort();
+    }
+    outcome
 }
 
 /// Installs the Prometheus recorder (only with an endpoint: its upkeep keeps

@@ -1,16 +1,13 @@
 //! What the pipeline tells observability, in one object it owns:
 //! [`PipelineObserver`] records metrics and keeps [`Health`] current.
 //!
-//! The pipeline knows an event's topic, size and commit time when it hands
-//! the event to the producer, but a delivery report carries only the ticket.
-//! The observer therefore keeps a small FIFO indexed by ticket (tickets are
-//! consecutive) holding what the ack needs: the topic's cached counter (a
-//! reference count, no allocation), the size, the commit time, and when the
-//! event was handed over. The oldest entry still waiting gives `/readyz`'s ack
-//! staleness. Memory is proportional to what is in flight, which the pipeline
-//! caps.
+//! The pipeline knows an event's topic and commit time when it hands the
+//! event to the producer, but a delivery report carries only the ticket. What
+//! the ack needs ([`Sent`]: the topic's cached counter, the commit time, when
+//! the event was handed over) therefore rides in the ack tracker's entry for
+//! the event: one in-flight ledger, whose oldest entry gives `/readyz`'s ack
+//! staleness.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -21,13 +18,15 @@ use rdkafka::error::KafkaError;
 use super::health::Health;
 use super::metrics::{self as m, RelayMetrics};
 use crate::lsn::Lsn;
-use crate::pipeline::ack::Ticket;
 
-struct Pending {
+/// What observability needs when an event's delivery is reported, kept in
+/// the ack tracker's entry for the event (the one in-flight ledger).
+#[derive(Clone, Debug)]
+pub struct Sent {
     topic: Counter,
-    bytes: usize,
     commit_time_us: i64,
-    handed_at: Instant,
+    /// When the event was handed to the producer.
+    pub handed_at: Instant,
 }
 
 /// The pipeline's observability hooks; every method is O(1) and allocation-free
@@ -35,11 +34,7 @@ struct Pending {
 pub struct PipelineObserver {
     metrics: RelayMetrics,
     health: Arc<Health>,
-    /// Entry `i` is ticket `base + i`; `None` once acknowledged or failed.
-    pending: VecDeque<Option<Pending>>,
-    base: u64,
-    in_flight_events: usize,
-    in_flight_bytes: usize,
+    in_flight: (usize, usize, Option<Instant>),
     received: Lsn,
     frontier: Lsn,
 }
@@ -51,10 +46,7 @@ impl PipelineObserver {
         PipelineObserver {
             metrics: RelayMetrics::new(),
             health,
-            pending: VecDeque::new(),
-            base: 0,
-            in_flight_events: 0,
-            in_flight_bytes: 0,
+            in_flight: (0, 0, None),
             received: Lsn::ZERO,
             frontier: Lsn::ZERO,
         }
@@ -81,48 +73,40 @@ impl PipelineObserver {
         }
     }
 
-    /// The event with `ticket` was handed to the producer.
-    /// `commit_time_us` is the transaction's commit time in Unix microseconds.
-    pub fn event_sent(&mut self, ticket: Ticket, topic: &str, bytes: usize, commit_time_us: i64) {
-        if self.pending.is_empty() {
-            self.base = ticket.0;
-        }
-        let next = self.base + self.pending.len() as u64;
-        if ticket.0 < next {
-            return; // Not in ticket order: ignore rather than corrupt the FIFO.
-        }
-        for _ in next..ticket.0 {
-            self.pending.push_back(None);
-        }
-        let handed_at = Instant::now();
-        if self.in_flight_events == 0 {
-            self.health.set_oldest_in_flight(Some(handed_at));
-        }
-        self.pending.push_back(Some(Pending {
+    /// An event to `topic` was handed to the producer; `commit_time_us` is
+    /// its transaction's commit time in Unix microseconds. The pipeline keeps
+    /// the result with the event until its delivery is reported.
+    pub fn event_sent(&mut self, topic: &str, commit_time_us: i64) -> Sent {
+        Sent {
             topic: self.metrics.topic(topic),
-            bytes,
             commit_time_us,
-            handed_at,
-        }));
-        self.in_flight_events += 1;
-        self.in_flight_bytes += bytes;
-        self.publish_in_flight();
-    }
-
-    /// The broker acknowledged `ticket`.
-    pub fn event_acked(&mut self, ticket: Ticket) {
-        if let Some(p) = self.take(ticket) {
-            self.metrics
-                .acked_on(Some(&p.topic), p.bytes, commit_to_ack(p.commit_time_us));
-            self.health.add_acked(1);
-            self.health.set_producer_connected(true);
+            handed_at: Instant::now(),
         }
     }
 
-    /// The delivery of `ticket` failed for good.
-    pub fn delivery_failed(&mut self, ticket: Ticket, error: &KafkaError) {
-        self.take(ticket);
+    /// The broker acknowledged an event of `bytes` (`sent`: when it was handed over).
+    pub fn event_acked(&mut self, sent: Option<(Sent, usize)>) {
+        if let Some((sent, bytes)) = sent {
+            let latency = commit_to_ack(sent.commit_time_us);
+            self.metrics.acked_on(Some(&sent.topic), bytes, latency);
+        }
+        self.health.add_acked(1);
+        self.health.set_producer_connected(true);
+    }
+
+    /// A delivery failed for good.
+    pub fn delivery_failed(&mut self, error: &KafkaError) {
         m::delivery_error(&m::error_kind(error));
+    }
+
+    /// What is in flight after a step: events, bytes, and when the oldest was handed over.
+    pub fn in_flight(&mut self, events: usize, bytes: usize, oldest: Option<Instant>) {
+        if self.in_flight != (events, bytes, oldest) {
+            self.in_flight = (events, bytes, oldest);
+            self.metrics.set_in_flight(events, bytes);
+            self.health.set_in_flight_events(events as u64);
+            self.health.set_oldest_in_flight(oldest);
+        }
     }
 
     /// The ack frontier after a step of the pipeline.
@@ -132,40 +116,6 @@ impl PipelineObserver {
             self.metrics.set_ack_frontier(frontier);
             self.health.set_frontier(frontier);
         }
-    }
-
-    /// When the oldest unacknowledged event was handed to the producer.
-    pub fn oldest_in_flight(&self) -> Option<Instant> {
-        self.pending.iter().flatten().next().map(|p| p.handed_at)
-    }
-
-    fn take(&mut self, ticket: Ticket) -> Option<Pending> {
-        let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
-        let pending = self.pending.get_mut(idx)?.take()?;
-        self.in_flight_events -= 1;
-        self.in_flight_bytes -= pending.bytes;
-        let front_moved = idx == 0;
-        while self.pending.front().is_some_and(Option::is_none) {
-            self.pending.pop_front();
-            self.base += 1;
-        }
-        if front_moved {
-            self.health.set_oldest_in_flight(
-                self.pending
-                    .front()
-                    .and_then(|p| p.as_ref())
-                    .map(|p| p.handed_at),
-            );
-        }
-        self.publish_in_flight();
-        Some(pending)
-    }
-
-    fn publish_in_flight(&self) {
-        self.metrics
-            .set_in_flight(self.in_flight_events, self.in_flight_bytes);
-        self.health
-            .set_in_flight_events(self.in_flight_events as u64);
     }
 }
 
@@ -190,41 +140,22 @@ mod tests {
     }
 
     #[test]
-    fn out_of_order_acks_keep_the_oldest_event_as_the_staleness_origin() {
+    fn acks_and_in_flight_state_reach_metrics_and_health() {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         let health = Arc::new(Health::new(ReadinessThresholds::default()));
         ::metrics::with_local_recorder(&recorder, || {
             let mut obs = PipelineObserver::with_health(health.clone());
-            obs.event_sent(Ticket(0), "a", 10, now_us());
-            let first = obs.oldest_in_flight().unwrap();
-            obs.event_sent(Ticket(1), "b", 20, now_us());
-            obs.event_sent(Ticket(2), "a", 30, now_us());
-            let third = obs
-                .pending
-                .back()
-                .and_then(Option::as_ref)
-                .unwrap()
-                .handed_at;
-            assert_eq!(health.progress().in_flight_events, 3);
-
-            obs.event_acked(Ticket(1));
-            assert_eq!(obs.oldest_in_flight(), Some(first));
-            obs.event_acked(Ticket(1)); // twice: ignored
-            obs.event_acked(Ticket(0));
-            assert_eq!(
-                obs.oldest_in_flight(),
-                Some(third),
-                "the oldest left is the third"
-            );
-            assert_eq!(obs.pending.len(), 1);
-            obs.delivery_failed(
-                Ticket(2),
-                &KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::MessageTimedOut),
-            );
-            assert_eq!(obs.oldest_in_flight(), None);
-            assert!(obs.pending.is_empty());
-            assert_eq!(obs.base, 3);
+            let a = obs.event_sent("a", now_us());
+            let b = obs.event_sent("b", now_us());
+            obs.in_flight(2, 30, Some(a.handed_at));
+            assert_eq!(health.progress().in_flight_events, 2);
+            obs.event_acked(Some((b, 20)));
+            obs.event_acked(Some((a, 10)));
+            obs.in_flight(0, 0, None);
+            obs.delivery_failed(&KafkaError::MessageProduction(
+                rdkafka::types::RDKafkaErrorCode::MessageTimedOut,
+            ));
             obs.frontier(Lsn(77));
         });
         assert_eq!(

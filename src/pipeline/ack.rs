@@ -18,10 +18,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::lsn::Lsn;
-
-/// Identifies one in-flight event; handed to the producer and returned with the ack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Ticket(pub u64);
+use crate::observability::observer::Sent;
+pub use crate::sink::Ticket;
 
 /// The stream did something the pgoutput protocol rules out; the relay must
 /// stop rather than guess.
@@ -59,6 +57,8 @@ struct Slot {
     delivered: bool,
     bytes: usize,
     table: Arc<str>,
+    /// What observability needs at the ack; `None` until handed to the producer.
+    sent: Option<Sent>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -88,6 +88,7 @@ pub struct AckTracker {
     frontier: Lsn,
     last_end: Lsn,
     in_flight_bytes: usize,
+    in_flight_events: usize,
 }
 
 impl AckTracker {
@@ -103,6 +104,7 @@ impl AckTracker {
             frontier: confirmed,
             last_end: confirmed,
             in_flight_bytes: 0,
+            in_flight_events: 0,
         }
     }
 
@@ -133,8 +135,10 @@ impl AckTracker {
             delivered: false,
             bytes,
             table: Arc::clone(table),
+            sent: None,
         });
         self.in_flight_bytes += bytes;
+        self.in_flight_events += 1;
         Ok(ticket)
     }
 
@@ -202,20 +206,44 @@ impl AckTracker {
         self.window.get(idx).map(|s| &s.table)
     }
 
+    /// `ticket` was handed to the producer (observability's record of it).
+    pub fn sent(&mut self, ticket: Ticket, sent: Sent) {
+        if let Some(slot) = self.slot_mut(ticket) {
+            slot.sent = Some(sent);
+        }
+    }
+
+    /// Takes what [`AckTracker::sent`] recorded for `ticket`, with its size,
+    /// when its delivery is reported.
+    pub fn take_sent(&mut self, ticket: Ticket) -> Option<(Sent, usize)> {
+        let slot = self.slot_mut(ticket)?;
+        Some((slot.sent.take()?, slot.bytes))
+    }
+
+    /// When the oldest unacknowledged event was handed to the producer
+    /// (`/readyz`'s ack staleness).
+    pub fn oldest_sent(&self) -> Option<std::time::Instant> {
+        self.window
+            .iter()
+            .find(|s| !s.delivered && s.sent.is_some())
+            .and_then(|s| s.sent.as_ref().map(|sent| sent.handed_at))
+    }
+
+    fn slot_mut(&mut self, ticket: Ticket) -> Option<&mut Slot> {
+        let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
+        self.window.get_mut(idx).filter(|s| !s.delivered)
+    }
+
     /// The broker acknowledged `ticket`. Returns whether the frontier moved.
     pub fn ack(&mut self, ticket: Ticket) -> Result<bool, AckError> {
-        let idx = ticket
-            .0
-            .checked_sub(self.base)
-            .and_then(|i| usize::try_from(i).ok())
-            .ok_or(AckError::UnknownTicket(ticket.0))?;
         let slot = self
-            .window
-            .get_mut(idx)
-            .filter(|s| !s.delivered)
+            .slot_mut(ticket)
             .ok_or(AckError::UnknownTicket(ticket.0))?;
         slot.delivered = true;
-        self.in_flight_bytes -= slot.bytes;
+        slot.sent = None;
+        let bytes = slot.bytes;
+        self.in_flight_bytes -= bytes;
+        self.in_flight_events -= 1;
         while self.window.front().is_some_and(|s| s.delivered) {
             self.window.pop_front();
             self.base += 1;
@@ -256,7 +284,7 @@ impl AckTracker {
 
     /// Events handed to the producer and not yet acknowledged.
     pub fn in_flight_events(&self) -> usize {
-        self.window.iter().filter(|s| !s.delivered).count()
+        self.in_flight_events
     }
 
     /// Tickets from the oldest unacknowledged one to the newest: an upper
@@ -520,5 +548,37 @@ mod tests {
         t.ack(a).unwrap();
         assert_eq!(t.window_len(), 0);
         assert!(t.in_transaction());
+    }
+
+    #[test]
+    fn out_of_order_acks_keep_the_oldest_event_as_the_staleness_origin() {
+        use crate::observability::health::Health;
+        use crate::observability::observer::PipelineObserver;
+        let mut obs = PipelineObserver::with_health(Arc::new(Health::new(Default::default())));
+        let mut t = AckTracker::new(Lsn(1));
+        t.begin(Lsn(10)).unwrap();
+        let mut handed = Vec::new();
+        for _ in 0..3 {
+            let ticket = t.push(10, &table()).unwrap();
+            let sent = obs.event_sent("a", 0);
+            handed.push(sent.handed_at);
+            t.sent(ticket, sent);
+        }
+        t.commit(Lsn(11)).unwrap();
+        assert_eq!(t.oldest_sent(), Some(handed[0]));
+        assert!(t.take_sent(Ticket(1)).is_some());
+        t.ack(Ticket(1)).unwrap();
+        assert_eq!(t.oldest_sent(), Some(handed[0]));
+        assert!(t.ack(Ticket(1)).is_err(), "twice: refused");
+        t.ack(Ticket(0)).unwrap();
+        assert_eq!(
+            t.oldest_sent(),
+            Some(handed[2]),
+            "the oldest left is the third"
+        );
+        assert_eq!((t.in_flight_events(), t.in_flight_bytes()), (1, 10));
+        t.ack(Ticket(2)).unwrap();
+        assert_eq!(t.oldest_sent(), None);
+        assert_eq!(t.frontier(), Lsn(11));
     }
 }

@@ -22,227 +22,32 @@
 
 pub mod ack;
 
-mod cleanup;
-mod exactly_once;
+mod error;
+mod events;
 mod poison;
+mod stream;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
-use pgwire_replication::ReplicationEvent;
 use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::outbox::{BindError, EventMapper, OutboxRecord, TableName, values};
-use crate::pgoutput::{self, DecodeError, Message};
-use crate::sink::{Delivery, KafkaSink, SinkError};
-use crate::source::{Recovery, ReplicationStream, SourceError, setup};
-use ack::{AckError, AckTracker, Ticket};
-use poison::Poison;
+use crate::observability::health::Health;
+use crate::observability::observer::PipelineObserver;
+use crate::outbox::EventMapper;
+use crate::sink::exactly_once::ExactlyOnce;
+use crate::sink::{Delivery, Sink, Ticket};
+use crate::source::cleanup::Cleanup;
+use crate::source::setup::SlotState;
+use crate::source::{ServerId, Source, Stream};
+use ack::{AckError, AckTracker};
 
-/// Process exit codes, distinct per failure class so a supervisor can tell
-/// them apart.
-pub mod exit_code {
-    /// A flag, the environment or the producer configuration is invalid; fix the configuration.
-    pub const CONFIG: u8 = 2;
-    /// Postgres refused in a way a retry will not fix (unreachable at start-up,
-    /// authentication, privileges, wal_level, missing table/column, slot or
-    /// publication mismatch, dropped slot).
-    pub const POSTGRES: u8 = 3;
-    /// Kafka failed permanently (delivery timed out, producer fenced or unusable).
-    pub const KAFKA: u8 = 4;
-    /// An event cannot be delivered under `--on-poison fail` (or its table no
-    /// longer fits the mapping).
-    pub const POISON: u8 = 5;
-    /// The dead-letter topic refused a dead-letter record for a reason about
-    /// the record (under `--on-poison dead-letter`): dead-lettering it again
-    /// would loop.
-    pub const DEAD_LETTER: u8 = 6;
-    /// The slot is missing where this relay streamed before (a failover to a
-    /// server without it, or a dropped slot): events may have been skipped.
-    /// Start once with `--allow-new-slot`, then run `outbox-relay backfill`.
-    pub const SLOT_LOST: u8 = 7;
-    /// The replication stream broke protocol rules (a bug: please report).
-    pub const INTERNAL: u8 = 70;
-}
-
-/// Why the relay stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    /// Postgres side.
-    #[error(transparent)]
-    Source(#[from] SourceError),
-    /// The slot was dropped while the relay was using it.
-    #[error(
-        "replication slot {slot:?} is missing on the server the relay (re)connected to: it was \
-         dropped, or this server was promoted from a standby that did not have it (PostgreSQL 16 \
-         or older, or a slot not synchronized with --slot-failover). The last acknowledged \
-         position was {frontier}; events committed after it on the old server and before the \
-         promotion were never relayed. No slot was created. Remedy: start the relay once with \
-         --allow-new-slot (it creates a fresh slot and relays new events), then run \
-         `outbox-relay backfill --since TIMESTAMP` with a time before the failover to re-publish \
-         the rows the slot never saw (at-least-once: consumers may see duplicates)"
-    )]
-    SlotDropped {
-        /// The slot.
-        slot: String,
-        /// The ack frontier at the time.
-        frontier: Lsn,
-    },
-    /// librdkafka refused a record at enqueue time for a reason that is not the record's fault.
-    #[error(
-        "{source} (commit LSN {lsn}, table {table}); the slot was not moved past it. Check the \
-         -X producer properties and the brokers, then restart: the relay resumes from the last \
-         acknowledged transaction"
-    )]
-    Sink {
-        /// Commit LSN of the event's transaction.
-        lsn: Lsn,
-        /// Outbox table.
-        table: String,
-        /// The refusal.
-        #[source]
-        source: SinkError,
-    },
-    /// The producer could not be created.
-    #[error(transparent)]
-    Producer(SinkError),
-    /// The broker did not accept an event, for a reason that is not the event's fault.
-    #[error(
-        "delivery of event id {id} (commit LSN {lsn}) to topic {topic:?} failed: {error}. \
-         The slot was not moved past it; fix the cause (brokers, ACLs, topic creation) and \
-         restart: the relay resumes from the last acknowledged transaction"
-    )]
-    Delivery {
-        /// Commit LSN of the event's transaction.
-        lsn: Lsn,
-        /// Event id.
-        id: String,
-        /// Topic.
-        topic: String,
-        /// librdkafka's error.
-        error: rdkafka::error::KafkaError,
-    },
-    /// The outbox table's columns no longer fit the mapping.
-    #[error("at commit LSN {lsn}: {source}. Nothing at or after this transaction was acknowledged")]
-    Bind {
-        /// Commit LSN of the transaction that announced the new layout.
-        lsn: Lsn,
-        /// The mismatch.
-        #[source]
-        source: BindError,
-    },
-    /// An event that can never be delivered, under `--on-poison fail`.
-    #[error(
-        "event id {id:?} from {table} (commit LSN {lsn}, topic {topic:?}) cannot be delivered: \
-         {reason}. The slot was not moved past it, and a restart replays it: fix the cause (the \
-         mapping flags, the producer's message.max.bytes, the topic), or divert such events with \
-         --on-poison dead-letter --dead-letter-topic TOPIC; as a last resort, with the relay \
-         stopped, advance the slot past this transaction with pg_replication_slot_advance (its \
-         events are then lost)"
-    )]
-    Poison {
-        /// Commit LSN.
-        lsn: Lsn,
-        /// Table.
-        table: String,
-        /// Event id (empty when NULL).
-        id: String,
-        /// Intended topic (empty when it could not be rendered).
-        topic: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A dead-letter record was refused for a reason about the record itself.
-    #[error(
-        "the dead-letter record for event id {id:?} (commit LSN {lsn}) was refused by topic \
-         {topic:?}: {error}. It is not dead-lettered again (that would loop), and the slot was \
-         not moved past it: fix the dead-letter topic (its max.message.bytes, its policy) or the \
-         producer's -X properties, then restart"
-    )]
-    DeadLetter {
-        /// Commit LSN of the event's transaction.
-        lsn: Lsn,
-        /// Event id.
-        id: String,
-        /// The dead-letter topic.
-        topic: String,
-        /// librdkafka's error.
-        error: rdkafka::error::KafkaError,
-    },
-    /// Exactly-once delivery cannot be guaranteed.
-    #[error(
-        "at commit LSN {lsn}: {source}. Nothing past it was acknowledged; fix the topic, or \
-         restart with --exactly-once-fallback at-least-once to accept possible duplicates"
-    )]
-    ExactlyOnce {
-        /// Commit LSN of the event's transaction.
-        lsn: Lsn,
-        /// Why.
-        #[source]
-        source: crate::sink::exactly_once::TailError,
-    },
-    /// A WAL message did not decode.
-    #[error("cannot decode the pgoutput message at WAL {lsn}: {source}")]
-    Decode {
-        /// Where.
-        lsn: Lsn,
-        /// What.
-        #[source]
-        source: DecodeError,
-    },
-    /// The stream violated transaction framing.
-    #[error("replication stream out of order: {0}")]
-    Protocol(#[from] AckError),
-    /// The relay's publication sent an insert into a table it cannot map.
-    #[error(
-        "publication {publication:?} sent an insert into {table} (commit LSN {lsn}), which is \
-         neither an outbox table (--table) nor a partition of one; nothing at or after this \
-         transaction was acknowledged. Add the table with --table, or remove it with ALTER \
-         PUBLICATION {publication} DROP TABLE {table};"
-    )]
-    UnmappedRelation {
-        /// Commit LSN of the transaction.
-        lsn: Lsn,
-        /// The publication.
-        publication: String,
-        /// The table, as `schema.name`.
-        table: String,
-    },
-}
-
-impl RelayError {
-    /// The process exit code for this failure.
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            RelayError::Producer(_)
-            | RelayError::Source(SourceError::Tls(_))
-            | RelayError::Source(SourceError::TlsHandshake { .. })
-            | RelayError::Source(SourceError::ReplicationConnect { .. }) => exit_code::CONFIG,
-            RelayError::Source(SourceError::Connect { source, .. })
-                if source
-                    .as_db_error()
-                    .is_some_and(|db| db.code().code().starts_with("28")) =>
-            {
-                exit_code::CONFIG
-            }
-            RelayError::Source(SourceError::SlotLost { .. }) | RelayError::SlotDropped { .. } => {
-                exit_code::SLOT_LOST
-            }
-            RelayError::Source(_) | RelayError::Decode { .. } => exit_code::POSTGRES,
-            RelayError::Sink { .. }
-            | RelayError::Delivery { .. }
-            | RelayError::ExactlyOnce { .. } => exit_code::KAFKA,
-            RelayError::Bind { .. } | RelayError::Poison { .. } => exit_code::POISON,
-            RelayError::UnmappedRelation { .. } => exit_code::CONFIG,
-            RelayError::DeadLetter { .. } => exit_code::DEAD_LETTER,
-            RelayError::Protocol(_) => exit_code::INTERNAL,
-        }
-    }
-}
+pub use error::{RelayError, exit_code};
 
 /// What a clean shutdown reports.
 #[derive(Debug, Clone)]
@@ -259,26 +64,6 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
-/// The control connection, opened (again) when needed.
-async fn control<'a>(
-    control: &'a mut Option<tokio_postgres::Client>,
-    config: &Config,
-) -> Result<&'a tokio_postgres::Client, SourceError> {
-    let client = match control.take() {
-        Some(client) if !client.is_closed() => client,
-        _ => setup::connect(config).await?,
-    };
-    Ok(control.insert(client))
-}
-
-/// Sleeps until `at`; never resolves for `None` (a disabled `select!` branch).
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// The shared mapper plus what the relay tells the operator about ignored changes.
 struct Outbox {
     mapper: EventMapper,
@@ -289,17 +74,16 @@ struct Outbox {
     all_tables: bool,
     /// Relations that are neither outbox tables nor partitions of one.
     foreign: HashMap<u32, String>,
-    /// Looks up partition roots; opened on the first relation that needs it.
-    control: Option<tokio_postgres::Client>,
 }
 
 type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The running relay: source, tracker and sink.
-pub struct Pipeline {
+pub struct Pipeline<S: Source, K: Sink> {
     config: Config,
-    stream: Option<ReplicationStream>,
-    sink: std::sync::Arc<KafkaSink>,
+    source: S,
+    stream: Option<S::Stream>,
+    sink: Arc<K>,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     tracker: AckTracker,
     outbox: Outbox,
@@ -313,14 +97,11 @@ pub struct Pipeline {
     /// before the last check that found the publication intact (PostgreSQL 18
     /// decodes on without a dropped publication, skipping its rows).
     verified: Lsn,
-    /// The publication as last found (first at start-up): a change shows
-    /// rows that were never decoded.
-    publication: setup::Publication,
     /// The frontier as it stood before the last check of the publication.
     checked: Lsn,
     next_publication_check: tokio::time::Instant,
     /// The server and timeline the last stream ran on.
-    server: Option<crate::source::ServerId>,
+    server: Option<ServerId>,
     commit_lsn: Lsn,
     /// In Unix microseconds: commit → ack latencies are a few milliseconds.
     commit_time_us: i64,
@@ -333,306 +114,93 @@ pub struct Pipeline {
     /// message, so one huge row does not throttle the rest of the run):
     /// read-ahead holds up to two messages, reserved out of the byte cap.
     largest_message: usize,
-    exactly_once: Option<exactly_once::ExactlyOnce>,
+    exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`.
-    cleanup: Option<cleanup::Cleanup>,
-    observer: crate::observability::observer::PipelineObserver,
+    cleanup: Option<Cleanup>,
+    observer: PipelineObserver,
 }
 
-/// Start-up checks, then streams until `shutdown` resolves or a fatal error.
-/// `observability_ready` resolves once the metrics recorder is in place: the
-/// pipeline's metric handles bind to the recorder installed when they are made.
-pub async fn run(
-    config: Config,
-    health: std::sync::Arc<crate::observability::health::Health>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-    observability_ready: impl Future<Output = ()>,
-) -> Result<Summary, RelayError> {
-    let control = setup::connect(&config).await?;
-    let slot = setup::prepare(&control, &config).await?;
-    let cleanup = match config.cleanup {
-        crate::config::Cleanup::None => None,
-        crate::config::Cleanup::Delete => {
-            let keys = setup::cleanup_keys(&control, &config).await?;
-            Some(cleanup::Cleanup::new(
-                control,
-                keys,
-                &config,
-                slot.confirmed_flush,
-            ))
+impl<S: Source, K: Sink> Pipeline<S, K> {
+    /// A pipeline resuming from `slot`'s confirmed position. Make it after
+    /// the metrics recorder is installed: its metric handles bind to the
+    /// recorder in place when it is made.
+    pub fn new(
+        config: Config,
+        source: S,
+        sink: Arc<K>,
+        deliveries: mpsc::UnboundedReceiver<Delivery>,
+        health: Arc<Health>,
+        slot: &SlotState,
+    ) -> Self {
+        let confirmed = slot.confirmed_flush;
+        Pipeline {
+            outbox: Outbox {
+                mapper: config.event_mapper(),
+                non_insert_changes: 0,
+                warned_non_transactional: false,
+                all_tables: slot.publication.all_tables,
+                foreign: HashMap::new(),
+            },
+            tracker: AckTracker::new(confirmed),
+            reported: confirmed,
+            // Before 18, pgoutput fails the stream on a missing publication.
+            verified: match slot.publication.server_version {
+                ..180_000 => Lsn(u64::MAX),
+                _ => confirmed,
+            },
+            checked: confirmed,
+            next_publication_check: tokio::time::Instant::now(),
+            server: None,
+            config,
+            source,
+            stream: None,
+            sink,
+            deliveries,
+            shutdown: Box::pin(std::future::pending()),
+            shutting_down: false,
+            stop_by: None,
+            commit_lsn: Lsn::ZERO,
+            commit_time_us: 0,
+            events_acked: 0,
+            dead_lettered: 0,
+            reconnects: 0,
+            tx_seq: 0,
+            largest_message: 0,
+            exactly_once: None,
+            cleanup: None,
+            observer: PipelineObserver::with_health(health),
         }
-    };
-    let (sink, deliveries) = KafkaSink::new(
-        &config.kafka_brokers,
-        &config.kafka_properties,
-        config.max_in_flight_events,
-        Some(health.clone()),
-    )
-    .map_err(RelayError::Producer)?;
-    let exactly_once = match config.delivery {
-        crate::config::Delivery::AtLeastOnce => None,
-        crate::config::Delivery::ExactlyOnce => {
-            let tail = crate::sink::exactly_once::TailReader::new(
-                &config.kafka_brokers,
-                &config.kafka_properties,
-            )
-            .map_err(|error| {
-                RelayError::Producer(SinkError::create(error, &config.kafka_properties))
-            })?;
-            Some(exactly_once::ExactlyOnce::new(
-                config.slot.clone(),
-                tail,
-                config.exactly_once_fallback,
-            ))
-        }
-    };
-    observability_ready.await;
-    let mut pipeline = Pipeline {
-        outbox: Outbox {
-            mapper: config.event_mapper(),
-            non_insert_changes: 0,
-            warned_non_transactional: false,
-            all_tables: slot.publication.all_tables,
-            foreign: HashMap::new(),
-            control: None,
-        },
-        tracker: AckTracker::new(slot.confirmed_flush),
-        reported: slot.confirmed_flush,
-        // Before 18, pgoutput fails the stream on a missing publication.
-        verified: match slot.publication.server_version {
-            ..180_000 => Lsn(u64::MAX),
-            _ => slot.confirmed_flush,
-        },
-        checked: slot.confirmed_flush,
-        publication: slot.publication,
-        next_publication_check: tokio::time::Instant::now(),
-        server: None,
-        config,
-        stream: None,
-        sink: std::sync::Arc::new(sink),
-        deliveries,
-        shutdown: Box::pin(shutdown),
-        shutting_down: false,
-        stop_by: None,
-        commit_lsn: Lsn::ZERO,
-        commit_time_us: 0,
-        events_acked: 0,
-        dead_lettered: 0,
-        reconnects: 0,
-        tx_seq: 0,
-        largest_message: 0,
-        exactly_once,
-        cleanup,
-        observer: crate::observability::observer::PipelineObserver::with_health(health),
-    };
-    let heartbeat = pipeline.config.heartbeat_interval.map(|interval| {
-        tokio::spawn(crate::source::heartbeat::run(
-            pipeline.config.clone(),
-            interval,
-        ))
-    });
-    let outcome = pipeline.run_streams().await;
-    if let Some(task) = heartbeat {
-        task.abort();
     }
-    let summary = pipeline.finish().await;
-    outcome.map(|()| summary)
-}
 
-impl Pipeline {
+    /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
+    pub fn with_cleanup(mut self, cleanup: Cleanup) -> Self {
+        self.cleanup = Some(cleanup);
+        self
+    }
+
+    /// `--delivery exactly-once`: records carry their source and position,
+    /// and replayed ones a partition already holds are skipped.
+    pub fn with_exactly_once(mut self) -> Self {
+        let (slot, fallback) = (self.config.slot.clone(), self.config.exactly_once_fallback);
+        self.exactly_once = Some(ExactlyOnce::new(slot, fallback));
+        self
+    }
+
+    /// Streams until `shutdown` resolves or a fatal error, then drains
+    /// in-flight deliveries (up to `--shutdown-timeout`) and confirms the frontier.
+    pub async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Summary, RelayError> {
+        self.shutdown = Box::pin(shutdown);
+        let outcome = self.run_streams().await;
+        let summary = self.finish().await;
+        outcome.map(|()| summary)
+    }
+
     /// The open transaction's commit time in Unix milliseconds (Kafka timestamps).
     fn commit_time_ms(&self) -> i64 {
         self.commit_time_us.div_euclid(1000)
-    }
-
-    /// Connects, streams, and on a transient failure reconnects with capped
-    /// exponential backoff, keeping in-flight deliveries and the tracker.
-    async fn run_streams(&mut self) -> Result<(), RelayError> {
-        let (min_backoff, max_backoff) = self.config.reconnect_backoff;
-        let mut backoff = min_backoff;
-        let mut attempt: u64 = 0;
-        let mut standby = false;
-        loop {
-            let start = self.tracker.resume_lsn();
-            let acked = self.reportable();
-            match ReplicationStream::start(&self.config, start, acked, self.server.as_ref()).await {
-                Ok(stream) => {
-                    if stream.start < start {
-                        tracing::warn!(
-                            slot = %self.config.slot,
-                            from = ?self.server,
-                            to = ?stream.server,
-                            received = %start,
-                            lsn = %stream.start,
-                            "reconnected to another server or timeline (a promotion): resuming \
-                             from the slot's confirmed position there, not after the last \
-                             transaction received from the old one"
-                        );
-                        self.tracker.rewind(stream.start);
-                        self.reported = self.reported.min(stream.start);
-                        self.verified = self.verified.min(stream.start);
-                        self.checked = self.checked.min(stream.start);
-                    }
-                    let new_source = self
-                        .exactly_once
-                        .as_mut()
-                        .is_some_and(|eo| eo.follow(&stream.server));
-                    self.server = Some(stream.server.clone());
-                    self.stream = Some(stream);
-                    self.observer.streaming(true);
-                    if attempt == 0 && !standby {
-                        tracing::info!(
-                            slot = %self.config.slot,
-                            publication = %self.config.publication,
-                            lsn = %start,
-                            tables = %self.config.tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
-                            "streaming from the slot's confirmed position"
-                        );
-                    } else {
-                        tracing::info!(
-                            slot = %self.config.slot,
-                            lsn = %start,
-                            frontier = %acked,
-                            attempts = attempt,
-                            "{}",
-                            if standby {
-                                "slot released by its previous holder: this relay is now active and streaming"
-                            } else {
-                                "reconnected: streaming resumes after the last transaction received"
-                            }
-                        );
-                    }
-                    if standby || new_source {
-                        // A standby: the active relay wrote past the WAL end
-                        // seen at start-up, and its records are not another
-                        // writer's.
-                        self.refresh_exactly_once().await;
-                    }
-                    backoff = min_backoff;
-                    attempt = 0;
-                    standby = false;
-                }
-                Err(e) => {
-                    let wait = match e.recovery() {
-                        Recovery::Fatal => return Err(self.fatal_source(e).await),
-                        Recovery::Standby => {
-                            if !standby {
-                                tracing::warn!(
-                                    slot = %self.config.slot,
-                                    error = %e,
-                                    retry_every = %humantime::format_duration(max_backoff),
-                                    "the slot is in use by another process (another relay?): \
-                                     waiting as a standby and taking over when it is released"
-                                );
-                            }
-                            standby = true;
-                            max_backoff
-                        }
-                        Recovery::Reconnect => {
-                            attempt += 1;
-                            tracing::warn!(
-                                attempt,
-                                error = %e,
-                                retry_in = %humantime::format_duration(backoff),
-                                "cannot (re)connect the replication stream; retrying"
-                            );
-                            let wait = backoff;
-                            backoff = (backoff * 2).min(max_backoff);
-                            wait
-                        }
-                    };
-                    if self.pause(wait).await? {
-                        return Ok(());
-                    }
-                    continue;
-                }
-            }
-
-            match self.stream_until_shutdown().await {
-                Ok(()) => return Ok(()),
-                // Stopping anyway: the open transaction is replayed after restart.
-                Err(RelayError::Source(e))
-                    if self.shutting_down && e.recovery() != Recovery::Fatal =>
-                {
-                    tracing::warn!(error = %e, "replication stream broke while stopping");
-                    return Ok(());
-                }
-                Err(RelayError::Source(e)) if e.recovery() != Recovery::Fatal => {
-                    self.reconnects += 1;
-                    attempt += 1;
-                    tracing::warn!(
-                        error = %e,
-                        frontier = %self.tracker.frontier(),
-                        in_flight = self.tracker.window_len(),
-                        retry_in = %humantime::format_duration(backoff),
-                        "replication stream broke; reconnecting (in-flight deliveries continue)"
-                    );
-                    self.stream = None;
-                    self.observer.streaming(false);
-                    crate::observability::metrics::reconnected();
-                    self.tracker.abandon_open();
-                    if let Some(cleanup) = self.cleanup.as_mut() {
-                        cleanup.abandon_open();
-                    }
-                    if self.exactly_once.is_some() {
-                        // The replayed transaction must be checked against
-                        // tails that include everything sent before the break.
-                        if self.drain_in_flight().await? {
-                            return Ok(());
-                        }
-                        self.refresh_exactly_once().await;
-                    }
-                    if self.pause(backoff).await? {
-                        return Ok(());
-                    }
-                }
-                Err(RelayError::Source(e)) => return Err(self.fatal_source(e).await),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Has exactly-once read the tails again before the next record, judged
-    /// against the WAL's end now.
-    async fn refresh_exactly_once(&mut self) {
-        if self.exactly_once.is_none() {
-            return;
-        }
-        let wal_end = crate::source::wal_end(&self.config)
-            .await
-            .unwrap_or(Lsn(u64::MAX));
-        if let Some(eo) = self.exactly_once.as_mut() {
-            eo.reset(wal_end);
-        }
-    }
-
-    // `&mut`: the pipeline future must stay `Send`, and `Pipeline` is not `Sync`.
-    async fn fatal_source(&mut self, e: SourceError) -> RelayError {
-        if e.is_slot_dropped() {
-            RelayError::SlotDropped {
-                slot: self.config.slot.clone(),
-                frontier: self.tracker.frontier(),
-            }
-        } else {
-            RelayError::Source(crate::source::explain_invalidation(&self.config, e).await)
-        }
-    }
-
-    /// Waits `duration` while still processing delivery reports. Returns
-    /// whether shutdown was requested.
-    async fn pause(&mut self, duration: Duration) -> Result<bool, RelayError> {
-        let deadline = tokio::time::Instant::now() + duration;
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut self.shutdown, if !self.shutting_down => {
-                    self.begin_shutdown();
-                    return Ok(true);
-                }
-                Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
-                () = tokio::time::sleep_until(deadline) => return Ok(false),
-            }
-        }
     }
 
     fn saw_message(&mut self, len: usize) {
@@ -642,79 +210,6 @@ impl Pipeline {
     fn begin_shutdown(&mut self) {
         self.shutting_down = true;
         self.stop_by = Some(tokio::time::Instant::now() + self.config.shutdown_timeout);
-    }
-
-    /// Streams until shutdown. A shutdown in the middle of a transaction keeps
-    /// reading to its commit (within `--shutdown-timeout`): stopping before it
-    /// would leave the frontier before the transaction and a restart would
-    /// send all of it again.
-    async fn stream_until_shutdown(&mut self) -> Result<(), RelayError> {
-        loop {
-            if self.shutting_down && !self.tracker.in_transaction() {
-                return Ok(());
-            }
-            // Read-ahead (pgwire-replication's channel and its reader) holds up
-            // to two messages beyond what is in flight; with nothing in flight,
-            // read anyway so a row larger than the cap still goes through.
-            let in_flight = self.tracker.in_flight_bytes();
-            let can_read = self.tracker.window_len() < self.config.max_in_flight_events
-                && (in_flight == 0
-                    || in_flight.saturating_add(2 * self.largest_message)
-                        < self.config.max_in_flight_bytes);
-            let stop_by = self.stop_by;
-            let frontier = self.tracker.frontier();
-            let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
-            // Checked at the status interval while there is something new to confirm.
-            let check_at =
-                (self.unverified() > self.checked).then_some(self.next_publication_check);
-            let Some(stream) = self.stream.as_mut() else {
-                return Ok(());
-            };
-            tokio::select! {
-                biased;
-                () = &mut self.shutdown, if !self.shutting_down => {
-                    self.begin_shutdown();
-                    if self.tracker.in_transaction() {
-                        tracing::info!(
-                            lsn = %self.commit_lsn,
-                            sent = self.tx_seq,
-                            "shutdown requested: reading to the open transaction's commit, then \
-                             waiting for in-flight deliveries"
-                        );
-                    } else {
-                        tracing::info!("shutdown requested: stopped reading, waiting for in-flight deliveries");
-                    }
-                }
-                () = async { if let Some(at) = stop_by { tokio::time::sleep_until(at).await } }, if stop_by.is_some() => {
-                    tracing::warn!(
-                        lsn = %self.commit_lsn,
-                        sent = self.tx_seq,
-                        frontier = %self.tracker.frontier(),
-                        "--shutdown-timeout ran out before the open transaction's commit arrived: \
-                         that transaction (its events sent so far included) and everything after \
-                         the frontier will be sent again after restart"
-                    );
-                    return Ok(());
-                }
-                Some(delivery) = self.deliveries.recv() => {
-                    self.on_delivery(delivery).await?;
-                    while let Ok(delivery) = self.deliveries.try_recv() {
-                        self.on_delivery(delivery).await?;
-                    }
-                }
-                event = stream.recv(), if can_read => self.on_event(event?).await?,
-                () = sleep_until_some(cleanup_due), if cleanup_due.is_some() => {}
-                () = sleep_until_some(check_at), if check_at.is_some() => {
-                    // A check that could not run is retried less often.
-                    let wait = match self.check_publication().await? {
-                        true => self.config.status_interval,
-                        false => self.config.status_interval.max(Duration::from_secs(1)),
-                    };
-                    self.next_publication_check = tokio::time::Instant::now() + wait;
-                }
-            }
-            self.report_frontier(false).await;
-        }
     }
 
     /// The highest position that may be reported now: the ack frontier, held
@@ -738,39 +233,12 @@ impl Pipeline {
     /// returns false.
     async fn check_publication(&mut self) -> Result<bool, RelayError> {
         let candidate = self.unverified();
-        let client = match control(&mut self.outbox.control, &self.config).await {
-            Ok(client) => client,
-            // A server shutting down commits nothing more but waits for its
-            // walsender's last position to be confirmed; only a drop in the
-            // last status interval before the shutdown would go unnoticed.
-            Err(SourceError::Connect { source, .. })
-                if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
-            {
-                self.checked = self.checked.max(candidate);
-                self.verified = self.verified.max(candidate);
-                return Ok(true);
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
-                return Ok(false);
-            }
-        };
-        match setup::verify_publication(client, &self.config, &[]).await {
-            Ok(found) => {
-                if let Some(e) = found.changed_since(&self.publication, &self.config.publication) {
-                    return Err(RelayError::Source(e));
-                }
-                self.publication = found;
-                self.checked = self.checked.max(candidate);
-                self.verified = self.verified.max(candidate);
-                Ok(true)
-            }
-            Err(SourceError::Query { what, source }) => {
-                tracing::warn!(what, error = %source, "cannot check the publication; confirming nothing until it can be checked");
-                Ok(false)
-            }
-            Err(e) => Err(RelayError::Source(e)),
+        if !self.source.check_publication().await? {
+            return Ok(false);
         }
+        self.checked = self.checked.max(candidate);
+        self.verified = self.verified.max(candidate);
+        Ok(true)
     }
 
     /// Reports the frontier; under `--cleanup delete`, first deletes the rows
@@ -783,6 +251,11 @@ impl Pipeline {
         }
         let frontier = self.reportable();
         self.observer.frontier(frontier);
+        self.observer.in_flight(
+            self.tracker.in_flight_events(),
+            self.tracker.in_flight_bytes(),
+            self.tracker.oldest_sent(),
+        );
         if frontier > self.reported
             && let Some(stream) = &self.stream
         {
@@ -791,411 +264,13 @@ impl Pipeline {
         }
     }
 
-    async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
-        match delivery.outcome {
-            Ok(_) => {
-                self.observer.event_acked(delivery.ticket);
-                self.tracker.ack(delivery.ticket)?;
-                self.events_acked += 1;
-                Ok(())
-            }
-            Err(failure) => {
-                self.observer
-                    .delivery_failed(delivery.ticket, &failure.error);
-                let lsn = self
-                    .tracker
-                    .commit_lsn_of(delivery.ticket)
-                    .unwrap_or(Lsn::ZERO);
-                let table = self
-                    .tracker
-                    .table_of(delivery.ticket)
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
-                if !delivery.alone && crate::sink::is_batch_level(&failure.error) {
-                    // The broker blamed the whole batch: only a record refused
-                    // on its own is poison.
-                    tracing::warn!(
-                        lsn = %lsn,
-                        id = %failure.id,
-                        topic = %failure.topic,
-                        error = %failure.error,
-                        "the broker refused a batch; sending its records again one per batch"
-                    );
-                    let record = failure.to_record();
-                    return match self.sink.send_alone(delivery.ticket, &record).await {
-                        Ok(()) => Ok(()),
-                        Err(SinkError::Enqueue {
-                            poison: true,
-                            source,
-                            ..
-                        }) => {
-                            let poison = Poison::refused(record, source, lsn, table);
-                            self.poison(delivery.ticket, poison).await
-                        }
-                        Err(source) => Err(RelayError::Sink { lsn, table, source }),
-                    };
-                }
-                if crate::sink::is_poison(&failure.error) {
-                    if self.config.dead_letter_topic.as_ref() == Some(&failure.topic) {
-                        return Err(RelayError::DeadLetter {
-                            lsn,
-                            id: failure.id,
-                            topic: failure.topic,
-                            error: failure.error,
-                        });
-                    }
-                    return self
-                        .poison(delivery.ticket, Poison::rejected(failure, lsn, table))
-                        .await;
-                }
-                tracing::error!(
-                    lsn = %lsn,
-                    id = %failure.id,
-                    topic = %failure.topic,
-                    error = %failure.error,
-                    "delivery failed for good; stopping without acknowledging it"
-                );
-                Err(RelayError::Delivery {
-                    lsn,
-                    id: failure.id,
-                    topic: failure.topic,
-                    error: failure.error,
-                })
-            }
-        }
-    }
-
-    async fn on_event(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
-        self.observer.received(&event);
-        match event {
-            ReplicationEvent::Begin {
-                final_lsn,
-                commit_time_micros,
-                ..
-            } => {
-                self.commit_lsn = final_lsn.into();
-                self.commit_time_us = values::pg_micros_to_unix_micros(commit_time_micros);
-                self.tx_seq = 0;
-                self.tracker.begin(self.commit_lsn)?;
-            }
-            ReplicationEvent::Commit { end_lsn, .. } => {
-                self.tracker.commit(end_lsn.into())?;
-                if let Some(cleanup) = self.cleanup.as_mut() {
-                    cleanup.commit(end_lsn.into(), self.config.status_interval);
-                }
-            }
-            ReplicationEvent::KeepAlive { wal_end, .. } => {
-                self.tracker.keepalive(wal_end.into());
-            }
-            ReplicationEvent::XLogData {
-                wal_start, data, ..
-            } => {
-                self.saw_message(data.len());
-                let message = pgoutput::decode(&data).map_err(|source| RelayError::Decode {
-                    lsn: wal_start.into(),
-                    source,
-                })?;
-                self.on_message(message).await?;
-            }
-            ReplicationEvent::Message {
-                transactional,
-                prefix,
-                content,
-                lsn,
-            } => {
-                self.saw_message(content.len());
-                self.on_logical_message(transactional, &prefix, content, lsn.into())
-                    .await?
-            }
-            ReplicationEvent::StoppedAt { .. } => {}
-        }
+    /// The broker acknowledged `ticket`.
+    fn acked(&mut self, ticket: Ticket) -> Result<(), AckError> {
+        let sent = self.tracker.take_sent(ticket);
+        self.tracker.ack(ticket)?;
+        self.observer.event_acked(sent);
+        self.events_acked += 1;
         Ok(())
-    }
-
-    async fn on_message(&mut self, message: Message) -> Result<(), RelayError> {
-        match message {
-            Message::Relation(relation) => {
-                let id = relation.id;
-                let name = format!("{}.{}", relation.namespace, relation.name);
-                // A partition arrives under its own name when the publication
-                // lacks publish_via_partition_root: map it to its root.
-                let root = if self
-                    .outbox
-                    .mapper
-                    .is_outbox(&relation.namespace, &relation.name)
-                {
-                    None
-                } else {
-                    self.partition_root(id).await?
-                };
-                if let Some(cleanup) = self.cleanup.as_mut() {
-                    cleanup
-                        .relation(&relation, root.as_ref())
-                        .map_err(|source| RelayError::Bind {
-                            lsn: self.commit_lsn,
-                            source,
-                        })?;
-                }
-                self.outbox
-                    .mapper
-                    .relation(relation, root)
-                    .map_err(|source| RelayError::Bind {
-                        lsn: self.commit_lsn,
-                        source,
-                    })?;
-                self.outbox.foreign.remove(&id);
-                if let Some(table) = self.outbox.mapper.outbox_table(id) {
-                    tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
-                } else {
-                    self.outbox.foreign.insert(id, name);
-                }
-            }
-            Message::Insert { relation_id, new } => {
-                if let Some(cleanup) = self.cleanup.as_mut() {
-                    cleanup.row(relation_id, &new);
-                }
-                let commit_time_ms = self.commit_time_ms();
-                match self.outbox.mapper.insert(relation_id, &new, commit_time_ms) {
-                    Some((table, mapped)) => self.relay_event(mapped, table).await?,
-                    // Never skip silently: only FOR ALL TABLES sends other tables' rows.
-                    None if self.outbox.all_tables => {}
-                    None => {
-                        return Err(RelayError::UnmappedRelation {
-                            lsn: self.commit_lsn,
-                            publication: self.config.publication.clone(),
-                            table: self
-                                .outbox
-                                .foreign
-                                .get(&relation_id)
-                                .cloned()
-                                .unwrap_or_else(|| format!("relation OID {relation_id}")),
-                        });
-                    }
-                }
-            }
-            Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
-                if let Some(table) = self.outbox.mapper.outbox_table(relation_id) {
-                    // Warn on the first one only; the count is reported at shutdown.
-                    if self.outbox.non_insert_changes == 0 {
-                        tracing::warn!(
-                            table = %table,
-                            lsn = %self.commit_lsn,
-                            "ignoring UPDATE/DELETE on an outbox table: only inserts are relayed \
-                             (create the publication WITH (publish = 'insert') to stop receiving them)"
-                        );
-                    }
-                    self.outbox.non_insert_changes += 1;
-                }
-            }
-            Message::Begin { .. }
-            | Message::Commit { .. }
-            | Message::Origin { .. }
-            | Message::Type { .. }
-            | Message::Truncate { .. }
-            | Message::Message { .. } => {}
-        }
-        Ok(())
-    }
-
-    /// The root of the partition tree `relation_id` belongs to (`None` for a
-    /// plain table), over a control connection kept for later relations.
-    async fn partition_root(&mut self, relation_id: u32) -> Result<Option<TableName>, RelayError> {
-        let lookup_err = |source| SourceError::PartitionLookup {
-            relation_id,
-            source,
-        };
-        let client = control(&mut self.outbox.control, &self.config)
-            .await
-            .map_err(|e| lookup_err(Box::new(e)))?;
-        let row = client
-            .query_opt(
-                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE c.oid = pg_partition_root($1::oid)",
-                &[&relation_id],
-            )
-            .await
-            .map_err(|e| {
-                lookup_err(Box::new(SourceError::Query {
-                    what: "look up a relation's partition root",
-                    source: e,
-                }))
-            })?;
-        Ok(row.map(|r| TableName {
-            schema: r.get(0),
-            name: r.get(1),
-        }))
-    }
-
-    /// A logical decoding message: an outbox event when its prefix is one of
-    /// `--message-prefix` and it was emitted inside a transaction.
-    async fn on_logical_message(
-        &mut self,
-        transactional: bool,
-        prefix: &str,
-        content: bytes::Bytes,
-        lsn: Lsn,
-    ) -> Result<(), RelayError> {
-        let commit_time_ms = self.commit_time_ms();
-        let Some((source, mapped)) = self.outbox.mapper.message(prefix, &content, commit_time_ms)
-        else {
-            return Ok(());
-        };
-        if !transactional || !self.tracker.in_transaction() {
-            if !self.outbox.warned_non_transactional {
-                self.outbox.warned_non_transactional = true;
-                tracing::warn!(
-                    prefix,
-                    lsn = %lsn,
-                    "ignoring a non-transactional message with an outbox prefix: emit outbox \
-                     events with pg_logical_emit_message(true, ...) inside the business transaction"
-                );
-            }
-            return Ok(());
-        }
-        self.relay_event(mapped, source).await
-    }
-
-    /// Waits until every in-flight record is acknowledged. Returns whether
-    /// shutdown was requested meanwhile.
-    async fn drain_in_flight(&mut self) -> Result<bool, RelayError> {
-        while self.tracker.window_len() > 0 {
-            tokio::select! {
-                biased;
-                () = &mut self.shutdown, if !self.shutting_down => {
-                    self.begin_shutdown();
-                    return Ok(true);
-                }
-                Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
-            }
-        }
-        Ok(false)
-    }
-
-    /// One outbox event (a row or a message) of the open transaction: the
-    /// record it maps to, or why it does not map and what could be read of it.
-    async fn relay_event(
-        &mut self,
-        mapped: Result<OutboxRecord, (crate::outbox::EventError, crate::outbox::RawParts)>,
-        source: std::sync::Arc<str>,
-    ) -> Result<(), RelayError> {
-        // Every event takes a sequence number, mapped or not, so a replayed
-        // transaction numbers its events the same way (exactly-once relies on it).
-        let seq = self.tx_seq;
-        self.tx_seq = self.tx_seq.saturating_add(1);
-        match mapped {
-            Ok(record) => self.enqueue(record, source, seq).await,
-            Err((error, parts)) => {
-                let poison = Poison::unmappable(
-                    parts,
-                    error,
-                    self.commit_lsn,
-                    source.to_string(),
-                    self.commit_time_ms(),
-                );
-                let ticket = self.tracker.push(0, &source)?;
-                self.poison(ticket, poison).await
-            }
-        }
-    }
-
-    /// Hands one record to the producer, in stream order.
-    async fn enqueue(
-        &mut self,
-        record: OutboxRecord,
-        table: std::sync::Arc<str>,
-        seq: u32,
-    ) -> Result<(), RelayError> {
-        let record = match self.exactly_once.as_mut() {
-            None => record,
-            Some(eo) => {
-                let position = crate::sink::exactly_once::Position {
-                    lsn: self.commit_lsn,
-                    seq,
-                };
-                match eo.prepare(&self.sink, record, position).await {
-                    Ok(Some(record)) => record,
-                    Ok(None) => {
-                        // Already in its partition from a previous run.
-                        let ticket = self.tracker.push(0, &table)?;
-                        self.tracker.ack(ticket)?;
-                        return Ok(());
-                    }
-                    Err(source) => {
-                        return Err(RelayError::ExactlyOnce {
-                            lsn: self.commit_lsn,
-                            source,
-                        });
-                    }
-                }
-            }
-        };
-        let ticket: Ticket = self.tracker.push(record.size(), &table)?;
-        match self.sink.send(ticket, &record).await {
-            Ok(()) => {
-                self.observer
-                    .event_sent(ticket, &record.topic, record.size(), self.commit_time_us);
-                Ok(())
-            }
-            Err(SinkError::Enqueue {
-                poison: true,
-                source,
-                ..
-            }) => {
-                let poison = Poison::refused(record, source, self.commit_lsn, table.to_string());
-                self.poison(ticket, poison).await
-            }
-            Err(source) => Err(RelayError::Sink {
-                lsn: self.commit_lsn,
-                table: table.to_string(),
-                source,
-            }),
-        }
-    }
-
-    /// An event that can never be delivered: dead-letter it under that
-    /// policy (acknowledged when the dead-letter record is), else stop.
-    async fn poison(&mut self, ticket: Ticket, poison: Poison) -> Result<(), RelayError> {
-        let Some(topic) = self.config.dead_letter_topic.clone() else {
-            tracing::error!(
-                lsn = %poison.info.lsn,
-                id = %poison.id_text(),
-                table = %poison.info.table,
-                topic = %poison.info.intended_topic.as_deref().unwrap_or(""),
-                error = %poison.info.error,
-                "event cannot be delivered; stopping before acknowledging it (--on-poison fail)"
-            );
-            return Err(poison.into_error());
-        };
-        tracing::warn!(
-            lsn = %poison.info.lsn,
-            id = %poison.id_text(),
-            table = %poison.info.table,
-            topic = %poison.info.intended_topic.as_deref().unwrap_or(""),
-            error = %poison.info.error,
-            dead_letter_topic = %topic,
-            "event cannot be delivered; dead-lettering it"
-        );
-        let lsn = poison.info.lsn;
-        let table = poison.info.table.clone();
-        let id = poison.id_text();
-        let record = poison.into_dead_letter(&topic);
-        self.dead_lettered += 1;
-        crate::observability::metrics::dead_lettered();
-        match self.sink.send(ticket, &record).await {
-            Ok(()) => Ok(()),
-            Err(SinkError::Enqueue {
-                poison: true,
-                source,
-                ..
-            }) => Err(RelayError::DeadLetter {
-                lsn,
-                id,
-                topic,
-                error: source,
-            }),
-            Err(source) => Err(RelayError::Sink { lsn, table, source }),
-        }
     }
 
     /// Stops reading, waits up to the shutdown timeout for in-flight
@@ -1211,9 +286,8 @@ impl Pipeline {
                 Ok(Some(delivery)) => {
                     // Only successes can move the frontier; a failure is
                     // already reported or will be replayed after restart.
-                    if delivery.outcome.is_ok() && self.tracker.ack(delivery.ticket).is_ok() {
-                        self.observer.event_acked(delivery.ticket);
-                        self.events_acked += 1;
+                    if delivery.outcome.is_ok() {
+                        let _ = self.acked(delivery.ticket);
                     }
                 }
                 Ok(None) => break,
@@ -1262,3 +336,6 @@ impl Pipeline {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,11 +15,13 @@
 //!
 //! A broker judges a produce request's size per batch, so a size error in a
 //! delivery report does not say which record is too large: each record of the
-//! failed batch is sent again in a batch of its own ([`KafkaSink::send_alone`],
+//! failed batch is sent again in a batch of its own ([`Sink::send_alone`],
 //! through a second producer made on first use), and only a record refused
 //! alone is poison.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -33,9 +35,48 @@ use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer}
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
 
+use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
-use crate::pipeline::ack::Ticket;
+use exactly_once::{Position, TailError, TailReader};
+
+/// The Kafka side as the pipeline sees it. [`KafkaSink`] is the real one; a
+/// simulation implements it with an in-memory broker. Delivery results arrive
+/// on the channel the pipeline is given with the sink.
+pub trait Sink: Send + Sync + 'static {
+    /// Enqueues one record; its [`Delivery`] comes back on the channel.
+    /// Waits while the producer's queue is full (backpressure, not an error).
+    fn send(
+        &self,
+        ticket: Ticket,
+        record: &OutboxRecord,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Enqueues one record in a batch of its own, so that a size error
+    /// reported for it is about it alone.
+    fn send_alone(
+        &self,
+        ticket: Ticket,
+        record: &OutboxRecord,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Records handed over whose delivery has not been reported yet.
+    fn in_flight(&self) -> usize;
+
+    /// The partition count of `topic` (exactly-once pins partitions).
+    fn partition_count(&self, topic: &str) -> impl Future<Output = Result<i32, KafkaError>> + Send;
+
+    /// Per partition of `topic`, the positions of the records of `source`
+    /// at or above `floor` (exactly-once; see [`exactly_once`]).
+    fn tails(
+        &self,
+        topic: &str,
+        source: &str,
+        partitions: i32,
+        floor: Lsn,
+        wal_end: Lsn,
+    ) -> impl Future<Output = Vec<Result<HashSet<Position>, TailError>>> + Send;
+}
 
 /// Producer settings the relay sets unless `-X` overrides them.
 ///
@@ -53,6 +94,11 @@ pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("statistics.interval.ms", "1000"),
 ];
 
+/// Identifies one in-flight event: handed to the producer, returned with its
+/// delivery report. The pipeline's ack tracker hands them out in stream order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket(pub u64);
+
 /// The outcome of one record, reported by librdkafka.
 #[derive(Debug)]
 pub struct Delivery {
@@ -60,7 +106,7 @@ pub struct Delivery {
     pub ticket: Ticket,
     /// `Ok` once the broker acknowledged it.
     pub outcome: Result<Acked, DeliveryFailure>,
-    /// Whether the record was sent in a batch of its own ([`KafkaSink::send_alone`]).
+    /// Whether the record was sent in a batch of its own ([`Sink::send_alone`]).
     pub alone: bool,
 }
 
@@ -290,7 +336,10 @@ impl ProducerContext for DeliveryContext {
 
 /// The Kafka side of the relay.
 pub struct KafkaSink {
-    producer: ThreadedProducer<DeliveryContext>,
+    /// Shared with blocking-pool metadata reads: the relay's runtime has one thread.
+    producer: Arc<ThreadedProducer<DeliveryContext>>,
+    /// Exactly-once's tail reader (set by [`KafkaSink::with_tails`]).
+    tails: Option<Arc<Mutex<TailReader>>>,
     /// Settings and report channel for the one-record-batch producer.
     config: ClientConfig,
     properties: Vec<(String, String)>,
@@ -328,7 +377,8 @@ impl KafkaSink {
             })
             .map_err(|error| SinkError::create(error, properties))?;
         let sink = KafkaSink {
-            producer,
+            producer: Arc::new(producer),
+            tails: None,
             config,
             properties: properties.to_vec(),
             deliveries: tx,
@@ -337,33 +387,10 @@ impl KafkaSink {
         Ok((sink, rx))
     }
 
-    /// Enqueues one record. Waits while librdkafka's queue is full.
-    pub async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
-        Self::send_with(&self.producer, ticket, record).await
-    }
-
-    /// Enqueues one record in a batch of its own, so that a size error
-    /// reported for it is about it alone.
-    pub async fn send_alone(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
-        let producer = match self.alone.get() {
-            Some(producer) => producer,
-            None => {
-                let mut config = self.config.clone();
-                config
-                    .set("batch.num.messages", "1")
-                    .set("linger.ms", "0")
-                    .set("statistics.interval.ms", "0");
-                let producer = config
-                    .create_with_context(DeliveryContext {
-                        deliveries: self.deliveries.clone(),
-                        alone: true,
-                        health: None,
-                    })
-                    .map_err(|error| SinkError::create(error, &self.properties))?;
-                self.alone.get_or_init(|| producer)
-            }
-        };
-        Self::send_with(producer, ticket, record).await
+    /// Reads partition tails with `reader` (`--delivery exactly-once`).
+    pub fn with_tails(mut self, reader: TailReader) -> Self {
+        self.tails = Some(Arc::new(Mutex::new(reader)));
+        self
     }
 
     async fn send_with(
@@ -422,10 +449,12 @@ impl KafkaSink {
     }
 
     /// The partition count of `topic` (fetching metadata creates it where the
-    /// broker auto-creates topics).
-    pub fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
-        let metadata = self
-            .producer
+    /// broker auto-creates topics). Blocking.
+    fn fetch_partition_count(
+        producer: &ThreadedProducer<DeliveryContext>,
+        topic: &str,
+    ) -> Result<i32, KafkaError> {
+        let metadata = producer
             .client()
             .fetch_metadata(Some(topic), Duration::from_secs(30))?;
         let count = metadata
@@ -441,15 +470,89 @@ impl KafkaSink {
         }
     }
 
-    /// Records librdkafka holds that the broker has not acknowledged.
-    pub fn in_flight(&self) -> i32 {
-        self.producer.in_flight_count() + self.alone.get().map_or(0, |p| p.in_flight_count())
+    /// [`Sink::partition_count`], blocking (for the `backfill` command).
+    pub fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
+        Self::fetch_partition_count(&self.producer, topic)
     }
 
     /// Waits up to `timeout` for outstanding deliveries.
     pub fn flush(&self, timeout: Duration) -> bool {
         let alone = self.alone.get().is_none_or(|p| p.flush(timeout).is_ok());
         self.producer.flush(timeout).is_ok() && alone
+    }
+}
+
+impl Sink for KafkaSink {
+    async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
+        Self::send_with(&self.producer, ticket, record).await
+    }
+
+    /// Through a second producer, made on first use.
+    async fn send_alone(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
+        let producer = match self.alone.get() {
+            Some(producer) => producer,
+            None => {
+                let mut config = self.config.clone();
+                config
+                    .set("batch.num.messages", "1")
+                    .set("linger.ms", "0")
+                    .set("statistics.interval.ms", "0");
+                let producer = config
+                    .create_with_context(DeliveryContext {
+                        deliveries: self.deliveries.clone(),
+                        alone: true,
+                        health: None,
+                    })
+                    .map_err(|error| SinkError::create(error, &self.properties))?;
+                self.alone.get_or_init(|| producer)
+            }
+        };
+        Self::send_with(producer, ticket, record).await
+    }
+
+    fn in_flight(&self) -> usize {
+        let count =
+            self.producer.in_flight_count() + self.alone.get().map_or(0, |p| p.in_flight_count());
+        usize::try_from(count).unwrap_or(0)
+    }
+
+    async fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
+        let (producer, topic) = (Arc::clone(&self.producer), topic.to_owned());
+        tokio::task::spawn_blocking(move || Self::fetch_partition_count(&producer, &topic))
+            .await
+            .unwrap_or(Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail)))
+    }
+
+    async fn tails(
+        &self,
+        topic: &str,
+        source: &str,
+        partitions: i32,
+        floor: Lsn,
+        wal_end: Lsn,
+    ) -> Vec<Result<HashSet<Position>, TailError>> {
+        let failed = |reason: String| {
+            (0..partitions)
+                .map(|partition| {
+                    Err(TailError::Read {
+                        topic: topic.to_owned(),
+                        partition,
+                        reason: reason.clone(),
+                    })
+                })
+                .collect()
+        };
+        let Some(reader) = self.tails.clone() else {
+            return failed("no tail reader (not --delivery exactly-once)".to_owned());
+        };
+        let (owned, source) = (topic.to_owned(), source.to_owned());
+        let read = tokio::task::spawn_blocking(move || {
+            let mut reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            reader.set_source(source);
+            reader.delivered(&owned, partitions, floor, wal_end)
+        });
+        read.await
+            .unwrap_or_else(|e| failed(format!("the blocking read stopped: {e}")))
     }
 }
 

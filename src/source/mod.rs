@@ -1,16 +1,20 @@
 //! I/O: the Postgres side. Start-up checks, publication and slot
-//! ([`setup`]), and the replication stream ([`ReplicationStream`]).
+//! ([`setup`]), `--cleanup delete` ([`cleanup`]), and what the pipeline sees
+//! through the [`Source`] and [`Stream`] traits: [`PgSource`] (replication
+//! sessions, and a control connection for lookups) and [`ReplicationStream`].
 //!
 //! The stream is a thin wrapper over pgwire-replication: it passes events
-//! through and exposes exactly one way to move the slot, [`ReplicationStream::ack`],
+//! through and exposes exactly one way to move the slot, [`Stream::ack`],
 //! which only the pipeline calls, and only with the ack frontier.
 
+pub mod cleanup;
 pub mod heartbeat;
 pub mod lineage;
 pub mod setup;
 pub mod sql;
 mod tls;
 
+use std::future::Future;
 use std::time::Duration;
 
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
@@ -19,6 +23,7 @@ pub use tls::TlsError;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
+use crate::outbox::TableName;
 
 /// Session settings for the walsender, so values arrive in one fixed text
 /// form whatever the server's defaults (timestamps in ISO, UTC).
@@ -436,26 +441,6 @@ impl SourceError {
     }
 }
 
-/// A permanent stream error on a slot that Postgres reports invalidated (the
-/// stream says only "can no longer get changes", or, on a standby, names the
-/// primary's `wal_level`) becomes [`SourceError::SlotInvalidatedBy`], with why
-/// and what to do; any other error is returned as it is.
-pub async fn explain_invalidation(config: &Config, error: SourceError) -> SourceError {
-    if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
-        return error;
-    }
-    let Ok(client) = setup::connect(config).await else {
-        return error;
-    };
-    match setup::slot_invalidation(&client, &config.slot).await {
-        Ok(Some(remedy)) => SourceError::SlotInvalidatedBy {
-            slot: config.slot.clone(),
-            remedy,
-        },
-        _ => error,
-    }
-}
-
 /// A tokio-postgres error with the server's message, detail and hint, which
 /// its `Display` ("db error") leaves out.
 pub fn pg_error_text(error: &tokio_postgres::Error) -> String {
@@ -671,9 +656,202 @@ impl ReplicationStream {
             start,
         })
     }
+}
 
-    /// The next event.
-    pub async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+/// The Postgres side as the pipeline sees it: replication sessions and the
+/// few control queries streaming needs. [`PgSource`] is the real one; a
+/// simulation implements it without a server.
+pub trait Source: Send {
+    /// One replication session.
+    type Stream: Stream;
+
+    /// Starts a session at `from` (the end of the last transaction received)
+    /// while reporting `acked` as confirmed. The stream says where it really
+    /// started: lower than `from` after a promotion.
+    fn start(
+        &mut self,
+        from: Lsn,
+        acked: Lsn,
+    ) -> impl Future<Output = Result<Self::Stream, SourceError>> + Send;
+
+    /// The root of the partition tree `relation_id` belongs to (`None` for a plain table).
+    fn partition_root(
+        &mut self,
+        relation_id: u32,
+    ) -> impl Future<Output = Result<Option<TableName>, SourceError>> + Send;
+
+    /// Whether the publication is as found at start-up, so positions decoded
+    /// before the check may be confirmed: `Ok(false)` when the check could
+    /// not run, `Err` when it changed (dropped, re-created, a table dropped
+    /// from it and added again): rows were skipped.
+    fn check_publication(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send;
+
+    /// The current end of the WAL (`Lsn(u64::MAX)` when unknown): records
+    /// past it cannot be this relay's (exactly-once's foreign-writer check).
+    fn wal_end(&mut self) -> impl Future<Output = Lsn> + Send;
+
+    /// A fatal error with what the server can tell about it (an invalidated
+    /// slot's reason); by default the error as it is.
+    fn explain(&mut self, error: SourceError) -> impl Future<Output = SourceError> + Send {
+        async { error }
+    }
+}
+
+/// One replication session.
+pub trait Stream: Send {
+    /// Where the session started.
+    fn started_at(&self) -> Lsn;
+    /// The server and timeline it runs on.
+    fn server(&self) -> &ServerId;
+    /// The next event. A transient break is an error whose
+    /// [`SourceError::recovery`] is [`Recovery::Reconnect`] (e.g. [`SourceError::StreamEnded`]).
+    fn recv(&mut self) -> impl Future<Output = Result<ReplicationEvent, SourceError>> + Send;
+    /// Confirms `lsn` to Postgres: the only way a position reaches it.
+    fn ack(&self, lsn: Lsn);
+    /// Ends the session once `wait_for` has been reported (or `timeout` ran out).
+    fn close(self, wait_for: Lsn, timeout: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// The real [`Source`]: pgwire-replication sessions and a control connection
+/// (reopened when it breaks) for the lookups.
+pub struct PgSource {
+    config: Config,
+    control: Option<tokio_postgres::Client>,
+    /// The server and timeline the last session ran on.
+    server: Option<ServerId>,
+    /// The publication as last found (first at start-up): a change shows
+    /// rows that were never decoded.
+    publication: setup::Publication,
+}
+
+impl PgSource {
+    /// A source for `config`'s server, slot and `publication` as found at start-up.
+    pub fn new(config: Config, publication: setup::Publication) -> Self {
+        PgSource {
+            config,
+            control: None,
+            server: None,
+            publication,
+        }
+    }
+}
+
+/// The control connection in `slot`, opened (again) when needed.
+async fn control<'a>(
+    slot: &'a mut Option<tokio_postgres::Client>,
+    config: &Config,
+) -> Result<&'a tokio_postgres::Client, SourceError> {
+    let client = match slot.take() {
+        Some(client) if !client.is_closed() => client,
+        _ => setup::connect(config).await?,
+    };
+    Ok(slot.insert(client))
+}
+
+impl Source for PgSource {
+    type Stream = ReplicationStream;
+
+    async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<ReplicationStream, SourceError> {
+        let stream =
+            ReplicationStream::start(&self.config, from, acked, self.server.as_ref()).await?;
+        self.server = Some(stream.server.clone());
+        Ok(stream)
+    }
+
+    async fn partition_root(&mut self, relation_id: u32) -> Result<Option<TableName>, SourceError> {
+        let lookup_err = |source| SourceError::PartitionLookup {
+            relation_id,
+            source: Box::new(source),
+        };
+        let client = control(&mut self.control, &self.config)
+            .await
+            .map_err(lookup_err)?;
+        let row = client
+            .query_opt(
+                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+                 JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.oid = pg_partition_root($1::oid)",
+                &[&relation_id],
+            )
+            .await
+            .map_err(|source| {
+                lookup_err(SourceError::Query {
+                    what: "look up a relation's partition root",
+                    source,
+                })
+            })?;
+        Ok(row.map(|r| TableName {
+            schema: r.get(0),
+            name: r.get(1),
+        }))
+    }
+
+    async fn check_publication(&mut self) -> Result<bool, SourceError> {
+        let client = match control(&mut self.control, &self.config).await {
+            Ok(client) => client,
+            // A server shutting down commits nothing more but waits for its
+            // walsender's last position to be confirmed; only a drop in the
+            // last status interval before the shutdown would go unnoticed.
+            Err(SourceError::Connect { source, .. })
+                if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
+            {
+                return Ok(true);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
+                return Ok(false);
+            }
+        };
+        match setup::verify_publication(client, &self.config, &[]).await {
+            Ok(found) => {
+                if let Some(e) = found.changed_since(&self.publication, &self.config.publication) {
+                    return Err(e);
+                }
+                self.publication = found;
+                Ok(true)
+            }
+            Err(SourceError::Query { what, source }) => {
+                tracing::warn!(what, error = %source, "cannot check the publication; confirming nothing until it can be checked");
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn wal_end(&mut self) -> Lsn {
+        wal_end(&self.config).await.unwrap_or(Lsn(u64::MAX))
+    }
+
+    /// A permanent stream error on a slot that Postgres reports invalidated
+    /// (the stream says only "can no longer get changes", or, on a standby,
+    /// names the primary's `wal_level`) becomes [`SourceError::SlotInvalidatedBy`].
+    async fn explain(&mut self, error: SourceError) -> SourceError {
+        if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
+            return error;
+        }
+        let Ok(client) = control(&mut self.control, &self.config).await else {
+            return error;
+        };
+        match setup::slot_invalidation(client, &self.config.slot).await {
+            Ok(Some(remedy)) => SourceError::SlotInvalidatedBy {
+                slot: self.config.slot.clone(),
+                remedy,
+            },
+            _ => error,
+        }
+    }
+}
+
+impl Stream for ReplicationStream {
+    fn started_at(&self) -> Lsn {
+        self.start
+    }
+
+    fn server(&self) -> &ServerId {
+        &self.server
+    }
+
+    async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
         match self.client.recv().await {
             Ok(Some(event)) => Ok(event),
             Ok(None) => Err(SourceError::StreamEnded {
@@ -686,21 +864,15 @@ impl ReplicationStream {
         }
     }
 
-    /// Reports `lsn` to Postgres as flushed (sent within the status interval).
-    /// Callers pass only the ack frontier.
-    pub fn ack(&self, lsn: Lsn) {
+    /// Reported within the status interval.
+    fn ack(&self, lsn: Lsn) {
         self.client.update_applied_lsn(lsn.into());
     }
 
-    /// The position last written to the server in a status update.
-    pub fn reported(&self) -> Lsn {
-        self.client.metrics().last_applied_lsn().into()
-    }
-
-    /// Ends the stream after the last acknowledgement has been written.
-    pub async fn close(mut self, wait_for: Lsn, timeout: Duration) {
+    async fn close(mut self, wait_for: Lsn, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
-        while self.reported() < wait_for && tokio::time::Instant::now() < deadline {
+        let reported = |c: &ReplicationClient| Lsn::from(c.metrics().last_applied_lsn());
+        while reported(&self.client) < wait_for && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if let Err(e) = self.client.shutdown().await {

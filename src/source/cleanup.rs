@@ -45,7 +45,7 @@ struct Table {
 type Row = (Arc<str>, Vec<String>);
 
 /// The rows of acknowledged-or-pending transactions and the connection that deletes them.
-pub(super) struct Cleanup {
+pub struct Cleanup {
     config: Config,
     client: Option<Client>,
     tables: HashMap<String, Table>,
@@ -83,12 +83,7 @@ fn delete_sql(key: &PrimaryKey) -> String {
 
 impl Cleanup {
     /// Deletes through `client` (the control connection, reopened from `config` if it breaks).
-    pub(super) fn new(
-        client: Client,
-        keys: Vec<PrimaryKey>,
-        config: &Config,
-        confirmed: Lsn,
-    ) -> Self {
+    pub fn new(client: Client, keys: Vec<PrimaryKey>, config: &Config, confirmed: Lsn) -> Self {
         let tables = keys
             .iter()
             .map(|key| {
@@ -113,7 +108,7 @@ impl Cleanup {
 
     /// A Relation message: for an outbox table (or a partition of one,
     /// `root`), where its key columns are; rows are deleted through the root.
-    pub(super) fn relation(
+    pub fn relation(
         &mut self,
         relation: &Relation,
         root: Option<&crate::outbox::TableName>,
@@ -137,7 +132,7 @@ impl Cleanup {
     }
 
     /// An inserted outbox row of the open transaction.
-    pub(super) fn row(&mut self, relation_id: u32, tuple: &TupleData) {
+    pub fn row(&mut self, relation_id: u32, tuple: &TupleData) {
         let Some((table, positions)) = self.bound.get(&relation_id) else {
             return;
         };
@@ -154,7 +149,7 @@ impl Cleanup {
     }
 
     /// The open transaction committed, ending at `end_lsn`.
-    pub(super) fn commit(&mut self, end_lsn: Lsn, interval: Duration) {
+    pub fn commit(&mut self, end_lsn: Lsn, interval: Duration) {
         if self.open.is_empty() {
             return;
         }
@@ -164,13 +159,13 @@ impl Cleanup {
     }
 
     /// The open transaction will be replayed from its start.
-    pub(super) fn abandon_open(&mut self) {
+    pub fn abandon_open(&mut self) {
         self.open.clear();
     }
 
     /// When rows that `frontier` covers must be deleted, if any wait (rows
     /// still in flight wait for their acks, not for a timer).
-    pub(super) fn due(&self, frontier: Lsn) -> Option<Instant> {
+    pub fn due(&self, frontier: Lsn) -> Option<Instant> {
         self.done
             .front()
             .filter(|(end, _)| *end <= frontier)
@@ -179,13 +174,13 @@ impl Cleanup {
 
     /// The highest position that may be reported: the rows of every
     /// transaction it covers are deleted.
-    pub(super) fn cleared(&self) -> Lsn {
+    pub fn cleared(&self) -> Lsn {
         self.cleared
     }
 
     /// Deletes the rows of transactions ending at or before `frontier` (now
     /// when `force`, else when a batch is full or due) and returns what may be reported.
-    pub(super) async fn clear(&mut self, frontier: Lsn, force: bool, interval: Duration) -> Lsn {
+    pub async fn clear(&mut self, frontier: Lsn, force: bool, interval: Duration) -> Lsn {
         let covered = self
             .done
             .iter()

@@ -1,0 +1,336 @@
+//! The real pipeline against an in-memory source and sink, on a paused clock.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser;
+use pgwire_replication::ReplicationEvent;
+use rdkafka::error::KafkaError;
+use tokio::sync::mpsc;
+
+use super::{Pipeline, RelayError, Summary};
+use crate::config::{Cli, Config};
+use crate::lsn::Lsn;
+use crate::observability::health::Health;
+use crate::outbox::OutboxRecord;
+use crate::sink::exactly_once::{Position, TailError};
+use crate::sink::{Acked, Delivery, Sink, SinkError, Ticket};
+use crate::source::setup::{Publication, SlotState};
+use crate::source::{ServerId, Source, SourceError, Stream};
+
+const START: Lsn = Lsn(0x10);
+
+type Script = Arc<Mutex<VecDeque<Result<ReplicationEvent, SourceError>>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Replays a script across sessions; an exhausted script idles like a quiet server.
+#[derive(Default)]
+struct FakeSource {
+    script: Script,
+    /// `(from, acked)` of every session started.
+    starts: Arc<Mutex<Vec<(Lsn, Lsn)>>>,
+    /// Every position confirmed, in order.
+    acks: Arc<Mutex<Vec<Lsn>>>,
+}
+
+struct FakeStream {
+    script: Script,
+    acks: Arc<Mutex<Vec<Lsn>>>,
+    from: Lsn,
+    server: ServerId,
+}
+
+impl Source for FakeSource {
+    type Stream = FakeStream;
+
+    async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<FakeStream, SourceError> {
+        lock(&self.starts).push((from, acked));
+        Ok(FakeStream {
+            script: Arc::clone(&self.script),
+            acks: Arc::clone(&self.acks),
+            from,
+            server: ServerId {
+                addr: "sim:5432".into(),
+                system_id: "1".into(),
+                timeline: 1,
+            },
+        })
+    }
+
+    async fn partition_root(
+        &mut self,
+        _: u32,
+    ) -> Result<Option<crate::outbox::TableName>, SourceError> {
+        Ok(None)
+    }
+
+    async fn check_publication(&mut self) -> Result<bool, SourceError> {
+        Ok(true)
+    }
+
+    async fn wal_end(&mut self) -> Lsn {
+        Lsn(u64::MAX)
+    }
+}
+
+impl Stream for FakeStream {
+    fn started_at(&self) -> Lsn {
+        self.from
+    }
+
+    fn server(&self) -> &ServerId {
+        &self.server
+    }
+
+    async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+        let next = lock(&self.script).pop_front();
+        match next {
+            Some(event) => event,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn ack(&self, lsn: Lsn) {
+        lock(&self.acks).push(lsn);
+    }
+
+    async fn close(self, _: Lsn, _: Duration) {}
+}
+
+/// Records what it is given; acknowledges at once when `auto_ack`.
+struct FakeSink {
+    deliveries: mpsc::UnboundedSender<Delivery>,
+    sent: Mutex<Vec<(Ticket, OutboxRecord)>>,
+    auto_ack: bool,
+}
+
+impl Sink for FakeSink {
+    async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
+        lock(&self.sent).push((ticket, record.clone()));
+        if self.auto_ack {
+            let outcome = Ok(Acked {
+                partition: 0,
+                offset: 0,
+            });
+            let delivery = Delivery {
+                ticket,
+                outcome,
+                alone: false,
+            };
+            let _ = self.deliveries.send(delivery);
+        }
+        Ok(())
+    }
+
+    async fn send_alone(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
+        self.send(ticket, record).await
+    }
+
+    fn in_flight(&self) -> usize {
+        0
+    }
+
+    async fn partition_count(&self, _: &str) -> Result<i32, KafkaError> {
+        Ok(1)
+    }
+
+    async fn tails(
+        &self,
+        _: &str,
+        _: &str,
+        partitions: i32,
+        _: Lsn,
+        _: Lsn,
+    ) -> Vec<Result<HashSet<Position>, TailError>> {
+        (0..partitions).map(|_| Ok(HashSet::new())).collect()
+    }
+}
+
+fn begin(commit: u64) -> Result<ReplicationEvent, SourceError> {
+    Ok(ReplicationEvent::Begin {
+        final_lsn: Lsn(commit).into(),
+        xid: 1,
+        commit_time_micros: 0,
+    })
+}
+
+fn event(lsn: u64, id: &str) -> Result<ReplicationEvent, SourceError> {
+    Ok(ReplicationEvent::Message {
+        transactional: true,
+        lsn: Lsn(lsn).into(),
+        prefix: "outbox".into(),
+        content: Bytes::from(format!(
+            r#"{{"id": "{id}", "event_type": "Order", "payload": "{{}}"}}"#
+        )),
+    })
+}
+
+fn commit(commit: u64, end: u64) -> Result<ReplicationEvent, SourceError> {
+    Ok(ReplicationEvent::Commit {
+        lsn: Lsn(commit).into(),
+        end_lsn: Lsn(end).into(),
+        commit_time_micros: 0,
+    })
+}
+
+fn keepalive(wal_end: u64) -> Result<ReplicationEvent, SourceError> {
+    Ok(ReplicationEvent::KeepAlive {
+        wal_end: Lsn(wal_end).into(),
+        reply_requested: false,
+        server_time_micros: 0,
+    })
+}
+
+fn config() -> Config {
+    let cli = Cli::try_parse_from([
+        "outbox-relay",
+        "--postgres-url",
+        "postgres://relay@127.0.0.1:5432/app",
+        "--kafka-brokers",
+        "127.0.0.1:9092",
+        "--table",
+        "none",
+        "--message-prefix",
+        "outbox",
+        "--shutdown-timeout",
+        "5s",
+    ]);
+    match cli
+        .map_err(|e| e.to_string())
+        .and_then(|cli| Config::from_cli(&cli).map_err(|e| e.to_string()))
+    {
+        Ok(config) => config,
+        Err(e) => panic!("test configuration: {e}"),
+    }
+}
+
+/// Runs the script through the real pipeline until a shutdown after ten
+/// (paused) seconds; returns the outcome, the source and what the sink received.
+async fn run(
+    script: Vec<Result<ReplicationEvent, SourceError>>,
+    auto_ack: bool,
+) -> (
+    Result<Summary, RelayError>,
+    FakeSource,
+    Vec<(Ticket, OutboxRecord)>,
+) {
+    let source = FakeSource {
+        script: Arc::new(Mutex::new(script.into())),
+        ..FakeSource::default()
+    };
+    let observed = FakeSource {
+        script: Arc::clone(&source.script),
+        starts: Arc::clone(&source.starts),
+        acks: Arc::clone(&source.acks),
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let sink = Arc::new(FakeSink {
+        deliveries: tx,
+        sent: Mutex::new(Vec::new()),
+        auto_ack,
+    });
+    let slot = SlotState {
+        confirmed_flush: START,
+        created: false,
+        publication: Publication {
+            oid: 1,
+            all_tables: false,
+            server_version: 180_000,
+            members: Vec::new(),
+        },
+    };
+    let health = Arc::new(Health::new(Default::default()));
+    let pipeline = Pipeline::new(config(), source, Arc::clone(&sink), rx, health, &slot);
+    let outcome = pipeline
+        .run(tokio::time::sleep(Duration::from_secs(10)))
+        .await;
+    let sent = std::mem::take(&mut *lock(&sink.sent));
+    (outcome, observed, sent)
+}
+
+fn summary(outcome: Result<Summary, RelayError>) -> Summary {
+    match outcome {
+        Ok(summary) => summary,
+        Err(e) => panic!("the pipeline failed: {e}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_slot_moves_to_a_transactions_end_once_the_broker_acknowledged_it() {
+    let script = vec![begin(0x100), event(0x90, "e1"), commit(0x100, 0x110)];
+    let (outcome, source, sent) = run(script, true).await;
+    let summary = summary(outcome);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(summary.frontier, Lsn(0x110));
+    assert_eq!(lock(&source.acks).last(), Some(&Lsn(0x110)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nothing_past_an_unacknowledged_event_is_confirmed() {
+    let script = vec![
+        begin(0x100),
+        event(0x90, "e1"),
+        commit(0x100, 0x110),
+        keepalive(0x500),
+    ];
+    let (outcome, source, sent) = run(script, false).await;
+    let summary = summary(outcome);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(summary.frontier, START);
+    assert_eq!(summary.abandoned, 1);
+    assert!(lock(&source.acks).iter().all(|&lsn| lsn <= START));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_outbox_follows_keepalives() {
+    let (outcome, source, _) = run(vec![keepalive(0x500)], false).await;
+    assert_eq!(summary(outcome).frontier, Lsn(0x500));
+    assert_eq!(lock(&source.acks).last(), Some(&Lsn(0x500)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_break_mid_transaction_resumes_after_the_last_transaction_received() {
+    let ended = || {
+        Err(SourceError::StreamEnded {
+            slot: "outbox_relay".into(),
+        })
+    };
+    let script = vec![
+        begin(0x100),
+        event(0x90, "e1"),
+        commit(0x100, 0x110),
+        begin(0x200),
+        event(0x190, "e2"),
+        ended(),
+        begin(0x200),
+        event(0x190, "e2"),
+        commit(0x200, 0x210),
+    ];
+    let (outcome, source, sent) = run(script, true).await;
+    let summary = summary(outcome);
+    assert_eq!(summary.reconnects, 1);
+    assert_eq!(summary.frontier, Lsn(0x210));
+    let starts = lock(&source.starts).clone();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(
+        starts[1].0,
+        Lsn(0x110),
+        "resumes after the last commit received"
+    );
+    // The open transaction's event is sent again: at-least-once.
+    let ids: Vec<_> = sent.iter().map(|(_, r)| r.id_text()).collect();
+    assert_eq!(ids, ["e1", "e2", "e2"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_protocol_violation_stops_the_relay_without_confirming_it() {
+    let script = vec![begin(0x100), begin(0x200)];
+    let (outcome, source, _) = run(script, true).await;
+    assert!(matches!(outcome, Err(RelayError::Protocol(_))));
+    assert!(lock(&source.acks).iter().all(|&lsn| lsn <= START));
+}
