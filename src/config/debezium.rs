@@ -37,6 +37,7 @@ const EVENT_ROUTER: &str = "io.debezium.transforms.outbox.EventRouter";
 const DEFAULT_ROUTE_REGEX: &str = "(?<routedByValue>.*)";
 const ROUTED_BY_VALUE: &str = "${routedByValue}";
 const NO_REGEX_ROUTING: &str = "the relay has no regex routing: its topic is --topic-template, where ${routedByValue} is the whole route-by value and ${COLUMN} any column. Remove route.topic.regex and write the topic as route.topic.replacement, or add a column holding the topic part and route by it";
+const NO_EVENT_ROUTER: &str = "no transform of type io.debezium.transforms.outbox.EventRouter: this connector publishes raw change events, which the relay does not produce; it replaces only the Outbox Event Router";
 const PROVIDER: &str = "a Kafka Connect config-provider reference; resolve it and import again";
 /// What a user name, password or database name keeps unencoded in the URL:
 /// RFC 3986's unreserved characters.
@@ -109,32 +110,6 @@ pub enum DebeziumError {
         #[source]
         source: java_properties::PropertiesError,
     },
-    /// Not Debezium's Postgres connector.
-    #[error(
-        "connector.class is {class:?}, not {POSTGRES_CONNECTOR}: outbox-relay replaces only Debezium's Postgres connector"
-    )]
-    NotPostgres {
-        /// The class found.
-        class: String,
-    },
-    /// A logical decoding plugin other than pgoutput.
-    #[error(
-        "plugin.name={plugin}: the relay decodes pgoutput only, and a {plugin} slot cannot be read as pgoutput. Set plugin.name=pgoutput and slot.name to a new slot name (the relay creates it), then import again; run the relay alongside Debezium until it streams, then stop Debezium (consumers deduplicate on the id header)"
-    )]
-    UnsupportedPlugin {
-        /// The plugin configured.
-        plugin: String,
-    },
-    /// A table list entry that is a regular expression.
-    #[error(
-        "{key} entry {entry:?} is a regular expression; the relay needs explicit table names: list each outbox table as schema.table (a `\\.` escape is fine)"
-    )]
-    TableRegex {
-        /// `table.include.list` or its old name `table.whitelist`.
-        key: &'static str,
-        /// The entry.
-        entry: String,
-    },
     /// A required key is absent.
     #[error("{key} is missing: {hint}")]
     Missing {
@@ -143,11 +118,6 @@ pub enum DebeziumError {
         /// What to add.
         hint: &'static str,
     },
-    /// The connector does not use the Outbox Event Router.
-    #[error(
-        "no transform of type {EVENT_ROUTER} in `transforms`: this connector publishes raw change events, which the relay does not produce; it replaces only the Outbox Event Router"
-    )]
-    NoEventRouter,
     /// A value the relay cannot reproduce.
     #[error("{key}={value:?}: {reason}")]
     Invalid {
@@ -478,8 +448,10 @@ impl<'a> Importer<'a> {
         )?;
         // Kafka Connect also accepts the simple class name and its alias without `Connector`.
         if !matches!(class, POSTGRES_CONNECTOR | "PostgresConnector" | "Postgres") {
-            let class = class.to_owned();
-            return Err(DebeziumError::NotPostgres { class });
+            let why = format!(
+                "not {POSTGRES_CONNECTOR}: outbox-relay replaces only Debezium's Postgres connector"
+            );
+            return Err(invalid("connector.class", class, why));
         }
         let pgoutput = self.plugin()?;
         let url = self.postgres_url()?;
@@ -511,9 +483,11 @@ impl<'a> Importer<'a> {
     fn plugin(&mut self) -> Result<bool, DebeziumError> {
         match self.take("plugin.name") {
             Some(plugin) if plugin.eq_ignore_ascii_case("pgoutput") => Ok(true),
-            Some(plugin) => Err(DebeziumError::UnsupportedPlugin {
-                plugin: plugin.to_owned(),
-            }),
+            Some(plugin) => Err(invalid(
+                "plugin.name",
+                plugin,
+                "the relay decodes pgoutput only, and a slot of another plugin cannot be read as pgoutput. Set plugin.name=pgoutput and slot.name to a new slot name (the relay creates it), then import again; run the relay alongside Debezium until it streams, then stop Debezium (consumers deduplicate on the id header)",
+            )),
             None => {
                 self.warn(
                     "plugin.name is not set, so Debezium used its default decoderbufs: the relay decodes pgoutput only and cannot reuse a decoderbufs slot (it stops with \"uses the decoderbufs plugin\"). Pass a new --slot name (the relay creates it with pgoutput), start the relay before stopping Debezium, and let consumers deduplicate on the id header",
@@ -600,8 +574,8 @@ impl<'a> Importer<'a> {
             // `\.` is the only regex syntax a plain name needs.
             let name = entry.replace(r"\.", ".");
             if name.contains(|c| "\\*+?()[]{}|^$".contains(c)) {
-                let entry = entry.to_owned();
-                return Err(DebeziumError::TableRegex { key, entry });
+                let why = "a regular expression; the relay needs explicit table names: list each outbox table as schema.table (a `\\.` escape is fine)";
+                return Err(invalid(key, entry, why));
             }
             TableName::parse(&name).map_err(|reason| invalid(key, entry, reason))?;
             if !name.contains('.') {
@@ -671,10 +645,8 @@ impl<'a> Importer<'a> {
                 )),
             }
         }
-        let prefix = format!(
-            "transforms.{}.",
-            router.ok_or(DebeziumError::NoEventRouter)?
-        );
+        let router = router.ok_or_else(|| invalid("transforms", names, NO_EVENT_ROUTER))?;
+        let prefix = format!("transforms.{router}.");
         let option = |this: &mut Self, suffix: &str| this.take(&format!("{prefix}{suffix}"));
 
         let route_by = option(self, "route.by.field").unwrap_or("aggregatetype");

@@ -179,20 +179,16 @@ pub struct Cli {
     pub shutdown_timeout: Duration,
 
     /// How often the acknowledged position is reported to Postgres.
-    #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
+    #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL", default_value = "100ms", value_parser = positive_duration)]
     pub status_interval: Duration,
 
     /// Most events enqueued to Kafka but not yet acknowledged; reading the WAL
     /// pauses at this many (backpressure, bounded memory).
-    #[arg(
-        long,
-        env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS",
-        default_value_t = 50_000
-    )]
+    #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = 50_000, value_parser = at_least(1))]
     pub max_in_flight_events: usize,
 
     /// Most payload+key bytes enqueued to Kafka but not yet acknowledged.
-    #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = 16 * 1024 * 1024)]
+    #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = 16 * 1024 * 1024, value_parser = at_least(1024))]
     pub max_in_flight_bytes: usize,
 
     /// Delivery guarantee. `exactly-once` pins each record's partition by its key,
@@ -226,7 +222,7 @@ pub struct Cli {
     pub dead_letter_topic: Option<String>,
 
     /// First wait before reconnecting to Postgres after the stream broke; doubles per attempt.
-    #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MIN", default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MIN", default_value = "500ms", value_parser = positive_duration)]
     pub reconnect_backoff_min: Duration,
 
     /// Longest wait between reconnect attempts (also the standby's polling interval).
@@ -410,6 +406,19 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 500ms, 2m)"))
 }
 
+/// A duration flag where zero would spin: rejected while parsing.
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s).and_then(|d| match d.is_zero() {
+        true => Err("must be positive".to_owned()),
+        false => Ok(d),
+    })
+}
+
+/// A count flag with a lower bound, checked while parsing.
+fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(min..)
+}
+
 /// A flag value that cannot work, found before connecting anywhere.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -566,19 +575,6 @@ impl Config {
             })
             .collect::<Result<Vec<_>, _>>()
             .map(KafkaProperties)?;
-        if cli.max_in_flight_events == 0 {
-            return Err(invalid("--max-in-flight-events", "0", "must be at least 1"));
-        }
-        if cli.max_in_flight_bytes < 1024 {
-            return Err(invalid(
-                "--max-in-flight-bytes",
-                &cli.max_in_flight_bytes.to_string(),
-                "must be at least 1024",
-            ));
-        }
-        if cli.status_interval.is_zero() {
-            return Err(invalid("--status-interval", "0", "must be positive"));
-        }
         let dead_letter_topic = match (cli.on_poison, &cli.dead_letter_topic) {
             (PoisonPolicy::Fail, _) => None,
             (PoisonPolicy::DeadLetter, None) => {
@@ -594,13 +590,11 @@ impl Config {
                 Some(topic.clone())
             }
         };
-        if cli.reconnect_backoff_min.is_zero()
-            || cli.reconnect_backoff_max < cli.reconnect_backoff_min
-        {
+        if cli.reconnect_backoff_max < cli.reconnect_backoff_min {
             return Err(invalid(
                 "--reconnect-backoff-max",
                 &humantime::format_duration(cli.reconnect_backoff_max).to_string(),
-                "must be at least --reconnect-backoff-min, which must be positive",
+                "must be at least --reconnect-backoff-min",
             ));
         }
         let mapping = MappingConfig {
@@ -932,6 +926,28 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("--reconnect-backoff"), "{err}");
+    }
+
+    #[test]
+    fn zero_intervals_and_tiny_caps_are_refused_while_parsing() {
+        for (flag, value) in [
+            ("--status-interval", "0s"),
+            ("--reconnect-backoff-min", "0s"),
+            ("--slot-poll-interval", "0s"),
+            ("--ready-max-ack-staleness", "0s"),
+            ("--max-in-flight-events", "0"),
+            ("--max-in-flight-bytes", "1023"),
+        ] {
+            let args = [
+                "outbox-relay",
+                "--postgres-url",
+                "postgres://u@h/d",
+                flag,
+                value,
+            ];
+            let err = Cli::try_parse_from(args).unwrap_err().to_string();
+            assert!(err.contains(flag), "{flag}: {err}");
+        }
     }
 
     fn password_file(contents: &str) -> tempfile::NamedTempFile {

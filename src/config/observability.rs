@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{ConfigError, invalid, parse_duration};
+use super::{ConfigError, invalid, parse_duration, positive_duration};
 
 /// Observability flags, flattened into [`super::Cli`].
 #[derive(Debug, Clone, Args)]
@@ -20,11 +20,11 @@ pub struct ObservabilityArgs {
     pub ready_max_slot_lag_bytes: u64,
 
     /// /readyz fails when the oldest unacknowledged event was handed to Kafka longer ago than this.
-    #[arg(long, env = "OUTBOX_RELAY_READY_MAX_ACK_STALENESS", default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "OUTBOX_RELAY_READY_MAX_ACK_STALENESS", default_value = "60s", value_parser = positive_duration)]
     pub ready_max_ack_staleness: Duration,
 
     /// How often the slot's lag, wal_status and safe_wal_size are read.
-    #[arg(long, env = "OUTBOX_RELAY_SLOT_POLL_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "OUTBOX_RELAY_SLOT_POLL_INTERVAL", default_value = "10s", value_parser = positive_duration)]
     pub slot_poll_interval: Duration,
 
     /// Warn (log and /readyz) when the slot's safe_wal_size falls below this (bytes).
@@ -86,16 +86,6 @@ impl ObservabilityConfig {
                 )
             })?)
         };
-        if args.slot_poll_interval.is_zero() {
-            return Err(invalid("--slot-poll-interval", "0", "must be positive"));
-        }
-        if args.ready_max_ack_staleness.is_zero() {
-            return Err(invalid(
-                "--ready-max-ack-staleness",
-                "0",
-                "must be positive",
-            ));
-        }
         Ok(ObservabilityConfig {
             http_addr,
             readiness: ReadinessThresholds {

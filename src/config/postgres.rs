@@ -10,12 +10,13 @@ use std::fmt;
 use std::path::PathBuf;
 
 /// How (and whether) to use TLS, with libpq's names and meanings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SslMode {
     /// Never use TLS.
     Disable,
-    /// Use TLS if the server offers it (libpq's default).
+    /// Use TLS if the server offers it (libpq's default; `allow` means the same here).
     #[default]
+    #[value(alias = "allow")]
     Prefer,
     /// Require TLS, do not verify the certificate.
     Require,
@@ -25,25 +26,8 @@ pub enum SslMode {
     VerifyFull,
 }
 
-impl SslMode {
-    fn parse(value: &str) -> Result<Self, PostgresUrlError> {
-        match value {
-            "disable" => Ok(Self::Disable),
-            "allow" | "prefer" => Ok(Self::Prefer),
-            "require" => Ok(Self::Require),
-            "verify-ca" => Ok(Self::VerifyCa),
-            "verify-full" => Ok(Self::VerifyFull),
-            other => Err(PostgresUrlError::InvalidParameter {
-                name: "sslmode",
-                value: other.to_owned(),
-                expected: "disable, allow, prefer, require, verify-ca or verify-full",
-            }),
-        }
-    }
-}
-
 /// Which server of several the relay may use (libpq's `target_session_attrs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum TargetSessionAttrs {
     /// The first server that answers (libpq's default).
     #[default]
@@ -61,24 +45,6 @@ pub enum TargetSessionAttrs {
 }
 
 impl TargetSessionAttrs {
-    fn parse(value: &str) -> Result<Self, PostgresUrlError> {
-        Ok(match value {
-            "any" => Self::Any,
-            "read-write" => Self::ReadWrite,
-            "primary" => Self::Primary,
-            "read-only" => Self::ReadOnly,
-            "standby" => Self::Standby,
-            "prefer-standby" => Self::PreferStandby,
-            other => {
-                return Err(PostgresUrlError::InvalidParameter {
-                    name: "target_session_attrs",
-                    value: other.to_owned(),
-                    expected: "any, read-write, primary, read-only, standby or prefer-standby",
-                });
-            }
-        })
-    }
-
     /// libpq's spelling.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -103,6 +69,19 @@ impl TargetSessionAttrs {
             Self::PreferStandby => in_recovery || !strict,
         }
     }
+}
+
+/// A libpq enum parameter, by its libpq spelling (the same as the variants' kebab-case).
+fn parse_param<T: clap::ValueEnum>(
+    name: &'static str,
+    value: String,
+    expected: &'static str,
+) -> Result<T, PostgresUrlError> {
+    T::from_str(&value, false).map_err(|_| PostgresUrlError::InvalidParameter {
+        name,
+        value,
+        expected,
+    })
 }
 
 /// A parsed `postgres://` URL.
@@ -251,12 +230,17 @@ impl PostgresConnInfo {
                         })?
                 }
                 "target_session_attrs" => {
-                    info.target_session_attrs = TargetSessionAttrs::parse(&value)?
+                    let expected = "any, read-write, primary, read-only, standby or prefer-standby";
+                    info.target_session_attrs =
+                        parse_param("target_session_attrs", value, expected)?;
                 }
                 "user" => info.user = value,
                 "password" => info.password = Some(value),
                 "dbname" => info.dbname = value,
-                "sslmode" => info.sslmode = SslMode::parse(&value)?,
+                "sslmode" => {
+                    let expected = "disable, allow, prefer, require, verify-ca or verify-full";
+                    info.sslmode = parse_param("sslmode", value, expected)?;
+                }
                 "sslrootcert" => info.sslrootcert = Some(PathBuf::from(value)),
                 "sslcert" => info.sslcert = Some(PathBuf::from(value)),
                 "sslkey" => info.sslkey = Some(PathBuf::from(value)),

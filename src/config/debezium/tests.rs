@@ -431,11 +431,11 @@ fn wrong_connector_and_plugin_are_errors_that_say_what_to_do() {
         "io.debezium.connector.mysql.MySqlConnector",
     )]))
     .unwrap_err();
-    assert!(matches!(err, DebeziumError::NotPostgres { .. }));
+    assert!(matches!(err, DebeziumError::Invalid { ref key, .. } if key == "connector.class"));
     assert!(err.to_string().contains("Postgres connector"), "{err}");
     for plugin in ["decoderbufs", "wal2json"] {
         let err = import(&config(&[("plugin.name", plugin)])).unwrap_err();
-        assert!(matches!(err, DebeziumError::UnsupportedPlugin { .. }));
+        assert!(matches!(err, DebeziumError::Invalid { ref key, .. } if key == "plugin.name"));
         assert!(err.to_string().contains("plugin.name=pgoutput"), "{err}");
     }
     let mut no_plugin = config(&[]);
@@ -464,7 +464,7 @@ fn missing_required_keys_are_named() {
         );
     }
     let err = import(&config(&[("transforms", "")])).unwrap_err();
-    assert!(matches!(err, DebeziumError::NoEventRouter));
+    assert!(matches!(err, DebeziumError::Invalid { ref key, .. } if key == "transforms"));
     let err = import(&config(&[("database.port", "x")])).unwrap_err();
     assert!(err.to_string().contains("database.port"), "{err}");
     let err = import(&config(&[("database.user", "${env:PGUSER}")])).unwrap_err();
@@ -489,7 +489,10 @@ fn table_lists_accept_names_and_reject_regexes() {
     assert_warned(&imported, &["case-insensitively", "sales.Outbox"]);
     for regex in [r"public\.outbox.*", "public.(a|b)", r"inventory\.outbox\d"] {
         let err = import(&config(&[("table.include.list", regex)])).unwrap_err();
-        assert!(matches!(err, DebeziumError::TableRegex { .. }), "{regex}");
+        assert!(
+            matches!(err, DebeziumError::Invalid { ref key, .. } if key == "table.include.list"),
+            "{regex}"
+        );
         assert!(err.to_string().contains("schema.table"), "{err}");
     }
     let imported = import(&config(&[
