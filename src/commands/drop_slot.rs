@@ -5,7 +5,8 @@ use std::io::Write;
 
 use super::CommandError;
 use crate::config::{Cli, Config, DropSlotArgs};
-use crate::source::{SourceError, setup, sql};
+use crate::source::setup::{self, query_err};
+use crate::source::sql;
 
 pub(super) fn run(cli: &Cli, args: &DropSlotArgs) -> Result<(), CommandError> {
     if !args.yes_i_know {
@@ -29,7 +30,6 @@ fn refusal(slot: &str) -> String {
 
 async fn drop(config: &Config, drop_publication: bool) -> Result<(), CommandError> {
     let client = setup::connect(config).await?;
-    let query_err = |what| move |source| SourceError::Query { what, source };
     let row = super::slot_activity(&client, &config.slot).await?;
     let mut out = std::io::stdout().lock();
     match row {

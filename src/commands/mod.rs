@@ -23,6 +23,7 @@ use crate::outbox::BindError;
 use crate::pgoutput::DecodeError;
 use crate::pipeline::{RelayError, exit_code};
 use crate::source::SourceError;
+use crate::source::setup::query_err;
 
 /// Why a subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +128,6 @@ fn report(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// A single-threaded runtime for the short subcommands.
 /// The slot's `active_pid` and `confirmed_flush_lsn`; `None` when it does not exist.
 async fn slot_activity(
     client: &tokio_postgres::Client,
@@ -140,18 +140,13 @@ async fn slot_activity(
             &[&slot],
         )
         .await
-        .map_err(|source| SourceError::Query {
-            what: "look up the replication slot",
-            source,
-        })?;
+        .map_err(query_err("look up the replication slot"))?;
     row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
         .transpose()
-        .map_err(|source| SourceError::Query {
-            what: "read the replication slot",
-            source,
-        })
+        .map_err(query_err("read the replication slot"))
 }
 
+/// A single-threaded runtime for the short subcommands.
 fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

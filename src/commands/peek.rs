@@ -17,7 +17,7 @@ use crate::config::{Cli, Config, PeekArgs};
 use crate::lsn::Lsn;
 use crate::outbox::{Mapped, OutboxRecord, values};
 use crate::pgoutput::{self, Message};
-use crate::source::{SourceError, setup};
+use crate::source::setup::{self, query_err};
 
 pub(super) fn run(cli: &Cli, args: &PeekArgs) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)?;
@@ -43,16 +43,13 @@ pub(crate) fn record_line(record: &OutboxRecord, position: Position) -> RecordLi
 
 async fn peek(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
     let client = setup::connect(config).await?;
-    let query_err = |what| move |source| SourceError::Query { what, source };
-    let row = super::slot_activity(&client, &config.slot).await?;
-    let Some(row) = row else {
+    let Some((active_pid, confirmed)) = super::slot_activity(&client, &config.slot).await? else {
         return Err(CommandError::Refused(format!(
             "slot {:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
              creates it)",
             config.slot
         )));
     };
-    let (active_pid, confirmed) = row;
     if let Some(pid) = active_pid {
         return Err(CommandError::Refused(format!(
             "slot {:?} is in use by server process {pid} (a running relay?): Postgres lets only \

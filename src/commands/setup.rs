@@ -9,7 +9,7 @@ use std::io::Write;
 
 use super::CommandError;
 use crate::config::{Cli, Config, SetupArgs, SetupTarget};
-use crate::source::{SourceError, setup, sql};
+use crate::source::{setup, sql};
 
 pub(super) fn run(cli: &Cli, args: &SetupArgs) -> Result<(), CommandError> {
     if args.print {
@@ -57,10 +57,7 @@ async fn apply(config: &Config) -> Result<(), CommandError> {
             &[&config.publication],
         )
         .await
-        .map_err(|source| SourceError::Query {
-            what: "look up the publication",
-            source,
-        })?
+        .map_err(setup::query_err("look up the publication"))?
         .is_some();
     let slot = setup::prepare(&client, config).await?;
     let mut out = std::io::stdout().lock();

@@ -10,11 +10,12 @@ use tokio_postgres::Client;
 use super::{CommandError, human_bytes};
 use crate::config::{Cli, Config, StatusArgs};
 use crate::observability::health::{
-    ReadinessThresholds, SlotFacts, SlotStatus, WalStatus, idle_timeout_warning,
+    ReadinessThresholds, SlotObservation, SlotStatus, idle_timeout_warning,
     slot_invalidated_remedy, slot_warnings,
 };
-use crate::observability::slot_monitor::slot_facts;
-use crate::source::{SourceError, setup};
+use crate::observability::slot_monitor;
+use crate::source::SourceError;
+use crate::source::setup::{self, query_err};
 
 /// Server settings worth seeing next to the slot.
 pub const SETTINGS: &[&str] = &[
@@ -65,17 +66,10 @@ pub struct SlotInfo {
     pub confirmed_flush_lsn: Option<String>,
     /// Oldest WAL the slot keeps.
     pub restart_lsn: Option<String>,
-    /// Current WAL position minus the confirmed one.
-    pub lag_bytes: Option<i64>,
-    /// `reserved`, `extended`, `unreserved` or `lost`.
-    pub wal_status: Option<String>,
-    /// WAL that can still be written before the slot is lost; `null` when unlimited.
-    pub safe_wal_size_bytes: Option<i64>,
-    /// Marked for failover (PostgreSQL 17+; `null` before).
-    pub failover: Option<bool>,
-    /// What only newer servers report (`null` on older ones).
+    /// Lag, WAL retention, failover and what newer servers report, read as
+    /// the slot poller reads them.
     #[serde(flatten)]
-    pub facts: SlotFacts,
+    pub status: Option<SlotStatus>,
 }
 
 /// The publication and its tables.
@@ -106,10 +100,6 @@ pub(super) fn run(cli: &Cli, args: &StatusArgs) -> Result<(), CommandError> {
         out.write_all(render_text(&status).as_bytes())?;
     }
     Ok(())
-}
-
-fn query_err(what: &'static str) -> impl FnOnce(tokio_postgres::Error) -> SourceError {
-    move |source| SourceError::Query { what, source }
 }
 
 /// Reads the status over a new control connection.
@@ -149,43 +139,40 @@ pub async fn read(config: &Config) -> Result<Status, SourceError> {
 }
 
 async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
+    let what = "read the replication slot";
     let row = client
         .query_opt(
-            concat!(
-                "SELECT plugin::text, slot_type::text, database::text, active, active_pid, \
-                    confirmed_flush_lsn::text, restart_lsn::text, \
-                    ((CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                           ELSE pg_current_wal_lsn() END) - confirmed_flush_lsn)::bigint, \
-                    wal_status::text, safe_wal_size::bigint, \
-                    (to_jsonb(s) -> 'failover')::boolean, ",
-                crate::slot_facts_columns!(),
-                " FROM pg_replication_slots s WHERE slot_name = $1"
-            ),
+            "SELECT plugin::text, slot_type::text, database::text, active, active_pid, \
+                    confirmed_flush_lsn::text, restart_lsn::text \
+             FROM pg_replication_slots WHERE slot_name = $1",
             &[&name],
         )
         .await
-        .map_err(query_err("read the replication slot"))?;
-    Ok(match row {
-        None => SlotInfo {
+        .map_err(query_err(what))?;
+    let Some(r) = row else {
+        return Ok(SlotInfo {
             name: name.to_owned(),
             ..SlotInfo::default()
-        },
-        Some(r) => SlotInfo {
-            name: name.to_owned(),
-            exists: true,
-            plugin: r.get(0),
-            slot_type: r.get(1),
-            database: r.get(2),
-            active: r.get(3),
-            active_pid: r.get(4),
-            confirmed_flush_lsn: r.get(5),
-            restart_lsn: r.get(6),
-            lag_bytes: r.get(7),
-            wal_status: r.get(8),
-            safe_wal_size_bytes: r.get(9),
-            failover: r.get(10),
-            facts: slot_facts(&r, 11).map_err(query_err("read the replication slot"))?,
-        },
+        });
+    };
+    let status = match slot_monitor::poll(client, name)
+        .await
+        .map_err(query_err(what))?
+    {
+        SlotObservation::Seen(status) => Some(status),
+        SlotObservation::Missing | SlotObservation::Unknown => None,
+    };
+    Ok(SlotInfo {
+        name: name.to_owned(),
+        exists: true,
+        plugin: r.get(0),
+        slot_type: r.get(1),
+        database: r.get(2),
+        active: r.get(3),
+        active_pid: r.get(4),
+        confirmed_flush_lsn: r.get(5),
+        restart_lsn: r.get(6),
+        status,
     })
 }
 
@@ -263,28 +250,11 @@ fn warnings(
              the README's failover runbook",
             slot.name
         ));
-    } else {
-        let status = SlotStatus {
-            lag_bytes: slot.lag_bytes.map(|l| u64::try_from(l).unwrap_or(0)),
-            wal_status: WalStatus::parse(slot.wal_status.as_deref()),
-            safe_wal_size_bytes: slot.safe_wal_size_bytes,
-            failover: slot.failover,
-            synchronized_standby_slots_set: settings
-                .get("synchronized_standby_slots")
-                .cloned()
-                .flatten()
-                .map(|s| !s.is_empty()),
-            facts: slot.facts.clone(),
-        };
-        out.extend(
-            slot.facts
-                .invalidated()
-                .map(|r| slot_invalidated_remedy(&r)),
-        );
-        out.extend(slot_warnings(&status, &ReadinessThresholds::default()));
-        out.extend(idle_timeout_warning(
-            slot.facts.idle_timeout_secs.unwrap_or(0),
-        ));
+    } else if let Some(status) = &slot.status {
+        let facts = &status.facts;
+        out.extend(facts.invalidated().map(|r| slot_invalidated_remedy(&r)));
+        out.extend(slot_warnings(status, &ReadinessThresholds::default()));
+        out.extend(idle_timeout_warning(facts.idle_timeout_secs.unwrap_or(0)));
     }
     if !publication.exists {
         out.push(format!(
@@ -353,6 +323,8 @@ fn section(out: &mut String, kind: &str, name: &str, rows: Option<Vec<(&str, Str
 fn slot_rows(slot: &SlotInfo) -> Vec<(&'static str, String)> {
     let bytes = |b: i64| format!("{b} bytes ({})", human_bytes(b));
     let kind = format!("{} {}", or_dash(&slot.slot_type), or_dash(&slot.plugin));
+    let status = slot.status.as_ref();
+    let lag = status.and_then(|s| s.lag_bytes);
     let mut rows = vec![
         (
             "type",
@@ -367,28 +339,32 @@ fn slot_rows(slot: &SlotInfo) -> Vec<(&'static str, String)> {
         ),
         ("confirmed lsn", or_dash(&slot.confirmed_flush_lsn)),
         ("restart lsn", or_dash(&slot.restart_lsn)),
-        ("lag", slot.lag_bytes.map_or_else(|| "-".to_owned(), bytes)),
-        ("wal_status", or_dash(&slot.wal_status)),
+        (
+            "lag",
+            lag.map_or_else(|| "-".to_owned(), |l| bytes(l as i64)),
+        ),
+        (
+            "wal_status",
+            status.map_or("-", |s| s.wal_status.as_str()).to_owned(),
+        ),
         (
             "failover",
-            slot.failover
+            status
+                .and_then(|s| s.failover)
                 .map_or_else(|| "n/a (PostgreSQL 17+)".to_owned(), |f| f.to_string()),
         ),
         (
             "safe_wal_size",
-            slot.safe_wal_size_bytes.map_or_else(
+            status.and_then(|s| s.safe_wal_size_bytes).map_or_else(
                 || "unlimited (max_slot_wal_keep_size = -1)".to_owned(),
                 bytes,
             ),
         ),
     ];
-    rows.extend(slot.facts.invalidated().map(|r| ("invalidated", r)));
-    rows.extend(
-        slot.facts
-            .inactive_since
-            .clone()
-            .map(|t| ("inactive since", t)),
-    );
+    if let Some(facts) = status.map(|s| &s.facts) {
+        rows.extend(facts.invalidated().map(|r| ("invalidated", r)));
+        rows.extend(facts.inactive_since.clone().map(|t| ("inactive since", t)));
+    }
     rows
 }
 

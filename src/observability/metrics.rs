@@ -224,15 +224,9 @@ pub struct RelayMetrics {
     ack_frontier: Gauge,
 }
 
-impl Default for RelayMetrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl RelayMetrics {
     /// Registers the handles with the recorder installed now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         RelayMetrics {
             topics: HashMap::new(),
             other_topic: None,

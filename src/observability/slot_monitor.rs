@@ -17,22 +17,7 @@ use super::metrics;
 use crate::config::Config;
 use crate::source::setup;
 
-/// The [`SlotFacts`] columns of `pg_replication_slots s`, for [`slot_facts`].
-#[macro_export]
-#[doc(hidden)]
-macro_rules! slot_facts_columns {
-    () => {
-        concat!(
-            "to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool, \
-             to_jsonb(s) ->> 'inactive_since', ",
-            $crate::idle_timeout_secs!()
-        )
-    };
-}
-
 /// `idle_replication_slot_timeout` in seconds, NULL before PostgreSQL 18.
-#[macro_export]
-#[doc(hidden)]
 macro_rules! idle_timeout_secs {
     () => {
         "(SELECT setting::bigint * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 \
@@ -49,28 +34,15 @@ pub const SLOT_QUERY: &str = concat!(
                   ELSE pg_current_wal_lsn() END - confirmed_flush_lsn)::bigint, \
             wal_status::text, safe_wal_size::bigint, active_pid, \
             (to_jsonb(s) -> 'failover')::boolean, \
-            current_setting('synchronized_standby_slots', true) <> '', ",
-    crate::slot_facts_columns!(),
+            current_setting('synchronized_standby_slots', true) <> '', \
+            to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool, \
+            to_jsonb(s) ->> 'inactive_since', ",
+    idle_timeout_secs!(),
     " FROM pg_replication_slots s WHERE slot_name = $1"
 );
 
 /// `idle_replication_slot_timeout` in seconds (NULL before PostgreSQL 18).
-pub const IDLE_TIMEOUT_QUERY: &str = concat!("SELECT ", crate::idle_timeout_secs!());
-
-/// [`SlotFacts`] from the four `slot_facts_columns!()` starting at column `first`.
-pub fn slot_facts(
-    row: &tokio_postgres::Row,
-    first: usize,
-) -> Result<SlotFacts, tokio_postgres::Error> {
-    Ok(SlotFacts {
-        invalidation_reason: row.try_get(first)?,
-        conflicting: row.try_get(first + 1)?,
-        inactive_since: row.try_get(first + 2)?,
-        idle_timeout_secs: row
-            .try_get::<_, Option<i64>>(first + 3)?
-            .map(|s| u64::try_from(s).unwrap_or(0)),
-    })
-}
+pub const IDLE_TIMEOUT_QUERY: &str = concat!("SELECT ", idle_timeout_secs!());
 
 /// The same warnings are repeated at most this often.
 const REPEAT_WARNINGS: Duration = Duration::from_secs(300);
@@ -156,7 +128,14 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
         safe_wal_size_bytes: safe_wal_size,
         failover: row.try_get(4)?,
         synchronized_standby_slots_set: row.try_get(5)?,
-        facts: slot_facts(&row, 6)?,
+        facts: SlotFacts {
+            invalidation_reason: row.try_get(6)?,
+            conflicting: row.try_get(7)?,
+            inactive_since: row.try_get(8)?,
+            idle_timeout_secs: row
+                .try_get::<_, Option<i64>>(9)?
+                .map(|s| u64::try_from(s).unwrap_or(0)),
+        },
     }))
 }
 

@@ -336,9 +336,7 @@ pub(crate) fn column_index(
     column: &str,
 ) -> Result<usize, BindError> {
     relation
-        .columns
-        .iter()
-        .position(|c| c.name == column)
+        .column_index(column)
         .ok_or_else(|| BindError::MissingColumn {
             table: table.to_owned(),
             flag,

@@ -159,13 +159,13 @@ async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
             .map_err(|source| match rustls_error(&source) {
                 Some(tls_error) => SourceError::TlsHandshake {
                     url: pg.redacted(),
-                    reason: with_causes(&source),
+                    reason: super::pg_error_text(&source),
                     hint: tls::handshake_hint(tls_error),
                     source,
                 },
                 None => SourceError::Connect {
                     url: pg.redacted(),
-                    reason: with_causes(&source),
+                    reason: super::pg_error_text(&source),
                     source,
                 },
             })?;
@@ -175,22 +175,6 @@ async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
         }
     });
     Ok(client)
-}
-
-/// The error's message followed by its causes': tokio-postgres' own message is only
-/// the kind ("db error"), the server's words are in the cause.
-fn with_causes(error: &tokio_postgres::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = std::error::Error::source(error);
-    while let Some(e) = cause {
-        let part = e.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        cause = e.source();
-    }
-    text
 }
 
 /// The rustls error behind a failed connection, if the TLS handshake failed
@@ -600,20 +584,15 @@ fn parse_lsn(text: Option<String>) -> Result<Lsn, SourceError> {
 /// When Postgres reports the slot invalidated (`invalidation_reason`,
 /// `conflicting`): why, and what to do.
 pub async fn slot_invalidation(client: &Client, slot: &str) -> Result<Option<String>, SourceError> {
-    use crate::observability::{health, slot_monitor};
-    let what = "read the slot's invalidation";
-    let sql = concat!(
-        "SELECT ",
-        crate::slot_facts_columns!(),
-        " FROM pg_replication_slots s WHERE slot_name = $1"
-    );
-    let Some(row) = query_one(client, what, sql, &[&slot]).await? else {
-        return Ok(None);
-    };
-    let facts = slot_monitor::slot_facts(&row, 0).map_err(query_err(what))?;
-    Ok(facts
-        .invalidated()
-        .map(|reason| health::slot_invalidated_remedy(&reason)))
+    use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
+    let observation = crate::observability::slot_monitor::poll(client, slot)
+        .await
+        .map_err(query_err("read the slot's invalidation"))?;
+    Ok(match observation {
+        SlotObservation::Seen(status) => status.facts.invalidated(),
+        SlotObservation::Missing | SlotObservation::Unknown => None,
+    }
+    .map(|reason| slot_invalidated_remedy(&reason)))
 }
 
 /// One outbox table's primary key, for `--cleanup delete`.

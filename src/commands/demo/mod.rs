@@ -24,7 +24,7 @@ use super::{CommandError, human_bytes, relay};
 use crate::config::{Cli, Config, ConfigError, DemoArgs};
 use crate::observability::health::Health;
 use crate::outbox::{MappingConfig, Segment};
-use crate::source::{SourceError, setup, sql};
+use crate::source::{setup, sql};
 
 /// The demo's slot and publication, apart from a real relay's.
 const SLOT: &str = "outbox_relay_demo";
@@ -144,10 +144,7 @@ async fn run_demo(
     client
         .batch_execute(&writer::schema_sql())
         .await
-        .map_err(|source| SourceError::Query {
-            what: "create the demo tables",
-            source,
-        })?;
+        .map_err(setup::query_err("create the demo tables"))?;
     // The slot before the first write: nothing committed before it is relayed.
     setup::prepare(&client, &config).await?;
     let topics = demo_topics(&config.mapping);

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::source::SourceError;
+use crate::source::setup::query_err;
 
 /// The demo schema: its own, so a user's database keeps its tables.
 pub(super) const SCHEMA: &str = "outbox_demo";
@@ -75,10 +76,7 @@ pub(super) async fn run(
         client
             .batch_execute(&transaction_sql(n))
             .await
-            .map_err(|source| SourceError::Query {
-                what: "write a demo order and its outbox event",
-                source,
-            })?;
+            .map_err(query_err("write a demo order and its outbox event"))?;
         written.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
