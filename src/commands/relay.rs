@@ -9,11 +9,12 @@ use std::time::Duration;
 use super::CommandError;
 use crate::config::{Cli, Config};
 use crate::observability::health::Health;
-use crate::observability::{http, metrics, progress, slot_monitor};
+use crate::observability::{http, metrics, progress};
 use crate::pipeline::{Pipeline, RelayError, Summary, exit_code};
 use crate::sink::exactly_once::TailReader;
 use crate::sink::{KafkaSink, SinkError};
 use crate::source::cleanup::Cleanup;
+use crate::source::slot_monitor;
 use crate::source::{PgSource, heartbeat, setup};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.

@@ -13,9 +13,9 @@ use crate::observability::health::{
     ReadinessThresholds, SlotObservation, SlotStatus, idle_timeout_warning,
     slot_invalidated_remedy, slot_warnings,
 };
-use crate::observability::slot_monitor;
 use crate::source::SourceError;
 use crate::source::setup::{self, query_err};
+use crate::source::slot_monitor;
 
 /// Server settings worth seeing next to the slot.
 pub const SETTINGS: &[&str] = &[

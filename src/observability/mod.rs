@@ -1,8 +1,7 @@
 //! What the operator sees of a running relay: [`metrics`] (Prometheus names
 //! and recording), [`health`] (readiness state and rules), [`observer`] (the
 //! pipeline's hooks), [`http`] (`/metrics`, `/healthz`, `/readyz`),
-//! [`slot_monitor`] (slot lag and WAL retention), [`progress`] (the periodic
-//! summary line), and here the log subscriber ([`init`]); event-level lines
+//! [`progress`] (the periodic summary line), and here the log subscriber ([`init`]); event-level lines
 //! carry `lsn`, `id`, `topic` as structured fields.
 
 pub mod health;
@@ -10,7 +9,6 @@ pub mod http;
 pub mod metrics;
 pub mod observer;
 pub mod progress;
-pub mod slot_monitor;
 
 use tracing_subscriber::EnvFilter;
 

@@ -11,6 +11,7 @@ pub mod cleanup;
 pub mod heartbeat;
 pub mod lineage;
 pub mod setup;
+pub mod slot_monitor;
 pub mod sql;
 mod tls;
 

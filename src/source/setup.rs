@@ -261,7 +261,8 @@ async fn check_server(client: &Client, user: &str) -> Result<Server, SourceError
 /// PostgreSQL 18's `idle_replication_slot_timeout` drops the slot of a relay
 /// stopped for longer (at a checkpoint): the operator should know at start-up.
 async fn warn_idle_slot_timeout(client: &Client) -> Result<(), SourceError> {
-    use crate::observability::{health, slot_monitor};
+    use super::slot_monitor;
+    use crate::observability::health;
     let row = query_one(
         client,
         "read idle_replication_slot_timeout",
@@ -585,7 +586,7 @@ fn parse_lsn(text: Option<String>) -> Result<Lsn, SourceError> {
 /// `conflicting`): why, and what to do.
 pub async fn slot_invalidation(client: &Client, slot: &str) -> Result<Option<String>, SourceError> {
     use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
-    let observation = crate::observability::slot_monitor::poll(client, slot)
+    let observation = super::slot_monitor::poll(client, slot)
         .await
         .map_err(query_err("read the slot's invalidation"))?;
     Ok(match observation {

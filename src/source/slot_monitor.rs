@@ -12,10 +12,12 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::health::{Health, SlotFacts, SlotObservation, SlotStatus, WalStatus, slot_warnings};
-use super::metrics;
+use super::setup;
 use crate::config::Config;
-use crate::source::setup;
+use crate::observability::health::{
+    Health, SlotFacts, SlotObservation, SlotStatus, WalStatus, slot_warnings,
+};
+use crate::observability::metrics;
 
 /// `idle_replication_slot_timeout` in seconds, NULL before PostgreSQL 18.
 macro_rules! idle_timeout_secs {
