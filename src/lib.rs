@@ -24,6 +24,15 @@
 //! the real pipeline against in-memory worlds. Observability reads the
 //! tracker's ledger; `Health` is created by the command and passed in.
 //!
+//! # Where things are
+//! - [`pgoutput`]: the pure decoder (bytes → messages, relation cache).
+//! - [`outbox`]: the pure mapping (row or message → topic, key, headers, payload).
+//! - [`pipeline::ack`]: the ack tracker, the one in-flight ledger.
+//! - [`pipeline`]: the loop that joins them, over the two traits.
+//! - [`source`]: Postgres I/O (setup, replication sessions, slot facts, cleanup).
+//! - [`sink`]: Kafka I/O (producer, delivery results, exactly-once tails).
+//! - [`config`], [`observability`], [`commands`]: flags, what operators see, subcommands.
+//!
 //! # The ack invariant
 //! Only the *ack frontier* is ever reported to Postgres as flushed: the end
 //! LSN of the longest prefix of committed transactions whose every event the
