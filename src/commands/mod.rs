@@ -2,7 +2,7 @@
 //! subcommands `status`, `setup`, `drop-slot` and `peek`, and `demo`.
 //!
 //! Each command prints its result on stdout (logs go to stderr) and maps its
-//! failure to one of [`pipeline::exit_code`]'s codes, like the relay.
+//! failure to one of [`crate::pipeline::exit_code`]'s codes, like the relay.
 
 mod backfill;
 pub mod debezium;

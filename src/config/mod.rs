@@ -93,7 +93,7 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
     pub allow_new_slot: bool,
 
-    /// Publication to stream (created FOR TABLE <tables> WITH (publish = 'insert', publish_via_partition_root = true) if missing).
+    /// Publication to stream (created FOR TABLE `tables` WITH (publish = 'insert', publish_via_partition_root = true) if missing).
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay")]
     pub publication: String,
 

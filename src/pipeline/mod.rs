@@ -14,7 +14,7 @@
 //! 4. A delivery that fails for good is never acknowledged: the relay stops,
 //!    and a restart replays from the confirmed position (at-least-once).
 //! 5. Under `--cleanup delete`, the outbox rows of the transactions a frontier
-//!    covers are deleted before that frontier is reported (see [`cleanup`]).
+//!    covers are deleted before that frontier is reported (see [`crate::source::cleanup`]).
 //!
 //! Records are enqueued to the producer in stream order, which for pgoutput
 //! is commit order, so with the idempotent producer each partition receives

@@ -68,7 +68,7 @@ impl Publication {
 }
 
 /// Opens the control connection, with the TLS settings of `--postgres-url`
-/// (libpq's `sslmode` meanings; see [`tls`]), to the server [`locate`] chooses.
+/// (libpq's `sslmode` meanings; see `source::tls`), to the server [`locate`] chooses.
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
     locate(config).await.map(|(client, _)| client)
 }
