@@ -85,6 +85,8 @@ pub struct Shared {
     pub world: Arc<Mutex<World>>,
     pub stop: Arc<Notify>,
     pub broker_wake: Arc<Notify>,
+    /// The slot's confirmed position moved.
+    pub progress: Arc<Notify>,
 }
 
 impl Shared {
@@ -422,6 +424,7 @@ pub fn run_schedule(seed: u64) -> Result<Vec<String>, String> {
         world: Arc::new(Mutex::new(World::new(seed))),
         stop: Arc::new(Notify::new()),
         broker_wake: Arc::new(Notify::new()),
+        progress: Arc::new(Notify::new()),
     };
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         runtime.block_on(relay::drive(shared.clone()))

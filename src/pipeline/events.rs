@@ -40,15 +40,10 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     let record = failure.to_record();
                     return match self.sink.send_alone(delivery.ticket, &record).await {
                         Ok(()) => Ok(()),
-                        Err(SinkError::Enqueue {
-                            poison: true,
-                            source,
-                            ..
-                        }) => {
-                            let poison = Poison::refused(record, source, lsn, table);
-                            self.poison(delivery.ticket, poison).await
+                        Err(error) => {
+                            self.refused(delivery.ticket, record, error, lsn, table)
+                                .await
                         }
-                        Err(source) => Err(RelayError::Sink { lsn, table, source }),
                     };
                 }
                 if crate::sink::is_poison(&failure.error) {
@@ -307,19 +302,35 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 self.tracker.sent(ticket, sent);
                 Ok(())
             }
-            Err(SinkError::Enqueue {
+            Err(error) => {
+                let lsn = self.commit_lsn;
+                self.refused(ticket, record, error, lsn, table.to_string())
+                    .await
+            }
+        }
+    }
+
+    /// A record the producer refused to take: poison when the refusal is about
+    /// the record itself (dead-lettered or fatal per `--on-poison`), otherwise
+    /// the relay stops without acknowledging it.
+    async fn refused(
+        &mut self,
+        ticket: Ticket,
+        record: OutboxRecord,
+        error: SinkError,
+        lsn: Lsn,
+        table: String,
+    ) -> Result<(), RelayError> {
+        match error {
+            SinkError::Enqueue {
                 poison: true,
                 source,
                 ..
-            }) => {
-                let poison = Poison::refused(record, source, self.commit_lsn, table.to_string());
+            } => {
+                let poison = Poison::refused(record, source, lsn, table);
                 self.poison(ticket, poison).await
             }
-            Err(source) => Err(RelayError::Sink {
-                lsn: self.commit_lsn,
-                table: table.to_string(),
-                source,
-            }),
+            source => Err(RelayError::Sink { lsn, table, source }),
         }
     }
 

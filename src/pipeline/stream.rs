@@ -184,17 +184,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// whether shutdown was requested.
     pub(super) async fn pause(&mut self, duration: Duration) -> Result<bool, RelayError> {
         let deadline = tokio::time::Instant::now() + duration;
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut self.shutdown, if !self.shutting_down => {
-                    self.begin_shutdown();
-                    return Ok(true);
-                }
-                Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
-                () = tokio::time::sleep_until(deadline) => return Ok(false),
-            }
-        }
+        self.handle_deliveries(Some(deadline)).await
     }
 
     /// Streams until shutdown. A shutdown in the middle of a transaction keeps
@@ -273,7 +263,16 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// Waits until every in-flight record is acknowledged. Returns whether
     /// shutdown was requested meanwhile.
     pub(super) async fn drain_in_flight(&mut self) -> Result<bool, RelayError> {
-        while self.tracker.window_len() > 0 {
+        self.handle_deliveries(None).await
+    }
+
+    /// Processes delivery reports until `deadline` passes or, without one,
+    /// until nothing is in flight. Returns whether shutdown was requested.
+    async fn handle_deliveries(
+        &mut self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<bool, RelayError> {
+        while deadline.is_some() || self.tracker.window_len() > 0 {
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if !self.shutting_down => {
@@ -281,6 +280,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     return Ok(true);
                 }
                 Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
+                () = sleep_until_some(deadline), if deadline.is_some() => return Ok(false),
             }
         }
         Ok(false)

@@ -161,6 +161,7 @@ impl Stream for SimStream {
         let mut world = self.shared.lock();
         let live = world.session.as_ref().is_some_and(|(id, _)| *id == self.id);
         world.on_ack(lsn.0, live);
+        self.shared.progress.notify_one();
     }
 
     async fn close(self, wait_for: Lsn, _timeout: Duration) {
@@ -378,16 +379,19 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
     Err("not recovered after 50 runs".into())
 }
 
-/// Resolves never; once the WAL is relayed, turns faults off and sends SIGTERM.
+/// Resolves never; once the slot has confirmed the whole WAL, turns faults
+/// off and sends SIGTERM. Woken by each confirmation, not by a clock.
 async fn caught_up(shared: Shared) {
     loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let mut world = shared.lock();
-        if world.finished() {
-            world.faults_on = false;
-            if let Some(tx) = world.sigterm.take() {
-                let _ = tx.send(());
+        {
+            let mut world = shared.lock();
+            if world.finished() {
+                world.faults_on = false;
+                if let Some(tx) = world.sigterm.take() {
+                    let _ = tx.send(());
+                }
             }
         }
+        shared.progress.notified().await;
     }
 }
