@@ -139,6 +139,10 @@ impl Stream for SimStream {
     }
 
     async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+        // The sleeps here and in `broker` are the simulated world's own time on
+        // a paused clock (a walsender's idle keepalive interval, a scheduled
+        // delay): they advance instantly and deterministically, and nothing
+        // waits on them for progress.
         loop {
             let step = self.shared.lock().recv(self.id);
             match step {
