@@ -1,57 +1,25 @@
-//! TLS for both Postgres connections, with libpq's `sslmode` meanings.
+//! TLS for both Postgres connections, with libpq's `sslmode` meanings (the
+//! README's TLS section has the table and the differences from libpq).
 //!
-//! The relay opens two connections to the same server: the control connection
-//! (tokio-postgres, through [`control_tls`]) and the replication stream
-//! (pgwire-replication, through [`replication_tls`]). Both are derived from one
-//! [`TlsPlan`], resolved once from the `--postgres-url` settings, so the two can
-//! never disagree about whether to encrypt or what to trust.
-//!
-//! | `sslmode`     | TLS                         | chain checked              | host name checked |
-//! |---------------|-----------------------------|----------------------------|-------------------|
-//! | `disable`     | never                       | -                          | -                 |
-//! | `allow`/`prefer` | if the server offers it  | no                         | no                |
-//! | `require`     | always                      | only if a root CA is given | no                |
-//! | `verify-ca`   | always                      | yes                        | no                |
-//! | `verify-full` | always                      | yes                        | yes               |
-//!
-//! The root CA (`sslrootcert`) follows libpq: a PEM file, or the word `system`
-//! for the public web PKI roots (allowed with `verify-full` only, as in libpq 16);
-//! when it is not given, `~/.postgresql/root.crt` is used if it exists. With
-//! `require`, a root CA that is given (or that default file) turns on chain
-//! verification, exactly like `verify-ca`: libpq's backwards-compatible rule.
-//! Unlike libpq, an `sslrootcert` that is named but unreadable is an error in
-//! every mode, never silently skipped. `verify-ca` and `verify-full` without
-//! any root CA are an error, as in libpq.
-//!
-//! Differences from libpq, on purpose or forced by the drivers:
-//! * `prefer` never verifies the certificate, even with a root CA (libpq would,
-//!   then fall back to plaintext on failure, which buys nothing).
-//! * A failed TLS handshake under `prefer` is an error; libpq retries in plaintext.
-//! * Client certificates are used only when `sslcert` and `sslkey` are both given;
-//!   the libpq defaults `~/.postgresql/postgresql.{crt,key}` are not looked up.
-//! * TLS is never used over a Unix socket (libpq ignores `sslmode` there too).
-//! * pgwire-replication 0.5 checks the host name in `verify-ca` mode too (its
-//!   chain-only verifier recognises rustls' old `NotValidForName` error but not
-//!   the `NotValidForNameContext` that rustls 0.23 now returns), so with a
-//!   certificate that does not name the host the control connection succeeds and
-//!   the replication connection is refused, with a hint saying why.
-//! * pgwire-replication refuses `verify-full` to an IP address unless an SNI name
-//!   is set; the address itself is set, which makes rustls check the
-//!   certificate's IP addresses as libpq does (and send no SNI).
-//!
-//! Both connections use rustls with the ring provider, chosen explicitly for
-//! every configuration (never rustls' process-level default, which panics when
-//! more than one provider is compiled in, as it is here).
+//! The URL's settings resolve once into pgwire-replication's [`TlsConfig`],
+//! which the replication stream uses as is; the control connection's rustls
+//! configuration is derived from that same value, so the two never disagree
+//! about whether to encrypt or what to trust, and every file is read (and
+//! refused the same way) before either connects. Both use the ring provider
+//! explicitly: rustls' process-level default panics when, as here, more than
+//! one provider is compiled in.
 
 use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use clap::ValueEnum;
+use pgwire_replication::TlsConfig;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
@@ -60,11 +28,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::config::{PostgresConnInfo, SslMode};
 
-/// `sslrootcert=system`: trust the public web PKI roots (libpq 16 and later).
-const SYSTEM_ROOTS: &str = "system";
-
-/// TLS settings in `--postgres-url` that cannot be used. Every message names the
-/// URL parameter and the file, and says what to change.
+/// TLS settings in `--postgres-url` that cannot be used; each message says what to change.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// `verify-ca` / `verify-full` with no root CA anywhere.
@@ -76,7 +40,7 @@ pub enum TlsError {
     )]
     MissingRootCert {
         /// The `sslmode` given.
-        mode: &'static str,
+        mode: String,
     },
     /// `sslrootcert=system` with a mode weaker than `verify-full`.
     #[error(
@@ -85,7 +49,7 @@ pub enum TlsError {
     )]
     SystemRootsNeedVerifyFull {
         /// The `sslmode` given.
-        mode: &'static str,
+        mode: String,
     },
     /// Only one of `sslcert` and `sslkey`.
     #[error(
@@ -100,14 +64,12 @@ pub enum TlsError {
     },
     /// A certificate or key file cannot be read.
     #[error(
-        "cannot read the {what} {} (from {param} in --postgres-url); check the path and that \
-         the relay's user may read the file",
+        "cannot read the {param} file {} (from --postgres-url): check the path and that the \
+         relay's user may read it",
         path.display()
     )]
     Read {
-        /// What the file should hold.
-        what: &'static str,
-        /// The URL parameter that named it.
+        /// The URL parameter that names the file.
         param: &'static str,
         /// The file.
         path: PathBuf,
@@ -117,40 +79,35 @@ pub enum TlsError {
     },
     /// A certificate or key file is not valid PEM.
     #[error(
-        "the {what} {} (from {param} in --postgres-url) is not valid PEM; it must hold PEM \
-         blocks such as -----BEGIN CERTIFICATE-----",
+        "the {param} file {} is not valid PEM: it must hold PEM blocks such as \
+         -----BEGIN CERTIFICATE-----",
         path.display()
     )]
     Pem {
-        /// What the file should hold.
-        what: &'static str,
-        /// The URL parameter that named it.
+        /// The URL parameter that names the file.
         param: &'static str,
         /// The file.
         path: PathBuf,
         /// The PEM parser's error.
         #[source]
-        source: rustls::pki_types::pem::Error,
+        source: pem::Error,
     },
     /// A PEM file without what it should hold.
     #[error(
-        "the {what} {} (from {param} in --postgres-url) holds no usable {expected}; check that \
-         it is the right file",
+        "the {param} file {} holds no usable {expected}: check that it is the right file",
         path.display()
     )]
     Empty {
-        /// What the file should hold.
-        what: &'static str,
-        /// The URL parameter that named it.
+        /// The URL parameter that names the file.
         param: &'static str,
         /// The file.
         path: PathBuf,
-        /// The PEM block expected.
+        /// What it should hold.
         expected: &'static str,
     },
     /// The client certificate and key do not make a usable pair.
     #[error(
-        "the client certificate {} and key {} (sslcert, sslkey) cannot be used; check that \
+        "the client certificate {} and key {} (sslcert, sslkey) cannot be used: check that \
          the key belongs to the certificate",
         cert.display(),
         key.display()
@@ -164,305 +121,178 @@ pub enum TlsError {
         #[source]
         source: rustls::Error,
     },
-    /// The root CA store cannot make a verifier.
-    #[error("cannot verify server certificates with the given root CAs")]
-    Verifier {
-        /// rustls' refusal.
-        #[source]
-        source: rustls::client::VerifierBuilderError,
-    },
-    /// rustls refused the protocol versions (a build problem, not a setting).
+    /// rustls refused the configuration (a build problem, not a setting).
     #[error("cannot set up TLS")]
-    Rustls {
-        /// rustls' refusal.
-        #[source]
-        source: rustls::Error,
-    },
+    Setup(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// Where the trusted roots come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Roots {
-    /// A PEM file of CA certificates.
-    File {
-        /// The file.
-        path: PathBuf,
-        /// `sslrootcert`, or the libpq default file.
-        param: &'static str,
-    },
-    /// The public web PKI roots (webpki-roots).
-    System,
-}
-
-/// What is checked about the server's certificate once TLS is up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Verify {
-    /// Nothing: encryption without authentication (`require`).
-    Nothing,
-    /// The chain up to the roots, not the host name (`verify-ca`).
-    Chain(Roots),
-    /// The chain and the host name (`verify-full`).
-    Full(Roots),
-}
-
-/// Whether TLS is used, and how it is checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Mode {
-    /// Plaintext.
-    Off,
-    /// TLS if the server offers it, unverified; plaintext otherwise.
-    Prefer,
-    /// TLS or no connection.
-    Require(Verify),
-}
-
-/// A client certificate and its key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ClientCert {
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-/// The resolved TLS settings of both connections.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TlsPlan {
-    mode: Mode,
-    client_cert: Option<ClientCert>,
-}
-
-impl TlsPlan {
-    /// Applies libpq's rules to the URL's settings. `default_root` is libpq's
-    /// `~/.postgresql/root.crt` when that file exists (a parameter so tests do
-    /// not depend on the home directory).
-    fn resolve(info: &PostgresConnInfo, default_root: Option<&Path>) -> Result<Self, TlsError> {
-        if info.sslmode == SslMode::Disable || info.host.starts_with('/') {
-            return Ok(TlsPlan {
-                mode: Mode::Off,
-                client_cert: None,
-            });
-        }
-        let mode_name = mode_name(info.sslmode);
-        let given_roots = match info.sslrootcert.as_deref() {
-            Some(path) if path == Path::new(SYSTEM_ROOTS) => {
-                if info.sslmode != SslMode::VerifyFull {
-                    return Err(TlsError::SystemRootsNeedVerifyFull { mode: mode_name });
-                }
-                Some(Roots::System)
-            }
-            Some(path) => Some(Roots::File {
-                path: path.to_owned(),
-                param: "sslrootcert",
-            }),
-            None => default_root.map(|path| Roots::File {
-                path: path.to_owned(),
-                param: "the default ~/.postgresql/root.crt",
-            }),
-        };
-        let mode = match info.sslmode {
-            SslMode::Disable => Mode::Off,
-            SslMode::Prefer => Mode::Prefer,
-            SslMode::Require => Mode::Require(given_roots.map_or(Verify::Nothing, Verify::Chain)),
-            SslMode::VerifyCa | SslMode::VerifyFull => {
-                let roots = given_roots.ok_or(TlsError::MissingRootCert { mode: mode_name })?;
-                if info.sslmode == SslMode::VerifyCa {
-                    Mode::Require(Verify::Chain(roots))
-                } else {
-                    Mode::Require(Verify::Full(roots))
-                }
-            }
-        };
-        let client_cert = match (&info.sslcert, &info.sslkey) {
-            (Some(cert), Some(key)) => Some(ClientCert {
-                cert: cert.clone(),
-                key: key.clone(),
-            }),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(TlsError::IncompleteClientCert {
-                    given: "sslcert",
-                    missing: "sslkey",
-                });
-            }
-            (None, Some(_)) => {
-                return Err(TlsError::IncompleteClientCert {
-                    given: "sslkey",
-                    missing: "sslcert",
-                });
-            }
-        };
-        Ok(TlsPlan { mode, client_cert })
+/// Applies libpq's rules to the URL's settings. `default_root` is libpq's
+/// `~/.postgresql/root.crt` if it exists (a parameter so tests do not depend on `$HOME`).
+fn resolve(info: &PostgresConnInfo, default_root: Option<&Path>) -> Result<TlsConfig, TlsError> {
+    // libpq ignores sslmode over a Unix socket too.
+    if info.sslmode == SslMode::Disable || info.host.starts_with('/') {
+        return Ok(TlsConfig::disabled());
     }
-
-    /// The plan for `info`, with libpq's default root CA file if it exists.
-    fn for_url(info: &PostgresConnInfo) -> Result<Self, TlsError> {
-        let default_root = std::env::var_os("HOME")
-            .filter(|home| !home.is_empty())
-            .map(|home| PathBuf::from(home).join(".postgresql").join("root.crt"))
-            .filter(|path| path.is_file());
-        TlsPlan::resolve(info, default_root.as_deref())
+    let mode = || {
+        let value = info.sslmode.to_possible_value();
+        value.map_or_else(String::new, |v| v.get_name().to_owned())
+    };
+    let system = info.sslrootcert.as_deref() == Some(Path::new("system"));
+    if system && info.sslmode != SslMode::VerifyFull {
+        return Err(TlsError::SystemRootsNeedVerifyFull { mode: mode() });
     }
-
-    fn roots(&self) -> Option<&Roots> {
-        match &self.mode {
-            Mode::Require(Verify::Chain(roots) | Verify::Full(roots)) => Some(roots),
-            _ => None,
-        }
+    // pgwire-replication's `None` CA file means the public web PKI roots.
+    let ca_file = (info.sslrootcert.as_deref().or(default_root))
+        .filter(|_| !system)
+        .map(Path::to_owned);
+    let has_roots = system || ca_file.is_some();
+    let mut tls = match info.sslmode {
+        SslMode::Disable => TlsConfig::disabled(),
+        // `prefer` never verifies, even with a root CA: falling back to plaintext
+        // on a failed check, as libpq does, would buy nothing.
+        SslMode::Prefer => TlsConfig {
+            mode: pgwire_replication::SslMode::Prefer,
+            ..TlsConfig::default()
+        },
+        SslMode::Require if !has_roots => TlsConfig::require(),
+        _ if !has_roots => return Err(TlsError::MissingRootCert { mode: mode() }),
+        // libpq's backwards-compatible rule: `require` with a root CA is `verify-ca`.
+        SslMode::Require | SslMode::VerifyCa => TlsConfig::verify_ca(ca_file),
+        SslMode::VerifyFull => TlsConfig::verify_full(ca_file),
+    };
+    // pgwire-replication refuses verify-full to an IP address without an SNI name;
+    // the address itself makes rustls check the certificate's IP addresses, as libpq does.
+    if tls.mode.verifies_hostname() && info.host.parse::<IpAddr>().is_ok() {
+        tls = tls.with_sni_hostname(&info.host);
     }
-
-    /// pgwire-replication's rendering of the plan (no file is read here).
-    fn to_pgwire(&self, host: &str) -> pgwire_replication::TlsConfig {
-        use pgwire_replication::TlsConfig;
-        let root_path = |roots: &Roots| match roots {
-            Roots::File { path, .. } => Some(path.clone()),
-            // pgwire-replication uses webpki-roots when no CA file is given.
-            Roots::System => None,
-        };
-        let tls = match &self.mode {
-            Mode::Off => return TlsConfig::disabled(),
-            Mode::Prefer => TlsConfig {
-                mode: pgwire_replication::SslMode::Prefer,
-                ..TlsConfig::default()
-            },
-            Mode::Require(Verify::Nothing) => TlsConfig::require(),
-            Mode::Require(Verify::Chain(roots)) => TlsConfig::verify_ca(root_path(roots)),
-            Mode::Require(Verify::Full(roots)) => {
-                let tls = TlsConfig::verify_full(root_path(roots));
-                // pgwire-replication refuses verify-full with an IP-address host unless
-                // an SNI name is set; the address itself makes rustls check the
-                // certificate's IP SANs (and send no SNI), which is libpq's behaviour.
-                if host.parse::<IpAddr>().is_ok() {
-                    tls.with_sni_hostname(host)
-                } else {
-                    tls
-                }
-            }
-        };
-        match &self.client_cert {
-            Some(cc) => tls.with_client_cert(cc.cert.clone(), cc.key.clone()),
-            None => tls,
-        }
-    }
-
-    /// Reads every file the plan names, so a bad path or file is reported the
-    /// same way for both connections, before anything is sent.
-    fn check_files(&self) -> Result<(), TlsError> {
-        if let Some(roots) = self.roots() {
-            load_roots(roots)?;
-        }
-        if let Some(cc) = &self.client_cert {
-            load_client_cert(cc)?;
-        }
-        Ok(())
-    }
-
-    /// The rustls configuration of the control connection.
-    fn rustls_config(&self) -> Result<ClientConfig, TlsError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
-            .with_safe_default_protocol_versions()
-            .map_err(|source| TlsError::Rustls { source })?
-            .dangerous()
-            .with_custom_certificate_verifier(self.verifier(provider)?);
-        match &self.client_cert {
-            Some(cc) if self.mode != Mode::Off => {
-                let (chain, key) = load_client_cert(cc)?;
-                builder
-                    .with_client_auth_cert(chain, key)
-                    .map_err(|source| TlsError::ClientCert {
-                        cert: cc.cert.clone(),
-                        key: cc.key.clone(),
-                        source,
-                    })
-            }
-            _ => Ok(builder.with_no_client_auth()),
-        }
-    }
-
-    /// What the control connection checks about the server's certificate.
-    fn verifier(
-        &self,
-        provider: Arc<CryptoProvider>,
-    ) -> Result<Arc<dyn ServerCertVerifier>, TlsError> {
-        let chain = match &self.mode {
-            Mode::Require(Verify::Full(roots)) => return Ok(webpki_verifier(roots, provider)?),
-            Mode::Require(Verify::Chain(roots)) => {
-                Some(webpki_verifier(roots, Arc::clone(&provider))?)
-            }
-            Mode::Off | Mode::Prefer | Mode::Require(Verify::Nothing) => None,
-        };
-        Ok(Arc::new(Lenient { chain, provider }))
-    }
-
-    /// tokio-postgres' `sslmode` for the plan (verification is the connector's job).
-    fn tokio_postgres_mode(&self) -> tokio_postgres::config::SslMode {
-        match self.mode {
-            Mode::Off => tokio_postgres::config::SslMode::Disable,
-            Mode::Prefer => tokio_postgres::config::SslMode::Prefer,
-            Mode::Require(_) => tokio_postgres::config::SslMode::Require,
-        }
+    // Unlike libpq, ~/.postgresql/postgresql.{crt,key} are not looked up.
+    match (&info.sslcert, &info.sslkey) {
+        (Some(cert), Some(key)) => Ok(tls.with_client_cert(cert, key)),
+        (None, None) => Ok(tls),
+        (Some(_), None) => Err(TlsError::IncompleteClientCert {
+            given: "sslcert",
+            missing: "sslkey",
+        }),
+        (None, Some(_)) => Err(TlsError::IncompleteClientCert {
+            given: "sslkey",
+            missing: "sslcert",
+        }),
     }
 }
 
-fn mode_name(mode: SslMode) -> &'static str {
-    match mode {
-        SslMode::Disable => "disable",
-        SslMode::Prefer => "prefer",
-        SslMode::Require => "require",
-        SslMode::VerifyCa => "verify-ca",
-        SslMode::VerifyFull => "verify-full",
-    }
+/// libpq's default root CA file, `~/.postgresql/root.crt`, if it exists.
+fn default_root() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME").filter(|home| !home.is_empty())?;
+    Some(PathBuf::from(home).join(".postgresql/root.crt")).filter(|path| path.is_file())
 }
 
-/// The replication stream's TLS settings, with libpq's meanings (see the module docs).
-pub(crate) fn replication_tls(
-    info: &PostgresConnInfo,
-) -> Result<pgwire_replication::TlsConfig, TlsError> {
-    let plan = TlsPlan::for_url(info)?;
-    plan.check_files()?;
-    Ok(plan.to_pgwire(&info.host))
+/// The replication stream's TLS settings; every file they name is read here,
+/// so a bad one is reported exactly as for the control connection.
+pub(crate) fn replication_tls(info: &PostgresConnInfo) -> Result<TlsConfig, TlsError> {
+    let tls = resolve(info, default_root().as_deref())?;
+    rustls_config(&tls, info)?;
+    Ok(tls)
 }
 
-/// The control connection's `sslmode` and TLS connector, with the same meanings
+/// The control connection's `sslmode` and TLS connector, from the same settings
 /// as [`replication_tls`].
 pub(crate) fn control_tls(
     info: &PostgresConnInfo,
 ) -> Result<(tokio_postgres::config::SslMode, MakeRustlsConnect), TlsError> {
-    let plan = TlsPlan::for_url(info)?;
-    let config = plan.rustls_config()?;
-    Ok((plan.tokio_postgres_mode(), MakeRustlsConnect::new(config)))
+    let tls = resolve(info, default_root().as_deref())?;
+    let connector = MakeRustlsConnect::new(rustls_config(&tls, info)?);
+    Ok((control_mode(&tls), connector))
+}
+
+/// tokio-postgres' `sslmode` for `tls` (verification is the connector's job).
+fn control_mode(tls: &TlsConfig) -> tokio_postgres::config::SslMode {
+    match tls.mode {
+        pgwire_replication::SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        pgwire_replication::SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        _ => tokio_postgres::config::SslMode::Require,
+    }
+}
+
+/// The control connection's rustls configuration for `tls`.
+fn rustls_config(tls: &TlsConfig, info: &PostgresConnInfo) -> Result<ClientConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|error| TlsError::Setup(error.into()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier(tls, info, provider)?);
+    let (Some(cert), Some(key)) = (&tls.client_cert_pem_path, &tls.client_key_pem_path) else {
+        return Ok(builder.with_no_client_auth());
+    };
+    let chain = read_pem("sslcert", cert, "certificate (-----BEGIN CERTIFICATE-----)")?;
+    let mut keys =
+        read_pem::<PrivateKeyDer>("sslkey", key, "private key (PKCS#8, PKCS#1 or SEC1 PEM)")?;
+    builder
+        .with_client_auth_cert(chain, keys.swap_remove(0))
+        .map_err(|source| TlsError::ClientCert {
+            cert: cert.clone(),
+            key: key.clone(),
+            source,
+        })
+}
+
+/// What the control connection checks about the server's certificate: the
+/// chain and the name (`verify-full`), the chain only (`verify-ca`), or nothing.
+fn verifier(
+    tls: &TlsConfig,
+    info: &PostgresConnInfo,
+    provider: Arc<CryptoProvider>,
+) -> Result<Arc<dyn ServerCertVerifier>, TlsError> {
+    if !tls.mode.verifies_certificate() {
+        return Ok(Arc::new(Lenient {
+            chain: None,
+            provider,
+        }));
+    }
+    let param = match info.sslrootcert {
+        Some(_) => "sslrootcert",
+        None => "default root CA",
+    };
+    let roots = Arc::new(load_roots(tls.ca_pem_path.as_deref(), param)?);
+    let chain = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
+        .build()
+        .map_err(|error| TlsError::Setup(error.into()))?;
+    if tls.mode.verifies_hostname() {
+        return Ok(chain);
+    }
+    let chain = Some(chain);
+    Ok(Arc::new(Lenient { chain, provider }))
 }
 
 /// A short explanation of a failed handshake, for the connection error.
 pub(crate) fn handshake_hint(error: &rustls::Error) -> &'static str {
+    let rustls::Error::InvalidCertificate(error) = error else {
+        return "check the server's TLS settings and sslmode in --postgres-url";
+    };
     match error {
-        rustls::Error::InvalidCertificate(
-            CertificateError::UnknownIssuer | CertificateError::BadSignature,
-        ) => {
+        CertificateError::UnknownIssuer | CertificateError::BadSignature => {
             "the server's certificate is not signed by a CA in sslrootcert: point sslrootcert at \
              the CA that issued it"
         }
-        rustls::Error::InvalidCertificate(
-            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-        ) => {
+        CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
             "the server's certificate does not name the host in --postgres-url: connect by a \
              name the certificate holds, or use sslmode=verify-ca"
         }
-        rustls::Error::InvalidCertificate(
-            CertificateError::Expired
-            | CertificateError::ExpiredContext { .. }
-            | CertificateError::NotValidYet
-            | CertificateError::NotValidYetContext { .. },
-        ) => "the server's certificate is expired or not yet valid: renew it",
-        rustls::Error::InvalidCertificate(_) => {
-            "the server's certificate was refused: check sslrootcert and sslmode"
+        CertificateError::Expired
+        | CertificateError::ExpiredContext { .. }
+        | CertificateError::NotValidYet
+        | CertificateError::NotValidYetContext { .. } => {
+            "the server's certificate is expired or not yet valid: renew it"
         }
-        _ => "check the server's TLS settings and sslmode in --postgres-url",
+        _ => "the server's certificate was refused: check sslrootcert and sslmode",
     }
 }
 
 /// A short explanation of a refused replication connection, for the error.
 pub(crate) fn replication_hint(error: &pgwire_replication::PgWireError) -> &'static str {
     match error {
+        // pgwire-replication 0.5's chain-only verifier misses rustls 0.23's
+        // `NotValidForNameContext`, so it checks the name in verify-ca mode too.
         pgwire_replication::PgWireError::Tls(message) if message.contains("not valid for name") => {
             "the certificate does not name the host, and pgwire-replication 0.5 checks the name \
              even for sslmode=verify-ca (or require with sslrootcert), although the control \
@@ -475,100 +305,57 @@ pub(crate) fn replication_hint(error: &pgwire_replication::PgWireError) -> &'sta
     }
 }
 
-fn read_file(what: &'static str, param: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
-        what,
-        param,
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn load_certs(
-    what: &'static str,
+/// The items of a PEM file, at least one; `param` names the file in errors.
+fn read_pem<T: PemObject>(
     param: &'static str,
     path: &Path,
-) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let pem = read_file(what, param, path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| TlsError::Pem {
-            what,
+    expected: &'static str,
+) -> Result<Vec<T>, TlsError> {
+    let path_buf = path.to_owned();
+    match T::pem_file_iter(path).and_then(Iterator::collect::<Result<Vec<T>, _>>) {
+        Ok(items) if !items.is_empty() => Ok(items),
+        Ok(_) | Err(pem::Error::NoItemsFound) => Err(TlsError::Empty {
             param,
-            path: path.to_owned(),
+            path: path_buf,
+            expected,
+        }),
+        Err(pem::Error::Io(source)) => Err(TlsError::Read {
+            param,
+            path: path_buf,
             source,
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::Empty {
-            what,
+        }),
+        Err(source) => Err(TlsError::Pem {
             param,
-            path: path.to_owned(),
-            expected: "certificate (-----BEGIN CERTIFICATE-----)",
+            path: path_buf,
+            source,
+        }),
+    }
+}
+
+/// The roots of a CA file, or the public web PKI roots (`None`).
+fn load_roots(ca_file: Option<&Path>, param: &'static str) -> Result<RootCertStore, TlsError> {
+    let Some(path) = ca_file else {
+        let roots = webpki_roots::TLS_SERVER_ROOTS.to_vec();
+        return Ok(RootCertStore { roots });
+    };
+    let expected = "CA certificate that parses as X.509";
+    let mut store = RootCertStore::empty();
+    let (added, _ignored) = store.add_parsable_certificates(read_pem(param, path, expected)?);
+    if added == 0 {
+        let path = path.to_owned();
+        return Err(TlsError::Empty {
+            param,
+            path,
+            expected,
         });
     }
-    Ok(certs)
+    Ok(store)
 }
 
-fn load_roots(roots: &Roots) -> Result<RootCertStore, TlsError> {
-    match roots {
-        Roots::System => Ok(RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        }),
-        Roots::File { path, param } => {
-            let what = "root CA certificate file";
-            let mut store = RootCertStore::empty();
-            let (added, _ignored) = store.add_parsable_certificates(load_certs(what, param, path)?);
-            if added == 0 {
-                return Err(TlsError::Empty {
-                    what,
-                    param,
-                    path: path.clone(),
-                    expected: "CA certificate that parses as X.509",
-                });
-            }
-            Ok(store)
-        }
-    }
-}
-
-fn load_client_cert(
-    cc: &ClientCert,
-) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
-    let chain = load_certs("client certificate file", "sslcert", &cc.cert)?;
-    let (what, param) = ("client key file", "sslkey");
-    let pem = read_file(what, param, &cc.key)?;
-    let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|source| match source {
-        rustls::pki_types::pem::Error::NoItemsFound => TlsError::Empty {
-            what,
-            param,
-            path: cc.key.clone(),
-            expected: "private key (PKCS#8, PKCS#1 or SEC1 PEM)",
-        },
-        source => TlsError::Pem {
-            what,
-            param,
-            path: cc.key.clone(),
-            source,
-        },
-    })?;
-    Ok((chain, key))
-}
-
-fn webpki_verifier(
-    roots: &Roots,
-    provider: Arc<CryptoProvider>,
-) -> Result<Arc<WebPkiServerVerifier>, TlsError> {
-    let store = Arc::new(load_roots(roots)?);
-    WebPkiServerVerifier::builder_with_provider(store, provider)
-        .build()
-        .map_err(|source| TlsError::Verifier { source })
-}
-
-/// `verify-ca` (a `chain` verifier): the standard checks, except that a
-/// certificate which does not name the host is accepted; `require` and
-/// `prefer` without a root CA (no `chain`): any certificate. The handshake
-/// signatures are checked either way, so the session key is bound to the
-/// certificate the server presented.
+/// `verify-ca` (with a `chain` verifier): the standard checks, but a certificate
+/// that does not name the host is accepted; otherwise any certificate. The
+/// handshake signatures are checked either way, binding the session to the
+/// certificate presented.
 #[derive(Debug)]
 struct Lenient {
     chain: Option<Arc<WebPkiServerVerifier>>,

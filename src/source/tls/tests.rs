@@ -12,15 +12,12 @@ fn info(url: &str) -> PostgresConnInfo {
     PostgresConnInfo::parse(url).unwrap()
 }
 
-fn plan(url: &str) -> Result<TlsPlan, TlsError> {
-    TlsPlan::resolve(&info(url), None)
+fn plan(url: &str) -> Result<TlsConfig, TlsError> {
+    resolve(&info(url), None)
 }
 
-fn file(path: &str) -> Roots {
-    Roots::File {
-        path: PathBuf::from(path),
-        param: "sslrootcert",
-    }
+fn ca_file(path: &str) -> Option<PathBuf> {
+    Some(PathBuf::from(path))
 }
 
 #[test]
@@ -30,14 +27,9 @@ fn disable_and_unix_sockets_never_use_tls() {
         "postgres://u@h/db?host=/var/run/postgresql&sslmode=verify-full",
     ] {
         let plan = plan(url).unwrap();
-        assert_eq!(plan.mode, Mode::Off, "{url}");
-        assert_eq!(plan.client_cert, None);
+        assert_eq!(plan, TlsConfig::disabled(), "{url}");
         assert_eq!(
-            plan.to_pgwire("h"),
-            pgwire_replication::TlsConfig::disabled()
-        );
-        assert_eq!(
-            plan.tokio_postgres_mode(),
+            control_mode(&plan),
             tokio_postgres::config::SslMode::Disable
         );
     }
@@ -51,49 +43,39 @@ fn prefer_tries_tls_without_verification() {
         "postgres://u@h/db?sslmode=allow",
         "postgres://u@h/db?sslmode=prefer&sslrootcert=/ca.pem",
     ] {
-        let plan = plan(url).unwrap();
-        assert_eq!(plan.mode, Mode::Prefer, "{url}");
-        let tls = plan.to_pgwire("h");
-        assert_eq!(tls.mode, pgwire_replication::SslMode::Prefer);
+        let tls = plan(url).unwrap();
+        assert_eq!(tls.mode, pgwire_replication::SslMode::Prefer, "{url}");
         assert_eq!(tls.ca_pem_path, None);
-        assert_eq!(
-            plan.tokio_postgres_mode(),
-            tokio_postgres::config::SslMode::Prefer
-        );
+        assert_eq!(control_mode(&tls), tokio_postgres::config::SslMode::Prefer);
     }
 }
 
 #[test]
 fn require_verifies_the_chain_only_when_a_root_ca_exists() {
     let bare = plan("postgres://u@h/db?sslmode=require").unwrap();
-    assert_eq!(bare.mode, Mode::Require(Verify::Nothing));
+    assert_eq!(bare, TlsConfig::require());
     assert_eq!(
-        bare.to_pgwire("h"),
-        pgwire_replication::TlsConfig::require()
-    );
-    assert_eq!(
-        bare.tokio_postgres_mode(),
+        control_mode(&bare),
         tokio_postgres::config::SslMode::Require
     );
 
     // libpq: require with a root CA file behaves like verify-ca.
     let with_ca = plan("postgres://u@h/db?sslmode=require&sslrootcert=/ca.pem").unwrap();
-    assert_eq!(with_ca.mode, Mode::Require(Verify::Chain(file("/ca.pem"))));
+    assert_eq!(with_ca, TlsConfig::verify_ca(ca_file("/ca.pem")));
     assert_eq!(
-        with_ca.to_pgwire("h"),
-        pgwire_replication::TlsConfig::verify_ca(Some("/ca.pem".into()))
+        control_mode(&with_ca),
+        tokio_postgres::config::SslMode::Require
     );
 
     // ... and so does libpq's default ~/.postgresql/root.crt when it exists.
-    let default = TlsPlan::resolve(
+    let default = resolve(
         &info("postgres://u@h/db?sslmode=require"),
         Some(Path::new("/home/relay/.postgresql/root.crt")),
     )
     .unwrap();
-    assert!(
-        matches!(&default.mode, Mode::Require(Verify::Chain(Roots::File { path, .. }))
-            if path == Path::new("/home/relay/.postgresql/root.crt")),
-        "{default:?}"
+    assert_eq!(
+        default,
+        TlsConfig::verify_ca(ca_file("/home/relay/.postgresql/root.crt"))
     );
 }
 
@@ -102,44 +84,43 @@ fn verify_modes_need_a_root_ca() {
     for (mode, name) in [("verify-ca", "verify-ca"), ("verify-full", "verify-full")] {
         let err = plan(&format!("postgres://u@h/db?sslmode={mode}")).unwrap_err();
         assert!(
-            matches!(err, TlsError::MissingRootCert { mode } if mode == name),
+            matches!(&err, TlsError::MissingRootCert { mode } if mode == name),
             "{err:?}"
         );
         assert!(err.to_string().contains("sslrootcert="), "{err}");
-        let fallback = TlsPlan::resolve(
+        let fallback = resolve(
             &info(&format!("postgres://u@h/db?sslmode={mode}")),
             Some(Path::new("/root.crt")),
         )
         .unwrap();
-        assert!(fallback.roots().is_some());
+        assert_eq!(fallback.ca_pem_path, ca_file("/root.crt"));
     }
     let ca = plan("postgres://u@h/db?sslmode=verify-ca&sslrootcert=/ca.pem").unwrap();
-    assert_eq!(ca.mode, Mode::Require(Verify::Chain(file("/ca.pem"))));
+    assert_eq!(ca, TlsConfig::verify_ca(ca_file("/ca.pem")));
     let full = plan("postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem").unwrap();
-    assert_eq!(full.mode, Mode::Require(Verify::Full(file("/ca.pem"))));
+    assert_eq!(full, TlsConfig::verify_full(ca_file("/ca.pem")));
 }
 
 #[test]
 fn verify_full_renders_for_pgwire_with_ip_hosts_checked_by_address() {
-    let full = plan("postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem").unwrap();
-    let by_name = full.to_pgwire("db.internal");
-    assert_eq!(
-        by_name,
-        pgwire_replication::TlsConfig::verify_full(Some("/ca.pem".into()))
-    );
-    let by_ip = full.to_pgwire("127.0.0.1");
+    let query = "/db?sslmode=verify-full&sslrootcert=/ca.pem";
+    let by_name = plan(&format!("postgres://u@db.internal{query}")).unwrap();
+    assert_eq!(by_name, TlsConfig::verify_full(ca_file("/ca.pem")));
+    let by_ip = plan(&format!("postgres://u@127.0.0.1{query}")).unwrap();
     assert_eq!(by_ip.sni_hostname.as_deref(), Some("127.0.0.1"));
     assert_eq!(by_ip.mode, pgwire_replication::SslMode::VerifyFull);
-    let by_ipv6 = full.to_pgwire("::1");
+    let by_ipv6 = plan(&format!("postgres://u@[::1]{query}")).unwrap();
     assert_eq!(by_ipv6.sni_hostname.as_deref(), Some("::1"));
+    // verify-ca checks no name, so needs no SNI name either.
+    let ca = plan("postgres://u@127.0.0.1/db?sslmode=verify-ca&sslrootcert=/ca.pem").unwrap();
+    assert_eq!(ca.sni_hostname, None);
 }
 
 #[test]
 fn system_roots_only_with_verify_full() {
     let full = plan("postgres://u@h/db?sslmode=verify-full&sslrootcert=system").unwrap();
-    assert_eq!(full.mode, Mode::Require(Verify::Full(Roots::System)));
-    assert_eq!(full.to_pgwire("h").ca_pem_path, None);
-    assert!(load_roots(&Roots::System).unwrap().len() > 50);
+    assert_eq!(full, TlsConfig::verify_full(None));
+    assert!(load_roots(None, "sslrootcert").unwrap().len() > 50);
     for mode in ["require", "verify-ca", "prefer"] {
         let err = plan(&format!(
             "postgres://u@h/db?sslmode={mode}&sslrootcert=system"
@@ -154,8 +135,7 @@ fn system_roots_only_with_verify_full() {
 
 #[test]
 fn client_certificates_need_both_files() {
-    let both = plan("postgres://u@h/db?sslmode=require&sslcert=/c.crt&sslkey=/c.key").unwrap();
-    let tls = both.to_pgwire("h");
+    let tls = plan("postgres://u@h/db?sslmode=require&sslcert=/c.crt&sslkey=/c.key").unwrap();
     assert!(tls.is_mtls());
     assert_eq!(tls.client_cert_pem_path, Some(PathBuf::from("/c.crt")));
     assert_eq!(tls.client_key_pem_path, Some(PathBuf::from("/c.key")));
@@ -217,9 +197,10 @@ impl Pki {
     }
 }
 
-fn verifier_for(plan: &TlsPlan) -> Arc<dyn ServerCertVerifier> {
+fn verifier_for(url: &str) -> Arc<dyn ServerCertVerifier> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    plan.verifier(provider).unwrap()
+    let info = info(url);
+    verifier(&resolve(&info, None).unwrap(), &info, provider).unwrap()
 }
 
 fn check(verifier: &dyn ServerCertVerifier, leaf: &CertificateDer<'_>, host: &str) -> bool {
@@ -237,12 +218,9 @@ fn verifiers_check_what_each_mode_promises() {
     let stranger = other.leaf("server", &["db.internal"]);
     let ca = pki.ca_path().display().to_string();
 
-    let full = verifier_for(
-        &plan(&format!(
-            "postgres://u@db.internal/db?sslmode=verify-full&sslrootcert={ca}"
-        ))
-        .unwrap(),
-    );
+    let full = verifier_for(&format!(
+        "postgres://u@db.internal/db?sslmode=verify-full&sslrootcert={ca}"
+    ));
     assert!(check(full.as_ref(), &leaf, "db.internal"));
     assert!(check(full.as_ref(), &leaf, "127.0.0.1"));
     assert!(!check(full.as_ref(), &leaf, "other.internal"));
@@ -250,18 +228,15 @@ fn verifiers_check_what_each_mode_promises() {
 
     // verify-ca (and require with a root CA): the name does not matter, the CA does.
     for mode in ["verify-ca", "require"] {
-        let chain = verifier_for(
-            &plan(&format!(
-                "postgres://u@h/db?sslmode={mode}&sslrootcert={ca}"
-            ))
-            .unwrap(),
-        );
+        let chain = verifier_for(&format!(
+            "postgres://u@h/db?sslmode={mode}&sslrootcert={ca}"
+        ));
         assert!(check(chain.as_ref(), &leaf, "other.internal"), "{mode}");
         assert!(!check(chain.as_ref(), &stranger, "db.internal"), "{mode}");
     }
 
     // require without a CA: anything.
-    let any = verifier_for(&plan("postgres://u@h/db?sslmode=require").unwrap());
+    let any = verifier_for("postgres://u@h/db?sslmode=require");
     assert!(check(any.as_ref(), &stranger, "other.internal"));
     assert!(!any.supported_verify_schemes().is_empty());
 }
