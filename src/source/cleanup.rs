@@ -1,18 +1,13 @@
 //! `--cleanup delete`: relayed outbox rows are deleted before the slot moves past them.
 //!
-//! Each inserted row's primary key is kept with its transaction; at the commit
-//! the keys wait under the transaction's end LSN. Before a frontier F is
-//! reported to Postgres, every row of a transaction ending at or before F is
-//! deleted by primary key, in batches, on the control connection. Hence:
-//! - a row whose event the broker has not acknowledged is never deleted (its
-//!   transaction is beyond the frontier);
-//! - a crash between the delete and the report replays transactions whose rows
-//!   are gone: the events are sent again and the delete is a no-op;
-//! - a crash before the delete replays the transaction and deletes its rows then.
-//!
-//! Deletes are batched: they run once enough rows wait or the oldest waiting
-//! rows have waited one status interval, so the slot's confirmed position lags
-//! by at most about that. A failed delete holds the frontier and is retried.
+//! Each inserted row's primary key waits under its transaction's end LSN. Before
+//! a frontier F is reported to Postgres, the rows of every transaction ending at
+//! or before F are deleted by key, in batches, on the control connection. So a
+//! row whose event the broker has not acknowledged is never deleted, and a crash
+//! before or after the delete only replays events whose rows are then deleted
+//! (again, as a no-op). Deletes run once a batch is full or the oldest rows have
+//! waited a status interval, so the confirmed position lags by about that; a
+//! failed delete holds the frontier back and is retried.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -20,11 +15,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_postgres::Client;
-use tokio_postgres::types::ToSql;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::outbox::{BindError, column_index, quote_ident};
+use crate::outbox::{BindError, TableName, column_index, quote_ident};
 use crate::pgoutput::{Relation, TupleData, Value};
 use crate::source::SourceError;
 use crate::source::setup::{self, PrimaryKey};
@@ -34,50 +28,42 @@ const BATCH: usize = 1000;
 /// Wait before retrying a failed delete.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// One table's primary key and DELETE statement.
+/// One outbox table's primary key columns and DELETE statement.
 struct Table {
+    name: String,
     columns: Vec<String>,
-    /// Deletes the rows whose key columns, given as one text array per column, match.
     sql: String,
 }
 
-/// A row to delete: its table and primary key values as text.
-type Row = (Arc<str>, Vec<String>);
+/// A row to delete: its table and its primary key as a JSON object of text values.
+type Row = (Arc<Table>, String);
 
-/// The rows of acknowledged-or-pending transactions and the connection that deletes them.
+/// The rows of relayed transactions, and the connection that deletes them.
 pub struct Cleanup {
     config: Config,
     client: Option<Client>,
-    tables: HashMap<String, Table>,
-    /// Relation id → table and the key columns' positions in its tuples.
-    bound: HashMap<u32, (Arc<str>, Vec<usize>)>,
+    tables: HashMap<String, Arc<Table>>,
+    /// Relation id → its table and the key columns' positions in its tuples.
+    bound: HashMap<u32, (Arc<Table>, Vec<usize>)>,
+    /// The open transaction's rows.
     open: Vec<Row>,
-    done: VecDeque<(Lsn, Vec<Row>)>,
+    /// Committed rows with their transaction's end LSN, in commit order.
+    done: VecDeque<(Lsn, Row)>,
     /// Every row of a transaction ending at or before this is deleted.
     cleared: Lsn,
     /// When the waiting rows must be deleted even if few.
     due: Option<Instant>,
 }
 
-/// `DELETE ... WHERE (k1, k2) IN (SELECT u.k1::t1, u.k2::t2 FROM unnest($1::text[], $2::text[]))`:
-/// one statement for any key shape, values passed as text and cast server-side.
+/// One statement for any key shape: the keys arrive as one JSON array of
+/// objects, whose text values the table's own row type converts.
 fn delete_sql(key: &PrimaryKey) -> String {
-    let names: Vec<String> = key.columns.iter().map(|(c, _)| quote_ident(c)).collect();
-    let casts: Vec<String> = (1..=key.columns.len())
-        .zip(&key.columns)
-        .map(|(i, (_, ty))| format!("u.c{i}::{ty}"))
-        .collect();
-    let params: Vec<String> = (1..=key.columns.len())
-        .map(|i| format!("${i}::text[]"))
-        .collect();
-    let aliases: Vec<String> = (1..=key.columns.len()).map(|i| format!("c{i}")).collect();
+    let table = key.table.quoted();
+    let columns: Vec<String> = key.columns.iter().map(|(c, _)| quote_ident(c)).collect();
+    let columns = columns.join(", ");
     format!(
-        "DELETE FROM {} WHERE ({}) IN (SELECT {} FROM unnest({}) AS u({}))",
-        key.table.quoted(),
-        names.join(", "),
-        casts.join(", "),
-        params.join(", "),
-        aliases.join(", ")
+        "DELETE FROM {table} WHERE ({columns}) IN \
+         (SELECT {columns} FROM jsonb_populate_recordset(NULL::{table}, $1::text::jsonb))"
     )
 }
 
@@ -88,10 +74,11 @@ impl Cleanup {
             .iter()
             .map(|key| {
                 let table = Table {
+                    name: key.table.to_string(),
                     columns: key.columns.iter().map(|(c, _)| c.clone()).collect(),
                     sql: delete_sql(key),
                 };
-                (key.table.to_string(), table)
+                (table.name.clone(), Arc::new(table))
             })
             .collect();
         Cleanup {
@@ -111,23 +98,22 @@ impl Cleanup {
     pub fn relation(
         &mut self,
         relation: &Relation,
-        root: Option<&crate::outbox::TableName>,
+        root: Option<&TableName>,
     ) -> Result<(), BindError> {
-        let table = match root {
+        let name = match root {
             Some(root) => root.to_string(),
             None => format!("{}.{}", relation.namespace, relation.name),
         };
-        let Some(t) = self.tables.get(&table) else {
+        let Some(table) = self.tables.get(&name) else {
             self.bound.remove(&relation.id);
             return Ok(());
         };
-        let positions = t
-            .columns
-            .iter()
-            .map(|column| column_index(relation, &table, "--cleanup delete (primary key)", column))
-            .collect::<Result<Vec<_>, _>>()?;
+        let flag = "--cleanup delete (primary key)";
+        let positions = (table.columns.iter())
+            .map(|column| column_index(relation, &name, flag, column))
+            .collect::<Result<_, _>>()?;
         self.bound
-            .insert(relation.id, (Arc::from(table.as_str()), positions));
+            .insert(relation.id, (Arc::clone(table), positions));
         Ok(())
     }
 
@@ -136,26 +122,27 @@ impl Cleanup {
         let Some((table, positions)) = self.bound.get(&relation_id) else {
             return;
         };
-        let key: Option<Vec<String>> = positions
+        let key = table
+            .columns
             .iter()
-            .map(|&i| match tuple.0.get(i) {
-                Some(Value::Text(b)) => Some(String::from_utf8_lossy(b).into_owned()),
+            .zip(positions)
+            .map(|(column, &i)| match tuple.0.get(i) {
+                Some(Value::Text(b)) => Some((column.clone(), String::from_utf8_lossy(b).into())),
                 _ => None,
-            })
-            .collect();
-        if let Some(key) = key {
+            });
+        if let Some(key) = key.collect::<Option<serde_json::Map<_, _>>>() {
+            let key = serde_json::Value::Object(key).to_string();
             self.open.push((Arc::clone(table), key));
         }
     }
 
     /// The open transaction committed, ending at `end_lsn`.
     pub fn commit(&mut self, end_lsn: Lsn, interval: Duration) {
-        if self.open.is_empty() {
-            return;
+        if !self.open.is_empty() {
+            self.due.get_or_insert_with(|| Instant::now() + interval);
         }
-        self.done
-            .push_back((end_lsn, std::mem::take(&mut self.open)));
-        self.due.get_or_insert_with(|| Instant::now() + interval);
+        let rows = self.open.drain(..).map(|row| (end_lsn, row));
+        self.done.extend(rows);
     }
 
     /// The open transaction will be replayed from its start.
@@ -166,10 +153,8 @@ impl Cleanup {
     /// When rows that `frontier` covers must be deleted, if any wait (rows
     /// still in flight wait for their acks, not for a timer).
     pub fn due(&self, frontier: Lsn) -> Option<Instant> {
-        self.done
-            .front()
-            .filter(|(end, _)| *end <= frontier)
-            .and(self.due)
+        let front = self.done.front();
+        front.filter(|(end, _)| *end <= frontier).and(self.due)
     }
 
     /// The highest position that may be reported: the rows of every
@@ -179,32 +164,28 @@ impl Cleanup {
     }
 
     /// Deletes the rows of transactions ending at or before `frontier` (now
-    /// when `force`, else when a batch is full or due) and returns what may be reported.
-    pub async fn clear(&mut self, frontier: Lsn, force: bool, interval: Duration) -> Lsn {
-        let covered = self
-            .done
-            .iter()
-            .take_while(|(end, _)| *end <= frontier)
-            .count();
-        if covered == 0 {
-            self.cleared = self.cleared.max(frontier);
-            return self.cleared;
-        }
-        let rows: usize = self.done.iter().take(covered).map(|(_, r)| r.len()).sum();
+    /// when `force`, else when a batch is full or due), moving [`Self::cleared`].
+    pub async fn clear(&mut self, frontier: Lsn, force: bool, interval: Duration) {
+        let covered = self.done.iter().take_while(|(end, _)| *end <= frontier);
+        let rows = covered.count();
         let now = Instant::now();
-        if !force && rows < BATCH && self.due.is_some_and(|due| now < due) {
-            return self.cleared;
+        if rows == 0 {
+            self.cleared = self.cleared.max(frontier);
+            return;
         }
-        match self.delete(covered).await {
+        if !force && rows < BATCH && self.due.is_some_and(|due| now < due) {
+            return;
+        }
+        match self.delete(rows).await {
             Ok(deleted) => {
                 crate::observability::metrics::cleanup_deleted(deleted);
-                self.done.drain(..covered);
+                self.done.drain(..rows);
                 self.cleared = self.cleared.max(frontier);
                 self.due = (!self.done.is_empty()).then(|| now + interval);
             }
             Err(error) => {
                 tracing::warn!(
-                    error = %error,
+                    %error,
                     frontier = %self.cleared,
                     rows,
                     "--cleanup delete: cannot delete relayed rows; the slot is not moved past \
@@ -214,42 +195,29 @@ impl Cleanup {
                 self.due = Some(now + RETRY.max(interval));
             }
         }
-        self.cleared
     }
 
-    /// Deletes the rows of the first `covered` transactions; returns how many rows went.
-    async fn delete(&mut self, covered: usize) -> Result<u64, SourceError> {
+    /// Deletes the first `rows` waiting rows; returns how many went.
+    async fn delete(&mut self, rows: usize) -> Result<u64, SourceError> {
         if self.client.as_ref().is_none_or(Client::is_closed) {
             self.client = Some(setup::connect(&self.config).await?);
         }
         let Some(client) = self.client.as_ref() else {
             return Ok(0);
         };
-        let mut by_table: HashMap<&Arc<str>, Vec<&Vec<String>>> = HashMap::new();
-        for (table, key) in self.done.iter().take(covered).flat_map(|(_, rows)| rows) {
-            by_table.entry(table).or_default().push(key);
+        let mut by_table: HashMap<&str, (&Table, Vec<&str>)> = HashMap::new();
+        for (_, (table, key)) in self.done.iter().take(rows) {
+            let entry = by_table.entry(&table.name);
+            entry.or_insert_with(|| (table, Vec::new())).1.push(key);
         }
         let mut deleted = 0;
-        for (table, keys) in by_table {
-            let Some(t) = self.tables.get(&**table) else {
-                continue;
-            };
+        for (table, keys) in by_table.into_values() {
             for chunk in keys.chunks(BATCH) {
-                let columns: Vec<Vec<&str>> = (0..t.columns.len())
-                    .map(|i| {
-                        chunk
-                            .iter()
-                            .filter_map(|k| k.get(i).map(String::as_str))
-                            .collect()
-                    })
-                    .collect();
-                let params: Vec<&(dyn ToSql + Sync)> =
-                    columns.iter().map(|c| c as &(dyn ToSql + Sync)).collect();
-                deleted += client.execute(&t.sql, &params).await.map_err(|source| {
-                    SourceError::CleanupDelete {
-                        table: table.to_string(),
-                        source,
-                    }
+                let keys = format!("[{}]", chunk.join(","));
+                let result = client.execute(&table.sql, &[&keys]).await;
+                deleted += result.map_err(|source| SourceError::CleanupDelete {
+                    table: table.name.clone(),
+                    source,
                 })?;
             }
         }
@@ -260,7 +228,6 @@ impl Cleanup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::TableName;
 
     #[test]
     fn one_statement_shape_for_any_key() {
@@ -277,7 +244,8 @@ mod tests {
         assert_eq!(
             delete_sql(&key),
             "DELETE FROM \"public\".\"outbox\" WHERE (\"id\", \"created_on\") IN \
-             (SELECT u.c1::uuid, u.c2::date FROM unnest($1::text[], $2::text[]) AS u(c1, c2))"
+             (SELECT \"id\", \"created_on\" FROM \
+             jsonb_populate_recordset(NULL::\"public\".\"outbox\", $1::text::jsonb))"
         );
     }
 }

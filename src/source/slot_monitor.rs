@@ -1,11 +1,8 @@
 //! The slot poller: every `--slot-poll-interval` it reads the slot's lag,
 //! `wal_status` and `safe_wal_size` over its own control connection, updates
 //! the metrics and [`Health`], and warns (with the remedy) when the slot's WAL
-//! is at risk.
-//!
-//! It never stops the relay: a failed connection or query is logged, the
-//! slot becomes "unknown" for readiness, and the next tick tries again with a
-//! fresh connection.
+//! is at risk. It never stops the relay: a failed poll makes the slot "unknown"
+//! for readiness, and the next tick tries again on a fresh connection.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,10 +28,10 @@ macro_rules! idle_timeout_secs {
 /// The poll. On a standby (logical slots exist there from Postgres 16) the
 /// replay position stands in for `pg_current_wal_lsn()`. Newer servers' columns
 /// are read through `to_jsonb`, so one query fits every version.
-pub const SLOT_QUERY: &str = concat!(
+const SLOT_QUERY: &str = concat!(
     "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                   ELSE pg_current_wal_lsn() END - confirmed_flush_lsn)::bigint, \
-            wal_status::text, safe_wal_size::bigint, active_pid, \
+            wal_status::text, safe_wal_size::bigint, \
             (to_jsonb(s) -> 'failover')::boolean, \
             current_setting('synchronized_standby_slots', true) <> '', \
             to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool, \
@@ -60,32 +57,30 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
         tick.tick().await;
         if client.as_ref().is_none_or(Client::is_closed) {
             match setup::connect(&config).await {
-                Ok(c) => client = Some(c),
-                Err(e) => {
-                    tracing::warn!(error = %e, "slot poller cannot connect; retrying next tick");
+                Ok(connected) => client = Some(connected),
+                Err(error) => {
+                    tracing::warn!(%error, "slot poller cannot connect; retrying next tick");
                     health.set_slot_observation(SlotObservation::Unknown);
                     continue;
                 }
             }
         }
-        let Some(c) = client.as_ref() else { continue };
-        let observation = match poll(c, &config.slot).await {
+        let Some(connected) = &client else { continue };
+        let observation = match poll(connected, &config.slot).await {
+            // Before the first start the relay may not have created the slot yet.
+            Ok(SlotObservation::Missing) if !health.snapshot(Instant::now()).streaming => {
+                SlotObservation::Unknown
+            }
             Ok(observation) => observation,
-            Err(e) => {
-                tracing::warn!(slot = %config.slot, error = %e, "slot poll failed; retrying next tick");
+            Err(error) => {
+                tracing::warn!(slot = %config.slot, %error, "slot poll failed; retrying next tick");
                 health.set_slot_observation(SlotObservation::Unknown);
                 client = None;
                 continue;
             }
         };
-        // Before the first start the relay may not have created the slot yet.
-        let observation = match observation {
-            SlotObservation::Missing if !health.snapshot(Instant::now()).streaming => {
-                SlotObservation::Unknown
-            }
-            other => other,
-        };
-        record(&health, &observation);
+        metrics::set_slot(&observation);
+        health.set_slot_observation(observation.clone());
         let warnings = match &observation {
             SlotObservation::Seen(slot) => slot_warnings(slot, &health.thresholds()),
             SlotObservation::Missing => vec![format!(
@@ -112,37 +107,21 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
     let Some(row) = client.query_opt(SLOT_QUERY, &[&slot]).await? else {
         return Ok(SlotObservation::Missing);
     };
-    let lag: Option<i64> = row.try_get(0)?;
+    let to_u64 = |value: Option<i64>| value.map(|v| u64::try_from(v).unwrap_or(0));
     let wal_status: Option<String> = row.try_get(1)?;
-    let safe_wal_size: Option<i64> = row.try_get(2)?;
-    let active_pid: Option<i32> = row.try_get(3)?;
-    tracing::debug!(
-        slot,
-        lag,
-        wal_status,
-        safe_wal_size,
-        active_pid,
-        "polled the slot"
-    );
-    Ok(SlotObservation::Seen(SlotStatus {
-        lag_bytes: lag.map(|l| u64::try_from(l).unwrap_or(0)),
+    let status = SlotStatus {
+        lag_bytes: to_u64(row.try_get(0)?),
         wal_status: WalStatus::parse(wal_status.as_deref()),
-        safe_wal_size_bytes: safe_wal_size,
-        failover: row.try_get(4)?,
-        synchronized_standby_slots_set: row.try_get(5)?,
+        safe_wal_size_bytes: row.try_get(2)?,
+        failover: row.try_get(3)?,
+        synchronized_standby_slots_set: row.try_get(4)?,
         facts: SlotFacts {
-            invalidation_reason: row.try_get(6)?,
-            conflicting: row.try_get(7)?,
-            inactive_since: row.try_get(8)?,
-            idle_timeout_secs: row
-                .try_get::<_, Option<i64>>(9)?
-                .map(|s| u64::try_from(s).unwrap_or(0)),
+            invalidation_reason: row.try_get(5)?,
+            conflicting: row.try_get(6)?,
+            inactive_since: row.try_get(7)?,
+            idle_timeout_secs: to_u64(row.try_get(8)?),
         },
-    }))
-}
-
-/// Publishes an observation to the metrics and `health`.
-pub fn record(health: &Health, observation: &SlotObservation) {
-    metrics::set_slot(observation);
-    health.set_slot_observation(observation.clone());
+    };
+    tracing::debug!(slot, ?status, "polled the slot");
+    Ok(SlotObservation::Seen(status))
 }
