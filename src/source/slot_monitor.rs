@@ -16,32 +16,24 @@ use crate::observability::health::{
 };
 use crate::observability::metrics;
 
-/// `idle_replication_slot_timeout` in seconds, NULL before PostgreSQL 18.
-macro_rules! idle_timeout_secs {
-    () => {
-        "(SELECT setting::bigint * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 \
-                 WHEN 'd' THEN 86400 ELSE 1 END \
-          FROM pg_settings WHERE name = 'idle_replication_slot_timeout')"
-    };
-}
-
 /// The poll. On a standby (logical slots exist there from Postgres 16) the
 /// replay position stands in for `pg_current_wal_lsn()`. Newer servers' columns
 /// are read through `to_jsonb`, so one query fits every version.
-const SLOT_QUERY: &str = concat!(
-    "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                  ELSE pg_current_wal_lsn() END - confirmed_flush_lsn)::bigint, \
-            wal_status::text, safe_wal_size::bigint, \
-            (to_jsonb(s) -> 'failover')::boolean, \
-            current_setting('synchronized_standby_slots', true) <> '', \
-            to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool, \
-            to_jsonb(s) ->> 'inactive_since', ",
-    idle_timeout_secs!(),
-    " FROM pg_replication_slots s WHERE slot_name = $1"
-);
+const SLOT_QUERY: &str = "\
+    SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                 ELSE pg_current_wal_lsn() END - confirmed_flush_lsn)::bigint, \
+           wal_status::text, safe_wal_size::bigint, \
+           (to_jsonb(s) -> 'failover')::boolean, \
+           current_setting('synchronized_standby_slots', true) <> '', \
+           to_jsonb(s) ->> 'invalidation_reason', (to_jsonb(s) ->> 'conflicting')::bool, \
+           to_jsonb(s) ->> 'inactive_since' \
+    FROM pg_replication_slots s WHERE slot_name = $1";
 
 /// `idle_replication_slot_timeout` in seconds (NULL before PostgreSQL 18).
-pub const IDLE_TIMEOUT_QUERY: &str = concat!("SELECT ", idle_timeout_secs!());
+pub const IDLE_TIMEOUT_QUERY: &str = "\
+    SELECT (SELECT setting::bigint * CASE unit WHEN 'min' THEN 60 WHEN 'h' THEN 3600 \
+                                             WHEN 'd' THEN 86400 ELSE 1 END \
+            FROM pg_settings WHERE name = 'idle_replication_slot_timeout')";
 
 /// The same warnings are repeated at most this often.
 const REPEAT_WARNINGS: Duration = Duration::from_secs(300);
@@ -107,6 +99,10 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
     let Some(row) = client.query_opt(SLOT_QUERY, &[&slot]).await? else {
         return Ok(SlotObservation::Missing);
     };
+    let idle_timeout = client
+        .query_one(IDLE_TIMEOUT_QUERY, &[])
+        .await?
+        .try_get(0)?;
     let to_u64 = |value: Option<i64>| value.map(|v| u64::try_from(v).unwrap_or(0));
     let wal_status: Option<String> = row.try_get(1)?;
     let status = SlotStatus {
@@ -119,7 +115,7 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
             invalidation_reason: row.try_get(5)?,
             conflicting: row.try_get(6)?,
             inactive_since: row.try_get(7)?,
-            idle_timeout_secs: to_u64(row.try_get(8)?),
+            idle_timeout_secs: to_u64(idle_timeout),
         },
     };
     tracing::debug!(slot, ?status, "polled the slot");

@@ -77,33 +77,21 @@ pub enum TlsError {
         #[source]
         source: io::Error,
     },
-    /// A certificate or key file is not valid PEM.
-    #[error(
-        "the {param} file {} is not valid PEM: it must hold PEM blocks such as \
-         -----BEGIN CERTIFICATE-----",
-        path.display()
-    )]
-    Pem {
-        /// The URL parameter that names the file.
-        param: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// The PEM parser's error.
-        #[source]
-        source: pem::Error,
-    },
-    /// A PEM file without what it should hold.
+    /// A certificate or key file without what it should hold (or not valid PEM).
     #[error(
         "the {param} file {} holds no usable {expected}: check that it is the right file",
         path.display()
     )]
-    Empty {
+    Unusable {
         /// The URL parameter that names the file.
         param: &'static str,
         /// The file.
         path: PathBuf,
         /// What it should hold.
         expected: &'static str,
+        /// The PEM parser's error, if it found invalid PEM.
+        #[source]
+        source: Option<pem::Error>,
     },
     /// The client certificate and key do not make a usable pair.
     #[error(
@@ -190,7 +178,7 @@ fn default_root() -> Option<PathBuf> {
 /// so a bad one is reported exactly as for the control connection.
 pub(crate) fn replication_tls(info: &PostgresConnInfo) -> Result<TlsConfig, TlsError> {
     let tls = resolve(info, default_root().as_deref())?;
-    rustls_config(&tls, info)?;
+    rustls_config(&tls)?;
     Ok(tls)
 }
 
@@ -200,7 +188,7 @@ pub(crate) fn control_tls(
     info: &PostgresConnInfo,
 ) -> Result<(tokio_postgres::config::SslMode, MakeRustlsConnect), TlsError> {
     let tls = resolve(info, default_root().as_deref())?;
-    let connector = MakeRustlsConnect::new(rustls_config(&tls, info)?);
+    let connector = MakeRustlsConnect::new(rustls_config(&tls)?);
     Ok((control_mode(&tls), connector))
 }
 
@@ -214,13 +202,13 @@ fn control_mode(tls: &TlsConfig) -> tokio_postgres::config::SslMode {
 }
 
 /// The control connection's rustls configuration for `tls`.
-fn rustls_config(tls: &TlsConfig, info: &PostgresConnInfo) -> Result<ClientConfig, TlsError> {
+fn rustls_config(tls: &TlsConfig) -> Result<ClientConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
         .map_err(|error| TlsError::Setup(error.into()))?
         .dangerous()
-        .with_custom_certificate_verifier(verifier(tls, info, provider)?);
+        .with_custom_certificate_verifier(verifier(tls, provider)?);
     let (Some(cert), Some(key)) = (&tls.client_cert_pem_path, &tls.client_key_pem_path) else {
         return Ok(builder.with_no_client_auth());
     };
@@ -240,27 +228,19 @@ fn rustls_config(tls: &TlsConfig, info: &PostgresConnInfo) -> Result<ClientConfi
 /// chain and the name (`verify-full`), the chain only (`verify-ca`), or nothing.
 fn verifier(
     tls: &TlsConfig,
-    info: &PostgresConnInfo,
     provider: Arc<CryptoProvider>,
 ) -> Result<Arc<dyn ServerCertVerifier>, TlsError> {
-    if !tls.mode.verifies_certificate() {
-        return Ok(Arc::new(Lenient {
-            chain: None,
-            provider,
-        }));
+    let mut chain = None;
+    if tls.mode.verifies_certificate() {
+        let roots = Arc::new(load_roots(tls.ca_pem_path.as_deref())?);
+        let verifier = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
+            .build()
+            .map_err(|error| TlsError::Setup(error.into()))?;
+        if tls.mode.verifies_hostname() {
+            return Ok(verifier);
+        }
+        chain = Some(verifier);
     }
-    let param = match info.sslrootcert {
-        Some(_) => "sslrootcert",
-        None => "default root CA",
-    };
-    let roots = Arc::new(load_roots(tls.ca_pem_path.as_deref(), param)?);
-    let chain = WebPkiServerVerifier::builder_with_provider(roots, Arc::clone(&provider))
-        .build()
-        .map_err(|error| TlsError::Setup(error.into()))?;
-    if tls.mode.verifies_hostname() {
-        return Ok(chain);
-    }
-    let chain = Some(chain);
     Ok(Arc::new(Lenient { chain, provider }))
 }
 
@@ -311,42 +291,40 @@ fn read_pem<T: PemObject>(
     path: &Path,
     expected: &'static str,
 ) -> Result<Vec<T>, TlsError> {
-    let path_buf = path.to_owned();
+    let unusable = |source| TlsError::Unusable {
+        param,
+        path: path.to_owned(),
+        expected,
+        source,
+    };
     match T::pem_file_iter(path).and_then(Iterator::collect::<Result<Vec<T>, _>>) {
         Ok(items) if !items.is_empty() => Ok(items),
-        Ok(_) | Err(pem::Error::NoItemsFound) => Err(TlsError::Empty {
-            param,
-            path: path_buf,
-            expected,
-        }),
+        Ok(_) | Err(pem::Error::NoItemsFound) => Err(unusable(None)),
         Err(pem::Error::Io(source)) => Err(TlsError::Read {
             param,
-            path: path_buf,
+            path: path.to_owned(),
             source,
         }),
-        Err(source) => Err(TlsError::Pem {
-            param,
-            path: path_buf,
-            source,
-        }),
+        Err(source) => Err(unusable(Some(source))),
     }
 }
 
-/// The roots of a CA file, or the public web PKI roots (`None`).
-fn load_roots(ca_file: Option<&Path>, param: &'static str) -> Result<RootCertStore, TlsError> {
+/// The roots of a CA file (`sslrootcert`, or libpq's default for it), or the
+/// public web PKI roots (`None`).
+fn load_roots(ca_file: Option<&Path>) -> Result<RootCertStore, TlsError> {
     let Some(path) = ca_file else {
         let roots = webpki_roots::TLS_SERVER_ROOTS.to_vec();
         return Ok(RootCertStore { roots });
     };
-    let expected = "CA certificate that parses as X.509";
+    let (param, expected) = ("sslrootcert", "CA certificate that parses as X.509");
     let mut store = RootCertStore::empty();
     let (added, _ignored) = store.add_parsable_certificates(read_pem(param, path, expected)?);
     if added == 0 {
-        let path = path.to_owned();
-        return Err(TlsError::Empty {
+        return Err(TlsError::Unusable {
             param,
-            path,
+            path: path.to_owned(),
             expected,
+            source: None,
         });
     }
     Ok(store)

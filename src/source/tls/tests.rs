@@ -120,7 +120,7 @@ fn verify_full_renders_for_pgwire_with_ip_hosts_checked_by_address() {
 fn system_roots_only_with_verify_full() {
     let full = plan("postgres://u@h/db?sslmode=verify-full&sslrootcert=system").unwrap();
     assert_eq!(full, TlsConfig::verify_full(None));
-    assert!(load_roots(None, "sslrootcert").unwrap().len() > 50);
+    assert!(load_roots(None).unwrap().len() > 50);
     for mode in ["require", "verify-ca", "prefer"] {
         let err = plan(&format!(
             "postgres://u@h/db?sslmode={mode}&sslrootcert=system"
@@ -199,8 +199,7 @@ impl Pki {
 
 fn verifier_for(url: &str) -> Arc<dyn ServerCertVerifier> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let info = info(url);
-    verifier(&resolve(&info, None).unwrap(), &info, provider).unwrap()
+    verifier(&plan(url).unwrap(), provider).unwrap()
 }
 
 fn check(verifier: &dyn ServerCertVerifier, leaf: &CertificateDer<'_>, host: &str) -> bool {
@@ -316,13 +315,25 @@ fn unusable_files_are_named_with_their_parameter() {
         "sslmode=require&sslrootcert={}",
         pki.path("garbage.pem").display()
     ));
-    assert!(matches!(err, TlsError::Empty { .. }), "{err:?}");
+    assert!(
+        matches!(err, TlsError::Unusable { source: None, .. }),
+        "{err:?}"
+    );
 
     let err = err_for(format!(
         "sslmode=verify-ca&sslrootcert={}",
         pki.path("truncated.pem").display()
     ));
-    assert!(matches!(err, TlsError::Pem { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            TlsError::Unusable {
+                source: Some(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 
     // A key file holding a certificate: no private key in it.
     let err = err_for(format!(
@@ -333,8 +344,9 @@ fn unusable_files_are_named_with_their_parameter() {
     assert!(
         matches!(
             err,
-            TlsError::Empty {
+            TlsError::Unusable {
                 param: "sslkey",
+                source: None,
                 ..
             }
         ),
