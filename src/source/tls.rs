@@ -18,7 +18,7 @@ use clap::ValueEnum;
 use pgwire_replication::TlsConfig;
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
@@ -241,7 +241,8 @@ fn verifier(
         }
         chain = Some(verifier);
     }
-    Ok(Arc::new(Lenient { chain, provider }))
+    let algorithms = provider.signature_verification_algorithms;
+    Ok(Arc::new(Lenient { chain, algorithms }))
 }
 
 /// A short explanation of a failed handshake, for the connection error.
@@ -337,7 +338,7 @@ fn load_roots(ca_file: Option<&Path>) -> Result<RootCertStore, TlsError> {
 #[derive(Debug)]
 struct Lenient {
     chain: Option<Arc<WebPkiServerVerifier>>,
-    provider: Arc<CryptoProvider>,
+    algorithms: WebPkiSupportedAlgorithms,
 }
 
 impl ServerCertVerifier for Lenient {
@@ -367,8 +368,7 @@ impl ServerCertVerifier for Lenient {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -377,14 +377,11 @@ impl ServerCertVerifier for Lenient {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 
