@@ -1,8 +1,7 @@
-//! What the operator sees of a running relay: [`metrics`] (Prometheus names
-//! and recording), [`health`] (readiness state and rules), [`observer`] (the
-//! pipeline's hooks), [`http`] (`/metrics`, `/healthz`, `/readyz`),
-//! [`progress`] (the periodic summary line), and here the log subscriber ([`init`]); event-level lines
-//! carry `lsn`, `id`, `topic` as structured fields.
+//! What the operator sees of a running relay: [`metrics`], [`health`]
+//! (readiness), [`observer`] (the pipeline's hooks), [`http`] (`/metrics`,
+//! `/healthz`, `/readyz`), [`progress`] (the periodic summary line), and here
+//! the log subscriber ([`init`]); event lines carry `lsn`, `id`, `topic` as fields.
 
 pub mod health;
 pub mod http;
