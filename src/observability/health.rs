@@ -1,17 +1,9 @@
-//! Liveness and readiness: the shared [`Health`] state the pipeline, the
-//! producer and the slot poller update, and the PURE rules ([`evaluate`])
-//! that turn a snapshot of it into `/readyz`'s answer.
-//!
-//! Ready means the relay does its job now: the stream runs, the producer
-//! reaches a broker, the slot is not too far behind and no event waits too
-//! long for its ack. Slot risks the relay cannot fix itself (`wal_status`
-//! `extended`/`unreserved`, a low `safe_wal_size`) are *warnings* with the
-//! remedy; a `lost`, invalidated or missing slot is a reason, as the relay can
-//! no longer stream.
-//!
-//! "Producer connected" comes from librdkafka's statistics (any broker `UP`,
-//! see [`Health::producer_stats`]); `AllBrokersDown` clears it and each
-//! delivery sets it, so it still works with `-X statistics.interval.ms=0`.
+//! Readiness: the shared [`Health`] state the pipeline, the producer and the
+//! slot poller update, and the PURE rules ([`evaluate`]) that turn a snapshot
+//! of it into `/readyz`'s answer. Ready means the relay does its job now.
+//! Slot risks the relay cannot fix itself (`wal_status` `extended` or
+//! `unreserved`, a low `safe_wal_size`) are warnings with the remedy; a lost,
+//! invalidated or missing slot is a reason, since the relay cannot stream.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -40,7 +32,7 @@ pub enum WalStatus {
 }
 
 impl WalStatus {
-    /// The values `pg_replication_slots` reports, with their spelling.
+    /// The values `pg_replication_slots` reports, as it spells them.
     pub(crate) const KNOWN: [(WalStatus, &'static str); 4] = [
         (WalStatus::Reserved, "reserved"),
         (WalStatus::Extended, "extended"),
@@ -139,28 +131,31 @@ pub struct Readiness {
     pub warnings: Vec<String>,
 }
 
+/// How to recover from a slot that cannot stream.
+const RECREATE: &str = "Drop the slot (outbox-relay drop-slot --yes-i-know), start the relay \
+    with --allow-new-slot, and re-publish events committed since the last confirmed position \
+    (`outbox-relay backfill --since TIMESTAMP`)";
+
 /// PURE: the readiness rules.
 pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readiness {
     let mut reasons = Vec::new();
     if !state.streaming {
         reasons.push(
-            "not streaming: the replication stream is not running (starting, stopping, or \
-             failed; see the relay's log)"
+            "not streaming: the replication stream is starting, stopping or failed (see the log)"
                 .to_owned(),
         );
     }
     if !state.producer_connected {
         reasons.push(
             "the Kafka producer is not connected to any broker: check --kafka-brokers, the \
-             network and the brokers (librdkafka's log lines say which broker fails)"
+             network and the brokers (librdkafka's log names the failing one)"
                 .to_owned(),
         );
     }
     if state.ack_staleness > limits.max_ack_staleness {
         reasons.push(format!(
             "deliveries are stuck: the oldest unacknowledged event was handed to Kafka {}s ago \
-             (limit --ready-max-ack-staleness {}s); check the brokers, topic ACLs and \
-             librdkafka's log lines",
+             (limit --ready-max-ack-staleness {}s); check the brokers, topic ACLs and the log",
             state.ack_staleness.as_secs(),
             limits.max_ack_staleness.as_secs()
         ));
@@ -169,10 +164,9 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     match &state.slot {
         SlotObservation::Unknown => {}
         SlotObservation::Missing => reasons.push(
-            "the replication slot does not exist (dropped, or lost in a failover to a server \
-             without it): events committed since the last acknowledgement may never have been \
-             relayed. Start the relay once with --allow-new-slot, then re-publish them with \
-             `outbox-relay backfill --since TIMESTAMP`"
+            "the replication slot does not exist (dropped, or lost in a failover): events \
+             committed since the last ack may be unrelayed. Start the relay once with \
+             --allow-new-slot, then re-publish them (`outbox-relay backfill --since TIMESTAMP`)"
                 .to_owned(),
         ),
         SlotObservation::Seen(slot) => {
@@ -181,15 +175,14 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
             {
                 reasons.push(format!(
                     "the slot is {lag} bytes behind the server's WAL (limit \
-                     --ready-max-slot-lag-bytes {}): the relay is not keeping up or deliveries \
-                     are stuck, and Postgres keeps that WAL on disk",
+                     --ready-max-slot-lag-bytes {}): the relay lags or deliveries are stuck",
                     limits.max_slot_lag_bytes
                 ));
             }
             if let Some(reason) = slot.facts.invalidated() {
                 reasons.push(slot_invalidated_remedy(&reason));
             } else if slot.wal_status == WalStatus::Lost {
-                reasons.push(SLOT_LOST.to_owned());
+                reasons.push(slot_lost());
             }
             warnings = slot_warnings(slot, limits);
             warnings.extend(idle_timeout_warning(
@@ -204,72 +197,64 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     }
 }
 
-/// The reason and warning for `wal_status` `lost`, with the remedy.
-const SLOT_LOST: &str = "the slot's wal_status is 'lost': Postgres removed WAL the slot still \
-     needed and the slot cannot stream. Drop it (outbox-relay drop-slot --yes-i-know), start the \
-     relay with --allow-new-slot, and re-publish events committed since the last confirmed \
-     position with `outbox-relay backfill --since TIMESTAMP`; raise max_slot_wal_keep_size to \
-     avoid a repeat";
+fn slot_lost() -> String {
+    format!(
+        "the slot's wal_status is 'lost': Postgres removed WAL it needed and it cannot stream. \
+         {RECREATE}; raise max_slot_wal_keep_size to avoid a repeat"
+    )
+}
 
-/// For an invalidated slot (`reason` from [`SlotFacts::invalidated`]): what
-/// it means and what to do, naming the settings that prevent a repeat.
+/// For an invalidated slot (`reason` from [`SlotFacts::invalidated`]): the
+/// cause, the settings that prevent a repeat, and the way back.
 pub fn slot_invalidated_remedy(reason: &str) -> String {
     const FEEDBACK: &str = "set hot_standby_feedback = on on the standby and stream it through \
-                            a physical slot on the primary (primary_slot_name), so the primary \
-                            keeps the catalog rows the slot needs";
+        a physical slot on the primary (primary_slot_name), so the primary keeps catalog rows \
+        the slot needs";
     const WAL_LEVEL: &str = "set wal_level = logical on the primary and restart it";
-    let why = match reason {
+    let cause = match reason {
         "rows_removed" => format!(
-            "invalidation_reason rows_removed: a recovery conflict, the primary removed catalog \
-             rows the slot still needed; {FEEDBACK}"
+            "invalidation_reason rows_removed: the primary removed catalog rows the slot still \
+             needed; {FEEDBACK}"
         ),
         "wal_level_insufficient" => format!(
-            "invalidation_reason wal_level_insufficient: the primary runs with wal_level below \
+            "invalidation_reason wal_level_insufficient: the primary's wal_level is below \
              logical; {WAL_LEVEL}"
         ),
         "conflict with recovery" => format!(
             "conflicting = true: a recovery conflict on the standby. Either the primary removed \
-             catalog rows the slot still needed ({FEEDBACK}), or its wal_level fell below logical \
+             catalog rows the slot needed ({FEEDBACK}), or its wal_level fell below logical \
              ({WAL_LEVEL})"
         ),
         "wal_removed" => "invalidation_reason wal_removed: the slot held more WAL than \
-                          max_slot_wal_keep_size; raise it"
+            max_slot_wal_keep_size; raise it"
             .to_owned(),
         other => format!("invalidation_reason {other}"),
     };
-    format!(
-        "the slot is invalidated ({reason}) and cannot stream. Cause: {why}. Then drop the slot \
-         (outbox-relay drop-slot --yes-i-know), start the relay with --allow-new-slot, and \
-         re-publish events committed since the last confirmed position with `outbox-relay \
-         backfill --since TIMESTAMP`"
-    )
+    format!("the slot is invalidated ({reason}) and cannot stream. Cause: {cause}. {RECREATE}")
 }
 
-/// PURE: warnings about the slot's WAL retention, each with the operator's remedy.
+/// PURE: warnings about the slot's WAL retention and failover, each with the remedy.
 pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<String> {
     let mut warnings = Vec::new();
     match slot.wal_status {
         WalStatus::Extended => warnings.push(
             "the slot's wal_status is 'extended': it keeps more WAL than max_wal_size. Make the \
-             relay catch up (check slot lag and stuck deliveries) before it reaches \
-             max_slot_wal_keep_size, or raise max_slot_wal_keep_size"
+             relay catch up before it reaches max_slot_wal_keep_size, or raise that"
                 .to_owned(),
         ),
         WalStatus::Unreserved => warnings.push(
-            "the slot's wal_status is 'unreserved': Postgres will remove WAL the slot needs at \
-             the next checkpoint and the slot will be lost. Raise max_slot_wal_keep_size now \
-             (ALTER SYSTEM SET max_slot_wal_keep_size = ...; SELECT pg_reload_conf();) and fix \
-             what holds the relay back"
+            "the slot's wal_status is 'unreserved': the next checkpoint removes WAL it needs and \
+             the slot is lost. Raise max_slot_wal_keep_size now (ALTER SYSTEM SET ...; SELECT \
+             pg_reload_conf();) and fix what holds the relay back"
                 .to_owned(),
         ),
-        WalStatus::Lost => warnings.push(SLOT_LOST.to_owned()),
+        WalStatus::Lost => warnings.push(slot_lost()),
         WalStatus::Reserved | WalStatus::Unknown => {}
     }
     if slot.failover == Some(true) && slot.synchronized_standby_slots_set == Some(false) {
         warnings.push(
-            "the slot is marked for failover but synchronized_standby_slots is empty: the relay \
-             may publish transactions no standby has received, which a failover then loses from \
-             the database. Set synchronized_standby_slots to the standbys' physical slots"
+            "the slot is marked for failover but synchronized_standby_slots is empty: a failover \
+             may lose transactions the relay already published. Set it to the standbys' slots"
                 .to_owned(),
         );
     }
@@ -279,8 +264,8 @@ pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<Str
     {
         warnings.push(format!(
             "only {safe} bytes of WAL can still be written before the slot is invalidated \
-             (safe_wal_size; warning below --slot-min-safe-wal-size {}). Make the relay catch \
-             up or raise max_slot_wal_keep_size",
+             (safe_wal_size, below --slot-min-safe-wal-size {}): make the relay catch up or \
+             raise max_slot_wal_keep_size",
             limits.min_safe_wal_size
         ));
     }
@@ -289,12 +274,12 @@ pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<Str
 
 /// PURE: the warning for an `idle_replication_slot_timeout` (in seconds) that is set.
 pub fn idle_timeout_warning(secs: u64) -> Option<String> {
+    let timeout = humantime::format_duration(Duration::from_secs(secs));
     (secs > 0).then(|| {
         format!(
-            "idle_replication_slot_timeout is {}: if the relay stays stopped longer, Postgres \
-             invalidates its slot (invalidation_reason idle_timeout) and events committed \
-             meanwhile can no longer be streamed. Keep restarts shorter, or set it to 0",
-            humantime::format_duration(Duration::from_secs(secs))
+            "idle_replication_slot_timeout is {timeout}: a relay stopped longer loses its slot \
+             (invalidation_reason idle_timeout) and the events committed meanwhile. Keep \
+             restarts shorter, or set it to 0"
         )
     })
 }

@@ -2,9 +2,6 @@
 //! text), `GET /healthz` (`200 ok` while the process runs) and `GET /readyz`
 //! (`200` when [`evaluate`](super::health::evaluate) finds nothing wrong, else
 //! `503`; a JSON body with the reasons, warnings and the state judged).
-//!
-//! The server also runs the recorder's upkeep, which drains histogram
-//! samples, so memory stays bounded when nobody scrapes.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,9 +16,6 @@ use serde_json::json;
 use tokio::net::TcpListener;
 
 use super::health::{Health, SlotObservation};
-
-/// How often histogram samples are folded into their buckets.
-const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The endpoint's address is taken or not ours.
 #[derive(Debug, thiserror::Error)]
@@ -49,31 +43,28 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+    // The recorder's upkeep drains histogram samples: memory stays bounded when nobody scrapes.
     let upkeep_handle = handle.clone();
     let upkeep = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
             tick.tick().await;
             upkeep_handle.run_upkeep();
         }
     });
-    let result = axum::serve(listener, router(handle, health))
-        .with_graceful_shutdown(shutdown)
-        .await;
-    upkeep.abort();
-    result
-}
-
-/// The routes, for embedding or testing.
-pub fn router(handle: PrometheusHandle, health: Arc<Health>) -> Router {
     let metrics = || async move {
         let content_type = "text/plain; version=0.0.4; charset=utf-8";
         ([(CONTENT_TYPE, content_type)], handle.render())
     };
-    Router::new()
+    let router = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(|| async move { readyz(&health) }))
+        .route("/readyz", get(|| async move { readyz(&health) }));
+    let result = axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await;
+    upkeep.abort();
+    result
 }
 
 fn readyz(

@@ -1,11 +1,7 @@
-//! Prometheus metrics: every name and `# HELP` text in one table ([`ALL`]),
-//! the recorder, and recording for the rare events. The names are a contract
-//! (README, `deploy/` alerts and dashboards): the `outbox_relay_` prefix, the
-//! unit in the name, `_total` on counters; LSNs are gauges of WAL bytes.
-//!
-//! Until [`install`] runs every call is a no-op, so unit tests and
-//! `--http-addr none` pay nothing. The hot path keeps registered handles
-//! instead (see [`super::observer`]).
+//! Prometheus metrics: every name and `# HELP` text in one table ([`ALL`];
+//! a contract with the README and `deploy/`), the recorder, and the rare
+//! events' recording. Until [`install`] runs every call is a no-op, so unit
+//! tests and `--http-addr none` pay nothing.
 
 use std::sync::OnceLock;
 

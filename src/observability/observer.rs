@@ -1,12 +1,7 @@
-//! What the pipeline tells observability: [`PipelineObserver`] records the
-//! hot path's metrics and publishes [`Progress`] to [`Health`].
-//!
-//! The relay acknowledges ~100k events/s, so the observer keeps registered
-//! metric handles (one counter per topic): recording an ack is a few atomic
-//! adds, with no registry lookup or allocation. A delivery report carries only
-//! the ticket, so what the ack needs ([`Sent`]) rides in the ack tracker's
-//! entry for the event: one in-flight ledger, whose oldest entry gives
-//! `/readyz`'s ack staleness.
+//! [`PipelineObserver`]: the pipeline's hot-path metrics (registered handles,
+//! one counter per topic, so an ack at ~100k events/s costs a few atomic adds)
+//! and its [`Progress`] for [`Health`]. What an ack needs ([`Sent`]) rides in
+//! the ack tracker's entry for the event: one in-flight ledger.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -138,19 +133,15 @@ impl PipelineObserver {
         m::delivery_error(error);
     }
 
-    /// What is in flight after a step: events, bytes, and when the oldest was handed over.
-    pub fn in_flight(&mut self, events: usize, bytes: usize, oldest: Option<Instant>) {
+    /// After a step: the ack frontier, and the events and bytes in flight
+    /// with when the oldest was handed over.
+    pub fn step(&mut self, frontier: Lsn, events: usize, bytes: usize, oldest: Option<Instant>) {
+        self.ack_frontier.set(frontier.as_u64() as f64);
         self.in_flight_events.set(events as f64);
         self.in_flight_bytes.set(bytes as f64);
+        self.progress.frontier = frontier;
         self.progress.in_flight_events = events as u64;
         self.progress.oldest_in_flight = oldest;
-        self.health.set_progress(self.progress);
-    }
-
-    /// The ack frontier after a step of the pipeline.
-    pub fn frontier(&mut self, frontier: Lsn) {
-        self.ack_frontier.set(frontier.as_u64() as f64);
-        self.progress.frontier = frontier;
         self.health.set_progress(self.progress);
     }
 }
@@ -185,15 +176,14 @@ mod tests {
             let mut obs = PipelineObserver::with_health(health.clone());
             let a = obs.event_sent("a", now_us());
             let b = obs.event_sent("b", now_us());
-            obs.in_flight(2, 30, Some(a.handed_at));
+            obs.step(Lsn::ZERO, 2, 30, Some(a.handed_at));
             assert_eq!(health.progress().in_flight_events, 2);
             obs.event_acked(Some((b, 20)));
             obs.event_acked(Some((a, 10)));
-            obs.in_flight(0, 0, None);
             obs.delivery_failed(&KafkaError::MessageProduction(
                 rdkafka::types::RDKafkaErrorCode::MessageTimedOut,
             ));
-            obs.frontier(Lsn(77));
+            obs.step(Lsn(77), 0, 0, None);
         });
         assert_eq!(
             health.snapshot(Instant::now()).ack_staleness,
@@ -236,13 +226,12 @@ mod tests {
                 let counter = obs.topic_counter(topic);
                 obs.record_ack(&counter, bytes, latency);
             }
-            obs.in_flight(7, 700, None);
+            obs.step(Lsn(42), 7, 700, None);
             obs.received(&ReplicationEvent::KeepAlive {
                 wal_end: Lsn(0x1_0000_0010).into(),
                 reply_requested: false,
                 server_time_micros: 0,
             });
-            obs.frontier(Lsn(42));
         });
         let text = handle.render();
         for line in [
