@@ -334,12 +334,13 @@ impl Health {
         self.streaming.store(streaming, Relaxed);
     }
 
-    /// Whether the producer has a connection to a broker (see the module docs).
+    /// Whether the producer reaches a broker: librdkafka's `AllBrokersDown` clears it
+    /// and each delivery sets it, so it holds with `-X statistics.interval.ms=0` too.
     pub fn set_producer_connected(&self, connected: bool) {
         self.producer_connected.store(connected, Relaxed);
     }
 
-    /// librdkafka's statistics, from the producer context: connected when any broker is `UP`.
+    /// librdkafka's statistics (the sink enables them): connected when any broker is `UP`.
     pub fn producer_stats(&self, stats: &Statistics) {
         self.set_producer_connected(stats.brokers.values().any(|b| b.state == "UP"));
     }

@@ -47,8 +47,8 @@ impl PipelineObserver {
     /// Reports to `health`.
     pub fn with_health(health: Arc<Health>) -> Self {
         PipelineObserver {
+            progress: health.progress(),
             health,
-            progress: Progress::default(),
             topics: HashMap::new(),
             other_topic: None,
             bytes_relayed: counter!(m::BYTES_RELAYED_TOTAL),
