@@ -8,9 +8,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::http::{StatusCode, header::CONTENT_TYPE};
 use axum::routing::get;
+use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -67,13 +67,7 @@ pub async fn serve_on(
     result
 }
 
-fn readyz(
-    health: &Health,
-) -> (
-    StatusCode,
-    [(axum::http::HeaderName, &'static str); 1],
-    String,
-) {
+fn readyz(health: &Health) -> (StatusCode, Json<serde_json::Value>) {
     let (snapshot, readiness) = health.readiness();
     let slot = match &snapshot.slot {
         SlotObservation::Unknown => serde_json::Value::Null,
@@ -102,11 +96,7 @@ fn readyz(
         true => StatusCode::OK,
         false => StatusCode::SERVICE_UNAVAILABLE,
     };
-    (
-        status,
-        [(CONTENT_TYPE, "application/json")],
-        format!("{body}\n"),
-    )
+    (status, Json(body))
 }
 
 #[cfg(test)]
