@@ -92,6 +92,7 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// The recorder's settings: [`COMMIT_TO_ACK_SECONDS`]'s buckets.
 pub(super) fn builder() -> PrometheusBuilder {
     let matcher = Matcher::Full(COMMIT_TO_ACK_SECONDS.to_owned());
     match PrometheusBuilder::new().set_buckets_for_metric(matcher, COMMIT_TO_ACK_BUCKETS) {

@@ -148,10 +148,8 @@ impl PipelineObserver {
 
 /// From the commit time (Unix µs, the server's clock) to now; zero if the clocks disagree.
 fn commit_to_ack(commit_time_us: i64) -> Duration {
-    let now_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    Duration::from_micros(u64::try_from(now_us.saturating_sub(commit_time_us)).unwrap_or(0))
+    let commit = UNIX_EPOCH + Duration::from_micros(u64::try_from(commit_time_us).unwrap_or(0));
+    SystemTime::now().duration_since(commit).unwrap_or_default()
 }
 
 #[cfg(test)]
