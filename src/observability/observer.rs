@@ -210,12 +210,21 @@ mod tests {
         assert!(ack < Duration::from_millis(1600), "{ack:?}");
     }
 
-    #[test]
-    fn hot_path_values_render_under_their_names() {
+    /// What `f` records through a fresh observer, rendered.
+    fn rendered(f: impl FnOnce(&mut PipelineObserver)) -> String {
         let recorder = builder().build_recorder();
         let handle = recorder.handle();
         ::metrics::with_local_recorder(&recorder, || {
-            let mut obs = PipelineObserver::with_health(Arc::new(Health::default()));
+            f(&mut PipelineObserver::with_health(Arc::new(
+                Health::default(),
+            )));
+        });
+        handle.render()
+    }
+
+    #[test]
+    fn hot_path_values_render_under_their_names() {
+        let text = rendered(|obs| {
             for (topic, bytes, latency) in [
                 ("orders", 100, Duration::from_millis(3)),
                 ("orders", 50, Duration::from_millis(30)),
@@ -231,7 +240,6 @@ mod tests {
                 server_time_micros: 0,
             });
         });
-        let text = handle.render();
         for line in [
             "outbox_relay_events_relayed_total{topic=\"orders\"} 2",
             "outbox_relay_events_relayed_total{topic=\"payments\"} 1",
@@ -250,17 +258,13 @@ mod tests {
 
     #[test]
     fn topic_labels_are_bounded() {
-        let recorder = builder().build_recorder();
-        let handle = recorder.handle();
-        ::metrics::with_local_recorder(&recorder, || {
-            let mut obs = PipelineObserver::with_health(Arc::new(Health::default()));
+        let text = rendered(|obs| {
             for i in 0..MAX_TOPIC_LABELS + 5 {
                 let counter = obs.topic_counter(&format!("t{i}"));
                 obs.record_ack(&counter, 1, Duration::ZERO);
             }
             assert_eq!(obs.topics.len(), MAX_TOPIC_LABELS);
         });
-        let text = handle.render();
         assert!(
             text.contains("outbox_relay_events_relayed_total{topic=\"_other\"} 5"),
             "{text}"
