@@ -1,7 +1,8 @@
-//! [`PipelineObserver`]: the pipeline's hot-path metrics (registered handles,
-//! one counter per topic, so an ack at ~100k events/s costs a few atomic adds)
-//! and its [`Progress`] for [`Health`]. What an ack needs ([`Sent`]) rides in
-//! the ack tracker's entry for the event: one in-flight ledger.
+//! [`PipelineObserver`]: what the pipeline reports, recorded as metrics and
+//! published to [`Health`] as [`Progress`]. At ~100k events/s it keeps
+//! registered metric handles (one counter per topic), so an ack costs a few
+//! atomic adds. A delivery report carries only the ticket, so what the ack
+//! needs ([`Sent`]) rides in the ack tracker's entry for the event.
 
 use std::collections::HashMap;
 use std::sync::Arc;
