@@ -1,29 +1,12 @@
-//! Liveness and readiness: the shared [`Health`] state the pipeline, the
-//! producer and the slot poller update, and the PURE rules ([`evaluate`])
-//! that turn a snapshot of it into `/readyz`'s answer.
-//!
-//! Ready means the relay is doing its job now: the replication stream runs,
-//! the producer is connected to a broker, the slot is not too far behind, and
-//! no event has waited too long for its acknowledgement. Slot conditions that
-//! threaten data but that the relay cannot fix by itself (`wal_status`
-//! `extended`/`unreserved`, a low `safe_wal_size`) are *warnings*: they are
-//! listed on `/readyz` and logged with the remedy, but do not flip readiness;
-//! a `lost` or missing slot does, because the relay can no longer stream.
-//!
-//! One [`Health`] per relay: the relay command creates it and hands it to
-//! the HTTP server, the producer's context, the pipeline's observer and the
-//! slot poller.
-//!
-//! # Where "producer connected" comes from
-//! librdkafka reports broker states in its statistics: the sink enables
-//! `statistics.interval.ms` (1 s unless `-X` overrides it) and hands rdkafka's
-//! typed [`Statistics`] to [`Health::producer_stats`], which sets the flag when
-//! any broker is `UP`. librdkafka's `AllBrokersDown` error clears it at once,
-//! and each successful delivery sets it, so with statistics disabled
-//! (`-X statistics.interval.ms=0`) the flag still follows deliveries.
+//! Readiness: the shared [`Health`] state the pipeline, the producer and the
+//! slot poller update, and the PURE rules ([`evaluate`]) that turn a snapshot
+//! of it into `/readyz`'s answer. Ready means the relay does its job now.
+//! Slot risks the relay cannot fix itself (`wal_status` `extended` or
+//! `unreserved`, a low `safe_wal_size`) are warnings with the remedy; a lost,
+//! invalidated or missing slot is a reason, since the relay cannot stream.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::Statistics;
@@ -49,33 +32,31 @@ pub enum WalStatus {
 }
 
 impl WalStatus {
+    /// The values `pg_replication_slots` reports, as it spells them.
+    pub(crate) const KNOWN: [(WalStatus, &'static str); 4] = [
+        (WalStatus::Reserved, "reserved"),
+        (WalStatus::Extended, "extended"),
+        (WalStatus::Unreserved, "unreserved"),
+        (WalStatus::Lost, "lost"),
+    ];
+
     /// Parses the catalog's text (`None` for SQL NULL).
     pub fn parse(text: Option<&str>) -> Self {
-        match text {
-            Some("reserved") => WalStatus::Reserved,
-            Some("extended") => WalStatus::Extended,
-            Some("unreserved") => WalStatus::Unreserved,
-            Some("lost") => WalStatus::Lost,
-            _ => WalStatus::Unknown,
-        }
+        let known = Self::KNOWN.iter().find(|(_, name)| Some(*name) == text);
+        known.map_or(WalStatus::Unknown, |(status, _)| *status)
     }
 
     /// The catalog's spelling.
     pub fn as_str(self) -> &'static str {
-        match self {
-            WalStatus::Reserved => "reserved",
-            WalStatus::Extended => "extended",
-            WalStatus::Unreserved => "unreserved",
-            WalStatus::Lost => "lost",
-            WalStatus::Unknown => "unknown",
-        }
+        let known = Self::KNOWN.iter().find(|(status, _)| *status == self);
+        known.map_or("unknown", |(_, name)| name)
     }
 }
 
 /// One poll of the slot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SlotStatus {
-    /// `pg_current_wal_lsn() - confirmed_flush_lsn`; `None` when the slot has no confirmed position.
+    /// `pg_current_wal_lsn() - confirmed_flush_lsn`; `None` without a confirmed position.
     pub lag_bytes: Option<u64>,
     /// `wal_status`.
     pub wal_status: WalStatus,
@@ -114,22 +95,11 @@ impl SlotFacts {
     }
 }
 
-/// PURE: the warning for an `idle_replication_slot_timeout` (in seconds) that is set.
-pub fn idle_timeout_warning(secs: u64) -> Option<String> {
-    (secs > 0).then(|| {
-        format!(
-            "idle_replication_slot_timeout is {}: if the relay stays stopped longer, Postgres \
-             invalidates its slot (invalidation_reason idle_timeout) and events committed \
-             meanwhile can no longer be streamed. Keep restarts shorter, or set it to 0",
-            humantime::format_duration(Duration::from_secs(secs))
-        )
-    })
-}
-
 /// What is known about the slot.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum SlotObservation {
     /// Not polled yet, or polling fails: readiness does not judge the slot.
+    #[default]
     Unknown,
     /// The slot does not exist.
     Missing,
@@ -144,14 +114,14 @@ pub struct HealthSnapshot {
     pub streaming: bool,
     /// The producer has a connection to a broker.
     pub producer_connected: bool,
-    /// Time since the oldest unacknowledged event was handed to the producer; zero when none.
+    /// Since the oldest unacknowledged event was handed to the producer; zero when none.
     pub ack_staleness: Duration,
     /// The slot.
     pub slot: SlotObservation,
 }
 
 /// `/readyz`'s answer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Readiness {
     /// Whether every readiness condition holds.
     pub ready: bool,
@@ -161,28 +131,31 @@ pub struct Readiness {
     pub warnings: Vec<String>,
 }
 
+/// How to recover from a slot that cannot stream.
+const RECREATE: &str = "Drop the slot (outbox-relay drop-slot --yes-i-know), start the relay \
+    with --allow-new-slot, and re-publish events committed since the last confirmed position \
+    (`outbox-relay backfill --since TIMESTAMP`)";
+
 /// PURE: the readiness rules.
 pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readiness {
     let mut reasons = Vec::new();
     if !state.streaming {
         reasons.push(
-            "not streaming: the replication stream is not running (starting, stopping, or \
-             failed; see the relay's log)"
+            "not streaming: the replication stream is starting, stopping or failed (see the log)"
                 .to_owned(),
         );
     }
     if !state.producer_connected {
         reasons.push(
             "the Kafka producer is not connected to any broker: check --kafka-brokers, the \
-             network and the brokers (librdkafka's log lines say which broker fails)"
+             network and the brokers (librdkafka's log names the failing one)"
                 .to_owned(),
         );
     }
     if state.ack_staleness > limits.max_ack_staleness {
         reasons.push(format!(
             "deliveries are stuck: the oldest unacknowledged event was handed to Kafka {}s ago \
-             (limit --ready-max-ack-staleness {}s); check the brokers, topic ACLs and \
-             librdkafka's log lines",
+             (limit --ready-max-ack-staleness {}s); check the brokers, topic ACLs and the log",
             state.ack_staleness.as_secs(),
             limits.max_ack_staleness.as_secs()
         ));
@@ -191,10 +164,9 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     match &state.slot {
         SlotObservation::Unknown => {}
         SlotObservation::Missing => reasons.push(
-            "the replication slot does not exist (dropped, or lost in a failover to a server \
-             without it): events committed since the last acknowledgement may never have been \
-             relayed. Start the relay once with --allow-new-slot, then re-publish them with \
-             `outbox-relay backfill --since TIMESTAMP`"
+            "the replication slot does not exist (dropped, or lost in a failover): events \
+             committed since the last ack may be unrelayed. Start the relay once with \
+             --allow-new-slot, then re-publish them (`outbox-relay backfill --since TIMESTAMP`)"
                 .to_owned(),
         ),
         SlotObservation::Seen(slot) => {
@@ -203,15 +175,14 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
             {
                 reasons.push(format!(
                     "the slot is {lag} bytes behind the server's WAL (limit \
-                     --ready-max-slot-lag-bytes {}): the relay is not keeping up or deliveries \
-                     are stuck, and Postgres keeps that WAL on disk",
+                     --ready-max-slot-lag-bytes {}): the relay lags or deliveries are stuck",
                     limits.max_slot_lag_bytes
                 ));
             }
             if let Some(reason) = slot.facts.invalidated() {
                 reasons.push(slot_invalidated_remedy(&reason));
             } else if slot.wal_status == WalStatus::Lost {
-                reasons.push(slot_lost_remedy());
+                reasons.push(slot_lost());
             }
             warnings = slot_warnings(slot, limits);
             warnings.extend(idle_timeout_warning(
@@ -226,74 +197,64 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     }
 }
 
-fn slot_lost_remedy() -> String {
-    "the slot's wal_status is 'lost': Postgres removed WAL the slot still needed and the slot \
-     cannot stream. Drop it (outbox-relay drop-slot --yes-i-know), start the relay with \
-     --allow-new-slot, and re-publish events committed since the last confirmed position with \
-     `outbox-relay backfill --since TIMESTAMP`; raise max_slot_wal_keep_size to avoid a repeat"
-        .to_owned()
+fn slot_lost() -> String {
+    format!(
+        "the slot's wal_status is 'lost': Postgres removed WAL it needed and it cannot stream. \
+         {RECREATE}; raise max_slot_wal_keep_size to avoid a repeat"
+    )
 }
 
-/// For an invalidated slot (`reason` from [`SlotFacts::invalidated`]): what
-/// it means and what to do. Recovery conflicts (a slot on a standby) name the
-/// standby settings that prevent a repeat.
+/// For an invalidated slot (`reason` from [`SlotFacts::invalidated`]): the
+/// cause, the settings that prevent a repeat, and the way back.
 pub fn slot_invalidated_remedy(reason: &str) -> String {
     const FEEDBACK: &str = "set hot_standby_feedback = on on the standby and stream it through \
-                            a physical slot on the primary (primary_slot_name), so the primary \
-                            keeps the catalog rows the slot needs";
+        a physical slot on the primary (primary_slot_name), so the primary keeps catalog rows \
+        the slot needs";
     const WAL_LEVEL: &str = "set wal_level = logical on the primary and restart it";
-    let why = match reason {
+    let cause = match reason {
         "rows_removed" => format!(
-            "invalidation_reason rows_removed: a recovery conflict, the primary removed catalog \
-             rows the slot still needed; {FEEDBACK}"
+            "invalidation_reason rows_removed: the primary removed catalog rows the slot still \
+             needed; {FEEDBACK}"
         ),
         "wal_level_insufficient" => format!(
-            "invalidation_reason wal_level_insufficient: the primary runs with wal_level below \
+            "invalidation_reason wal_level_insufficient: the primary's wal_level is below \
              logical; {WAL_LEVEL}"
         ),
         "conflict with recovery" => format!(
             "conflicting = true: a recovery conflict on the standby. Either the primary removed \
-             catalog rows the slot still needed ({FEEDBACK}), or its wal_level fell below logical \
+             catalog rows the slot needed ({FEEDBACK}), or its wal_level fell below logical \
              ({WAL_LEVEL})"
         ),
         "wal_removed" => "invalidation_reason wal_removed: the slot held more WAL than \
-                          max_slot_wal_keep_size; raise it"
+            max_slot_wal_keep_size; raise it"
             .to_owned(),
         other => format!("invalidation_reason {other}"),
     };
-    format!(
-        "the slot is invalidated ({reason}) and cannot stream. Cause: {why}. Then drop the slot \
-         (outbox-relay drop-slot --yes-i-know), start the relay with --allow-new-slot, and \
-         re-publish events committed since the last confirmed position with `outbox-relay \
-         backfill --since TIMESTAMP`"
-    )
+    format!("the slot is invalidated ({reason}) and cannot stream. Cause: {cause}. {RECREATE}")
 }
 
-/// PURE: warnings about the slot's WAL retention, each with the operator's remedy.
+/// PURE: warnings about the slot's WAL retention and failover, each with the remedy.
 pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<String> {
     let mut warnings = Vec::new();
     match slot.wal_status {
         WalStatus::Extended => warnings.push(
             "the slot's wal_status is 'extended': it keeps more WAL than max_wal_size. Make the \
-             relay catch up (check slot lag and stuck deliveries) before it reaches \
-             max_slot_wal_keep_size, or raise max_slot_wal_keep_size"
+             relay catch up before it reaches max_slot_wal_keep_size, or raise that"
                 .to_owned(),
         ),
         WalStatus::Unreserved => warnings.push(
-            "the slot's wal_status is 'unreserved': Postgres will remove WAL the slot needs at \
-             the next checkpoint and the slot will be lost. Raise max_slot_wal_keep_size now \
-             (ALTER SYSTEM SET max_slot_wal_keep_size = ...; SELECT pg_reload_conf();) and fix \
-             what holds the relay back"
+            "the slot's wal_status is 'unreserved': the next checkpoint removes WAL it needs and \
+             the slot is lost. Raise max_slot_wal_keep_size now (ALTER SYSTEM SET ...; SELECT \
+             pg_reload_conf();) and fix what holds the relay back"
                 .to_owned(),
         ),
-        WalStatus::Lost => warnings.push(slot_lost_remedy()),
+        WalStatus::Lost => warnings.push(slot_lost()),
         WalStatus::Reserved | WalStatus::Unknown => {}
     }
     if slot.failover == Some(true) && slot.synchronized_standby_slots_set == Some(false) {
         warnings.push(
-            "the slot is marked for failover but synchronized_standby_slots is empty: the relay \
-             may publish transactions no standby has received, which a failover then loses from \
-             the database. Set synchronized_standby_slots to the standbys' physical slots"
+            "the slot is marked for failover but synchronized_standby_slots is empty: a failover \
+             may lose transactions the relay already published. Set it to the standbys' slots"
                 .to_owned(),
         );
     }
@@ -303,59 +264,63 @@ pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<Str
     {
         warnings.push(format!(
             "only {safe} bytes of WAL can still be written before the slot is invalidated \
-             (safe_wal_size; warning below --slot-min-safe-wal-size {}). Make the relay catch \
-             up or raise max_slot_wal_keep_size",
+             (safe_wal_size, below --slot-min-safe-wal-size {}): make the relay catch up or \
+             raise max_slot_wal_keep_size",
             limits.min_safe_wal_size
         ));
     }
     warnings
 }
 
-/// Progress counters for the periodic summary line.
+/// PURE: the warning for an `idle_replication_slot_timeout` (in seconds) that is set.
+pub fn idle_timeout_warning(secs: u64) -> Option<String> {
+    let timeout = humantime::format_duration(Duration::from_secs(secs));
+    (secs > 0).then(|| {
+        format!(
+            "idle_replication_slot_timeout is {timeout}: a relay stopped longer loses its slot \
+             (invalidation_reason idle_timeout) and the events committed meanwhile. Keep \
+             restarts shorter, or set it to 0"
+        )
+    })
+}
+
+/// The pipeline's progress, for the summary line and `/readyz`'s ack staleness.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Progress {
     /// Events acknowledged since start.
     pub events_acked: u64,
     /// Events in flight.
     pub in_flight_events: u64,
+    /// When the oldest unacknowledged event was handed to the producer.
+    pub oldest_in_flight: Option<Instant>,
     /// Furthest position received.
     pub received: Lsn,
     /// Ack frontier.
     pub frontier: Lsn,
 }
 
-/// Shared, lock-light readiness state. Setters are cheap enough for the hot
-/// path (relaxed atomics); the slot, updated every few seconds, sits behind a
-/// mutex.
-#[derive(Debug)]
+/// The relay's one shared readiness and progress state (the relay command
+/// hands it to the HTTP server, the producer, the pipeline and the slot poller).
+#[derive(Debug, Default)]
 pub struct Health {
-    epoch: Instant,
+    thresholds: ReadinessThresholds,
     streaming: AtomicBool,
     producer_connected: AtomicBool,
-    /// Nanoseconds after `epoch` + 1 of the oldest in-flight event; 0 = none.
-    oldest_in_flight: AtomicU64,
+    progress: Mutex<Progress>,
     slot: Mutex<SlotObservation>,
-    thresholds: ReadinessThresholds,
-    events_acked: AtomicU64,
-    in_flight_events: AtomicU64,
-    received: AtomicU64,
-    frontier: AtomicU64,
+}
+
+/// A poisoned lock still holds a consistent value: every write is one assignment.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Health {
     /// Nothing running yet: not ready.
     pub fn new(thresholds: ReadinessThresholds) -> Self {
         Health {
-            epoch: Instant::now(),
-            streaming: AtomicBool::new(false),
-            producer_connected: AtomicBool::new(false),
-            oldest_in_flight: AtomicU64::new(0),
-            slot: Mutex::new(SlotObservation::Unknown),
             thresholds,
-            events_acked: AtomicU64::new(0),
-            in_flight_events: AtomicU64::new(0),
-            received: AtomicU64::new(0),
-            frontier: AtomicU64::new(0),
+            ..Health::default()
         }
     }
 
@@ -366,85 +331,47 @@ impl Health {
 
     /// The replication stream started (true) or stopped (false).
     pub fn set_streaming(&self, streaming: bool) {
-        self.streaming.store(streaming, Ordering::Relaxed);
+        self.streaming.store(streaming, Relaxed);
     }
 
-    /// Whether the producer has a connection to a broker (see the module docs).
+    /// Whether the producer reaches a broker: librdkafka's `AllBrokersDown` clears it
+    /// and each delivery sets it, so it holds with `-X statistics.interval.ms=0` too.
     pub fn set_producer_connected(&self, connected: bool) {
-        self.producer_connected.store(connected, Ordering::Relaxed);
+        self.producer_connected.store(connected, Relaxed);
     }
 
-    /// librdkafka's statistics, from the producer context: connected when any broker is `UP`.
+    /// librdkafka's statistics (the sink enables them): connected when any broker is `UP`.
     pub fn producer_stats(&self, stats: &Statistics) {
         self.set_producer_connected(stats.brokers.values().any(|b| b.state == "UP"));
     }
 
     /// The slot poller's finding, including "missing" and "unknown".
     pub fn set_slot_observation(&self, observation: SlotObservation) {
-        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = observation;
+        *lock(&self.slot) = observation;
     }
 
-    /// When the oldest unacknowledged event was handed to the producer; `None` when nothing is in flight.
-    pub fn set_oldest_in_flight(&self, since: Option<Instant>) {
-        let nanos = since.map_or(0, |t| {
-            u64::try_from(t.saturating_duration_since(self.epoch).as_nanos())
-                .unwrap_or(u64::MAX - 1)
-                + 1
-        });
-        self.oldest_in_flight.store(nanos, Ordering::Relaxed);
+    /// The pipeline's progress now.
+    pub fn set_progress(&self, progress: Progress) {
+        *lock(&self.progress) = progress;
     }
 
-    /// Counts acknowledged events for the progress line.
-    pub fn add_acked(&self, events: u64) {
-        self.events_acked.fetch_add(events, Ordering::Relaxed);
-    }
-
-    /// Events in flight, for the progress line.
-    pub fn set_in_flight_events(&self, events: u64) {
-        self.in_flight_events.store(events, Ordering::Relaxed);
-    }
-
-    /// The furthest position received.
-    pub fn set_received(&self, lsn: Lsn) {
-        self.received.store(lsn.as_u64(), Ordering::Relaxed);
-    }
-
-    /// The ack frontier.
-    pub fn set_frontier(&self, lsn: Lsn) {
-        self.frontier.store(lsn.as_u64(), Ordering::Relaxed);
-    }
-
-    /// The progress counters.
+    /// The pipeline's last reported progress.
     pub fn progress(&self) -> Progress {
-        Progress {
-            events_acked: self.events_acked.load(Ordering::Relaxed),
-            in_flight_events: self.in_flight_events.load(Ordering::Relaxed),
-            received: Lsn(self.received.load(Ordering::Relaxed)),
-            frontier: Lsn(self.frontier.load(Ordering::Relaxed)),
-        }
+        *lock(&self.progress)
     }
 
     /// The last slot observation.
     pub fn slot(&self) -> SlotObservation {
-        self.slot
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.slot).clone()
     }
 
     /// The state at `now`.
     pub fn snapshot(&self, now: Instant) -> HealthSnapshot {
-        let oldest = self.oldest_in_flight.load(Ordering::Relaxed);
-        let ack_staleness = if oldest == 0 {
-            Duration::ZERO
-        } else {
-            let since = self.epoch + Duration::from_nanos(oldest - 1);
-            now.saturating_duration_since(since)
-        };
+        let oldest = self.progress().oldest_in_flight;
         HealthSnapshot {
-            streaming: self.streaming.load(Ordering::Relaxed),
-            producer_connected: self.producer_connected.load(Ordering::Relaxed),
-            ack_staleness,
+            streaming: self.streaming.load(Relaxed),
+            producer_connected: self.producer_connected.load(Relaxed),
+            ack_staleness: oldest.map_or(Duration::ZERO, |t| now.saturating_duration_since(t)),
             slot: self.slot(),
         }
     }
@@ -452,7 +379,7 @@ impl Health {
     /// Readiness now, under the thresholds in force.
     pub fn readiness(&self) -> (HealthSnapshot, Readiness) {
         let snapshot = self.snapshot(Instant::now());
-        let readiness = evaluate(&snapshot, &self.thresholds());
+        let readiness = evaluate(&snapshot, &self.thresholds);
         (snapshot, readiness)
     }
 }
@@ -690,14 +617,18 @@ mod tests {
         let health = Health::new(ReadinessThresholds::default());
         let t0 = Instant::now();
         assert_eq!(health.snapshot(t0).ack_staleness, Duration::ZERO);
-        health.set_oldest_in_flight(Some(t0));
+        let progress = Progress {
+            oldest_in_flight: Some(t0),
+            ..Progress::default()
+        };
+        health.set_progress(progress);
         let later = t0 + Duration::from_secs(5);
         let staleness = health.snapshot(later).ack_staleness;
         assert!(
             staleness >= Duration::from_secs(5) && staleness < Duration::from_millis(5001),
             "{staleness:?}"
         );
-        health.set_oldest_in_flight(None);
+        health.set_progress(Progress::default());
         assert_eq!(health.snapshot(later).ack_staleness, Duration::ZERO);
     }
 

@@ -1,68 +1,38 @@
-//! The operator's HTTP endpoint (`--http-addr`, default `127.0.0.1:9187`):
-//!
-//! - `GET /metrics`: Prometheus text exposition of [`super::metrics`].
-//! - `GET /healthz`: `200 ok` while the process runs (liveness).
-//! - `GET /readyz`: `200` with `{"ready":true,...}` when [`super::health::evaluate`]
-//!   finds nothing wrong, else `503` with `{"ready":false,"reasons":[...]}`.
-//!   Both carry `warnings` (slot WAL retention) and the state judged.
-//!
-//! The server also runs the Prometheus recorder's upkeep, which drains
-//! histogram samples, so memory stays bounded when nobody scrapes.
+//! The operator's HTTP endpoint (`--http-addr`): `GET /metrics` (Prometheus
+//! text), `GET /healthz` (`200 ok` while the process runs) and `GET /readyz`
+//! (`200` when [`evaluate`](super::health::evaluate) finds nothing wrong, else
+//! `503`; a JSON body with the reasons, warnings and the state judged).
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{StatusCode, header::CONTENT_TYPE};
 use axum::routing::get;
+use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
 use tokio::net::TcpListener;
 
 use super::health::{Health, SlotObservation};
 
-/// How often histogram samples are folded into their buckets.
-const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
-
-/// The HTTP server could not start or stopped with an error.
+/// The endpoint's address is taken or not ours.
 #[derive(Debug, thiserror::Error)]
-pub enum HttpError {
-    /// The address is taken or not ours.
-    #[error(
-        "cannot listen on --http-addr {addr} (pick another address, or --http-addr none to disable)"
-    )]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Accepting connections failed.
-    #[error("the HTTP server on {addr} failed")]
-    Serve {
-        /// The address.
-        addr: SocketAddr,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-#[derive(Clone)]
-struct AppState {
-    handle: PrometheusHandle,
-    health: Arc<Health>,
+#[error(
+    "cannot listen on --http-addr {addr} (pick another address, or --http-addr none to disable)"
+)]
+pub struct HttpError {
+    addr: SocketAddr,
+    #[source]
+    source: std::io::Error,
 }
 
 /// Binds the listener, so a taken port fails start-up rather than a background task.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| HttpError::Bind { addr, source })
+        .map_err(|source| HttpError { addr, source })
 }
 
 /// Serves on a bound listener until `shutdown` resolves.
@@ -71,58 +41,38 @@ pub async fn serve_on(
     handle: PrometheusHandle,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), HttpError> {
-    let addr = listener.local_addr().map_err(|source| HttpError::Serve {
-        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-        source,
-    })?;
-    tracing::info!(addr = %addr, "serving /metrics, /healthz and /readyz");
+) -> std::io::Result<()> {
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics, /healthz and /readyz");
+    // The recorder's upkeep drains histogram samples: memory stays bounded when nobody scrapes.
     let upkeep_handle = handle.clone();
     let upkeep = tokio::spawn(async move {
-        let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
         loop {
             tick.tick().await;
             upkeep_handle.run_upkeep();
         }
     });
-    let result = axum::serve(listener, router(handle, health))
+    let metrics = || async move {
+        let content_type = "text/plain; version=0.0.4; charset=utf-8";
+        ([(CONTENT_TYPE, content_type)], handle.render())
+    };
+    let router = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(|| async move { readyz(&health) }));
+    let result = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(|source| HttpError::Serve { addr, source });
+        .await;
     upkeep.abort();
     result
 }
 
-/// The routes, for embedding or testing.
-pub fn router(handle: PrometheusHandle, health: Arc<Health>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(AppState { handle, health })
-}
-
-async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        state.handle.render(),
-    )
-        .into_response()
-}
-
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(state): State<AppState>) -> Response {
-    let (snapshot, readiness) = state.health.readiness();
+fn readyz(health: &Health) -> (StatusCode, Json<serde_json::Value>) {
+    let (snapshot, readiness) = health.readiness();
     let slot = match &snapshot.slot {
         SlotObservation::Unknown => serde_json::Value::Null,
-        SlotObservation::Missing => serde_json::json!({ "exists": false }),
-        SlotObservation::Seen(slot) => serde_json::json!({
+        SlotObservation::Missing => json!({ "exists": false }),
+        SlotObservation::Seen(slot) => json!({
             "exists": true,
             "lag_bytes": slot.lag_bytes,
             "wal_status": slot.wal_status,
@@ -133,7 +83,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
             "idle_timeout_secs": slot.facts.idle_timeout_secs,
         }),
     };
-    let body = serde_json::json!({
+    let body = json!({
         "ready": readiness.ready,
         "reasons": readiness.reasons,
         "warnings": readiness.warnings,
@@ -142,17 +92,11 @@ async fn readyz(State(state): State<AppState>) -> Response {
         "ack_staleness_seconds": snapshot.ack_staleness.as_secs_f64(),
         "slot": slot,
     });
-    let status = if readiness.ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
+    let status = match readiness.ready {
+        true => StatusCode::OK,
+        false => StatusCode::SERVICE_UNAVAILABLE,
     };
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        format!("{body}\n"),
-    )
-        .into_response()
+    (status, Json(body))
 }
 
 #[cfg(test)]

@@ -1,26 +1,26 @@
-//! What the pipeline tells observability, in one object it owns:
-//! [`PipelineObserver`] records metrics and keeps [`Health`] current.
-//!
-//! The pipeline knows an event's topic and commit time when it hands the
-//! event to the producer, but a delivery report carries only the ticket. What
-//! the ack needs ([`Sent`]: the topic's cached counter, the commit time, when
-//! the event was handed over) therefore rides in the ack tracker's entry for
-//! the event: one in-flight ledger, whose oldest entry gives `/readyz`'s ack
-//! staleness.
+//! [`PipelineObserver`]: what the pipeline reports, recorded as metrics and
+//! published to [`Health`] as [`Progress`]. At ~100k events/s it keeps
+//! registered metric handles (one counter per topic), so an ack costs a few
+//! atomic adds. A delivery report carries only the ticket, so what the ack
+//! needs ([`Sent`]) rides in the ack tracker's entry for the event.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ::metrics::Counter;
+use ::metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 use pgwire_replication::ReplicationEvent;
 use rdkafka::error::KafkaError;
 
-use super::health::Health;
-use super::metrics::{self as m, RelayMetrics};
+use super::health::{Health, Progress};
+use super::metrics as m;
 use crate::lsn::Lsn;
 
-/// What observability needs when an event's delivery is reported, kept in
-/// the ack tracker's entry for the event (the one in-flight ledger).
+/// Most distinct `topic` labels; events of further topics count under
+/// `topic="_other"`, so a runaway topic template cannot exhaust memory.
+const MAX_TOPIC_LABELS: usize = 1000;
+
+/// What an event's ack needs, kept in the ack tracker's entry for the event.
 #[derive(Clone, Debug)]
 pub struct Sent {
     topic: Counter,
@@ -29,26 +29,35 @@ pub struct Sent {
     pub handed_at: Instant,
 }
 
-/// The pipeline's observability hooks; every method is O(1) and allocation-free
-/// after a topic's first event.
+/// The pipeline's observability hooks. Create it after [`m::install`]:
+/// metric handles bind to the recorder installed then.
 pub struct PipelineObserver {
-    metrics: RelayMetrics,
     health: Arc<Health>,
-    in_flight: (usize, usize, Option<Instant>),
-    received: Lsn,
-    frontier: Lsn,
+    progress: Progress,
+    topics: HashMap<Box<str>, Counter>,
+    other_topic: Option<Counter>,
+    bytes_relayed: Counter,
+    commit_to_ack: Histogram,
+    in_flight_events: Gauge,
+    in_flight_bytes: Gauge,
+    received_lsn: Gauge,
+    ack_frontier: Gauge,
 }
 
 impl PipelineObserver {
-    /// Reports to `health`. Create it after [`m::install`] (metric handles
-    /// bind to the recorder installed then).
+    /// Reports to `health`.
     pub fn with_health(health: Arc<Health>) -> Self {
         PipelineObserver {
-            metrics: RelayMetrics::new(),
+            progress: health.progress(),
             health,
-            in_flight: (0, 0, None),
-            received: Lsn::ZERO,
-            frontier: Lsn::ZERO,
+            topics: HashMap::new(),
+            other_topic: None,
+            bytes_relayed: counter!(m::BYTES_RELAYED_TOTAL),
+            commit_to_ack: histogram!(m::COMMIT_TO_ACK_SECONDS),
+            in_flight_events: gauge!(m::IN_FLIGHT_EVENTS),
+            in_flight_bytes: gauge!(m::IN_FLIGHT_BYTES),
+            received_lsn: gauge!(m::RECEIVED_LSN),
+            ack_frontier: gauge!(m::ACK_FRONTIER_LSN),
         }
     }
 
@@ -66,71 +75,89 @@ impl PipelineObserver {
             ReplicationEvent::Message { lsn, .. } => (*lsn).into(),
             _ => return,
         };
-        if lsn > self.received {
-            self.received = lsn;
-            self.metrics.set_received_lsn(lsn);
-            self.health.set_received(lsn);
+        if lsn > self.progress.received {
+            self.progress.received = lsn;
+            self.received_lsn.set(lsn.as_u64() as f64);
+            self.health.set_progress(self.progress);
         }
     }
 
     /// An event to `topic` was handed to the producer; `commit_time_us` is
-    /// its transaction's commit time in Unix microseconds. The pipeline keeps
-    /// the result with the event until its delivery is reported.
+    /// its transaction's commit time in Unix microseconds.
     pub fn event_sent(&mut self, topic: &str, commit_time_us: i64) -> Sent {
         Sent {
-            topic: self.metrics.topic(topic),
+            topic: self.topic_counter(topic),
             commit_time_us,
             handed_at: Instant::now(),
         }
     }
 
-    /// The broker acknowledged an event of `bytes` (`sent`: when it was handed over).
+    /// The [`m::EVENTS_RELAYED_TOTAL`] counter of `topic`; allocates only for
+    /// a new topic (a `Counter` clone is a reference count).
+    fn topic_counter(&mut self, topic: &str) -> Counter {
+        if let Some(counter) = self.topics.get(topic) {
+            return counter.clone();
+        }
+        if self.topics.len() >= MAX_TOPIC_LABELS {
+            let other = self.other_topic.get_or_insert_with(|| {
+                tracing::warn!(
+                    limit = MAX_TOPIC_LABELS,
+                    "too many distinct topics for the events_relayed metric; counting the rest under topic=\"_other\""
+                );
+                counter!(m::EVENTS_RELAYED_TOTAL, "topic" => "_other")
+            });
+            return other.clone();
+        }
+        let counter = counter!(m::EVENTS_RELAYED_TOTAL, "topic" => topic.to_owned());
+        self.topics.insert(topic.into(), counter.clone());
+        counter
+    }
+
+    /// The broker acknowledged an event (`sent`: its record and size, when handed over).
     pub fn event_acked(&mut self, sent: Option<(Sent, usize)>) {
         if let Some((sent, bytes)) = sent {
-            let latency = commit_to_ack(sent.commit_time_us);
-            self.metrics.acked_on(Some(&sent.topic), bytes, latency);
+            self.record_ack(&sent.topic, bytes, commit_to_ack(sent.commit_time_us));
         }
-        self.health.add_acked(1);
+        self.progress.events_acked += 1;
+        self.health.set_progress(self.progress);
         self.health.set_producer_connected(true);
+    }
+
+    fn record_ack(&self, topic: &Counter, bytes: usize, commit_to_ack: Duration) {
+        topic.increment(1);
+        self.bytes_relayed.increment(bytes as u64);
+        self.commit_to_ack.record(commit_to_ack.as_secs_f64());
     }
 
     /// A delivery failed for good.
     pub fn delivery_failed(&mut self, error: &KafkaError) {
-        m::delivery_error(&m::error_kind(error));
+        m::delivery_error(error);
     }
 
-    /// What is in flight after a step: events, bytes, and when the oldest was handed over.
-    pub fn in_flight(&mut self, events: usize, bytes: usize, oldest: Option<Instant>) {
-        if self.in_flight != (events, bytes, oldest) {
-            self.in_flight = (events, bytes, oldest);
-            self.metrics.set_in_flight(events, bytes);
-            self.health.set_in_flight_events(events as u64);
-            self.health.set_oldest_in_flight(oldest);
-        }
-    }
-
-    /// The ack frontier after a step of the pipeline.
-    pub fn frontier(&mut self, frontier: Lsn) {
-        if frontier != self.frontier {
-            self.frontier = frontier;
-            self.metrics.set_ack_frontier(frontier);
-            self.health.set_frontier(frontier);
-        }
+    /// After a step: the ack frontier, and the events and bytes in flight
+    /// with when the oldest was handed over.
+    pub fn step(&mut self, frontier: Lsn, events: usize, bytes: usize, oldest: Option<Instant>) {
+        self.ack_frontier.set(frontier.as_u64() as f64);
+        self.in_flight_events.set(events as f64);
+        self.in_flight_bytes.set(bytes as f64);
+        self.progress.frontier = frontier;
+        self.progress.in_flight_events = events as u64;
+        self.progress.oldest_in_flight = oldest;
+        self.health.set_progress(self.progress);
     }
 }
 
 /// From the commit time (Unix µs, the server's clock) to now; zero if the clocks disagree.
 fn commit_to_ack(commit_time_us: i64) -> Duration {
-    let now_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    Duration::from_micros(u64::try_from(now_us.saturating_sub(commit_time_us)).unwrap_or(0))
+    let commit = UNIX_EPOCH + Duration::from_micros(u64::try_from(commit_time_us).unwrap_or(0));
+    SystemTime::now().duration_since(commit).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::observability::health::ReadinessThresholds;
+    use crate::observability::metrics::builder;
 
     fn now_us() -> i64 {
         SystemTime::now()
@@ -148,15 +175,14 @@ mod tests {
             let mut obs = PipelineObserver::with_health(health.clone());
             let a = obs.event_sent("a", now_us());
             let b = obs.event_sent("b", now_us());
-            obs.in_flight(2, 30, Some(a.handed_at));
+            obs.step(Lsn::ZERO, 2, 30, Some(a.handed_at));
             assert_eq!(health.progress().in_flight_events, 2);
             obs.event_acked(Some((b, 20)));
             obs.event_acked(Some((a, 10)));
-            obs.in_flight(0, 0, None);
             obs.delivery_failed(&KafkaError::MessageProduction(
                 rdkafka::types::RDKafkaErrorCode::MessageTimedOut,
             ));
-            obs.frontier(Lsn(77));
+            obs.step(Lsn(77), 0, 0, None);
         });
         assert_eq!(
             health.snapshot(Instant::now()).ack_staleness,
@@ -183,5 +209,66 @@ mod tests {
         let ack = commit_to_ack(now_us() - 1_500_000);
         assert!(ack >= Duration::from_millis(1500), "{ack:?}");
         assert!(ack < Duration::from_millis(1600), "{ack:?}");
+    }
+
+    /// What `f` records through a fresh observer, rendered.
+    fn rendered(f: impl FnOnce(&mut PipelineObserver)) -> String {
+        let recorder = builder().build_recorder();
+        let handle = recorder.handle();
+        ::metrics::with_local_recorder(&recorder, || {
+            f(&mut PipelineObserver::with_health(Arc::new(
+                Health::default(),
+            )));
+        });
+        handle.render()
+    }
+
+    #[test]
+    fn hot_path_values_render_under_their_names() {
+        let text = rendered(|obs| {
+            for (topic, bytes, latency) in [
+                ("orders", 100, Duration::from_millis(3)),
+                ("orders", 50, Duration::from_millis(30)),
+                ("payments", 10, Duration::from_secs(2)),
+            ] {
+                let counter = obs.topic_counter(topic);
+                obs.record_ack(&counter, bytes, latency);
+            }
+            obs.step(Lsn(42), 7, 700, None);
+            obs.received(&ReplicationEvent::KeepAlive {
+                wal_end: Lsn(0x1_0000_0010).into(),
+                reply_requested: false,
+                server_time_micros: 0,
+            });
+        });
+        for line in [
+            "outbox_relay_events_relayed_total{topic=\"orders\"} 2",
+            "outbox_relay_events_relayed_total{topic=\"payments\"} 1",
+            "outbox_relay_bytes_relayed_total 160",
+            "outbox_relay_in_flight_events 7",
+            "outbox_relay_in_flight_bytes 700",
+            "outbox_relay_received_lsn 4294967312",
+            "outbox_relay_ack_frontier_lsn 42",
+            "outbox_relay_commit_to_ack_seconds_bucket{le=\"0.005\"} 1",
+            "outbox_relay_commit_to_ack_seconds_bucket{le=\"0.05\"} 2",
+            "outbox_relay_commit_to_ack_seconds_count 3",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn topic_labels_are_bounded() {
+        let text = rendered(|obs| {
+            for i in 0..MAX_TOPIC_LABELS + 5 {
+                let counter = obs.topic_counter(&format!("t{i}"));
+                obs.record_ack(&counter, 1, Duration::ZERO);
+            }
+            assert_eq!(obs.topics.len(), MAX_TOPIC_LABELS);
+        });
+        assert!(
+            text.contains("outbox_relay_events_relayed_total{topic=\"_other\"} 5"),
+            "{text}"
+        );
     }
 }

@@ -1,6 +1,6 @@
-//! The periodic one-line progress summary (`--progress-interval`): events/s
-//! acknowledged, in flight, received position, ack frontier and slot lag, all
-//! read from [`Health`], so the pipeline needs no extra call for it.
+//! The periodic progress line (`--progress-interval`): events/s acknowledged,
+//! in flight, received position, ack frontier and slot lag, all read from
+//! [`Health`], so the pipeline needs no extra call for it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,37 +15,30 @@ pub async fn run(health: Arc<Health>, interval: Duration) {
     loop {
         tick.tick().await;
         let now = (Instant::now(), health.progress());
-        log(previous, now, &health.slot());
+        let slot_lag_bytes = match health.slot() {
+            SlotObservation::Seen(s) => s.lag_bytes,
+            _ => None,
+        };
+        tracing::info!(
+            events_per_sec = (events_per_sec(previous, now) * 10.0).round() / 10.0,
+            events_acked = now.1.events_acked,
+            in_flight = now.1.in_flight_events,
+            received = %now.1.received,
+            frontier = %now.1.frontier,
+            slot_lag_bytes,
+            "progress"
+        );
         previous = now;
     }
 }
 
 /// PURE: events per second between two progress samples.
-pub fn events_per_sec(before: (Instant, Progress), after: (Instant, Progress)) -> f64 {
+fn events_per_sec(before: (Instant, Progress), after: (Instant, Progress)) -> f64 {
     let secs = after.0.saturating_duration_since(before.0).as_secs_f64();
     if secs <= 0.0 {
         return 0.0;
     }
     after.1.events_acked.saturating_sub(before.1.events_acked) as f64 / secs
-}
-
-/// Logs one summary line for the interval from `before` to `after`.
-pub fn log(before: (Instant, Progress), after: (Instant, Progress), slot: &SlotObservation) {
-    let rate = (events_per_sec(before, after) * 10.0).round() / 10.0;
-    let p = after.1;
-    let slot_lag_bytes = match slot {
-        SlotObservation::Seen(s) => s.lag_bytes,
-        _ => None,
-    };
-    tracing::info!(
-        events_per_sec = rate,
-        events_acked = p.events_acked,
-        in_flight = p.in_flight_events,
-        received = %p.received,
-        frontier = %p.frontier,
-        slot_lag_bytes,
-        "progress"
-    );
 }
 
 #[cfg(test)]

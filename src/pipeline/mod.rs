@@ -250,8 +250,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 .await;
         }
         let frontier = self.reportable();
-        self.observer.frontier(frontier);
-        self.observer.in_flight(
+        self.observer.step(
+            frontier,
             self.tracker.in_flight_events(),
             self.tracker.in_flight_bytes(),
             self.tracker.oldest_sent(),
