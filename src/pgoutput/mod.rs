@@ -33,8 +33,6 @@
 //! [`RelationCache`], because rows refer to their table only by OID.
 
 mod cursor;
-#[cfg(test)]
-mod tests;
 
 use std::collections::HashMap;
 
@@ -553,3 +551,6 @@ impl RelationCache {
         self.by_id.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests;
