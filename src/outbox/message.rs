@@ -1,11 +1,8 @@
 //! PURE: the table-less outbox. A transactional logical decoding message
-//! (`pg_logical_emit_message(true, 'outbox', '{...}')`) whose content is a JSON
-//! object is mapped like a row, with JSON fields in place of columns.
-//!
-//! Field values become record bytes the way column text does: a JSON string
-//! gives its contents (like a `text` column), any other value its JSON text
-//! exactly as written (like a `jsonb` column), `null` or a missing field gives
-//! NULL. The payload is a zero-copy slice of the message.
+//! (`pg_logical_emit_message(true, 'outbox', '{...}')`) whose content is a JSON object maps like
+//! a row, with its top-level fields in place of columns: a JSON string gives its contents (like a
+//! `text` column), any other value its JSON text as written (like `jsonb`), `null` or a missing
+//! field gives NULL.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,15 +10,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use super::{EventError, MappingConfig, OutboxRecord, RawParts, Segment, valid_topic, values};
+use super::{Event, EventError, MappingConfig, OutboxRecord, Plan, RawParts, invalid};
 
-/// A [`MappingConfig`] applied to messages with one prefix.
+/// A [`MappingConfig`] applied to the messages of one prefix.
 #[derive(Clone, Debug)]
 pub struct MessageMapping {
-    config: MappingConfig,
+    plan: Plan<String>,
     source: Arc<str>,
-    /// `ce_source`, with `--cloudevents`.
-    ce_source: Option<Arc<str>>,
 }
 
 /// A message's top-level fields, borrowed from its content.
@@ -32,66 +27,56 @@ struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     fn parse(content: &'a Bytes) -> Result<Self, EventError> {
-        let fields: HashMap<String, &RawValue> =
-            serde_json::from_slice(content).map_err(|e| EventError::InvalidValue {
-                column: "(message content)".to_owned(),
-                // serde_json's own message may quote the content.
-                reason: format!(
-                    "not a JSON object (line {}, column {})",
-                    e.line(),
-                    e.column()
-                ),
-            })?;
+        let fields = serde_json::from_slice(content).map_err(|e| {
+            // Not serde_json's own message: it may quote the content.
+            let at = format!("line {}, column {}", e.line(), e.column());
+            invalid(
+                "(message content)".to_owned(),
+                &format!("not a JSON object ({at})"),
+            )
+        })?;
         Ok(Fields { content, fields })
     }
+}
 
-    /// The field as record bytes; `None` when missing or null.
-    fn bytes(&self, name: &str) -> Result<Option<Bytes>, EventError> {
-        let Some(raw) = self.fields.get(name) else {
+impl Event for Fields<'_> {
+    type Column = String;
+
+    fn name(&self, field: &String) -> String {
+        field.clone()
+    }
+
+    fn value(&self, field: &String) -> Result<Option<Bytes>, EventError> {
+        let Some(raw) = self.fields.get(field).map(|raw| raw.get()) else {
             return Ok(None);
         };
-        let text = raw.get();
-        if text == "null" {
-            return Ok(None);
-        }
-        if text.starts_with('"') {
-            let s: String = serde_json::from_str(text).map_err(|e| EventError::InvalidValue {
-                column: name.to_owned(),
-                reason: e.to_string(),
-            })?;
-            return Ok(Some(Bytes::from(s)));
-        }
-        // The raw text lies inside the content buffer: slice it without copying.
-        let start = (text.as_ptr() as usize).wrapping_sub(self.content.as_ptr() as usize);
-        match self.content.get(start..start + text.len()) {
-            Some(slice) if slice == text.as_bytes() => {
-                Ok(Some(self.content.slice(start..start + text.len())))
-            }
-            _ => Ok(Some(Bytes::copy_from_slice(text.as_bytes()))),
+        if raw == "null" {
+            Ok(None)
+        } else if raw.starts_with('"') {
+            let text: String =
+                serde_json::from_str(raw).map_err(|e| invalid(field.clone(), &e.to_string()))?;
+            Ok(Some(Bytes::from(text)))
+        } else {
+            // serde_json borrows each `&RawValue` from `content`: a zero-copy slice of it.
+            Ok(Some(self.content.slice_ref(raw.as_bytes())))
         }
     }
 
-    fn text(&self, name: &str) -> Result<Option<String>, EventError> {
-        self.bytes(name)?
-            .map(|b| {
-                String::from_utf8(b.to_vec()).map_err(|_| EventError::InvalidValue {
-                    column: name.to_owned(),
-                    reason: "not UTF-8".to_owned(),
-                })
-            })
-            .transpose()
+    fn payload_is_json(&self, field: &String) -> bool {
+        self.fields
+            .get(field)
+            .is_some_and(|raw| raw.get() != "null" && !raw.get().starts_with('"'))
     }
 }
 
 impl MessageMapping {
     /// Maps messages with `prefix` through `config`.
-    pub fn new(config: MappingConfig, prefix: &str) -> Self {
+    pub fn new(config: &MappingConfig, prefix: &str) -> Self {
+        let Ok(plan) = Plan::bind(config, &format!("message/{prefix}"), |_, field| {
+            Ok::<_, std::convert::Infallible>(field.to_owned())
+        });
         MessageMapping {
-            ce_source: config
-                .cloudevents
-                .as_ref()
-                .map(|ce| ce.source_for(&format!("message/{prefix}"))),
-            config,
+            plan,
             source: Arc::from(format!("message:{prefix}").as_str()),
         }
     }
@@ -101,106 +86,19 @@ impl MessageMapping {
         &self.source
     }
 
-    fn topic(&self, f: &Fields<'_>) -> Result<String, EventError> {
-        let mut topic = String::new();
-        for seg in self.config.topic_template.segments() {
-            match seg {
-                Segment::Literal(s) => topic.push_str(s),
-                Segment::RoutedByValue | Segment::Column(_) => {
-                    let field = match seg {
-                        Segment::Column(c) => c.as_str(),
-                        _ => self.config.route_by.as_str(),
-                    };
-                    let value = f.text(field)?.filter(|v| !v.is_empty()).ok_or_else(|| {
-                        EventError::EmptyRoutingValue {
-                            column: field.to_owned(),
-                        }
-                    })?;
-                    topic.push_str(&value);
-                }
-            }
-        }
-        Ok(topic)
-    }
-
     /// Maps one message's content.
     pub fn map(&self, content: &Bytes, commit_time_ms: i64) -> Result<OutboxRecord, EventError> {
-        let f = Fields::parse(content)?;
-        let id = f
-            .bytes(&self.config.id_column)?
-            .ok_or_else(|| EventError::NullId {
-                column: self.config.id_column.clone(),
-            })?;
-        let topic = valid_topic(self.topic(&f)?)?;
-        let timestamp_ms = match &self.config.timestamp_column {
-            None => commit_time_ms,
-            Some(field) => match f.text(field)? {
-                None => commit_time_ms,
-                Some(v) => v
-                    .parse::<i64>()
-                    .ok()
-                    .or_else(|| values::parse_timestamp_ms(&v))
-                    .ok_or_else(|| EventError::InvalidValue {
-                        column: field.clone(),
-                        reason: "not epoch milliseconds or an ISO 8601 time".to_owned(),
-                    })?,
-            },
-        };
-        let mut headers = Vec::with_capacity(self.config.header_columns.len());
-        for h in &self.config.header_columns {
-            headers.push((Arc::from(h.header.as_str()), f.bytes(&h.column)?));
-        }
-        let key = f.bytes(&self.config.key_column)?;
-        if let Some(source) = &self.ce_source {
-            let route = &self.config.route_by;
-            let event_type = f.bytes(route)?.filter(|v| !v.is_empty()).ok_or_else(|| {
-                EventError::EmptyRoutingValue {
-                    column: route.clone(),
-                }
-            })?;
-            let json = f
-                .fields
-                .get(&self.config.payload_column)
-                .is_some_and(|raw| raw.get() != "null" && !raw.get().starts_with('"'));
-            headers.extend(super::cloudevents::headers(
-                &super::cloudevents::Attributes {
-                    source,
-                    id: &id,
-                    event_type,
-                    subject: key.as_ref(),
-                    time_ms: commit_time_ms,
-                    json,
-                },
-            ));
-        }
-        Ok(OutboxRecord {
-            topic,
-            key,
-            payload: f.bytes(&self.config.payload_column)?,
-            id,
-            headers,
-            timestamp_ms,
-            partition: None,
-        })
+        self.plan.map(&Fields::parse(content)?, commit_time_ms)
     }
 
     /// As much as can be read of a message that failed to map, for a dead letter.
     pub fn raw_parts(&self, content: &Bytes) -> RawParts {
-        let Ok(f) = Fields::parse(content) else {
-            return RawParts {
+        match Fields::parse(content) {
+            Ok(fields) => self.plan.raw_parts(&fields),
+            Err(_) => RawParts {
                 payload: Some(content.clone()),
                 ..RawParts::default()
-            };
-        };
-        RawParts {
-            id: f
-                .bytes(&self.config.id_column)
-                .ok()
-                .flatten()
-                .unwrap_or_default(),
-            key: f.bytes(&self.config.key_column).ok().flatten(),
-            payload: f.bytes(&self.config.payload_column).ok().flatten(),
-            intended_topic: self.topic(&f).ok(),
+            },
         }
     }
 }
@@ -210,20 +108,21 @@ mod tests {
     use super::*;
     use crate::outbox::{HeaderColumn, TopicTemplate};
 
+    fn config() -> MappingConfig {
+        MappingConfig {
+            route_by: "event_type".into(),
+            topic_template: TopicTemplate::parse("outbox.${routedByValue}").unwrap(),
+            key_column: "aggregate_id".into(),
+            id_column: "id".into(),
+            payload_column: "payload".into(),
+            timestamp_column: Some("ts".into()),
+            header_columns: vec![HeaderColumn::parse("aggregate_type:type").unwrap()],
+            cloudevents: None,
+        }
+    }
+
     fn mapping() -> MessageMapping {
-        MessageMapping::new(
-            MappingConfig {
-                route_by: "event_type".into(),
-                topic_template: TopicTemplate::parse("outbox.${routedByValue}").unwrap(),
-                key_column: "aggregate_id".into(),
-                id_column: "id".into(),
-                payload_column: "payload".into(),
-                timestamp_column: Some("ts".into()),
-                header_columns: vec![HeaderColumn::parse("aggregate_type:type").unwrap()],
-                cloudevents: None,
-            },
-            "outbox",
-        )
+        MessageMapping::new(&config(), "outbox")
     }
 
     #[test]
@@ -246,12 +145,12 @@ mod tests {
 
     #[test]
     fn cloudevents_headers_for_messages() {
-        let mut config = mapping().config;
+        let mut config = config();
         config.cloudevents = Some(crate::outbox::cloudevents::CloudEventsConfig {
             source: None,
             database: "shop".into(),
         });
-        let m = MessageMapping::new(config, "outbox");
+        let m = MessageMapping::new(&config, "outbox");
         let header = |content: &'static [u8], name: &str| {
             let rec = m.map(&Bytes::from_static(content), 2_000).unwrap();
             rec.headers
