@@ -3,13 +3,14 @@
 //! delivery stay with the caller.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::message::MessageMapping;
+use super::message::Fields;
 use super::{
-    BindError, EventError, MappingConfig, OutboxRecord, RawParts, TableMapping, TableName,
+    BindError, EventError, MappingConfig, OutboxRecord, Plan, RawParts, TableMapping, TableName,
 };
 use crate::pgoutput::{Relation, TupleData};
 
@@ -22,7 +23,9 @@ pub struct EventMapper {
     tables: Vec<(TableName, MappingConfig)>,
     /// The outbox tables' mappings, by relation OID, as last announced.
     bound: HashMap<u32, TableMapping>,
-    messages: HashMap<String, MessageMapping>,
+    /// By prefix: `message:<prefix>` (what errors and dead letters name as the table) and the
+    /// mapping, resolved to field names.
+    messages: HashMap<String, (Arc<str>, Plan<String>)>,
 }
 
 impl EventMapper {
@@ -37,8 +40,12 @@ impl EventMapper {
             messages: messages
                 .into_iter()
                 .map(|(prefix, config)| {
-                    let mapping = MessageMapping::new(&config, &prefix);
-                    (prefix, mapping)
+                    let origin = format!("message/{prefix}");
+                    let Ok(plan) = Plan::bind(&config, &origin, |_, field| {
+                        Ok::<_, Infallible>(field.to_owned())
+                    });
+                    let source = Arc::from(format!("message:{prefix}").as_str());
+                    (prefix, (source, plan))
                 })
                 .collect(),
         }
@@ -106,10 +113,19 @@ impl EventMapper {
         content: &Bytes,
         commit_time_ms: i64,
     ) -> Option<(Arc<str>, Mapped)> {
-        let mapping = self.messages.get(prefix)?;
-        let mapped = mapping
-            .map(content, commit_time_ms)
-            .map_err(|error| (error, mapping.raw_parts(content)));
-        Some((mapping.source().clone(), mapped))
+        let (source, plan) = self.messages.get(prefix)?;
+        let mapped = match Fields::parse(content) {
+            Ok(fields) => plan
+                .map(&fields, commit_time_ms)
+                .map_err(|error| (error, plan.raw_parts(&fields))),
+            Err(error) => {
+                let parts = RawParts {
+                    payload: Some(content.clone()),
+                    ..RawParts::default()
+                };
+                Err((error, parts))
+            }
+        };
+        Some((source.clone(), mapped))
     }
 }

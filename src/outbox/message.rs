@@ -5,28 +5,21 @@
 //! field gives NULL.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
-use super::{Event, EventError, MappingConfig, OutboxRecord, Plan, RawParts, invalid};
-
-/// A [`MappingConfig`] applied to the messages of one prefix.
-#[derive(Clone, Debug)]
-pub struct MessageMapping {
-    plan: Plan<String>,
-    source: Arc<str>,
-}
+use super::{Event, EventError, invalid};
 
 /// A message's top-level fields, borrowed from its content.
-struct Fields<'a> {
+pub(super) struct Fields<'a> {
     content: &'a Bytes,
     fields: HashMap<String, &'a RawValue>,
 }
 
 impl<'a> Fields<'a> {
-    fn parse(content: &'a Bytes) -> Result<Self, EventError> {
+    /// Parses the content, which must be a JSON object.
+    pub(super) fn parse(content: &'a Bytes) -> Result<Self, EventError> {
         let fields = serde_json::from_slice(content).map_err(|e| {
             // Not serde_json's own message: it may quote the content.
             let at = format!("line {}, column {}", e.line(), e.column());
@@ -69,44 +62,12 @@ impl Event for Fields<'_> {
     }
 }
 
-impl MessageMapping {
-    /// Maps messages with `prefix` through `config`.
-    pub fn new(config: &MappingConfig, prefix: &str) -> Self {
-        let Ok(plan) = Plan::bind(config, &format!("message/{prefix}"), |_, field| {
-            Ok::<_, std::convert::Infallible>(field.to_owned())
-        });
-        MessageMapping {
-            plan,
-            source: Arc::from(format!("message:{prefix}").as_str()),
-        }
-    }
-
-    /// What errors and dead letters name as the event's table: `message:<prefix>`.
-    pub fn source(&self) -> &Arc<str> {
-        &self.source
-    }
-
-    /// Maps one message's content.
-    pub fn map(&self, content: &Bytes, commit_time_ms: i64) -> Result<OutboxRecord, EventError> {
-        self.plan.map(&Fields::parse(content)?, commit_time_ms)
-    }
-
-    /// As much as can be read of a message that failed to map, for a dead letter.
-    pub fn raw_parts(&self, content: &Bytes) -> RawParts {
-        match Fields::parse(content) {
-            Ok(fields) => self.plan.raw_parts(&fields),
-            Err(_) => RawParts {
-                payload: Some(content.clone()),
-                ..RawParts::default()
-            },
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::outbox::{HeaderColumn, TopicTemplate};
+    use crate::outbox::{
+        EventError, EventMapper, HeaderColumn, Mapped, MappingConfig, TopicTemplate,
+    };
+    use bytes::Bytes;
 
     fn config() -> MappingConfig {
         MappingConfig {
@@ -121,8 +82,11 @@ mod tests {
         }
     }
 
-    fn mapping() -> MessageMapping {
-        MessageMapping::new(&config(), "outbox")
+    fn map(config: MappingConfig, content: &Bytes, commit_time_ms: i64) -> Mapped {
+        let mapper = EventMapper::new(vec![], vec![("outbox".to_owned(), config)]);
+        let (source, mapped) = mapper.message("outbox", content, commit_time_ms).unwrap();
+        assert_eq!(source.as_ref(), "message:outbox");
+        mapped
     }
 
     #[test]
@@ -130,7 +94,7 @@ mod tests {
         let content = Bytes::from_static(
             br#"{"id":"e-1","aggregate_type":"order","aggregate_id":"o-1","event_type":"OrderCreated","payload":{"total": 10},"ts":1700000000000}"#,
         );
-        let rec = mapping().map(&content, 5).unwrap();
+        let rec = map(config(), &content, 5).unwrap();
         assert_eq!(rec.topic, "outbox.OrderCreated");
         assert_eq!(rec.id_text(), "e-1");
         assert_eq!(rec.key.as_deref(), Some(&b"o-1"[..]));
@@ -150,9 +114,8 @@ mod tests {
             source: None,
             database: "shop".into(),
         });
-        let m = MessageMapping::new(&config, "outbox");
         let header = |content: &'static [u8], name: &str| {
-            let rec = m.map(&Bytes::from_static(content), 2_000).unwrap();
+            let rec = map(config.clone(), &Bytes::from_static(content), 2_000).unwrap();
             rec.headers
                 .iter()
                 .find(|(n, _)| &**n == name)
@@ -184,7 +147,7 @@ mod tests {
         let content = Bytes::from_static(
             br#"{"id":7,"aggregate_id":null,"event_type":"E","payload":"plain \"text\""}"#,
         );
-        let rec = mapping().map(&content, 5).unwrap();
+        let rec = map(config(), &content, 5).unwrap();
         assert_eq!(rec.id_text(), "7");
         assert_eq!(rec.key, None);
         assert_eq!(rec.payload.as_deref(), Some(&br#"plain "text""#[..]));
@@ -193,8 +156,11 @@ mod tests {
 
     #[test]
     fn bad_messages_are_event_errors() {
-        let m = mapping();
-        let err = |s: &'static str| m.map(&Bytes::from_static(s.as_bytes()), 0).unwrap_err();
+        let err = |s: &'static str| {
+            map(config(), &Bytes::from_static(s.as_bytes()), 0)
+                .unwrap_err()
+                .0
+        };
         assert!(matches!(err("not json"), EventError::InvalidValue { .. }));
         assert!(matches!(err("[1,2]"), EventError::InvalidValue { .. }));
         assert!(matches!(
@@ -213,11 +179,14 @@ mod tests {
             err(r#"{"id":"1","event_type":"E","ts":"soon"}"#),
             EventError::InvalidValue { .. }
         ));
-        let parts = m.raw_parts(&Bytes::from_static(b"not json"));
+        let parts = map(config(), &Bytes::from_static(b"not json"), 0)
+            .unwrap_err()
+            .1;
         assert_eq!(parts.payload.as_deref(), Some(&b"not json"[..]));
-        let parts = m.raw_parts(&Bytes::from_static(
-            br#"{"id":"1","aggregate_id":"k","event_type":"a b","payload":[1]}"#,
-        ));
+        let content = br#"{"id":"1","aggregate_id":"k","event_type":"a b","payload":[1]}"#;
+        let parts = map(config(), &Bytes::from_static(content), 0)
+            .unwrap_err()
+            .1;
         assert_eq!(parts.id.as_ref(), b"1");
         assert_eq!(parts.intended_topic.as_deref(), Some("outbox.a b"));
         assert_eq!(parts.payload.as_deref(), Some(&b"[1]"[..]));

@@ -1,16 +1,13 @@
 //! PURE: how an outbox event, an inserted row or a logical decoding message, becomes a Kafka
 //! record.
 //!
-//! The user's flags ([`MappingConfig`]) are resolved once into a plan: against a table's columns
-//! when its pgoutput Relation arrives ([`TableMapping::bind`]), so per-row work is index lookups,
-//! or to the JSON field names of a message prefix. Rows and messages then map through the same
-//! code. A column the mapping needs that is missing or of an unusable type is a [`BindError`]
-//! naming the table, the flag and the existing columns; a bad value in one event is an
-//! [`EventError`] naming the column, never the value (the caller adds the LSN and table).
-//!
+//! The flags ([`MappingConfig`]) are resolved once into a plan: against a table's columns when
+//! its pgoutput Relation arrives ([`TableMapping::bind`]), so per-row work is index lookups, or to
+//! a message prefix's JSON field names. Rows and messages then map through the same code. A
+//! column that is missing or of an unusable type is a [`BindError`] naming the table, the flag
+//! and the existing columns; a bad value is an [`EventError`] naming the column, never the value.
 //! The defaults mirror Debezium's Outbox Event Router on the common schema
-//! `outbox(id, aggregate_type, aggregate_id, event_type, payload, created_at)`: topic from
-//! `event_type`, key from `aggregate_id`, value from `payload`, the `id` header from `id`.
+//! `outbox(id, aggregate_type, aggregate_id, event_type, payload, created_at)`.
 
 pub mod cloudevents;
 mod mapper;
@@ -222,22 +219,16 @@ pub fn dead_letter_record(
 
 /// Kafka's topic name rules: 1 to 249 characters from `[a-zA-Z0-9._-]`, not `.` or `..`.
 pub fn check_topic_name(topic: &str) -> Result<(), &'static str> {
-    if topic.is_empty() {
-        return Err("empty");
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+    match topic {
+        "" => Err("empty"),
+        "." | ".." => Err("'.' and '..' are reserved"),
+        _ if topic.len() > 249 => Err("longer than 249 characters"),
+        _ if !topic.bytes().all(allowed) => {
+            Err("only ASCII letters, digits, '.', '_' and '-' are allowed")
+        }
+        _ => Ok(()),
     }
-    if topic.len() > 249 {
-        return Err("longer than 249 characters");
-    }
-    if topic == "." || topic == ".." {
-        return Err("'.' and '..' are reserved");
-    }
-    if !topic
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
-        return Err("only ASCII letters, digits, '.', '_' and '-' are allowed");
-    }
-    Ok(())
 }
 
 /// The position of `column` in `relation`, or the error naming the `flag` that asked for it and
