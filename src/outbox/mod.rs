@@ -64,19 +64,15 @@ impl MappingConfig {
 /// The table's columns do not fit the mapping (at start-up or after a schema change).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BindError {
-    /// A column named by a flag is not in the table.
+    /// A column named by `flag` is not in the table; `available` lists the table's columns.
     #[error(
         "table {table} has no column {column:?} (named by {flag}); its columns are: {available}. \
          Fix {flag} or the table"
     )]
     MissingColumn {
-        /// The table.
         table: String,
-        /// The flag naming the column.
         flag: &'static str,
-        /// The missing column.
         column: String,
-        /// The table's columns, comma separated.
         available: String,
     },
     /// The timestamp column has a type the relay cannot read as a time.
@@ -85,11 +81,8 @@ pub enum BindError {
          timestamp or bigint (epoch milliseconds) column"
     )]
     TimestampType {
-        /// The table.
         table: String,
-        /// The column.
         column: String,
-        /// Its type OID.
         type_oid: u32,
     },
 }
@@ -99,32 +92,16 @@ pub enum BindError {
 pub enum EventError {
     /// The id column is NULL, so the record would have no dedupe key.
     #[error("the id column {column:?} is NULL; every outbox row needs an id")]
-    NullId {
-        /// The id column.
-        column: String,
-    },
+    NullId { column: String },
     /// A column used in the topic name (or as `ce_type`) is NULL or empty.
     #[error("column {column:?}, used in the topic name, is NULL or empty")]
-    EmptyRoutingValue {
-        /// The column.
-        column: String,
-    },
-    /// The rendered topic name is one Kafka rejects.
+    EmptyRoutingValue { column: String },
+    /// The rendered topic name breaks one of Kafka's rules (`reason`).
     #[error("topic name {topic:?} is not valid in Kafka: {reason}")]
-    InvalidTopic {
-        /// The rendered name.
-        topic: String,
-        /// Which rule it breaks.
-        reason: &'static str,
-    },
+    InvalidTopic { topic: String, reason: &'static str },
     /// A value is not valid for its column type.
     #[error("column {column:?} holds a value the relay cannot read: {reason}")]
-    InvalidValue {
-        /// The column.
-        column: String,
-        /// What is wrong with it.
-        reason: String,
-    },
+    InvalidValue { column: String, reason: String },
 }
 
 /// An outbox event turned into a Kafka record.

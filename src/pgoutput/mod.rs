@@ -23,84 +23,56 @@ pub const TRUNCATE_RESTART_IDENTITY: u8 = 2;
 /// them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    /// `'B'`: start of a committed transaction.
+    /// `'B'`: start of a committed transaction. `final_lsn` is its commit record's LSN (the
+    /// Commit's `commit_lsn`); `xid` is for logs only.
     Begin {
-        /// LSN of the commit record; equals the Commit's `commit_lsn`.
         final_lsn: Lsn,
-        /// Commit time.
         commit_time_micros: i64,
-        /// Transaction id, for logs only.
         xid: u32,
     },
-    /// `'C'`: end of the transaction opened by the last Begin.
+    /// `'C'`: end of the transaction opened by the last Begin. `end_lsn` is the end of the commit
+    /// record: the position to confirm once the transaction is handled. `flags` is always 0 so
+    /// far.
     Commit {
-        /// Always 0 so far.
         flags: u8,
-        /// LSN of the commit record.
         commit_lsn: Lsn,
-        /// End of the commit record: the position to confirm once the transaction is handled.
         end_lsn: Lsn,
-        /// Commit time.
         commit_time_micros: i64,
     },
-    /// `'O'`: the transaction was replicated into this server from the named origin.
-    Origin {
-        /// Commit LSN on the origin server.
-        commit_lsn: Lsn,
-        /// Replication origin name.
-        name: String,
-    },
+    /// `'O'`: the transaction was replicated into this server from the origin `name`, where it
+    /// committed at `commit_lsn`.
+    Origin { commit_lsn: Lsn, name: String },
     /// `'R'`: a table's schema, sent before its first row in a session and after it changes.
     Relation(Relation),
     /// `'Y'`: a non-built-in type used by a following Relation.
     Type {
-        /// OID of the type.
         oid: u32,
-        /// Schema of the type.
         namespace: String,
-        /// Name of the type.
         name: String,
     },
-    /// `'I'`: a new row.
-    Insert {
-        /// OID of the table, as announced by a Relation.
-        relation_id: u32,
-        /// The new row.
-        new: TupleData,
-    },
-    /// `'U'`: a changed row.
+    /// `'I'`: a new row of the table `relation_id` (as announced by a Relation).
+    Insert { relation_id: u32, new: TupleData },
+    /// `'U'`: a changed row. `old` is the old key (`'K'`) or, under REPLICA IDENTITY FULL, the old
+    /// row (`'O'`), absent when the key did not change; in `new`, unchanged TOASTed columns are
+    /// [`Value::Unchanged`].
     Update {
-        /// OID of the table, as announced by a Relation.
         relation_id: u32,
-        /// The old key (`'K'`) or, under REPLICA IDENTITY FULL, the old row (`'O'`); absent when
-        /// the key did not change.
         old: Option<TupleData>,
-        /// The new row; unchanged TOASTed columns are [`Value::Unchanged`].
         new: TupleData,
     },
-    /// `'D'`: a deleted row.
-    Delete {
-        /// OID of the table, as announced by a Relation.
-        relation_id: u32,
-        /// The old key (`'K'`, other columns Null) or the old row (`'O'`).
-        old: TupleData,
-    },
-    /// `'T'`: one TRUNCATE statement over one or more tables.
-    Truncate {
-        /// [`TRUNCATE_CASCADE`] and/or [`TRUNCATE_RESTART_IDENTITY`].
-        options: u8,
-        /// OIDs of the truncated tables.
-        relation_ids: Vec<u32>,
-    },
+    /// `'D'`: a deleted row; `old` is the old key (`'K'`, other columns Null) or the old row
+    /// (`'O'`).
+    Delete { relation_id: u32, old: TupleData },
+    /// `'T'`: one TRUNCATE statement; `options` holds [`TRUNCATE_CASCADE`] and/or
+    /// [`TRUNCATE_RESTART_IDENTITY`].
+    Truncate { options: u8, relation_ids: Vec<u32> },
     /// `'M'`: a message written with `pg_logical_emit_message` (sent with `messages 'true'`).
+    /// A transactional one comes inside its transaction, the others at once, outside any; the
+    /// `prefix` tells consumers apart and `content` is a zero-copy slice of the input.
     Message {
-        /// Inside its transaction when true; sent at once, outside any transaction, when false.
         transactional: bool,
-        /// LSN of the message's WAL record.
         lsn: Lsn,
-        /// The prefix the writer chose, to tell consumers apart.
         prefix: String,
-        /// The payload, a zero-copy slice of the input.
         content: Bytes,
     },
 }
@@ -164,7 +136,7 @@ pub enum Value {
     Binary(Bytes),
 }
 
-/// Why a pgoutput message could not be decoded.
+/// Why a pgoutput message could not be decoded; `what` names the field being read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
     /// The payload held no bytes, not even a tag.
@@ -173,44 +145,27 @@ pub enum DecodeError {
     /// The first byte is not a protocol version 1 message tag.
     #[error("unknown pgoutput message tag 0x{0:02X}")]
     UnknownTag(u8),
-    /// The message ended in the middle of the field `what`.
+    /// The message ended in the middle of a field.
     #[error("pgoutput message truncated reading {what}: needed {needed} bytes, {available} left")]
     Truncated {
-        /// The field being read.
         what: &'static str,
-        /// Bytes the field needs.
         needed: usize,
-        /// Bytes that were left.
         available: usize,
     },
     /// A length or count field was negative.
     #[error("negative {what} in pgoutput message: {value}")]
-    NegativeLength {
-        /// The field.
-        what: &'static str,
-        /// The value as sent.
-        value: i32,
-    },
+    NegativeLength { what: &'static str, value: i32 },
     /// A string field was not valid UTF-8.
     #[error("invalid UTF-8 in {what} of pgoutput message")]
-    InvalidUtf8 {
-        /// The field.
-        what: &'static str,
-    },
+    InvalidUtf8 { what: &'static str },
     /// A string field had no terminating NUL.
     #[error("missing NUL terminator for {what} in pgoutput message")]
-    MissingNul {
-        /// The field.
-        what: &'static str,
-    },
-    /// The tuple marker byte was not one the message allows there.
+    MissingNul { what: &'static str },
+    /// The tuple marker byte of a message with tag `tag` was not one allowed there.
     #[error("unexpected tuple kind 0x{found:02X} in pgoutput '{tag}' message, expected {expected}")]
     UnexpectedTupleKind {
-        /// Tag of the message.
         tag: char,
-        /// The markers allowed there.
         expected: &'static str,
-        /// The marker found.
         found: u8,
     },
     /// A column value started with a kind other than `n`, `u`, `t` or `b`.
@@ -221,12 +176,7 @@ pub enum DecodeError {
     UnknownMessageFlags(u8),
     /// Bytes were left after the message.
     #[error("{remaining} trailing bytes after pgoutput '{tag}' message")]
-    TrailingBytes {
-        /// Tag of the message.
-        tag: char,
-        /// Bytes left over.
-        remaining: usize,
-    },
+    TrailingBytes { tag: char, remaining: usize },
 }
 
 /// Decodes one pgoutput message, the whole payload of one `XLogData`; never panics.
