@@ -6,9 +6,9 @@ use bytes::{Buf, Bytes, TryGetError};
 use super::DecodeError;
 use crate::lsn::Lsn;
 
-/// Reads big-endian protocol fields front to back; byte strings are zero-copy slices.
+/// Reads big-endian protocol fields front to back from the unread rest of a message; byte
+/// strings are zero-copy slices of it.
 pub(crate) struct Cursor {
-    /// The unread rest of the message.
     buf: Bytes,
 }
 

@@ -14,11 +14,6 @@ use bytes::Bytes;
 use self::cursor::Cursor;
 use crate::lsn::Lsn;
 
-/// Bit in [`Message::Truncate`]'s `options`: `TRUNCATE ... CASCADE`.
-pub const TRUNCATE_CASCADE: u8 = 1;
-/// Bit in [`Message::Truncate`]'s `options`: `TRUNCATE ... RESTART IDENTITY`.
-pub const TRUNCATE_RESTART_IDENTITY: u8 = 2;
-
 /// One decoded pgoutput message. Times are microseconds since 2000-01-01 UTC, as Postgres keeps
 /// them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,8 +58,7 @@ pub enum Message {
     /// `'D'`: a deleted row; `old` is the old key (`'K'`, other columns Null) or the old row
     /// (`'O'`).
     Delete { relation_id: u32, old: TupleData },
-    /// `'T'`: one TRUNCATE statement; `options` holds [`TRUNCATE_CASCADE`] and/or
-    /// [`TRUNCATE_RESTART_IDENTITY`].
+    /// `'T'`: one TRUNCATE statement; `options` bit 1 is CASCADE, bit 2 RESTART IDENTITY.
     Truncate { options: u8, relation_ids: Vec<u32> },
     /// `'M'`: a message written with `pg_logical_emit_message` (sent with `messages 'true'`).
     /// A transactional one comes inside its transaction, the others at once, outside any; the
@@ -102,7 +96,7 @@ impl Relation {
 /// One published column of a [`Relation`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Column {
-    /// 1 when the column is part of the replica identity key, else 0.
+    /// 1 when the column is part of the replica identity key (sent in old-key `'K'` tuples).
     pub flags: u8,
     /// Column name.
     pub name: String,
@@ -110,13 +104,6 @@ pub struct Column {
     pub type_oid: u32,
     /// `atttypmod`, e.g. the length of `varchar(n)` + 4; -1 when none.
     pub type_modifier: i32,
-}
-
-impl Column {
-    /// Whether the column is sent in old-key (`'K'`) tuples.
-    pub fn is_key(&self) -> bool {
-        self.flags & 1 != 0
-    }
 }
 
 /// The values of one row, in the column order of its [`Relation`].

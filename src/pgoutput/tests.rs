@@ -119,7 +119,7 @@ fn changes(msgs: &[(Line, Message)]) -> Vec<&Message> {
 fn column_summary(r: &Relation) -> Vec<(&str, u32, i32, bool)> {
     r.columns
         .iter()
-        .map(|c| (c.name.as_str(), c.type_oid, c.type_modifier, c.is_key()))
+        .map(|c| (c.name.as_str(), c.type_oid, c.type_modifier, c.flags == 1))
         .collect()
 }
 
@@ -324,7 +324,7 @@ fn unchanged_toast_and_key_tuples() {
     let rel = relation_of(&msgs, 0);
     assert_eq!(rel.name, "docs");
     assert_eq!(rel.replica_identity, b'd');
-    let key: Vec<_> = rel.columns.iter().map(Column::is_key).collect();
+    let key: Vec<_> = rel.columns.iter().map(|c| c.flags == 1).collect();
     assert_eq!(key, [true, false, false]);
 
     let ch = changes(&msgs);
@@ -431,11 +431,11 @@ fn truncate_options_and_relations() {
         truncates,
         [
             Message::Truncate {
-                options: TRUNCATE_RESTART_IDENTITY,
+                options: 2, // RESTART IDENTITY
                 relation_ids: vec![a, b],
             },
             Message::Truncate {
-                options: TRUNCATE_CASCADE,
+                options: 1, // CASCADE
                 relation_ids: vec![b],
             },
         ]
