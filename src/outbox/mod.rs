@@ -405,19 +405,13 @@ fn timestamp_ms<E: Event>(event: &E, column: &E::Column) -> Result<Option<i64>, 
         return Ok(None);
     };
     let text = std::str::from_utf8(&raw).unwrap_or_default();
-    match text
-        .parse::<i64>()
-        .ok()
-        .or_else(|| values::parse_timestamp_ms(text))
-    {
-        Some(ms) => Ok(Some(ms)),
-        None => Err(invalid(
-            event.name(column),
-            "not a timestamp or epoch milliseconds",
-        )),
-    }
+    let ms = text.parse::<i64>().ok();
+    let ms = ms.or_else(|| values::parse_timestamp_ms(text));
+    let why = "not a timestamp or epoch milliseconds";
+    ms.map(Some).ok_or_else(|| invalid(event.name(column), why))
 }
 
+/// [`EventError::InvalidValue`] of `column`.
 fn invalid(column: String, reason: &str) -> EventError {
     EventError::InvalidValue {
         column,
