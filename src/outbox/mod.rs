@@ -19,6 +19,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use tokio_postgres::types::Type;
 
 pub use mapper::{EventMapper, Mapped};
 pub use template::{HeaderColumn, Segment, TableName, TopicTemplate, quote_ident};
@@ -434,8 +435,10 @@ struct Row<'a> {
 }
 
 impl Row<'_> {
-    fn type_oid(&self, idx: usize) -> Option<u32> {
-        self.relation.columns.get(idx).map(|c| c.type_oid)
+    /// The column's type, when it is a built-in one.
+    fn type_of(&self, idx: usize) -> Option<Type> {
+        let column = self.relation.columns.get(idx)?;
+        Type::from_oid(column.type_oid)
     }
 }
 
@@ -464,7 +467,7 @@ impl Event for Row<'_> {
 
     fn payload(&self, idx: &usize) -> Result<Option<Bytes>, EventError> {
         let value = self.value(idx)?;
-        if self.type_oid(*idx) != Some(values::oid::BYTEA) {
+        if self.type_of(*idx) != Some(Type::BYTEA) {
             return Ok(value);
         }
         value
@@ -477,10 +480,8 @@ impl Event for Row<'_> {
     }
 
     fn payload_is_json(&self, idx: &usize) -> bool {
-        matches!(
-            self.type_oid(*idx),
-            Some(values::oid::JSON | values::oid::JSONB)
-        )
+        let json = [Type::JSON, Type::JSONB];
+        self.type_of(*idx).is_some_and(|t| json.contains(&t))
     }
 }
 
@@ -493,8 +494,8 @@ impl TableMapping {
             column_index(relation, &table, flag, column)
         })?;
         if let Some(column) = plan.timestamp.and_then(|idx| relation.columns.get(idx)) {
-            use values::oid::{INT4, INT8, TIMESTAMP, TIMESTAMPTZ};
-            if !matches!(column.type_oid, TIMESTAMPTZ | TIMESTAMP | INT8 | INT4) {
+            let readable = [Type::TIMESTAMPTZ, Type::TIMESTAMP, Type::INT8, Type::INT4];
+            if !Type::from_oid(column.type_oid).is_some_and(|t| readable.contains(&t)) {
                 return Err(BindError::TimestampType {
                     table,
                     column: column.name.clone(),

@@ -1,5 +1,6 @@
 use super::*;
 use crate::pgoutput::Column;
+use tokio_postgres::types::Type;
 
 const UUID: u32 = 2950;
 const TEXT: u32 = 25;
@@ -30,7 +31,7 @@ fn standard() -> Relation {
         ("aggregate_id", TEXT),
         ("event_type", TEXT),
         ("payload", JSONB),
-        ("created_at", values::oid::TIMESTAMPTZ),
+        ("created_at", Type::TIMESTAMPTZ.oid()),
     ])
 }
 
@@ -114,7 +115,7 @@ fn bytea_payload_is_decoded_to_raw_bytes() {
         ("id", UUID),
         ("aggregate_id", TEXT),
         ("event_type", TEXT),
-        ("payload", values::oid::BYTEA),
+        ("payload", Type::BYTEA.oid()),
     ]);
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
     let r = row(vec![t("1"), t("a"), t("E"), t("\\x00ff")]);
@@ -158,7 +159,7 @@ fn epoch_millis_timestamp_column() {
         ("aggregate_id", TEXT),
         ("event_type", TEXT),
         ("payload", JSONB),
-        ("ts", values::oid::INT8),
+        ("ts", Type::INT8.oid()),
     ]);
     let m = TableMapping::bind(&config(|c| c.timestamp_column = Some("ts".into())), &rel).unwrap();
     let r = row(vec![
@@ -359,7 +360,7 @@ fn cloudevents_headers_come_from_the_row_and_the_commit_time() {
         ("aggregate_id", TEXT),
         ("event_type", TEXT),
         ("payload", TEXT),
-        ("created_at", values::oid::TIMESTAMPTZ),
+        ("created_at", Type::TIMESTAMPTZ.oid()),
     ]);
     let m = TableMapping::bind(&config(ce), &text_payload).unwrap();
     let mut r = standard_row(t("hello"));

@@ -4,24 +4,6 @@
 use bytes::Bytes;
 use chrono::{DateTime, NaiveDateTime};
 
-/// Well-known type OIDs (`pg_type.oid`), stable across Postgres versions.
-pub mod oid {
-    /// `bytea`
-    pub const BYTEA: u32 = 17;
-    /// `int8`
-    pub const INT8: u32 = 20;
-    /// `int4`
-    pub const INT4: u32 = 23;
-    /// `json`
-    pub const JSON: u32 = 114;
-    /// `jsonb`
-    pub const JSONB: u32 = 3802;
-    /// `timestamp`
-    pub const TIMESTAMP: u32 = 1114;
-    /// `timestamptz`
-    pub const TIMESTAMPTZ: u32 = 1184;
-}
-
 /// Decodes bytea's hex output (`\x0102ff`); `None` for anything else (the relay never changes
 /// `bytea_output` from its `hex` default).
 pub fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
