@@ -82,11 +82,11 @@ fn benches(c: &mut Criterion) {
         b.iter(|| pgoutput::decode(black_box(&insert)))
     });
     group.bench_function("table_mapping_map", |b| {
-        b.iter(|| mapping.map(black_box(&relation), black_box(&row), black_box(0)))
+        b.iter(|| mapping.map(black_box(&row), black_box(0)))
     });
     group.bench_function("decode_and_map", |b| {
         b.iter(|| match pgoutput::decode(black_box(&insert)) {
-            Ok(Message::Insert { new, .. }) => mapping.map(&relation, &new, 0).is_ok(),
+            Ok(Message::Insert { new, .. }) => mapping.map(&new, 0).is_ok(),
             _ => false,
         })
     });

@@ -25,7 +25,7 @@
 //! tracker's ledger; `Health` is created by the command and passed in.
 //!
 //! # Where things are
-//! - [`pgoutput`]: the pure decoder (bytes → messages, relation cache).
+//! - [`pgoutput`]: the pure decoder (bytes → messages).
 //! - [`outbox`]: the pure mapping (row or message → topic, key, headers, payload).
 //! - [`pipeline::ack`]: the ack tracker, the one in-flight ledger.
 //! - [`pipeline`]: the loop that joins them, over the two traits.

@@ -173,7 +173,7 @@ async fn backfill(
                 })
                 .collect();
             let record = mapping
-                .map(&relation, &TupleData(values), now_ms)
+                .map(&TupleData(values), now_ms)
                 .map_err(|e| CommandError::Refused(format!("{table}: {e}")))?;
             if let Some(d) = delivered_before.as_mut()
                 && d.contains(&sink, &record.topic, &record.id)?

@@ -1,17 +1,16 @@
 //! PURE: the CloudEvents Kafka protocol binding, binary content mode.
 //!
-//! The record keeps its key, value and `id` header; the event's context
-//! attributes travel as `ce_*` headers and its data content type as
-//! `content-type`, so a CloudEvents SDK reads the record as an event while
-//! consumers that ignore CloudEvents see the same record as before.
+//! The record keeps its key, value and `id` header; the event's attributes travel as `ce_*`
+//! headers and its data content type as `content-type`, so a CloudEvents SDK reads the record as
+//! an event while consumers that ignore CloudEvents see the same record as before.
 
 use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-/// `--cloudevents` settings, part of the mapping so every path that maps
-/// events (the relay, and tools that show what it would produce) adds the
-/// same headers.
+/// `--cloudevents` settings, part of the mapping so every path that maps events (the relay,
+/// `peek`) adds the same headers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CloudEventsConfig {
     /// `--cloudevents-source`; `None` derives one per table.
@@ -21,8 +20,8 @@ pub struct CloudEventsConfig {
 }
 
 impl CloudEventsConfig {
-    /// `ce_source` for events from `origin` (`schema/table`, or `message/<prefix>`):
-    /// the flag's value, else `/<database>/<origin>`.
+    /// `ce_source` for events from `origin` (`schema/table` or `message/<prefix>`): the flag's
+    /// value, else `/<database>/<origin>`.
     pub fn source_for(&self, origin: &str) -> Arc<str> {
         match &self.source {
             Some(source) => Arc::from(source.as_str()),
@@ -31,75 +30,50 @@ impl CloudEventsConfig {
     }
 }
 
-/// Header names of the binding.
-pub mod headers {
-    /// Always `1.0`.
-    pub const SPEC_VERSION: &str = "ce_specversion";
-    /// The event id.
-    pub const ID: &str = "ce_id";
-    /// The route-by value.
-    pub const TYPE: &str = "ce_type";
-    /// Where the event comes from.
-    pub const SOURCE: &str = "ce_source";
-    /// The commit time, RFC 3339.
-    pub const TIME: &str = "ce_time";
-    /// The record key, when not null.
-    pub const SUBJECT: &str = "ce_subject";
-    /// The data content type (`datacontenttype`).
-    pub const CONTENT_TYPE: &str = "content-type";
-}
-
 /// One event's attributes, as read from its row or message.
 #[derive(Clone, Debug)]
 pub struct Attributes<'a> {
     /// `ce_source`.
     pub source: &'a Arc<str>,
-    /// The id column's text.
+    /// `ce_id`: the event id.
     pub id: &'a Bytes,
-    /// The route-by value.
+    /// `ce_type`: the route-by value.
     pub event_type: Bytes,
-    /// The key, when not null.
+    /// `ce_subject`: the key, when not null.
     pub subject: Option<&'a Bytes>,
-    /// Commit time, Unix milliseconds.
+    /// `ce_time`: the commit time, Unix milliseconds.
     pub time_ms: i64,
-    /// Whether the payload is JSON (json/jsonb column, or a JSON non-string field).
+    /// Whether the payload is JSON (a json/jsonb column or a non-string JSON field), which
+    /// sets `content-type: application/json`.
     pub json: bool,
 }
 
-/// The `ce_*` (and `content-type`) headers for one event, in a fixed order.
+/// The `ce_*` and `content-type` headers of one event, in a fixed order; absent attributes are
+/// left out.
 pub fn headers(attrs: &Attributes<'_>) -> Vec<(Arc<str>, Option<Bytes>)> {
-    use headers as h;
-    let mut out: Vec<(Arc<str>, Option<Bytes>)> = vec![
-        (Arc::from(h::SPEC_VERSION), Some(Bytes::from_static(b"1.0"))),
-        (Arc::from(h::ID), Some(attrs.id.clone())),
-        (Arc::from(h::TYPE), Some(attrs.event_type.clone())),
+    // Commit times are never before 1970; clamp rather than fail.
+    let time = UNIX_EPOCH + Duration::from_millis(u64::try_from(attrs.time_ms).unwrap_or(0));
+    let time = humantime::format_rfc3339_millis(time).to_string();
+    [
+        ("ce_specversion", Some(Bytes::from_static(b"1.0"))),
+        ("ce_id", Some(attrs.id.clone())),
+        ("ce_type", Some(attrs.event_type.clone())),
         (
-            Arc::from(h::SOURCE),
+            "ce_source",
             Some(Bytes::copy_from_slice(attrs.source.as_bytes())),
         ),
+        ("ce_time", Some(Bytes::from(time))),
+        ("ce_subject", attrs.subject.cloned()),
         (
-            Arc::from(h::TIME),
-            Some(Bytes::from(rfc3339(attrs.time_ms))),
+            "content-type",
+            attrs
+                .json
+                .then_some(Bytes::from_static(b"application/json")),
         ),
-    ];
-    if let Some(subject) = attrs.subject {
-        out.push((Arc::from(h::SUBJECT), Some(subject.clone())));
-    }
-    if attrs.json {
-        out.push((
-            Arc::from(h::CONTENT_TYPE),
-            Some(Bytes::from_static(b"application/json")),
-        ));
-    }
-    out
-}
-
-/// Unix milliseconds as RFC 3339 UTC with milliseconds; times before 1970
-/// (never a commit time) clamp to the epoch.
-fn rfc3339(ms: i64) -> String {
-    let ms = u64::try_from(ms).unwrap_or(0);
-    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-    humantime::format_rfc3339_millis(time).to_string()
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| Some((Arc::from(name), Some(value?))))
+    .collect()
 }
 
 #[cfg(test)]

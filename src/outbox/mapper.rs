@@ -1,20 +1,18 @@
-//! PURE: the one place where decoded pgoutput becomes outbox records, shared by
-//! the relay and `outbox-relay peek` so both map with the same code and flags.
-//!
-//! It follows the session's Relation messages (binding the configured outbox
-//! tables' mappings) and maps inserts and logical decoding messages; ordering,
-//! acknowledgement and delivery stay with the caller.
+//! PURE: the one place where decoded pgoutput becomes outbox records, shared by the relay and
+//! `outbox-relay peek` so both map with the same code and flags. Ordering, acknowledgement and
+//! delivery stay with the caller.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::message::MessageMapping;
+use super::message::Fields;
 use super::{
-    BindError, EventError, MappingConfig, OutboxRecord, RawParts, TableMapping, TableName,
+    BindError, EventError, MappingConfig, OutboxRecord, Plan, RawParts, TableMapping, TableName,
 };
-use crate::pgoutput::{Relation, RelationCache, TupleData};
+use crate::pgoutput::{Relation, TupleData};
 
 /// A mapped event, or why it does not map and what could be read of it.
 pub type Mapped = Result<OutboxRecord, (EventError, RawParts)>;
@@ -23,9 +21,11 @@ pub type Mapped = Result<OutboxRecord, (EventError, RawParts)>;
 #[derive(Debug, Default)]
 pub struct EventMapper {
     tables: Vec<(TableName, MappingConfig)>,
-    relations: RelationCache,
+    /// The outbox tables' mappings, by relation OID, as last announced.
     bound: HashMap<u32, TableMapping>,
-    messages: HashMap<String, MessageMapping>,
+    /// By prefix: `message:<prefix>` (what errors and dead letters name as the table) and the
+    /// mapping, resolved to field names.
+    messages: HashMap<String, (Arc<str>, Plan<String>)>,
 }
 
 impl EventMapper {
@@ -36,21 +36,24 @@ impl EventMapper {
     ) -> Self {
         EventMapper {
             tables,
+            bound: HashMap::new(),
             messages: messages
                 .into_iter()
                 .map(|(prefix, config)| {
-                    let mapping = MessageMapping::new(config, &prefix);
-                    (prefix, mapping)
+                    let origin = format!("message/{prefix}");
+                    let Ok(plan) = Plan::bind(&config, &origin, |_, field| {
+                        Ok::<_, Infallible>(field.to_owned())
+                    });
+                    let source = Arc::from(format!("message:{prefix}").as_str());
+                    (prefix, (source, plan))
                 })
                 .collect(),
-            ..EventMapper::default()
         }
     }
 
-    /// Takes a Relation message: binds the mapping when the table is an
-    /// outbox table, or a partition of `root` (an outbox table) sent under its
-    /// own name; records then name the root. A table that no longer fits its
-    /// mapping is an error.
+    /// Takes a Relation message: binds the mapping when the table is an outbox table, or a
+    /// partition of `root` (an outbox table) sent under its own name; records then name the
+    /// root. A table that no longer fits its mapping is an error.
     pub fn relation(
         &mut self,
         relation: Relation,
@@ -60,21 +63,18 @@ impl EventMapper {
             schema: relation.namespace.clone(),
             name: relation.name.clone(),
         });
-        match self.tables.iter().find(|(t, _)| *t == table) {
-            Some((_, config)) => {
-                let named = Relation {
-                    namespace: table.schema,
-                    name: table.name,
-                    ..relation.clone()
-                };
-                let mapping = TableMapping::bind(config, &named)?;
-                self.bound.insert(relation.id, mapping);
-            }
-            None => {
-                self.bound.remove(&relation.id);
-            }
-        }
-        self.relations.insert(relation);
+        let Some((_, config)) = self.tables.iter().find(|(t, _)| *t == table) else {
+            // Renamed away, or never an outbox table.
+            self.bound.remove(&relation.id);
+            return Ok(());
+        };
+        let named = Relation {
+            namespace: table.schema,
+            name: table.name,
+            ..relation
+        };
+        self.bound
+            .insert(named.id, TableMapping::bind(config, &named)?);
         Ok(())
     }
 
@@ -90,8 +90,8 @@ impl EventMapper {
         self.bound.get(&relation_id).map(TableMapping::table)
     }
 
-    /// Maps an inserted row: `None` when the table is not an outbox table,
-    /// else the table and the record.
+    /// Maps an inserted row: `None` when the table is not an outbox table, else the table and
+    /// the record.
     pub fn insert(
         &self,
         relation_id: u32,
@@ -99,25 +99,33 @@ impl EventMapper {
         commit_time_ms: i64,
     ) -> Option<(Arc<str>, Mapped)> {
         let mapping = self.bound.get(&relation_id)?;
-        let relation = self.relations.get(relation_id)?;
         let mapped = mapping
-            .map(relation, row, commit_time_ms)
+            .map(row, commit_time_ms)
             .map_err(|error| (error, mapping.raw_parts(row)));
         Some((mapping.table().clone(), mapped))
     }
 
-    /// Maps a logical decoding message: `None` when its prefix is not an
-    /// outbox prefix, else `message:<prefix>` and the record.
+    /// Maps a logical decoding message: `None` when its prefix is not an outbox prefix, else
+    /// `message:<prefix>` and the record.
     pub fn message(
         &self,
         prefix: &str,
         content: &Bytes,
         commit_time_ms: i64,
     ) -> Option<(Arc<str>, Mapped)> {
-        let mapping = self.messages.get(prefix)?;
-        let mapped = mapping
-            .map(content, commit_time_ms)
-            .map_err(|error| (error, mapping.raw_parts(content)));
-        Some((mapping.source().clone(), mapped))
+        let (source, plan) = self.messages.get(prefix)?;
+        let mapped = match Fields::parse(content) {
+            Ok(fields) => plan
+                .map(&fields, commit_time_ms)
+                .map_err(|error| (error, plan.raw_parts(&fields))),
+            Err(error) => {
+                let parts = RawParts {
+                    payload: Some(content.clone()),
+                    ..RawParts::default()
+                };
+                Err((error, parts))
+            }
+        };
+        Some((source.clone(), mapped))
     }
 }

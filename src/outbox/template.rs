@@ -12,17 +12,15 @@ pub struct TableName {
 }
 
 impl TableName {
-    /// Parses `schema.table` or `table` (schema `public`). Double quotes around a
-    /// part are stripped; the name is otherwise taken exactly as written.
+    /// Parses `schema.table` or `table` (schema `public`). Double quotes around a part are
+    /// stripped; the name is otherwise taken exactly as written.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let parts: Vec<&str> = raw.trim().split('.').collect();
         let unquote = |s: &str| s.trim().trim_matches('"').to_owned();
-        let (schema, name) = match parts.as_slice() {
-            [name] => ("public".to_owned(), unquote(name)),
-            [schema, name] => (unquote(schema), unquote(name)),
-            _ => return Err("expected SCHEMA.TABLE or TABLE".to_owned()),
+        let (schema, name) = match raw.trim().split_once('.') {
+            None => ("public".to_owned(), unquote(raw)),
+            Some((schema, name)) => (unquote(schema), unquote(name)),
         };
-        if schema.is_empty() || name.is_empty() {
+        if schema.is_empty() || name.is_empty() || name.contains('.') {
             return Err("expected SCHEMA.TABLE or TABLE".to_owned());
         }
         Ok(TableName { schema, name })
@@ -45,15 +43,12 @@ pub fn quote_ident(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
 }
 
-/// The routing placeholder, named as in Debezium's `route.topic.replacement`.
-pub const ROUTED_BY_VALUE: &str = "routedByValue";
-
 /// One piece of a topic template.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Segment {
     /// Text copied as is.
     Literal(String),
-    /// `${routedByValue}`: the value of the route-by column.
+    /// `${routedByValue}` (named as in Debezium's `route.topic.replacement`): the route-by value.
     RoutedByValue,
     /// `${column}`: the value of a named column.
     Column(String),
@@ -73,33 +68,28 @@ impl TopicTemplate {
         let mut rest = raw;
         while let Some(pos) = rest.find('$') {
             literal.push_str(&rest[..pos]);
-            let after = &rest[pos + 1..];
-            if let Some(tail) = after.strip_prefix('$') {
+            rest = &rest[pos + 1..];
+            if let Some(tail) = rest.strip_prefix('$') {
                 literal.push('$');
                 rest = tail;
-            } else if let Some(body) = after.strip_prefix('{') {
-                let end = body
-                    .find('}')
-                    .ok_or_else(|| "a `${` placeholder is not closed with `}`".to_owned())?;
-                let name = &body[..end];
-                if name.is_empty() {
-                    return Err("empty placeholder `${}`".to_owned());
-                }
-                if !literal.is_empty() {
-                    segments.push(Segment::Literal(std::mem::take(&mut literal)));
-                }
-                segments.push(if name == ROUTED_BY_VALUE {
-                    Segment::RoutedByValue
-                } else {
-                    Segment::Column(name.to_owned())
-                });
-                rest = &body[end + 1..];
-            } else {
+                continue;
+            }
+            let Some((name, tail)) = rest.strip_prefix('{').and_then(|r| r.split_once('}')) else {
                 return Err(
-                    "`$` must start a `${column}` placeholder (write `$$` for a literal `$`)"
+                    "`$` must start a `${column}` placeholder closed by `}` (write `$$` for a \
+                     literal `$`)"
                         .to_owned(),
                 );
+            };
+            if !literal.is_empty() {
+                segments.push(Segment::Literal(std::mem::take(&mut literal)));
             }
+            segments.push(match name {
+                "" => return Err("empty placeholder `${}`".to_owned()),
+                "routedByValue" => Segment::RoutedByValue,
+                column => Segment::Column(column.to_owned()),
+            });
+            rest = tail;
         }
         literal.push_str(rest);
         if !literal.is_empty() {
@@ -129,10 +119,8 @@ pub struct HeaderColumn {
 impl HeaderColumn {
     /// Parses `COLUMN` or `COLUMN:HEADER`.
     pub fn parse(raw: &str) -> Result<Self, String> {
-        let (column, header) = match raw.split_once(':') {
-            Some((c, h)) => (c.trim(), h.trim()),
-            None => (raw.trim(), raw.trim()),
-        };
+        let (column, header) = raw.split_once(':').unwrap_or((raw, raw));
+        let (column, header) = (column.trim(), header.trim());
         if column.is_empty() || header.is_empty() {
             return Err("expected COLUMN or COLUMN:HEADER".to_owned());
         }

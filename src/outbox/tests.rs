@@ -1,5 +1,6 @@
 use super::*;
 use crate::pgoutput::Column;
+use tokio_postgres::types::Type;
 
 const UUID: u32 = 2950;
 const TEXT: u32 = 25;
@@ -30,7 +31,7 @@ fn standard() -> Relation {
         ("aggregate_id", TEXT),
         ("event_type", TEXT),
         ("payload", JSONB),
-        ("created_at", values::oid::TIMESTAMPTZ),
+        ("created_at", Type::TIMESTAMPTZ.oid()),
     ])
 }
 
@@ -72,9 +73,7 @@ fn standard_row(payload: Value) -> TupleData {
 fn maps_the_common_schema_with_defaults() {
     let rel = standard();
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
-    let rec = m
-        .map(&rel, &standard_row(t(r#"{"total": 10}"#)), 1_000)
-        .unwrap();
+    let rec = m.map(&standard_row(t(r#"{"total": 10}"#)), 1_000).unwrap();
     assert_eq!(rec.topic, "OrderCreated");
     assert_eq!(rec.key.as_deref(), Some(&b"order-42"[..]));
     assert_eq!(rec.payload.as_deref(), Some(&br#"{"total": 10}"#[..]));
@@ -95,7 +94,7 @@ fn reproduces_debezium_default_topic_and_column_placeholders() {
         &rel,
     )
     .unwrap();
-    let rec = m.map(&rel, &standard_row(Value::Null), 0).unwrap();
+    let rec = m.map(&standard_row(Value::Null), 0).unwrap();
     assert_eq!(rec.topic, "outbox.order.OrderCreated");
 }
 
@@ -105,7 +104,7 @@ fn null_payload_is_a_tombstone_and_null_key_is_null() {
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
     let mut r = standard_row(Value::Null);
     r.0[2] = Value::Null;
-    let rec = m.map(&rel, &r, 0).unwrap();
+    let rec = m.map(&r, 0).unwrap();
     assert_eq!(rec.payload, None);
     assert_eq!(rec.key, None);
 }
@@ -116,17 +115,17 @@ fn bytea_payload_is_decoded_to_raw_bytes() {
         ("id", UUID),
         ("aggregate_id", TEXT),
         ("event_type", TEXT),
-        ("payload", values::oid::BYTEA),
+        ("payload", Type::BYTEA.oid()),
     ]);
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
     let r = row(vec![t("1"), t("a"), t("E"), t("\\x00ff")]);
     assert_eq!(
-        m.map(&rel, &r, 0).unwrap().payload.as_deref(),
+        m.map(&r, 0).unwrap().payload.as_deref(),
         Some(&[0u8, 0xff][..])
     );
     let bad = row(vec![t("1"), t("a"), t("E"), t("\\xf")]);
     assert!(matches!(
-        m.map(&rel, &bad, 0),
+        m.map(&bad, 0),
         Err(EventError::InvalidValue { .. })
     ));
 }
@@ -145,7 +144,7 @@ fn headers_and_timestamp_column() {
         &rel,
     )
     .unwrap();
-    let rec = m.map(&rel, &standard_row(Value::Null), 0).unwrap();
+    let rec = m.map(&standard_row(Value::Null), 0).unwrap();
     assert_eq!(rec.timestamp_ms, 1_795_352_754_123);
     assert_eq!(rec.headers.len(), 2);
     assert_eq!(rec.headers[0].0.as_ref(), "type");
@@ -160,7 +159,7 @@ fn epoch_millis_timestamp_column() {
         ("aggregate_id", TEXT),
         ("event_type", TEXT),
         ("payload", JSONB),
-        ("ts", values::oid::INT8),
+        ("ts", Type::INT8.oid()),
     ]);
     let m = TableMapping::bind(&config(|c| c.timestamp_column = Some("ts".into())), &rel).unwrap();
     let r = row(vec![
@@ -170,9 +169,9 @@ fn epoch_millis_timestamp_column() {
         Value::Null,
         t("1700000000000"),
     ]);
-    assert_eq!(m.map(&rel, &r, 5).unwrap().timestamp_ms, 1_700_000_000_000);
+    assert_eq!(m.map(&r, 5).unwrap().timestamp_ms, 1_700_000_000_000);
     let r = row(vec![t("1"), t("a"), t("E"), Value::Null, t("soon")]);
-    assert!(m.map(&rel, &r, 5).is_err());
+    assert!(m.map(&r, 5).is_err());
 }
 
 #[test]
@@ -213,22 +212,22 @@ fn bad_rows_are_typed_errors() {
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
     let mut r = standard_row(Value::Null);
     r.0[0] = Value::Null;
-    assert!(matches!(m.map(&rel, &r, 0), Err(EventError::NullId { .. })));
+    assert!(matches!(m.map(&r, 0), Err(EventError::NullId { .. })));
     let mut r = standard_row(Value::Null);
     r.0[3] = t("");
     assert!(matches!(
-        m.map(&rel, &r, 0),
+        m.map(&r, 0),
         Err(EventError::EmptyRoutingValue { .. })
     ));
     let mut r = standard_row(Value::Null);
     r.0[3] = Value::Null;
     assert!(matches!(
-        m.map(&rel, &r, 0),
+        m.map(&r, 0),
         Err(EventError::EmptyRoutingValue { .. })
     ));
     let short = row(vec![t("1")]);
     assert!(matches!(
-        m.map(&rel, &short, 0),
+        m.map(&short, 0),
         Err(EventError::InvalidValue { .. })
     ));
     let mut r = standard_row(Value::Null);
@@ -238,7 +237,7 @@ fn bad_rows_are_typed_errors() {
         &rel,
     )
     .unwrap();
-    assert!(m2.map(&rel, &r, 0).is_err());
+    assert!(m2.map(&r, 0).is_err());
 }
 
 #[test]
@@ -249,18 +248,15 @@ fn topic_names_kafka_rejects_are_event_errors() {
         let mut r = standard_row(Value::Null);
         r.0[3] = t(bad);
         assert!(
-            matches!(m.map(&rel, &r, 0), Err(EventError::InvalidTopic { .. })),
+            matches!(m.map(&r, 0), Err(EventError::InvalidTopic { .. })),
             "{bad:?}"
         );
     }
     let mut r = standard_row(Value::Null);
     r.0[3] = t(&"x".repeat(250));
-    assert!(matches!(
-        m.map(&rel, &r, 0),
-        Err(EventError::InvalidTopic { .. })
-    ));
+    assert!(matches!(m.map(&r, 0), Err(EventError::InvalidTopic { .. })));
     r.0[3] = t(&"x".repeat(249));
-    assert!(m.map(&rel, &r, 0).is_ok());
+    assert!(m.map(&r, 0).is_ok());
 }
 
 #[test]
@@ -333,7 +329,7 @@ fn cloudevents_headers_come_from_the_row_and_the_commit_time() {
     };
     let rel = standard();
     let m = TableMapping::bind(&config(ce), &rel).unwrap();
-    let rec = m.map(&rel, &standard_row(t("{}")), 1_000).unwrap();
+    let rec = m.map(&standard_row(t("{}")), 1_000).unwrap();
     let header = |name: &str| {
         rec.headers
             .iter()
@@ -364,12 +360,12 @@ fn cloudevents_headers_come_from_the_row_and_the_commit_time() {
         ("aggregate_id", TEXT),
         ("event_type", TEXT),
         ("payload", TEXT),
-        ("created_at", values::oid::TIMESTAMPTZ),
+        ("created_at", Type::TIMESTAMPTZ.oid()),
     ]);
     let m = TableMapping::bind(&config(ce), &text_payload).unwrap();
     let mut r = standard_row(t("hello"));
     r.0[2] = Value::Null;
-    let rec = m.map(&text_payload, &r, 0).unwrap();
+    let rec = m.map(&r, 0).unwrap();
     assert!(!rec.headers.iter().any(|(n, _)| &**n == "ce_subject"));
     assert!(!rec.headers.iter().any(|(n, _)| &**n == "content-type"));
     let m = TableMapping::bind(
@@ -382,7 +378,66 @@ fn cloudevents_headers_come_from_the_row_and_the_commit_time() {
     .unwrap();
     r.0[3] = Value::Null;
     assert!(matches!(
-        m.map(&rel, &r, 0),
+        m.map(&r, 0),
         Err(EventError::EmptyRoutingValue { .. })
     ));
+}
+
+#[test]
+fn event_mapper_follows_relation_reannouncements() {
+    let outbox = TableName::parse("public.outbox").unwrap();
+    let mut mapper = EventMapper::new(vec![(outbox, config(|_| {}))], vec![]);
+    let rel = standard();
+    let row = standard_row(Value::Null);
+    assert!(
+        mapper.insert(rel.id, &row, 0).is_none(),
+        "not announced yet"
+    );
+    mapper.relation(rel.clone(), None).unwrap();
+    let (table, mapped) = mapper.insert(rel.id, &row, 0).unwrap();
+    assert_eq!(table.as_ref(), "public.outbox");
+    assert!(mapped.is_ok());
+
+    // Re-announced with a column dropped: rebinds to the new layout.
+    let mut narrower = rel.clone();
+    narrower.columns.pop();
+    mapper.relation(narrower, None).unwrap();
+    let mut short = row.clone();
+    short.0.pop();
+    assert!(mapper.insert(rel.id, &short, 0).unwrap().1.is_ok());
+
+    // A column the mapping needs is gone: an error, and the old binding stays.
+    let mut broken = rel.clone();
+    broken.columns.remove(2);
+    assert!(matches!(
+        mapper.relation(broken, None),
+        Err(BindError::MissingColumn { .. })
+    ));
+    assert!(mapper.outbox_table(rel.id).is_some());
+
+    // Renamed away: no longer an outbox table.
+    let mut renamed = rel.clone();
+    renamed.namespace = "archive".into();
+    mapper.relation(renamed.clone(), None).unwrap();
+    assert!(mapper.outbox_table(rel.id).is_none());
+    assert!(mapper.insert(rel.id, &row, 0).is_none());
+
+    // Recreated under the old name with a new OID: the new OID maps, the old one does not.
+    let mut recreated = rel.clone();
+    recreated.id = 99_999;
+    mapper.relation(recreated, None).unwrap();
+    assert!(mapper.insert(99_999, &row, 0).unwrap().1.is_ok());
+    mapper.relation(renamed, None).unwrap();
+    assert!(mapper.insert(rel.id, &row, 0).is_none());
+
+    // A partition announced under its own name maps as its root.
+    let mut partition = rel.clone();
+    partition.id = 4242;
+    partition.name = "outbox_2024".into();
+    let root = TableName::parse("public.outbox").unwrap();
+    mapper.relation(partition, Some(root)).unwrap();
+    assert_eq!(
+        mapper.insert(4242, &row, 0).unwrap().0.as_ref(),
+        "public.outbox"
+    );
 }

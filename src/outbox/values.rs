@@ -1,41 +1,19 @@
-//! Column values in Postgres' text output format, turned into record bytes.
-//!
-//! The replication session pins `DateStyle=ISO` and `TimeZone=UTC`, so the
-//! timestamps parsed here always arrive as `YYYY-MM-DD HH:MM:SS[.ffffff]+00`.
+//! Column values in Postgres' text output format, turned into record bytes and times. The
+//! replication session pins `DateStyle=ISO` and `TimeZone=UTC`.
 
 use bytes::Bytes;
 use chrono::{DateTime, NaiveDateTime};
 
-/// Well-known type OIDs (`pg_type.oid`), stable across Postgres versions.
-pub mod oid {
-    /// `bytea`
-    pub const BYTEA: u32 = 17;
-    /// `int8`
-    pub const INT8: u32 = 20;
-    /// `int4`
-    pub const INT4: u32 = 23;
-    /// `json`
-    pub const JSON: u32 = 114;
-    /// `jsonb`
-    pub const JSONB: u32 = 3802;
-    /// `timestamp`
-    pub const TIMESTAMP: u32 = 1114;
-    /// `timestamptz`
-    pub const TIMESTAMPTZ: u32 = 1184;
-}
-
-/// Decodes bytea's hex text output (`\x0102ff`) into raw bytes.
-///
-/// Returns `None` for anything else (the legacy `escape` output is not used:
-/// `bytea_output` defaults to `hex` and the relay never changes it).
+/// Decodes bytea's hex output (`\x0102ff`); `None` for anything else (the relay never changes
+/// `bytea_output` from its `hex` default).
 pub fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
     hex::decode(text.strip_prefix(b"\\x")?)
         .ok()
         .map(Bytes::from)
 }
 
-/// Parses ISO timestamp text (`2026-11-22 13:05:54.123456+00`, offset
-/// optional, then UTC) into milliseconds since the Unix epoch.
+/// Parses ISO timestamp text (`2026-11-22 13:05:54.123456+00`, offset optional, then UTC) into
+/// Unix milliseconds.
 pub fn parse_timestamp_ms(text: &str) -> Option<i64> {
     let text = text.replacen('T', " ", 1);
     match DateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f%#z") {

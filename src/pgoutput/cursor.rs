@@ -1,19 +1,24 @@
-//! A checked reader over one pgoutput message.
-//!
-//! Every read checks the remaining length first and reports what it was
-//! reading, so a short or corrupt message becomes a [`DecodeError`] naming the
-//! field instead of a panic. Byte strings are handed out as [`Bytes`] slices of
-//! the input, so tuple values are never copied.
+//! A checked reader over one pgoutput message: each read names its field, so a short or corrupt
+//! message becomes a [`DecodeError`] saying what was being read, never a panic.
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, TryGetError};
 
 use super::DecodeError;
 use crate::lsn::Lsn;
 
-/// Reads big-endian protocol fields front to back from a shared buffer.
+/// Reads big-endian protocol fields front to back from the unread rest of a message; byte
+/// strings are zero-copy slices of it.
 pub(crate) struct Cursor {
-    /// The unread rest of the message; reads split off its front.
     buf: Bytes,
+}
+
+/// Maps `bytes`' short-read error to [`DecodeError::Truncated`] naming the field.
+fn truncated(what: &'static str) -> impl FnOnce(TryGetError) -> DecodeError {
+    move |e| DecodeError::Truncated {
+        what,
+        needed: e.requested,
+        available: e.available,
+    }
 }
 
 impl Cursor {
@@ -38,64 +43,46 @@ impl Cursor {
         }
     }
 
-    /// The next `n` bytes as a zero-copy slice of the input.
+    /// The next `n` bytes, as a slice of the input.
     pub(crate) fn bytes(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
-        let available = self.buf.len();
-        if n > available {
+        if n > self.remaining() {
             return Err(DecodeError::Truncated {
                 what,
                 needed: n,
-                available,
+                available: self.remaining(),
             });
         }
-        // Cannot panic: `n <= len` was checked above.
         Ok(self.buf.split_to(n))
     }
 
-    /// The next `N` bytes, for fixed-width integers.
-    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
-        let available = self.buf.len();
-        let taken = self.bytes(N, what)?;
-        <[u8; N]>::try_from(taken.as_ref()).map_err(|_| DecodeError::Truncated {
-            what,
-            needed: N,
-            available,
-        })
-    }
-
-    /// An Int8 / Byte1.
+    /// A Byte1 / Int8.
     pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
-        self.array::<1>(what).map(u8::from_be_bytes)
-    }
-
-    /// A signed Int16.
-    pub(crate) fn i16(&mut self, what: &'static str) -> Result<i16, DecodeError> {
-        self.array(what).map(i16::from_be_bytes)
+        self.buf.try_get_u8().map_err(truncated(what))
     }
 
     /// A signed Int32.
     pub(crate) fn i32(&mut self, what: &'static str) -> Result<i32, DecodeError> {
-        self.array(what).map(i32::from_be_bytes)
+        self.buf.try_get_i32().map_err(truncated(what))
     }
 
     /// An Int32 that is unsigned by meaning (OIDs, xids).
     pub(crate) fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
-        self.array(what).map(u32::from_be_bytes)
+        self.buf.try_get_u32().map_err(truncated(what))
     }
 
     /// A signed Int64 (timestamps).
     pub(crate) fn i64(&mut self, what: &'static str) -> Result<i64, DecodeError> {
-        self.array(what).map(i64::from_be_bytes)
+        self.buf.try_get_i64().map_err(truncated(what))
     }
 
-    /// An `XLogRecPtr`, sent as a 64-bit integer.
+    /// An `XLogRecPtr`.
     pub(crate) fn lsn(&mut self, what: &'static str) -> Result<Lsn, DecodeError> {
-        self.array(what).map(|raw| Lsn(u64::from_be_bytes(raw)))
+        self.buf.try_get_u64().map(Lsn).map_err(truncated(what))
     }
 
     /// An Int16 count; negative is an error, never a wrapped cast.
     pub(crate) fn count_i16(&mut self, what: &'static str) -> Result<usize, DecodeError> {
-        let value = self.i16(what)?;
+        let value = self.buf.try_get_i16().map_err(truncated(what))?;
         usize::try_from(value).map_err(|_| DecodeError::NegativeLength {
             what,
             value: i32::from(value),
@@ -115,9 +102,9 @@ impl Cursor {
             .iter()
             .position(|&b| b == 0)
             .ok_or(DecodeError::MissingNul { what })?;
-        let raw = self.bytes(end, what)?;
-        self.u8(what)?; // the NUL found above
-        std::str::from_utf8(&raw)
+        // `end` indexes the NUL, so neither the split nor the slice can panic.
+        let raw = self.buf.split_to(end + 1);
+        std::str::from_utf8(&raw[..end])
             .map(str::to_owned)
             .map_err(|_| DecodeError::InvalidUtf8 { what })
     }
