@@ -33,64 +33,6 @@ const URL_PART: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-/// Connector keys without an equivalent, with why (in the "ignored" warning).
-const IGNORED: &[(&str, &str)] = &[
-    ("snapshot.mode", "the relay never snapshots"),
-    ("topic.prefix", "topics come from --topic-template"),
-    ("database.server.name", "topics come from --topic-template"),
-    ("tasks.max", "run one relay per slot"),
-    ("slot.drop.on.stop", "the relay never drops its slot"),
-    (
-        "binary.handling.mode",
-        "bytea payloads are sent as raw bytes",
-    ),
-    ("max.batch.size", "see --max-in-flight-events"),
-    ("max.queue.size", "see --max-in-flight-events"),
-    (
-        "tombstones.on.delete",
-        "deletes on the outbox table are ignored",
-    ),
-    ("skipped.operations", "the relay relays inserts only"),
-    (
-        "schema.include.list",
-        "the relay reads exactly the --table tables",
-    ),
-    (
-        "table.exclude.list",
-        "the relay reads exactly the --table tables",
-    ),
-];
-
-/// Java-only producer properties, which librdkafka would refuse at start-up.
-const JAVA_ONLY: &[(&str, &str)] = &[
-    ("key.serializer", "the relay sends the key's raw text"),
-    ("value.serializer", "the relay sends the payload's bytes"),
-    (
-        "partitioner.class",
-        "the relay hashes with murmur2_random, the Java default",
-    ),
-    ("interceptor.classes", "no librdkafka equivalent"),
-    ("max.block.ms", "no librdkafka equivalent"),
-    ("metric.reporters", "no librdkafka equivalent"),
-    (
-        "buffer.memory",
-        "librdkafka's is queue.buffering.max.kbytes",
-    ),
-    (
-        "sasl.jaas.config",
-        "use -X sasl.username=... -X sasl.password=...",
-    ),
-    (
-        "transactional.id",
-        "the relay does not use Kafka transactions",
-    ),
-    ("ssl.truststore.", "use -X ssl.ca.location=CA.pem"),
-    (
-        "ssl.keystore.",
-        "use -X ssl.certificate.location=... -X ssl.key.location=...",
-    ),
-];
-
 /// The syntax of a connector config file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SourceFormat {
@@ -128,7 +70,7 @@ pub enum DebeziumError {
         "the connector config must be a JSON object: {{\"name\": ..., \"config\": {{...}}}} or the config itself"
     )]
     JsonShape,
-    /// A JSON value that is an array or an object (the key is named).
+    /// A JSON value that is an array or an object.
     #[error(
         "connector config key {0:?} is nested; Kafka Connect values are strings, numbers or booleans"
     )]
@@ -162,7 +104,9 @@ pub enum DebeziumError {
     PostgresUrl(#[source] PostgresUrlError),
 }
 
-fn invalid(key: impl Into<String>, value: &str, reason: impl Into<String>) -> DebeziumError {
+type Error = DebeziumError;
+
+fn invalid(key: impl Into<String>, value: &str, reason: impl Into<String>) -> Error {
     DebeziumError::Invalid {
         key: key.into(),
         value: value.to_owned(),
@@ -300,23 +244,46 @@ enum Converter<'a> {
     Other(&'a str),
 }
 
-/// The note for `key` in `table`, where an entry ending in `.` matches a prefix.
-fn note(table: &[(&str, &'static str)], key: &str) -> Option<&'static str> {
-    let matches = |k: &str| k == key || (k.ends_with('.') && key.starts_with(k));
-    table
-        .iter()
-        .find(|(k, _)| matches(k))
-        .map(|(_, note)| *note)
+/// Why a connector key has no equivalent, for the "ignored" warning.
+fn ignored_note(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "snapshot.mode" => "the relay never snapshots",
+        "topic.prefix" | "database.server.name" => "topics come from --topic-template",
+        "tasks.max" => "run one relay per slot",
+        "slot.drop.on.stop" => "the relay never drops its slot",
+        "binary.handling.mode" => "bytea payloads are sent as raw bytes",
+        "max.batch.size" | "max.queue.size" => "see --max-in-flight-events",
+        "tombstones.on.delete" => "deletes on the outbox table are ignored",
+        "skipped.operations" => "the relay relays inserts only",
+        "schema.include.list" | "table.exclude.list" => "the relay reads the --table tables",
+        _ => return None,
+    })
+}
+
+/// What to do instead of a Java-only producer property, which librdkafka would refuse.
+fn java_only_note(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "key.serializer" | "value.serializer" => "the relay sends the columns' bytes",
+        "partitioner.class" => "the relay uses murmur2_random, the Java default",
+        "interceptor.classes" | "max.block.ms" | "metric.reporters" => "no equivalent",
+        "buffer.memory" => "use -X queue.buffering.max.kbytes",
+        "sasl.jaas.config" => "use -X sasl.username=... -X sasl.password=...",
+        "transactional.id" => "the relay does not use Kafka transactions",
+        n if n.starts_with("ssl.truststore.") => "use -X ssl.ca.location=CA.pem",
+        n if n.starts_with("ssl.keystore.") => "use -X ssl.certificate.location, ssl.key.location",
+        _ => return None,
+    })
 }
 
 /// Why an EventRouter option (after `transforms.NAME.`) is not applied: `""` when the
 /// relay already behaves so, `None` for an option the router does not have.
 fn router_note(option: &str, value: &str) -> Option<&'static str> {
     let value = value.to_ascii_lowercase();
-    let fails = value == "error" || value == "fatal";
     Some(match option {
-        "table.op.invalid.behavior" | "debezium.op.invalid.behavior" if fails => {
-            "the relay ignores UPDATE and DELETE on the outbox table, with one warning per run"
+        "table.op.invalid.behavior" | "debezium.op.invalid.behavior"
+            if value == "error" || value == "fatal" =>
+        {
+            "the relay ignores UPDATE and DELETE on the outbox table, warning once"
         }
         "table.fields.additional.error.on.missing" if value == "false" => {
             "the relay refuses a table that lacks a --header-column column"
@@ -327,11 +294,9 @@ fn router_note(option: &str, value: &str) -> Option<&'static str> {
         | "negate" => "",
         "table.json.payload.null.behavior" => "JSON nulls stay in the payload text",
         "table.field.event.schema.version" => "the relay sends no Connect schema",
-        "table.field.event.type" => {
-            "there is no event-type field; use --route-by or --header-column"
-        }
+        "table.field.event.type" => "no event-type field; use --route-by or --header-column",
         "predicate" => "the relay routes every insert into the --table tables",
-        o if o.starts_with("tracing.") => "the relay starts no tracing span from an outbox column",
+        o if o.starts_with("tracing.") => "the relay starts no tracing span from a column",
         _ => return None,
     })
 }
@@ -376,11 +341,7 @@ impl<'a> Importer<'a> {
         }
     }
 
-    fn required(
-        &mut self,
-        key: &'static str,
-        hint: &'static str,
-    ) -> Result<&'a str, DebeziumError> {
+    fn required(&mut self, key: &'static str, hint: &'static str) -> Result<&'a str, Error> {
         self.literal(key)?
             .ok_or(DebeziumError::Missing { key, hint })
     }
@@ -401,16 +362,11 @@ impl<'a> Importer<'a> {
         }
     }
 
-    fn run(&mut self) -> Result<(), DebeziumError> {
-        let class = self.required(
-            "connector.class",
-            "add connector.class=io.debezium.connector.postgresql.PostgresConnector",
-        )?;
+    fn run(&mut self) -> Result<(), Error> {
+        let class = self.required("connector.class", "add connector.class=PostgresConnector")?;
         // Kafka Connect also accepts the simple class name and its alias without `Connector`.
         if !matches!(class, POSTGRES_CONNECTOR | "PostgresConnector" | "Postgres") {
-            let why = format!(
-                "outbox-relay replaces only Debezium's Postgres connector, {POSTGRES_CONNECTOR}"
-            );
+            let why = "outbox-relay replaces only Debezium's Postgres connector, PostgresConnector";
             return Err(invalid("connector.class", class, why));
         }
         let pgoutput = match self.take("plugin.name") {
@@ -456,19 +412,10 @@ impl<'a> Importer<'a> {
         Ok(())
     }
 
-    fn postgres_url(&mut self) -> Result<String, DebeziumError> {
-        let host = self.required(
-            "database.hostname",
-            "add the Postgres server's host name or address",
-        )?;
-        let user = self.required(
-            "database.user",
-            "add a role with REPLICATION and SELECT on the outbox tables",
-        )?;
-        let dbname = self.required(
-            "database.dbname",
-            "add the database holding the outbox tables",
-        )?;
+    fn postgres_url(&mut self) -> Result<String, Error> {
+        let host = self.required("database.hostname", "add the Postgres host name or address")?;
+        let user = self.required("database.user", "add a role with REPLICATION and SELECT")?;
+        let dbname = self.required("database.dbname", "add the database of the outbox tables")?;
         let port: u16 = match self.literal("database.port")? {
             None => 5432,
             Some(raw) => raw
@@ -491,10 +438,8 @@ impl<'a> Importer<'a> {
         } else {
             host.to_owned()
         };
-        let (user, dbname) = (
-            utf8_percent_encode(user, URL_PART),
-            utf8_percent_encode(dbname, URL_PART),
-        );
+        let user = utf8_percent_encode(user, URL_PART);
+        let dbname = utf8_percent_encode(dbname, URL_PART);
         let mut url = format!("postgres://{user}{password}@{host}:{port}/{dbname}");
         let mut query = url::form_urlencoded::Serializer::new(String::new());
         for param in ["sslmode", "sslrootcert", "sslcert", "sslkey"] {
@@ -510,16 +455,14 @@ impl<'a> Importer<'a> {
         Ok(url)
     }
 
-    fn tables(&mut self) -> Result<(), DebeziumError> {
+    fn tables(&mut self) -> Result<(), Error> {
         let found = ["table.include.list", "table.whitelist"]
             .into_iter()
             .find_map(|key| Some((key, self.take(key)?)));
         let Some((key, list)) = found else {
             let hint = "without it Debezium captures every table; list the outbox tables as schema.table, or pass --table";
-            return Err(DebeziumError::Missing {
-                key: "table.include.list",
-                hint,
-            });
+            let key = "table.include.list";
+            return Err(DebeziumError::Missing { key, hint });
         };
         let (mut unqualified, mut mixed_case) = (Vec::new(), Vec::new());
         for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
@@ -549,26 +492,23 @@ impl<'a> Importer<'a> {
 
     /// Reads `key` and its `key.*` settings.
     fn converter(&mut self, key: &str) -> Converter<'a> {
-        let class = self.take(key);
-        let schemas = self
-            .take(&format!("{key}.schemas.enable"))
-            .is_none_or(|v| !v.eq_ignore_ascii_case("false"));
+        let class = self.take(key).unwrap_or_default();
+        let schemas = self.take(&format!("{key}.schemas.enable"));
         self.take_prefixed(&format!("{key}."));
-        let Some(class) = class else {
-            return Converter::Unset;
-        };
-        match class.rsplit('.').next().unwrap_or(class) {
+        match class.rsplit('.').next().unwrap_or_default() {
+            "" => Converter::Unset,
             "StringConverter" | "ByteArrayConverter" | "SimpleHeaderConverter" => Converter::Raw,
             "JsonConverter"
                 if class == "JsonConverter" || class.starts_with("org.apache.kafka.") =>
             {
+                let schemas = schemas.is_none_or(|v| !v.eq_ignore_ascii_case("false"));
                 Converter::Json { schemas }
             }
             _ => Converter::Other(class),
         }
     }
 
-    fn event_router(&mut self, value_converter: Converter) -> Result<(), DebeziumError> {
+    fn event_router(&mut self, value_converter: Converter) -> Result<(), Error> {
         let names = self.take("transforms").unwrap_or_default();
         let mut router = None;
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -603,7 +543,16 @@ impl<'a> Importer<'a> {
         {
             self.warn(format!("{prefix}table.expand.json.payload=true is not supported: the relay sends the payload column's text as it is, not an expanded struct, so consumers get the document without any converter envelope (whitespace and key order as stored)"));
         }
-        self.tombstones(&prefix, value_converter, envelope);
+        let tombstone = format!("{prefix}route.tombstone.on.empty.payload");
+        if self
+            .take(&tombstone)
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        {
+            self.warn(format!("{tombstone}=true: Debezium also made tombstones of empty and whitespace-only payloads; the relay sends those as they are"));
+        } else if envelope || value_converter != Converter::Raw {
+            // Only String and ByteArray converters made a tombstone of Debezium's null value.
+            self.warn(format!("{tombstone}=false (Debezium's default): for a NULL payload Debezium sent a record (with envelope fields {{\"payload\": null, ...}}, with JsonConverter JSON null or {{\"schema\": ..., \"payload\": null}}), a tombstone only with a String or ByteArray value converter; the relay always sends a tombstone"));
+        }
         let mut unknown = Vec::new();
         for (name, value) in self.take_prefixed(&prefix) {
             match router_note(name, value) {
@@ -618,7 +567,7 @@ impl<'a> Importer<'a> {
         Ok(())
     }
 
-    fn topic_template(&mut self, prefix: &str) -> Result<String, DebeziumError> {
+    fn topic_template(&mut self, prefix: &str) -> Result<String, Error> {
         let regex_key = format!("{prefix}route.topic.regex");
         let groups = match self.take(&regex_key) {
             None => (1, true),
@@ -639,24 +588,18 @@ impl<'a> Importer<'a> {
     }
 
     /// Maps header placements to flags; returns whether any envelope field exists.
-    fn placements(&mut self, prefix: &str) -> Result<bool, DebeziumError> {
+    fn placements(&mut self, prefix: &str) -> Result<bool, Error> {
         let key = format!("{prefix}table.fields.additional.placement");
         let list = self.take(&key).unwrap_or_default();
         let (mut envelope, mut partition) = (Vec::new(), Vec::new());
         for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
             let (column, placement, alias) = match parts[..] {
-                [column, placement] => (column, placement, column),
-                [column, placement, alias] => (column, placement, alias),
-                _ => {
-                    return Err(invalid(
-                        key,
-                        entry,
-                        "expected COLUMN:PLACEMENT or COLUMN:PLACEMENT:ALIAS",
-                    ));
-                }
+                [column, placement] => (column, placement.to_ascii_lowercase(), column),
+                [column, placement, alias] => (column, placement.to_ascii_lowercase(), alias),
+                _ => (entry, String::new(), entry),
             };
-            match placement.to_ascii_lowercase().as_str() {
+            match placement.as_str() {
                 "header" if alias == column => self.arg("--header-column", column),
                 "header" => self.arg("--header-column", format!("{column}:{alias}")),
                 "envelope" => envelope.push(entry),
@@ -665,7 +608,7 @@ impl<'a> Importer<'a> {
                     return Err(invalid(
                         key,
                         entry,
-                        "the placement must be header, envelope or partition",
+                        "expected COLUMN:PLACEMENT[:ALIAS], PLACEMENT being header, envelope or partition",
                     ));
                 }
             }
@@ -679,52 +622,20 @@ impl<'a> Importer<'a> {
         Ok(!envelope.is_empty())
     }
 
-    fn tombstones(&mut self, prefix: &str, value_converter: Converter, envelope: bool) {
-        let key = format!("{prefix}route.tombstone.on.empty.payload");
-        if self
-            .take(&key)
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
-        {
-            return self.warn(format!("{key}=true: Debezium also made tombstones of empty and whitespace-only payloads; the relay sends those as they are"));
-        }
-        let debezium = match value_converter {
-            _ if envelope => "the envelope struct with \"payload\": null",
-            // These converters turn a null value into a tombstone, as the relay sends.
-            Converter::Raw => return,
-            Converter::Json { schemas: true } => {
-                "{\"schema\": ..., \"payload\": null} (JsonConverter)"
-            }
-            Converter::Json { schemas: false } => "the JSON text null (JsonConverter)",
-            Converter::Unset => {
-                "a tombstone with a String or ByteArray converter, but JSON with the JsonConverter workers commonly default to"
-            }
-            Converter::Other(_) => "what the value converter made of null",
-        };
-        self.warn(format!("{key}=false (Debezium's default): for a NULL payload Debezium sent {debezium}; the relay sends a tombstone (null value)"));
-    }
-
     fn converter_warnings(&mut self, key: Converter, value: Converter) {
         let unset: Vec<&str> = [("key.converter", key), ("value.converter", value)]
             .into_iter()
-            .filter(|(_, c)| *c == Converter::Unset)
-            .map(|(name, _)| name)
+            .filter_map(|(name, c)| (c == Converter::Unset).then_some(name))
             .collect();
         self.warn_all(&unset, |list| {
             format!("{list} not in the connector config, so the Connect worker's applied (Kafka's sample worker config has JsonConverter with schemas.enable=true); the relay sends the key column's text and the payload column's bytes, like StringConverter: see the JsonConverter notes if the worker used it")
         });
+        let key_relay = "the raw text KEY: consumers that parse keys must change, and an aggregate's records may land on another partition (the key bytes are hashed)";
+        let value_relay = "the payload column's bytes (for json/jsonb, the document itself): consumers must stop decoding the converter's format";
+        let value_json = "\"PAYLOAD\" (a JSON string; bytea as base64) unless expanded";
         for (role, converter, json, relay) in [
-            (
-                "key",
-                key,
-                "\"KEY\"",
-                "the raw text KEY: consumers that parse keys must change, and an aggregate's records may land on another partition (the key bytes are hashed)",
-            ),
-            (
-                "value",
-                value,
-                "\"PAYLOAD\" (a JSON string; bytea as base64) unless expanded",
-                "the payload column's bytes (for json/jsonb, the document itself): consumers must stop decoding the converter's format",
-            ),
+            ("key", key, "\"KEY\"", key_relay),
+            ("value", value, value_json, value_relay),
         ] {
             let debezium = match converter {
                 Converter::Json { schemas: true } => format!(
@@ -747,28 +658,28 @@ impl<'a> Importer<'a> {
     fn producer_overrides(&mut self) {
         let mut dropped = Vec::new();
         for (name, value) in self.take_prefixed("producer.override.") {
-            let semicolon = "its value contains ';', which separates -X values; pass it yourself";
-            if let Some(why) = note(JAVA_ONLY, name).or(value.contains(';').then_some(semicolon)) {
+            let semicolon = value
+                .contains(';')
+                .then_some("';' separates -X values; pass it yourself");
+            if let Some(why) = java_only_note(name).or(semicolon) {
                 dropped.push(format!("{name} ({why})"));
                 continue;
             }
             let note = match name {
-                "acks" if !matches!(value, "all" | "-1") => format!(
-                    "acks={value} weakens the relay's acks=all: an acknowledged event may be lost if the leader fails"
-                ),
+                "acks" if !matches!(value, "all" | "-1") => {
+                    "weaker than the relay's acks=all: an acknowledged event may be lost if the leader fails"
+                }
                 "enable.idempotence" if value.eq_ignore_ascii_case("false") => {
-                    "enable.idempotence=false lets retries duplicate or reorder records".into()
+                    "retries may duplicate or reorder records"
                 }
-                "delivery.timeout.ms" => format!(
-                    "delivery.timeout.ms={value} is librdkafka's message.timeout.ms (the relay's is 0: no deadline); an expired delivery stops the relay"
-                ),
-                "max.request.size" => {
-                    "max.request.size became librdkafka's message.max.bytes".into()
+                "delivery.timeout.ms" => {
+                    "librdkafka's message.timeout.ms, 0 (no deadline) by default in the relay; an expired delivery stops the relay"
                 }
-                _ => String::new(),
+                "max.request.size" => "passed as librdkafka's message.max.bytes",
+                _ => "",
             };
             if !note.is_empty() {
-                self.warn(format!("producer.override.{note}"));
+                self.warn(format!("producer.override.{name}={value}: {note}"));
             }
             let name = if name == "max.request.size" {
                 "message.max.bytes"
@@ -778,7 +689,7 @@ impl<'a> Importer<'a> {
             self.arg("-X", format!("{name}={value}"));
         }
         self.warn_all(&dropped, |list| {
-            format!("producer.override properties dropped (Java-client only, which librdkafka would refuse, or not passable as -X): {list}")
+            format!("producer.override properties librdkafka would refuse, not passed on: {list}")
         });
     }
 
@@ -798,17 +709,12 @@ impl<'a> Importer<'a> {
         // Other transforms and predicates were warned about by name.
         self.take_prefixed("transforms.");
         self.take_prefixed("predicates");
-        let interval = self
-            .config
-            .get("heartbeat.interval.ms")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|ms| *ms > 0);
-        let heartbeat: Vec<String> = self
-            .take_prefixed("heartbeat.")
-            .into_iter()
-            .map(|(k, _)| format!("heartbeat.{k}"))
-            .collect();
-        let effect = match interval {
+        let heartbeat = self.take_prefixed("heartbeat.");
+        let interval = heartbeat.iter().find(|(k, _)| *k == "interval.ms");
+        let effect = match interval
+            .and_then(|(_, v)| v.parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+        {
             Some(ms) => {
                 self.arg("--heartbeat-interval", format!("{ms}ms"));
                 format!(
@@ -818,13 +724,17 @@ impl<'a> Importer<'a> {
             None => "not needed (add --heartbeat-interval for a database where nothing is written)"
                 .to_owned(),
         };
-        self.warn_all(&heartbeat, |keys| {
+        let keys: Vec<String> = heartbeat
+            .iter()
+            .map(|(k, _)| format!("heartbeat.{k}"))
+            .collect();
+        self.warn_all(&keys, |keys| {
             format!("{keys}: {effect}; when nothing is in flight the relay acknowledges keepalive positions, so a quiet outbox does not pin WAL")
         });
         let ignored: Vec<String> = self
             .take_prefixed("")
             .into_iter()
-            .map(|(key, _)| match note(IGNORED, key) {
+            .map(|(key, _)| match ignored_note(key) {
                 Some(note) => format!("{key} ({note})"),
                 None => key.to_owned(),
             })
