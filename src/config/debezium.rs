@@ -1,14 +1,11 @@
-//! A Debezium Postgres connector config (with the Outbox Event Router) as the relay's
-//! flags: [`parse`] reads the JSON body `POST`ed to `/connectors` or a `.properties` file,
-//! [`import`] maps it onto flags (both pure), [`with_defaults`] makes those the flags'
-//! defaults (so explicit flags and `OUTBOX_RELAY_*` variables win), [`explain`] prints them.
+//! A Debezium Postgres connector config (with the Outbox Event Router) as the relay's flags.
 //!
-//! Debezium's defaults (slot `debezium`, key `aggregateid`, topic
-//! `outbox.event.${routedByValue}`, ...) are written out, because a migrating user expects
-//! Debezium's behaviour rather than the relay's. Nothing is dropped silently: every key is
-//! mapped, warned about (saying what consumers will see change) or refused with a
-//! [`DebeziumError`] that says what to do. Warnings never show `database.*` values, so the
-//! password does not leak into logs.
+//! [`parse`] reads the JSON `POST`ed to `/connectors` or a `.properties` file and [`import`]
+//! maps it onto flags, writing out Debezium's defaults (slot `debezium`, key `aggregateid`,
+//! ...) because a migrating user expects Debezium's behaviour; [`with_defaults`] makes them
+//! the flags' defaults, so explicit flags and `OUTBOX_RELAY_*` variables win. Nothing is
+//! dropped silently: a key is mapped, warned about (what consumers will see change) or refused
+//! with a [`DebeziumError`] saying what to do. Warnings never show `database.*` values.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -25,6 +22,7 @@ const ROUTED_BY_VALUE: &str = "${routedByValue}";
 const PROVIDER: &str = "a Kafka Connect config-provider reference; resolve it and import again";
 const NO_EVENT_ROUTER: &str = "no transform of type io.debezium.transforms.outbox.EventRouter: the relay replaces only the Outbox Event Router, not raw change events";
 const NO_REGEX_ROUTING: &str = "the relay has no regex routing (${routedByValue} is the whole route-by value): write the topic as route.topic.replacement without the regex, or route by a column holding the topic part";
+const PLACEMENT: &str = "expected COLUMN:PLACEMENT or COLUMN:PLACEMENT:ALIAS, PLACEMENT being header, envelope or partition";
 const NEW_SLOT: &str = "give the relay a new slot (slot.name or --slot; it creates it with pgoutput), start it before stopping Debezium, and let consumers deduplicate on the id header";
 /// RFC 3986's unreserved characters: what user, password and database keep unencoded.
 const URL_PART: &AsciiSet = &NON_ALPHANUMERIC
@@ -494,16 +492,13 @@ impl<'a> Importer<'a> {
     fn converter(&mut self, key: &str) -> Converter<'a> {
         let class = self.take(key).unwrap_or_default();
         let schemas = self.take(&format!("{key}.schemas.enable"));
+        let schemas = schemas.is_none_or(|v| !v.eq_ignore_ascii_case("false"));
         self.take_prefixed(&format!("{key}."));
+        let kafka = class == "JsonConverter" || class.starts_with("org.apache.kafka.");
         match class.rsplit('.').next().unwrap_or_default() {
             "" => Converter::Unset,
             "StringConverter" | "ByteArrayConverter" | "SimpleHeaderConverter" => Converter::Raw,
-            "JsonConverter"
-                if class == "JsonConverter" || class.starts_with("org.apache.kafka.") =>
-            {
-                let schemas = schemas.is_none_or(|v| !v.eq_ignore_ascii_case("false"));
-                Converter::Json { schemas }
-            }
+            "JsonConverter" if kafka => Converter::Json { schemas },
             _ => Converter::Other(class),
         }
     }
@@ -604,13 +599,7 @@ impl<'a> Importer<'a> {
                 "header" => self.arg("--header-column", format!("{column}:{alias}")),
                 "envelope" => envelope.push(entry),
                 "partition" => partition.push(entry),
-                _ => {
-                    return Err(invalid(
-                        key,
-                        entry,
-                        "expected COLUMN:PLACEMENT[:ALIAS], PLACEMENT being header, envelope or partition",
-                    ));
-                }
+                _ => return Err(invalid(key, entry, PLACEMENT)),
             }
         }
         self.warn_all(&envelope, |list| {
@@ -666,26 +655,18 @@ impl<'a> Importer<'a> {
                 continue;
             }
             let note = match name {
-                "acks" if !matches!(value, "all" | "-1") => {
-                    "weaker than the relay's acks=all: an acknowledged event may be lost if the leader fails"
-                }
+                "acks" if !matches!(value, "all" | "-1") => "acknowledged events may be lost",
                 "enable.idempotence" if value.eq_ignore_ascii_case("false") => {
-                    "retries may duplicate or reorder records"
+                    "retries may reorder"
                 }
-                "delivery.timeout.ms" => {
-                    "librdkafka's message.timeout.ms, 0 (no deadline) by default in the relay; an expired delivery stops the relay"
-                }
+                "delivery.timeout.ms" => "an expired delivery stops the relay",
                 "max.request.size" => "passed as librdkafka's message.max.bytes",
                 _ => "",
             };
             if !note.is_empty() {
                 self.warn(format!("producer.override.{name}={value}: {note}"));
             }
-            let name = if name == "max.request.size" {
-                "message.max.bytes"
-            } else {
-                name
-            };
+            let name = name.replace("max.request.size", "message.max.bytes");
             self.arg("-X", format!("{name}={value}"));
         }
         self.warn_all(&dropped, |list| {
@@ -711,25 +692,18 @@ impl<'a> Importer<'a> {
         self.take_prefixed("predicates");
         let heartbeat = self.take_prefixed("heartbeat.");
         let interval = heartbeat.iter().find(|(k, _)| *k == "interval.ms");
-        let effect = match interval
+        if let Some(ms) = interval
             .and_then(|(_, v)| v.parse::<u64>().ok())
             .filter(|ms| *ms > 0)
         {
-            Some(ms) => {
-                self.arg("--heartbeat-interval", format!("{ms}ms"));
-                format!(
-                    "mapped to --heartbeat-interval {ms}ms, which writes a logical decoding message (no heartbeat.action.query, no heartbeat topic records)"
-                )
-            }
-            None => "not needed (add --heartbeat-interval for a database where nothing is written)"
-                .to_owned(),
-        };
+            self.arg("--heartbeat-interval", format!("{ms}ms"));
+        }
         let keys: Vec<String> = heartbeat
             .iter()
             .map(|(k, _)| format!("heartbeat.{k}"))
             .collect();
         self.warn_all(&keys, |keys| {
-            format!("{keys}: {effect}; when nothing is in flight the relay acknowledges keepalive positions, so a quiet outbox does not pin WAL")
+            format!("{keys}: the relay maps heartbeat.interval.ms to --heartbeat-interval, which writes a logical decoding message (no heartbeat.action.query, no heartbeat topic); when nothing is in flight it also acknowledges keepalive positions, so a quiet outbox does not pin WAL")
         });
         let ignored: Vec<String> = self
             .take_prefixed("")
