@@ -222,9 +222,9 @@ pub fn explain(imported: &Imported) -> String {
     out.push('\n');
     if !imported.warnings.is_empty() {
         out.push_str("# Differences from the Debezium connector:\n");
-        for warning in &imported.warnings {
-            out += &format!("# - {warning}\n");
-        }
+    }
+    for warning in &imported.warnings {
+        out += &format!("# - {warning}\n");
     }
     out
 }
@@ -462,7 +462,7 @@ impl<'a> Importer<'a> {
             let key = "table.include.list";
             return Err(DebeziumError::Missing { key, hint });
         };
-        let (mut unqualified, mut mixed_case) = (Vec::new(), Vec::new());
+        let mut read_differently = Vec::new();
         for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             // `\.` is the only regex syntax a plain name needs.
             let name = entry.replace(r"\.", ".");
@@ -471,19 +471,13 @@ impl<'a> Importer<'a> {
                 return Err(invalid(key, entry, why));
             }
             TableName::parse(&name).map_err(|reason| invalid(key, entry, reason))?;
-            if !name.contains('.') {
-                unqualified.push(name.clone());
-            }
-            if name.chars().any(|c| c.is_ascii_uppercase()) {
-                mixed_case.push(name.clone());
+            if !name.contains('.') || name.chars().any(|c| c.is_ascii_uppercase()) {
+                read_differently.push(name.clone());
             }
             self.arg("--table", name);
         }
-        self.warn_all(&unqualified, |list| {
-            format!("{key} entries without a schema ({list}): the relay reads them as public.TABLE")
-        });
-        self.warn_all(&mixed_case, |list| {
-            format!("{key} entries with upper case ({list}): Debezium matched them case-insensitively; the relay uses the exact name (Postgres folds unquoted names to lower case)")
+        self.warn_all(&read_differently, |list| {
+            format!("{key} entries {list}: the relay reads an entry without a schema as public.TABLE, and uses names exactly where Debezium matched them case-insensitively (Postgres folds unquoted names to lower case)")
         });
         Ok(())
     }
@@ -586,7 +580,7 @@ impl<'a> Importer<'a> {
     fn placements(&mut self, prefix: &str) -> Result<bool, Error> {
         let key = format!("{prefix}table.fields.additional.placement");
         let list = self.take(&key).unwrap_or_default();
-        let (mut envelope, mut partition) = (Vec::new(), Vec::new());
+        let mut unsupported = Vec::new();
         for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
             let (column, placement, alias) = match parts[..] {
@@ -597,18 +591,16 @@ impl<'a> Importer<'a> {
             match placement.as_str() {
                 "header" if alias == column => self.arg("--header-column", column),
                 "header" => self.arg("--header-column", format!("{column}:{alias}")),
-                "envelope" => envelope.push(entry),
-                "partition" => partition.push(entry),
+                "envelope" | "partition" => unsupported.push(entry),
                 _ => return Err(invalid(key, entry, PLACEMENT)),
             }
         }
-        self.warn_all(&envelope, |list| {
-            format!("{key} envelope placements not supported ({list}): Debezium's value was a struct {{\"payload\": ..., ALIAS: ...}}, the relay's is the payload alone; place them as headers (--header-column COLUMN:ALIAS)")
+        self.warn_all(&unsupported, |list| {
+            format!("{key} envelope and partition placements not supported ({list}): Debezium's value was a struct {{\"payload\": ..., ALIAS: ...}} and its partition the column's; the relay's value is the payload alone and its partition the key's murmur2 hash. Place such columns as headers (--header-column COLUMN:ALIAS)")
         });
-        self.warn_all(&partition, |list| {
-            format!("{key} partition placements not supported ({list}): the relay partitions by the key's murmur2 hash")
-        });
-        Ok(!envelope.is_empty())
+        Ok(unsupported
+            .iter()
+            .any(|e| e.to_ascii_lowercase().contains(":envelope")))
     }
 
     fn converter_warnings(&mut self, key: Converter, value: Converter) {
@@ -657,7 +649,7 @@ impl<'a> Importer<'a> {
             let note = match name {
                 "acks" if !matches!(value, "all" | "-1") => "acknowledged events may be lost",
                 "enable.idempotence" if value.eq_ignore_ascii_case("false") => {
-                    "retries may reorder"
+                    "retries may duplicate or reorder records"
                 }
                 "delivery.timeout.ms" => "an expired delivery stops the relay",
                 "max.request.size" => "passed as librdkafka's message.max.bytes",
@@ -675,12 +667,10 @@ impl<'a> Importer<'a> {
     }
 
     fn error_handling(&mut self) {
-        let tolerate_all = self
-            .take("errors.tolerance")
-            .is_some_and(|v| v.eq_ignore_ascii_case("all"));
+        let tolerance = self.take("errors.tolerance").unwrap_or_default();
         let dlq = self.take("errors.deadletterqueue.topic.name");
         self.take_prefixed("errors.deadletterqueue.");
-        if tolerate_all || dlq.is_some() {
+        if tolerance.eq_ignore_ascii_case("all") || dlq.is_some() {
             let topic = dlq.unwrap_or("TOPIC");
             self.warn(format!("errors.tolerance / errors.deadletterqueue.*: a source connector skipped records that failed conversion (Connect's dead-letter queue is for sink connectors only); the relay never skips an event silently but stops before acknowledging one it cannot deliver. To divert such events instead, add --on-poison dead-letter --dead-letter-topic {topic}"));
         }
