@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use serde_json::Value;
 
 use super::{PostgresConnInfo, PostgresUrlError};
 use crate::outbox::{TableName, TopicTemplate};
@@ -59,25 +60,18 @@ pub enum DebeziumError {
     Read(#[source] std::io::Error),
     /// The JSON does not parse.
     #[error(
-        "the connector config is not valid JSON (line {}, column {}); export it with `curl http://CONNECT:8083/connectors/NAME/config`",
+        "not valid JSON (line {}, column {}); export it with `curl http://CONNECT:8083/connectors/NAME/config`",
         .0.line(), .0.column()
     )]
     Json(#[source] serde_json::Error),
     /// The JSON is not an object.
-    #[error(
-        "the connector config must be a JSON object: {{\"name\": ..., \"config\": {{...}}}} or the config itself"
-    )]
+    #[error("the connector config must be a JSON object: the REST body or its \"config\"")]
     JsonShape,
-    /// A JSON value that is an array or an object.
-    #[error(
-        "connector config key {0:?} is nested; Kafka Connect values are strings, numbers or booleans"
-    )]
+    /// The key of a JSON value that is an array or an object.
+    #[error("{0:?} is nested; Kafka Connect values are strings, numbers or booleans")]
     JsonValue(String),
     /// A `.properties` line that does not parse (line 0: unknown).
-    #[error(
-        "connector config line {} is not valid .properties syntax",
-        .0.line_number().unwrap_or_default()
-    )]
+    #[error("line {} is not valid .properties syntax", .0.line_number().unwrap_or_default())]
     Properties(#[source] java_properties::PropertiesError),
     /// A required key is absent.
     #[error("{key} is missing: {hint}")]
@@ -105,11 +99,8 @@ pub enum DebeziumError {
 type Error = DebeziumError;
 
 fn invalid(key: impl Into<String>, value: &str, reason: impl Into<String>) -> Error {
-    DebeziumError::Invalid {
-        key: key.into(),
-        value: value.to_owned(),
-        reason: reason.into(),
-    }
+    let (key, value, reason) = (key.into(), value.to_owned(), reason.into());
+    Error::Invalid { key, value, reason }
 }
 
 /// The result of [`import`]: flags in command-line order, and what differs.
@@ -123,68 +114,60 @@ pub struct Imported {
 
 /// Reads and translates a connector config file.
 pub fn import_file(path: &Path) -> Result<Imported, ImportError> {
-    std::fs::read_to_string(path)
-        .map_err(DebeziumError::Read)
-        .and_then(|text| import(&parse(&text, detect_format(path, &text))?))
-        .map_err(|source| ImportError {
-            path: path.to_owned(),
-            source,
-        })
+    let path = path.to_owned();
+    std::fs::read_to_string(&path)
+        .map_err(Error::Read)
+        .and_then(|text| import(&parse(&text, detect_format(&path, &text))?))
+        .map_err(|source| ImportError { path, source })
 }
 
 /// `command` with the imported values as its flags' defaults: clap takes a flag from the
 /// command line, else its environment variable, else the import, else its own default. A
 /// repeatable flag given explicitly replaces every imported value.
 pub fn with_defaults(command: clap::Command, imported: &Imported) -> clap::Command {
-    let mut values: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for (flag, value) in &imported.args {
-        values.entry(flag).or_default().push(value.clone());
-    }
-    values.into_iter().fold(command, |command, (flag, values)| {
-        let name = flag.trim_start_matches('-');
-        let id = command
-            .get_arguments()
-            .find(|a| {
-                a.get_long() == Some(name) || a.get_short().is_some_and(|s| name == s.to_string())
-            })
-            .map(|a| a.get_id().clone());
-        match id {
-            Some(id) => command.mut_arg(id, |arg| arg.default_values(values)),
-            None => command,
+    command.mut_args(|arg| {
+        let long = arg.get_long().map(|l| format!("--{l}"));
+        let short = arg.get_short().map(|s| format!("-{s}"));
+        let names = |flag: &String| Some(flag) == long.as_ref() || Some(flag) == short.as_ref();
+        let values: Vec<&String> = imported
+            .args
+            .iter()
+            .filter(|(f, _)| names(f))
+            .map(|(_, v)| v)
+            .collect();
+        if values.is_empty() {
+            arg
+        } else {
+            arg.default_values(values)
         }
     })
 }
 
 /// Reads a connector config into a flat key/value map. JSON numbers and booleans are
 /// stringified and `null` is unset; properties follow `java.util.Properties.load` (UTF-8).
-pub fn parse(text: &str, format: SourceFormat) -> Result<BTreeMap<String, String>, DebeziumError> {
-    use serde_json::Value;
+pub fn parse(text: &str, format: SourceFormat) -> Result<BTreeMap<String, String>, Error> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let mut out = BTreeMap::new();
     if format == SourceFormat::Properties {
+        let mut out = BTreeMap::new();
         java_properties::PropertiesIter::new_with_encoding(text.as_bytes(), encoding_rs::UTF_8)
-            .read_into(|key, value| {
-                out.insert(key, value);
-            })
-            .map_err(DebeziumError::Properties)?;
+            .read_into(|key, value| drop(out.insert(key, value)))
+            .map_err(Error::Properties)?;
         return Ok(out);
     }
-    let Value::Object(mut object) = serde_json::from_str(text).map_err(DebeziumError::Json)? else {
-        return Err(DebeziumError::JsonShape);
+    let Value::Object(mut object) = serde_json::from_str(text).map_err(Error::Json)? else {
+        return Err(Error::JsonShape);
     };
     if let Some(Value::Object(config)) = object.get("config") {
         object = config.clone();
     }
-    for (key, value) in object {
-        let value = match value {
-            Value::Null => continue,
-            Value::String(text) => text,
-            Value::Number(_) | Value::Bool(_) => value.to_string(),
-            Value::Array(_) | Value::Object(_) => return Err(DebeziumError::JsonValue(key)),
-        };
-        out.insert(key, value);
-    }
-    Ok(out)
+    let scalars = object.into_iter().filter(|(_, value)| !value.is_null());
+    scalars
+        .map(|(key, value)| match value {
+            Value::String(text) => Ok((key, text)),
+            Value::Number(_) | Value::Bool(_) => Ok((key, value.to_string())),
+            _ => Err(Error::JsonValue(key)),
+        })
+        .collect()
 }
 
 /// Guesses the format: by extension (`.json`, `.properties`), else JSON when the first
@@ -202,10 +185,11 @@ pub fn detect_format(path: &Path, text: &str) -> SourceFormat {
 
 /// Maps a Debezium Postgres connector config onto the relay's flags. `--kafka-brokers`
 /// comes only from `producer.override.bootstrap.servers` (else a warning asks for it).
-pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, DebeziumError> {
+pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, Error> {
+    let used = BTreeSet::from(["name"]);
     let mut importer = Importer {
         config,
-        used: BTreeSet::from(["name"]),
+        used,
         out: Imported::default(),
     };
     importer.run()?;
@@ -277,19 +261,16 @@ fn java_only_note(name: &str) -> Option<&'static str> {
 /// relay already behaves so, `None` for an option the router does not have.
 fn router_note(option: &str, value: &str) -> Option<&'static str> {
     let value = value.to_ascii_lowercase();
+    let fails = value == "error" || value == "fatal";
     Some(match option {
-        "table.op.invalid.behavior" | "debezium.op.invalid.behavior"
-            if value == "error" || value == "fatal" =>
-        {
+        "table.op.invalid.behavior" | "debezium.op.invalid.behavior" if fails => {
             "the relay ignores UPDATE and DELETE on the outbox table, warning once"
         }
         "table.fields.additional.error.on.missing" if value == "false" => {
             "the relay refuses a table that lacks a --header-column column"
         }
-        "table.op.invalid.behavior"
-        | "debezium.op.invalid.behavior"
-        | "table.fields.additional.error.on.missing"
-        | "negate" => "",
+        "table.op.invalid.behavior" | "debezium.op.invalid.behavior" | "negate" => "",
+        "table.fields.additional.error.on.missing" => "",
         "table.json.payload.null.behavior" => "JSON nulls stay in the payload text",
         "table.field.event.schema.version" => "the relay sends no Connect schema",
         "table.field.event.type" => "no event-type field; use --route-by or --header-column",
@@ -299,6 +280,7 @@ fn router_note(option: &str, value: &str) -> Option<&'static str> {
     })
 }
 
+/// The import in progress: every key read is marked, so the rest can be warned about.
 struct Importer<'a> {
     config: &'a BTreeMap<String, String>,
     used: BTreeSet<&'a str>,
@@ -332,7 +314,7 @@ impl<'a> Importer<'a> {
     }
 
     /// The trimmed value of `key`, refused when it is a config-provider reference.
-    fn literal(&mut self, key: &'static str) -> Result<Option<&'a str>, DebeziumError> {
+    fn literal(&mut self, key: &'static str) -> Result<Option<&'a str>, Error> {
         match self.take(key) {
             Some(value) if is_config_provider(value) => Err(invalid(key, value, PROVIDER)),
             value => Ok(value),
@@ -340,8 +322,7 @@ impl<'a> Importer<'a> {
     }
 
     fn required(&mut self, key: &'static str, hint: &'static str) -> Result<&'a str, Error> {
-        self.literal(key)?
-            .ok_or(DebeziumError::Missing { key, hint })
+        self.literal(key)?.ok_or(Error::Missing { key, hint })
     }
 
     fn arg(&mut self, flag: &str, value: impl Into<String>) {
@@ -396,16 +377,9 @@ impl<'a> Importer<'a> {
             "no_tables" if pgoutput => self.warn(format!("publication.autocreate.mode=no_tables: {publication} has no tables; the relay stops at start-up until the outbox tables are added (it prints the ALTER PUBLICATION to run)")),
             _ => {}
         }
-        let key = self.converter("key.converter");
-        let value = self.converter("value.converter");
-        self.event_router(value)?;
-        self.converter_warnings(key, value);
-        if let Converter::Json { .. } | Converter::Other(_) = self.converter("header.converter") {
-            let class = self.take("header.converter").unwrap_or_default();
-            self.warn(format!("header.converter={class}: the relay writes header values as the column's text, like SimpleHeaderConverter"));
-        }
+        let value_converter = self.converters();
+        self.event_router(value_converter)?;
         self.producer_overrides();
-        self.error_handling();
         self.leftovers();
         Ok(())
     }
@@ -414,14 +388,13 @@ impl<'a> Importer<'a> {
         let host = self.required("database.hostname", "add the Postgres host name or address")?;
         let user = self.required("database.user", "add a role with REPLICATION and SELECT")?;
         let dbname = self.required("database.dbname", "add the database of the outbox tables")?;
-        let port: u16 = match self.literal("database.port")? {
-            None => 5432,
-            Some(raw) => raw
-                .parse()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| invalid("database.port", raw, "expected a TCP port number"))?,
-        };
+        let port = self.literal("database.port")?.unwrap_or("5432");
+        let why = "expected a TCP port number";
+        let port = port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| invalid("database.port", port, why))?;
         // The password is used as written: Connect does not trim it either.
         let password = match self.take_raw("database.password") {
             Some(p) if is_config_provider(p) => {
@@ -431,7 +404,8 @@ impl<'a> Importer<'a> {
             Some(p) => format!(":{}", utf8_percent_encode(p, URL_PART)),
             None => String::new(),
         };
-        let host = if host.contains(':') && !host.starts_with('[') {
+        let ipv6 = host.contains(':') && !host.starts_with('[');
+        let host = if ipv6 {
             format!("[{host}]")
         } else {
             host.to_owned()
@@ -449,7 +423,7 @@ impl<'a> Importer<'a> {
         if !query.is_empty() {
             url = format!("{url}?{query}");
         }
-        PostgresConnInfo::parse(&url).map_err(DebeziumError::PostgresUrl)?;
+        PostgresConnInfo::parse(&url).map_err(Error::PostgresUrl)?;
         Ok(url)
     }
 
@@ -459,8 +433,10 @@ impl<'a> Importer<'a> {
             .find_map(|key| Some((key, self.take(key)?)));
         let Some((key, list)) = found else {
             let hint = "without it Debezium captures every table; list the outbox tables as schema.table, or pass --table";
-            let key = "table.include.list";
-            return Err(DebeziumError::Missing { key, hint });
+            return Err(Error::Missing {
+                key: "table.include.list",
+                hint,
+            });
         };
         let mut read_differently = Vec::new();
         for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
@@ -482,12 +458,12 @@ impl<'a> Importer<'a> {
         Ok(())
     }
 
-    /// Reads `key` and its `key.*` settings.
-    fn converter(&mut self, key: &str) -> Converter<'a> {
-        let class = self.take(key).unwrap_or_default();
-        let schemas = self.take(&format!("{key}.schemas.enable"));
+    /// Reads `ROLE.converter` and its settings.
+    fn converter(&mut self, role: &str) -> Converter<'a> {
+        let class = self.take(&format!("{role}.converter")).unwrap_or_default();
+        let schemas = self.take(&format!("{role}.converter.schemas.enable"));
         let schemas = schemas.is_none_or(|v| !v.eq_ignore_ascii_case("false"));
-        self.take_prefixed(&format!("{key}."));
+        self.take_prefixed(&format!("{role}.converter."));
         let kafka = class == "JsonConverter" || class.starts_with("org.apache.kafka.");
         match class.rsplit('.').next().unwrap_or_default() {
             "" => Converter::Unset,
@@ -495,6 +471,46 @@ impl<'a> Importer<'a> {
             "JsonConverter" if kafka => Converter::Json { schemas },
             _ => Converter::Other(class),
         }
+    }
+
+    /// Warns where the converters made records the relay's differ from; returns the value's.
+    fn converters(&mut self) -> Converter<'a> {
+        let [key, value, header] = ["key", "value", "header"].map(|role| self.converter(role));
+        let unset: Vec<&str> = [("key.converter", key), ("value.converter", value)]
+            .into_iter()
+            .filter_map(|(name, c)| (c == Converter::Unset).then_some(name))
+            .collect();
+        self.warn_all(&unset, |list| {
+            format!("{list} not in the connector config, so the Connect worker's applied (Kafka's sample worker config has JsonConverter with schemas.enable=true); the relay sends the key column's text and the payload column's bytes, like StringConverter: see the JsonConverter notes if the worker used it")
+        });
+        let key_relay = "the raw text KEY: consumers that parse keys must change, and an aggregate's records may land on another partition (the key bytes are hashed)";
+        let value_relay = "the payload column's bytes (for json/jsonb, the document itself): consumers must stop decoding the converter's format";
+        let value_json = "\"PAYLOAD\" (a JSON string; bytea as base64) unless expanded";
+        for (role, converter, json, relay) in [
+            ("key", key, "\"KEY\"", key_relay),
+            ("value", value, value_json, value_relay),
+        ] {
+            let debezium = match converter {
+                Converter::Json { schemas: true } => format!(
+                    "JsonConverter with schemas.enable=true: Debezium's {role}s were {{\"schema\": ..., \"payload\": {json}}}"
+                ),
+                Converter::Json { schemas: false } => format!(
+                    "JsonConverter with schemas.enable=false: Debezium's {role}s were {json}"
+                ),
+                Converter::Other(class) => format!(
+                    "{class}: Debezium's {role}s were in its format (a schema-registry deserializer rejects the relay's)"
+                ),
+                Converter::Raw | Converter::Unset => continue,
+            };
+            self.warn(format!(
+                "{role}.converter={debezium}; the relay's {role} is {relay}"
+            ));
+        }
+        if let Converter::Json { .. } | Converter::Other(_) = header {
+            let class = self.take("header.converter").unwrap_or_default();
+            self.warn(format!("header.converter={class}: the relay writes header values as the column's text, like SimpleHeaderConverter"));
+        }
+        value
     }
 
     fn event_router(&mut self, value_converter: Converter) -> Result<(), Error> {
@@ -528,15 +544,12 @@ impl<'a> Importer<'a> {
             None => self.warn(format!("{prefix}table.field.event.timestamp is not set: Debezium stamped records with the time it processed the change; the relay uses the commit time")),
         }
         let envelope = self.placements(&prefix)?;
-        if option(self, "table.expand.json.payload").is_some_and(|v| v.eq_ignore_ascii_case("true"))
-        {
+        let is_true = |value: Option<&str>| value.is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        if is_true(option(self, "table.expand.json.payload")) {
             self.warn(format!("{prefix}table.expand.json.payload=true is not supported: the relay sends the payload column's text as it is, not an expanded struct, so consumers get the document without any converter envelope (whitespace and key order as stored)"));
         }
         let tombstone = format!("{prefix}route.tombstone.on.empty.payload");
-        if self
-            .take(&tombstone)
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
-        {
+        if is_true(self.take(&tombstone)) {
             self.warn(format!("{tombstone}=true: Debezium also made tombstones of empty and whitespace-only payloads; the relay sends those as they are"));
         } else if envelope || value_converter != Converter::Raw {
             // Only String and ByteArray converters made a tombstone of Debezium's null value.
@@ -580,13 +593,13 @@ impl<'a> Importer<'a> {
     fn placements(&mut self, prefix: &str) -> Result<bool, Error> {
         let key = format!("{prefix}table.fields.additional.placement");
         let list = self.take(&key).unwrap_or_default();
-        let mut unsupported = Vec::new();
+        let (mut unsupported, mut envelope) = (Vec::new(), false);
         for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
             let (column, placement, alias) = match parts[..] {
                 [column, placement] => (column, placement.to_ascii_lowercase(), column),
                 [column, placement, alias] => (column, placement.to_ascii_lowercase(), alias),
-                _ => (entry, String::new(), entry),
+                _ => return Err(invalid(key, entry, PLACEMENT)),
             };
             match placement.as_str() {
                 "header" if alias == column => self.arg("--header-column", column),
@@ -594,54 +607,18 @@ impl<'a> Importer<'a> {
                 "envelope" | "partition" => unsupported.push(entry),
                 _ => return Err(invalid(key, entry, PLACEMENT)),
             }
+            envelope |= placement == "envelope";
         }
         self.warn_all(&unsupported, |list| {
             format!("{key} envelope and partition placements not supported ({list}): Debezium's value was a struct {{\"payload\": ..., ALIAS: ...}} and its partition the column's; the relay's value is the payload alone and its partition the key's murmur2 hash. Place such columns as headers (--header-column COLUMN:ALIAS)")
         });
-        Ok(unsupported
-            .iter()
-            .any(|e| e.to_ascii_lowercase().contains(":envelope")))
-    }
-
-    fn converter_warnings(&mut self, key: Converter, value: Converter) {
-        let unset: Vec<&str> = [("key.converter", key), ("value.converter", value)]
-            .into_iter()
-            .filter_map(|(name, c)| (c == Converter::Unset).then_some(name))
-            .collect();
-        self.warn_all(&unset, |list| {
-            format!("{list} not in the connector config, so the Connect worker's applied (Kafka's sample worker config has JsonConverter with schemas.enable=true); the relay sends the key column's text and the payload column's bytes, like StringConverter: see the JsonConverter notes if the worker used it")
-        });
-        let key_relay = "the raw text KEY: consumers that parse keys must change, and an aggregate's records may land on another partition (the key bytes are hashed)";
-        let value_relay = "the payload column's bytes (for json/jsonb, the document itself): consumers must stop decoding the converter's format";
-        let value_json = "\"PAYLOAD\" (a JSON string; bytea as base64) unless expanded";
-        for (role, converter, json, relay) in [
-            ("key", key, "\"KEY\"", key_relay),
-            ("value", value, value_json, value_relay),
-        ] {
-            let debezium = match converter {
-                Converter::Json { schemas: true } => format!(
-                    "JsonConverter with schemas.enable=true: Debezium's {role}s were {{\"schema\": ..., \"payload\": {json}}}"
-                ),
-                Converter::Json { schemas: false } => format!(
-                    "JsonConverter with schemas.enable=false: Debezium's {role}s were {json}"
-                ),
-                Converter::Other(class) => format!(
-                    "{class}: Debezium's {role}s were in its format (a schema-registry deserializer rejects the relay's)"
-                ),
-                Converter::Raw | Converter::Unset => continue,
-            };
-            self.warn(format!(
-                "{role}.converter={debezium}; the relay's {role} is {relay}"
-            ));
-        }
+        Ok(envelope)
     }
 
     fn producer_overrides(&mut self) {
         let mut dropped = Vec::new();
         for (name, value) in self.take_prefixed("producer.override.") {
-            let semicolon = value
-                .contains(';')
-                .then_some("';' separates -X values; pass it yourself");
+            let semicolon = value.contains(';').then_some("';' separates -X values");
             if let Some(why) = java_only_note(name).or(semicolon) {
                 dropped.push(format!("{name} ({why})"));
                 continue;
@@ -666,7 +643,8 @@ impl<'a> Importer<'a> {
         });
     }
 
-    fn error_handling(&mut self) {
+    /// Error handling, heartbeats, and what is left: the keys without an equivalent.
+    fn leftovers(&mut self) {
         let tolerance = self.take("errors.tolerance").unwrap_or_default();
         let dlq = self.take("errors.deadletterqueue.topic.name");
         self.take_prefixed("errors.deadletterqueue.");
@@ -674,12 +652,6 @@ impl<'a> Importer<'a> {
             let topic = dlq.unwrap_or("TOPIC");
             self.warn(format!("errors.tolerance / errors.deadletterqueue.*: a source connector skipped records that failed conversion (Connect's dead-letter queue is for sink connectors only); the relay never skips an event silently but stops before acknowledging one it cannot deliver. To divert such events instead, add --on-poison dead-letter --dead-letter-topic {topic}"));
         }
-    }
-
-    fn leftovers(&mut self) {
-        // Other transforms and predicates were warned about by name.
-        self.take_prefixed("transforms.");
-        self.take_prefixed("predicates");
         let heartbeat = self.take_prefixed("heartbeat.");
         let interval = heartbeat.iter().find(|(k, _)| *k == "interval.ms");
         if let Some(ms) = interval
@@ -695,6 +667,9 @@ impl<'a> Importer<'a> {
         self.warn_all(&keys, |keys| {
             format!("{keys}: the relay maps heartbeat.interval.ms to --heartbeat-interval, which writes a logical decoding message (no heartbeat.action.query, no heartbeat topic); when nothing is in flight it also acknowledges keepalive positions, so a quiet outbox does not pin WAL")
         });
+        // Other transforms and predicates were warned about by name.
+        self.take_prefixed("transforms.");
+        self.take_prefixed("predicates");
         let ignored: Vec<String> = self
             .take_prefixed("")
             .into_iter()
@@ -759,9 +734,7 @@ fn convert_replacement(replacement: &str, (groups, named): (u32, bool)) -> Resul
                 }
                 out.push_str(ROUTED_BY_VALUE);
             }
-            ('$', _) => {
-                return Err("a '$' must start ${routedByValue} or a group number; write \\$ for a literal dollar".to_owned());
-            }
+            ('$', _) => return Err("a '$' must start ${routedByValue} or a group number; write \\$ for a literal dollar".to_owned()),
             (other, _) => out.push(other),
         }
     }
