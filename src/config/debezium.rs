@@ -125,21 +125,16 @@ pub fn import_file(path: &Path) -> Result<Imported, ImportError> {
 /// command line, else its environment variable, else the import, else its own default. A
 /// repeatable flag given explicitly replaces every imported value.
 pub fn with_defaults(command: clap::Command, imported: &Imported) -> clap::Command {
-    command.mut_args(|arg| {
-        let long = arg.get_long().map(|l| format!("--{l}"));
-        let short = arg.get_short().map(|s| format!("-{s}"));
-        let names = |flag: &String| Some(flag) == long.as_ref() || Some(flag) == short.as_ref();
-        let values: Vec<&String> = imported
-            .args
-            .iter()
-            .filter(|(f, _)| names(f))
-            .map(|(_, v)| v)
-            .collect();
-        if values.is_empty() {
-            arg
-        } else {
-            arg.default_values(values)
+    command.mut_args(|mut arg| {
+        let named = |(flag, _): &&(String, String)| {
+            let name = flag.trim_start_matches('-');
+            arg.get_long() == Some(name) || arg.get_short().is_some_and(|s| name == s.to_string())
+        };
+        let values: Vec<&String> = imported.args.iter().filter(named).map(|(_, v)| v).collect();
+        if !values.is_empty() {
+            arg = arg.default_values(values);
         }
+        arg
     })
 }
 
@@ -288,16 +283,11 @@ struct Importer<'a> {
 }
 
 impl<'a> Importer<'a> {
-    /// The value of `key` as written, now marked as handled; empty counts as unset.
-    fn take_raw(&mut self, key: &str) -> Option<&'a str> {
-        let (k, v) = self.config.get_key_value(key)?;
-        self.used.insert(k);
-        Some(v.as_str()).filter(|v| !v.is_empty())
-    }
-
     /// The trimmed value of `key`, now marked as handled; empty counts as unset.
     fn take(&mut self, key: &str) -> Option<&'a str> {
-        self.take_raw(key).map(str::trim).filter(|v| !v.is_empty())
+        let (k, v) = self.config.get_key_value(key)?;
+        self.used.insert(k);
+        Some(v.trim()).filter(|v| !v.is_empty())
     }
 
     /// Every `(key, value)` under `prefix` not yet handled (now marked), prefix stripped.
@@ -388,15 +378,15 @@ impl<'a> Importer<'a> {
         let host = self.required("database.hostname", "add the Postgres host name or address")?;
         let user = self.required("database.user", "add a role with REPLICATION and SELECT")?;
         let dbname = self.required("database.dbname", "add the database of the outbox tables")?;
-        let port = self.literal("database.port")?.unwrap_or("5432");
-        let why = "expected a TCP port number";
-        let port = port
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| invalid("database.port", port, why))?;
+        let raw = self.literal("database.port")?.unwrap_or("5432");
+        let port = raw.parse::<u16>().ok().filter(|p| *p != 0);
+        let port =
+            port.ok_or_else(|| invalid("database.port", raw, "expected a TCP port number"))?;
         // The password is used as written: Connect does not trim it either.
-        let password = match self.take_raw("database.password") {
+        let password = self
+            .take("database.password")
+            .and(self.config.get("database.password"));
+        let password = match password.map(String::as_str) {
             Some(p) if is_config_provider(p) => {
                 self.warn("database.password is a Kafka Connect config-provider reference, which the relay cannot resolve, so it is left out of --postgres-url: pass --postgres-password-file PATH or OUTBOX_RELAY_POSTGRES_PASSWORD");
                 String::new()
@@ -405,14 +395,9 @@ impl<'a> Importer<'a> {
             None => String::new(),
         };
         let ipv6 = host.contains(':') && !host.starts_with('[');
-        let host = if ipv6 {
-            format!("[{host}]")
-        } else {
-            host.to_owned()
-        };
+        let (open, close) = if ipv6 { ("[", "]") } else { ("", "") };
         let user = utf8_percent_encode(user, URL_PART);
         let dbname = utf8_percent_encode(dbname, URL_PART);
-        let mut url = format!("postgres://{user}{password}@{host}:{port}/{dbname}");
         let mut query = url::form_urlencoded::Serializer::new(String::new());
         for param in ["sslmode", "sslrootcert", "sslcert", "sslkey"] {
             if let Some(value) = self.take(&format!("database.{param}")) {
@@ -420,9 +405,12 @@ impl<'a> Importer<'a> {
             }
         }
         let query = query.finish();
-        if !query.is_empty() {
-            url = format!("{url}?{query}");
-        }
+        let query = if query.is_empty() {
+            query
+        } else {
+            format!("?{query}")
+        };
+        let url = format!("postgres://{user}{password}@{open}{host}{close}:{port}/{dbname}{query}");
         PostgresConnInfo::parse(&url).map_err(Error::PostgresUrl)?;
         Ok(url)
     }
