@@ -181,10 +181,9 @@ pub fn detect_format(path: &Path, text: &str) -> SourceFormat {
 /// Maps a Debezium Postgres connector config onto the relay's flags. `--kafka-brokers`
 /// comes only from `producer.override.bootstrap.servers` (else a warning asks for it).
 pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, Error> {
-    let used = BTreeSet::from(["name"]);
     let mut importer = Importer {
         config,
-        used,
+        used: BTreeSet::from(["name"]),
         out: Imported::default(),
     };
     importer.run()?;
