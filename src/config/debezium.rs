@@ -641,10 +641,7 @@ impl<'a> Importer<'a> {
         }
         let heartbeat = self.take_prefixed("heartbeat.");
         let interval = heartbeat.iter().find(|(k, _)| *k == "interval.ms");
-        if let Some(ms) = interval
-            .and_then(|(_, v)| v.parse::<u64>().ok())
-            .filter(|ms| *ms > 0)
-        {
+        if let Some(Ok(ms @ 1..)) = interval.map(|(_, v)| v.parse::<u64>()) {
             self.arg("--heartbeat-interval", format!("{ms}ms"));
         }
         let keys: Vec<String> = heartbeat
