@@ -381,17 +381,15 @@ impl<'a> Importer<'a> {
         let port = raw.parse::<u16>().ok().filter(|p| *p != 0);
         let port =
             port.ok_or_else(|| invalid("database.port", raw, "expected a TCP port number"))?;
-        // The password is used as written: Connect does not trim it either.
-        let password = self
-            .take("database.password")
-            .and(self.config.get("database.password"));
-        let password = match password.map(String::as_str) {
+        // Marks the password handled; it is used as written, as Connect does not trim it.
+        self.take("database.password");
+        let password = match self.config.get("database.password").map(String::as_str) {
+            None | Some("") => String::new(),
             Some(p) if is_config_provider(p) => {
                 self.warn("database.password is a Kafka Connect config-provider reference, which the relay cannot resolve, so it is left out of --postgres-url: pass --postgres-password-file PATH or OUTBOX_RELAY_POSTGRES_PASSWORD");
                 String::new()
             }
             Some(p) => format!(":{}", utf8_percent_encode(p, URL_PART)),
-            None => String::new(),
         };
         let ipv6 = host.contains(':') && !host.starts_with('[');
         let (open, close) = if ipv6 { ("[", "]") } else { ("", "") };
@@ -404,12 +402,9 @@ impl<'a> Importer<'a> {
             }
         }
         let query = query.finish();
-        let query = if query.is_empty() {
-            query
-        } else {
-            format!("?{query}")
-        };
-        let url = format!("postgres://{user}{password}@{open}{host}{close}:{port}/{dbname}{query}");
+        let separator = if query.is_empty() { "" } else { "?" };
+        let url = format!("postgres://{user}{password}@{open}{host}{close}:{port}/{dbname}");
+        let url = format!("{url}{separator}{query}");
         PostgresConnInfo::parse(&url).map_err(Error::PostgresUrl)?;
         Ok(url)
     }
@@ -420,10 +415,8 @@ impl<'a> Importer<'a> {
             .find_map(|key| Some((key, self.take(key)?)));
         let Some((key, list)) = found else {
             let hint = "without it Debezium captures every table; list the outbox tables as schema.table, or pass --table";
-            return Err(Error::Missing {
-                key: "table.include.list",
-                hint,
-            });
+            let key = "table.include.list";
+            return Err(Error::Missing { key, hint });
         };
         let mut read_differently = Vec::new();
         for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
