@@ -464,11 +464,10 @@ impl<'a> Importer<'a> {
             format!("{list} not in the connector config, so the Connect worker's applied (Kafka's sample worker config has JsonConverter with schemas.enable=true); the relay sends the key column's text and the payload column's bytes, like StringConverter: see the JsonConverter notes if the worker used it")
         });
         let key_relay = "the raw text KEY: consumers that parse keys must change, and an aggregate's records may land on another partition (the key bytes are hashed)";
-        let value_relay = "the payload column's bytes (for json/jsonb, the document itself): consumers must stop decoding the converter's format";
-        let value_json = "\"PAYLOAD\" (a JSON string; bytea as base64) unless expanded";
+        let value_relay = "the payload column's bytes as they are (for json/jsonb, the document itself; Debezium's PAYLOAD was a JSON string unless expanded, bytea as base64): consumers must stop decoding the converter's format";
         for (role, converter, json, relay) in [
             ("key", key, "\"KEY\"", key_relay),
-            ("value", value, value_json, value_relay),
+            ("value", value, "\"PAYLOAD\"", value_relay),
         ] {
             let debezium = match converter {
                 Converter::Json { schemas: true } => format!(
