@@ -1,9 +1,8 @@
 //! outbox-relay: the transactional outbox pattern without Kafka Connect.
 //!
-//! Services write a business row and an outbox row in one Postgres
-//! transaction. The relay tails the WAL through a logical replication slot
-//! (pgoutput), turns each committed outbox insert into one Kafka record routed
-//! by its event type, and moves the slot only past what the broker has
+//! Services write a business row and an outbox row in one Postgres transaction. The relay tails
+//! the WAL through a logical replication slot (pgoutput), turns each committed outbox insert into
+//! one Kafka record routed by its event type, and moves the slot only past what the broker has
 //! acknowledged.
 //!
 //! # Data flow
@@ -19,25 +18,16 @@
 //!                  (pure ledger: commit order,               exactly_once: tails, dedupe)
 //!                   in-flight caps, frontier)  ──send(Ticket, record)──▶
 //! ```
-//! The pipeline reaches Postgres and Kafka only through the [`source::Source`]
-//! and [`sink::Sink`] traits, so its unit tests and the `simulation` test run
-//! the real pipeline against in-memory worlds. Observability reads the
-//! tracker's ledger; `Health` is created by the command and passed in.
-//!
-//! # Where things are
-//! - [`pgoutput`]: the pure decoder (bytes → messages, relation cache).
-//! - [`outbox`]: the pure mapping (row or message → topic, key, headers, payload).
-//! - [`pipeline::ack`]: the ack tracker, the one in-flight ledger.
-//! - [`pipeline`]: the loop that joins them, over the two traits.
-//! - [`source`]: Postgres I/O (setup, replication sessions, slot facts, cleanup).
-//! - [`sink`]: Kafka I/O (producer, delivery results, exactly-once tails).
-//! - [`config`], [`observability`], [`commands`]: flags, what operators see, subcommands.
+//! The pipeline reaches Postgres and Kafka only through the [`source::Source`] and
+//! [`sink::Sink`] traits, so its unit tests and the `simulation` test run the real pipeline
+//! against in-memory worlds. Around it: [`config`] (flags), [`observability`] (what operators
+//! see; it reads the tracker's ledger and a `Health` the command passes in) and [`commands`]
+//! (the subcommands).
 //!
 //! # The ack invariant
-//! Only the *ack frontier* is ever reported to Postgres as flushed: the end
-//! LSN of the longest prefix of committed transactions whose every event the
-//! broker has acknowledged. A crash at any point therefore replays from a
-//! position before every unacknowledged event: delivery is at-least-once, and
+//! Only the *ack frontier* is ever reported to Postgres as flushed: the end LSN of the longest
+//! prefix of committed transactions whose every event the broker has acknowledged. A crash
+//! therefore replays from before every unacknowledged event: delivery is at-least-once, and
 //! consumers deduplicate on the `id` header.
 
 pub mod commands;
