@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use clap::builder::RangedU64ValueParser;
+use clap::builder::{NonEmptyStringValueParser, RangedU64ValueParser};
 use clap::{Parser, ValueEnum};
 
 pub use commands::{
@@ -29,22 +29,20 @@ use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, TableName, TopicTe
 ///
 /// Every committed insert into an outbox table becomes one Kafka record, routed to a topic by its
 /// event type (like Debezium's Outbox Event Router). The replication slot moves only past events
-/// the broker has acknowledged, so a crash or restart never loses an event.
+/// the broker has acknowledged, so a crash or restart never loses an event. Every flag is
+/// described in the README's configuration table.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "outbox-relay", version, about, long_about)]
 pub struct Cli {
-    /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require.
-    /// The role needs REPLICATION (or superuser) and SELECT on the outbox tables. Required.
+    /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require. Required.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
     pub postgres_url: Option<Secret>,
 
-    /// Postgres password; overrides --postgres-password-file and the URL's password.
-    /// Prefer the file or the environment variable: `ps` shows command lines.
+    /// Postgres password, overriding the file's and the URL's (`ps` shows it: prefer the env var).
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD", hide_env_values = true)]
     pub postgres_password: Option<Secret>,
 
-    /// File holding the Postgres password (a trailing newline is ignored), e.g. a mounted
-    /// Kubernetes or Docker secret; overrides the URL's password.
+    /// File holding the Postgres password (e.g. a mounted secret), overriding the URL's password.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD_FILE", value_name = "PATH")]
     pub postgres_password_file: Option<PathBuf>,
 
@@ -52,16 +50,13 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
 
-    /// Outbox table as SCHEMA.TABLE (schema defaults to public). Repeatable. Overrides of
-    /// route-by, topic-template, key-column, id-column, payload-column and timestamp-column
-    /// follow a colon: 'billing.outbox:topic-template=billing.${event_type};key-column=account_id'.
+    /// Outbox table as SCHEMA.TABLE, repeatable; `none` for none. Mapping overrides follow a
+    /// colon: 'billing.outbox:topic-template=billing.${event_type};key-column=account_id'.
     #[arg(long = "table", env = "OUTBOX_RELAY_TABLE")]
     #[arg(value_delimiter = ',', default_value = "public.outbox")]
     pub tables: Vec<String>,
 
-    /// Prefix of transactional logical decoding messages carrying outbox events, mapped like rows
-    /// with JSON fields as columns (`pg_logical_emit_message(true, PREFIX, '{"id": ...}')`).
-    /// Repeatable. With only messages, pass `--table none`.
+    /// Prefix of transactional logical decoding messages carrying outbox events. Repeatable.
     #[arg(long = "message-prefix", env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
     #[arg(value_delimiter = ',')]
     pub message_prefixes: Vec<String>,
@@ -70,53 +65,43 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay", value_parser = slot_name)]
     pub slot: String,
 
-    /// Create the slot with FAILOVER true (or alter an existing one), so that standbys with
-    /// sync_replication_slots keep a copy and a failover loses nothing. PostgreSQL 17+.
+    /// Create the slot with FAILOVER true (or alter it), so that a failover loses nothing. PG 17+.
     #[arg(long, env = "OUTBOX_RELAY_SLOT_FAILOVER")]
     pub slot_failover: bool,
 
-    /// Create the slot although public.outbox_relay_slots shows this relay streamed from it before
-    /// (lost in a failover, or dropped); only `outbox-relay backfill` relays what it missed.
+    /// Create the slot even where this relay streamed before (then `backfill` what it missed).
     #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
     pub allow_new_slot: bool,
 
-    /// Publication to stream (created FOR TABLE `tables` WITH (publish = 'insert',
-    /// publish_via_partition_root = true) if missing).
+    /// Publication to stream (created FOR TABLE the outbox tables, inserts only, if missing).
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay", value_parser = publication_name)]
     pub publication: String,
 
-    /// Column whose value routes the event: `${routedByValue}` in --topic-template.
-    /// Debezium: route.by.field.
-    #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY", default_value = "event_type", value_parser = column_name)]
+    /// Column whose value routes the event (`${routedByValue}`). Debezium: route.by.field.
+    #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY", default_value = "event_type", value_parser = NonEmptyStringValueParser::new())]
     pub route_by: String,
 
-    /// Topic name template: `${routedByValue}` is the --route-by value, `${COLUMN}` any outbox
-    /// column. Debezium's default is 'outbox.event.${routedByValue}'.
+    /// Topic name template: `${routedByValue}` is the --route-by value, `${COLUMN}` any column.
     #[arg(long, env = "OUTBOX_RELAY_TOPIC_TEMPLATE", default_value = "${routedByValue}", value_parser = TopicTemplate::parse)]
     pub topic_template: TopicTemplate,
 
-    /// Column whose text is the record key (raw UTF-8, NULL = null key).
-    /// Debezium: table.field.event.key.
-    #[arg(long, env = "OUTBOX_RELAY_KEY_COLUMN", default_value = "aggregate_id", value_parser = column_name)]
+    /// Column whose text is the record key (NULL: null key). Debezium: table.field.event.key.
+    #[arg(long, env = "OUTBOX_RELAY_KEY_COLUMN", default_value = "aggregate_id", value_parser = NonEmptyStringValueParser::new())]
     pub key_column: String,
 
-    /// Column whose text is the `id` header of every record (the dedupe key).
-    /// Debezium: table.field.event.id.
-    #[arg(long, env = "OUTBOX_RELAY_ID_COLUMN", default_value = "id", value_parser = column_name)]
+    /// Column whose text is the `id` header, the dedupe key. Debezium: table.field.event.id.
+    #[arg(long, env = "OUTBOX_RELAY_ID_COLUMN", default_value = "id", value_parser = NonEmptyStringValueParser::new())]
     pub id_column: String,
 
-    /// Column that becomes the record value: json/jsonb/text as sent by Postgres, bytea as raw
-    /// bytes, NULL as a tombstone. Debezium: table.field.event.payload.
-    #[arg(long, env = "OUTBOX_RELAY_PAYLOAD_COLUMN", default_value = "payload", value_parser = column_name)]
+    /// Column becoming the record value (NULL: a tombstone). Debezium: table.field.event.payload.
+    #[arg(long, env = "OUTBOX_RELAY_PAYLOAD_COLUMN", default_value = "payload", value_parser = NonEmptyStringValueParser::new())]
     pub payload_column: String,
 
-    /// Column (timestamptz, timestamp as UTC, or bigint epoch milliseconds) for the record
-    /// timestamp; else the commit time. Debezium: table.field.event.timestamp.
+    /// Column holding the record timestamp (default: the commit time).
     #[arg(long, env = "OUTBOX_RELAY_TIMESTAMP_COLUMN")]
     pub timestamp_column: Option<String>,
 
     /// Extra column copied into a record header, as COLUMN or COLUMN:HEADER. Repeatable.
-    /// Debezium: table.fields.additional.placement=COLUMN:header:HEADER.
     #[arg(
         long = "header-column",
         env = "OUTBOX_RELAY_HEADER_COLUMN",
@@ -124,14 +109,11 @@ pub struct Cli {
     )]
     pub header_columns: Vec<String>,
 
-    /// Add the CloudEvents Kafka binding's binary-mode headers: ce_specversion, ce_id (id column),
-    /// ce_type (--route-by value), ce_source, ce_time (commit time), ce_subject (the key, when not
-    /// null) and content-type (json/jsonb payloads).
+    /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
     pub cloudevents: bool,
 
-    /// ce_source of every event with --cloudevents; default /DATABASE/SCHEMA/TABLE
-    /// (/DATABASE/message/PREFIX for --message-prefix events).
+    /// ce_source of every event with --cloudevents (default: /DATABASE/SCHEMA/TABLE).
     #[arg(
         long,
         env = "OUTBOX_RELAY_CLOUDEVENTS_SOURCE",
@@ -139,13 +121,11 @@ pub struct Cli {
     )]
     pub cloudevents_source: Option<String>,
 
-    /// What happens to outbox rows once the broker acknowledged their events: kept (`none`), or
-    /// deleted by primary key before the slot moves past them (`delete`; needs DELETE on them).
+    /// What happens to outbox rows once the broker has acknowledged their events.
     #[arg(long, env = "OUTBOX_RELAY_CLEANUP", value_enum, default_value_t = Cleanup::None)]
     pub cleanup: Cleanup,
 
-    /// librdkafka producer property KEY=VALUE, passed through and overriding the relay's
-    /// defaults (e.g. -X security.protocol=SASL_SSL). Repeatable.
+    /// librdkafka producer property KEY=VALUE (e.g. -X security.protocol=SASL_SSL). Repeatable.
     #[arg(
         short = 'X',
         long = "kafka-property",
@@ -154,8 +134,7 @@ pub struct Cli {
     #[arg(value_delimiter = ';', hide_env_values = true)]
     pub kafka_properties: Vec<KafkaProperty>,
 
-    /// On SIGINT/SIGTERM, how long to read to the open transaction's commit and wait for
-    /// in-flight deliveries before exiting.
+    /// On SIGINT/SIGTERM, how long to read to the open commit and wait for in-flight deliveries.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 
@@ -163,33 +142,27 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL", default_value = "100ms", value_parser = positive_duration)]
     pub status_interval: Duration,
 
-    /// Most events enqueued to Kafka but not yet acknowledged; reading the WAL pauses at this
-    /// many (backpressure, bounded memory).
+    /// Most events sent to Kafka but not yet acknowledged; reading the WAL pauses there.
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = 50_000, value_parser = at_least(1))]
     pub max_in_flight_events: usize,
 
-    /// Most payload+key bytes enqueued to Kafka but not yet acknowledged.
+    /// Most payload+key bytes sent to Kafka but not yet acknowledged.
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = 16 * 1024 * 1024, value_parser = at_least(1024))]
     pub max_in_flight_bytes: usize,
 
-    /// Delivery guarantee. `exactly-once` pins each record's partition by its key, tags it with
-    /// `outbox.source`/`outbox.lsn`/`outbox.seq`, and after a restart reads each partition's
-    /// tail back to skip what a previous run already delivered.
+    /// Delivery guarantee.
     #[arg(long, env = "OUTBOX_RELAY_DELIVERY", value_enum, default_value_t = Delivery::AtLeastOnce)]
     pub delivery: Delivery,
 
-    /// With --delivery exactly-once, when a partition's tail cannot prove what was sent (its
-    /// partition count changed, another writer uses the same source, it cannot be read).
+    /// With --delivery exactly-once, what to do when a partition's tail cannot prove what was sent.
     #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE_FALLBACK", value_enum, default_value_t = ExactlyOnceFallback::Fail)]
     pub exactly_once_fallback: ExactlyOnceFallback,
 
-    /// Write a non-transactional logical decoding message this often, so the slot advances even
-    /// when the database writes nothing (off by default: keepalives advance it on any WAL).
+    /// Write a logical decoding message this often, so the slot advances on an idle database.
     #[arg(long, env = "OUTBOX_RELAY_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
     pub heartbeat_interval: Option<Duration>,
 
-    /// What to do with an event that cannot be delivered (NULL id or routing value, invalid topic
-    /// name, payload over message.max.bytes, a value invalid for its type, a broker rejection).
+    /// What to do with an event that cannot be delivered (NULL id, bad topic, too large...).
     #[arg(long, env = "OUTBOX_RELAY_ON_POISON", value_enum, default_value_t = PoisonPolicy::Fail)]
     pub on_poison: PoisonPolicy,
 
@@ -209,9 +182,7 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// A Debezium connector configuration (the JSON POSTed to Kafka Connect, or a .properties
-    /// file) to take the connection, slot, publication, tables and EventRouter options from;
-    /// explicit flags override it. See `outbox-relay debezium-config --explain FILE`.
+    /// A Debezium connector configuration (JSON or .properties) whose settings become defaults.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
     pub debezium_config: Option<PathBuf>,
 
@@ -403,13 +374,6 @@ fn publication_name(name: &str) -> Result<String, &'static str> {
     match !name.is_empty() && name.len() <= 63 && name.chars().all(allowed) {
         true => Ok(name.to_owned()),
         false => Err("use letters, digits and underscores (at most 63)"),
-    }
-}
-
-fn column_name(name: &str) -> Result<String, &'static str> {
-    match name.is_empty() {
-        true => Err("a column name is required"),
-        false => Ok(name.to_owned()),
     }
 }
 
