@@ -1,4 +1,4 @@
-//! Flags of the HTTP endpoint, readiness and the slot poller; config owns [`ReadinessThresholds`]
+//! Flags of the HTTP endpoint, readiness and the slot poller. [`ReadinessThresholds`] lives here
 //! so that observability reads it without importing flags.
 
 use std::net::SocketAddr;
@@ -32,27 +32,15 @@ pub struct ObservabilityArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Args)]
 pub struct ReadinessThresholds {
     /// /readyz fails when the slot keeps more WAL than this (bytes; KiB/MiB/GiB suffixes work).
-    #[arg(
-        long = "ready-max-slot-lag-bytes",
-        env = "OUTBOX_RELAY_READY_MAX_SLOT_LAG_BYTES"
-    )]
-    #[arg(default_value = "1GiB", value_parser = parse_bytes)]
+    #[arg(long = "ready-max-slot-lag-bytes", env = "OUTBOX_RELAY_READY_MAX_SLOT_LAG_BYTES", default_value = "1GiB", value_parser = parse_bytes)]
     pub max_slot_lag_bytes: u64,
 
     /// /readyz fails when the oldest unacknowledged event was handed to Kafka longer ago than this.
-    #[arg(
-        long = "ready-max-ack-staleness",
-        env = "OUTBOX_RELAY_READY_MAX_ACK_STALENESS"
-    )]
-    #[arg(default_value = "60s", value_parser = positive_duration)]
+    #[arg(long = "ready-max-ack-staleness", env = "OUTBOX_RELAY_READY_MAX_ACK_STALENESS", default_value = "60s", value_parser = positive_duration)]
     pub max_ack_staleness: Duration,
 
     /// Warn (log and /readyz) when the slot's safe_wal_size falls below this (bytes).
-    #[arg(
-        long = "slot-min-safe-wal-size",
-        env = "OUTBOX_RELAY_SLOT_MIN_SAFE_WAL_SIZE"
-    )]
-    #[arg(default_value = "1GiB", value_parser = parse_bytes)]
+    #[arg(long = "slot-min-safe-wal-size", env = "OUTBOX_RELAY_SLOT_MIN_SAFE_WAL_SIZE", default_value = "1GiB", value_parser = parse_bytes)]
     pub min_safe_wal_size: u64,
 }
 
