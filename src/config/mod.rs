@@ -568,7 +568,7 @@ impl Config {
 
 /// The `--table` values: the tables in flag order (`none` means none, for a table-less outbox)
 /// and each table's raw overrides. Without a table or a `--message-prefix`, nothing is relayed.
-fn parse_tables(cli: &Cli) -> Result<(Vec<TableName>, Vec<(TableName, &str)>), ConfigError> {
+fn parse_tables(cli: &Cli) -> Result<(Vec<TableName>, Overrides<'_>), ConfigError> {
     let (mut tables, mut overridden) = (Vec::new(), Vec::new());
     for raw in &cli.tables {
         let (name, overrides) = raw.split_once(':').unwrap_or((raw.as_str(), ""));
@@ -592,6 +592,9 @@ fn parse_tables(cli: &Cli) -> Result<(Vec<TableName>, Vec<(TableName, &str)>), C
     }
     Ok((tables, overridden))
 }
+
+/// Per-table overrides as written: each table and its `key=value;...` text.
+type Overrides<'a> = Vec<(TableName, &'a str)>;
 
 /// Applies `key=value;key=value` per-table overrides to the global mapping.
 fn apply_overrides(base: &MappingConfig, overrides: &str) -> Result<MappingConfig, String> {
