@@ -269,9 +269,7 @@ fn parse_param<T: clap::ValueEnum>(
     value: String,
 ) -> Result<T, PostgresUrlError> {
     T::from_str(&value, false).map_err(|_| {
-        let names = T::value_variants()
-            .iter()
-            .filter_map(|v| v.to_possible_value());
+        let names = T::value_variants().iter().filter_map(T::to_possible_value);
         let names: Vec<_> = names.map(|v| v.get_name().to_owned()).collect();
         invalid_parameter(name, value, &names.join(", "))
     })
@@ -283,12 +281,12 @@ fn split_hosts(raw: &str) -> (String, Vec<&str>) {
         return (raw.to_owned(), Vec::new());
     };
     let start = scheme_end + 3;
-    let end = raw[start..]
-        .find(['/', '?', '#'])
-        .map_or(raw.len(), |i| start + i);
-    let hosts_start = raw[start..end]
-        .rfind('@')
-        .map_or(start, |at| start + at + 1);
+    let after_scheme = &raw[start..];
+    let end = start
+        + after_scheme
+            .find(['/', '?', '#'])
+            .unwrap_or(after_scheme.len());
+    let hosts_start = start + raw[start..end].rfind('@').map_or(0, |at| at + 1);
     let mut hosts = raw[hosts_start..end].split(',');
     let first = hosts.next().unwrap_or_default();
     let url = format!("{}{first}{}", &raw[..hosts_start], &raw[end..]);
@@ -305,10 +303,10 @@ fn host_name(url: &url::Url) -> Result<String, PostgresUrlError> {
 }
 
 fn decode(part: &'static str, s: &str) -> Result<String, PostgresUrlError> {
-    let decoded = percent_encoding::percent_decode_str(s).decode_utf8();
-    Ok(decoded
-        .map_err(|_| PostgresUrlError::Encoding(part))?
-        .into_owned())
+    match percent_encoding::percent_decode_str(s).decode_utf8() {
+        Ok(decoded) => Ok(decoded.into_owned()),
+        Err(_) => Err(PostgresUrlError::Encoding(part)),
+    }
 }
 
 /// Where credentials may stand in `raw`: from after `://` to the last `@`. Found textually, as
@@ -338,9 +336,8 @@ fn redact_url(raw: &str) -> String {
     }
     if let Some(start) = out.find("password=") {
         let value_start = start + "password=".len();
-        let value_end = out[value_start..]
-            .find(['&', ' '])
-            .map_or(out.len(), |i| value_start + i);
+        let value = &out[value_start..];
+        let value_end = value_start + value.find(['&', ' ']).unwrap_or(value.len());
         out.replace_range(value_start..value_end, "***");
     }
     out
