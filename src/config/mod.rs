@@ -38,7 +38,7 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
     pub postgres_url: Option<Secret>,
 
-    /// Postgres password, overriding the file's and the URL's (`ps` shows it: prefer the env var).
+    /// Postgres password; overrides the file and the URL (prefer the env var: `ps` shows flags).
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD", hide_env_values = true)]
     pub postgres_password: Option<Secret>,
 
