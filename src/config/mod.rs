@@ -37,15 +37,12 @@ pub struct Cli {
     /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require. Required.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
     pub postgres_url: Option<Secret>,
-
     /// Postgres password; overrides the file and the URL (prefer the env var: `ps` shows flags).
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD", hide_env_values = true)]
     pub postgres_password: Option<Secret>,
-
     /// File holding the Postgres password (e.g. a mounted secret), overriding the URL's password.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD_FILE", value_name = "PATH")]
     pub postgres_password_file: Option<PathBuf>,
-
     /// Kafka bootstrap servers, comma separated (host:port,...). Required to run the relay.
     #[arg(long, env = "OUTBOX_RELAY_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
@@ -55,7 +52,6 @@ pub struct Cli {
     #[arg(long = "table", env = "OUTBOX_RELAY_TABLE")]
     #[arg(value_delimiter = ',', default_value = "public.outbox")]
     pub tables: Vec<String>,
-
     /// Prefix of transactional logical decoding messages carrying outbox events. Repeatable.
     #[arg(long = "message-prefix", env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
     #[arg(value_delimiter = ',')]
@@ -64,15 +60,12 @@ pub struct Cli {
     /// Logical replication slot to stream from (created with pgoutput if missing).
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay", value_parser = slot_name)]
     pub slot: String,
-
     /// Create the slot with FAILOVER true (or alter it), so that a failover loses nothing. PG 17+.
     #[arg(long, env = "OUTBOX_RELAY_SLOT_FAILOVER")]
     pub slot_failover: bool,
-
     /// Create the slot even where this relay streamed before (then `backfill` what it missed).
     #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
     pub allow_new_slot: bool,
-
     /// Publication to stream (created FOR TABLE the outbox tables, inserts only, if missing).
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay", value_parser = publication_name)]
     pub publication: String,
@@ -80,100 +73,70 @@ pub struct Cli {
     /// Column whose value routes the event (`${routedByValue}`). Debezium: route.by.field.
     #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY", default_value = "event_type", value_parser = NonEmptyStringValueParser::new())]
     pub route_by: String,
-
     /// Topic name template: `${routedByValue}` is the --route-by value, `${COLUMN}` any column.
     #[arg(long, env = "OUTBOX_RELAY_TOPIC_TEMPLATE", default_value = "${routedByValue}", value_parser = TopicTemplate::parse)]
     pub topic_template: TopicTemplate,
-
     /// Column whose text is the record key (NULL: null key). Debezium: table.field.event.key.
     #[arg(long, env = "OUTBOX_RELAY_KEY_COLUMN", default_value = "aggregate_id", value_parser = NonEmptyStringValueParser::new())]
     pub key_column: String,
-
     /// Column whose text is the `id` header, the dedupe key. Debezium: table.field.event.id.
     #[arg(long, env = "OUTBOX_RELAY_ID_COLUMN", default_value = "id", value_parser = NonEmptyStringValueParser::new())]
     pub id_column: String,
-
     /// Column becoming the record value (NULL: a tombstone). Debezium: table.field.event.payload.
     #[arg(long, env = "OUTBOX_RELAY_PAYLOAD_COLUMN", default_value = "payload", value_parser = NonEmptyStringValueParser::new())]
     pub payload_column: String,
-
     /// Column holding the record timestamp (default: the commit time).
     #[arg(long, env = "OUTBOX_RELAY_TIMESTAMP_COLUMN")]
     pub timestamp_column: Option<String>,
-
     /// Extra column copied into a record header, as COLUMN or COLUMN:HEADER. Repeatable.
-    #[arg(
-        long = "header-column",
-        env = "OUTBOX_RELAY_HEADER_COLUMN",
-        value_delimiter = ','
-    )]
+    #[arg(long = "header-column", env = "OUTBOX_RELAY_HEADER_COLUMN")]
+    #[arg(value_delimiter = ',')]
     pub header_columns: Vec<String>,
-
     /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
     pub cloudevents: bool,
-
     /// ce_source of every event with --cloudevents (default: /DATABASE/SCHEMA/TABLE).
-    #[arg(
-        long,
-        env = "OUTBOX_RELAY_CLOUDEVENTS_SOURCE",
-        requires = "cloudevents"
-    )]
+    #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS_SOURCE")]
+    #[arg(requires = "cloudevents")]
     pub cloudevents_source: Option<String>,
-
     /// What happens to outbox rows once the broker has acknowledged their events.
     #[arg(long, env = "OUTBOX_RELAY_CLEANUP", value_enum, default_value_t = Cleanup::None)]
     pub cleanup: Cleanup,
 
     /// librdkafka producer property KEY=VALUE (e.g. -X security.protocol=SASL_SSL). Repeatable.
-    #[arg(
-        short = 'X',
-        long = "kafka-property",
-        env = "OUTBOX_RELAY_KAFKA_PROPERTY"
-    )]
-    #[arg(value_delimiter = ';', hide_env_values = true)]
+    #[arg(short = 'X', long = "kafka-property", value_delimiter = ';')]
+    #[arg(env = "OUTBOX_RELAY_KAFKA_PROPERTY", hide_env_values = true)]
     pub kafka_properties: Vec<KafkaProperty>,
-
     /// On SIGINT/SIGTERM, how long to read to the open commit and wait for in-flight deliveries.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
-
     /// How often the acknowledged position is reported to Postgres.
     #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL", default_value = "100ms", value_parser = positive_duration)]
     pub status_interval: Duration,
-
     /// Most events sent to Kafka but not yet acknowledged; reading the WAL pauses there.
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = 50_000, value_parser = at_least(1))]
     pub max_in_flight_events: usize,
-
     /// Most payload+key bytes sent to Kafka but not yet acknowledged.
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = 16 * 1024 * 1024, value_parser = at_least(1024))]
     pub max_in_flight_bytes: usize,
-
     /// Delivery guarantee.
     #[arg(long, env = "OUTBOX_RELAY_DELIVERY", value_enum, default_value_t = Delivery::AtLeastOnce)]
     pub delivery: Delivery,
-
     /// With --delivery exactly-once, what to do when a partition's tail cannot prove what was sent.
     #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE_FALLBACK", value_enum, default_value_t = ExactlyOnceFallback::Fail)]
     pub exactly_once_fallback: ExactlyOnceFallback,
-
     /// Write a logical decoding message this often, so the slot advances on an idle database.
     #[arg(long, env = "OUTBOX_RELAY_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
     pub heartbeat_interval: Option<Duration>,
-
     /// What to do with an event that cannot be delivered (NULL id, bad topic, too large...).
     #[arg(long, env = "OUTBOX_RELAY_ON_POISON", value_enum, default_value_t = PoisonPolicy::Fail)]
     pub on_poison: PoisonPolicy,
-
     /// Topic for dead-lettered events (required with --on-poison dead-letter).
     #[arg(long, env = "OUTBOX_RELAY_DEAD_LETTER_TOPIC", value_parser = topic_name)]
     pub dead_letter_topic: Option<String>,
-
     /// First wait before reconnecting to Postgres after the stream broke; doubles per attempt.
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MIN", default_value = "500ms", value_parser = positive_duration)]
     pub reconnect_backoff_min: Duration,
-
     /// Longest wait between reconnect attempts (also the standby's polling interval).
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MAX", default_value = "30s", value_parser = parse_duration)]
     pub reconnect_backoff_max: Duration,
@@ -181,11 +144,9 @@ pub struct Cli {
     /// Log line format.
     #[arg(long, env = "OUTBOX_RELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-
     /// A Debezium connector configuration (JSON or .properties) whose settings become defaults.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
     pub debezium_config: Option<PathBuf>,
-
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,librdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -193,7 +154,6 @@ pub struct Cli {
     /// Metrics, health and slot monitoring flags.
     #[command(flatten)]
     pub observability: ObservabilityArgs,
-
     /// An operator command; without one, the relay runs.
     #[command(subcommand)]
     pub command: Option<Command>,

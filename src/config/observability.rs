@@ -14,15 +14,12 @@ pub struct ObservabilityArgs {
     /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; `none` disables it.
     #[arg(long, env = "OUTBOX_RELAY_HTTP_ADDR", default_value = "127.0.0.1:9187")]
     pub http_addr: String,
-
     /// Readiness limits.
     #[command(flatten)]
     pub readiness: ReadinessThresholds,
-
     /// How often the slot's lag, wal_status and safe_wal_size are read.
     #[arg(long, env = "OUTBOX_RELAY_SLOT_POLL_INTERVAL", default_value = "10s", value_parser = positive_duration)]
     pub slot_poll_interval: Duration,
-
     /// How often a one-line progress summary is logged; 0 disables it.
     #[arg(long, env = "OUTBOX_RELAY_PROGRESS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub progress_interval: Duration,
@@ -34,11 +31,9 @@ pub struct ReadinessThresholds {
     /// /readyz fails when the slot keeps more WAL than this (bytes; KiB/MiB/GiB suffixes work).
     #[arg(long = "ready-max-slot-lag-bytes", env = "OUTBOX_RELAY_READY_MAX_SLOT_LAG_BYTES", default_value = "1GiB", value_parser = parse_bytes)]
     pub max_slot_lag_bytes: u64,
-
     /// /readyz fails when the oldest unacknowledged event was handed to Kafka longer ago than this.
     #[arg(long = "ready-max-ack-staleness", env = "OUTBOX_RELAY_READY_MAX_ACK_STALENESS", default_value = "60s", value_parser = positive_duration)]
     pub max_ack_staleness: Duration,
-
     /// Warn (log and /readyz) when the slot's safe_wal_size falls below this (bytes).
     #[arg(long = "slot-min-safe-wal-size", env = "OUTBOX_RELAY_SLOT_MIN_SAFE_WAL_SIZE", default_value = "1GiB", value_parser = parse_bytes)]
     pub min_safe_wal_size: u64,
