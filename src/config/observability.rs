@@ -89,10 +89,8 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit() && c != '_');
     let (digits, unit) = s.split_at(split.unwrap_or(s.len()));
-    let n: u64 = digits
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("{s:?} is not a byte count (examples: 1073741824, 512MiB, 1GiB)"))?;
+    let not_a_count = || format!("{s:?} is not a byte count (examples: 1073741824, 512MiB, 1GiB)");
+    let n: u64 = digits.replace('_', "").parse().map_err(|_| not_a_count())?;
     let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "kib" | "k" => 1 << 10,
