@@ -559,11 +559,8 @@ type Overrides<'a> = Vec<(TableName, &'a str)>;
 /// Applies `key=value;key=value` per-table overrides to the global mapping.
 fn apply_overrides(base: &MappingConfig, overrides: &str) -> Result<MappingConfig, String> {
     let mut m = base.clone();
-    for pair in overrides
-        .split(';')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-    {
+    let pairs = overrides.split(';').map(str::trim);
+    for pair in pairs.filter(|p| !p.is_empty()) {
         let Some((key, value)) = pair.split_once('=').filter(|(_, v)| !v.trim().is_empty()) else {
             return Err(format!("override {pair:?} is not KEY=VALUE"));
         };
@@ -599,11 +596,8 @@ fn read_password_file(path: &Path) -> Result<String, ConfigError> {
     };
     if password.is_empty() {
         let reason = "the file is empty; write the password into it";
-        return Err(invalid(
-            "--postgres-password-file",
-            path.display().to_string(),
-            reason,
-        ));
+        let shown = path.display().to_string();
+        return Err(invalid("--postgres-password-file", shown, reason));
     }
     Ok(password.to_owned())
 }
