@@ -3,15 +3,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// A position in the Postgres write-ahead log.
-///
-/// Ordered like the WAL itself; `Lsn::ZERO` means "no position" (Postgres'
-/// `InvalidXLogRecPtr`).
+/// A position in the Postgres write-ahead log, ordered like the WAL itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Lsn(pub u64);
 
 impl Lsn {
-    /// The invalid / unset position.
+    /// No position (Postgres' `InvalidXLogRecPtr`).
     pub const ZERO: Lsn = Lsn(0);
 
     /// The raw 64-bit value.
@@ -28,22 +25,17 @@ impl fmt::Display for Lsn {
 
 /// An LSN string that is not `HI/LO` in hexadecimal.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid LSN {input:?}: expected two hexadecimal halves like 16/B374D848")]
-pub struct ParseLsnError {
-    input: String,
-}
+#[error("invalid LSN {0:?}: expected two hexadecimal halves like 16/B374D848")]
+pub struct ParseLsnError(String);
 
 impl FromStr for Lsn {
     type Err = ParseLsnError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || ParseLsnError {
-            input: s.to_owned(),
-        };
+        let err = || ParseLsnError(s.to_owned());
         let (hi, lo) = s.trim().split_once('/').ok_or_else(err)?;
-        let hi = u32::from_str_radix(hi, 16).map_err(|_| err())?;
-        let lo = u32::from_str_radix(lo, 16).map_err(|_| err())?;
-        Ok(Lsn((u64::from(hi) << 32) | u64::from(lo)))
+        let half = |h: &str| u32::from_str_radix(h, 16).map(u64::from).map_err(|_| err());
+        Ok(Lsn((half(hi)? << 32) | half(lo)?))
     }
 }
 

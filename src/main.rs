@@ -1,12 +1,11 @@
-//! The `outbox-relay` binary: flags (and a `--debezium-config` file) → logging
-//! → the relay or an operator subcommand → exit code.
+//! The `outbox-relay` binary: flags (and a `--debezium-config` file) → logging → the relay or an
+//! operator subcommand → exit code.
 
 use std::process::ExitCode;
 
-use outbox_relay::commands;
 use outbox_relay::config::Cli;
-use outbox_relay::observability;
 use outbox_relay::pipeline::exit_code;
+use outbox_relay::{commands, observability};
 
 fn main() -> ExitCode {
     let (cli, import_warnings) = match Cli::parse_global_from(std::env::args_os().collect()) {

@@ -1,47 +1,42 @@
-//! Operator subcommands and how the command line is parsed with them.
-//!
-//! Every relay flag is global, so it may come before or after the subcommand
-//! (`outbox-relay status --postgres-url ...`). Global arguments cannot be
-//! required in clap, which is why `--postgres-url` and `--kafka-brokers` are
-//! optional there and checked in [`super::Config::from_cli`] instead.
+//! Operator subcommands and how the command line is parsed with them. Every relay flag is global
+//! (before or after the subcommand); clap cannot require a global flag, so `--postgres-url` and
+//! `--kafka-brokers` are checked in [`Config::from_cli`](super::Config::from_cli) instead.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Subcommand};
 
 use super::debezium::{self, ImportError};
-use super::{Cli, ConfigError, check_identifier, invalid};
+use super::{Cli, ConfigError, parse_duration, parse_tables};
 use crate::outbox::TableName;
 
 /// What to do; the relay runs when no subcommand is given.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
-    /// See it work: a throwaway PostgreSQL (or --postgres-url), an in-process Kafka
-    /// broker (or --kafka-brokers), a writer committing orders with outbox events, the
-    /// relay between them, and a consumer printing what arrives. Ctrl-C stops.
+    /// See it work: a throwaway PostgreSQL and Kafka (or --postgres-url, --kafka-brokers), a
+    /// writer of orders with outbox events, the relay, and a consumer printing what arrives.
     Demo(DemoArgs),
-    /// Show the slot (position, lag, WAL retention), the publication and the
-    /// server settings the relay depends on.
+    /// Show the slot (position, lag, WAL retention), the publication and the server settings.
     Status(StatusArgs),
     /// Create the publication and the slot (skipping what exists), or print the SQL.
     Setup(SetupArgs),
     /// Drop the replication slot (and optionally the publication).
     DropSlot(DropSlotArgs),
-    /// Print the records the relay would produce for what is pending in the slot,
-    /// without consuming it (the slot must be inactive: stop the relay first).
+    /// Print the records the relay would produce for what is pending in the slot, without
+    /// consuming it (the slot must be inactive: stop the relay first).
     Peek(PeekArgs),
     /// Translate a Debezium connector configuration into outbox-relay flags.
     DebeziumConfig(DebeziumConfigArgs),
-    /// Re-publish outbox rows still in the tables (at-least-once), e.g. the rows a
-    /// lost slot never saw after a failover.
+    /// Re-publish outbox rows still in the tables, e.g. what a lost slot missed after a failover.
     Backfill(BackfillArgs),
 }
 
 /// `backfill` flags.
 #[derive(Debug, Clone, Args)]
 pub struct BackfillArgs {
-    /// Re-publish rows whose --column is at or after this time (a timestamptz
-    /// literal, e.g. '2026-11-23 10:00:00+00').
+    /// Re-publish rows whose --column is at or after this timestamptz ('2026-11-23 10:00:00+00').
     #[arg(long)]
     pub since: String,
     /// The timestamp column --since applies to.
@@ -52,10 +47,9 @@ pub struct BackfillArgs {
 /// `debezium-config` flags.
 #[derive(Debug, Clone, Args)]
 pub struct DebeziumConfigArgs {
-    /// The connector configuration (JSON or .properties) whose equivalent
-    /// command line to print, with what does not carry over.
+    /// The connector configuration (JSON or .properties) to print as flags, with what is lost.
     #[arg(long, value_name = "FILE")]
-    pub explain: std::path::PathBuf,
+    pub explain: PathBuf,
 }
 
 /// `status` flags.
@@ -69,16 +63,15 @@ pub struct StatusArgs {
 /// `demo` flags.
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
-    /// Directory of the PostgreSQL server binaries (initdb, pg_ctl, postgres) for the
-    /// throwaway cluster; else `pg_config --bindir`, else the usual install directories.
+    /// Directory of initdb, pg_ctl and postgres (default: `pg_config --bindir`, usual places).
     #[arg(long, value_name = "DIR")]
-    pub pg_bin: Option<std::path::PathBuf>,
+    pub pg_bin: Option<PathBuf>,
     /// Orders (each with its outbox event) committed per second.
     #[arg(long, default_value_t = 2.0)]
     pub rate: f64,
     /// Stop after this long (e.g. 30s); without it, run until Ctrl-C.
-    #[arg(long, value_parser = super::parse_duration)]
-    pub duration: Option<std::time::Duration>,
+    #[arg(long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
 }
 
 /// `peek` flags.
@@ -117,9 +110,8 @@ impl Cli {
         Cli::command().mut_args(|arg| arg.global(true))
     }
 
-    /// Parses `args` (the first is the program name) with a `--debezium-config`
-    /// file's flags as defaults, and returns the import's warnings; prints help
-    /// or a usage error and exits as clap does.
+    /// Parses `args` with a `--debezium-config` file's flags as defaults, and returns the import's
+    /// warnings; help and usage errors exit as clap does.
     pub fn parse_global_from(args: Vec<OsString>) -> Result<(Cli, Vec<String>), ImportError> {
         let parse = |cmd| Self::try_parse_with(cmd, &args).unwrap_or_else(|e| e.exit());
         let cli = parse(Self::command_with_global_flags());
@@ -151,8 +143,7 @@ impl Cli {
     }
 }
 
-/// What `setup` creates: validated from the flags alone, so `setup --print`
-/// works without `--postgres-url`.
+/// What `setup` creates, from the flags alone: `setup --print` needs no `--postgres-url`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SetupTarget {
     /// Outbox tables, in flag order.
@@ -164,20 +155,10 @@ pub struct SetupTarget {
 }
 
 impl SetupTarget {
-    /// Validates `--table`, `--slot` and `--publication` as [`super::Config::from_cli`] does.
+    /// Validates `--table` as [`Config::from_cli`](super::Config::from_cli) does.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let (tables, _) = super::parse_tables(&cli.tables)?;
-        if tables.is_empty() && cli.message_prefixes.is_empty() {
-            return Err(invalid(
-                "--table",
-                "",
-                "give at least one outbox table or --message-prefix",
-            ));
-        }
-        check_identifier("--slot", &cli.slot, true)?;
-        check_identifier("--publication", &cli.publication, false)?;
         Ok(SetupTarget {
-            tables,
+            tables: parse_tables(cli)?.0,
             slot: cli.slot.clone(),
             publication: cli.publication.clone(),
         })
@@ -264,6 +245,7 @@ mod tests {
             target.tables,
             vec![TableName::parse("public.outbox").unwrap()]
         );
-        assert!(SetupTarget::from_cli(&parse(&["setup", "--slot", "Bad"])).is_err());
+        let bad = ["outbox-relay", "setup", "--slot", "Bad"];
+        assert!(Cli::try_parse_global_from(bad).is_err());
     }
 }

@@ -1,9 +1,6 @@
-//! Command-line flags (each also read from `OUTBOX_RELAY_<NAME>`) and the
-//! validated [`Config`] they become.
-//!
-//! Everything a user can get wrong is checked here, once, before any
-//! connection is opened, so a typo fails in milliseconds with a message that
-//! names the flag.
+//! Command-line flags (each also read from `OUTBOX_RELAY_<NAME>`) and the validated [`Config`]
+//! they become. Every mistake is caught before any connection is opened, with a message naming
+//! the flag: clap checks single values while parsing, [`Config::from_cli`] the rest.
 
 mod commands;
 pub mod debezium;
@@ -15,216 +12,131 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+use clap::builder::{NonEmptyStringValueParser, RangedU64ValueParser};
 use clap::{Parser, ValueEnum};
 
 pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
     SetupTarget, StatusArgs,
 };
-pub use observability::{ObservabilityArgs, ObservabilityConfig, ReadinessThresholds, parse_bytes};
+pub use observability::{ObservabilityArgs, ObservabilityConfig, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
-use crate::outbox::{HeaderColumn, MappingConfig, TableName, TopicTemplate};
+use crate::outbox::cloudevents::CloudEventsConfig;
+use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, TableName, TopicTemplate};
 
 /// Relays transactional-outbox rows from Postgres logical replication to Kafka.
 ///
-/// Every committed insert into an outbox table becomes one Kafka record, routed
-/// to a topic by its event type (like Debezium's Outbox Event Router). The
-/// replication slot's confirmed position moves only past events the broker has
-/// acknowledged, so a crash or restart never loses an event.
+/// Every committed insert into an outbox table becomes one Kafka record, routed to a topic by its
+/// event type (like Debezium's Outbox Event Router). The replication slot moves only past events
+/// the broker has acknowledged, so a crash or restart never loses an event. Every flag is
+/// described in the README's configuration table.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "outbox-relay", version, about, long_about)]
 pub struct Cli {
-    /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require.
-    /// The role needs REPLICATION (or superuser) and SELECT on the outbox tables. Required.
+    /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require. Required.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
     pub postgres_url: Option<Secret>,
-
-    /// Postgres password; overrides --postgres-password-file and the URL's password.
-    /// Prefer the file or the environment variable over putting the password in the URL
-    /// (or on the command line, where `ps` shows it).
+    /// Postgres password; overrides the file and the URL (prefer the env var: `ps` shows flags).
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD", hide_env_values = true)]
     pub postgres_password: Option<Secret>,
-
-    /// File holding the Postgres password (a trailing newline is ignored), e.g. a mounted
-    /// Kubernetes or Docker secret; overrides the URL's password.
+    /// File holding the Postgres password (e.g. a mounted secret), overriding the URL's password.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD_FILE", value_name = "PATH")]
     pub postgres_password_file: Option<PathBuf>,
-
     /// Kafka bootstrap servers, comma separated (host:port,...). Required to run the relay.
     #[arg(long, env = "OUTBOX_RELAY_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
 
-    /// Outbox table as SCHEMA.TABLE (schema defaults to public). Repeatable.
-    /// Per-table overrides follow a colon, separated by semicolons:
-    /// 'billing.outbox:topic-template=billing.${event_type};key-column=account_id'
-    /// (route-by, topic-template, key-column, id-column, payload-column, timestamp-column).
-    #[arg(
-        long = "table",
-        env = "OUTBOX_RELAY_TABLE",
-        value_delimiter = ',',
-        default_value = "public.outbox"
-    )]
+    /// Outbox table as SCHEMA.TABLE, repeatable; `none` for none. Mapping overrides follow a
+    /// colon: 'billing.outbox:topic-template=billing.${event_type};key-column=account_id'.
+    #[arg(long = "table", env = "OUTBOX_RELAY_TABLE")]
+    #[arg(value_delimiter = ',', default_value = "public.outbox")]
     pub tables: Vec<String>,
-
-    /// Prefix of transactional logical decoding messages that carry outbox events
-    /// (`pg_logical_emit_message(true, PREFIX, '{"id": ..., "event_type": ..., ...}')`),
-    /// mapped like rows with JSON fields as columns. Repeatable. With only messages,
-    /// pass `--table none`.
-    #[arg(
-        long = "message-prefix",
-        env = "OUTBOX_RELAY_MESSAGE_PREFIX",
-        value_delimiter = ','
-    )]
+    /// Prefix of transactional logical decoding messages carrying outbox events. Repeatable.
+    #[arg(long = "message-prefix", env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
+    #[arg(value_delimiter = ',')]
     pub message_prefixes: Vec<String>,
 
     /// Logical replication slot to stream from (created with pgoutput if missing).
-    #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay")]
+    #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay", value_parser = slot_name)]
     pub slot: String,
-
-    /// Create the slot with FAILOVER true (or alter an existing one), so that standbys with
-    /// sync_replication_slots keep a copy and a failover loses nothing. PostgreSQL 17+.
+    /// Create the slot with FAILOVER true (or alter it), so that a failover loses nothing. PG 17+.
     #[arg(long, env = "OUTBOX_RELAY_SLOT_FAILOVER")]
     pub slot_failover: bool,
-
-    /// Create the slot even though public.outbox_relay_slots says this relay streamed from
-    /// it on this database before (it was lost in a failover or dropped): events since the
-    /// last acknowledgement are then relayed only by `outbox-relay backfill`.
+    /// Create the slot even where this relay streamed before (then `backfill` what it missed).
     #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
     pub allow_new_slot: bool,
-
-    /// Publication to stream (created FOR TABLE `tables` WITH (publish = 'insert', publish_via_partition_root = true) if missing).
-    #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay")]
+    /// Publication to stream (created FOR TABLE the outbox tables, inserts only, if missing).
+    #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay", value_parser = publication_name)]
     pub publication: String,
 
-    /// Column whose value routes the event: `${routedByValue}` in --topic-template.
-    /// Debezium: route.by.field.
-    #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY", default_value = "event_type")]
+    /// Column whose value routes the event (`${routedByValue}`). Debezium: route.by.field.
+    #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY", default_value = "event_type", value_parser = NonEmptyStringValueParser::new())]
     pub route_by: String,
-
-    /// Topic name template: `${routedByValue}` is the --route-by value, `${COLUMN}` any
-    /// outbox column. Debezium's default is 'outbox.event.${routedByValue}'.
-    #[arg(
-        long,
-        env = "OUTBOX_RELAY_TOPIC_TEMPLATE",
-        default_value = "${routedByValue}"
-    )]
-    pub topic_template: String,
-
-    /// Column whose text is the record key (raw UTF-8, NULL = null key).
-    /// Debezium: table.field.event.key.
-    #[arg(long, env = "OUTBOX_RELAY_KEY_COLUMN", default_value = "aggregate_id")]
+    /// Topic name template: `${routedByValue}` is the --route-by value, `${COLUMN}` any column.
+    #[arg(long, env = "OUTBOX_RELAY_TOPIC_TEMPLATE", default_value = "${routedByValue}", value_parser = TopicTemplate::parse)]
+    pub topic_template: TopicTemplate,
+    /// Column whose text is the record key (NULL: null key). Debezium: table.field.event.key.
+    #[arg(long, env = "OUTBOX_RELAY_KEY_COLUMN", default_value = "aggregate_id", value_parser = NonEmptyStringValueParser::new())]
     pub key_column: String,
-
-    /// Column whose text is the `id` header of every record (the dedupe key).
-    /// Debezium: table.field.event.id.
-    #[arg(long, env = "OUTBOX_RELAY_ID_COLUMN", default_value = "id")]
+    /// Column whose text is the `id` header, the dedupe key. Debezium: table.field.event.id.
+    #[arg(long, env = "OUTBOX_RELAY_ID_COLUMN", default_value = "id", value_parser = NonEmptyStringValueParser::new())]
     pub id_column: String,
-
-    /// Column that becomes the record value: json/jsonb/text as sent by Postgres,
-    /// bytea as raw bytes, NULL as a tombstone. Debezium: table.field.event.payload.
-    #[arg(long, env = "OUTBOX_RELAY_PAYLOAD_COLUMN", default_value = "payload")]
+    /// Column becoming the record value (NULL: a tombstone). Debezium: table.field.event.payload.
+    #[arg(long, env = "OUTBOX_RELAY_PAYLOAD_COLUMN", default_value = "payload", value_parser = NonEmptyStringValueParser::new())]
     pub payload_column: String,
-
-    /// Column (timestamptz, timestamp as UTC, or bigint epoch milliseconds) for the
-    /// record timestamp; the transaction's commit time when not given.
-    /// Debezium: table.field.event.timestamp.
+    /// Column holding the record timestamp (default: the commit time).
     #[arg(long, env = "OUTBOX_RELAY_TIMESTAMP_COLUMN")]
     pub timestamp_column: Option<String>,
-
     /// Extra column copied into a record header, as COLUMN or COLUMN:HEADER. Repeatable.
-    /// Debezium: table.fields.additional.placement=COLUMN:header:HEADER.
-    #[arg(
-        long = "header-column",
-        env = "OUTBOX_RELAY_HEADER_COLUMN",
-        value_delimiter = ','
-    )]
+    #[arg(long = "header-column", env = "OUTBOX_RELAY_HEADER_COLUMN")]
+    #[arg(value_delimiter = ',')]
     pub header_columns: Vec<String>,
-
-    /// Add the CloudEvents Kafka binding's binary-mode headers: ce_specversion, ce_id (the
-    /// id column), ce_type (the --route-by value), ce_source, ce_time (commit time),
-    /// ce_subject (the key, when not null) and content-type (json/jsonb payloads).
+    /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
     pub cloudevents: bool,
-
-    /// ce_source of every event with --cloudevents; default /DATABASE/SCHEMA/TABLE
-    /// (/DATABASE/message/PREFIX for --message-prefix events).
-    #[arg(
-        long,
-        env = "OUTBOX_RELAY_CLOUDEVENTS_SOURCE",
-        requires = "cloudevents"
-    )]
+    /// ce_source of every event with --cloudevents (default: /DATABASE/SCHEMA/TABLE).
+    #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS_SOURCE")]
+    #[arg(requires = "cloudevents")]
     pub cloudevents_source: Option<String>,
-
-    /// What happens to outbox rows once their events are acknowledged by the broker:
-    /// kept (`none`), or deleted by primary key before the slot moves past them
-    /// (`delete`; needs a primary key and DELETE on the table).
+    /// What happens to outbox rows once the broker has acknowledged their events.
     #[arg(long, env = "OUTBOX_RELAY_CLEANUP", value_enum, default_value_t = Cleanup::None)]
     pub cleanup: Cleanup,
 
-    /// librdkafka producer property KEY=VALUE, passed through and overriding the
-    /// relay's defaults (e.g. -X security.protocol=SASL_SSL). Repeatable.
-    #[arg(
-        short = 'X',
-        long = "kafka-property",
-        env = "OUTBOX_RELAY_KAFKA_PROPERTY",
-        value_delimiter = ';',
-        hide_env_values = true
-    )]
+    /// librdkafka producer property KEY=VALUE (e.g. -X security.protocol=SASL_SSL). Repeatable.
+    #[arg(short = 'X', long = "kafka-property", value_delimiter = ';')]
+    #[arg(env = "OUTBOX_RELAY_KAFKA_PROPERTY", hide_env_values = true)]
     pub kafka_properties: Vec<KafkaProperty>,
-
-    /// On SIGINT/SIGTERM, how long to read to the open transaction's commit and
-    /// wait for in-flight deliveries before exiting.
+    /// On SIGINT/SIGTERM, how long to read to the open commit and wait for in-flight deliveries.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
-
     /// How often the acknowledged position is reported to Postgres.
     #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL", default_value = "100ms", value_parser = positive_duration)]
     pub status_interval: Duration,
-
-    /// Most events enqueued to Kafka but not yet acknowledged; reading the WAL
-    /// pauses at this many (backpressure, bounded memory).
+    /// Most events sent to Kafka but not yet acknowledged; reading the WAL pauses there.
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = 50_000, value_parser = at_least(1))]
     pub max_in_flight_events: usize,
-
-    /// Most payload+key bytes enqueued to Kafka but not yet acknowledged.
+    /// Most payload+key bytes sent to Kafka but not yet acknowledged.
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = 16 * 1024 * 1024, value_parser = at_least(1024))]
     pub max_in_flight_bytes: usize,
-
-    /// Delivery guarantee. `exactly-once` pins each record's partition by its key,
-    /// tags it with `outbox.source`/`outbox.lsn`/`outbox.seq`, and after a restart
-    /// reads each partition's tail back to skip what a previous run already delivered.
+    /// Delivery guarantee.
     #[arg(long, env = "OUTBOX_RELAY_DELIVERY", value_enum, default_value_t = Delivery::AtLeastOnce)]
     pub delivery: Delivery,
-
-    /// With --delivery exactly-once: what to do when a partition's tail cannot
-    /// prove what was sent (the partition count changed, another writer uses
-    /// the same source, it cannot be read): stop (`fail`) or continue that
-    /// partition at-least-once (`at-least-once`).
+    /// With --delivery exactly-once, what to do when a partition's tail cannot prove what was sent.
     #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE_FALLBACK", value_enum, default_value_t = ExactlyOnceFallback::Fail)]
     pub exactly_once_fallback: ExactlyOnceFallback,
-
-    /// Write a non-transactional logical decoding message this often, so the slot
-    /// advances even when the database writes nothing (off by default: keepalive
-    /// positions already advance it whenever the server writes any WAL).
+    /// Write a logical decoding message this often, so the slot advances on an idle database.
     #[arg(long, env = "OUTBOX_RELAY_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
     pub heartbeat_interval: Option<Duration>,
-
-    /// What to do with an event that cannot be delivered (NULL id or routing
-    /// value, invalid topic name, payload over message.max.bytes, a value invalid
-    /// for its type, a broker-side rejection): stop before acknowledging it
-    /// (`fail`), or produce it to --dead-letter-topic and go on (`dead-letter`).
+    /// What to do with an event that cannot be delivered (NULL id, bad topic, too large...).
     #[arg(long, env = "OUTBOX_RELAY_ON_POISON", value_enum, default_value_t = PoisonPolicy::Fail)]
     pub on_poison: PoisonPolicy,
-
     /// Topic for dead-lettered events (required with --on-poison dead-letter).
-    #[arg(long, env = "OUTBOX_RELAY_DEAD_LETTER_TOPIC")]
+    #[arg(long, env = "OUTBOX_RELAY_DEAD_LETTER_TOPIC", value_parser = topic_name)]
     pub dead_letter_topic: Option<String>,
-
     /// First wait before reconnecting to Postgres after the stream broke; doubles per attempt.
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MIN", default_value = "500ms", value_parser = positive_duration)]
     pub reconnect_backoff_min: Duration,
-
     /// Longest wait between reconnect attempts (also the standby's polling interval).
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MAX", default_value = "30s", value_parser = parse_duration)]
     pub reconnect_backoff_max: Duration,
@@ -232,14 +144,9 @@ pub struct Cli {
     /// Log line format.
     #[arg(long, env = "OUTBOX_RELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-
-    /// A Debezium connector configuration (the JSON POSTed to Kafka Connect, or a
-    /// .properties file) to take the connection, slot, publication, tables and
-    /// EventRouter options from; flags given explicitly override it. See
-    /// `outbox-relay debezium-config --explain FILE`.
+    /// A Debezium connector configuration (JSON or .properties) whose settings become defaults.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
     pub debezium_config: Option<PathBuf>,
-
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,librdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -247,7 +154,6 @@ pub struct Cli {
     /// Metrics, health and slot monitoring flags.
     #[command(flatten)]
     pub observability: ObservabilityArgs,
-
     /// An operator command; without one, the relay runs.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -285,7 +191,7 @@ pub enum Cleanup {
 pub enum PoisonPolicy {
     /// Stop before acknowledging it; exit non-zero.
     Fail,
-    /// Produce it to the dead-letter topic, then acknowledge as usual.
+    /// Produce it to --dead-letter-topic, then acknowledge as usual.
     DeadLetter,
 }
 
@@ -299,7 +205,7 @@ pub enum LogFormat {
 }
 
 /// A secret flag value: parsed like a string, never shown by `Debug`.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Secret(String);
 
 impl Secret {
@@ -323,27 +229,42 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// Whether a librdkafka property may hold a secret (`sasl.*`, `ssl.key.*`,
-/// `*.password`, `sasl.jaas.config`, tokens...), misspelt keys included: its
-/// value is never printed.
+/// Whether a librdkafka property may hold a secret (`sasl.*`, `*.password`, `ssl.key.*`,
+/// tokens...), misspelt keys included: its value is never printed.
 pub fn is_sensitive_property(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    [
-        "sasl",
-        "password",
-        "secret",
-        "key",
-        "jaas",
-        "token",
-        "credential",
-    ]
-    .iter()
-    .any(|word| key.contains(word))
+    let words = "sasl password secret key jaas token credential";
+    words.split(' ').any(|word| key.contains(word))
 }
 
-/// One raw `-X KEY=VALUE`; `Debug` hides the value of a sensitive key.
-#[derive(Clone, PartialEq, Eq)]
+/// `value`, or `***` when `key` may hold a secret.
+fn redacted<'a>(key: &str, value: &'a str) -> &'a str {
+    match is_sensitive_property(key) {
+        true => "***",
+        false => value,
+    }
+}
+
+/// One raw `-X KEY=VALUE`; `Debug` hides the value of a key that may hold a secret.
+#[derive(Clone)]
 pub struct KafkaProperty(String);
+
+impl KafkaProperty {
+    /// The key and value. The error never quotes the text: without '=', it may be a secret cut
+    /// at a ';' (the delimiter).
+    fn pair(&self) -> Result<(String, String), ConfigError> {
+        match self.0.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                Ok((key.trim().to_owned(), value.to_owned()))
+            }
+            _ => {
+                let reason =
+                    "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split at ';')";
+                Err(invalid("--kafka-property", "", reason))
+            }
+        }
+    }
+}
 
 impl FromStr for KafkaProperty {
     type Err = std::convert::Infallible;
@@ -356,9 +277,8 @@ impl FromStr for KafkaProperty {
 impl fmt::Debug for KafkaProperty {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0.split_once('=') {
-            Some((k, v)) => write!(f, "{:?}", (k, Redacted { key: k, value: v })),
-            None if is_sensitive_property(&self.0) => f.write_str("***"),
-            None => write!(f, "{:?}", self.0),
+            Some((key, value)) => write!(f, "{key}={:?}", redacted(key, value)),
+            None => write!(f, "{:?}", redacted(&self.0, &self.0)),
         }
     }
 }
@@ -377,28 +297,8 @@ impl std::ops::Deref for KafkaProperties {
 
 impl fmt::Debug for KafkaProperties {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map()
-            .entries(
-                self.0
-                    .iter()
-                    .map(|(k, v)| (k, Redacted { key: k, value: v })),
-            )
-            .finish()
-    }
-}
-
-struct Redacted<'a> {
-    key: &'a str,
-    value: &'a str,
-}
-
-impl fmt::Debug for Redacted<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if is_sensitive_property(self.key) {
-            f.write_str("***")
-        } else {
-            write!(f, "{:?}", self.value)
-        }
+        let shown = self.0.iter().map(|(k, v)| (k, redacted(k, v)));
+        f.debug_map().entries(shown).finish()
     }
 }
 
@@ -406,17 +306,39 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 500ms, 2m)"))
 }
 
-/// A duration flag where zero would spin: rejected while parsing.
+/// A duration where zero would spin.
 fn positive_duration(s: &str) -> Result<Duration, String> {
-    parse_duration(s).and_then(|d| match d.is_zero() {
+    let duration = parse_duration(s)?;
+    match duration.is_zero() {
         true => Err("must be positive".to_owned()),
-        false => Ok(d),
-    })
+        false => Ok(duration),
+    }
 }
 
-/// A count flag with a lower bound, checked while parsing.
-fn at_least(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::new().range(min..)
+fn at_least(min: u64) -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(min..)
+}
+
+/// Postgres restricts slot names to `[a-z0-9_]{1,63}`.
+fn slot_name(name: &str) -> Result<String, &'static str> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_';
+    match !name.is_empty() && name.len() <= 63 && name.chars().all(allowed) {
+        true => Ok(name.to_owned()),
+        false => Err("use lower-case letters, digits and underscores (at most 63)"),
+    }
+}
+
+/// A publication name goes into replication commands unquoted: an unquoted identifier.
+fn publication_name(name: &str) -> Result<String, &'static str> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    match !name.is_empty() && name.len() <= 63 && name.chars().all(allowed) {
+        true => Ok(name.to_owned()),
+        false => Err("use letters, digits and underscores (at most 63)"),
+    }
+}
+
+fn topic_name(topic: &str) -> Result<String, &'static str> {
+    crate::outbox::check_topic_name(topic).map(|()| topic.to_owned())
 }
 
 /// A flag value that cannot work, found before connecting anywhere.
@@ -425,16 +347,16 @@ pub enum ConfigError {
     /// The Postgres URL is unusable.
     #[error(transparent)]
     PostgresUrl(#[from] PostgresUrlError),
-    /// `--postgres-password-file` cannot be read. Only the path is shown.
+    /// `--postgres-password-file` cannot be read; only its path is shown.
     #[error(
-        "--postgres-password-file {}: cannot read it; check the path and that the relay's \
-         user may read the file",
+        "--postgres-password-file {}: cannot read it; check the path and that the relay's user \
+         may read the file",
         path.display()
     )]
     PasswordFile {
         /// The file.
         path: PathBuf,
-        /// The I/O error.
+        /// Why it cannot be read.
         #[source]
         source: std::io::Error,
     },
@@ -450,12 +372,21 @@ pub enum ConfigError {
     },
 }
 
+fn invalid(flag: &'static str, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    let (value, reason) = (value.into(), reason.into());
+    ConfigError::Invalid {
+        flag,
+        value,
+        reason,
+    }
+}
+
 /// The relay's settings, validated.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where Postgres is.
     pub postgres: PostgresConnInfo,
-    /// Kafka bootstrap servers.
+    /// Kafka bootstrap servers; empty for a subcommand that needs none.
     pub kafka_brokers: String,
     /// Outbox tables, in flag order.
     pub tables: Vec<TableName>,
@@ -485,7 +416,7 @@ pub struct Config {
     pub max_in_flight_bytes: usize,
     /// Dead-letter topic when poison events are diverted; `None` means stop on them.
     pub dead_letter_topic: Option<String>,
-    /// Reconnect backoff bounds.
+    /// Reconnect backoff bounds (min, max).
     pub reconnect_backoff: (Duration, Duration),
     /// Heartbeat cadence, if enabled.
     pub heartbeat_interval: Option<Duration>,
@@ -495,22 +426,18 @@ pub struct Config {
     pub exactly_once_fallback: ExactlyOnceFallback,
     /// Metrics, health and slot monitoring.
     pub observability: ObservabilityConfig,
-    /// `--cleanup`
+    /// What happens to relayed outbox rows.
     pub cleanup: Cleanup,
 }
 
 impl Config {
-    /// Validates raw flags into a config. `--kafka-brokers` is required only
-    /// to run the relay (no subcommand); otherwise it may be empty.
+    /// Validates raw flags into a config.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let Some(postgres_url) = cli.postgres_url.as_ref().map(Secret::expose) else {
-            return Err(invalid(
-                "--postgres-url",
-                "",
-                "required (or set OUTBOX_RELAY_POSTGRES_URL)",
-            ));
+        let Some(url) = &cli.postgres_url else {
+            let reason = "required (or set OUTBOX_RELAY_POSTGRES_URL)";
+            return Err(invalid("--postgres-url", "", reason));
         };
-        let mut postgres = PostgresConnInfo::parse(postgres_url)?;
+        let mut postgres = PostgresConnInfo::parse(url.expose())?;
         // Precedence: --postgres-password > --postgres-password-file > the URL's password.
         if let Some(password) = &cli.postgres_password {
             postgres.password = Some(password.expose().to_owned());
@@ -519,207 +446,125 @@ impl Config {
         }
         let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
         if kafka_brokers.is_empty() && cli.command.is_none() {
-            return Err(invalid(
-                "--kafka-brokers",
-                "",
-                "give at least one host:port",
-            ));
+            let reason = "give at least one host:port";
+            return Err(invalid("--kafka-brokers", "", reason));
         }
-        let observability = ObservabilityConfig::from_args(&cli.observability)?;
-        let (tables, overridden) = parse_tables(&cli.tables)?;
-        let message_prefixes: Vec<String> = cli
-            .message_prefixes
-            .iter()
-            .filter(|p| !p.is_empty())
-            .cloned()
-            .collect();
-        if tables.is_empty() && message_prefixes.is_empty() {
-            return Err(invalid(
-                "--table",
-                "",
-                "give at least one outbox table or --message-prefix",
-            ));
+        let reconnect_backoff = (cli.reconnect_backoff_min, cli.reconnect_backoff_max);
+        if reconnect_backoff.1 < reconnect_backoff.0 {
+            let max = humantime::format_duration(reconnect_backoff.1).to_string();
+            let reason = "must be at least --reconnect-backoff-min";
+            return Err(invalid("--reconnect-backoff-max", max, reason));
         }
-        check_identifier("--slot", &cli.slot, true)?;
-        check_identifier("--publication", &cli.publication, false)?;
-        for (flag, column) in [
-            ("--route-by", &cli.route_by),
-            ("--key-column", &cli.key_column),
-            ("--id-column", &cli.id_column),
-            ("--payload-column", &cli.payload_column),
-        ] {
-            if column.is_empty() {
-                return Err(invalid(flag, column, "a column name is required"));
-            }
+        let dead_letter = cli.on_poison == PoisonPolicy::DeadLetter;
+        if dead_letter && cli.dead_letter_topic.is_none() {
+            let reason = "required with --on-poison dead-letter";
+            return Err(invalid("--dead-letter-topic", "", reason));
         }
-        let topic_template = TopicTemplate::parse(&cli.topic_template)
-            .map_err(|reason| invalid("--topic-template", &cli.topic_template, &reason))?;
-        let header_columns = cli
-            .header_columns
-            .iter()
-            .map(|raw| {
-                HeaderColumn::parse(raw).map_err(|reason| invalid("--header-column", raw, &reason))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let kafka_properties = cli
-            .kafka_properties
-            .iter()
-            .map(|raw| match raw.0.split_once('=') {
-                Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-                // Not shown: without '=' the text may be a secret cut at a ';' (the delimiter).
-                _ => Err(invalid(
-                    "--kafka-property",
-                    "",
-                    "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split at ';')",
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(KafkaProperties)?;
-        let dead_letter_topic = match (cli.on_poison, &cli.dead_letter_topic) {
-            (PoisonPolicy::Fail, _) => None,
-            (PoisonPolicy::DeadLetter, None) => {
-                return Err(invalid(
-                    "--dead-letter-topic",
-                    "",
-                    "required with --on-poison dead-letter",
-                ));
-            }
-            (PoisonPolicy::DeadLetter, Some(topic)) => {
-                crate::outbox::check_topic_name(topic)
-                    .map_err(|reason| invalid("--dead-letter-topic", topic, reason))?;
-                Some(topic.clone())
-            }
-        };
-        if cli.reconnect_backoff_max < cli.reconnect_backoff_min {
-            return Err(invalid(
-                "--reconnect-backoff-max",
-                &humantime::format_duration(cli.reconnect_backoff_max).to_string(),
-                "must be at least --reconnect-backoff-min",
-            ));
-        }
+        let header_columns = cli.header_columns.iter().map(|raw| {
+            HeaderColumn::parse(raw).map_err(|reason| invalid("--header-column", raw, reason))
+        });
         let mapping = MappingConfig {
             route_by: cli.route_by.clone(),
-            topic_template,
+            topic_template: cli.topic_template.clone(),
             key_column: cli.key_column.clone(),
             id_column: cli.id_column.clone(),
             payload_column: cli.payload_column.clone(),
             timestamp_column: cli.timestamp_column.clone().filter(|c| !c.is_empty()),
-            header_columns,
-            cloudevents: cli
-                .cloudevents
-                .then(|| crate::outbox::cloudevents::CloudEventsConfig {
-                    source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
-                    database: postgres.dbname.clone(),
-                }),
+            header_columns: header_columns.collect::<Result<_, _>>()?,
+            cloudevents: cli.cloudevents.then(|| CloudEventsConfig {
+                source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
+                database: postgres.dbname.clone(),
+            }),
         };
-        let table_mappings = overridden
-            .into_iter()
-            .map(|(table, overrides)| {
-                apply_overrides(&mapping, &overrides)
-                    .map(|m| (table, m))
-                    .map_err(|reason| invalid("--table", &overrides, &reason))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let (tables, overridden) = parse_tables(cli)?;
+        let mut table_mappings = Vec::new();
+        for (table, overrides) in overridden {
+            let mapping = apply_overrides(&mapping, overrides);
+            let mapping = mapping.map_err(|reason| invalid("--table", overrides, reason))?;
+            table_mappings.push((table, mapping));
+        }
+        let kafka_properties = cli.kafka_properties.iter().map(KafkaProperty::pair);
+        let message_prefixes = cli.message_prefixes.iter().filter(|p| !p.is_empty());
         Ok(Config {
-            heartbeat_interval: cli.heartbeat_interval.filter(|d| !d.is_zero()),
-            delivery: cli.delivery,
-            exactly_once_fallback: cli.exactly_once_fallback,
-            message_prefixes,
-            table_mappings,
-            mapping,
-            dead_letter_topic,
-            reconnect_backoff: (cli.reconnect_backoff_min, cli.reconnect_backoff_max),
-            postgres,
             kafka_brokers: kafka_brokers.to_owned(),
             tables,
+            message_prefixes: message_prefixes.cloned().collect(),
+            table_mappings,
             slot: cli.slot.clone(),
             publication: cli.publication.clone(),
             slot_failover: cli.slot_failover,
             allow_new_slot: cli.allow_new_slot,
-            kafka_properties,
+            mapping,
+            kafka_properties: KafkaProperties(kafka_properties.collect::<Result<_, _>>()?),
             shutdown_timeout: cli.shutdown_timeout,
             status_interval: cli.status_interval,
             max_in_flight_events: cli.max_in_flight_events,
             max_in_flight_bytes: cli.max_in_flight_bytes,
-            observability,
+            dead_letter_topic: cli.dead_letter_topic.clone().filter(|_| dead_letter),
+            reconnect_backoff,
+            heartbeat_interval: cli.heartbeat_interval.filter(|d| !d.is_zero()),
+            delivery: cli.delivery,
+            exactly_once_fallback: cli.exactly_once_fallback,
+            observability: ObservabilityConfig::from_args(&cli.observability)?,
             cleanup: cli.cleanup,
+            postgres,
         })
+    }
+
+    /// The mapper for these tables and message prefixes: what the relay and `peek` map with.
+    pub fn event_mapper(&self) -> EventMapper {
+        let table = |t: &TableName| (t.clone(), self.mapping_for(t).clone());
+        let prefix = |p: &String| (p.clone(), self.mapping.clone());
+        let tables = self.tables.iter().map(table).collect();
+        EventMapper::new(tables, self.message_prefixes.iter().map(prefix).collect())
+    }
+
+    /// The mapping for one outbox table: its overrides, else the global flags.
+    pub fn mapping_for(&self, table: &TableName) -> &MappingConfig {
+        let overridden = self.table_mappings.iter().rev().find(|(t, _)| t == table);
+        overridden.map_or(&self.mapping, |(_, m)| m)
     }
 }
 
-/// Per-table overrides as written: the table and its `key=value;...` text.
-type TableOverrides = Vec<(TableName, String)>;
-
-/// `--table` values: the tables in flag order (`none` alone means no tables,
-/// for a table-less outbox) and each table's raw overrides.
-pub(crate) fn parse_tables(
-    raw_tables: &[String],
-) -> Result<(Vec<TableName>, TableOverrides), ConfigError> {
-    let mut tables = Vec::with_capacity(raw_tables.len());
-    let mut overridden = Vec::new();
-    for raw in raw_tables {
-        let (name, overrides) = match raw.split_once(':') {
-            Some((name, overrides)) => (name, Some(overrides)),
-            None => (raw.as_str(), None),
-        };
+/// The `--table` values: the tables in flag order (`none` means none, for a table-less outbox)
+/// and each table's raw overrides. Without a table or a `--message-prefix`, nothing is relayed.
+fn parse_tables(cli: &Cli) -> Result<(Vec<TableName>, Overrides<'_>), ConfigError> {
+    let (mut tables, mut overridden) = (Vec::new(), Vec::new());
+    for raw in &cli.tables {
+        let (name, overrides) = raw.split_once(':').unwrap_or((raw.as_str(), ""));
         if name == "none" {
             continue;
         }
-        let table = TableName::parse(name).map_err(|reason| invalid("--table", raw, &reason))?;
-        if let Some(overrides) = overrides {
-            overridden.push((table.clone(), overrides.to_owned()));
+        let table = TableName::parse(name).map_err(|reason| invalid("--table", raw, reason))?;
+        if !overrides.is_empty() {
+            overridden.push((table.clone(), overrides));
         }
         if !tables.contains(&table) {
             tables.push(table);
         }
     }
-    if raw_tables.iter().any(|t| t == "none") {
+    if cli.tables.iter().any(|t| t == "none") {
         tables.clear();
+    }
+    if tables.is_empty() && cli.message_prefixes.iter().all(String::is_empty) {
+        let reason = "give at least one outbox table or --message-prefix";
+        return Err(invalid("--table", "", reason));
     }
     Ok((tables, overridden))
 }
 
-impl Config {
-    /// The mapper for this configuration's tables and message prefixes: what
-    /// the relay and `peek` both map with.
-    pub fn event_mapper(&self) -> crate::outbox::EventMapper {
-        crate::outbox::EventMapper::new(
-            self.tables
-                .iter()
-                .map(|t| (t.clone(), self.mapping_for(t).clone()))
-                .collect(),
-            self.message_prefixes
-                .iter()
-                .map(|p| (p.clone(), self.mapping.clone()))
-                .collect(),
-        )
-    }
-
-    /// The mapping for one outbox table: its overrides, else the global flags.
-    pub fn mapping_for(&self, table: &TableName) -> &MappingConfig {
-        self.table_mappings
-            .iter()
-            .rev()
-            .find(|(t, _)| t == table)
-            .map_or(&self.mapping, |(_, m)| m)
-    }
-}
+/// Per-table overrides as written: each table and its `key=value;...` text.
+type Overrides<'a> = Vec<(TableName, &'a str)>;
 
 /// Applies `key=value;key=value` per-table overrides to the global mapping.
 fn apply_overrides(base: &MappingConfig, overrides: &str) -> Result<MappingConfig, String> {
     let mut m = base.clone();
-    for pair in overrides
-        .split(';')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-    {
-        let (key, value) = pair
-            .split_once('=')
-            .ok_or_else(|| format!("override {pair:?} is not KEY=VALUE"))?;
+    let pairs = overrides.split(';').map(str::trim);
+    for pair in pairs.filter(|p| !p.is_empty()) {
+        let Some((key, value)) = pair.split_once('=').filter(|(_, v)| !v.trim().is_empty()) else {
+            return Err(format!("override {pair:?} is not KEY=VALUE"));
+        };
         let value = value.trim().to_owned();
-        if value.is_empty() {
-            return Err(format!("override {key:?} has an empty value"));
-        }
         match key.trim() {
             "route-by" => m.route_by = value,
             "topic-template" => m.topic_template = TopicTemplate::parse(&value)?,
@@ -745,47 +590,16 @@ fn read_password_file(path: &Path) -> Result<String, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
-    let password = text
-        .strip_suffix("\r\n")
-        .or_else(|| text.strip_suffix('\n'))
-        .unwrap_or(&text);
+    let password = match text.strip_suffix('\n') {
+        Some(line) => line.strip_suffix('\r').unwrap_or(line),
+        None => &text,
+    };
     if password.is_empty() {
-        return Err(invalid(
-            "--postgres-password-file",
-            &path.display().to_string(),
-            "the file is empty; write the password into it",
-        ));
+        let reason = "the file is empty; write the password into it";
+        let shown = path.display().to_string();
+        return Err(invalid("--postgres-password-file", shown, reason));
     }
     Ok(password.to_owned())
-}
-
-fn invalid(flag: &'static str, value: &str, reason: &str) -> ConfigError {
-    ConfigError::Invalid {
-        flag,
-        value: value.to_owned(),
-        reason: reason.to_owned(),
-    }
-}
-
-/// Slot names are restricted by Postgres to `[a-z0-9_]{1,63}`; publication
-/// names are ordinary identifiers, which we restrict to the unquoted form so
-/// they can be interpolated into replication commands without quoting.
-fn check_identifier(flag: &'static str, name: &str, slot: bool) -> Result<(), ConfigError> {
-    let ok_char = |c: char| {
-        c.is_ascii_lowercase()
-            || c.is_ascii_digit()
-            || c == '_'
-            || (!slot && c.is_ascii_uppercase())
-    };
-    if name.is_empty() || name.len() > 63 || !name.chars().all(ok_char) {
-        let rule = if slot {
-            "slot names may contain only lower-case letters, digits and underscores (at most 63)"
-        } else {
-            "use letters, digits and underscores (at most 63)"
-        };
-        return Err(invalid(flag, name, rule));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -803,6 +617,21 @@ mod tests {
         args.extend_from_slice(extra);
         let cli = Cli::try_parse_from(args).unwrap();
         Config::from_cli(&cli)
+    }
+
+    /// The error, from clap or from `Config::from_cli`, for these extra flags.
+    fn rejected(extra: &[&str]) -> String {
+        let head = [
+            "outbox-relay",
+            "--postgres-url",
+            "postgres://u@h/d",
+            "--kafka-brokers",
+            "k:1",
+        ];
+        match Cli::try_parse_from(head.iter().chain(extra)) {
+            Ok(cli) => Config::from_cli(&cli).unwrap_err().to_string(),
+            Err(e) => e.to_string(),
+        }
     }
 
     #[test]
@@ -891,24 +720,30 @@ mod tests {
 
     #[test]
     fn bad_values_name_their_flag() {
-        let err = cli(&["--slot", "Bad-Slot"]).unwrap_err().to_string();
-        assert!(err.contains("--slot"), "{err}");
-        let err = cli(&["-X", "novalue"]).unwrap_err().to_string();
-        assert!(err.contains("KEY=VALUE"), "{err}");
-        let err = cli(&["--topic-template", "x.${unclosed"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("--topic-template"), "{err}");
-        let err = cli(&["--table", "a.b.c"]).unwrap_err().to_string();
-        assert!(err.contains("--table"), "{err}");
-        let err = cli(&["--on-poison", "dead-letter"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("--dead-letter-topic"), "{err}");
-        let err = cli(&["--on-poison", "dead-letter", "--dead-letter-topic", "a b"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("--dead-letter-topic"), "{err}");
+        for (flag, extra) in [
+            ("--slot", &["--slot", "Bad-Slot"][..]),
+            ("KEY=VALUE", &["-X", "novalue"]),
+            ("--topic-template", &["--topic-template", "x.${unclosed"]),
+            ("--table", &["--table", "a.b.c"]),
+            ("--dead-letter-topic", &["--on-poison", "dead-letter"]),
+            (
+                "--dead-letter-topic",
+                &["--on-poison", "dead-letter", "--dead-letter-topic", "a b"],
+            ),
+            ("--route-by", &["--route-by", ""]),
+            (
+                "--reconnect-backoff",
+                &[
+                    "--reconnect-backoff-min",
+                    "10s",
+                    "--reconnect-backoff-max",
+                    "1s",
+                ],
+            ),
+        ] {
+            let err = rejected(extra);
+            assert!(err.contains(flag), "{extra:?}: {err}");
+        }
         let ok = cli(&[
             "--on-poison",
             "dead-letter",
@@ -917,15 +752,6 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(ok.dead_letter_topic.as_deref(), Some("outbox.dlq"));
-        let err = cli(&[
-            "--reconnect-backoff-min",
-            "10s",
-            "--reconnect-backoff-max",
-            "1s",
-        ])
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("--reconnect-backoff"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Flags of the operator's endpoint, readiness and the slot poller, and the
-//! [`ReadinessThresholds`] they become (config owns the type; observability reads it).
+//! Flags of the HTTP endpoint, readiness and the slot poller. [`ReadinessThresholds`] lives here
+//! so that observability reads it without importing flags.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,36 +14,28 @@ pub struct ObservabilityArgs {
     /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; `none` disables it.
     #[arg(long, env = "OUTBOX_RELAY_HTTP_ADDR", default_value = "127.0.0.1:9187")]
     pub http_addr: String,
-
-    /// /readyz fails when the slot keeps more WAL than this (bytes; KiB/MiB/GiB suffixes work).
-    #[arg(long, env = "OUTBOX_RELAY_READY_MAX_SLOT_LAG_BYTES", default_value = "1GiB", value_parser = parse_bytes)]
-    pub ready_max_slot_lag_bytes: u64,
-
-    /// /readyz fails when the oldest unacknowledged event was handed to Kafka longer ago than this.
-    #[arg(long, env = "OUTBOX_RELAY_READY_MAX_ACK_STALENESS", default_value = "60s", value_parser = positive_duration)]
-    pub ready_max_ack_staleness: Duration,
-
+    /// Readiness limits.
+    #[command(flatten)]
+    pub readiness: ReadinessThresholds,
     /// How often the slot's lag, wal_status and safe_wal_size are read.
     #[arg(long, env = "OUTBOX_RELAY_SLOT_POLL_INTERVAL", default_value = "10s", value_parser = positive_duration)]
     pub slot_poll_interval: Duration,
-
-    /// Warn (log and /readyz) when the slot's safe_wal_size falls below this (bytes).
-    #[arg(long, env = "OUTBOX_RELAY_SLOT_MIN_SAFE_WAL_SIZE", default_value = "1GiB", value_parser = parse_bytes)]
-    pub slot_min_safe_wal_size: u64,
-
     /// How often a one-line progress summary is logged; 0 disables it.
     #[arg(long, env = "OUTBOX_RELAY_PROGRESS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub progress_interval: Duration,
 }
 
-/// Limits of readiness (`--ready-max-*`, `--slot-min-safe-wal-size`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Limits of readiness: `/readyz` fails (or warns) beyond them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Args)]
 pub struct ReadinessThresholds {
-    /// Slot lag above this is not ready.
+    /// /readyz fails when the slot keeps more WAL than this (bytes; KiB/MiB/GiB suffixes work).
+    #[arg(long = "ready-max-slot-lag-bytes", env = "OUTBOX_RELAY_READY_MAX_SLOT_LAG_BYTES", default_value = "1GiB", value_parser = parse_bytes)]
     pub max_slot_lag_bytes: u64,
-    /// The oldest unacknowledged event older than this is not ready.
+    /// /readyz fails when the oldest unacknowledged event was handed to Kafka longer ago than this.
+    #[arg(long = "ready-max-ack-staleness", env = "OUTBOX_RELAY_READY_MAX_ACK_STALENESS", default_value = "60s", value_parser = positive_duration)]
     pub max_ack_staleness: Duration,
-    /// `safe_wal_size` under this is a warning.
+    /// Warn (log and /readyz) when the slot's safe_wal_size falls below this (bytes).
+    #[arg(long = "slot-min-safe-wal-size", env = "OUTBOX_RELAY_SLOT_MIN_SAFE_WAL_SIZE", default_value = "1GiB", value_parser = parse_bytes)]
     pub min_safe_wal_size: u64,
 }
 
@@ -75,43 +67,30 @@ impl ObservabilityConfig {
     /// Validates the flags.
     pub fn from_args(args: &ObservabilityArgs) -> Result<Self, ConfigError> {
         let raw = args.http_addr.trim();
-        let http_addr = if raw.eq_ignore_ascii_case("none") || raw.is_empty() {
-            None
-        } else {
-            Some(raw.parse::<SocketAddr>().map_err(|_| {
-                invalid(
-                    "--http-addr",
-                    raw,
-                    "expected IP:PORT (e.g. 127.0.0.1:9187 or 0.0.0.0:9187) or none",
-                )
-            })?)
+        let http_addr = match raw.eq_ignore_ascii_case("none") || raw.is_empty() {
+            true => None,
+            false => Some(raw.parse().map_err(|_| {
+                let expected = "expected IP:PORT (e.g. 127.0.0.1:9187 or 0.0.0.0:9187) or none";
+                invalid("--http-addr", raw, expected)
+            })?),
         };
         Ok(ObservabilityConfig {
             http_addr,
-            readiness: ReadinessThresholds {
-                max_slot_lag_bytes: args.ready_max_slot_lag_bytes,
-                max_ack_staleness: args.ready_max_ack_staleness,
-                min_safe_wal_size: args.slot_min_safe_wal_size,
-            },
+            readiness: args.readiness,
             slot_poll_interval: args.slot_poll_interval,
             progress_interval: Some(args.progress_interval).filter(|d| !d.is_zero()),
         })
     }
 }
 
-/// A byte count: `1073741824`, `512MiB`, `1GiB`, `10MB` (powers of 1000 for
-/// kB/MB/GB, 1024 for KiB/MiB/GiB, as Postgres' own units are powers of 1024:
-/// prefer those).
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+/// A byte count: `1073741824`, `512MiB`, `1GiB`. KiB/MiB/GiB (or K/M/G) are powers of 1024 like
+/// Postgres' own units, kB/MB/GB powers of 1000.
+fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '_')
-        .unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits
-        .replace('_', "")
-        .parse()
-        .map_err(|_| format!("{s:?} is not a byte count (examples: 1073741824, 512MiB, 1GiB)"))?;
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '_');
+    let (digits, unit) = s.split_at(split.unwrap_or(s.len()));
+    let not_a_count = || format!("{s:?} is not a byte count (examples: 1073741824, 512MiB, 1GiB)");
+    let n: u64 = digits.replace('_', "").parse().map_err(|_| not_a_count())?;
     let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "kib" | "k" => 1 << 10,

@@ -1,10 +1,6 @@
-//! The Postgres connection settings, parsed once from a libpq-style URL.
-//!
-//! Both connections the relay opens (the control connection through
-//! tokio-postgres and the replication stream through pgwire-replication) are
-//! built from this one struct, so they always point at the same server with the
-//! same credentials and TLS settings. The password is kept out of `Debug` and
-//! out of every rendering of the URL.
+//! The Postgres connection settings, parsed once from a libpq-style URL. The control connection
+//! and the replication stream are both built from [`PostgresConnInfo`], so they always reach the
+//! same server with the same credentials and TLS; the password never shows in `Debug` or a URL.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -57,8 +53,8 @@ impl TargetSessionAttrs {
         }
     }
 
-    /// Whether a server in this state qualifies. `strict` is the first pass of
-    /// `prefer-standby` (standbys only); the second pass takes any server.
+    /// Whether a server in this state qualifies. `strict` is the first pass of `prefer-standby`
+    /// (standbys only); the second pass takes any server.
     pub fn accepts(self, in_recovery: bool, read_only: bool, strict: bool) -> bool {
         match self {
             Self::Any => true,
@@ -71,24 +67,11 @@ impl TargetSessionAttrs {
     }
 }
 
-/// A libpq enum parameter, by its libpq spelling (the same as the variants' kebab-case).
-fn parse_param<T: clap::ValueEnum>(
-    name: &'static str,
-    value: String,
-    expected: &'static str,
-) -> Result<T, PostgresUrlError> {
-    T::from_str(&value, false).map_err(|_| PostgresUrlError::InvalidParameter {
-        name,
-        value,
-        expected,
-    })
-}
-
 /// A parsed `postgres://` URL.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct PostgresConnInfo {
-    /// Host name, IP address, or a Unix socket directory (starts with `/`): the
-    /// first of [`Self::hosts`] until a connection chose another.
+    /// Host name, IP address or Unix socket directory (starts with `/`): the first of
+    /// [`Self::hosts`], or the one a connection chose.
     pub host: String,
     /// TCP port of `host`.
     pub port: u16,
@@ -124,16 +107,13 @@ pub enum PostgresUrlError {
     Malformed {
         /// The redacted URL.
         url: String,
-        /// What the URL parser said.
+        /// What is wrong.
         reason: String,
     },
-    /// A scheme other than `postgres` / `postgresql`.
-    #[error("--postgres-url must start with postgres:// or postgresql://, got {scheme}://")]
-    Scheme {
-        /// The scheme found.
-        scheme: String,
-    },
-    /// A query parameter with a value we do not understand.
+    /// A scheme other than `postgres` / `postgresql`: the scheme found.
+    #[error("--postgres-url must start with postgres:// or postgresql://, got {0}://")]
+    Scheme(String),
+    /// A query parameter with a value the relay does not understand.
     #[error("--postgres-url parameter {name}={value:?} is invalid: expected {expected}")]
     InvalidParameter {
         /// Parameter name.
@@ -141,137 +121,94 @@ pub enum PostgresUrlError {
         /// Value given.
         value: String,
         /// What would have been accepted.
-        expected: &'static str,
+        expected: String,
     },
-    /// A query parameter the relay does not support.
+    /// A query parameter the relay does not support: its name.
     #[error(
-        "--postgres-url parameter {name:?} is not supported; supported: host, port, user, password, dbname, sslmode, sslrootcert, sslcert, sslkey, application_name, target_session_attrs"
+        "--postgres-url parameter {0:?} is not supported; supported: host, port, user, password, dbname, sslmode, sslrootcert, sslcert, sslkey, application_name, target_session_attrs"
     )]
-    UnsupportedParameter {
-        /// Parameter name.
-        name: String,
-    },
-    /// Percent-encoding that does not decode to UTF-8.
-    #[error("--postgres-url: the {part} is not valid UTF-8 after percent-decoding")]
-    Encoding {
-        /// Which part of the URL.
-        part: &'static str,
-    },
+    UnsupportedParameter(String),
+    /// Percent-encoding that does not decode to UTF-8, in the part named.
+    #[error("--postgres-url: the {0} is not valid UTF-8 after percent-decoding")]
+    Encoding(&'static str),
 }
 
 impl PostgresConnInfo {
-    /// Parses a libpq URL (`postgres://user:pass@host:port/db?sslmode=require`).
-    ///
-    /// Defaults follow libpq: port 5432, user `postgres`, database = user.
-    /// Several hosts are separated by commas (`db1:5432,db2:5432`, or
-    /// `?host=db1,db2&port=5432,5433`), each with its own port or the default.
+    /// Parses a libpq URL (`postgres://user:pass@host:port/db?sslmode=require`) with libpq's
+    /// defaults: port 5432, user `postgres`, database = user. Several hosts are separated by
+    /// commas (`db1:5432,db2:5432`, or `?host=db1,db2&port=5432,5433`).
     pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
-        // The parser ends the user info at the first `/`, `?` or `#`: with one
-        // of them unencoded in the password, the rest of the secret would be
-        // taken for the port, database or a parameter, and printed as such.
-        if credentials_span(raw).is_some_and(|span| raw[span].contains(['/', '?', '#'])) {
-            return Err(PostgresUrlError::Malformed {
-                url: redact_url(raw),
-                reason: "a '/', '?', '#' or '@' in the password or user name must be \
-                         percent-encoded (%2F, %3F, %23, %40), and so must an '@' after the host"
-                    .to_owned(),
-            });
-        }
         let malformed = |reason: String| PostgresUrlError::Malformed {
             url: redact_url(raw),
             reason,
         };
-        // The URL parser knows one host per URL: it gets the first, the rest are split here.
+        // The URL parser ends the user info at the first `/`, `?` or `#`: the rest of the secret
+        // would be taken for the port, database or a parameter, and printed as such.
+        if credentials_span(raw).is_some_and(|span| raw[span].contains(['/', '?', '#'])) {
+            return Err(malformed(
+                "a '/', '?', '#' or '@' in the password or user name must be percent-encoded \
+                 (%2F, %3F, %23, %40), and so must an '@' after the host"
+                    .to_owned(),
+            ));
+        }
+        // The URL parser knows one host per URL: it gets the first, then each other one alone.
         let (first_only, extra_hosts) = split_hosts(raw);
         let url = url::Url::parse(&first_only).map_err(|e| malformed(e.to_string()))?;
         if url.scheme() != "postgres" && url.scheme() != "postgresql" {
-            return Err(PostgresUrlError::Scheme {
-                scheme: url.scheme().to_owned(),
-            });
+            return Err(PostgresUrlError::Scheme(url.scheme().to_owned()));
+        }
+        let mut hosts = vec![host_name(&url)?];
+        let mut ports = vec![url.port().unwrap_or(5432)];
+        for extra in extra_hosts {
+            let url = url::Url::parse(&format!("postgres://{extra}")).ok();
+            let reason = format!("host {extra:?} is not HOST or HOST:PORT");
+            let url = url
+                .filter(|url| url.host().is_some())
+                .ok_or_else(|| malformed(reason))?;
+            hosts.push(host_name(&url)?);
+            ports.push(url.port().unwrap_or(5432));
         }
         let mut info = PostgresConnInfo {
-            host: host_name(&url)?,
-            port: url.port().unwrap_or(5432),
-            hosts: Vec::new(),
-            target_session_attrs: TargetSessionAttrs::default(),
             user: decode("user", url.username())?,
             password: url.password().map(|p| decode("password", p)).transpose()?,
             dbname: decode("database name", url.path().trim_start_matches('/'))?,
-            sslmode: SslMode::default(),
-            sslrootcert: None,
-            sslcert: None,
-            sslkey: None,
-            application_name: None,
+            ..PostgresConnInfo::default()
         };
-        let mut hosts: Vec<String> = vec![info.host.clone()];
-        let mut ports: Vec<Option<u16>> = vec![url.port()];
-        for extra in &extra_hosts {
-            // Each further host goes through the URL parser too (brackets, percent-encoding).
-            let url = url::Url::parse(&format!("postgres://{extra}"))
-                .ok()
-                .filter(|url| url.host().is_some())
-                .ok_or_else(|| malformed(format!("host {extra:?} is not HOST or HOST:PORT")))?;
-            hosts.push(host_name(&url)?);
-            ports.push(url.port());
-        }
         for (name, value) in url.query_pairs() {
             let value = value.into_owned();
             match name.as_ref() {
                 "host" => hosts = value.split(',').map(str::to_owned).collect(),
-                "port" => {
-                    ports = value
-                        .split(',')
-                        .map(|p| p.parse().map(Some))
-                        .collect::<Result<_, _>>()
-                        .map_err(|_| PostgresUrlError::InvalidParameter {
-                            name: "port",
-                            value,
-                            expected: "a TCP port number, or one per host separated by commas",
-                        })?
-                }
+                "port" => match value.split(',').map(str::parse).collect() {
+                    Ok(parsed) => ports = parsed,
+                    Err(_) => {
+                        let expected = "a TCP port number, or one per host separated by commas";
+                        return Err(invalid_parameter("port", value, expected));
+                    }
+                },
                 "target_session_attrs" => {
-                    let expected = "any, read-write, primary, read-only, standby or prefer-standby";
-                    info.target_session_attrs =
-                        parse_param("target_session_attrs", value, expected)?;
+                    info.target_session_attrs = parse_param("target_session_attrs", value)?
                 }
                 "user" => info.user = value,
                 "password" => info.password = Some(value),
                 "dbname" => info.dbname = value,
-                "sslmode" => {
-                    let expected = "disable, allow, prefer, require, verify-ca or verify-full";
-                    info.sslmode = parse_param("sslmode", value, expected)?;
-                }
-                "sslrootcert" => info.sslrootcert = Some(PathBuf::from(value)),
-                "sslcert" => info.sslcert = Some(PathBuf::from(value)),
-                "sslkey" => info.sslkey = Some(PathBuf::from(value)),
+                "sslmode" => info.sslmode = parse_param("sslmode", value)?,
+                "sslrootcert" => info.sslrootcert = Some(value.into()),
+                "sslcert" => info.sslcert = Some(value.into()),
+                "sslkey" => info.sslkey = Some(value.into()),
                 "application_name" => info.application_name = Some(value),
-                other => {
-                    return Err(PostgresUrlError::UnsupportedParameter {
-                        name: other.to_owned(),
-                    });
-                }
+                other => return Err(PostgresUrlError::UnsupportedParameter(other.to_owned())),
             }
         }
         // libpq: one port for every host, or one per host.
         if ports.len() != 1 && ports.len() != hosts.len() {
-            return Err(PostgresUrlError::InvalidParameter {
-                name: "port",
-                value: format!("{} ports for {} hosts", ports.len(), hosts.len()),
-                expected: "one port, or one per host",
-            });
+            let value = format!("{} ports for {} hosts", ports.len(), hosts.len());
+            let expected = "one port, or one per host";
+            return Err(invalid_parameter("port", value, expected));
         }
-        info.hosts = hosts
-            .into_iter()
-            .enumerate()
-            .map(|(i, h)| {
-                let port = ports.get(i).or(ports.first()).copied().flatten();
-                (h, port.unwrap_or(5432))
-            })
-            .collect();
-        if let Some((host, port)) = info.hosts.first() {
-            info.host = host.clone();
-            info.port = *port;
-        }
+        let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+        let hosts = hosts.into_iter().enumerate();
+        info.hosts = hosts.map(|(i, host)| (host, port(i))).collect();
+        (info.host, info.port) = info.hosts.first().cloned().unwrap_or_default();
         if info.user.is_empty() {
             info.user = "postgres".to_owned();
         }
@@ -281,29 +218,19 @@ impl PostgresConnInfo {
         Ok(info)
     }
 
-    /// The URL with the password replaced by `***`, for logs and errors: the
-    /// chosen host only, once a connection has chosen one.
+    /// The URL with the password as `***`, for logs and errors; after [`Self::pinned`], only
+    /// the chosen server.
     pub fn redacted(&self) -> String {
         let password = if self.password.is_some() { ":***" } else { "" };
-        let hosts = if self.hosts.len() > 1 {
-            &self.hosts[..]
-        } else {
-            &[(self.host.clone(), self.port)][..]
-        };
-        let hosts: Vec<String> = hosts
+        let hosts = self
+            .hosts
             .iter()
             .map(|(host, port)| match host.contains(':') {
                 true => format!("[{host}]:{port}"),
                 false => format!("{host}:{port}"),
-            })
-            .collect();
-        format!(
-            "postgres://{}{}@{}/{}",
-            self.user,
-            password,
-            hosts.join(","),
-            self.dbname
-        )
+            });
+        let hosts = hosts.collect::<Vec<_>>().join(",");
+        format!("postgres://{}{password}@{hosts}/{}", self.user, self.dbname)
     }
 
     /// The same settings, pinned to one server of [`Self::hosts`].
@@ -327,25 +254,43 @@ impl fmt::Debug for PostgresConnInfo {
     }
 }
 
-/// The URL with only the first of its comma-separated hosts, and the others.
-fn split_hosts(raw: &str) -> (String, Vec<String>) {
+fn invalid_parameter(name: &'static str, value: String, expected: &str) -> PostgresUrlError {
+    let expected = expected.to_owned();
+    PostgresUrlError::InvalidParameter {
+        name,
+        value,
+        expected,
+    }
+}
+
+/// A libpq enum parameter, by its libpq spelling (the variants' kebab-case).
+fn parse_param<T: clap::ValueEnum>(
+    name: &'static str,
+    value: String,
+) -> Result<T, PostgresUrlError> {
+    T::from_str(&value, false).map_err(|_| {
+        let names = T::value_variants().iter().filter_map(T::to_possible_value);
+        let names: Vec<_> = names.map(|v| v.get_name().to_owned()).collect();
+        invalid_parameter(name, value, &names.join(", "))
+    })
+}
+
+/// The URL with only the first of its comma-separated hosts, and the other hosts.
+fn split_hosts(raw: &str) -> (String, Vec<&str>) {
     let Some(scheme_end) = raw.find("://") else {
         return (raw.to_owned(), Vec::new());
     };
     let start = scheme_end + 3;
-    let end = raw[start..]
-        .find(['/', '?', '#'])
-        .map_or(raw.len(), |i| start + i);
-    let hosts_start = raw[start..end]
-        .rfind('@')
-        .map_or(start, |at| start + at + 1);
+    let after_scheme = &raw[start..];
+    let end = start
+        + after_scheme
+            .find(['/', '?', '#'])
+            .unwrap_or(after_scheme.len());
+    let hosts_start = start + raw[start..end].rfind('@').map_or(0, |at| at + 1);
     let mut hosts = raw[hosts_start..end].split(',');
     let first = hosts.next().unwrap_or_default();
-    let rest = hosts.map(str::to_owned).collect();
-    (
-        format!("{}{first}{}", &raw[..hosts_start], &raw[end..]),
-        rest,
-    )
+    let url = format!("{}{first}{}", &raw[..hosts_start], &raw[end..]);
+    (url, hosts.collect())
 }
 
 /// The URL's host, percent-decoded; IPv6 without brackets; `localhost` when empty.
@@ -358,50 +303,41 @@ fn host_name(url: &url::Url) -> Result<String, PostgresUrlError> {
 }
 
 fn decode(part: &'static str, s: &str) -> Result<String, PostgresUrlError> {
-    let decoded = percent_encoding::percent_decode_str(s).decode_utf8();
-    decoded
-        .map(String::from)
-        .map_err(|_| PostgresUrlError::Encoding { part })
+    match percent_encoding::percent_decode_str(s).decode_utf8() {
+        Ok(decoded) => Ok(decoded.into_owned()),
+        Err(_) => Err(PostgresUrlError::Encoding(part)),
+    }
 }
 
-/// Where credentials may stand in `raw`: from after `://` to the last `@`.
-///
-/// Looked for textually, not through a URL parser: a password with an
-/// unencoded `/`, `?`, `#` or `@` makes the parser end the user info early,
-/// so the secret lands in the host, port, path or query instead.
+/// Where credentials may stand in `raw`: from after `://` to the last `@`. Found textually, as
+/// an unencoded `/`, `?`, `#` or `@` in a password makes a URL parser end the user info early.
 fn credentials_span(raw: &str) -> Option<std::ops::Range<usize>> {
     let start = raw.find("://")? + 3;
     let at = raw[start..].rfind('@')? + start;
     Some(start..at)
 }
 
-/// Replaces the password in anything URL-shaped with `***`.
-///
-/// Works on strings that do not parse as URLs too: everything between `://`
-/// and the last `@` is hidden except a plain user name before the first `:`,
-/// and so is a `password=` parameter, so a malformed URL can still be quoted
-/// in an error without leaking the secret.
+/// Replaces the password in anything URL-shaped with `***`, so that even a malformed URL can be
+/// quoted in an error: all between `://` and the last `@` but a plain user name before the first
+/// `:`, and a `password=` parameter.
 fn redact_url(raw: &str) -> String {
     let mut out = raw.to_owned();
     if let Some(span) = credentials_span(raw) {
         let userinfo = &raw[span.clone()];
         let user_end = userinfo.find(':').unwrap_or(userinfo.len());
         let plain_user = !userinfo[..user_end].contains(['/', '?', '#', '@']);
-        let hidden = if plain_user {
-            span.start + user_end..span.end
-        } else {
-            span
+        let (hidden, mask) = match plain_user {
+            true => (span.start + user_end..span.end, ":***"),
+            false => (span, "***"),
         };
         if !hidden.is_empty() {
-            let mask = if plain_user { ":***" } else { "***" };
             out.replace_range(hidden, mask);
         }
     }
     if let Some(start) = out.find("password=") {
         let value_start = start + "password=".len();
-        let value_end = out[value_start..]
-            .find(['&', ' '])
-            .map_or(out.len(), |i| value_start + i);
+        let value = &out[value_start..];
+        let value_end = value_start + value.find(['&', ' ']).unwrap_or(value.len());
         out.replace_range(value_start..value_end, "***");
     }
     out
@@ -536,11 +472,11 @@ mod tests {
         ));
         assert!(matches!(
             PostgresConnInfo::parse("postgres://u@h/db?gssencmode=disable"),
-            Err(PostgresUrlError::UnsupportedParameter { .. })
+            Err(PostgresUrlError::UnsupportedParameter(_))
         ));
         assert!(matches!(
             PostgresConnInfo::parse("mysql://u@h/db"),
-            Err(PostgresUrlError::Scheme { .. })
+            Err(PostgresUrlError::Scheme(_))
         ));
     }
 }
