@@ -10,7 +10,7 @@
 
 use tokio_postgres::Client;
 
-use super::setup::{Server, query_err};
+use super::setup::query_err;
 use super::{SourceError, pg_error_text, stream_err};
 use crate::config::Config;
 
@@ -18,9 +18,6 @@ use crate::config::Config;
 pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_slots (\
      slot_name text PRIMARY KEY, system_identifier text NOT NULL, \
      created_at timestamptz NOT NULL DEFAULT now(), created_lsn pg_lsn)";
-
-/// The first PostgreSQL version (`server_version_num`) with failover slots.
-const FAILOVER_MIN_VERSION: i32 = 170_000;
 
 /// Before a missing slot is created: refuses when `public.outbox_relay_slots`
 /// says this relay streamed from it on this cluster, unless `--allow-new-slot`.
@@ -112,21 +109,9 @@ pub(super) async fn record_slot(client: &Client, slot: &str) {
     }
 }
 
-/// With `--slot-failover`: refuses servers before PostgreSQL 17 and warns
-/// when `synchronized_standby_slots` is empty. Returns whether the existing
-/// slot lacks `FAILOVER true`.
-pub(super) async fn check_failover(
-    client: &Client,
-    config: &Config,
-    server: &Server,
-) -> Result<bool, SourceError> {
-    if server.version_num < FAILOVER_MIN_VERSION {
-        return Err(SourceError::Misconfigured(format!(
-            "--slot-failover needs PostgreSQL 17 or later, but the server is {}; on older \
-             servers a failover loses the slot (see the README's failover runbook)",
-            server.version
-        )));
-    }
+/// With `--slot-failover`: warns when `synchronized_standby_slots` is empty;
+/// returns whether the existing slot lacks `FAILOVER true`.
+pub(super) async fn check_failover(client: &Client, config: &Config) -> Result<bool, SourceError> {
     let row = client
         .query_one(
             "SELECT current_setting('synchronized_standby_slots'), \

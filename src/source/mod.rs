@@ -1,9 +1,7 @@
-//! I/O: the Postgres side. [`setup`] runs the start-up checks and creates the
-//! publication and slot; [`PgSource`] is what the pipeline streams from:
-//! pgwire-replication sessions, and a control connection for look-ups.
-//!
-//! [`Stream::ack`] is the only way a position reaches the slot, and only the
-//! pipeline calls it, with the ack frontier.
+//! I/O: the Postgres side. [`setup`] checks and creates the publication and
+//! slot; [`PgSource`] streams with pgwire-replication and looks things up on a
+//! control connection. [`Stream::ack`] is the only way a position reaches the
+//! slot, and only the pipeline calls it, with the ack frontier.
 
 pub mod cleanup;
 pub mod heartbeat;
@@ -23,21 +21,19 @@ pub use tls::TlsError;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
+use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
 use crate::outbox::TableName;
 
-/// The walsender's session settings, so values arrive in one text form
-/// whatever the server's defaults (timestamps in ISO, UTC).
+/// The walsender's settings, so values arrive in one text form (ISO, UTC).
 const SESSION_OPTIONS: &str =
     "-c datestyle=ISO,YMD -c timezone=UTC -c intervalstyle=postgres -c extra_float_digits=3";
 
-/// [`SESSION_OPTIONS`] for a control session that reads rows as the stream
-/// sends them (`peek`, `backfill`).
+/// [`SESSION_OPTIONS`] for a control session that reads rows (`peek`, `backfill`).
 pub const SESSION_FORMATS: &str = "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; \
      SET intervalstyle = 'postgres'; SET extra_float_digits = 3";
 
-/// Events buffered between pgwire-replication's socket reader and the
-/// pipeline. The channel is bounded by count and one event holds a whole row
-/// (up to 1 GB), so the smallest channel bounds read-ahead tightest.
+/// Events buffered between pgwire-replication's socket reader and the pipeline:
+/// one event can hold a 1 GB row, so the smallest channel bounds memory best.
 const STREAM_BUFFER_EVENTS: usize = 1;
 
 /// Something went wrong on the Postgres side; the message says what to do.
@@ -73,14 +69,11 @@ pub enum SourceError {
         #[source]
         source: PgWireError,
     },
-    /// A start-up check found the server, role, tables, publication or slot
-    /// unusable: what is wrong and how to fix it.
+    /// A start-up check failed (server, role, tables, publication, slot): the fix.
     #[error("{0}")]
     Misconfigured(String),
-    /// The publication changed since the relay last looked (dropped,
-    /// re-created, a table dropped from it and added again): rows committed
-    /// meanwhile were never decoded (PostgreSQL 18 skips them with only a
-    /// warning in the server log).
+    /// The publication was dropped, re-created, or a table dropped from it and
+    /// added again: rows committed meanwhile were never decoded.
     #[error(
         "publication {publication:?} {change}; outbox rows committed since the relay last \
          checked it were not decoded, so it stops without confirming any later position. \
@@ -99,8 +92,7 @@ pub enum SourceError {
     /// Postgres reports the slot invalidated, or it has no confirmed position.
     #[error("replication slot {slot:?}: {remedy}")]
     SlotInvalidated { slot: String, remedy: String },
-    /// The slot is missing where this relay streamed from it before: a fresh
-    /// one would skip every event committed since the last acknowledgement.
+    /// The slot is missing where this relay streamed from it before.
     #[error(
         "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
          before (recorded in public.outbox_relay_slots at {created_at}): this server was \
@@ -139,12 +131,10 @@ pub enum SourceError {
     /// The server did not accept START_REPLICATION in time.
     #[error("replication stream from slot {slot:?} did not start within {timeout:?}")]
     StartTimeout { slot: String, timeout: Duration },
-    /// No server of the URL satisfies `target_session_attrs` (during a
-    /// failover, until the standby is promoted): retried like a lost connection.
+    /// No server of the URL satisfies `target_session_attrs` (mid-failover): retried.
     #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
     NoSuitableHost { attrs: &'static str, tried: String },
-    /// A partition root could not be looked up mid-stream (the stream is
-    /// restarted, replaying the open transaction).
+    /// A partition root could not be looked up mid-stream: the stream restarts.
     #[error("cannot look up the partition root of relation OID {relation_id}: {source}")]
     PartitionLookup {
         relation_id: u32,
@@ -205,8 +195,7 @@ fn stream_err(slot: &str) -> impl Fn(PgWireError) -> SourceError + '_ {
     }
 }
 
-/// A tokio-postgres error with what its `Display` ("db error") leaves out:
-/// the server's message, SQLSTATE, detail and hint, or else the causes.
+/// A tokio-postgres error with what its `Display` ("db error") leaves out.
 pub(crate) fn pg_error_text(error: &tokio_postgres::Error) -> String {
     let Some(db) = error.as_db_error() else {
         let causes = std::iter::successors(std::error::Error::source(error), |e| e.source());
@@ -257,8 +246,7 @@ fn replication_config(
     .with_application_name(name))
 }
 
-/// A replication session for commands (IDENTIFY_SYSTEM, ALTER_REPLICATION_SLOT),
-/// which need no privilege beyond REPLICATION; it never streams.
+/// A replication session for commands (IDENTIFY_SYSTEM, ALTER_REPLICATION_SLOT).
 async fn command_session(config: &Config) -> Result<ReplicationClient, SourceError> {
     let config = &setup::pin(config).await?;
     let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO)?;
@@ -267,9 +255,8 @@ async fn command_session(config: &Config) -> Result<ReplicationClient, SourceErr
         .map_err(stream_err(&config.slot))
 }
 
-/// The server and timeline a stream runs on. A promotion changes the
-/// timeline, and a failover to another host the address, even where the
-/// system identifier (kept by a standby) stays the same.
+/// The server and timeline a stream runs on: a promotion changes the timeline,
+/// a failover to another host the address; a standby keeps the system id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerId {
     /// `host:port` as pinned from `--postgres-url`.
@@ -280,12 +267,10 @@ pub struct ServerId {
     pub timeline: u32,
 }
 
-/// Where a stream on `current` resumes, given the position the relay keeps in
-/// memory: that position on the server and timeline of the previous stream;
-/// elsewhere no later than the slot's confirmed position there, because the
-/// in-memory one may come from the old primary's keepalives, past the new
-/// primary's WAL, and would skip its first transactions. An unknown confirmed
-/// position gives 0/0: the server starts from the slot's own.
+/// Where a stream on `current` resumes: the in-memory position on the previous
+/// stream's server and timeline; elsewhere no later than the slot's confirmed
+/// position there, as the in-memory one may come from the old primary's
+/// keepalives, past the new primary's WAL. Unknown gives 0/0: the slot's own.
 pub fn resume_point(
     previous: Option<&ServerId>,
     current: &ServerId,
@@ -298,8 +283,7 @@ pub fn resume_point(
     }
 }
 
-/// The slot's confirmed position, read on a gated session; `None` when it
-/// cannot be read.
+/// The slot's confirmed position, read on a gated session.
 async fn slot_confirmed(client: &mut ReplicationClient, slot: &str) -> Option<Lsn> {
     let sql = format!(
         "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = {}",
@@ -310,16 +294,14 @@ async fn slot_confirmed(client: &mut ReplicationClient, slot: &str) -> Option<Ls
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
-/// The Postgres side as the pipeline sees it: replication sessions and the
-/// few control queries streaming needs. [`PgSource`] is the real one; a
+/// The Postgres side as the pipeline sees it; [`PgSource`] is the real one, a
 /// simulation implements it without a server.
 pub trait Source: Send {
     /// One replication session.
     type Stream: Stream;
 
-    /// Starts a session at `from` (the end of the last transaction received)
-    /// while reporting `acked` as confirmed. The stream says where it really
-    /// started: lower than `from` after a promotion.
+    /// Starts a session at `from` (the end of the last transaction received),
+    /// reporting `acked` as confirmed; after a promotion it starts lower.
     fn start(
         &mut self,
         from: Lsn,
@@ -332,17 +314,15 @@ pub trait Source: Send {
         relation_id: u32,
     ) -> impl Future<Output = Result<Option<TableName>, SourceError>> + Send;
 
-    /// Whether the publication is as found at start-up, so positions decoded
-    /// before the check may be confirmed: `Ok(false)` when the check could
-    /// not run, `Err` when it changed (rows were skipped).
+    /// Whether positions decoded so far may be confirmed: `Ok(false)` when the
+    /// publication could not be checked, `Err` when it changed (rows were skipped).
     fn check_publication(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send;
 
-    /// The current end of the WAL (`Lsn(u64::MAX)` when unknown): records
-    /// past it cannot be this relay's (exactly-once's foreign-writer check).
+    /// The WAL's end (`Lsn(u64::MAX)` when unknown), for exactly-once's
+    /// foreign-writer check.
     fn wal_end(&mut self) -> impl Future<Output = Lsn> + Send;
 
-    /// A fatal error with what the server can tell about it (an invalidated
-    /// slot's reason); by default the error as it is.
+    /// A fatal error with what the server can tell about it (an invalidated slot's reason).
     fn explain(&mut self, error: SourceError) -> impl Future<Output = SourceError> + Send {
         async { error }
     }
@@ -354,8 +334,7 @@ pub trait Stream: Send {
     fn started_at(&self) -> Lsn;
     /// The server and timeline it runs on.
     fn server(&self) -> &ServerId;
-    /// The next event. A transient break is an error whose
-    /// [`SourceError::recovery`] is [`Recovery::Reconnect`] (e.g. [`SourceError::StreamEnded`]).
+    /// The next event; a transient break has [`Recovery::Reconnect`].
     fn recv(&mut self) -> impl Future<Output = Result<ReplicationEvent, SourceError>> + Send;
     /// Confirms `lsn` to Postgres: the only way a position reaches it.
     fn ack(&self, lsn: Lsn);
@@ -363,8 +342,7 @@ pub trait Stream: Send {
     fn close(self, wait_for: Lsn, timeout: Duration) -> impl Future<Output = ()> + Send;
 }
 
-/// The real [`Source`]: pgwire-replication sessions, and a control connection
-/// (reopened when it breaks) for the look-ups.
+/// The real [`Source`], with a control connection reopened when it breaks.
 pub struct PgSource {
     config: Config,
     control: Option<Client>,
@@ -401,11 +379,7 @@ async fn control<'a>(
 impl Source for PgSource {
     type Stream = ReplicationStream;
 
-    /// On first start `from` and `acked` are the slot's confirmed position.
-    /// After a reconnect `from` is the end of the last transaction received
-    /// (its events are in flight) and `acked` the ack frontier, maybe behind
-    /// it; on another server or timeline the start moves back as
-    /// [`resume_point`] says.
+    /// On another server or timeline, the start moves back as [`resume_point`] says.
     async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<ReplicationStream, SourceError> {
         // A server that went away mid-run is retried, like the stream itself.
         let config = &setup::pin(&self.config).await.map_err(|e| match e {
@@ -491,18 +465,15 @@ impl Source for PgSource {
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        let Ok(mut client) = command_session(&self.config).await else {
-            return Lsn(u64::MAX);
-        };
-        match client.identify_system().await {
-            Ok(system) => system.xlogpos.into(),
-            Err(_) => Lsn(u64::MAX),
-        }
+        let mut client = command_session(&self.config).await.ok();
+        let system = async { client.as_mut()?.identify_system().await.ok() };
+        system
+            .await
+            .map_or(Lsn(u64::MAX), |system| system.xlogpos.into())
     }
 
-    /// A permanent stream error on a slot that Postgres reports invalidated
-    /// (the stream says only "can no longer get changes", or, on a standby,
-    /// names the primary's `wal_level`) becomes [`SourceError::SlotInvalidated`].
+    /// A fatal stream error on a slot Postgres reports invalidated (the stream
+    /// says only "can no longer get changes") becomes [`SourceError::SlotInvalidated`].
     async fn explain(&mut self, error: SourceError) -> SourceError {
         if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
             return error;
@@ -510,18 +481,23 @@ impl Source for PgSource {
         let Ok(client) = control(&mut self.control, &self.config).await else {
             return error;
         };
-        match setup::slot_invalidation(client, &self.config.slot).await {
-            Ok(Some(remedy)) => SourceError::SlotInvalidated {
-                slot: self.config.slot.clone(),
-                remedy,
+        let slot = &self.config.slot;
+        let reason = match slot_monitor::poll(client, slot).await {
+            Ok(SlotObservation::Seen(status)) => status.facts.invalidated(),
+            _ => None,
+        };
+        match reason {
+            Some(reason) => SourceError::SlotInvalidated {
+                slot: slot.clone(),
+                remedy: slot_invalidated_remedy(&reason),
             },
-            _ => error,
+            None => error,
         }
     }
 }
 
-/// Opens a session. IDENTIFY_SYSTEM and the slot's position are read on the
-/// session that then streams, so both describe the server it streams from.
+/// Opens a session; IDENTIFY_SYSTEM and the slot's position are read on it,
+/// so both describe the server it streams from.
 async fn open(
     repl: ReplicationConfig,
     config: &Config,

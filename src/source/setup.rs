@@ -1,9 +1,7 @@
 //! The control connection (to the server `--postgres-url`'s
 //! `target_session_attrs` picks) and what runs over it: the start-up checks,
-//! the publication and the slot, and the look-ups later checks repeat.
-//!
-//! The start-up checks run before streaming, so a misconfiguration stops the
-//! relay with one clear message instead of a stream that never delivers.
+//! which stop a misconfigured relay with one clear message before it streams,
+//! the publication and slot, and the look-ups later checks repeat.
 
 use std::time::Duration;
 
@@ -16,14 +14,16 @@ use crate::observability::health;
 use crate::outbox::{TableName, quote_ident};
 use crate::pgoutput::{Column, Relation};
 
-/// The oldest supported PostgreSQL major version: 14 brought pgoutput's
-/// `messages` option, without which START_REPLICATION fails.
-pub(super) const MIN_SERVER_MAJOR: i32 = 14;
+/// The oldest supported major version: 14 brought pgoutput's `messages` option.
+const MIN_SERVER_MAJOR: i32 = 14;
+
+/// The first version (`server_version_num`) with failover slots.
+const FAILOVER_MIN_VERSION: i32 = 170_000;
 
 /// What start-up learned about the slot.
 #[derive(Debug, Clone)]
 pub struct SlotState {
-    /// The slot's confirmed position: streaming resumes here.
+    /// Streaming resumes here.
     pub confirmed_flush: Lsn,
     /// Whether this run created the slot.
     pub created: bool,
@@ -31,10 +31,9 @@ pub struct SlotState {
     pub publication: Publication,
 }
 
-/// The publication as found. PostgreSQL 18's pgoutput skips a missing
-/// publication with only a warning, and on every version rows inserted while
-/// a table is out of the publication are never decoded, so the relay looks
-/// for itself.
+/// The publication as found. PostgreSQL 18's pgoutput skips a missing one
+/// with only a warning, and rows inserted while a table is out of it are never
+/// decoded, so the relay compares each look with the last.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Publication {
     /// A dropped and re-created publication has another OID.
@@ -44,7 +43,7 @@ pub struct Publication {
     /// `server_version_num`.
     pub server_version: i32,
     /// Per outbox table, the OIDs of the catalog rows that publish it (of it,
-    /// an ancestor, or their schema): a table dropped and added again has new ones.
+    /// an ancestor, or their schema): new ones after it was dropped and added again.
     pub members: Vec<(String, Vec<u32>)>,
 }
 
@@ -185,7 +184,7 @@ pub(crate) fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) ->
 
 /// Runs every start-up check, creates what is missing, and returns the slot's position.
 pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
-    let server = check_server(client, &config.postgres.user).await?;
+    let in_recovery = check_server(client, config).await?;
     let mut partitioned = Vec::new();
     for table in &config.tables {
         if check_table(client, config, table).await? {
@@ -195,13 +194,13 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     let publication = match verify_publication(client, config, &partitioned).await {
         // Before streaming, the only change is "does not exist".
         Err(SourceError::PublicationChanged { .. }) => {
-            create_publication(client, config, server.in_recovery).await?;
+            create_publication(client, config, in_recovery).await?;
             verify_publication(client, config, &partitioned).await?
         }
         found => found?,
     };
     warn_idle_slot_timeout(client).await?;
-    let (confirmed_flush, created) = ensure_slot(client, config, &server).await?;
+    let (confirmed_flush, created) = ensure_slot(client, config).await?;
     Ok(SlotState {
         confirmed_flush,
         created,
@@ -209,18 +208,9 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     })
 }
 
-/// What start-up learned about the server.
-pub(super) struct Server {
-    /// `server_version_num`.
-    pub(super) version_num: i32,
-    /// `server_version`, for messages.
-    pub(super) version: String,
-    /// A standby, where nothing can be written.
-    in_recovery: bool,
-}
-
-/// The server's version, `wal_level` and the role's right to replicate, in one look.
-async fn check_server(client: &Client, user: &str) -> Result<Server, SourceError> {
+/// The server's version, `wal_level` and the role's right to replicate, in
+/// one look; returns whether the server is a standby (where nothing can be created).
+async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceError> {
     let row = client
         .query_one(
             "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
@@ -233,39 +223,40 @@ async fn check_server(client: &Client, user: &str) -> Result<Server, SourceError
         )
         .await
         .map_err(query_err("read the server's version and settings"))?;
-    let server = Server {
-        version_num: row.get(0),
-        version: row.get(1),
-        in_recovery: row.get(2),
-    };
-    let wal_level: String = row.get(3);
-    if server.version_num / 10000 < MIN_SERVER_MAJOR {
-        return Err(SourceError::Misconfigured(format!(
-            "Postgres {} is not supported: the relay needs PostgreSQL {MIN_SERVER_MAJOR} or newer \
-             (for pgoutput's `messages` option)",
-            server.version
-        )));
-    }
-    if wal_level != "logical" {
-        return Err(SourceError::Misconfigured(format!(
+    let (version_num, version, wal_level): (i32, String, String) =
+        (row.get(0), row.get(1), row.get(3));
+    let user = &config.postgres.user;
+    let problem = if version_num / 10000 < MIN_SERVER_MAJOR {
+        format!(
+            "Postgres {version} is not supported: the relay needs PostgreSQL {MIN_SERVER_MAJOR} \
+             or newer (for pgoutput's `messages` option)"
+        )
+    } else if wal_level != "logical" {
+        format!(
             "Postgres has wal_level={wal_level:?}, but logical replication needs \
              wal_level=logical. Run ALTER SYSTEM SET wal_level = logical; and restart Postgres \
              (on RDS/Aurora set rds.logical_replication=1 in the parameter group; on Cloud SQL \
              set the cloudsql.logical_decoding flag)"
-        )));
-    }
-    if !row.get::<_, bool>(4) {
-        return Err(SourceError::Misconfigured(format!(
+        )
+    } else if !row.get::<_, bool>(4) {
+        format!(
             "role {user:?} lacks the REPLICATION attribute (and is not a superuser or a member of \
              rds_replication). Run ALTER ROLE {user} WITH REPLICATION; (see sql/ for a \
              least-privilege role)"
-        )));
-    }
-    Ok(server)
+        )
+    } else if config.slot_failover && version_num < FAILOVER_MIN_VERSION {
+        format!(
+            "--slot-failover needs PostgreSQL 17 or later, but the server is {version}; on older \
+             servers a failover loses the slot (see the README's failover runbook)"
+        )
+    } else {
+        return Ok(row.get(2));
+    };
+    Err(SourceError::Misconfigured(problem))
 }
 
 /// PostgreSQL 18's `idle_replication_slot_timeout` drops the slot of a relay
-/// stopped for longer: the operator should know at start-up.
+/// stopped for longer: say so at start-up.
 async fn warn_idle_slot_timeout(client: &Client) -> Result<(), SourceError> {
     let row = client
         .query_one(slot_monitor::IDLE_TIMEOUT_QUERY, &[])
@@ -411,27 +402,12 @@ pub async fn verify_publication(
             quote_ident(name)
         )));
     }
-    if all_tables {
-        let members = Vec::new();
-        return Ok(Publication {
-            oid,
-            all_tables,
-            server_version,
-            members,
-        });
-    }
-    let rows = client
-        .query(
-            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
-            &[name],
-        )
-        .await
-        .map_err(query_err("list the publication's tables"))?;
-    let covered: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let missing: Vec<&TableName> = config
-        .tables
-        .iter()
-        .filter(|t| !covered.iter().any(|(s, n)| *s == t.schema && *n == t.name))
+    let members = match all_tables {
+        true => Vec::new(),
+        false => members(client, config, oid, server_version).await?,
+    };
+    let missing: Vec<&TableName> = (config.tables.iter())
+        .filter(|t| members.contains(&(t.quoted(), Vec::new())))
         .collect();
     if !missing.is_empty() {
         return Err(unusable(format!(
@@ -441,7 +417,6 @@ pub async fn verify_publication(
             join(missing.iter(), |t| t.quoted())
         )));
     }
-    let members = members(client, config, oid, server_version).await?;
     Ok(Publication {
         oid,
         all_tables,
@@ -455,7 +430,7 @@ fn join<T>(items: impl Iterator<Item = T>, show: impl Fn(T) -> String) -> String
     items.map(show).collect::<Vec<_>>().join(", ")
 }
 
-/// [`Publication::members`].
+/// [`Publication::members`]; none for a table the publication does not cover.
 async fn members(
     client: &Client,
     config: &Config,
@@ -489,11 +464,7 @@ async fn members(
 }
 
 /// The slot's confirmed position, and whether it was created now.
-async fn ensure_slot(
-    client: &Client,
-    config: &Config,
-    server: &Server,
-) -> Result<(Lsn, bool), SourceError> {
+async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), SourceError> {
     let slot = &config.slot;
     let row = client
         .query_opt(
@@ -504,7 +475,7 @@ async fn ensure_slot(
         .await
         .map_err(query_err("look up the replication slot"))?;
     let mark_failover = match config.slot_failover {
-        true => lineage::check_failover(client, config, server).await?,
+        true => lineage::check_failover(client, config).await?,
         false => false,
     };
     let Some(row) = row else {
@@ -558,19 +529,6 @@ fn parse_lsn(slot: &str, text: Option<String>) -> Result<Lsn, SourceError> {
                      events written meanwhile"
                 .to_owned(),
         })
-}
-
-/// When Postgres reports the slot invalidated (`invalidation_reason`,
-/// `conflicting`): why, and what to do.
-pub async fn slot_invalidation(client: &Client, slot: &str) -> Result<Option<String>, SourceError> {
-    let observation = slot_monitor::poll(client, slot)
-        .await
-        .map_err(query_err("read the slot's invalidation"))?;
-    Ok(match observation {
-        health::SlotObservation::Seen(status) => status.facts.invalidated(),
-        health::SlotObservation::Missing | health::SlotObservation::Unknown => None,
-    }
-    .map(|reason| health::slot_invalidated_remedy(&reason)))
 }
 
 /// One outbox table's primary key, for `--cleanup delete`.
