@@ -50,19 +50,19 @@ pub struct Publication {
 impl Publication {
     /// Why `self`, found now, shows rows skipped since `earlier` was found.
     pub fn changed_since(&self, earlier: &Publication, name: &str) -> Option<SourceError> {
-        if self.oid != earlier.oid {
-            return Some(SourceError::PublicationChanged {
-                publication: name.to_owned(),
-                change: "was dropped and re-created".to_owned(),
-            });
-        }
-        let (table, _) = self.members.iter().find(|m| !earlier.members.contains(m))?;
-        Some(SourceError::PublicationChanged {
-            publication: name.to_owned(),
-            change: format!(
+        let change = if self.oid != earlier.oid {
+            "was dropped and re-created".to_owned()
+        } else {
+            let (table, _) = self.members.iter().find(|m| !earlier.members.contains(m))?;
+            format!(
                 "stopped publishing {table} and published it again (ALTER PUBLICATION ... DROP \
                  TABLE, then ADD TABLE)"
-            ),
+            )
+        };
+        let publication = name.to_owned();
+        Some(SourceError::PublicationChanged {
+            publication,
+            change,
         })
     }
 }
@@ -468,7 +468,11 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
     let slot = &config.slot;
     let row = client
         .query_opt(
-            "SELECT slot_type::text, plugin::text, database::text, confirmed_flush_lsn::text \
+            "SELECT CASE WHEN slot_type <> 'logical' THEN 'is a physical slot' \
+                         WHEN plugin <> 'pgoutput' THEN format('uses the \"%s\" plugin', plugin) \
+                         WHEN database <> current_database() \
+                         THEN format('belongs to database \"%s\"', database) END, \
+                    confirmed_flush_lsn::text \
              FROM pg_replication_slots WHERE slot_name = $1",
             &[slot],
         )
@@ -490,27 +494,15 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         lineage::record_slot(client, slot).await;
         return Ok((lsn, true));
     };
-    let (kind, plugin, database): (Option<String>, Option<String>, Option<String>) =
-        (row.get(0), row.get(1), row.get(2));
     let dbname = &config.postgres.dbname;
-    let problem = match (kind.as_deref(), plugin.as_deref(), database.as_deref()) {
-        (Some("logical"), Some("pgoutput"), Some(db)) if db == dbname => None,
-        (Some("logical"), Some("pgoutput"), db) => {
-            Some(format!("belongs to database {:?}", db.unwrap_or_default()))
-        }
-        (Some("logical"), plugin, _) => {
-            Some(format!("uses the {:?} plugin", plugin.unwrap_or_default()))
-        }
-        _ => Some("is a physical slot".to_owned()),
-    };
-    if let Some(problem) = problem {
+    if let Some(problem) = row.get::<_, Option<String>>(0) {
         return Err(SourceError::Misconfigured(format!(
             "replication slot {slot:?} {problem}; the relay needs a logical pgoutput slot in \
              database {dbname:?} of --postgres-url. Use another --slot, or drop it with SELECT \
              pg_drop_replication_slot('{slot}'); if nothing uses it"
         )));
     }
-    let confirmed_flush = parse_lsn(slot, row.get(3))?;
+    let confirmed_flush = parse_lsn(slot, row.get(1))?;
     // A slot created before the record existed (or by `setup`) is recorded now.
     lineage::record_slot(client, slot).await;
     if mark_failover {
