@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use tokio_postgres::error::SqlState;
+
 use super::{pg_error_text, setup};
 use crate::config::Config;
 
@@ -28,19 +30,13 @@ pub async fn run(config: Config, interval: Duration) {
             warned = false;
             continue;
         };
-        let why = match e.code()
-            == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION)
-        {
-            true => {
-                "heartbeat refused: the relay reads from a hot standby (or a read-only server), \
-                 where nothing can be written. The slot still advances with the primary's WAL as \
-                 the standby replays it; point the heartbeat at the primary or drop \
-                 --heartbeat-interval"
-            }
-            false => {
-                "heartbeat failed; the role needs EXECUTE on pg_logical_emit_message (superuser \
-                 or REPLICATION). Retrying every interval"
-            }
+        let why = if e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION) {
+            "heartbeat refused: the relay reads from a hot standby (or a read-only server); the \
+             slot still advances as the standby replays the primary's WAL. Point the heartbeat \
+             at the primary or drop --heartbeat-interval"
+        } else {
+            "heartbeat failed; the role needs EXECUTE on pg_logical_emit_message (superuser or \
+             REPLICATION). Retrying every interval"
         };
         if !std::mem::replace(&mut warned, true) {
             tracing::warn!(error = %pg_error_text(&e), "{why}");

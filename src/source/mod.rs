@@ -76,10 +76,9 @@ pub enum SourceError {
     /// added again: rows committed meanwhile were never decoded.
     #[error(
         "publication {publication:?} {change}; outbox rows committed since the relay last \
-         checked it were not decoded, so it stops without confirming any later position. \
-         Restore the publication (starting the relay creates a missing one), restart, and run \
-         `outbox-relay backfill --since TIMESTAMP` with a time before the change to re-publish \
-         the skipped rows"
+         checked it were not decoded, so it stops without confirming them. Restore it (starting \
+         the relay creates a missing one) and run `outbox-relay backfill --since TIMESTAMP` with \
+         a time before the change"
     )]
     PublicationChanged { publication: String, change: String },
     /// Deleting relayed rows failed; the frontier waits for the retry.
@@ -95,13 +94,11 @@ pub enum SourceError {
     /// The slot is missing where this relay streamed from it before.
     #[error(
         "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
-         before (recorded in public.outbox_relay_slots at {created_at}): this server was \
-         promoted from a standby without the slot (PostgreSQL 16 or older, or no \
-         --slot-failover), the slot was dropped, or the relay now points at a standby (slots \
-         are per server). A new slot would skip the events committed since the last \
-         acknowledgement. Remedy: start the relay once with --allow-new-slot, then run \
-         `outbox-relay backfill --since TIMESTAMP` with a time before the change to re-publish \
-         the rows the slot never saw (consumers may see duplicates)"
+         before (recorded in public.outbox_relay_slots at {created_at}): a standby promoted \
+         without it (PostgreSQL 16 or older, or no --slot-failover), a dropped slot, or a \
+         standby of that server. A new slot would skip the events committed since the last \
+         acknowledgement: start the relay once with --allow-new-slot, then run `outbox-relay \
+         backfill --since TIMESTAMP` with a time before the change (consumers may see duplicates)"
     )]
     SlotLost {
         slot: String,
