@@ -28,7 +28,7 @@ use crate::outbox::TableName;
 const SESSION_OPTIONS: &str =
     "-c datestyle=ISO,YMD -c timezone=UTC -c intervalstyle=postgres -c extra_float_digits=3";
 
-/// [`SESSION_OPTIONS`] for a control session that reads rows (`peek`, `backfill`).
+/// The stream's settings for a control session that reads rows (`peek`, `backfill`).
 pub const SESSION_FORMATS: &str = "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; \
      SET intervalstyle = 'postgres'; SET extra_float_digits = 3";
 

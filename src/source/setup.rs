@@ -67,13 +67,13 @@ impl Publication {
     }
 }
 
-/// Opens the control connection (TLS as `--postgres-url`'s `sslmode` says)
-/// to the server [`locate`] picks.
+/// Opens the control connection (TLS as `--postgres-url`'s `sslmode` says) to
+/// the first of its servers that satisfies its `target_session_attrs`.
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
     Ok(locate(&config.postgres).await?.0)
 }
 
-/// `config` pinned to the server [`locate`] picks, so the replication
+/// `config` pinned to the server [`connect`] picks, so the replication
 /// connection goes there too (as is, without connecting, when there is no choice).
 pub async fn pin(config: &Config) -> Result<Config, SourceError> {
     if !has_choice(&config.postgres) {
