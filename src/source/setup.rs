@@ -406,7 +406,9 @@ pub async fn verify_publication(
         true => Vec::new(),
         false => members(client, config, oid, server_version).await?,
     };
-    let missing: Vec<&TableName> = (config.tables.iter())
+    let missing: Vec<&TableName> = config
+        .tables
+        .iter()
         .filter(|t| members.contains(&(t.quoted(), Vec::new())))
         .collect();
     if !missing.is_empty() {
@@ -430,7 +432,8 @@ fn join<T>(items: impl Iterator<Item = T>, show: impl Fn(T) -> String) -> String
     items.map(show).collect::<Vec<_>>().join(", ")
 }
 
-/// [`Publication::members`]; none for a table the publication does not cover.
+/// [`Publication::members`]; none for a table the publication does not cover
+/// (or that no longer exists).
 async fn members(
     client: &Client,
     config: &Config,
@@ -448,8 +451,8 @@ async fn members(
         false => "",
     };
     let sql = format!(
-        "SELECT t, ARRAY(WITH rels AS (SELECT t::regclass UNION \
-         SELECT relid FROM pg_partition_ancestors(t::regclass)) \
+        "SELECT t, ARRAY(WITH rels AS (SELECT to_regclass(t) UNION \
+         SELECT relid FROM pg_partition_ancestors(to_regclass(t))) \
          SELECT r.oid FROM pg_publication_rel r WHERE r.prpubid = $1 \
          AND r.prrelid IN (SELECT * FROM rels){schemas} ORDER BY 1) FROM unnest($2::text[]) AS t"
     );
