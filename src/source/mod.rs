@@ -462,11 +462,13 @@ impl Source for PgSource {
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        let mut client = command_session(&self.config).await.ok();
-        let system = async { client.as_mut()?.identify_system().await.ok() };
-        system
-            .await
-            .map_or(Lsn(u64::MAX), |system| system.xlogpos.into())
+        let Ok(mut client) = command_session(&self.config).await else {
+            return Lsn(u64::MAX);
+        };
+        match client.identify_system().await {
+            Ok(system) => system.xlogpos.into(),
+            Err(_) => Lsn(u64::MAX),
+        }
     }
 
     /// A fatal stream error on a slot Postgres reports invalidated (the stream
