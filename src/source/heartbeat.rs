@@ -1,21 +1,20 @@
-//! `--heartbeat-interval`: a non-transactional logical decoding message
-//! written on a timer, so the walsender always has recent WAL of this database
-//! to decode and report. Keepalive positions that follow it are acknowledged
-//! when nothing is in flight, so the slot keeps up even when the database
-//! itself writes nothing for a long time (the case Debezium's
-//! `heartbeat.action.query` covers).
+//! `--heartbeat-interval`: a non-transactional logical decoding message written
+//! on a timer, so the walsender always has recent WAL of this database to
+//! decode and its keepalive positions, acknowledged when nothing is in flight,
+//! keep the slot moving in an idle database (Debezium's `heartbeat.action.query`).
 
 use std::time::Duration;
 
-use super::setup;
+use tokio_postgres::error::SqlState;
+
+use super::{pg_error_text, setup};
 use crate::config::Config;
 
-/// The message's prefix, `outbox-relay-heartbeat`, is not an outbox prefix,
-/// so the heartbeat is never relayed.
+/// The prefix `outbox-relay-heartbeat` is no outbox prefix: never relayed.
 const HEARTBEAT: &str = "SELECT pg_logical_emit_message(false, 'outbox-relay-heartbeat', '')";
 
-/// Writes a heartbeat every `interval` until the task is aborted. Never fails:
-/// an error is logged and retried on the next tick with a fresh connection.
+/// Writes a heartbeat every `interval` until aborted. Never fails: an error is
+/// logged once and retried on the next tick with a fresh connection.
 pub async fn run(config: Config, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -27,28 +26,21 @@ pub async fn run(config: Config, interval: Duration) {
             client = setup::connect(&config).await.ok();
         }
         let Some(c) = &client else { continue };
-        match c.simple_query(HEARTBEAT).await {
-            Ok(_) => warned = false,
-            Err(e) => {
-                let read_only =
-                    e.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION);
-                let why = match read_only {
-                    true => {
-                        "heartbeat refused: the relay reads from a hot standby (or a read-only \
-                         server), where nothing can be written. The slot still advances with \
-                         the primary's WAL as the standby replays it; point the heartbeat at \
-                         the primary or drop --heartbeat-interval"
-                    }
-                    false => {
-                        "heartbeat failed; the role needs EXECUTE on pg_logical_emit_message \
-                         (superuser or REPLICATION). Retrying every interval"
-                    }
-                };
-                if !std::mem::replace(&mut warned, true) {
-                    tracing::warn!(error = %super::pg_error_text(&e), "{why}");
-                }
-                client = None;
-            }
+        let Err(e) = c.simple_query(HEARTBEAT).await else {
+            warned = false;
+            continue;
+        };
+        let why = if e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION) {
+            "heartbeat refused: the relay reads from a hot standby (or a read-only server); the \
+             slot still advances as the standby replays the primary's WAL. Point the heartbeat \
+             at the primary or drop --heartbeat-interval"
+        } else {
+            "heartbeat failed; the role needs EXECUTE on pg_logical_emit_message (superuser or \
+             REPLICATION). Retrying every interval"
+        };
+        if !std::mem::replace(&mut warned, true) {
+            tracing::warn!(error = %pg_error_text(&e), "{why}");
         }
+        client = None;
     }
 }

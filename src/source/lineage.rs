@@ -2,48 +2,39 @@
 //! database before, and the slot's failover settings (PostgreSQL 17+).
 //!
 //! A logical slot lives outside the WAL, so a standby promoted without it
-//! (PostgreSQL 16 and older, or a slot that was not synchronized) has none.
-//! Creating a fresh slot there would start from "now" and silently skip every
-//! event committed between the relay's last acknowledgement and the
-//! promotion. The table `public.outbox_relay_slots` is ordinary data: it is
-//! replicated to every standby and survives the promotion, so a missing slot
-//! whose name it records under the same system identifier means "lost", not
-//! "first start".
+//! (PostgreSQL 16 and older, or a slot not synchronized) has none, and a fresh
+//! slot there would silently skip every event committed since the relay's last
+//! acknowledgement. `public.outbox_relay_slots` is ordinary replicated data, so
+//! a missing slot it records under the same system identifier means "lost",
+//! not "first start".
 
 use tokio_postgres::Client;
 
-use super::SourceError;
-use super::setup::{Server, query_err};
+use super::setup::query_err;
+use super::{SourceError, pg_error_text, stream_err};
 use crate::config::Config;
-
-/// Where the relay records the slots it created.
-const TABLE: &str = "public.outbox_relay_slots";
 
 /// Creates `public.outbox_relay_slots` if missing (also run by `outbox-relay setup`).
 pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_slots (\
      slot_name text PRIMARY KEY, system_identifier text NOT NULL, \
      created_at timestamptz NOT NULL DEFAULT now(), created_lsn pg_lsn)";
 
-/// The first PostgreSQL major version with failover slots.
-const FAILOVER_MIN_VERSION: i32 = 170_000;
-
-/// Called before creating a missing slot: refuses when `public.outbox_relay_slots` says this
-/// relay streamed from the slot on this cluster before, unless
-/// `--allow-new-slot` says the operator knows.
+/// Before a missing slot is created: refuses when `public.outbox_relay_slots`
+/// says this relay streamed from it on this cluster, unless `--allow-new-slot`.
 pub(super) async fn check_missing_slot(
     client: &Client,
     config: &Config,
 ) -> Result<(), SourceError> {
-    // The system identifier is kept by a promoted standby, unlike its timeline.
-    let row = match client
+    // A promoted standby keeps the system identifier, unlike the timeline.
+    let found = client
         .query_opt(
             "SELECT system_identifier = (SELECT system_identifier::text FROM pg_control_system()), \
                     created_at::text \
              FROM public.outbox_relay_slots WHERE slot_name = $1",
             &[&config.slot],
         )
-        .await
-    {
+        .await;
+    let row = match found {
         Ok(row) => row,
         // No table: this relay never created a slot in this database.
         Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => None,
@@ -51,18 +42,19 @@ pub(super) async fn check_missing_slot(
     };
     let Some(row) = row else { return Ok(()) };
     let (same_cluster, created_at): (bool, String) = (row.get(0), row.get(1));
+    let slot = &config.slot;
     if !same_cluster {
         tracing::warn!(
-            slot = %config.slot,
-            "{TABLE} names this slot under another cluster's system identifier (the database \
-             was copied from another cluster): creating the slot as on a first start"
+            slot,
+            "public.outbox_relay_slots names this slot under another cluster's system identifier \
+             (the database was copied): creating the slot as on a first start"
         );
         return Ok(());
     }
     if config.allow_new_slot {
         tracing::warn!(
-            slot = %config.slot,
-            created_at = %created_at,
+            slot,
+            created_at,
             "--allow-new-slot: creating a fresh slot where this relay streamed before; events \
              committed between the last acknowledgement and now are relayed only by \
              `outbox-relay backfill`"
@@ -70,14 +62,14 @@ pub(super) async fn check_missing_slot(
         return Ok(());
     }
     Err(SourceError::SlotLost {
-        slot: config.slot.clone(),
+        slot: slot.clone(),
         url: config.postgres.redacted(),
         created_at,
     })
 }
 
-/// Records the slot in `public.outbox_relay_slots` (creating it if needed). Best effort: a role
-/// that may not create the table is warned about, not stopped.
+/// Records the slot in `public.outbox_relay_slots`, creating the table if
+/// needed. Best effort: a role that may not create it is warned, not stopped.
 pub(super) async fn record_slot(client: &Client, slot: &str) {
     let result = async {
         let state = client
@@ -86,7 +78,7 @@ pub(super) async fn record_slot(client: &Client, slot: &str) {
                 &[],
             )
             .await?;
-        // On a hot standby nothing can be written; the primary's record, if any, is replicated.
+        // A hot standby can write nothing; the primary's record is replicated.
         if state.get::<_, bool>(1) {
             return Ok(0);
         }
@@ -104,32 +96,22 @@ pub(super) async fn record_slot(client: &Client, slot: &str) {
                 &[&slot],
             )
             .await
-    }
-    .await;
-    if let Err(e) = result {
+    };
+    if let Err(e) = result.await {
         tracing::warn!(
             slot,
-            error = %super::pg_error_text(&e),
-            "cannot record the slot in {TABLE}: after a failover to a server without the slot \
-             the relay could not tell a lost slot from a first start. Run `outbox-relay setup` \
-             as the table's owner, or grant the relay's role CREATE on schema public"
+            error = %pg_error_text(&e),
+            "cannot record the slot in public.outbox_relay_slots: after a failover to a server \
+             without the slot the relay could not tell a lost slot from a first start. Run \
+             `outbox-relay setup` as the table's owner, or grant the relay's role CREATE on \
+             schema public"
         );
     }
 }
 
-/// With `--slot-failover`: the server must be PostgreSQL 17+; warns when
-/// `synchronized_standby_slots` is empty. Returns whether the slot must still
-/// be altered to `FAILOVER true` (an existing slot created without it).
-pub(super) async fn check_failover(
-    client: &Client,
-    config: &Config,
-    server: &Server,
-) -> Result<bool, SourceError> {
-    if server.version_num < FAILOVER_MIN_VERSION {
-        return Err(SourceError::FailoverUnsupported {
-            version: server.version.clone(),
-        });
-    }
+/// With `--slot-failover`: warns when `synchronized_standby_slots` is empty;
+/// returns whether the existing slot lacks `FAILOVER true`.
+pub(super) async fn check_failover(client: &Client, config: &Config) -> Result<bool, SourceError> {
     let row = client
         .query_one(
             "SELECT current_setting('synchronized_standby_slots'), \
@@ -138,8 +120,7 @@ pub(super) async fn check_failover(
         )
         .await
         .map_err(query_err("read the slot's failover settings"))?;
-    let (standby_slots, failover): (String, Option<bool>) = (row.get(0), row.get(1));
-    if standby_slots.trim().is_empty() {
+    if row.get::<_, String>(0).trim().is_empty() {
         tracing::warn!(
             slot = %config.slot,
             "--slot-failover: synchronized_standby_slots is empty on the primary, so the relay may \
@@ -148,28 +129,18 @@ pub(super) async fn check_failover(
              physical slots"
         );
     }
-    Ok(failover == Some(false))
+    Ok(row.get::<_, Option<bool>>(1) == Some(false))
 }
 
-/// `ALTER_REPLICATION_SLOT ... (FAILOVER true)`: a replication command, so
-/// it runs on a replication connection.
+/// Sets `FAILOVER true` on the slot: ALTER_REPLICATION_SLOT is a replication
+/// command, so it runs on a replication connection.
 pub(super) async fn mark_failover(config: &Config) -> Result<(), SourceError> {
-    let config = &super::setup::pin(config).await?;
-    let stream_err = |source| SourceError::Stream {
-        slot: config.slot.clone(),
-        source,
-    };
-    let repl = super::replication_config(config, crate::lsn::Lsn::ZERO, crate::lsn::Lsn::ZERO)?;
-    let mut client = pgwire_replication::ReplicationClient::connect_gated(repl)
-        .await
-        .map_err(stream_err)?;
+    let mut client = super::command_session(config).await?;
+    let sql = format!("ALTER_REPLICATION_SLOT {} (FAILOVER true)", config.slot);
     client
-        .simple_query(&format!(
-            "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
-            config.slot
-        ))
+        .simple_query(&sql)
         .await
-        .map_err(stream_err)?;
+        .map_err(stream_err(&config.slot))?;
     tracing::info!(slot = %config.slot, "marked the slot for failover (FAILOVER true)");
     Ok(())
 }

@@ -1,11 +1,7 @@
-//! I/O: the Postgres side. Start-up checks, publication and slot
-//! ([`setup`]), `--cleanup delete` ([`cleanup`]), and what the pipeline sees
-//! through the [`Source`] and [`Stream`] traits: [`PgSource`] (replication
-//! sessions, and a control connection for lookups) and [`ReplicationStream`].
-//!
-//! The stream is a thin wrapper over pgwire-replication: it passes events
-//! through and exposes exactly one way to move the slot, [`Stream::ack`],
-//! which only the pipeline calls, and only with the ack frontier.
+//! I/O: the Postgres side. [`setup`] checks and creates the publication and
+//! slot; [`PgSource`] streams with pgwire-replication and looks things up on a
+//! control connection. [`Stream::ack`] is the only way a position reaches the
+//! slot, and only the pipeline calls it, with the ack frontier.
 
 pub mod cleanup;
 pub mod heartbeat;
@@ -19,382 +15,128 @@ use std::future::Future;
 use std::time::Duration;
 
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use tokio_postgres::Client;
 
 pub use tls::TlsError;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
+use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
 use crate::outbox::TableName;
 
-/// Session settings for the walsender, so values arrive in one fixed text
-/// form whatever the server's defaults (timestamps in ISO, UTC).
+/// The walsender's settings, so values arrive in one text form (ISO, UTC).
 const SESSION_OPTIONS: &str =
     "-c datestyle=ISO,YMD -c timezone=UTC -c intervalstyle=postgres -c extra_float_digits=3";
 
-/// `SESSION_OPTIONS` for a control session that reads rows as the stream
-/// sends them (`peek`, `backfill`).
+/// The stream's settings for a control session that reads rows (`peek`, `backfill`).
 pub const SESSION_FORMATS: &str = "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; \
      SET intervalstyle = 'postgres'; SET extra_float_digits = 3";
 
-/// Events buffered between pgwire-replication's socket reader and the
-/// pipeline. pgwire-replication bounds this channel by count only, and one
-/// event holds one whole WAL message (one row, up to 1 GB), so the smallest
-/// channel is the tightest bound: read-ahead is at most this event, the one
-/// the reader holds while waiting for room, and its 128 KiB socket buffer.
+/// Events buffered between pgwire-replication's socket reader and the pipeline:
+/// one event can hold a 1 GB row, so the smallest channel bounds memory best.
 const STREAM_BUFFER_EVENTS: usize = 1;
 
-/// Something went wrong on the Postgres side.
+/// Something went wrong on the Postgres side; the message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// The control connection could not be opened.
-    #[error("cannot connect to Postgres at {url}: {reason}")]
+    /// The control connection could not be opened (`url` redacted).
+    #[error("cannot connect to Postgres at {url}: {}", pg_error_text(source))]
     Connect {
-        /// Redacted URL.
         url: String,
-        /// The error with its causes (tokio-postgres' own message omits them, e.g.
-        /// the server's refusal).
-        reason: String,
-        /// Driver error.
         #[source]
         source: tokio_postgres::Error,
     },
     /// The TLS settings in the URL cannot be used (a file, a missing root CA).
     #[error(transparent)]
     Tls(#[from] TlsError),
-    /// The control connection's TLS handshake failed (certificate refused, ...).
-    #[error("TLS handshake with Postgres at {url} failed: {reason}; {hint}")]
+    /// The control connection's TLS handshake failed; `hint` says what to check.
+    #[error(
+        "TLS handshake with Postgres at {url} failed: {}; {hint}",
+        pg_error_text(source)
+    )]
     TlsHandshake {
-        /// Redacted URL.
         url: String,
-        /// The error with its causes (rustls' refusal).
-        reason: String,
-        /// What to check.
         hint: &'static str,
-        /// Driver error.
         #[source]
         source: tokio_postgres::Error,
     },
-    /// The replication connection was refused at start-up (TLS or authentication),
-    /// although the control connection with the same settings had been accepted.
+    /// The replication connection was refused (TLS or authentication) where
+    /// the control connection with the same settings was accepted.
     #[error("cannot open the replication connection to {url}: {source}; {hint}")]
     ReplicationConnect {
-        /// Redacted URL.
         url: String,
-        /// What to check.
         hint: &'static str,
-        /// pgwire-replication's error.
         #[source]
         source: PgWireError,
     },
-    /// The server is older than the oldest supported version.
+    /// A start-up check failed (server, role, tables, publication, slot): the fix.
+    #[error("{0}")]
+    Misconfigured(String),
+    /// The publication was dropped, re-created, or a table dropped from it and
+    /// added again: rows committed meanwhile were never decoded.
     #[error(
-        "Postgres {version} is not supported: the relay needs PostgreSQL {minimum} or newer \
-         (pgoutput's `messages` option, PostgreSQL 14)"
+        "publication {publication:?} {change}; outbox rows committed since the relay last \
+         checked it were not decoded, so it stops without confirming them. Restore it (starting \
+         the relay creates a missing one) and run `outbox-relay backfill --since TIMESTAMP` with \
+         a time before the change"
     )]
-    ServerTooOld {
-        /// The server's `server_version`.
-        version: String,
-        /// The oldest supported major version.
-        minimum: i32,
-    },
-    /// An outbox table (or a partition of it) is UNLOGGED.
-    #[error(
-        "outbox table {table} cannot be relayed: {unlogged} is UNLOGGED, and UNLOGGED tables \
-         write no WAL, so logical decoding never sees their rows. Run ALTER TABLE ... SET \
-         LOGGED; on each"
-    )]
-    TableUnlogged {
-        /// The configured table.
-        table: String,
-        /// The unlogged table and partitions.
-        unlogged: String,
-    },
-    /// The existing publication publishes a partitioned outbox under its partitions' names.
-    #[error(
-        "publication {publication:?} lacks publish_via_partition_root, so rows of the \
-         partitioned outbox table {tables} would arrive under each partition's name; run \
-         {remedy}"
-    )]
-    PublicationNotViaRoot {
-        /// The publication.
-        publication: String,
-        /// The partitioned outbox tables.
-        tables: String,
-        /// SQL that fixes it.
-        remedy: String,
-    },
-    /// `wal_level` is not `logical`.
-    #[error(
-        "Postgres has wal_level={actual:?}, but logical replication needs wal_level=logical. \
-         Run ALTER SYSTEM SET wal_level = logical; and restart Postgres (on RDS/Aurora set \
-         rds.logical_replication=1 in the parameter group; on Cloud SQL set the \
-         cloudsql.logical_decoding flag)"
-    )]
-    WalLevel {
-        /// The server's setting.
-        actual: String,
-    },
-    /// The role may not open a replication connection.
-    #[error(
-        "role {user:?} lacks the REPLICATION attribute (and is not a superuser or a member of \
-         rds_replication). Run ALTER ROLE {user} WITH REPLICATION; (see sql/ for a \
-         least-privilege role)"
-    )]
-    NoReplicationPrivilege {
-        /// The role.
-        user: String,
-    },
-    /// A configured outbox table does not exist.
-    #[error(
-        "outbox table {table} does not exist (check --table and the database in --postgres-url)"
-    )]
-    TableMissing {
-        /// The table.
-        table: String,
-    },
-    /// A column the mapping needs is not in the table.
-    #[error(
-        "outbox table {table} has no column {column:?} (named by {flag}); its columns are: \
-         {available}"
-    )]
-    ColumnMissing {
-        /// The table.
-        table: String,
-        /// The flag naming the column.
-        flag: &'static str,
-        /// The column.
-        column: String,
-        /// The table's columns.
-        available: String,
-    },
-    /// The publication was dropped (or dropped and re-created) while the relay
-    /// streamed. PostgreSQL 18 then decodes on without it, skipping the outbox
-    /// rows with only a warning in the server log, so the relay stops first.
-    #[error(
-        "publication {publication:?} {what} while the relay was streaming; outbox rows \
-         committed while it was missing are not decoded, so the relay stops without confirming \
-         any position after its last check of the publication. Re-create it (or start the relay, \
-         which creates it), restart, and run `outbox-relay backfill --since TIMESTAMP` with a \
-         time before the drop to re-publish rows the slot skipped"
-    )]
-    PublicationDropped {
-        /// The publication.
-        publication: String,
-        /// "does not exist" or "was dropped and re-created".
-        what: &'static str,
-    },
-    /// An outbox table was removed from the publication and added again
-    /// between two looks: on every version, rows inserted in between were
-    /// never decoded.
-    #[error(
-        "publication {publication:?} stopped publishing {table} and published it again \
-         (ALTER PUBLICATION ... DROP TABLE, then ADD TABLE) since the relay last looked; rows \
-         inserted into it in between were not decoded and are not in Kafka. Run `outbox-relay \
-         backfill --since TIMESTAMP` with a time before the change to re-publish them, then \
-         restart the relay"
-    )]
-    PublicationTableReAdded {
-        /// The publication.
-        publication: String,
-        /// The outbox table.
-        table: String,
-    },
-    /// The existing publication does not publish inserts.
-    #[error(
-        "publication {publication:?} does not publish inserts; run ALTER PUBLICATION \
-         {publication} SET (publish = 'insert'); or use another --publication"
-    )]
-    PublicationNoInsert {
-        /// The publication.
-        publication: String,
-    },
-    /// `--cleanup delete` on a table without a primary key.
-    #[error(
-        "--cleanup delete: table {table} has no primary key, so relayed rows cannot be deleted \
-         one by one; add one (ALTER TABLE {table} ADD PRIMARY KEY (id)) or use --cleanup none"
-    )]
-    CleanupNoPrimaryKey {
-        /// The table.
-        table: String,
-    },
-    /// `--cleanup delete` without DELETE on the table.
-    #[error(
-        "--cleanup delete: role {user:?} may not DELETE from {table}; run GRANT DELETE ON {table} \
-         TO {user}, or use --cleanup none"
-    )]
-    CleanupNoDeletePrivilege {
-        /// The table.
-        table: String,
-        /// The relay's role.
-        user: String,
-    },
-    /// `--cleanup delete` with a publication that publishes deletes.
-    #[error(
-        "--cleanup delete: publication {publication:?} publishes deletes, so every row the relay \
-         deletes would come back through the slot; run ALTER PUBLICATION {publication} SET \
-         (publish = 'insert')"
-    )]
-    CleanupPublishesDeletes {
-        /// The publication.
-        publication: String,
-    },
+    PublicationChanged { publication: String, change: String },
     /// Deleting relayed rows failed; the frontier waits for the retry.
     #[error("--cleanup delete: deleting relayed rows from {table} failed: {source}")]
     CleanupDelete {
-        /// The table.
         table: String,
-        /// The server's error.
         #[source]
         source: tokio_postgres::Error,
     },
-    /// A hot standby has no publication of that name and cannot create one.
-    #[error(
-        "publication {publication:?} does not exist, and this server is a hot standby, where \
-         nothing can be created; create it on the primary (it reaches the standby through \
-         replication): {sql};"
-    )]
-    PublicationMissingOnStandby {
-        /// The publication.
-        publication: String,
-        /// The statement to run on the primary.
-        sql: String,
-    },
-    /// The existing publication does not cover every outbox table.
-    #[error("publication {publication:?} does not include {missing}; run {remedy}")]
-    PublicationMissingTables {
-        /// The publication.
-        publication: String,
-        /// Tables not covered.
-        missing: String,
-        /// SQL that fixes it.
-        remedy: String,
-    },
-    /// The slot exists but is physical.
-    #[error(
-        "replication slot {slot:?} is a physical slot; the relay needs a logical pgoutput slot. Use another --slot, or drop it with SELECT pg_drop_replication_slot('{slot}'); if nothing uses it"
-    )]
-    SlotPhysical {
-        /// The slot.
-        slot: String,
-    },
-    /// The slot exists with another output plugin.
-    #[error(
-        "replication slot {slot:?} uses the {plugin:?} plugin; the relay needs pgoutput. Use another --slot, or drop it with SELECT pg_drop_replication_slot('{slot}'); if nothing uses it"
-    )]
-    SlotWrongPlugin {
-        /// The slot.
-        slot: String,
-        /// Its plugin.
-        plugin: String,
-    },
-    /// The slot belongs to another database.
-    #[error(
-        "replication slot {slot:?} belongs to database {database:?}, not {expected:?}; use another --slot or fix the database in --postgres-url"
-    )]
-    SlotOtherDatabase {
-        /// The slot.
-        slot: String,
-        /// Its database.
-        database: String,
-        /// Ours.
-        expected: String,
-    },
-    /// The slot has no confirmed position (invalidated, or lost its WAL).
-    #[error(
-        "replication slot has no confirmed position (it may have been invalidated after exceeding max_slot_wal_keep_size); drop and recreate it, and re-publish or reconcile events written meanwhile"
-    )]
-    SlotInvalidated,
-    /// Postgres reports the slot invalidated (`invalidation_reason`, `conflicting`).
+    /// Postgres reports the slot invalidated, or it has no confirmed position.
     #[error("replication slot {slot:?}: {remedy}")]
-    SlotInvalidatedBy {
-        /// The slot.
+    SlotInvalidated { slot: String, remedy: String },
+    /// The slot is missing where this relay streamed from it before.
+    #[error(
+        "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
+         before (recorded in public.outbox_relay_slots at {created_at}): a standby promoted \
+         without it (PostgreSQL 16 or older, or no --slot-failover), a dropped slot, or a \
+         standby of that server. A new slot would skip the events committed since the last \
+         acknowledgement: start the relay once with --allow-new-slot, then run `outbox-relay \
+         backfill --since TIMESTAMP` with a time before the change (consumers may see duplicates)"
+    )]
+    SlotLost {
         slot: String,
-        /// What it means and what to do.
-        remedy: String,
+        url: String,
+        created_at: String,
     },
-    /// A catalog query failed.
+    /// A catalog query failed; `what` says what it was for.
     #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
     Query {
-        /// What the query was for.
         what: &'static str,
-        /// Driver error.
         #[source]
         source: tokio_postgres::Error,
     },
     /// The replication stream failed.
     #[error("replication stream from slot {slot:?} failed: {source}")]
     Stream {
-        /// The slot.
         slot: String,
-        /// pgwire-replication's error.
         #[source]
         source: PgWireError,
     },
     /// The server closed the stream.
     #[error(
-        "Postgres ended the replication stream of slot {slot:?} (walsender terminated or server shutting down)"
+        "Postgres ended the replication stream of slot {slot:?} (walsender terminated or server \
+         shutting down)"
     )]
-    StreamEnded {
-        /// The slot.
-        slot: String,
-    },
-    /// The slot is missing where this relay streamed from it before: creating
-    /// a fresh one would skip every event committed since the last acknowledgement.
-    #[error(
-        "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
-         before (recorded in public.outbox_relay_slots at {created_at}). Most likely this server \
-         was promoted from a standby that did not have the slot (PostgreSQL 16 or older, or a \
-         slot not synchronized with --slot-failover); or the slot was dropped; or the relay now \
-         points at a standby of the server it streamed from (slots are per server). Events \
-         committed since the relay's last acknowledgement are not in any slot here, and a new \
-         slot would start from now and skip them. Remedy: start the relay once with \
-         --allow-new-slot (it creates a fresh slot and relays new events), then run \
-         `outbox-relay backfill --since TIMESTAMP` with a time before the change to \
-         re-publish the rows the slot never saw (at-least-once: consumers may see duplicates)"
-    )]
-    SlotLost {
-        /// The slot.
-        slot: String,
-        /// The server, redacted.
-        url: String,
-        /// When the record was written.
-        created_at: String,
-    },
-    /// `--slot-failover` on a server without failover slots.
-    #[error(
-        "--slot-failover needs PostgreSQL 17 or later, but the server is {version}; on older \
-         servers a failover loses the slot (see the README's failover runbook)"
-    )]
-    FailoverUnsupported {
-        /// `server_version`.
-        version: String,
-    },
-    /// None of the URL's servers satisfies `target_session_attrs` (during a
-    /// failover, until the standby is promoted): retried like a lost connection.
-    #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
-    NoSuitableHost {
-        /// The wanted state.
-        attrs: &'static str,
-        /// Each server and why it was passed over.
-        tried: String,
-    },
-    /// A relation's partition root could not be looked up mid-stream (the stream
-    /// is restarted, replaying the open transaction).
-    #[error("cannot look up the partition root of relation OID {relation_id}: {source}")]
-    PartitionLookup {
-        /// The relation.
-        relation_id: u32,
-        /// The connection or query error.
-        #[source]
-        source: Box<SourceError>,
-    },
+    StreamEnded { slot: String },
     /// The server did not accept START_REPLICATION in time.
     #[error("replication stream from slot {slot:?} did not start within {timeout:?}")]
-    StartTimeout {
-        /// The slot.
-        slot: String,
-        /// How long we waited.
-        timeout: Duration,
+    StartTimeout { slot: String, timeout: Duration },
+    /// No server of the URL satisfies `target_session_attrs` (mid-failover): retried.
+    #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
+    NoSuitableHost { attrs: &'static str, tried: String },
+    /// A partition root could not be looked up mid-stream: the stream restarts.
+    #[error("cannot look up the partition root of relation OID {relation_id}: {source}")]
+    PartitionLookup {
+        relation_id: u32,
+        #[source]
+        source: Box<SourceError>,
     },
 }
 
@@ -418,8 +160,8 @@ impl SourceError {
                     // object_in_use: "replication slot ... is active for PID n"
                     Some("55006") => Recovery::Standby,
                     // undefined_object (slot dropped), insufficient_privilege,
-                    // invalid_authorization, object_not_in_prerequisite_state
-                    // (slot invalidated), invalid_parameter_value.
+                    // object_not_in_prerequisite_state (slot invalidated),
+                    // invalid_parameter_value, invalid_authorization.
                     Some("42704" | "42501" | "55000" | "22023") => Recovery::Fatal,
                     Some(code) if code.starts_with("28") => Recovery::Fatal,
                     _ => Recovery::Reconnect,
@@ -435,32 +177,33 @@ impl SourceError {
         }
     }
 
-    /// For a dropped slot, the remedy; `None` otherwise.
+    /// Whether the stream failed because the slot was dropped.
     pub fn is_slot_dropped(&self) -> bool {
         matches!(self, SourceError::Stream { source: PgWireError::Server(m), .. }
             if sqlstate(m) == Some("42704") && m.contains("replication slot"))
     }
 }
 
-/// A tokio-postgres error with the server's message, detail and hint, which
-/// its `Display` ("db error") leaves out.
-pub fn pg_error_text(error: &tokio_postgres::Error) -> String {
+/// Names a failed replication command by its slot.
+fn stream_err(slot: &str) -> impl Fn(PgWireError) -> SourceError + '_ {
+    move |source| SourceError::Stream {
+        slot: slot.to_owned(),
+        source,
+    }
+}
+
+/// A tokio-postgres error with what its `Display` ("db error") leaves out.
+pub(crate) fn pg_error_text(error: &tokio_postgres::Error) -> String {
     let Some(db) = error.as_db_error() else {
-        let mut text = error.to_string();
-        let mut source = std::error::Error::source(error);
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        return text;
+        let causes = std::iter::successors(std::error::Error::source(error), |e| e.source());
+        return causes.fold(error.to_string(), |text, cause| format!("{text}: {cause}"));
     };
     let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
     if let Some(detail) = db.detail() {
-        text.push_str(&format!("; detail: {detail}"));
+        text += &format!("; detail: {detail}");
     }
     if let Some(hint) = db.hint() {
-        text.push_str(&format!("; hint: {hint}"));
+        text += &format!("; hint: {hint}");
     }
     text
 }
@@ -471,26 +214,16 @@ fn sqlstate(message: &str) -> Option<&str> {
     message.get(at..at + 5)
 }
 
-/// The slot's confirmed position, read on a gated session; `None` when it
-/// cannot be read.
-async fn slot_confirmed(client: &mut ReplicationClient, slot: &str) -> Option<Lsn> {
-    let sql = format!(
-        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = {}",
-        sql::quote_literal(slot)
-    );
-    let rows = client.simple_query(&sql).await.ok()?;
-    let text = rows.first()?.first()?.as_ref()?;
-    std::str::from_utf8(text).ok()?.parse().ok()
-}
-
-/// The replication session's settings, shared by the stream and IDENTIFY_SYSTEM.
-pub(crate) fn replication_config(
+/// The replication session's settings: streaming from `start`, reporting
+/// `acked` as confirmed until the pipeline acknowledges more.
+fn replication_config(
     config: &Config,
     start: Lsn,
     acked: Lsn,
 ) -> Result<ReplicationConfig, SourceError> {
     let pg = &config.postgres;
     let tls = tls::replication_tls(pg)?;
+    let name = pg.application_name.as_deref().unwrap_or("outbox-relay");
     Ok(ReplicationConfig::new(
         pg.host.clone(),
         pg.user.clone(),
@@ -507,32 +240,20 @@ pub(crate) fn replication_config(
     .with_wakeup_interval(Duration::from_secs(10))
     .with_buffer_size(STREAM_BUFFER_EVENTS)
     .with_options(SESSION_OPTIONS)
-    .with_application_name(
-        pg.application_name
-            .clone()
-            .unwrap_or_else(|| "outbox-relay".to_owned()),
-    ))
+    .with_application_name(name))
 }
 
-/// The server's current WAL end (IDENTIFY_SYSTEM on a replication session,
-/// so it needs no privilege beyond REPLICATION).
-pub async fn wal_end(config: &Config) -> Result<Lsn, SourceError> {
+/// A replication session for commands (IDENTIFY_SYSTEM, ALTER_REPLICATION_SLOT).
+async fn command_session(config: &Config) -> Result<ReplicationClient, SourceError> {
     let config = &setup::pin(config).await?;
-    let stream_err = |source| SourceError::Stream {
-        slot: config.slot.clone(),
-        source,
-    };
     let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO)?;
-    let mut client = ReplicationClient::connect_gated(repl)
+    ReplicationClient::connect_gated(repl)
         .await
-        .map_err(stream_err)?;
-    let system = client.identify_system().await.map_err(stream_err)?;
-    Ok(system.xlogpos.into())
+        .map_err(stream_err(&config.slot))
 }
 
-/// The server and timeline a stream runs on. A promotion changes the
-/// timeline, and a failover to another host changes the host, even when the
-/// system identifier (kept by a standby) stays the same.
+/// The server and timeline a stream runs on: a promotion changes the timeline,
+/// a failover to another host the address; a standby keeps the system id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerId {
     /// `host:port` as pinned from `--postgres-url`.
@@ -543,13 +264,10 @@ pub struct ServerId {
     pub timeline: u32,
 }
 
-/// Where a stream resumes on `current`, given the position the relay keeps
-/// in memory. On the server and timeline the previous stream ran on, that
-/// position. Elsewhere no later than the slot's confirmed position there:
-/// the in-memory one may come from the old primary's keepalives, past the
-/// point the new primary's WAL reached, and starting there would skip the new
-/// primary's first transactions. An unknown confirmed position gives 0/0,
-/// where the server starts from the slot's own.
+/// Where a stream on `current` resumes: the in-memory position on the previous
+/// stream's server and timeline; elsewhere no later than the slot's confirmed
+/// position there, as the in-memory one may come from the old primary's
+/// keepalives, past the new primary's WAL. Unknown gives 0/0: the slot's own.
 pub fn resume_point(
     previous: Option<&ServerId>,
     current: &ServerId,
@@ -562,113 +280,25 @@ pub fn resume_point(
     }
 }
 
-/// The logical replication stream of one slot.
-pub struct ReplicationStream {
-    client: ReplicationClient,
-    slot: String,
-    /// Where it runs.
-    pub server: ServerId,
-    /// Where it started: before the requested position after a promotion.
-    pub start: Lsn,
+/// The slot's confirmed position, read on a gated session.
+async fn slot_confirmed(client: &mut ReplicationClient, slot: &str) -> Option<Lsn> {
+    let sql = format!(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = {}",
+        sql::quote_literal(slot)
+    );
+    let rows = client.simple_query(&sql).await.ok()?;
+    let text = rows.first()?.first()?.as_ref()?;
+    std::str::from_utf8(text).ok()?.parse().ok()
 }
 
-impl ReplicationStream {
-    /// Starts streaming at `start` while reporting `acked` as flushed until the
-    /// pipeline acknowledges more.
-    ///
-    /// On first start both are the slot's confirmed position. After a
-    /// reconnect, `start` is the end of the last transaction already received
-    /// (its events are in flight, so asking for it again would only duplicate
-    /// them) and `acked` is the ack frontier, which may be behind it. When
-    /// the server or timeline differs from `previous`, the start moves back
-    /// as [`resume_point`] says; [`ReplicationStream::start`] tells where.
-    pub async fn start(
-        config: &Config,
-        start: Lsn,
-        acked: Lsn,
-        previous: Option<&ServerId>,
-    ) -> Result<Self, SourceError> {
-        // A server that went away mid-run is retried, like the stream itself.
-        let config = &setup::pin(config).await.map_err(|e| match e {
-            SourceError::Connect { url, reason, .. } => SourceError::NoSuitableHost {
-                attrs: config.postgres.target_session_attrs.as_str(),
-                tried: format!("{url}: {reason}"),
-            },
-            e => e,
-        })?;
-        let repl = replication_config(config, start, acked)?;
-        let pg = &config.postgres;
-        // TLS and authentication failures are configuration problems.
-        let stream_err = |source: PgWireError| {
-            if source.is_tls() || source.is_auth() {
-                SourceError::ReplicationConnect {
-                    url: pg.redacted(),
-                    hint: tls::replication_hint(&source),
-                    source,
-                }
-            } else {
-                SourceError::Stream {
-                    slot: config.slot.clone(),
-                    source,
-                }
-            }
-        };
-        // IDENTIFY_SYSTEM and the slot's position on the session that then
-        // streams, so both describe the server the stream opens on.
-        let timeout = Duration::from_secs(30);
-        let opened = async {
-            let mut client = ReplicationClient::connect_gated(repl).await?;
-            let system = client.identify_system().await?;
-            let server = ServerId {
-                addr: format!("{}:{}", pg.host, pg.port),
-                system_id: system.system_id,
-                timeline: system.timeline,
-            };
-            let mut start = start;
-            if previous.is_some_and(|p| *p != server) {
-                let confirmed = slot_confirmed(&mut client, &config.slot).await;
-                start = resume_point(previous, &server, start, confirmed);
-                // The gated session's start position is fixed: dropping it
-                // ends it, and another starts where decided.
-                drop(client);
-                let repl = replication_config(config, start, acked)
-                    .map_err(|e| PgWireError::Internal(e.to_string()))?;
-                client = ReplicationClient::connect(repl).await?;
-            } else {
-                client.start().await?;
-            }
-            client.wait_started().await?;
-            Ok((client, server, start))
-        };
-        let (client, server, start) = match tokio::time::timeout(timeout, opened).await {
-            Ok(Ok(opened)) => opened,
-            Ok(Err(source)) => return Err(stream_err(source)),
-            Err(_) => {
-                return Err(SourceError::StartTimeout {
-                    slot: config.slot.clone(),
-                    timeout,
-                });
-            }
-        };
-        Ok(ReplicationStream {
-            client,
-            slot: config.slot.clone(),
-            server,
-            start,
-        })
-    }
-}
-
-/// The Postgres side as the pipeline sees it: replication sessions and the
-/// few control queries streaming needs. [`PgSource`] is the real one; a
+/// The Postgres side as the pipeline sees it; [`PgSource`] is the real one, a
 /// simulation implements it without a server.
 pub trait Source: Send {
     /// One replication session.
     type Stream: Stream;
 
-    /// Starts a session at `from` (the end of the last transaction received)
-    /// while reporting `acked` as confirmed. The stream says where it really
-    /// started: lower than `from` after a promotion.
+    /// Starts a session at `from` (the end of the last transaction received),
+    /// reporting `acked` as confirmed; after a promotion it starts lower.
     fn start(
         &mut self,
         from: Lsn,
@@ -681,18 +311,15 @@ pub trait Source: Send {
         relation_id: u32,
     ) -> impl Future<Output = Result<Option<TableName>, SourceError>> + Send;
 
-    /// Whether the publication is as found at start-up, so positions decoded
-    /// before the check may be confirmed: `Ok(false)` when the check could
-    /// not run, `Err` when it changed (dropped, re-created, a table dropped
-    /// from it and added again): rows were skipped.
+    /// Whether positions decoded so far may be confirmed: `Ok(false)` when the
+    /// publication could not be checked, `Err` when it changed (rows were skipped).
     fn check_publication(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send;
 
-    /// The current end of the WAL (`Lsn(u64::MAX)` when unknown): records
-    /// past it cannot be this relay's (exactly-once's foreign-writer check).
+    /// The WAL's end (`Lsn(u64::MAX)` when unknown), for exactly-once's
+    /// foreign-writer check.
     fn wal_end(&mut self) -> impl Future<Output = Lsn> + Send;
 
-    /// A fatal error with what the server can tell about it (an invalidated
-    /// slot's reason); by default the error as it is.
+    /// A fatal error with what the server can tell about it (an invalidated slot's reason).
     fn explain(&mut self, error: SourceError) -> impl Future<Output = SourceError> + Send {
         async { error }
     }
@@ -704,8 +331,7 @@ pub trait Stream: Send {
     fn started_at(&self) -> Lsn;
     /// The server and timeline it runs on.
     fn server(&self) -> &ServerId;
-    /// The next event. A transient break is an error whose
-    /// [`SourceError::recovery`] is [`Recovery::Reconnect`] (e.g. [`SourceError::StreamEnded`]).
+    /// The next event; a transient break has [`Recovery::Reconnect`].
     fn recv(&mut self) -> impl Future<Output = Result<ReplicationEvent, SourceError>> + Send;
     /// Confirms `lsn` to Postgres: the only way a position reaches it.
     fn ack(&self, lsn: Lsn);
@@ -713,20 +339,18 @@ pub trait Stream: Send {
     fn close(self, wait_for: Lsn, timeout: Duration) -> impl Future<Output = ()> + Send;
 }
 
-/// The real [`Source`]: pgwire-replication sessions and a control connection
-/// (reopened when it breaks) for the lookups.
+/// The real [`Source`], with a control connection reopened when it breaks.
 pub struct PgSource {
     config: Config,
-    control: Option<tokio_postgres::Client>,
+    control: Option<Client>,
     /// The server and timeline the last session ran on.
     server: Option<ServerId>,
-    /// The publication as last found (first at start-up): a change shows
-    /// rows that were never decoded.
+    /// The publication as last found: a change shows rows never decoded.
     publication: setup::Publication,
 }
 
 impl PgSource {
-    /// A source for `config`'s server, slot and `publication` as found at start-up.
+    /// A source for `config`, with `publication` as found at start-up.
     pub fn new(config: Config, publication: setup::Publication) -> Self {
         PgSource {
             config,
@@ -739,9 +363,9 @@ impl PgSource {
 
 /// The control connection in `slot`, opened (again) when needed.
 async fn control<'a>(
-    slot: &'a mut Option<tokio_postgres::Client>,
+    slot: &'a mut Option<Client>,
     config: &Config,
-) -> Result<&'a tokio_postgres::Client, SourceError> {
+) -> Result<&'a Client, SourceError> {
     let client = match slot.take() {
         Some(client) if !client.is_closed() => client,
         _ => setup::connect(config).await?,
@@ -752,35 +376,56 @@ async fn control<'a>(
 impl Source for PgSource {
     type Stream = ReplicationStream;
 
+    /// On another server or timeline, the start moves back as [`resume_point`] says.
     async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<ReplicationStream, SourceError> {
-        let stream =
-            ReplicationStream::start(&self.config, from, acked, self.server.as_ref()).await?;
+        // A server that went away mid-run is retried, like the stream itself.
+        let config = &setup::pin(&self.config).await.map_err(|e| match e {
+            SourceError::Connect { url, source } => SourceError::NoSuitableHost {
+                attrs: self.config.postgres.target_session_attrs.as_str(),
+                tried: format!("{url}: {}", pg_error_text(&source)),
+            },
+            e => e,
+        })?;
+        let repl = replication_config(config, from, acked)?;
+        let timeout = Duration::from_secs(30);
+        let opening = open(repl, config, from, acked, self.server.as_ref());
+        let stream = match tokio::time::timeout(timeout, opening).await {
+            Ok(Ok(stream)) => stream,
+            // TLS and authentication failures are configuration problems.
+            Ok(Err(source)) if source.is_tls() || source.is_auth() => {
+                return Err(SourceError::ReplicationConnect {
+                    url: config.postgres.redacted(),
+                    hint: tls::replication_hint(&source),
+                    source,
+                });
+            }
+            Ok(Err(source)) => return Err(stream_err(&config.slot)(source)),
+            Err(_) => {
+                let slot = config.slot.clone();
+                return Err(SourceError::StartTimeout { slot, timeout });
+            }
+        };
         self.server = Some(stream.server.clone());
         Ok(stream)
     }
 
     async fn partition_root(&mut self, relation_id: u32) -> Result<Option<TableName>, SourceError> {
-        let lookup_err = |source| SourceError::PartitionLookup {
-            relation_id,
-            source: Box::new(source),
+        let lookup = async {
+            control(&mut self.control, &self.config)
+                .await?
+                .query_opt(
+                    "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+                     JOIN pg_namespace n ON n.oid = c.relnamespace \
+                     WHERE c.oid = pg_partition_root($1::oid)",
+                    &[&relation_id],
+                )
+                .await
+                .map_err(setup::query_err("look up a relation's partition root"))
         };
-        let client = control(&mut self.control, &self.config)
-            .await
-            .map_err(lookup_err)?;
-        let row = client
-            .query_opt(
-                "SELECT n.nspname::text, c.relname::text FROM pg_class c \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE c.oid = pg_partition_root($1::oid)",
-                &[&relation_id],
-            )
-            .await
-            .map_err(|source| {
-                lookup_err(SourceError::Query {
-                    what: "look up a relation's partition root",
-                    source,
-                })
-            })?;
+        let row = lookup.await.map_err(|e| SourceError::PartitionLookup {
+            relation_id,
+            source: Box::new(e),
+        })?;
         Ok(row.map(|r| TableName {
             schema: r.get(0),
             name: r.get(1),
@@ -788,6 +433,10 @@ impl Source for PgSource {
     }
 
     async fn check_publication(&mut self) -> Result<bool, SourceError> {
+        let unchecked = |error: &SourceError| {
+            tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
+            Ok(false)
+        };
         let client = match control(&mut self.control, &self.config).await {
             Ok(client) => client,
             // A server shutting down commits nothing more but waits for its
@@ -798,34 +447,32 @@ impl Source for PgSource {
             {
                 return Ok(true);
             }
-            Err(error) => {
-                tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
-                return Ok(false);
-            }
+            Err(error) => return unchecked(&error),
         };
-        match setup::verify_publication(client, &self.config, &[]).await {
-            Ok(found) => {
-                if let Some(e) = found.changed_since(&self.publication, &self.config.publication) {
-                    return Err(e);
-                }
-                self.publication = found;
-                Ok(true)
-            }
-            Err(SourceError::Query { what, source }) => {
-                tracing::warn!(what, error = %source, "cannot check the publication; confirming nothing until it can be checked");
-                Ok(false)
-            }
-            Err(e) => Err(e),
+        let found = match setup::verify_publication(client, &self.config, &[]).await {
+            Ok(found) => found,
+            Err(error @ SourceError::Query { .. }) => return unchecked(&error),
+            Err(error) => return Err(error),
+        };
+        if let Some(changed) = found.changed_since(&self.publication, &self.config.publication) {
+            return Err(changed);
         }
+        self.publication = found;
+        Ok(true)
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        wal_end(&self.config).await.unwrap_or(Lsn(u64::MAX))
+        let Ok(mut client) = command_session(&self.config).await else {
+            return Lsn(u64::MAX);
+        };
+        match client.identify_system().await {
+            Ok(system) => system.xlogpos.into(),
+            Err(_) => Lsn(u64::MAX),
+        }
     }
 
-    /// A permanent stream error on a slot that Postgres reports invalidated
-    /// (the stream says only "can no longer get changes", or, on a standby,
-    /// names the primary's `wal_level`) becomes [`SourceError::SlotInvalidatedBy`].
+    /// A fatal stream error on a slot Postgres reports invalidated (the stream
+    /// says only "can no longer get changes") becomes [`SourceError::SlotInvalidated`].
     async fn explain(&mut self, error: SourceError) -> SourceError {
         if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
             return error;
@@ -833,14 +480,66 @@ impl Source for PgSource {
         let Ok(client) = control(&mut self.control, &self.config).await else {
             return error;
         };
-        match setup::slot_invalidation(client, &self.config.slot).await {
-            Ok(Some(remedy)) => SourceError::SlotInvalidatedBy {
-                slot: self.config.slot.clone(),
-                remedy,
+        let slot = &self.config.slot;
+        let reason = match slot_monitor::poll(client, slot).await {
+            Ok(SlotObservation::Seen(status)) => status.facts.invalidated(),
+            _ => None,
+        };
+        match reason {
+            Some(reason) => SourceError::SlotInvalidated {
+                slot: slot.clone(),
+                remedy: slot_invalidated_remedy(&reason),
             },
-            _ => error,
+            None => error,
         }
     }
+}
+
+/// Opens a session; IDENTIFY_SYSTEM and the slot's position are read on it,
+/// so both describe the server it streams from.
+async fn open(
+    repl: ReplicationConfig,
+    config: &Config,
+    start: Lsn,
+    acked: Lsn,
+    previous: Option<&ServerId>,
+) -> Result<ReplicationStream, PgWireError> {
+    let mut client = ReplicationClient::connect_gated(repl.clone()).await?;
+    let system = client.identify_system().await?;
+    let server = ServerId {
+        addr: format!("{}:{}", config.postgres.host, config.postgres.port),
+        system_id: system.system_id,
+        timeline: system.timeline,
+    };
+    let mut start = start;
+    if previous.is_some_and(|p| *p != server) {
+        let confirmed = slot_confirmed(&mut client, &config.slot).await;
+        start = resume_point(previous, &server, start, confirmed);
+        // A gated session's start position is fixed: end it, start another.
+        drop(client);
+        let repl = repl
+            .with_start_lsn(start.into())
+            .with_ack_lsn(acked.min(start).into());
+        client = ReplicationClient::connect(repl).await?;
+    } else {
+        client.start().await?;
+    }
+    client.wait_started().await?;
+    Ok(ReplicationStream {
+        client,
+        slot: config.slot.clone(),
+        server,
+        start,
+    })
+}
+
+/// The logical replication stream of one slot.
+pub struct ReplicationStream {
+    client: ReplicationClient,
+    slot: String,
+    server: ServerId,
+    /// Before the requested position after a promotion.
+    start: Lsn,
 }
 
 impl Stream for ReplicationStream {
@@ -858,10 +557,7 @@ impl Stream for ReplicationStream {
             Ok(None) => Err(SourceError::StreamEnded {
                 slot: self.slot.clone(),
             }),
-            Err(source) => Err(SourceError::Stream {
-                slot: self.slot.clone(),
-                source,
-            }),
+            Err(source) => Err(stream_err(&self.slot)(source)),
         }
     }
 

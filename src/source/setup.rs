@@ -1,88 +1,104 @@
-//! The control connection (an ordinary one, to the server `--postgres-url`'s
+//! The control connection (to the server `--postgres-url`'s
 //! `target_session_attrs` picks) and what runs over it: the start-up checks,
-//! the publication and the slot, and the look-ups later checks repeat.
-//!
-//! The start-up checks run before streaming starts, so a misconfiguration stops
-//! the relay with one clear message instead of a stream that never delivers.
+//! which stop a misconfigured relay with one clear message before it streams,
+//! the publication and slot, and the look-ups later checks repeat.
+
+use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::{SourceError, lineage, tls};
+use super::{SourceError, lineage, slot_monitor, tls};
 use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
+use crate::observability::health;
 use crate::outbox::{TableName, quote_ident};
 use crate::pgoutput::{Column, Relation};
 
-/// The oldest PostgreSQL major version the relay supports (`server_version_num / 10000`).
+/// The oldest supported major version: 14 brought pgoutput's `messages` option.
 const MIN_SERVER_MAJOR: i32 = 14;
+
+/// The first version (`server_version_num`) with failover slots.
+const FAILOVER_MIN_VERSION: i32 = 170_000;
 
 /// What start-up learned about the slot.
 #[derive(Debug, Clone)]
 pub struct SlotState {
-    /// The slot's confirmed position: streaming resumes here.
+    /// Streaming resumes here.
     pub confirmed_flush: Lsn,
     /// Whether this run created the slot.
     pub created: bool,
-    /// The publication as found at start-up, before the stream starts: later
-    /// checks compare against it.
+    /// The publication as found before streaming: later checks compare against it.
     pub publication: Publication,
 }
 
-/// The publication as found: what a later look must find unchanged.
-/// PostgreSQL 18's pgoutput skips a missing publication with only a warning,
-/// and on every version rows inserted while a table is out of the
-/// publication are never decoded, so the relay must look for itself.
+/// The publication as found. PostgreSQL 18's pgoutput skips a missing one
+/// with only a warning, and rows inserted while a table is out of it are never
+/// decoded, so the relay compares each look with the last.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Publication {
     /// A dropped and re-created publication has another OID.
     pub oid: u32,
-    /// `FOR ALL TABLES`, where relations other than the outbox tables are
-    /// expected (and skipped) rather than a misconfiguration.
+    /// `FOR ALL TABLES`: rows of other tables are expected (and skipped).
     pub all_tables: bool,
     /// `server_version_num`.
     pub server_version: i32,
-    /// Per outbox table, the OIDs of the catalog rows that publish it
-    /// (`pg_publication_rel` of it or an ancestor, `pg_publication_namespace`
-    /// of their schemas): a table dropped and added again has new ones.
+    /// Per outbox table, the OIDs of the catalog rows that publish it (of it,
+    /// an ancestor, or their schema): new ones after it was dropped and added again.
     pub members: Vec<(String, Vec<u32>)>,
 }
 
 impl Publication {
     /// Why `self`, found now, shows rows skipped since `earlier` was found.
     pub fn changed_since(&self, earlier: &Publication, name: &str) -> Option<SourceError> {
-        if self.oid != earlier.oid {
-            return Some(SourceError::PublicationDropped {
-                publication: name.to_owned(),
-                what: "was dropped and re-created",
-            });
-        }
-        let (table, _) = self
-            .members
-            .iter()
-            .find(|member| !earlier.members.contains(member))?;
-        Some(SourceError::PublicationTableReAdded {
-            publication: name.to_owned(),
-            table: table.clone(),
+        let change = if self.oid != earlier.oid {
+            "was dropped and re-created".to_owned()
+        } else {
+            let (table, _) = self.members.iter().find(|m| !earlier.members.contains(m))?;
+            format!(
+                "stopped publishing {table} and published it again (ALTER PUBLICATION ... DROP \
+                 TABLE, then ADD TABLE)"
+            )
+        };
+        let publication = name.to_owned();
+        Some(SourceError::PublicationChanged {
+            publication,
+            change,
         })
     }
 }
 
-/// Opens the control connection, with the TLS settings of `--postgres-url`
-/// (libpq's `sslmode` meanings; see `source::tls`), to the server [`locate`] chooses.
+/// Opens the control connection (TLS as `--postgres-url`'s `sslmode` says) to
+/// the first of its servers that satisfies its `target_session_attrs`.
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
-    locate(config).await.map(|(client, _)| client)
+    Ok(locate(&config.postgres).await?.0)
 }
 
-/// Connects to the first server of `--postgres-url` that satisfies its
-/// `target_session_attrs` and returns the settings pinned to it, so that the
-/// replication connection goes to the same server. Every (re)connect asks
-/// again: after a promotion the new primary is found without a restart.
-pub async fn locate(config: &Config) -> Result<(Client, PostgresConnInfo), SourceError> {
-    let pg = &config.postgres;
-    let attrs = pg.target_session_attrs;
-    if pg.hosts.len() <= 1 && attrs == TargetSessionAttrs::Any {
+/// `config` pinned to the server [`connect`] picks, so the replication
+/// connection goes there too (as is, without connecting, when there is no choice).
+pub async fn pin(config: &Config) -> Result<Config, SourceError> {
+    if !has_choice(&config.postgres) {
+        return Ok(config.clone());
+    }
+    let (_, postgres) = locate(&config.postgres).await?;
+    Ok(Config {
+        postgres,
+        ..config.clone()
+    })
+}
+
+/// Whether `--postgres-url` names several servers or a `target_session_attrs`.
+fn has_choice(pg: &PostgresConnInfo) -> bool {
+    pg.hosts.len() > 1 || pg.target_session_attrs != TargetSessionAttrs::Any
+}
+
+/// Connects to the first server that satisfies `target_session_attrs` and
+/// returns the settings pinned to it. Every (re)connect asks again, so a
+/// promoted standby is found without a restart.
+async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), SourceError> {
+    if !has_choice(pg) {
         return Ok((connect_to(pg).await?, pg.clone()));
     }
+    let attrs = pg.target_session_attrs;
     let mut tried = Vec::new();
     // prefer-standby: a standby on the first pass, any server on the second.
     let passes: &[bool] = match attrs {
@@ -100,15 +116,15 @@ pub async fn locate(config: &Config) -> Result<(Client, PostgresConnInfo), Sourc
                     continue;
                 }
             };
-            let row = query_one(
-                &client,
-                "probe the server's role",
-                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
-                &[],
-            )
-            .await?;
-            let (in_recovery, read_only) = row.map_or((false, false), |r| (r.get(0), r.get(1)));
-            if attrs.accepts(in_recovery, read_only, strict) {
+            let row = client
+                .query_one(
+                    "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
+                    &[],
+                )
+                .await
+                .map_err(query_err("probe the server's role"))?;
+            let in_recovery = row.get(0);
+            if attrs.accepts(in_recovery, row.get(1), strict) {
                 return Ok((client, pinned));
             }
             let state = if in_recovery {
@@ -125,20 +141,6 @@ pub async fn locate(config: &Config) -> Result<(Client, PostgresConnInfo), Sourc
     })
 }
 
-/// `config` with its Postgres settings pinned to the server [`locate`] chooses
-/// (unchanged, without connecting, for one host and `target_session_attrs=any`).
-pub async fn pin(config: &Config) -> Result<Config, SourceError> {
-    let pg = &config.postgres;
-    if pg.hosts.len() <= 1 && pg.target_session_attrs == TargetSessionAttrs::Any {
-        return Ok(config.clone());
-    }
-    let (_, postgres) = locate(config).await?;
-    Ok(Config {
-        postgres,
-        ..config.clone()
-    })
-}
-
 /// One server's control connection.
 async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
     let mut cfg = tokio_postgres::Config::new();
@@ -147,28 +149,19 @@ async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
         .user(&pg.user)
         .dbname(&pg.dbname)
         .application_name(pg.application_name.as_deref().unwrap_or("outbox-relay"))
-        .connect_timeout(std::time::Duration::from_secs(10));
+        .connect_timeout(Duration::from_secs(10));
     if let Some(password) = &pg.password {
         cfg.password(password);
     }
     let (ssl_mode, connector) = tls::control_tls(pg)?;
-    cfg.ssl_mode(ssl_mode);
-    let (client, connection) =
-        cfg.connect(connector)
-            .await
-            .map_err(|source| match rustls_error(&source) {
-                Some(tls_error) => SourceError::TlsHandshake {
-                    url: pg.redacted(),
-                    reason: super::pg_error_text(&source),
-                    hint: tls::handshake_hint(tls_error),
-                    source,
-                },
-                None => SourceError::Connect {
-                    url: pg.redacted(),
-                    reason: super::pg_error_text(&source),
-                    source,
-                },
-            })?;
+    let connecting = cfg.ssl_mode(ssl_mode).connect(connector);
+    let (client, connection) = connecting.await.map_err(|source| {
+        let url = pg.redacted();
+        match rustls_error(&source).map(tls::handshake_hint) {
+            Some(hint) => SourceError::TlsHandshake { url, hint, source },
+            None => SourceError::Connect { url, source },
+        }
+    })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "control connection closed");
@@ -178,15 +171,20 @@ async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
 }
 
 /// The rustls error behind a failed connection, if the TLS handshake failed
-/// (tokio-rustls reports it as an `io::Error` wrapping the `rustls::Error`).
+/// (tokio-rustls wraps it in an `io::Error`).
 fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
     let io = std::error::Error::source(error)?.downcast_ref::<std::io::Error>()?;
     io.get_ref()?.downcast_ref::<rustls::Error>()
 }
 
+/// Names a failed control-connection query by what it was for.
+pub(crate) fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> SourceError {
+    move |source| SourceError::Query { what, source }
+}
+
 /// Runs every start-up check, creates what is missing, and returns the slot's position.
 pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, SourceError> {
-    let server = check_server(client, &config.postgres.user).await?;
+    let in_recovery = check_server(client, config).await?;
     let mut partitioned = Vec::new();
     for table in &config.tables {
         if check_table(client, config, table).await? {
@@ -194,14 +192,15 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
         }
     }
     let publication = match verify_publication(client, config, &partitioned).await {
-        Err(SourceError::PublicationDropped { .. }) => {
-            create_publication(client, config, server.in_recovery).await?;
+        // Before streaming, the only change is "does not exist".
+        Err(SourceError::PublicationChanged { .. }) => {
+            create_publication(client, config, in_recovery).await?;
             verify_publication(client, config, &partitioned).await?
         }
         found => found?,
     };
     warn_idle_slot_timeout(client).await?;
-    let (confirmed_flush, created) = ensure_slot(client, config, &server).await?;
+    let (confirmed_flush, created) = ensure_slot(client, config).await?;
     Ok(SlotState {
         confirmed_flush,
         created,
@@ -209,20 +208,9 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     })
 }
 
-/// What start-up learned about the server.
-pub(super) struct Server {
-    /// `server_version_num`.
-    pub(super) version_num: i32,
-    /// `server_version`, for messages.
-    pub(super) version: String,
-    /// A standby, where nothing can be written.
-    in_recovery: bool,
-}
-
-/// The server's version, `wal_level` and the role's right to replicate, in one
-/// look. Versions before 14 lack pgoutput's `messages` option (the stream would
-/// fail at START_REPLICATION): say so once instead.
-async fn check_server(client: &Client, user: &str) -> Result<Server, SourceError> {
+/// The server's version, `wal_level` and the role's right to replicate, in
+/// one look; returns whether the server is a standby (where nothing can be created).
+async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceError> {
     let row = client
         .query_one(
             "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
@@ -235,60 +223,50 @@ async fn check_server(client: &Client, user: &str) -> Result<Server, SourceError
         )
         .await
         .map_err(query_err("read the server's version and settings"))?;
-    let server = Server {
-        version_num: row.get(0),
-        version: row.get(1),
-        in_recovery: row.get(2),
+    let (version_num, version, wal_level): (i32, String, String) =
+        (row.get(0), row.get(1), row.get(3));
+    let user = &config.postgres.user;
+    let problem = if version_num / 10000 < MIN_SERVER_MAJOR {
+        format!(
+            "Postgres {version} is not supported: the relay needs PostgreSQL {MIN_SERVER_MAJOR} \
+             or newer (for pgoutput's `messages` option)"
+        )
+    } else if wal_level != "logical" {
+        format!(
+            "Postgres has wal_level={wal_level:?}, but logical replication needs \
+             wal_level=logical. Run ALTER SYSTEM SET wal_level = logical; and restart Postgres \
+             (on RDS/Aurora set rds.logical_replication=1 in the parameter group; on Cloud SQL \
+             set the cloudsql.logical_decoding flag)"
+        )
+    } else if !row.get::<_, bool>(4) {
+        format!(
+            "role {user:?} lacks the REPLICATION attribute (and is not a superuser or a member of \
+             rds_replication). Run ALTER ROLE {user} WITH REPLICATION; (see sql/ for a \
+             least-privilege role)"
+        )
+    } else if config.slot_failover && version_num < FAILOVER_MIN_VERSION {
+        format!(
+            "--slot-failover needs PostgreSQL 17 or later, but the server is {version}; on older \
+             servers a failover loses the slot (see the README's failover runbook)"
+        )
+    } else {
+        return Ok(row.get(2));
     };
-    let (wal_level, may_replicate): (String, bool) = (row.get(3), row.get(4));
-    if server.version_num / 10000 < MIN_SERVER_MAJOR {
-        return Err(SourceError::ServerTooOld {
-            version: server.version,
-            minimum: MIN_SERVER_MAJOR,
-        });
-    }
-    if wal_level != "logical" {
-        return Err(SourceError::WalLevel { actual: wal_level });
-    }
-    if !may_replicate {
-        return Err(SourceError::NoReplicationPrivilege {
-            user: user.to_owned(),
-        });
-    }
-    Ok(server)
+    Err(SourceError::Misconfigured(problem))
 }
 
 /// PostgreSQL 18's `idle_replication_slot_timeout` drops the slot of a relay
-/// stopped for longer (at a checkpoint): the operator should know at start-up.
+/// stopped for longer: say so at start-up.
 async fn warn_idle_slot_timeout(client: &Client) -> Result<(), SourceError> {
-    use super::slot_monitor;
-    use crate::observability::health;
-    let row = query_one(
-        client,
-        "read idle_replication_slot_timeout",
-        slot_monitor::IDLE_TIMEOUT_QUERY,
-        &[],
-    )
-    .await?;
-    let secs = row.and_then(|r| r.get::<_, Option<i64>>(0)).unwrap_or(0);
+    let row = client
+        .query_one(slot_monitor::IDLE_TIMEOUT_QUERY, &[])
+        .await
+        .map_err(query_err("read idle_replication_slot_timeout"))?;
+    let secs = row.get::<_, Option<i64>>(0).unwrap_or(0);
     if let Some(warning) = health::idle_timeout_warning(u64::try_from(secs).unwrap_or(0)) {
         tracing::warn!("{warning}");
     }
     Ok(())
-}
-
-/// Names a failed control-connection query by what it was for.
-pub(crate) fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> SourceError {
-    move |source| SourceError::Query { what, source }
-}
-
-async fn query_one(
-    client: &Client,
-    what: &'static str,
-    sql: &str,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<Option<tokio_postgres::Row>, SourceError> {
-    client.query_opt(sql, params).await.map_err(query_err(what))
 }
 
 /// Checks the table's columns and persistence; returns whether it is partitioned.
@@ -300,40 +278,36 @@ async fn check_table(
     let columns = relation(client, table).await?.columns;
     for (flag, column) in config.mapping_for(table).required_columns() {
         if !columns.iter().any(|c| c.name == column) {
-            let available: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
-            return Err(SourceError::ColumnMissing {
-                table: table.to_string(),
-                flag,
-                column: column.to_owned(),
-                available: available.join(", "),
-            });
+            return Err(SourceError::Misconfigured(format!(
+                "outbox table {table} has no column {column:?} (named by {flag}); its columns \
+                 are: {}",
+                join(columns.iter(), |c| c.name.clone())
+            )));
         }
     }
-    // An UNLOGGED table (or partition) writes no WAL, so its rows are never decoded.
-    let row = query_one(
-        client,
-        "read the outbox table's persistence",
-        "SELECT c.relkind = 'p', \
-                (SELECT string_agg(p.oid::regclass::text, ', ') FROM pg_class p \
-                 WHERE p.relpersistence = 'u' AND (p.oid = c.oid \
-                       OR p.oid IN (SELECT relid FROM pg_partition_tree(c.oid)))) \
-         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         WHERE n.nspname = $1 AND c.relname = $2",
-        &[&table.schema, &table.name],
-    )
-    .await?;
-    let (partitioned, unlogged) = row.map_or((false, None), |r| (r.get(0), r.get(1)));
-    if let Some(unlogged) = unlogged {
-        return Err(SourceError::TableUnlogged {
-            table: table.to_string(),
-            unlogged,
-        });
+    let row = client
+        .query_one(
+            "SELECT c.relkind = 'p', \
+                    (SELECT string_agg(p.oid::regclass::text, ', ') FROM pg_class p \
+                     WHERE p.relpersistence = 'u' AND (p.oid = c.oid \
+                           OR p.oid IN (SELECT relid FROM pg_partition_tree(c.oid)))) \
+             FROM pg_class c WHERE c.oid = to_regclass($1)",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(query_err("read the outbox table's persistence"))?;
+    if let Some(unlogged) = row.get::<_, Option<String>>(1) {
+        return Err(SourceError::Misconfigured(format!(
+            "outbox table {table} cannot be relayed: {unlogged} is UNLOGGED, and UNLOGGED tables \
+             write no WAL, so logical decoding never sees their rows. Run ALTER TABLE ... SET \
+             LOGGED; on each"
+        )));
     }
-    Ok(partitioned)
+    Ok(row.get(0))
 }
 
 /// The table's columns as a pgoutput Relation announces them (`id` 0: no
-/// stream announced it); [`SourceError::TableMissing`] when there is no such table.
+/// stream announced it); an error naming the remedy when there is no such table.
 pub(crate) async fn relation(client: &Client, table: &TableName) -> Result<Relation, SourceError> {
     let rows = client
         .query(
@@ -346,9 +320,10 @@ pub(crate) async fn relation(client: &Client, table: &TableName) -> Result<Relat
         .await
         .map_err(query_err("read the outbox table's columns"))?;
     if rows.is_empty() {
-        return Err(SourceError::TableMissing {
-            table: table.to_string(),
-        });
+        return Err(SourceError::Misconfigured(format!(
+            "outbox table {table} does not exist (check --table and the database in \
+             --postgres-url)"
+        )));
     }
     let columns = rows.iter().map(|r| Column {
         flags: 0,
@@ -374,10 +349,11 @@ async fn create_publication(
     let publication = &config.publication;
     let sql = super::sql::create_publication(publication, &config.tables);
     if in_recovery {
-        return Err(SourceError::PublicationMissingOnStandby {
-            publication: publication.clone(),
-            sql,
-        });
+        return Err(SourceError::Misconfigured(format!(
+            "publication {publication:?} does not exist, and this server is a hot standby, where \
+             nothing can be created; create it on the primary (it reaches the standby through \
+             replication): {sql};"
+        )));
     }
     client
         .batch_execute(&sql)
@@ -394,24 +370,55 @@ pub async fn verify_publication(
     config: &Config,
     partitioned: &[&TableName],
 ) -> Result<Publication, SourceError> {
-    let row = query_one(
-        client,
-        "look up the publication",
-        "SELECT puballtables, pubinsert, pubviaroot, oid, \
-         current_setting('server_version_num')::int FROM pg_publication WHERE pubname = $1",
-        &[&config.publication],
-    )
-    .await?
-    .ok_or_else(|| SourceError::PublicationDropped {
-        publication: config.publication.clone(),
-        what: "does not exist",
-    })?;
-    let all_tables = check_publication(client, config, &row, partitioned).await?;
-    let (oid, server_version): (u32, i32) = (row.get(3), row.get(4));
+    let name = &config.publication;
+    let row = client
+        .query_opt(
+            "SELECT puballtables, pubinsert, pubviaroot, oid, \
+             current_setting('server_version_num')::int FROM pg_publication WHERE pubname = $1",
+            &[name],
+        )
+        .await
+        .map_err(query_err("look up the publication"))?
+        .ok_or_else(|| SourceError::PublicationChanged {
+            publication: name.clone(),
+            change: "does not exist".to_owned(),
+        })?;
+    let unusable = |problem| SourceError::Misconfigured(format!("publication {name:?} {problem}"));
+    let (all_tables, oid, server_version) = (row.get(0), row.get(3), row.get(4));
+    if !row.get::<_, bool>(1) {
+        return Err(unusable(format!(
+            "does not publish inserts; run ALTER PUBLICATION {} SET (publish = 'insert'); or use \
+             another --publication",
+            quote_ident(name)
+        )));
+    }
+    // Without it, a partitioned outbox's rows arrive under each partition's name.
+    if !row.get::<_, bool>(2) && !partitioned.is_empty() {
+        return Err(unusable(format!(
+            "lacks publish_via_partition_root, so rows of the partitioned outbox table {} would \
+             arrive under each partition's name; run ALTER PUBLICATION {} SET \
+             (publish_via_partition_root = true);",
+            join(partitioned.iter(), ToString::to_string),
+            quote_ident(name)
+        )));
+    }
     let members = match all_tables {
         true => Vec::new(),
         false => members(client, config, oid, server_version).await?,
     };
+    let missing: Vec<&TableName> = config
+        .tables
+        .iter()
+        .filter(|t| members.contains(&(t.quoted(), Vec::new())))
+        .collect();
+    if !missing.is_empty() {
+        return Err(unusable(format!(
+            "does not include {}; run ALTER PUBLICATION {} ADD TABLE {};",
+            join(missing.iter(), ToString::to_string),
+            quote_ident(name),
+            join(missing.iter(), |t| t.quoted())
+        )));
+    }
     Ok(Publication {
         oid,
         all_tables,
@@ -420,7 +427,13 @@ pub async fn verify_publication(
     })
 }
 
-/// [`Publication::members`].
+/// `items`, each as `show` says, separated by commas.
+fn join<T>(items: impl Iterator<Item = T>, show: impl Fn(T) -> String) -> String {
+    items.map(show).collect::<Vec<_>>().join(", ")
+}
+
+/// [`Publication::members`]; none for a table the publication does not cover
+/// (or that no longer exists).
 async fn members(
     client: &Client,
     config: &Config,
@@ -438,8 +451,8 @@ async fn members(
         false => "",
     };
     let sql = format!(
-        "SELECT t, ARRAY(WITH rels AS (SELECT t::regclass UNION \
-         SELECT relid FROM pg_partition_ancestors(t::regclass)) \
+        "SELECT t, ARRAY(WITH rels AS (SELECT to_regclass(t) UNION \
+         SELECT relid FROM pg_partition_ancestors(to_regclass(t))) \
          SELECT r.oid FROM pg_publication_rel r WHERE r.prpubid = $1 \
          AND r.prrelid IN (SELECT * FROM rels){schemas} ORDER BY 1) FROM unnest($2::text[]) AS t"
     );
@@ -453,122 +466,46 @@ async fn members(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// Checks an existing publication (`row`: puballtables, pubinsert, pubviaroot).
-async fn check_publication(
-    client: &Client,
-    config: &Config,
-    row: &tokio_postgres::Row,
-    partitioned: &[&TableName],
-) -> Result<bool, SourceError> {
-    let publication = &config.publication;
-    let (all_tables, publishes_inserts, via_root): (bool, bool, bool) =
-        (row.get(0), row.get(1), row.get(2));
-    if !publishes_inserts {
-        return Err(SourceError::PublicationNoInsert {
-            publication: publication.clone(),
-        });
-    }
-    // Without it, a partitioned outbox's rows arrive under each partition's name.
-    if !via_root && !partitioned.is_empty() {
-        return Err(SourceError::PublicationNotViaRoot {
-            publication: publication.clone(),
-            tables: partitioned
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-            remedy: format!(
-                "ALTER PUBLICATION {} SET (publish_via_partition_root = true);",
-                quote_ident(publication)
-            ),
-        });
-    }
-    if all_tables {
-        return Ok(true);
-    }
-    let rows = client
-        .query(
-            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
-            &[publication],
+/// The slot's confirmed position, and whether it was created now.
+async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), SourceError> {
+    let slot = &config.slot;
+    let row = client
+        .query_opt(
+            "SELECT CASE WHEN slot_type <> 'logical' THEN 'is a physical slot' \
+                         WHEN plugin <> 'pgoutput' THEN format('uses the \"%s\" plugin', plugin) \
+                         WHEN database <> current_database() \
+                         THEN format('belongs to database \"%s\"', database) END, \
+                    confirmed_flush_lsn::text \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[slot],
         )
         .await
-        .map_err(query_err("list the publication's tables"))?;
-    let covered: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    let missing: Vec<&TableName> = config
-        .tables
-        .iter()
-        .filter(|t| !covered.iter().any(|(s, n)| *s == t.schema && *n == t.name))
-        .collect();
-    if !missing.is_empty() {
-        return Err(SourceError::PublicationMissingTables {
-            publication: publication.clone(),
-            missing: missing
-                .iter()
-                .map(|t| t.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
-            remedy: format!(
-                "ALTER PUBLICATION {} ADD TABLE {};",
-                quote_ident(publication),
-                missing
-                    .iter()
-                    .map(|t| t.quoted())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        });
-    }
-    Ok(false)
-}
-
-/// The slot's confirmed position, and whether it was created now.
-async fn ensure_slot(
-    client: &Client,
-    config: &Config,
-    server: &Server,
-) -> Result<(Lsn, bool), SourceError> {
-    let slot = &config.slot;
-    let row = query_one(
-        client,
-        "look up the replication slot",
-        "SELECT slot_type::text, plugin::text, database::text, confirmed_flush_lsn::text \
-         FROM pg_replication_slots WHERE slot_name = $1",
-        &[slot],
-    )
-    .await?;
+        .map_err(query_err("look up the replication slot"))?;
     let mark_failover = match config.slot_failover {
-        true => lineage::check_failover(client, config, server).await?,
+        true => lineage::check_failover(client, config).await?,
         false => false,
     };
     let Some(row) = row else {
         lineage::check_missing_slot(client, config).await?;
         let sql = super::sql::create_slot(slot, config.slot_failover);
-        let row = query_one(client, "create the replication slot", &sql, &[]).await?;
-        let lsn = parse_lsn(row.and_then(|r| r.get::<_, Option<String>>(1)))?;
+        let row = client
+            .query_one(&sql, &[])
+            .await
+            .map_err(query_err("create the replication slot"))?;
+        let lsn = parse_lsn(slot, row.get(1))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
         lineage::record_slot(client, slot).await;
         return Ok((lsn, true));
     };
-    let slot_type: Option<String> = row.get(0);
-    let plugin: Option<String> = row.get(1);
-    let database: Option<String> = row.get(2);
-    if slot_type.as_deref() != Some("logical") {
-        return Err(SourceError::SlotPhysical { slot: slot.clone() });
+    let dbname = &config.postgres.dbname;
+    if let Some(problem) = row.get::<_, Option<String>>(0) {
+        return Err(SourceError::Misconfigured(format!(
+            "replication slot {slot:?} {problem}; the relay needs a logical pgoutput slot in \
+             database {dbname:?} of --postgres-url. Use another --slot, or drop it with SELECT \
+             pg_drop_replication_slot('{slot}'); if nothing uses it"
+        )));
     }
-    if plugin.as_deref() != Some("pgoutput") {
-        return Err(SourceError::SlotWrongPlugin {
-            slot: slot.clone(),
-            plugin: plugin.unwrap_or_default(),
-        });
-    }
-    if database.as_deref() != Some(config.postgres.dbname.as_str()) {
-        return Err(SourceError::SlotOtherDatabase {
-            slot: slot.clone(),
-            database: database.unwrap_or_default(),
-            expected: config.postgres.dbname.clone(),
-        });
-    }
-    let confirmed_flush = parse_lsn(row.get(3))?;
+    let confirmed_flush = parse_lsn(slot, row.get(1))?;
     // A slot created before the record existed (or by `setup`) is recorded now.
     lineage::record_slot(client, slot).await;
     if mark_failover {
@@ -577,23 +514,16 @@ async fn ensure_slot(
     Ok((confirmed_flush, false))
 }
 
-fn parse_lsn(text: Option<String>) -> Result<Lsn, SourceError> {
-    let text = text.ok_or(SourceError::SlotInvalidated)?;
-    text.parse().map_err(|_| SourceError::SlotInvalidated)
-}
-
-/// When Postgres reports the slot invalidated (`invalidation_reason`,
-/// `conflicting`): why, and what to do.
-pub async fn slot_invalidation(client: &Client, slot: &str) -> Result<Option<String>, SourceError> {
-    use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
-    let observation = super::slot_monitor::poll(client, slot)
-        .await
-        .map_err(query_err("read the slot's invalidation"))?;
-    Ok(match observation {
-        SlotObservation::Seen(status) => status.facts.invalidated(),
-        SlotObservation::Missing | SlotObservation::Unknown => None,
-    }
-    .map(|reason| slot_invalidated_remedy(&reason)))
+/// A slot's confirmed position; none means it lost its WAL.
+fn parse_lsn(slot: &str, text: Option<String>) -> Result<Lsn, SourceError> {
+    text.and_then(|text| text.parse().ok())
+        .ok_or_else(|| SourceError::SlotInvalidated {
+            slot: slot.to_owned(),
+            remedy: "it has no confirmed position (it may have been invalidated after exceeding \
+                     max_slot_wal_keep_size); drop and recreate it, and re-publish or reconcile \
+                     events written meanwhile"
+                .to_owned(),
+        })
 }
 
 /// One outbox table's primary key, for `--cleanup delete`.
@@ -611,17 +541,24 @@ pub async fn cleanup_keys(
     client: &Client,
     config: &Config,
 ) -> Result<Vec<PrimaryKey>, SourceError> {
-    let row = query_one(
-        client,
-        "look up the publication",
-        "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
-        &[&config.publication],
-    )
-    .await?;
+    let refused = |problem| {
+        let message = format!("--cleanup delete: {problem}, or use --cleanup none");
+        Err(SourceError::Misconfigured(message))
+    };
+    let publication = &config.publication;
+    let row = client
+        .query_opt(
+            "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
+            &[publication],
+        )
+        .await
+        .map_err(query_err("look up the publication"))?;
     if row.is_some_and(|r| r.get::<_, bool>(0)) {
-        return Err(SourceError::CleanupPublishesDeletes {
-            publication: config.publication.clone(),
-        });
+        return refused(format!(
+            "publication {publication:?} publishes deletes, so every row the relay deletes would \
+             come back through the slot; run ALTER PUBLICATION {} SET (publish = 'insert')",
+            quote_ident(publication)
+        ));
     }
     let mut keys = Vec::with_capacity(config.tables.len());
     for table in &config.tables {
@@ -638,20 +575,20 @@ pub async fn cleanup_keys(
             .await
             .map_err(query_err("read the outbox table's primary key"))?;
         if rows.is_empty() {
-            return Err(SourceError::CleanupNoPrimaryKey {
-                table: table.to_string(),
-            });
+            return refused(format!(
+                "table {table} has no primary key, so relayed rows cannot be deleted one by one; \
+                 add one (ALTER TABLE {table} ADD PRIMARY KEY (id))"
+            ));
         }
         if !rows.iter().all(|r| r.get::<_, bool>(2)) {
-            return Err(SourceError::CleanupNoDeletePrivilege {
-                table: table.to_string(),
-                user: config.postgres.user.clone(),
-            });
+            let user = &config.postgres.user;
+            return refused(format!(
+                "role {user:?} may not DELETE from {table}; run GRANT DELETE ON {table} TO {user}"
+            ));
         }
-        keys.push(PrimaryKey {
-            table: table.clone(),
-            columns: rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
-        });
+        let columns = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let table = table.clone();
+        keys.push(PrimaryKey { table, columns });
     }
     Ok(keys)
 }

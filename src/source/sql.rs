@@ -1,23 +1,18 @@
-//! PURE: the SQL text of the set-up and tear-down statements.
-//!
-//! `outbox-relay setup --print` prints exactly these strings and start-up
-//! (`setup::prepare`, `outbox-relay setup`) runs exactly these strings, so what
-//! an operator reviews is what the relay does.
+//! PURE: the set-up and tear-down statements. `outbox-relay setup --print`
+//! prints exactly what start-up runs, so what an operator reviews is what the
+//! relay does.
 
 use crate::outbox::{TableName, quote_ident};
 
-/// `CREATE PUBLICATION ... FOR TABLE ... WITH (publish = 'insert', ...)`: only
-/// inserts, because only inserts into an outbox table are events, and rows of a
-/// partitioned outbox under the root's name (`publish_via_partition_root`), so
-/// partitions created or attached later need nothing. With no
-/// tables (a table-less outbox of logical decoding messages) the publication
-/// is empty: pgoutput sends messages whatever the publication covers.
+/// Publishes only inserts (only they are events), under a partitioned
+/// outbox's root name, so later partitions need nothing. Without tables (an
+/// outbox of logical decoding messages only) it is empty: pgoutput sends
+/// messages whatever it covers.
 pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
     let tables: Vec<String> = tables.iter().map(TableName::quoted).collect();
-    let for_tables = if tables.is_empty() {
-        String::new()
-    } else {
-        format!(" FOR TABLE {}", tables.join(", "))
+    let for_tables = match tables.is_empty() {
+        true => String::new(),
+        false => format!(" FOR TABLE {}", tables.join(", ")),
     };
     format!(
         "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert', publish_via_partition_root = true)",
@@ -25,8 +20,8 @@ pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
     )
 }
 
-/// Creates the logical slot with pgoutput; returns `(slot_name, lsn)` as text.
-/// `failover` (PostgreSQL 17+) lets standbys synchronize it.
+/// Creates the pgoutput slot (`failover`, PostgreSQL 17+: standbys synchronize
+/// it); returns `(slot_name, lsn)` as text.
 pub fn create_slot(slot: &str, failover: bool) -> String {
     let failover = if failover { ", false, false, true" } else { "" };
     format!(
