@@ -1,57 +1,52 @@
 //! `outbox-relay backfill --since TIMESTAMP`: re-publishes outbox rows still
-//! in the tables, through the relay's own mapping, at-least-once, or with
-//! `--delivery exactly-once` skipping the events already in Kafka.
+//! in the tables through the relay's own mapping, at-least-once, and exits
+//! only when the broker acknowledged every record. The remedy after a lost
+//! slot (rows committed between the last acknowledgement and the new slot),
+//! and how a new deployment publishes rows older than its slot.
 //!
-//! The remedy after a slot was lost (a failover to a server without it): rows
-//! committed between the last acknowledgement and the new slot never reached
-//! the stream. It is also how a new deployment publishes rows that were in the
-//! table before its slot existed. Each row is read in the text form pgoutput
-//! sends (the same session settings), bound to the table's columns like a
-//! streamed insert, and the command exits only when the broker acknowledged
-//! every record.
-//!
-//! Backfilled rows have no WAL position, so exactly-once proves delivery by
-//! event id: before the first row to a topic, the `id` headers of the topic's
-//! records from `--since` (less [`SINCE_MARGIN_MS`]) to its end are read.
+//! Each row is read as text, as pgoutput sends it (the same session
+//! settings), and bound like a streamed insert. Backfilled rows have no WAL
+//! position, so `--delivery exactly-once` skips by event id: before the first
+//! row to a topic, the `id` headers of its records from `--since` (less
+//! [`SINCE_MARGIN_MS`]) to its end are read.
 
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
+use rdkafka::types::RDKafkaErrorCode;
 use tokio_postgres::Client;
 
 use super::CommandError;
-use crate::config::{BackfillArgs, Cli, Config, Delivery};
+use crate::config::{BackfillArgs, Config, Delivery};
 use crate::outbox::{TableMapping, quote_ident};
 use crate::pgoutput::{TupleData, Value};
 use crate::sink::exactly_once::{TailError, TailReader};
 use crate::sink::{KafkaSink, Sink, SinkError, Ticket};
 use crate::source::setup::{self, query_err};
 
-pub(super) fn run(cli: &Cli, args: &BackfillArgs) -> Result<(), CommandError> {
-    let config = Config::from_cli(cli)?;
+/// How far before `--since` a topic is read back: a record's Kafka timestamp
+/// is its commit time, but `--column` is any time the application sets, and
+/// clocks differ.
+const SINCE_MARGIN_MS: i64 = 60 * 60 * 1000;
+
+pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), CommandError> {
     if config.kafka_brokers.is_empty() {
         return Err(CommandError::Refused(
             "backfill needs --kafka-brokers (the relay's own)".to_owned(),
         ));
     }
-    let (sent, skipped) = super::block_on(backfill(&config, args))??;
+    let (sent, skipped) = backfill(config, args).await?;
+    let skipped = match skipped {
+        Some(skipped) => format!(" ({skipped} already in Kafka skipped)"),
+        None => String::new(),
+    };
     println!(
-        "backfill: {sent} events with {} >= {} re-published and acknowledged by the broker{}",
-        args.column,
-        args.since,
-        match skipped {
-            Some(skipped) => format!(" ({skipped} already in Kafka skipped)"),
-            None => String::new(),
-        }
+        "backfill: {sent} events with {} >= {} re-published and acknowledged by the broker\
+         {skipped}",
+        args.column, args.since,
     );
     Ok(())
 }
-
-/// How far before `--since` the records of a topic are read back: a
-/// record's Kafka timestamp is its transaction's commit time, at or after
-/// `created_at`, but `--column` may be any time the application sets, and
-/// clocks differ.
-const SINCE_MARGIN_MS: i64 = 60 * 60 * 1000;
 
 /// `--delivery exactly-once`: the event ids already in each topic.
 struct Delivered {
@@ -91,7 +86,7 @@ impl Delivered {
                 // Not created yet: nothing was delivered to it.
                 Err(e)
                     if e.rdkafka_error_code()
-                        == Some(rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition) =>
+                        == Some(RDKafkaErrorCode::UnknownTopicOrPartition) =>
                 {
                     HashSet::new()
                 }
@@ -135,11 +130,12 @@ async fn backfill(
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let (mut sent, mut acked) = (0u64, 0u64);
     let mut delivered_before = match config.delivery {
         Delivery::ExactlyOnce => Some(Delivered::new(config, &client, &args.since).await?),
         Delivery::AtLeastOnce => None,
     };
+    let column = quote_ident(&args.column);
+    let (mut sent, mut acked) = (0u64, 0u64);
     for table in &config.tables {
         let relation = setup::relation(&client, table).await?;
         let mapping = TableMapping::bind(config.mapping_for(table), &relation)
@@ -156,10 +152,9 @@ async fn backfill(
             .map(|c| format!("{}::text", quote_ident(&c.name)))
             .collect();
         let sql = format!(
-            "SELECT {} FROM {} WHERE {col} >= $1::text::timestamptz ORDER BY {col}",
+            "SELECT {} FROM {} WHERE {column} >= $1::text::timestamptz ORDER BY {column}",
             columns.join(", "),
             table.quoted(),
-            col = quote_ident(&args.column),
         );
         let rows = client
             .query(&sql, &[&args.since])

@@ -1,5 +1,6 @@
 //! The binary's commands: the relay itself (no subcommand), the operator
-//! subcommands `status`, `setup`, `drop-slot` and `peek`, and `demo`.
+//! subcommands `status`, `setup`, `drop-slot`, `peek`, `backfill` and
+//! `debezium-config`, and `demo`.
 //!
 //! Each command prints its result on stdout (logs go to stderr) and maps its
 //! failure to one of [`crate::pipeline::exit_code`]'s codes, like the relay.
@@ -16,7 +17,7 @@ mod status;
 
 use std::process::ExitCode;
 
-use crate::config::{Cli, Command, ConfigError};
+use crate::config::{Cli, Command, Config, ConfigError};
 use crate::lsn::Lsn;
 use crate::observability::http::HttpError;
 use crate::outbox::BindError;
@@ -89,33 +90,50 @@ impl CommandError {
             CommandError::Bind { .. } => exit_code::POISON,
             CommandError::Relay(e) => e.exit_code(),
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
-            CommandError::Demo(_) => 1,
             CommandError::Decode { .. } => exit_code::INTERNAL,
             CommandError::Sink(_) | CommandError::Tail(_) => exit_code::KAFKA,
-            CommandError::Runtime(_) | CommandError::Output(_) => 1,
+            CommandError::Demo(_) | CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }
     }
 }
 
 /// Runs what the command line asks for.
 pub fn run(cli: &Cli) -> ExitCode {
-    let result = match &cli.command {
-        None => return relay::run(cli),
-        Some(Command::Status(args)) => status::run(cli, args),
-        Some(Command::Setup(args)) => setup::run(cli, args),
-        Some(Command::DropSlot(args)) => drop_slot::run(cli, args),
-        Some(Command::Peek(args)) => peek::run(cli, args),
-        Some(Command::Demo(args)) => demo::run(cli, args),
-        Some(Command::DebeziumConfig(args)) => debezium::run(args),
-        Some(Command::Backfill(args)) => backfill::run(cli, args),
+    let Some(command) = &cli.command else {
+        return relay::run(cli);
     };
-    match result {
+    match run_command(cli, command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", report(&e));
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+fn run_command(cli: &Cli, command: &Command) -> Result<(), CommandError> {
+    match command {
+        Command::Setup(args) if args.print => setup::print(cli),
+        Command::Setup(_) => connected(cli, setup::apply),
+        Command::DropSlot(args) if !args.yes_i_know => {
+            Err(CommandError::Refused(drop_slot::refusal(&cli.slot)))
+        }
+        Command::DropSlot(args) => connected(cli, async |c| drop_slot::run(c, args).await),
+        Command::Status(args) => connected(cli, async |c| status::run(c, args).await),
+        Command::Peek(args) => connected(cli, async |c| peek::run(c, args).await),
+        Command::Backfill(args) => connected(cli, async |c| backfill::run(c, args).await),
+        Command::Demo(args) => demo::run(cli, args),
+        Command::DebeziumConfig(args) => debezium::run(args),
+    }
+}
+
+/// Runs `command` with the validated flags, on a [`block_on`] runtime.
+fn connected(
+    cli: &Cli,
+    command: impl AsyncFnOnce(&Config) -> Result<(), CommandError>,
+) -> Result<(), CommandError> {
+    let config = Config::from_cli(cli)?;
+    block_on(command(&config))?
 }
 
 /// `error` and its causes, each once: error types keep their cause as
@@ -146,7 +164,10 @@ async fn slot_activity(
         .map_err(query_err("read the replication slot"))
 }
 
-/// A single-threaded runtime for the short subcommands.
+/// A single-threaded runtime. For the relay too: its reader, pipeline and
+/// endpoints hand each other every event, which on one thread costs no
+/// wake-ups (a multi-threaded runtime doubled the CPU per event, see
+/// docs/benchmark.md); librdkafka runs its own threads.
 fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -58,32 +58,27 @@ pub(super) fn subscribe(
 /// Prints records until dropped; `consumed` counts them.
 pub(super) async fn run(consumer: StreamConsumer, consumed: Arc<AtomicU64>) {
     loop {
-        match consumer.recv().await {
-            Ok(message) => {
-                let mut line = RecordLine::new(
-                    message.topic(),
-                    Position::Kafka {
-                        partition: message.partition(),
-                        offset: message.offset(),
-                    },
-                );
-                line.key = text(message.key());
-                line.headers = message
-                    .headers()
-                    .map(|headers| {
-                        headers
-                            .iter()
-                            .map(|h| (h.key.to_owned(), text(h.value)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                line.value = text(message.payload());
-                line.timestamp_ms = message.timestamp().to_millis();
-                println!("{}", line.to_text());
-                consumed.fetch_add(1, Ordering::Relaxed);
+        // Errors (topics not created yet, a broker restart): the consumer retries.
+        let message = match consumer.recv().await {
+            Ok(message) => message,
+            Err(e) => {
+                tracing::debug!(error = %e, "demo consumer");
+                continue;
             }
-            // Topics not created yet, a broker restart: the consumer retries.
-            Err(e) => tracing::debug!(error = %e, "demo consumer"),
-        }
+        };
+        let headers = message.headers().into_iter().flat_map(|h| h.iter());
+        let line = RecordLine {
+            topic: message.topic(),
+            position: Position::Kafka {
+                partition: message.partition(),
+                offset: message.offset(),
+            },
+            key: text(message.key()),
+            headers: headers.map(|h| (h.key.to_owned(), text(h.value))).collect(),
+            value: text(message.payload()),
+            timestamp_ms: message.timestamp().to_millis(),
+        };
+        println!("{}", line.to_text());
+        consumed.fetch_add(1, Ordering::Relaxed);
     }
 }
