@@ -18,10 +18,7 @@ mod status;
 use std::process::ExitCode;
 
 use crate::config::{Cli, Command, Config, ConfigError};
-use crate::lsn::Lsn;
 use crate::observability::http::HttpError;
-use crate::outbox::BindError;
-use crate::pgoutput::DecodeError;
 use crate::pipeline::{RelayError, exit_code};
 use crate::source::SourceError;
 use crate::source::setup::query_err;
@@ -47,25 +44,7 @@ pub enum CommandError {
     /// The HTTP endpoint could not start.
     #[error(transparent)]
     Http(#[from] HttpError),
-    /// An outbox table no longer fits the mapping.
-    #[error("the outbox table no longer fits the mapping at commit LSN {lsn}")]
-    Bind {
-        /// Commit LSN of the transaction that announced the layout.
-        lsn: Lsn,
-        /// The mismatch.
-        #[source]
-        source: BindError,
-    },
-    /// The slot's data is not valid pgoutput (a bug: please report).
-    #[error("cannot decode the change at LSN {lsn}")]
-    Decode {
-        /// Where.
-        lsn: Lsn,
-        /// What is wrong.
-        #[source]
-        source: DecodeError,
-    },
-    /// The relay stopped with an error.
+    /// The relay (or `peek`, decoding and mapping as it does) stopped with an error.
     #[error(transparent)]
     Relay(#[from] RelayError),
     /// The demo could not set up its cluster or broker.
@@ -87,10 +66,8 @@ impl CommandError {
                 exit_code::CONFIG
             }
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
-            CommandError::Bind { .. } => exit_code::POISON,
             CommandError::Relay(e) => e.exit_code(),
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
-            CommandError::Decode { .. } => exit_code::INTERNAL,
             CommandError::Sink(_) | CommandError::Tail(_) => exit_code::KAFKA,
             CommandError::Demo(_) | CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }

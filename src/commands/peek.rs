@@ -17,6 +17,7 @@ use crate::config::{Config, PeekArgs};
 use crate::lsn::Lsn;
 use crate::outbox::{ID_HEADER, OutboxRecord, values};
 use crate::pgoutput::{self, Message};
+use crate::pipeline::RelayError;
 use crate::source::setup::{self, query_err};
 
 /// The record as the demo's consumer would show it.
@@ -84,7 +85,7 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
     {
         let lsn = row.get::<_, &str>(0).parse().unwrap_or(commit_lsn);
         let message = pgoutput::decode(&Bytes::copy_from_slice(row.get(1)))
-            .map_err(|source| CommandError::Decode { lsn, source })?;
+            .map_err(|source| RelayError::Decode { lsn, source })?;
         let mapped = match message {
             Message::Begin {
                 final_lsn,
@@ -96,7 +97,7 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
                 None
             }
             Message::Relation(relation) => {
-                let bind = |source| CommandError::Bind {
+                let bind = |source| RelayError::Bind {
                     lsn: commit_lsn,
                     source,
                 };

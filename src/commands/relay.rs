@@ -80,13 +80,7 @@ pub(super) async fn run_with(
         background.spawn(progress::run(health.clone(), interval));
     }
 
-    let metrics_ready = config.observability.http_addr.is_some();
-    let outcome = relay(config, health, shutdown, async move {
-        if metrics_ready {
-            install_metrics().await;
-        }
-    })
-    .await;
+    let outcome = relay(config, health, shutdown).await;
 
     drop(background);
     let _ = stop_http.send(());
@@ -113,13 +107,11 @@ pub(super) async fn run_with(
 }
 
 /// Start-up checks, the real source and sink, then the pipeline until
-/// `shutdown` resolves or a fatal error. `metrics_ready` resolves once
-/// the metrics recorder is in place (the pipeline's handles bind to it).
+/// `shutdown` resolves or a fatal error.
 async fn relay(
     config: Config,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    metrics_ready: impl Future<Output = ()>,
 ) -> Result<Summary, RelayError> {
     let control = setup::connect(&config).await?;
     let slot = setup::prepare(&control, &config).await?;
@@ -149,7 +141,10 @@ async fn relay(
             .map_err(|e| RelayError::Producer(SinkError::create(e, properties)))?;
         sink = sink.with_tails(tails);
     }
-    metrics_ready.await;
+    if config.observability.http_addr.is_some() {
+        // The pipeline's metric handles bind to the recorder in place now.
+        install_metrics().await;
+    }
     let source = PgSource::new(config.clone(), slot.publication.clone());
     let heartbeat = config
         .heartbeat_interval

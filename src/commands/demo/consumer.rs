@@ -7,26 +7,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
+use super::writer::EVENT_TYPES;
 use crate::commands::print::{Position, RecordLine, text};
+use crate::config::Config;
+use crate::outbox::{MappingConfig, Segment};
 
-/// A consumer of `topics` (names, or a `^` librdkafka regex), from their
-/// beginning, in a group of its own; with `partitions` known (the mock
-/// broker's topics), assigned directly, which skips the group join's seconds.
+/// Partitions of each demo topic on the mock broker.
+const MOCK_PARTITIONS: i32 = 3;
+
+/// A consumer of the demo's topics from their beginning, in a group of its
+/// own. On the mock broker the topics are created up front and assigned
+/// directly, which skips the group join's seconds.
 pub(super) fn subscribe(
-    brokers: &str,
-    properties: &[(String, String)],
-    topics: &[String],
-    partitions: Option<i32>,
+    config: &Config,
+    mock: Option<&MockCluster<'static, DefaultProducerContext>>,
 ) -> Result<StreamConsumer, KafkaError> {
-    let mut config = ClientConfig::new();
+    let mut client = ClientConfig::new();
     // The relay's -X settings (security, say) apply to the broker, so to this client too.
-    for (key, value) in properties {
-        config.set(key, value);
+    for (key, value) in config.kafka_properties.iter() {
+        client.set(key, value);
     }
-    let consumer: StreamConsumer = config
-        .set("bootstrap.servers", brokers)
+    let consumer: StreamConsumer = client
+        .set("bootstrap.servers", &config.kafka_brokers)
         .set(
             "group.id",
             format!("outbox-relay-demo-{}", std::process::id()),
@@ -37,17 +43,19 @@ pub(super) fn subscribe(
         .set("topic.metadata.refresh.interval.ms", "1000")
         .set("log_level", "3")
         .create()?;
-    match partitions {
-        Some(count) => {
+    match (mock, demo_topics(&config.mapping)) {
+        (Some(mock), Some(topics)) => {
             let mut assignment = TopicPartitionList::new();
-            for topic in topics {
-                for partition in 0..count {
+            for topic in &topics {
+                let _ = mock.create_topic(topic, MOCK_PARTITIONS, 1);
+                for partition in 0..MOCK_PARTITIONS {
                     assignment.add_partition_offset(topic, partition, Offset::Beginning)?;
                 }
             }
             consumer.assign(&assignment)?;
         }
-        None => {
+        (_, topics) => {
+            let topics = topics.unwrap_or_else(|| vec![topic_pattern(&config.mapping)]);
             let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
             consumer.subscribe(&topics)?;
         }
@@ -58,9 +66,9 @@ pub(super) fn subscribe(
 /// Prints records until dropped; `consumed` counts them.
 pub(super) async fn run(consumer: StreamConsumer, consumed: Arc<AtomicU64>) {
     loop {
-        // Errors (topics not created yet, a broker restart): the consumer retries.
         let message = match consumer.recv().await {
             Ok(message) => message,
+            // Topics not created yet, a broker restart: the consumer retries.
             Err(e) => {
                 tracing::debug!(error = %e, "demo consumer");
                 continue;
@@ -80,5 +88,69 @@ pub(super) async fn run(consumer: StreamConsumer, consumed: Arc<AtomicU64>) {
         };
         println!("{}", line.to_text());
         consumed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The topics the demo's events go to, rendered through the topic template
+/// (`None` when it names a column whose values the demo does not know).
+fn demo_topics(mapping: &MappingConfig) -> Option<Vec<String>> {
+    let render = |event_type: &str| {
+        let segments = mapping.topic_template.segments().iter();
+        segments
+            .map(|segment| match segment {
+                Segment::Literal(text) => Some(text.as_str()),
+                Segment::RoutedByValue if mapping.route_by == "event_type" => Some(event_type),
+                Segment::Column(c) if c == "event_type" => Some(event_type),
+                Segment::Column(c) if c == "aggregate_type" => Some("order"),
+                _ => None,
+            })
+            .collect::<Option<String>>()
+    };
+    EVENT_TYPES
+        .iter()
+        .map(|event_type| render(event_type))
+        .collect()
+}
+
+/// A librdkafka regex for topics starting with the template's leading literal.
+fn topic_pattern(mapping: &MappingConfig) -> String {
+    let segments = mapping.topic_template.segments().iter();
+    let prefix: String = segments
+        .map_while(|segment| match segment {
+            Segment::Literal(text) => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    format!("^{}", prefix.replace('.', "\\."))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Cli;
+
+    /// The mapping the flags give (built from them, so new mapping flags need no change here).
+    fn mapping(template: &str) -> MappingConfig {
+        let cli = Cli::try_parse_global_from([
+            "outbox-relay",
+            "demo",
+            "--postgres-url",
+            "postgres://u@127.0.0.1/db",
+            "--topic-template",
+            template,
+        ])
+        .unwrap();
+        Config::from_cli(&cli).unwrap().mapping
+    }
+
+    #[test]
+    fn the_consumer_follows_the_topic_template() {
+        assert_eq!(
+            demo_topics(&mapping("${routedByValue}")).unwrap(),
+            ["order.created", "order.paid", "order.shipped"]
+        );
+        let custom = mapping("outbox.${aggregate_type}.${x}");
+        assert_eq!(demo_topics(&custom), None);
+        assert_eq!(topic_pattern(&custom), "^outbox\\.");
     }
 }

@@ -13,9 +13,8 @@ use crate::source::setup::query_err;
 /// The demo schema: its own, so a user's database keeps its tables.
 pub(super) const SCHEMA: &str = "outbox_demo";
 
-/// The life of every order, one event per transaction: its event types and statuses.
+/// The life of every order, one event (and status) per transaction.
 pub(super) const EVENT_TYPES: [&str; 3] = ["order.created", "order.paid", "order.shipped"];
-const STATUSES: [&str; 3] = ["created", "paid", "shipped"];
 
 /// The orders table plus the outbox table from `sql/01_outbox_table.sql`.
 pub(super) fn schema_sql() -> String {
@@ -35,7 +34,8 @@ pub(super) fn schema_sql() -> String {
 
 /// One event's transaction: the order's change and its outbox row, together.
 fn transaction_sql(n: u64) -> String {
-    let (event_type, status) = (EVENT_TYPES[(n % 3) as usize], STATUSES[(n % 3) as usize]);
+    let event_type = EVENT_TYPES[(n % 3) as usize];
+    let status = event_type.trim_start_matches("order.");
     let order = format!("order-{}", n / 3 + 1);
     let total = format!("{}.{:02}", 10 + (n / 3 * 7) % 90, (n / 3 * 13) % 100);
     let change = if status == "created" {
