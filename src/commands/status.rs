@@ -17,17 +17,6 @@ use crate::source::SourceError;
 use crate::source::setup::{self, query_err};
 use crate::source::slot_monitor;
 
-/// Server settings worth seeing next to the slot.
-const SETTINGS: &[&str] = &[
-    "wal_level",
-    "max_slot_wal_keep_size",
-    "max_replication_slots",
-    "wal_sender_timeout",
-    "synchronized_standby_slots",
-    "sync_replication_slots",
-    "idle_replication_slot_timeout",
-];
-
 /// Everything `status` reports; the field names are `--json`'s contract.
 #[derive(Debug, Serialize)]
 struct Status {
@@ -36,7 +25,7 @@ struct Status {
     current_wal_lsn: Option<String>,
     slot: SlotInfo,
     publication: PublicationInfo,
-    /// [`SETTINGS`] as `SHOW` prints them, `null` where the server lacks one.
+    /// The settings the relay depends on, as `SHOW` prints them (`null` where unknown).
     settings: BTreeMap<String, Option<String>>,
     /// What needs attention, with the remedy.
     warnings: Vec<String>,
@@ -98,8 +87,11 @@ async fn read(config: &Config) -> Result<Status, SourceError> {
     let publication = read_publication(&client, config).await?;
     let settings = client
         .query(
-            "SELECT s, current_setting(s, true) FROM unnest($1::text[]) AS s",
-            &[&SETTINGS],
+            "SELECT s, current_setting(s, true) FROM unnest(ARRAY['wal_level', \
+             'max_slot_wal_keep_size', 'max_replication_slots', 'wal_sender_timeout', \
+             'synchronized_standby_slots', 'sync_replication_slots', \
+             'idle_replication_slot_timeout']) AS s",
+            &[],
         )
         .await
         .map_err(query_err("read the server settings"))?

@@ -71,14 +71,12 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
         Some(_) => None,
         None => Some(cluster::Cluster::start(args.pg_bin.as_deref())?),
     };
-    let mock = match cli
+    let own_brokers = cli
         .kafka_brokers
         .as_deref()
-        .is_some_and(|b| !b.trim().is_empty())
-    {
-        true => None,
-        false => Some(MockCluster::new(1).map_err(DemoError::Kafka)?),
-    };
+        .is_some_and(|b| !b.trim().is_empty());
+    let mock = (!own_brokers).then(|| MockCluster::new(1)).transpose();
+    let mock = mock.map_err(DemoError::Kafka)?;
     let mut demo = cli.clone();
     demo.command = None;
     if let Some(cluster) = &cluster {
@@ -89,37 +87,30 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     if let Some(mock) = &mock {
         demo.kafka_brokers = Some(mock.bootstrap_servers());
     }
-    demo.tables = vec![format!("{}.outbox", writer::SCHEMA)];
+    demo.tables = vec![writer::OUTBOX.to_owned()];
     demo.message_prefixes.clear();
     demo.slot = SLOT.into();
     demo.publication = SLOT.into();
     let config = Config::from_cli(&demo)?;
 
-    let (pg, throwaway) = (
-        &config.postgres,
-        cluster.as_ref().map(|c| c.dir().display()),
-    );
-    match throwaway {
-        Some(dir) => println!(
-            "demo: PostgreSQL {}:{} (throwaway, in {dir})",
-            pg.host, pg.port
+    let pg = &config.postgres;
+    let postgres = match &cluster {
+        Some(c) => format!(
+            "{}:{} (throwaway, in {})",
+            pg.host,
+            pg.port,
+            c.dir().display()
         ),
-        None => println!("demo: PostgreSQL {}", pg.redacted()),
-    }
-    let mock_note = if mock.is_some() {
-        " (in-process mock broker)"
-    } else {
-        ""
+        None => pg.redacted().to_string(),
     };
-    println!("demo: Kafka {}{mock_note}", config.kafka_brokers);
+    println!("demo: PostgreSQL {postgres}");
+    let broker = mock.as_ref().map_or("", |_| " (in-process mock broker)");
+    println!("demo: Kafka {}{broker}", config.kafka_brokers);
     if let Some(addr) = config.observability.http_addr {
         println!("demo: metrics at http://{addr}/metrics");
     }
-    let rate = args.rate;
-    println!(
-        "demo: writing {rate} order event(s)/s to {}.outbox; Ctrl-C stops",
-        writer::SCHEMA
-    );
+    let (rate, outbox) = (args.rate, writer::OUTBOX);
+    println!("demo: writing {rate} order event(s)/s to {outbox}; Ctrl-C stops");
 
     let result = super::block_on(run_demo(config, args, mock.as_ref(), cluster.is_some()))?;
     drop(mock);

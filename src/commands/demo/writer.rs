@@ -12,14 +12,15 @@ use crate::source::setup::query_err;
 
 /// The demo schema: its own, so a user's database keeps its tables.
 pub(super) const SCHEMA: &str = "outbox_demo";
+/// The demo's outbox table.
+pub(super) const OUTBOX: &str = "outbox_demo.outbox";
 
 /// The life of every order, one event (and status) per transaction.
 pub(super) const EVENT_TYPES: [&str; 3] = ["order.created", "order.paid", "order.shipped"];
 
 /// The orders table plus the outbox table from `sql/01_outbox_table.sql`.
 pub(super) fn schema_sql() -> String {
-    let outbox = include_str!("../../../sql/01_outbox_table.sql")
-        .replace("public.outbox", &format!("{SCHEMA}.outbox"));
+    let outbox = include_str!("../../../sql/01_outbox_table.sql").replace("public.outbox", OUTBOX);
     format!(
         "CREATE SCHEMA IF NOT EXISTS {SCHEMA};
          CREATE TABLE IF NOT EXISTS {SCHEMA}.orders (
@@ -50,7 +51,7 @@ fn transaction_sql(n: u64) -> String {
     format!(
         "BEGIN;
          {change};
-         INSERT INTO {SCHEMA}.outbox (aggregate_type, aggregate_id, event_type, payload)
+         INSERT INTO {OUTBOX} (aggregate_type, aggregate_id, event_type, payload)
              VALUES ('order', '{order}', '{event_type}',
                      '{{\"order_id\": \"{order}\", \"status\": \"{status}\", \"total\": {total}}}');
          COMMIT;"
