@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
-use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition;
 use tokio_postgres::Client;
 
 use super::CommandError;
@@ -48,7 +48,7 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
     Ok(())
 }
 
-/// `--delivery exactly-once`: the event ids already in each topic.
+/// `--delivery exactly-once`: the event ids already in each topic, read once per topic.
 struct Delivered {
     reader: TailReader,
     since_ms: i64,
@@ -66,30 +66,27 @@ impl Delivered {
             .await
             .map_err(query_err("read --since as a time"))?
             .get(0);
-        let reader = TailReader::new(&config.kafka_brokers, &config.kafka_properties)
-            .map_err(|e| SinkError::create(e, &config.kafka_properties))?;
+        let properties = &config.kafka_properties;
+        let reader = TailReader::new(&config.kafka_brokers, properties)
+            .map_err(|e| SinkError::create(e, properties))?;
+        let (ids, skipped) = (HashMap::new(), 0);
+        let since_ms = since_ms.saturating_sub(SINCE_MARGIN_MS);
         Ok(Delivered {
             reader,
-            since_ms: since_ms.saturating_sub(SINCE_MARGIN_MS),
-            ids: HashMap::new(),
-            skipped: 0,
+            since_ms,
+            ids,
+            skipped,
         })
     }
 
-    /// Whether the event `id` is already in `topic` (read once per topic).
+    /// Whether the event `id` is already in `topic`.
     fn contains(&mut self, sink: &KafkaSink, topic: &str, id: &[u8]) -> Result<bool, CommandError> {
         if !self.ids.contains_key(topic) {
+            let (since, unknown) = (self.since_ms, Some(UnknownTopicOrPartition));
             let ids = match sink.partition_count(topic) {
-                Ok(partitions) => self
-                    .reader
-                    .event_ids_since(topic, partitions, self.since_ms)?,
+                Ok(partitions) => self.reader.event_ids_since(topic, partitions, since)?,
                 // Not created yet: nothing was delivered to it.
-                Err(e)
-                    if e.rdkafka_error_code()
-                        == Some(RDKafkaErrorCode::UnknownTopicOrPartition) =>
-                {
-                    HashSet::new()
-                }
+                Err(e) if e.rdkafka_error_code() == unknown => HashSet::new(),
                 Err(e) => {
                     return Err(CommandError::Tail(TailError::Read {
                         topic: topic.to_owned(),
@@ -98,11 +95,8 @@ impl Delivered {
                     }));
                 }
             };
-            tracing::info!(
-                topic,
-                events = ids.len(),
-                "read the events already in the topic"
-            );
+            let events = ids.len();
+            tracing::info!(topic, events, "read the events already in the topic");
             self.ids.insert(topic.to_owned(), ids);
         }
         let found = self.ids.get(topic).is_some_and(|ids| ids.contains(id));
@@ -121,12 +115,9 @@ async fn backfill(
         .batch_execute(crate::source::SESSION_FORMATS)
         .await
         .map_err(query_err("set the session's formats"))?;
-    let (sink, mut deliveries) = KafkaSink::new(
-        &config.kafka_brokers,
-        &config.kafka_properties,
-        config.max_in_flight_events,
-        None,
-    )?;
+    let in_flight = config.max_in_flight_events;
+    let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
+    let (sink, mut deliveries) = KafkaSink::new(brokers, properties, in_flight, None)?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
@@ -146,11 +137,8 @@ async fn backfill(
                 args.column
             )));
         }
-        let columns: Vec<String> = relation
-            .columns
-            .iter()
-            .map(|c| format!("{}::text", quote_ident(&c.name)))
-            .collect();
+        let columns = relation.columns.iter();
+        let columns: Vec<String> = columns.map(|c| quote_ident(&c.name) + "::text").collect();
         let sql = format!(
             "SELECT {} FROM {} WHERE {column} >= $1::text::timestamptz ORDER BY {column}",
             columns.join(", "),
@@ -161,14 +149,13 @@ async fn backfill(
             .await
             .map_err(query_err("read the outbox rows"))?;
         for row in rows {
-            let values = (0..row.len())
-                .map(|i| match row.get::<_, Option<String>>(i) {
-                    Some(text) => Value::Text(Bytes::from(text)),
-                    None => Value::Null,
-                })
-                .collect();
+            let value = |i| match row.get::<_, Option<String>>(i) {
+                Some(text) => Value::Text(Bytes::from(text)),
+                None => Value::Null,
+            };
+            let values = TupleData((0..row.len()).map(value).collect());
             let record = mapping
-                .map(&relation, &TupleData(values), now_ms)
+                .map(&relation, &values, now_ms)
                 .map_err(|e| CommandError::Refused(format!("{table}: {e}")))?;
             if let Some(d) = delivered_before.as_mut()
                 && d.contains(&sink, &record.topic, &record.id)?
@@ -177,7 +164,7 @@ async fn backfill(
             }
             sink.send(Ticket(sent), &record).await?;
             sent += 1;
-            while sent - acked >= config.max_in_flight_events as u64 {
+            while sent - acked >= in_flight as u64 {
                 acked += delivered(deliveries.recv().await)?;
             }
         }

@@ -22,19 +22,15 @@ use crate::source::setup::{self, query_err};
 
 /// The record as the demo's consumer would show it.
 fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
-    let headers = record
-        .headers
-        .iter()
-        .map(|(name, value)| (name.to_string(), text(value.as_deref())));
+    let id = (ID_HEADER.to_owned(), text(Some(&record.id)));
+    let headers = record.headers.iter();
+    let headers = headers.map(|(name, value)| (name.to_string(), text(value.as_deref())));
+    let lsn = lsn.to_string();
     RecordLine {
         topic: &record.topic,
-        position: Position::Wal {
-            lsn: lsn.to_string(),
-        },
+        position: Position::Wal { lsn },
         key: text(record.key.as_deref()),
-        headers: std::iter::once((ID_HEADER.to_owned(), text(Some(&record.id))))
-            .chain(headers)
-            .collect(),
+        headers: std::iter::once(id).chain(headers).collect(),
         value: text(record.payload.as_deref()),
         timestamp_ms: Some(record.timestamp_ms),
     }
@@ -62,6 +58,7 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
         .batch_execute(crate::source::SESSION_FORMATS)
         .await
         .map_err(query_err("set the session's date and time format"))?;
+    let failed = query_err("peek at the slot");
     // pgoutput reads a list of identifiers: the publication quoted as one.
     let publication = format!("\"{}\"", config.publication);
     let rows = client
@@ -71,17 +68,14 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
             [slot, &publication],
         )
         .await
-        .map_err(query_err("peek at the slot"))?;
+        .map_err(&failed)?;
     pin_mut!(rows);
 
     let mut mapper = config.event_mapper();
     let mut out = std::io::stdout().lock();
     let (mut commit_lsn, mut commit_time_ms, mut shown) = (Lsn::ZERO, 0, 0);
     while args.limit.is_none_or(|limit| shown < limit)
-        && let Some(row) = rows
-            .try_next()
-            .await
-            .map_err(query_err("peek at the slot"))?
+        && let Some(row) = rows.try_next().await.map_err(&failed)?
     {
         let lsn = row.get::<_, &str>(0).parse().unwrap_or(commit_lsn);
         let message = pgoutput::decode(&Bytes::copy_from_slice(row.get(1)))
@@ -132,10 +126,10 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
         };
         writeln!(out, "{line}")?;
     }
-    let limit_reached = match args.limit == Some(shown) {
-        true => " (--limit reached)",
-        false => "",
-    };
+    let limit_reached = args.limit == Some(shown);
+    let limit_reached = limit_reached
+        .then_some(" (--limit reached)")
+        .unwrap_or_default();
     let confirmed = confirmed.as_deref().unwrap_or("?");
     let summary = format!(
         "{shown} record(s) pending after the slot's confirmed position {confirmed}\

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::task::JoinSet;
 
 use super::{CommandError, report};
@@ -61,21 +62,16 @@ pub(super) async fn run_with(
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = listener.map(|listener| {
         let health = health.clone();
+        let stopped = http_stopped.map(|_| ());
         tokio::spawn(async move {
-            let stopped = async {
-                let _ = http_stopped.await;
-            };
             http::serve_on(listener, install_metrics().await, health, stopped).await
         })
     });
     // Aborted when dropped.
     let mut background = JoinSet::new();
     let poll_interval = config.observability.slot_poll_interval;
-    background.spawn(slot_monitor::run(
-        config.clone(),
-        health.clone(),
-        poll_interval,
-    ));
+    let slot_monitor = slot_monitor::run(config.clone(), health.clone(), poll_interval);
+    background.spawn(slot_monitor);
     if let Some(interval) = config.observability.progress_interval {
         background.spawn(progress::run(health.clone(), interval));
     }
@@ -119,22 +115,15 @@ async fn relay(
         Cleanup::None => None,
         Cleanup::Delete => {
             let keys = setup::cleanup_keys(&control, &config).await?;
-            Some(cleanup::Cleanup::new(
-                control,
-                keys,
-                &config,
-                slot.confirmed_flush,
-            ))
+            let from = slot.confirmed_flush;
+            Some(cleanup::Cleanup::new(control, keys, &config, from))
         }
     };
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
-    let (mut sink, deliveries) = KafkaSink::new(
-        brokers,
-        properties,
-        config.max_in_flight_events,
-        Some(health.clone()),
-    )
-    .map_err(RelayError::Producer)?;
+    let in_flight = config.max_in_flight_events;
+    let (mut sink, deliveries) =
+        KafkaSink::new(brokers, properties, in_flight, Some(health.clone()))
+            .map_err(RelayError::Producer)?;
     let exactly_once = config.delivery == Delivery::ExactlyOnce;
     if exactly_once {
         let tails = TailReader::new(brokers, properties)

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use rdkafka::error::KafkaError;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
@@ -140,9 +141,7 @@ async fn run_demo(
     let (written, consumed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let health = Arc::new(Health::new(config.observability.readiness));
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
-    let shutdown = async move {
-        let _ = relay_stopped.await;
-    };
+    let shutdown = relay_stopped.map(|_| ());
     let mut relay = tokio::spawn(relay::run_with(config.clone(), health.clone(), shutdown));
     let (stop_writer, writer_stop) = tokio::sync::watch::channel(false);
     let writer = writer::run(client.clone(), args.rate, written.clone(), writer_stop);
