@@ -126,10 +126,10 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
         };
         writeln!(out, "{line}")?;
     }
-    let limit_reached = args.limit == Some(shown);
-    let limit_reached = limit_reached
-        .then_some(" (--limit reached)")
-        .unwrap_or_default();
+    let limit_reached = match args.limit == Some(shown) {
+        true => " (--limit reached)",
+        false => "",
+    };
     let confirmed = confirmed.as_deref().unwrap_or("?");
     let summary = format!(
         "{shown} record(s) pending after the slot's confirmed position {confirmed}\

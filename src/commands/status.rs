@@ -252,48 +252,36 @@ fn section(kind: &str, name: &str, rows: Option<Vec<(&str, String)>>) -> String 
     let Some(rows) = rows else {
         return format!("{kind} {name}: does not exist\n");
     };
-    let rows: String = rows
+    let rows = rows
         .iter()
-        .map(|(key, value)| format!("  {key:<16}{value}\n"))
-        .collect();
-    format!("{kind} {name}\n{rows}")
+        .map(|(key, value)| format!("  {key:<16}{value}\n"));
+    format!("{kind} {name}\n{}", rows.collect::<String>())
 }
 
 fn slot_rows(slot: &SlotInfo) -> Vec<(&'static str, String)> {
     let bytes = |b: i64| format!("{b} bytes ({})", human_bytes(b));
     let status = slot.status.as_ref();
-    let (kind, plugin) = (or_dash(&slot.slot_type), or_dash(&slot.plugin));
+    let kind = [&slot.slot_type, &slot.plugin].map(or_dash).join(" ");
+    let database = or_dash(&slot.database);
     let active_pid = match slot.active_pid {
         Some(pid) => format!("{pid} (a relay is streaming)"),
         None => "none (no relay connected)".to_owned(),
     };
     let lag = status.and_then(|s| s.lag_bytes);
+    let wal_status = status.map_or("-", |s| s.wal_status.as_str());
     let failover = status.and_then(|s| s.failover);
+    let failover = failover.map_or("n/a (PostgreSQL 17+)".to_owned(), |f| f.to_string());
+    let unlimited = "unlimited (max_slot_wal_keep_size = -1)".to_owned();
     let safe_wal_size = status.and_then(|s| s.safe_wal_size_bytes);
     let mut rows = vec![
-        (
-            "type",
-            format!("{kind} {plugin} (database {})", or_dash(&slot.database)),
-        ),
+        ("type", format!("{kind} (database {database})")),
         ("active pid", active_pid),
-        (
-            "confirmed lsn",
-            or_dash(&slot.confirmed_flush_lsn).to_owned(),
-        ),
-        ("restart lsn", or_dash(&slot.restart_lsn).to_owned()),
+        ("confirmed lsn", or_dash(&slot.confirmed_flush_lsn)),
+        ("restart lsn", or_dash(&slot.restart_lsn)),
         ("lag", lag.map_or("-".to_owned(), |l| bytes(l as i64))),
-        (
-            "wal_status",
-            status.map_or("-", |s| s.wal_status.as_str()).to_owned(),
-        ),
-        (
-            "failover",
-            failover.map_or("n/a (PostgreSQL 17+)".to_owned(), |f| f.to_string()),
-        ),
-        (
-            "safe_wal_size",
-            safe_wal_size.map_or("unlimited (max_slot_wal_keep_size = -1)".to_owned(), bytes),
-        ),
+        ("wal_status", wal_status.to_owned()),
+        ("failover", failover),
+        ("safe_wal_size", safe_wal_size.map_or(unlimited, bytes)),
     ];
     if let Some(facts) = status.map(|s| &s.facts) {
         rows.extend(facts.invalidated().map(|r| ("invalidated", r)));
@@ -302,6 +290,6 @@ fn slot_rows(slot: &SlotInfo) -> Vec<(&'static str, String)> {
     rows
 }
 
-fn or_dash(value: &Option<String>) -> &str {
-    value.as_deref().unwrap_or("-")
+fn or_dash(value: &Option<String>) -> String {
+    value.clone().unwrap_or_else(|| "-".to_owned())
 }

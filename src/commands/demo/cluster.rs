@@ -65,7 +65,7 @@ impl Cluster {
         if as_root {
             cluster.run(Command::new("chown").args(["-R", "postgres:postgres", &dir]))?;
         }
-        // Commands run in the directory (no spaces in its path): `pwfile` and `server.log` are relative.
+        // Commands run in the directory (a path without spaces), so paths in it may be relative.
         let initdb = format!(
             "-D {data} -U postgres --pwfile=pwfile --auth-local=trust --auth-host=scram-sha-256 \
              --encoding=UTF8 --locale=C --no-sync"
@@ -75,13 +75,9 @@ impl Cluster {
             "-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={dir} \
              -c wal_level=logical -c fsync=off -c max_wal_senders=4 -c max_replication_slots=4",
         );
-        let start = ["start", "-w", "-t", "60", "-l", "server.log"];
-        cluster.run(
-            cluster
-                .pg("pg_ctl")
-                .args(start)
-                .args(["-D", &data, "-o", &options]),
-        )?;
+        let mut pg_ctl = cluster.pg("pg_ctl");
+        let start = format!("start -w -t 60 -l server.log -D {data}");
+        cluster.run(pg_ctl.args(start.split_whitespace()).args(["-o", &options]))?;
         Ok(cluster)
     }
 
@@ -145,9 +141,8 @@ impl Cluster {
         for log in ["commands.log", "server.log"] {
             let text = std::fs::read_to_string(self.dir.path().join(log)).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
-            for line in &lines[lines.len().saturating_sub(15)..] {
-                message = format!("{message}\n{line}");
-            }
+            let tail = lines[lines.len().saturating_sub(15)..].iter();
+            message.extend(tail.map(|line| format!("\n{line}")));
         }
         Err(DemoError::Cluster(message))
     }

@@ -31,12 +31,10 @@ pub(super) fn subscribe(
     for (key, value) in config.kafka_properties.iter() {
         client.set(key, value);
     }
+    let group = format!("outbox-relay-demo-{}", std::process::id());
     let consumer: StreamConsumer = client
         .set("bootstrap.servers", &config.kafka_brokers)
-        .set(
-            "group.id",
-            format!("outbox-relay-demo-{}", std::process::id()),
-        )
+        .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         // New topics (the relay's first record to each) are seen within a second.
@@ -75,12 +73,10 @@ pub(super) async fn run(consumer: StreamConsumer, consumed: Arc<AtomicU64>) {
             }
         };
         let headers = message.headers().into_iter().flat_map(|h| h.iter());
+        let (partition, offset) = (message.partition(), message.offset());
         let line = RecordLine {
             topic: message.topic(),
-            position: Position::Kafka {
-                partition: message.partition(),
-                offset: message.offset(),
-            },
+            position: Position::Kafka { partition, offset },
             key: text(message.key()),
             headers: headers.map(|h| (h.key.to_owned(), text(h.value))).collect(),
             value: text(message.payload()),
@@ -106,10 +102,7 @@ fn demo_topics(mapping: &MappingConfig) -> Option<Vec<String>> {
             })
             .collect::<Option<String>>()
     };
-    EVENT_TYPES
-        .iter()
-        .map(|event_type| render(event_type))
-        .collect()
+    EVENT_TYPES.map(render).into_iter().collect()
 }
 
 /// A librdkafka regex for topics starting with the template's leading literal.
