@@ -24,20 +24,21 @@ pub(super) fn refusal(slot: &str) -> String {
 pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), CommandError> {
     let (client, slot) = (setup::connect(config).await?, &config.slot);
     let mut out = std::io::stdout().lock();
-    match super::slot_activity(&client, slot).await? {
-        None => writeln!(out, "slot {slot:?} does not exist; nothing to drop")?,
-        Some((Some(pid), _)) => {
+    let info = super::status::read_slot(&client, slot).await?;
+    match (info.exists, info.active_pid) {
+        (false, _) => writeln!(out, "slot {slot:?} does not exist; nothing to drop")?,
+        (true, Some(pid)) => {
             return Err(CommandError::Refused(format!(
                 "slot {slot:?} is in use by server process {pid} (a running relay?); stop it \
                  first, then drop the slot"
             )));
         }
-        Some((None, confirmed)) => {
+        (true, None) => {
             client
                 .batch_execute(&sql::drop_slot(slot))
                 .await
                 .map_err(query_err("drop the replication slot"))?;
-            let confirmed = confirmed.as_deref().unwrap_or("nothing");
+            let confirmed = info.confirmed_flush_lsn.as_deref().unwrap_or("nothing");
             writeln!(
                 out,
                 "dropped slot {slot:?} (it was confirmed up to {confirmed}); its WAL is released"

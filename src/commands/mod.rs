@@ -21,7 +21,6 @@ use crate::config::{Cli, Command, Config, ConfigError};
 use crate::observability::http::HttpError;
 use crate::pipeline::{RelayError, exit_code};
 use crate::source::SourceError;
-use crate::source::setup::query_err;
 
 /// Why a subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -121,24 +120,6 @@ fn report(error: &(dyn std::error::Error + 'static)) -> String {
         text = format!("{text}: {cause}");
     }
     text
-}
-
-/// The slot's `active_pid` and `confirmed_flush_lsn`; `None` when it does not exist.
-async fn slot_activity(
-    client: &tokio_postgres::Client,
-    slot: &str,
-) -> Result<Option<(Option<i32>, Option<String>)>, SourceError> {
-    let row = client
-        .query_opt(
-            "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots \
-             WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await
-        .map_err(query_err("look up the replication slot"))?;
-    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .transpose()
-        .map_err(query_err("read the replication slot"))
 }
 
 /// A single-threaded runtime. For the relay too: its reader, pipeline and

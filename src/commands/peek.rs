@@ -38,22 +38,23 @@ fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
 
 pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
     let (client, slot) = (setup::connect(config).await?, &config.slot);
-    let confirmed = match super::slot_activity(&client, slot).await? {
-        None => {
+    let info = super::status::read_slot(&client, slot).await?;
+    match (info.exists, info.active_pid) {
+        (false, _) => {
             return Err(CommandError::Refused(format!(
                 "slot {slot:?} does not exist: nothing is pending (the relay or `outbox-relay \
                  setup` creates it)"
             )));
         }
-        Some((Some(pid), _)) => {
+        (true, Some(pid)) => {
             return Err(CommandError::Refused(format!(
                 "slot {slot:?} is in use by server process {pid} (a running relay?): Postgres \
                  lets only one session read a slot. Stop the relay to peek, or watch \
                  `outbox-relay status`"
             )));
         }
-        Some((None, confirmed)) => confirmed,
-    };
+        (true, None) => {}
+    }
     client
         .batch_execute(crate::source::SESSION_FORMATS)
         .await
@@ -130,7 +131,7 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
         true => " (--limit reached)",
         false => "",
     };
-    let confirmed = confirmed.as_deref().unwrap_or("?");
+    let confirmed = info.confirmed_flush_lsn.as_deref().unwrap_or("?");
     let summary = format!(
         "{shown} record(s) pending after the slot's confirmed position {confirmed}\
          {limit_reached}; the slot was not moved"

@@ -33,15 +33,15 @@ struct Status {
 
 /// The slot's row of `pg_replication_slots`; all `null` when it does not exist.
 #[derive(Debug, Default, Serialize)]
-struct SlotInfo {
+pub(super) struct SlotInfo {
     name: String,
-    exists: bool,
+    pub(super) exists: bool,
     plugin: Option<String>,
     slot_type: Option<String>,
     database: Option<String>,
     active: Option<bool>,
-    active_pid: Option<i32>,
-    confirmed_flush_lsn: Option<String>,
+    pub(super) active_pid: Option<i32>,
+    pub(super) confirmed_flush_lsn: Option<String>,
     restart_lsn: Option<String>,
     /// Lag, WAL retention and newer servers' facts, read as the slot poller reads them.
     #[serde(flatten)]
@@ -109,7 +109,8 @@ async fn read(config: &Config) -> Result<Status, SourceError> {
     })
 }
 
-async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
+/// The slot's row and, when it exists, its poll.
+pub(super) async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
     let failed = query_err("read the replication slot");
     let row = client
         .query_opt(

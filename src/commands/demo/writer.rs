@@ -39,18 +39,10 @@ fn transaction_sql(n: u64) -> String {
     let status = event_type.trim_start_matches("order.");
     let order = format!("order-{}", n / 3 + 1);
     let total = format!("{}.{:02}", 10 + (n / 3 * 7) % 90, (n / 3 * 13) % 100);
-    let change = if status == "created" {
-        format!(
-            "INSERT INTO {SCHEMA}.orders (id, status, total) VALUES ('{order}', 'created', {total})"
-        )
-    } else {
-        format!(
-            "UPDATE {SCHEMA}.orders SET status = '{status}', updated_at = now() WHERE id = '{order}'"
-        )
-    };
     format!(
         "BEGIN;
-         {change};
+         INSERT INTO {SCHEMA}.orders (id, status, total) VALUES ('{order}', '{status}', {total})
+             ON CONFLICT (id) DO UPDATE SET status = excluded.status, updated_at = now();
          INSERT INTO {OUTBOX} (aggregate_type, aggregate_id, event_type, payload)
              VALUES ('order', '{order}', '{event_type}',
                      '{{\"order_id\": \"{order}\", \"status\": \"{status}\", \"total\": {total}}}');
