@@ -1,14 +1,9 @@
 //! `outbox-relay backfill --since TIMESTAMP`: re-publishes outbox rows still
-//! in the tables through the relay's own mapping, at-least-once, and exits
-//! only when the broker acknowledged every record. The remedy after a lost
-//! slot (rows committed between the last acknowledgement and the new slot),
-//! and how a new deployment publishes rows older than its slot.
-//!
-//! Each row is read as text, as pgoutput sends it (the same session
-//! settings), and bound like a streamed insert. Backfilled rows have no WAL
-//! position, so `--delivery exactly-once` skips by event id: before the first
-//! row to a topic, the `id` headers of its records from `--since` (less
-//! [`SINCE_MARGIN_MS`]) to its end are read.
+//! in the tables through the relay's own mapping, and exits once the broker
+//! acknowledged every record: the remedy after a lost slot, and how a new
+//! deployment publishes rows older than its slot. Rows have no WAL position,
+//! so `--delivery exactly-once` skips by event id, reading each topic's `id`
+//! headers from `--since` (less [`SINCE_MARGIN_MS`]) before its first row.
 
 use std::collections::{HashMap, HashSet};
 
@@ -24,9 +19,8 @@ use crate::sink::exactly_once::{TailError, TailReader};
 use crate::sink::{KafkaSink, Sink, SinkError, Ticket};
 use crate::source::setup::{self, query_err};
 
-/// How far before `--since` a topic is read back: a record's Kafka timestamp
-/// is its commit time, but `--column` is any time the application sets, and
-/// clocks differ.
+/// How far before `--since` a topic is read back: Kafka timestamps are commit
+/// times, `--column` any time the application sets, and clocks differ.
 const SINCE_MARGIN_MS: i64 = 60 * 60 * 1000;
 
 pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), CommandError> {
@@ -111,6 +105,7 @@ async fn backfill(
     args: &BackfillArgs,
 ) -> Result<(u64, Option<u64>), CommandError> {
     let client = setup::connect(config).await?;
+    // Rows read as text in pgoutput's session formats bind like streamed inserts.
     client
         .batch_execute(crate::source::SESSION_FORMATS)
         .await

@@ -1,9 +1,6 @@
-//! The binary's commands: the relay itself (no subcommand), the operator
-//! subcommands `status`, `setup`, `drop-slot`, `peek`, `backfill` and
-//! `debezium-config`, and `demo`.
-//!
-//! Each command prints its result on stdout (logs go to stderr) and maps its
-//! failure to one of [`crate::pipeline::exit_code`]'s codes, like the relay.
+//! The binary's commands: the relay itself (no subcommand) and the
+//! subcommands. Each prints its result on stdout (logs go to stderr) and maps
+//! its failure to one of [`crate::pipeline::exit_code`]'s codes.
 
 mod backfill;
 pub mod debezium;
@@ -112,8 +109,7 @@ fn connected(
     block_on(command(&config))?
 }
 
-/// `error` and its causes, each once: error types keep their cause as
-/// `source`, not in their message.
+/// `error` and its causes (kept as `source`, not in the message), each once.
 fn report(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     for cause in std::iter::successors(error.source(), |e| e.source()) {
@@ -122,10 +118,8 @@ fn report(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// A single-threaded runtime. For the relay too: its reader, pipeline and
-/// endpoints hand each other every event, which on one thread costs no
-/// wake-ups (a multi-threaded runtime doubled the CPU per event, see
-/// docs/benchmark.md); librdkafka runs its own threads.
+/// A single-threaded runtime, the relay's too: its parts hand each other every
+/// event, which costs no wake-ups on one thread (see docs/benchmark.md).
 fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

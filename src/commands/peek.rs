@@ -1,10 +1,7 @@
-//! `outbox-relay peek [--json] [--limit N]`: the records the relay would
-//! produce for what is pending in the slot, without consuming it.
-//!
-//! `pg_logical_slot_peek_binary_changes` decodes with the relay's options and
-//! leaves the slot where it was; the relay's decoder and
-//! [`EventMapper`](crate::outbox::EventMapper) do the rest, in a session with
-//! the relay's date and time settings, so values print as they would stream.
+//! `outbox-relay peek [--json] [--limit N]`: the records the relay would produce
+//! for what is pending in the slot. `pg_logical_slot_peek_binary_changes` leaves
+//! the slot where it was; the relay's decoder and mapper, in a session with its
+//! date and time settings, make the records as they would stream.
 
 use std::io::Write;
 

@@ -43,10 +43,8 @@ pub fn run(cli: &Cli) -> ExitCode {
     }
 }
 
-/// Runs the relay with `config` until `shutdown` resolves or a fatal error:
-/// the binary's relay, and the one `demo` runs in-process. `health` is the
-/// relay's one readiness state, shared by the HTTP endpoint, the producer,
-/// the pipeline and the slot poller.
+/// The relay with its companions until `shutdown` or a fatal error (also the
+/// demo's); `health` is the readiness state they all share.
 pub(super) async fn run_with(
     config: Config,
     health: Arc<Health>,
@@ -102,8 +100,7 @@ pub(super) async fn run_with(
     Ok(outcome?)
 }
 
-/// Start-up checks, the real source and sink, then the pipeline until
-/// `shutdown` resolves or a fatal error.
+/// Start-up checks, the real source and sink, then the pipeline.
 async fn relay(
     config: Config,
     health: Arc<Health>,
@@ -153,10 +150,8 @@ async fn relay(
     outcome
 }
 
-/// Installs the Prometheus recorder (only with an endpoint: its upkeep keeps
-/// histograms bounded) on the blocking pool: building it calibrates the TSC
-/// clock, up to 200 ms on a busy machine, which so overlaps the Postgres
-/// checks. Every caller gets the one handle.
+/// The Prometheus recorder (only with an endpoint, whose upkeep bounds it), built
+/// on the blocking pool: its clock calibration (up to 200 ms) overlaps start-up.
 async fn install_metrics() -> metrics_exporter_prometheus::PrometheusHandle {
     // Only a panic inside the install fails the task; then try once more here.
     tokio::task::spawn_blocking(metrics::install)

@@ -1,9 +1,6 @@
-//! `outbox-relay setup [--print]`: the publication and the slot the relay
-//! streams from, created ahead of time (by a DBA, say) or printed for review.
-//!
-//! Both paths use [`crate::source::sql`] for the statements, and applying
-//! goes through the relay's own start-up ([`setup::prepare`]): the same
-//! checks, the same "skip what exists".
+//! `outbox-relay setup [--print]`: the publication and the slot, created ahead
+//! of time through the relay's own start-up checks ([`setup::prepare`]), or
+//! printed as a script of the same [`crate::source::sql`] statements.
 
 use std::io::Write;
 

@@ -107,9 +107,8 @@ impl Cluster {
         command
     }
 
-    /// Runs `command` in the directory, its output going to `commands.log` (a
-    /// pipe could be held open by the daemonised server); on failure, the
-    /// error shows the end of that log and of the server's.
+    /// Runs `command` in the directory, output to `commands.log` (the daemonised
+    /// server could hold a pipe open); a failure shows that log's end and the server's.
     fn run(&self, command: &mut Command) -> Result<(), DemoError> {
         let log = File::options()
             .create(true)

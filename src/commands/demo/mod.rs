@@ -1,11 +1,8 @@
-//! `outbox-relay demo`: the relay doing its job in one command, no Docker.
-//!
-//! A throwaway PostgreSQL (or `--postgres-url`), librdkafka's in-process mock
-//! broker (or `--kafka-brokers`), a writer committing orders with their
-//! outbox events at `--rate`, the real relay in-process between them, and a
-//! consumer printing what arrives. Ctrl-C or `--duration` stops it all; the
-//! throwaway cluster is removed, and on a user's own server the demo's slot
-//! and publication are dropped so they pin no WAL (its tables stay).
+//! `outbox-relay demo`: the relay doing its job in one command, no Docker: a
+//! throwaway PostgreSQL (or `--postgres-url`), the in-process mock broker (or
+//! `--kafka-brokers`), a writer at `--rate`, the real relay and a consumer
+//! printing what arrives. On a user's own server the demo's slot and
+//! publication are dropped at the end, so they pin no WAL (its tables stay).
 
 mod cluster;
 mod consumer;
@@ -33,8 +30,7 @@ const SLOT: &str = "outbox_relay_demo";
 /// How often the progress line is printed.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-/// How long the relay may take to relay what was written after the writer
-/// stopped, and the consumer to print it.
+/// How long the relay and the consumer may take to catch up with the writer.
 const CATCH_UP: Duration = Duration::from_secs(10);
 
 /// Why the demo could not run.
@@ -162,8 +158,7 @@ async fn run_demo(
             _ => Err(CommandError::Refused("the relay stopped unexpectedly".into())),
         },
     };
-    // The writer finishes its transaction; the relay relays what was written,
-    // then stops; the consumer prints what was relayed (each bounded).
+    // The writer finishes its transaction, then relay and consumer catch up.
     let _ = stop_writer.send(true);
     let writer_failure = match writer_stopped {
         Some(outcome) => outcome,

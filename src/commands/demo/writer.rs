@@ -50,9 +50,8 @@ fn transaction_sql(n: u64) -> String {
     )
 }
 
-/// Commits one event every `1 / rate` seconds until `stop` turns true (the
-/// transaction under way completes) or Postgres fails; `written` counts the
-/// committed ones.
+/// Commits one event every `1 / rate` seconds, counted in `written`, until
+/// `stop` (after the transaction under way) or a Postgres failure.
 pub(super) async fn run(
     client: Arc<Client>,
     rate: f64,
