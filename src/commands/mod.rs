@@ -72,11 +72,14 @@ impl CommandError {
 
 /// Runs what the command line asks for.
 pub fn run(cli: &Cli) -> ExitCode {
-    let Some(command) = &cli.command else {
-        return relay::run(cli);
+    let result = match &cli.command {
+        None => relay::run(cli),
+        Some(command) => run_command(cli, command),
     };
-    match run_command(cli, command) {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The relay logged why it stopped.
+        Err(CommandError::Relay(e)) if cli.command.is_none() => ExitCode::from(e.exit_code()),
         Err(e) => {
             eprintln!("error: {}", report(&e));
             ExitCode::from(e.exit_code())

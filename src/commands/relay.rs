@@ -2,7 +2,6 @@
 //! HTTP endpoint, the slot poller, the progress line).
 
 use std::future::Future;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use super::{CommandError, report};
 use crate::config::{Cleanup, Cli, Config, Delivery};
 use crate::observability::health::Health;
 use crate::observability::{http, metrics, progress};
-use crate::pipeline::{Pipeline, RelayError, Summary, exit_code};
+use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::sink::exactly_once::TailReader;
 use crate::sink::{KafkaSink, SinkError};
 use crate::source::{PgSource, cleanup, heartbeat, setup, slot_monitor};
@@ -22,25 +21,12 @@ use crate::source::{PgSource, cleanup, heartbeat, setup, slot_monitor};
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Validates the flags, runs the relay until SIGINT/SIGTERM or a fatal error.
-pub fn run(cli: &Cli) -> ExitCode {
-    let config = match Config::from_cli(cli) {
-        Ok(config) => config,
-        Err(e) => {
-            tracing::error!(error = %e, "invalid configuration");
-            eprintln!("error: {e}");
-            return ExitCode::from(exit_code::CONFIG);
-        }
-    };
+pub(super) fn run(cli: &Cli) -> Result<(), CommandError> {
+    let config = Config::from_cli(cli)
+        .inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?;
     let health = Arc::new(Health::new(config.observability.readiness));
-    match super::block_on(run_with(config, health, shutdown_signal())) {
-        Ok(Ok(_)) => ExitCode::SUCCESS,
-        // Logged by `run_with`.
-        Ok(Err(e)) => ExitCode::from(e.exit_code()),
-        Err(e) => {
-            eprintln!("error: {}", report(&e));
-            ExitCode::FAILURE
-        }
-    }
+    super::block_on(run_with(config, health, shutdown_signal()))??;
+    Ok(())
 }
 
 /// The relay with its companions until `shutdown` or a fatal error (also the
@@ -53,7 +39,6 @@ pub(super) async fn run_with(
     let listener = match config.observability.http_addr {
         Some(addr) => Some(http::bind(addr).await.inspect_err(|e| {
             tracing::error!(error = %e, "cannot start the HTTP endpoint");
-            eprintln!("error: {}", report(e));
         })?),
         None => None,
     };

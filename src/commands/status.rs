@@ -61,18 +61,6 @@ struct PublicationInfo {
 }
 
 pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), CommandError> {
-    let status = read(config).await?;
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &status).map_err(std::io::Error::other)?;
-        writeln!(out)?;
-    } else {
-        out.write_all(render_text(&status).as_bytes())?;
-    }
-    Ok(())
-}
-
-async fn read(config: &Config) -> Result<Status, SourceError> {
     let client = setup::connect(config).await?;
     let server = client
         .query_one(
@@ -99,14 +87,22 @@ async fn read(config: &Config) -> Result<Status, SourceError> {
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     let warnings = warnings(&slot, &publication, &settings);
-    Ok(Status {
+    let status = Status {
         server_version: server.get(0),
         current_wal_lsn: server.get(1),
         slot,
         publication,
         settings,
         warnings,
-    })
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &status).map_err(std::io::Error::other)?;
+        writeln!(out)?;
+    } else {
+        out.write_all(render_text(&status).as_bytes())?;
+    }
+    Ok(())
 }
 
 /// The slot's row and, when it exists, its poll.

@@ -56,7 +56,7 @@ pub enum DemoError {
 }
 
 pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
-    if !(args.rate.is_finite() && args.rate > 0.0 && args.rate <= 10_000.0) {
+    if !(args.rate > 0.0 && args.rate <= 10_000.0) {
         return Err(ConfigError::Invalid {
             flag: "--rate",
             value: args.rate.to_string(),
@@ -68,11 +68,9 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
         Some(_) => None,
         None => Some(cluster::Cluster::start(args.pg_bin.as_deref())?),
     };
-    let own_brokers = cli
-        .kafka_brokers
-        .as_deref()
-        .is_some_and(|b| !b.trim().is_empty());
-    let mock = (!own_brokers).then(|| MockCluster::new(1)).transpose();
+    let brokers = cli.kafka_brokers.as_deref().unwrap_or_default();
+    let no_brokers = brokers.trim().is_empty();
+    let mock = no_brokers.then(|| MockCluster::new(1)).transpose();
     let mock = mock.map_err(DemoError::Kafka)?;
     let mut demo = cli.clone();
     demo.command = None;
@@ -91,13 +89,8 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     let config = Config::from_cli(&demo)?;
 
     let pg = &config.postgres;
-    let postgres = match &cluster {
-        Some(c) => format!(
-            "{}:{} (throwaway, in {})",
-            pg.host,
-            pg.port,
-            c.dir().display()
-        ),
+    let postgres = match cluster.as_ref().map(|c| c.dir().display()) {
+        Some(dir) => format!("{}:{} (throwaway, in {dir})", pg.host, pg.port),
         None => pg.redacted().to_string(),
     };
     println!("demo: PostgreSQL {postgres}");
