@@ -23,25 +23,6 @@ use crate::source::setup::{self, query_err};
 /// times, `--column` any time the application sets, and clocks differ.
 const SINCE_MARGIN_MS: i64 = 60 * 60 * 1000;
 
-pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), CommandError> {
-    if config.kafka_brokers.is_empty() {
-        return Err(CommandError::Refused(
-            "backfill needs --kafka-brokers (the relay's own)".to_owned(),
-        ));
-    }
-    let (sent, skipped) = backfill(config, args).await?;
-    let skipped = match skipped {
-        Some(skipped) => format!(" ({skipped} already in Kafka skipped)"),
-        None => String::new(),
-    };
-    println!(
-        "backfill: {sent} events with {} >= {} re-published and acknowledged by the broker\
-         {skipped}",
-        args.column, args.since,
-    );
-    Ok(())
-}
-
 /// `--delivery exactly-once`: the event ids already in each topic, read once per topic.
 struct Delivered {
     reader: TailReader,
@@ -99,11 +80,12 @@ impl Delivered {
     }
 }
 
-/// The events sent, and with exactly-once those skipped.
-async fn backfill(
-    config: &Config,
-    args: &BackfillArgs,
-) -> Result<(u64, Option<u64>), CommandError> {
+pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), CommandError> {
+    if config.kafka_brokers.is_empty() {
+        return Err(CommandError::Refused(
+            "backfill needs --kafka-brokers (the relay's own)".to_owned(),
+        ));
+    }
     let client = setup::connect(config).await?;
     // Rows read as text in pgoutput's session formats bind like streamed inserts.
     client
@@ -116,11 +98,11 @@ async fn backfill(
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let mut delivered_before = match config.delivery {
+    let mut exactly_once = match config.delivery {
         Delivery::ExactlyOnce => Some(Delivered::new(config, &client, &args.since).await?),
         Delivery::AtLeastOnce => None,
     };
-    let column = quote_ident(&args.column);
+    let quoted = quote_ident(&args.column);
     let (mut sent, mut acked) = (0u64, 0u64);
     for table in &config.tables {
         let relation = setup::relation(&client, table).await?;
@@ -135,7 +117,7 @@ async fn backfill(
         let columns = relation.columns.iter();
         let columns: Vec<String> = columns.map(|c| quote_ident(&c.name) + "::text").collect();
         let sql = format!(
-            "SELECT {} FROM {} WHERE {column} >= $1::text::timestamptz ORDER BY {column}",
+            "SELECT {} FROM {} WHERE {quoted} >= $1::text::timestamptz ORDER BY {quoted}",
             columns.join(", "),
             table.quoted(),
         );
@@ -152,7 +134,7 @@ async fn backfill(
             let record = mapping
                 .map(&relation, &values, now_ms)
                 .map_err(|e| CommandError::Refused(format!("{table}: {e}")))?;
-            if let Some(d) = delivered_before.as_mut()
+            if let Some(d) = exactly_once.as_mut()
                 && d.contains(&sink, &record.topic, &record.id)?
             {
                 continue;
@@ -167,7 +149,16 @@ async fn backfill(
     while acked < sent {
         acked += delivered(deliveries.recv().await)?;
     }
-    Ok((sent, delivered_before.map(|d| d.skipped)))
+    let skipped = match exactly_once {
+        Some(d) => format!(" ({} already in Kafka skipped)", d.skipped),
+        None => String::new(),
+    };
+    let (column, since) = (&args.column, &args.since);
+    println!(
+        "backfill: {sent} events with {column} >= {since} re-published and acknowledged by the \
+         broker{skipped}"
+    );
+    Ok(())
 }
 
 /// 1 for an acknowledged record; a failed delivery stops the backfill.

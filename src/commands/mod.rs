@@ -133,17 +133,16 @@ fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError
 
 /// `1536` → `1.5 KiB`.
 fn human_bytes(bytes: i64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes.unsigned_abs() < 1024 {
-        return format!("{bytes} B");
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let unit = (bytes.unsigned_abs().max(1).ilog2() / 10).min(5) as usize;
+    match unit {
+        0 => format!("{bytes} B"),
+        _ => format!(
+            "{:.1} {}",
+            bytes as f64 / (1u64 << (10 * unit)) as f64,
+            UNITS[unit]
+        ),
     }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value.abs() >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
 }
 
 #[cfg(test)]
@@ -156,5 +155,7 @@ mod tests {
         assert_eq!(human_bytes(1023), "1023 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+        assert_eq!(human_bytes(-1536), "-1.5 KiB");
+        assert_eq!(human_bytes(i64::MAX), "8192.0 PiB");
     }
 }

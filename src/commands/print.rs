@@ -48,16 +48,13 @@ impl RecordLine<'_> {
             Position::Wal { lsn } => format!("lsn={lsn}"),
         };
         let or_null = |text: &Option<String>| text.as_deref().unwrap_or("(null)").to_owned();
-        let headers: String = self
-            .headers
-            .iter()
-            .map(|(name, value)| format!(" {name}={}", or_null(value)))
-            .collect();
+        let headers = self.headers.iter();
+        let headers = headers.map(|(name, value)| format!(" {name}={}", or_null(value)));
+        let (topic, key) = (self.topic, or_null(&self.key));
         let value = self.value.as_deref().unwrap_or("(tombstone)");
         format!(
-            "{} {position} key={}{headers} {value}",
-            self.topic,
-            or_null(&self.key)
+            "{topic} {position} key={key}{} {value}",
+            headers.collect::<String>()
         )
     }
 
