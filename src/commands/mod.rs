@@ -74,7 +74,17 @@ impl CommandError {
 pub fn run(cli: &Cli) -> ExitCode {
     let result = match &cli.command {
         None => relay::run(cli),
-        Some(command) => run_command(cli, command),
+        Some(Command::Setup(args)) if args.print => setup::print(cli),
+        Some(Command::Setup(_)) => connected(cli, setup::apply),
+        Some(Command::DropSlot(args)) if !args.yes_i_know => {
+            Err(CommandError::Refused(drop_slot::refusal(&cli.slot)))
+        }
+        Some(Command::DropSlot(args)) => connected(cli, async |c| drop_slot::run(c, args).await),
+        Some(Command::Status(args)) => connected(cli, async |c| status::run(c, args).await),
+        Some(Command::Peek(args)) => connected(cli, async |c| peek::run(c, args).await),
+        Some(Command::Backfill(args)) => connected(cli, async |c| backfill::run(c, args).await),
+        Some(Command::Demo(args)) => demo::run(cli, args),
+        Some(Command::DebeziumConfig(args)) => debezium::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -84,22 +94,6 @@ pub fn run(cli: &Cli) -> ExitCode {
             eprintln!("error: {}", report(&e));
             ExitCode::from(e.exit_code())
         }
-    }
-}
-
-fn run_command(cli: &Cli, command: &Command) -> Result<(), CommandError> {
-    match command {
-        Command::Setup(args) if args.print => setup::print(cli),
-        Command::Setup(_) => connected(cli, setup::apply),
-        Command::DropSlot(args) if !args.yes_i_know => {
-            Err(CommandError::Refused(drop_slot::refusal(&cli.slot)))
-        }
-        Command::DropSlot(args) => connected(cli, async |c| drop_slot::run(c, args).await),
-        Command::Status(args) => connected(cli, async |c| status::run(c, args).await),
-        Command::Peek(args) => connected(cli, async |c| peek::run(c, args).await),
-        Command::Backfill(args) => connected(cli, async |c| backfill::run(c, args).await),
-        Command::Demo(args) => demo::run(cli, args),
-        Command::DebeziumConfig(args) => debezium::run(args),
     }
 }
 
@@ -114,11 +108,11 @@ fn connected(
 
 /// `error` and its causes (kept as `source`, not in the message), each once.
 fn report(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    for cause in std::iter::successors(error.source(), |e| e.source()) {
-        text = format!("{text}: {cause}");
-    }
-    text
+    let chain = std::iter::successors(Some(error), |e| e.source());
+    chain
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 /// A single-threaded runtime, the relay's too: its parts hand each other every
@@ -135,13 +129,10 @@ fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError
 fn human_bytes(bytes: i64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
     let unit = (bytes.unsigned_abs().max(1).ilog2() / 10).min(5) as usize;
+    let scaled = bytes as f64 / (1u64 << (10 * unit)) as f64;
     match unit {
         0 => format!("{bytes} B"),
-        _ => format!(
-            "{:.1} {}",
-            bytes as f64 / (1u64 << (10 * unit)) as f64,
-            UNITS[unit]
-        ),
+        _ => format!("{scaled:.1} {}", UNITS[unit]),
     }
 }
 

@@ -63,12 +63,10 @@ pub(super) async fn run_with(
 
     drop(background);
     let _ = stop_http.send(());
-    if let Some(server) = http {
-        match tokio::time::timeout(HTTP_CLOSE_TIMEOUT, server).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the HTTP endpoint failed"),
-            Ok(_) => {}
-            Err(_) => tracing::debug!("the HTTP endpoint did not close in time"),
-        }
+    if let Some(server) = http
+        && let Ok(Ok(Err(e))) = tokio::time::timeout(HTTP_CLOSE_TIMEOUT, server).await
+    {
+        tracing::warn!(error = %e, "the HTTP endpoint failed");
     }
     match &outcome {
         Ok(summary) => tracing::info!(
