@@ -24,8 +24,8 @@ const USUAL_DIRS: &[&str] = &[
 pub(super) struct Cluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
-    port: u16,
-    password: String,
+    /// The superuser's URL over loopback TCP.
+    pub(super) url: String,
     as_root: bool,
 }
 
@@ -54,11 +54,11 @@ impl Cluster {
             .map_err(DemoError::Io)?
             .port();
         let as_root = rustix::process::geteuid().is_root();
+        let url = format!("postgres://postgres:{password}@127.0.0.1:{port}/postgres");
         let cluster = Cluster {
             dir,
             bin,
-            port,
-            password,
+            url,
             as_root,
         };
         let (dir, data) = (cluster.path(""), cluster.path("data"));
@@ -79,12 +79,6 @@ impl Cluster {
         let start = format!("start -w -t 60 -l server.log -D {data}");
         cluster.run(pg_ctl.args(start.split_whitespace()).args(["-o", &options]))?;
         Ok(cluster)
-    }
-
-    /// The superuser's URL over loopback TCP.
-    pub(super) fn url(&self) -> String {
-        let (password, port) = (&self.password, self.port);
-        format!("postgres://postgres:{password}@127.0.0.1:{port}/postgres")
     }
 
     /// The temporary directory (data, socket, server log).

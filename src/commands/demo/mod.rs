@@ -75,7 +75,7 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     let mut demo = cli.clone();
     demo.command = None;
     if let Some(cluster) = &cluster {
-        demo.postgres_url = cluster.url().parse().ok();
+        demo.postgres_url = cluster.url.parse().ok();
         demo.postgres_password = None;
         demo.postgres_password_file = None;
     }
@@ -205,11 +205,10 @@ async fn progress(
             )
             .await;
         let slot = match row {
-            Ok(Some(row)) => format!(
-                "{} ({} behind)",
-                row.get::<_, String>(0),
-                human_bytes(row.get(1))
-            ),
+            Ok(Some(row)) => {
+                let behind = human_bytes(row.get(1));
+                format!("{} ({behind} behind)", row.get::<_, String>(0))
+            }
             _ => "slot position unavailable".to_owned(),
         };
         println!(
@@ -224,19 +223,15 @@ async fn progress(
 /// On a user's server, the demo's slot would pin WAL forever: drop it and the
 /// publication (the walsender may take a moment to let go of the slot).
 async fn drop_slot(client: &Client, config: &Config) {
+    let statement = sql::drop_slot(&config.slot);
     for _ in 0..50 {
-        if client
-            .batch_execute(&sql::drop_slot(&config.slot))
-            .await
-            .is_ok()
-        {
+        if client.batch_execute(&statement).await.is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let _ = client
-        .batch_execute(&sql::drop_publication(&config.publication))
-        .await;
+    let statement = sql::drop_publication(&config.publication);
+    let _ = client.batch_execute(&statement).await;
     let schema = writer::SCHEMA;
     println!("demo: dropped slot and publication {SLOT:?}; the {schema} tables stay");
 }
