@@ -61,33 +61,27 @@ impl Cluster {
             url,
             as_root,
         };
-        let (dir, data) = (cluster.path(""), cluster.path("data"));
+        let dir = cluster.dir().display().to_string();
         if as_root {
             cluster.run(Command::new("chown").args(["-R", "postgres:postgres", &dir]))?;
         }
-        // Commands run in the directory (a path without spaces), so paths in it may be relative.
-        let initdb = format!(
-            "-D {data} -U postgres --pwfile=pwfile --auth-local=trust --auth-host=scram-sha-256 \
-             --encoding=UTF8 --locale=C --no-sync"
-        );
+        // Commands run in the directory: paths in it are relative.
+        let initdb = "-D data -U postgres --pwfile=pwfile --auth-local=trust \
+                      --auth-host=scram-sha-256 --encoding=UTF8 --locale=C --no-sync";
         cluster.run(cluster.pg("initdb").args(initdb.split_whitespace()))?;
         let options = format!(
             "-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={dir} \
              -c wal_level=logical -c fsync=off -c max_wal_senders=4 -c max_replication_slots=4",
         );
         let mut pg_ctl = cluster.pg("pg_ctl");
-        let start = format!("start -w -t 60 -l server.log -D {data}");
-        cluster.run(pg_ctl.args(start.split_whitespace()).args(["-o", &options]))?;
+        let start = "start -w -t 60 -D data -l server.log -o";
+        cluster.run(pg_ctl.args(start.split_whitespace()).arg(options))?;
         Ok(cluster)
     }
 
     /// The temporary directory (data, socket, server log).
     pub(super) fn dir(&self) -> &Path {
         self.dir.path()
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.path().join(name).display().to_string()
     }
 
     /// A server tool from the bin dir, as `postgres` under root.
@@ -145,11 +139,8 @@ impl Drop for Cluster {
     /// Stops the server; the `TempDir` then removes the directory.
     fn drop(&mut self) {
         if self.dir.path().join("data/postmaster.pid").exists() {
-            let data = self.path("data");
-            let _ = self.run(
-                self.pg("pg_ctl")
-                    .args(["stop", "-D", &data, "-m", "fast", "-w", "-t", "30"]),
-            );
+            let stop = "stop -D data -m fast -w -t 30".split_whitespace();
+            let _ = self.run(self.pg("pg_ctl").args(stop));
         }
     }
 }

@@ -26,11 +26,8 @@ pub(super) fn subscribe(
     config: &Config,
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
 ) -> Result<StreamConsumer, KafkaError> {
-    let mut client = ClientConfig::new();
     // The relay's -X settings (security, say) apply to the broker, so to this client too.
-    for (key, value) in config.kafka_properties.iter() {
-        client.set(key, value);
-    }
+    let mut client: ClientConfig = config.kafka_properties.iter().cloned().collect();
     let group = format!("outbox-relay-demo-{}", std::process::id());
     let consumer: StreamConsumer = client
         .set("bootstrap.servers", &config.kafka_brokers)
