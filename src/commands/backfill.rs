@@ -44,13 +44,11 @@ impl Delivered {
         let properties = &config.kafka_properties;
         let reader = TailReader::new(&config.kafka_brokers, properties)
             .map_err(|e| SinkError::create(e, properties))?;
-        let (ids, skipped) = (HashMap::new(), 0);
-        let since_ms = since_ms.saturating_sub(SINCE_MARGIN_MS);
         Ok(Delivered {
             reader,
-            since_ms,
-            ids,
-            skipped,
+            since_ms: since_ms.saturating_sub(SINCE_MARGIN_MS),
+            ids: HashMap::new(),
+            skipped: 0,
         })
     }
 

@@ -11,9 +11,7 @@ use crate::source::{setup, sql};
 /// `setup --print`: needs only the flags, no connection.
 pub(super) fn print(cli: &Cli) -> Result<(), CommandError> {
     let target = SetupTarget::from_cli(cli)?;
-    std::io::stdout()
-        .lock()
-        .write_all(script(&target).as_bytes())?;
+    std::io::stdout().write_all(script(&target).as_bytes())?;
     Ok(())
 }
 
