@@ -115,9 +115,11 @@ async fn relay(
         install_metrics().await;
     }
     let source = PgSource::new(config.clone(), slot.publication.clone());
-    let heartbeat = config
-        .heartbeat_interval
-        .map(|interval| tokio::spawn(heartbeat::run(config.clone(), interval)));
+    // Aborted when dropped, as the pipeline stops.
+    let mut heartbeats = JoinSet::new();
+    if let Some(interval) = config.heartbeat_interval {
+        heartbeats.spawn(heartbeat::run(config.clone(), interval));
+    }
     let sink = Arc::new(sink);
     let mut pipeline = Pipeline::new(config, source, sink, deliveries, health, &slot);
     if let Some(cleanup) = cleanup {
@@ -126,11 +128,7 @@ async fn relay(
     if exactly_once {
         pipeline = pipeline.with_exactly_once();
     }
-    let outcome = pipeline.run(shutdown).await;
-    if let Some(task) = heartbeat {
-        task.abort();
-    }
-    outcome
+    pipeline.run(shutdown).await
 }
 
 /// The Prometheus recorder (only with an endpoint, whose upkeep bounds it), built
