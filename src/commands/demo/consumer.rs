@@ -39,7 +39,7 @@ pub(super) fn subscribe(
         .set("log_level", "3")
         .create()?;
     match (mock, demo_topics(&config.mapping)) {
-        (Some(mock), Some(topics)) => {
+        (Some(mock), Ok(topics)) => {
             let mut assignment = TopicPartitionList::new();
             for topic in &topics {
                 let _ = mock.create_topic(topic, MOCK_PARTITIONS, 1);
@@ -50,7 +50,7 @@ pub(super) fn subscribe(
             consumer.assign(&assignment)?;
         }
         (_, topics) => {
-            let topics = topics.unwrap_or_else(|| vec![topic_pattern(&config.mapping)]);
+            let topics = topics.unwrap_or_else(|pattern| vec![pattern]);
             let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
             consumer.subscribe(&topics)?;
         }
@@ -84,34 +84,29 @@ pub(super) async fn run(consumer: StreamConsumer, consumed: Arc<AtomicU64>) {
     }
 }
 
-/// The topics the demo's events go to, rendered through the topic template
-/// (`None` when it names a column whose values the demo does not know).
-fn demo_topics(mapping: &MappingConfig) -> Option<Vec<String>> {
-    let render = |event_type: &str| {
-        let segments = mapping.topic_template.segments().iter();
-        segments
-            .map(|segment| match segment {
-                Segment::Literal(text) => Some(text.as_str()),
-                Segment::RoutedByValue if mapping.route_by == "event_type" => Some(event_type),
-                Segment::Column(c) if c == "event_type" => Some(event_type),
-                Segment::Column(c) if c == "aggregate_type" => Some("order"),
-                _ => None,
-            })
-            .collect::<Option<String>>()
+/// The topics the demo's events go to, rendered through the topic template;
+/// when it names a column the demo does not know, a librdkafka regex for the
+/// topics starting with its leading literal.
+fn demo_topics(mapping: &MappingConfig) -> Result<Vec<String>, String> {
+    let segments = mapping.topic_template.segments();
+    let render = |event_type| {
+        let parts = segments.iter().map(|segment| match segment {
+            Segment::Literal(text) => Some(text.as_str()),
+            Segment::RoutedByValue if mapping.route_by == "event_type" => Some(event_type),
+            Segment::Column(c) if c == "event_type" => Some(event_type),
+            Segment::Column(c) if c == "aggregate_type" => Some("order"),
+            _ => None,
+        });
+        parts.collect::<Option<String>>()
     };
-    EVENT_TYPES.map(render).into_iter().collect()
-}
-
-/// A librdkafka regex for topics starting with the template's leading literal.
-fn topic_pattern(mapping: &MappingConfig) -> String {
-    let segments = mapping.topic_template.segments().iter();
-    let prefix: String = segments
-        .map_while(|segment| match segment {
+    let topics: Option<Vec<String>> = EVENT_TYPES.map(render).into_iter().collect();
+    topics.ok_or_else(|| {
+        let literals = segments.iter().map_while(|segment| match segment {
             Segment::Literal(text) => Some(text.as_str()),
             _ => None,
-        })
-        .collect();
-    format!("^{}", prefix.replace('.', "\\."))
+        });
+        format!("^{}", literals.collect::<String>().replace('.', "\\."))
+    })
 }
 
 #[cfg(test)]
@@ -140,7 +135,6 @@ mod tests {
             ["order.created", "order.paid", "order.shipped"]
         );
         let custom = mapping("outbox.${aggregate_type}.${x}");
-        assert_eq!(demo_topics(&custom), None);
-        assert_eq!(topic_pattern(&custom), "^outbox\\.");
+        assert_eq!(demo_topics(&custom), Err("^outbox\\.".to_owned()));
     }
 }
