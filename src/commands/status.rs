@@ -160,24 +160,19 @@ async fn read_publication(
         )
         .await
         .map_err(query_err("read the publication"))?;
-    let (exists, all_tables, publishes, tables): (_, _, _, Vec<String>) = match row {
-        Some(r) => (true, r.get(0), r.get(1), r.get(2)),
-        None => (false, false, Vec::new(), Vec::new()),
-    };
-    let missing_tables = config
-        .tables
-        .iter()
-        .map(ToString::to_string)
-        .filter(|t| !tables.contains(t))
-        .collect();
-    Ok(PublicationInfo {
+    let mut publication = PublicationInfo {
         name: config.publication.clone(),
-        exists,
-        all_tables,
-        publishes,
-        tables,
-        missing_tables,
-    })
+        ..PublicationInfo::default()
+    };
+    if let Some(r) = row {
+        publication.exists = true;
+        publication.all_tables = r.get(0);
+        publication.publishes = r.get(1);
+        publication.tables = r.get(2);
+    }
+    let wanted = config.tables.iter().map(ToString::to_string);
+    publication.missing_tables = wanted.filter(|t| !publication.tables.contains(t)).collect();
+    Ok(publication)
 }
 
 fn warnings(
