@@ -4,20 +4,12 @@
 use std::io::Write;
 
 use super::CommandError;
-use crate::config::{Cli, Config, DropSlotArgs};
+use crate::config::{Config, DropSlotArgs};
 use crate::source::setup::{self, query_err};
 use crate::source::sql;
 
-pub(super) fn run(cli: &Cli, args: &DropSlotArgs) -> Result<(), CommandError> {
-    if !args.yes_i_know {
-        return Err(CommandError::Refused(refusal(&cli.slot)));
-    }
-    let config = Config::from_cli(cli)?;
-    super::block_on(drop(&config, args.drop_publication))?
-}
-
 /// What dropping the slot loses, said before refusing.
-fn refusal(slot: &str) -> String {
+pub(super) fn refusal(slot: &str) -> String {
     format!(
         "refusing to drop replication slot {slot:?} without --yes-i-know.\n\
          Dropping it discards the slot's position, the point up to which Kafka has every \
@@ -28,46 +20,38 @@ fn refusal(slot: &str) -> String {
     )
 }
 
-async fn drop(config: &Config, drop_publication: bool) -> Result<(), CommandError> {
-    let client = setup::connect(config).await?;
-    let row = super::slot_activity(&client, &config.slot).await?;
+/// Drops the slot unless a walsender holds it (`--yes-i-know` was checked).
+pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), CommandError> {
+    let (client, slot) = (setup::connect(config).await?, &config.slot);
     let mut out = std::io::stdout().lock();
-    match row {
-        None => writeln!(
-            out,
-            "slot {:?} does not exist; nothing to drop",
-            config.slot
-        )?,
-        Some((active_pid, confirmed)) => {
-            if let Some(pid) = active_pid {
-                return Err(CommandError::Refused(format!(
-                    "slot {:?} is in use by server process {pid} (a running relay?); stop it \
-                     first, then drop the slot",
-                    config.slot
-                )));
-            }
+    let info = super::status::read_slot(&client, slot).await?;
+    match (info.exists, info.active_pid) {
+        (false, _) => writeln!(out, "slot {slot:?} does not exist; nothing to drop")?,
+        (true, Some(pid)) => {
+            return Err(CommandError::Refused(format!(
+                "slot {slot:?} is in use by server process {pid} (a running relay?); stop it \
+                 first, then drop the slot"
+            )));
+        }
+        (true, None) => {
             client
-                .batch_execute(&sql::drop_slot(&config.slot))
+                .batch_execute(&sql::drop_slot(slot))
                 .await
                 .map_err(query_err("drop the replication slot"))?;
+            let confirmed = info.confirmed_flush_lsn.as_deref().unwrap_or("nothing");
             writeln!(
                 out,
-                "dropped slot {:?} (it was confirmed up to {}); its WAL is released",
-                config.slot,
-                confirmed.as_deref().unwrap_or("nothing")
+                "dropped slot {slot:?} (it was confirmed up to {confirmed}); its WAL is released"
             )?;
         }
     }
-    if drop_publication {
+    if args.drop_publication {
+        let publication = &config.publication;
         client
-            .batch_execute(&sql::drop_publication(&config.publication))
+            .batch_execute(&sql::drop_publication(publication))
             .await
             .map_err(query_err("drop the publication"))?;
-        writeln!(
-            out,
-            "dropped publication {:?} (if it existed)",
-            config.publication
-        )?;
+        writeln!(out, "dropped publication {publication:?} (if it existed)")?;
     }
     Ok(())
 }

@@ -1,8 +1,6 @@
-//! The binary's commands: the relay itself (no subcommand), the operator
-//! subcommands `status`, `setup`, `drop-slot` and `peek`, and `demo`.
-//!
-//! Each command prints its result on stdout (logs go to stderr) and maps its
-//! failure to one of [`crate::pipeline::exit_code`]'s codes, like the relay.
+//! The binary's commands: the relay itself (no subcommand) and the
+//! subcommands. Each prints its result on stdout (logs go to stderr) and maps
+//! its failure to one of [`crate::pipeline::exit_code`]'s codes.
 
 mod backfill;
 pub mod debezium;
@@ -16,14 +14,10 @@ mod status;
 
 use std::process::ExitCode;
 
-use crate::config::{Cli, Command, ConfigError};
-use crate::lsn::Lsn;
+use crate::config::{Cli, Command, Config, ConfigError};
 use crate::observability::http::HttpError;
-use crate::outbox::BindError;
-use crate::pgoutput::DecodeError;
 use crate::pipeline::{RelayError, exit_code};
 use crate::source::SourceError;
-use crate::source::setup::query_err;
 
 /// Why a subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,25 +40,7 @@ pub enum CommandError {
     /// The HTTP endpoint could not start.
     #[error(transparent)]
     Http(#[from] HttpError),
-    /// An outbox table no longer fits the mapping.
-    #[error("the outbox table no longer fits the mapping at commit LSN {lsn}")]
-    Bind {
-        /// Commit LSN of the transaction that announced the layout.
-        lsn: Lsn,
-        /// The mismatch.
-        #[source]
-        source: BindError,
-    },
-    /// The slot's data is not valid pgoutput (a bug: please report).
-    #[error("cannot decode the change at LSN {lsn}")]
-    Decode {
-        /// Where.
-        lsn: Lsn,
-        /// What is wrong.
-        #[source]
-        source: DecodeError,
-    },
-    /// The relay stopped with an error.
+    /// The relay (or `peek`, decoding and mapping as it does) stopped with an error.
     #[error(transparent)]
     Relay(#[from] RelayError),
     /// The demo could not set up its cluster or broker.
@@ -86,13 +62,10 @@ impl CommandError {
                 exit_code::CONFIG
             }
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
-            CommandError::Bind { .. } => exit_code::POISON,
             CommandError::Relay(e) => e.exit_code(),
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
-            CommandError::Demo(_) => 1,
-            CommandError::Decode { .. } => exit_code::INTERNAL,
             CommandError::Sink(_) | CommandError::Tail(_) => exit_code::KAFKA,
-            CommandError::Runtime(_) | CommandError::Output(_) => 1,
+            CommandError::Demo(_) | CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }
     }
 }
@@ -100,17 +73,23 @@ impl CommandError {
 /// Runs what the command line asks for.
 pub fn run(cli: &Cli) -> ExitCode {
     let result = match &cli.command {
-        None => return relay::run(cli),
-        Some(Command::Status(args)) => status::run(cli, args),
-        Some(Command::Setup(args)) => setup::run(cli, args),
-        Some(Command::DropSlot(args)) => drop_slot::run(cli, args),
-        Some(Command::Peek(args)) => peek::run(cli, args),
+        None => relay::run(cli),
+        Some(Command::Setup(args)) if args.print => setup::print(cli),
+        Some(Command::Setup(_)) => connected(cli, setup::apply),
+        Some(Command::DropSlot(args)) if !args.yes_i_know => {
+            Err(CommandError::Refused(drop_slot::refusal(&cli.slot)))
+        }
+        Some(Command::DropSlot(args)) => connected(cli, async |c| drop_slot::run(c, args).await),
+        Some(Command::Status(args)) => connected(cli, async |c| status::run(c, args).await),
+        Some(Command::Peek(args)) => connected(cli, async |c| peek::run(c, args).await),
+        Some(Command::Backfill(args)) => connected(cli, async |c| backfill::run(c, args).await),
         Some(Command::Demo(args)) => demo::run(cli, args),
         Some(Command::DebeziumConfig(args)) => debezium::run(args),
-        Some(Command::Backfill(args)) => backfill::run(cli, args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The relay logged why it stopped.
+        Err(CommandError::Relay(e)) if cli.command.is_none() => ExitCode::from(e.exit_code()),
         Err(e) => {
             eprintln!("error: {}", report(&e));
             ExitCode::from(e.exit_code())
@@ -118,35 +97,26 @@ pub fn run(cli: &Cli) -> ExitCode {
     }
 }
 
-/// `error` and its causes, each once: error types keep their cause as
-/// `source`, not in their message.
+/// Runs `command` with the validated flags, on a [`block_on`] runtime.
+fn connected(
+    cli: &Cli,
+    command: impl AsyncFnOnce(&Config) -> Result<(), CommandError>,
+) -> Result<(), CommandError> {
+    let config = Config::from_cli(cli)?;
+    block_on(command(&config))?
+}
+
+/// `error` and its causes (kept as `source`, not in the message), each once.
 fn report(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    for cause in std::iter::successors(error.source(), |e| e.source()) {
-        text = format!("{text}: {cause}");
-    }
-    text
+    let chain = std::iter::successors(Some(error), |e| e.source());
+    chain
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
-/// The slot's `active_pid` and `confirmed_flush_lsn`; `None` when it does not exist.
-async fn slot_activity(
-    client: &tokio_postgres::Client,
-    slot: &str,
-) -> Result<Option<(Option<i32>, Option<String>)>, SourceError> {
-    let row = client
-        .query_opt(
-            "SELECT active_pid, confirmed_flush_lsn::text FROM pg_replication_slots \
-             WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await
-        .map_err(query_err("look up the replication slot"))?;
-    row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
-        .transpose()
-        .map_err(query_err("read the replication slot"))
-}
-
-/// A single-threaded runtime for the short subcommands.
+/// A single-threaded runtime, the relay's too: its parts hand each other every
+/// event, which costs no wake-ups on one thread (see docs/benchmark.md).
 fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -157,17 +127,13 @@ fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError
 
 /// `1536` → `1.5 KiB`.
 fn human_bytes(bytes: i64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if bytes.unsigned_abs() < 1024 {
-        return format!("{bytes} B");
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let unit = (bytes.unsigned_abs().max(1).ilog2() / 10).min(5) as usize;
+    let scaled = bytes as f64 / (1u64 << (10 * unit)) as f64;
+    match unit {
+        0 => format!("{bytes} B"),
+        _ => format!("{scaled:.1} {}", UNITS[unit]),
     }
-    let mut value = bytes as f64 / 1024.0;
-    let mut unit = 0;
-    while value.abs() >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.1} {}", UNITS[unit])
 }
 
 #[cfg(test)]
@@ -180,5 +146,7 @@ mod tests {
         assert_eq!(human_bytes(1023), "1023 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+        assert_eq!(human_bytes(-1536), "-1.5 KiB");
+        assert_eq!(human_bytes(i64::MAX), "8192.0 PiB");
     }
 }

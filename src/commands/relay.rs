@@ -2,218 +2,155 @@
 //! HTTP endpoint, the slot poller, the progress line).
 
 use std::future::Future;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::CommandError;
-use crate::config::{Cli, Config};
+use futures_util::FutureExt;
+use tokio::task::JoinSet;
+
+use super::{CommandError, report};
+use crate::config::{Cleanup, Cli, Config, Delivery};
 use crate::observability::health::Health;
 use crate::observability::{http, metrics, progress};
-use crate::pipeline::{Pipeline, RelayError, Summary, exit_code};
+use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::sink::exactly_once::TailReader;
 use crate::sink::{KafkaSink, SinkError};
-use crate::source::cleanup::Cleanup;
-use crate::source::slot_monitor;
-use crate::source::{PgSource, heartbeat, setup};
+use crate::source::{PgSource, cleanup, heartbeat, setup, slot_monitor};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Validates the flags, runs the relay until SIGINT/SIGTERM or a fatal error.
-pub fn run(cli: &Cli) -> ExitCode {
-    let config = match Config::from_cli(cli) {
-        Ok(config) => config,
-        Err(e) => {
-            tracing::error!(error = %e, "invalid configuration");
-            eprintln!("error: {e}");
-            return ExitCode::from(exit_code::CONFIG);
-        }
-    };
-    // One thread: the replication reader, the pipeline and the endpoints hand
-    // each other every event, and on one thread that costs no wake-ups
-    // (a multi-threaded runtime doubled the relay's CPU per event, see
-    // docs/benchmark.md). librdkafka runs its own threads; blocking Kafka
-    // calls go to the blocking pool.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+pub(super) fn run(cli: &Cli) -> Result<(), CommandError> {
+    let config = Config::from_cli(cli)
+        .inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?;
     let health = Arc::new(Health::new(config.observability.readiness));
-    match runtime.block_on(run_with(config, health, shutdown_signal())) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => ExitCode::from(e.exit_code()),
-    }
+    super::block_on(run_with(config, health, shutdown_signal()))??;
+    Ok(())
 }
 
-/// Runs the relay with `config` until `shutdown` resolves or a fatal error:
-/// the binary's relay, and the one `demo` runs in-process. `health` is the
-/// relay's one readiness state, shared by the HTTP endpoint, the producer,
-/// the pipeline and the slot poller.
+/// The relay with its companions until `shutdown` or a fatal error (also the
+/// demo's); `health` is the readiness state they all share.
 pub(super) async fn run_with(
     config: Config,
     health: Arc<Health>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, CommandError> {
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = match config.observability.http_addr {
-        Some(addr) => {
-            let listener = match http::bind(addr).await {
-                Ok(listener) => listener,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start the HTTP endpoint");
-                    eprintln!("error: {}", super::report(&e));
-                    return Err(e.into());
-                }
-            };
-            let health = health.clone();
-            Some(tokio::spawn(async move {
-                let handle = install_metrics().await;
-                http::serve_on(listener, handle, health, async {
-                    let _ = http_stopped.await;
-                })
-                .await
-            }))
-        }
+    let listener = match config.observability.http_addr {
+        Some(addr) => Some(http::bind(addr).await.inspect_err(|e| {
+            tracing::error!(error = %e, "cannot start the HTTP endpoint");
+        })?),
         None => None,
     };
-    let mut background = vec![tokio::spawn(slot_monitor::run(
-        config.clone(),
-        health.clone(),
-        config.observability.slot_poll_interval,
-    ))];
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = listener.map(|listener| {
+        let health = health.clone();
+        let stopped = http_stopped.map(|_| ());
+        tokio::spawn(async move {
+            http::serve_on(listener, install_metrics().await, health, stopped).await
+        })
+    });
+    // Aborted when dropped.
+    let mut background = JoinSet::new();
+    let poll_interval = config.observability.slot_poll_interval;
+    let slot_monitor = slot_monitor::run(config.clone(), health.clone(), poll_interval);
+    background.spawn(slot_monitor);
     if let Some(interval) = config.observability.progress_interval {
-        background.push(tokio::spawn(progress::run(health.clone(), interval)));
+        background.spawn(progress::run(health.clone(), interval));
     }
 
-    let metrics_ready = config.observability.http_addr.is_some();
-    let outcome = relay(config, health.clone(), shutdown, async move {
-        if metrics_ready {
-            install_metrics().await;
-        }
-    })
-    .await;
+    let outcome = relay(config, health, shutdown).await;
 
-    for task in background {
-        task.abort();
-    }
+    drop(background);
     let _ = stop_http.send(());
-    if let Some(server) = http {
-        match tokio::time::timeout(HTTP_CLOSE_TIMEOUT, server).await {
-            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "the HTTP endpoint failed"),
-            Ok(_) => {}
-            Err(_) => tracing::debug!("the HTTP endpoint did not close in time"),
-        }
+    if let Some(server) = http
+        && let Ok(Ok(Err(e))) = tokio::time::timeout(HTTP_CLOSE_TIMEOUT, server).await
+    {
+        tracing::warn!(error = %e, "the HTTP endpoint failed");
     }
-    match outcome {
-        Ok(summary) => {
-            tracing::info!(
-                frontier = %summary.frontier,
-                acked = summary.events_acked,
-                abandoned = summary.abandoned,
-                "outbox-relay stopped cleanly"
-            );
-            Ok(summary)
-        }
+    match &outcome {
+        Ok(summary) => tracing::info!(
+            frontier = %summary.frontier,
+            acked = summary.events_acked,
+            abandoned = summary.abandoned,
+            "outbox-relay stopped cleanly"
+        ),
         Err(e) => {
             let code = e.exit_code();
-            tracing::error!(error = %super::report(&e), exit_code = code, "outbox-relay stopped");
-            Err(e.into())
+            tracing::error!(error = %report(e), exit_code = code, "outbox-relay stopped");
         }
     }
+    Ok(outcome?)
 }
 
-/// Start-up checks, the real source and sink, then the pipeline until
-/// `shutdown` resolves or a fatal error. `observability_ready` resolves once
-/// the metrics recorder is in place (the pipeline's handles bind to it).
+/// Start-up checks, the real source and sink, then the pipeline.
 async fn relay(
     config: Config,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    observability_ready: impl Future<Output = ()>,
 ) -> Result<Summary, RelayError> {
     let control = setup::connect(&config).await?;
     let slot = setup::prepare(&control, &config).await?;
     let cleanup = match config.cleanup {
-        crate::config::Cleanup::None => None,
-        crate::config::Cleanup::Delete => {
+        Cleanup::None => None,
+        Cleanup::Delete => {
             let keys = setup::cleanup_keys(&control, &config).await?;
-            Some(Cleanup::new(control, keys, &config, slot.confirmed_flush))
+            let from = slot.confirmed_flush;
+            Some(cleanup::Cleanup::new(control, keys, &config, from))
         }
     };
-    let (mut sink, deliveries) = KafkaSink::new(
-        &config.kafka_brokers,
-        &config.kafka_properties,
-        config.max_in_flight_events,
-        Some(health.clone()),
-    )
-    .map_err(RelayError::Producer)?;
-    if config.delivery == crate::config::Delivery::ExactlyOnce {
-        let tails =
-            TailReader::new(&config.kafka_brokers, &config.kafka_properties).map_err(|error| {
-                RelayError::Producer(SinkError::create(error, &config.kafka_properties))
-            })?;
+    let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
+    let in_flight = config.max_in_flight_events;
+    let (mut sink, deliveries) =
+        KafkaSink::new(brokers, properties, in_flight, Some(health.clone()))
+            .map_err(RelayError::Producer)?;
+    let exactly_once = config.delivery == Delivery::ExactlyOnce;
+    if exactly_once {
+        let tails = TailReader::new(brokers, properties)
+            .map_err(|e| RelayError::Producer(SinkError::create(e, properties)))?;
         sink = sink.with_tails(tails);
     }
-    observability_ready.await;
-    let exactly_once = config.delivery == crate::config::Delivery::ExactlyOnce;
+    if config.observability.http_addr.is_some() {
+        // The pipeline's metric handles bind to the recorder in place now.
+        install_metrics().await;
+    }
     let source = PgSource::new(config.clone(), slot.publication.clone());
-    let mut pipeline = Pipeline::new(
-        config.clone(),
-        source,
-        Arc::new(sink),
-        deliveries,
-        health,
-        &slot,
-    );
+    // Aborted when dropped, as the pipeline stops.
+    let mut heartbeats = JoinSet::new();
+    if let Some(interval) = config.heartbeat_interval {
+        heartbeats.spawn(heartbeat::run(config.clone(), interval));
+    }
+    let sink = Arc::new(sink);
+    let mut pipeline = Pipeline::new(config, source, sink, deliveries, health, &slot);
     if let Some(cleanup) = cleanup {
         pipeline = pipeline.with_cleanup(cleanup);
     }
     if exactly_once {
         pipeline = pipeline.with_exactly_once();
     }
-    let heartbeat = config
-        .heartbeat_interval
-        .map(|interval| tokio::spawn(heartbeat::run(config.clone(), interval)));
-    let outcome = pipeline.run(shutdown).await;
-    if let Some(task) = heartbeat {
-        task.abort();
-    }
-    outcome
+    pipeline.run(shutdown).await
 }
 
-/// Installs the Prometheus recorder (only with an endpoint: its upkeep keeps
-/// histograms bounded) on the blocking pool. Building it calibrates the TSC
-/// clock (`quanta`), which takes up to 200 ms on a busy machine; this way it
-/// overlaps the Postgres checks instead of delaying them. Every caller gets
-/// the one handle.
+/// The Prometheus recorder (only with an endpoint, whose upkeep bounds it), built
+/// on the blocking pool: its clock calibration (up to 200 ms) overlaps start-up.
 async fn install_metrics() -> metrics_exporter_prometheus::PrometheusHandle {
-    match tokio::task::spawn_blocking(metrics::install).await {
-        Ok(handle) => handle,
-        // Only a panic inside the install stops the task; try once more here.
-        Err(_) => metrics::install(),
-    }
+    // Only a panic inside the install fails the task; then try once more here.
+    tokio::task::spawn_blocking(metrics::install)
+        .await
+        .unwrap_or_else(|_| metrics::install())
 }
 
 /// Resolves on SIGINT or SIGTERM.
 pub(super) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        },
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the relay");
             let _ = tokio::signal::ctrl_c().await;
-            return;
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
     }
 }

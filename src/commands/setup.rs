@@ -1,29 +1,22 @@
-//! `outbox-relay setup [--print]`: the publication and the slot the relay
-//! streams from, created ahead of time (by a DBA, say) or printed for review.
-//!
-//! Both paths use [`crate::source::sql`] for the statements, and applying
-//! goes through the relay's own start-up ([`setup::prepare`]): the same
-//! checks, the same "skip what exists".
+//! `outbox-relay setup [--print]`: the publication and the slot, created ahead
+//! of time through the relay's own start-up checks ([`setup::prepare`]), or
+//! printed as a script of the same [`crate::source::sql`] statements.
 
 use std::io::Write;
 
 use super::CommandError;
-use crate::config::{Cli, Config, SetupArgs, SetupTarget};
+use crate::config::{Cli, Config, SetupTarget};
 use crate::source::{setup, sql};
 
-pub(super) fn run(cli: &Cli, args: &SetupArgs) -> Result<(), CommandError> {
-    if args.print {
-        let target = SetupTarget::from_cli(cli)?;
-        let mut out = std::io::stdout().lock();
-        out.write_all(print(&target).as_bytes())?;
-        return Ok(());
-    }
-    let config = Config::from_cli(cli)?;
-    super::block_on(apply(&config))?
+/// `setup --print`: needs only the flags, no connection.
+pub(super) fn print(cli: &Cli) -> Result<(), CommandError> {
+    let target = SetupTarget::from_cli(cli)?;
+    std::io::stdout().write_all(script(&target).as_bytes())?;
+    Ok(())
 }
 
 /// The SQL `setup` would run, as a script.
-pub fn print(target: &SetupTarget) -> String {
+fn script(target: &SetupTarget) -> String {
     let tables: Vec<String> = target.tables.iter().map(ToString::to_string).collect();
     format!(
         "-- outbox-relay setup: publication {publication:?} for {tables}, slot {slot:?}.\n\
@@ -49,7 +42,8 @@ pub fn print(target: &SetupTarget) -> String {
     )
 }
 
-async fn apply(config: &Config) -> Result<(), CommandError> {
+/// Creates what is missing through the relay's own start-up checks.
+pub(super) async fn apply(config: &Config) -> Result<(), CommandError> {
     let client = setup::connect(config).await?;
     let had_publication = client
         .query_opt(
@@ -60,34 +54,21 @@ async fn apply(config: &Config) -> Result<(), CommandError> {
         .map_err(setup::query_err("look up the publication"))?
         .is_some();
     let slot = setup::prepare(&client, config).await?;
+    let publication = match had_publication {
+        true => "exists and covers the outbox tables; kept".to_owned(),
+        false => {
+            let statement = sql::create_publication(&config.publication, &config.tables);
+            format!("created: {statement}")
+        }
+    };
+    let at = slot.confirmed_flush;
+    let slot = match slot.created {
+        true => format!("created at {at} (it keeps WAL from here until a relay confirms it)"),
+        false => format!("exists (confirmed up to {at}); kept"),
+    };
     let mut out = std::io::stdout().lock();
-    if had_publication {
-        writeln!(
-            out,
-            "publication {:?}: exists and covers the outbox tables; kept",
-            config.publication
-        )?;
-    } else {
-        writeln!(
-            out,
-            "publication {:?}: created: {}",
-            config.publication,
-            sql::create_publication(&config.publication, &config.tables)
-        )?;
-    }
-    if slot.created {
-        writeln!(
-            out,
-            "slot {:?}: created at {} (it keeps WAL from here until a relay confirms it)",
-            config.slot, slot.confirmed_flush
-        )?;
-    } else {
-        writeln!(
-            out,
-            "slot {:?}: exists (confirmed up to {}); kept",
-            config.slot, slot.confirmed_flush
-        )?;
-    }
+    writeln!(out, "publication {:?}: {publication}", config.publication)?;
+    writeln!(out, "slot {:?}: {slot}", config.slot)?;
     Ok(())
 }
 
@@ -103,7 +84,7 @@ mod tests {
             slot: "s".to_owned(),
             publication: "p".to_owned(),
         };
-        let script = print(&target);
+        let script = script(&target);
         assert!(
             script.contains(&format!(
                 "{};\n",

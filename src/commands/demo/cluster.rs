@@ -24,8 +24,8 @@ const USUAL_DIRS: &[&str] = &[
 pub(super) struct Cluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
-    port: u16,
-    password: String,
+    /// The superuser's URL over loopback TCP.
+    pub(super) url: String,
     as_root: bool,
 }
 
@@ -45,70 +45,43 @@ impl Cluster {
             .tempdir_in("/tmp")
             .map_err(DemoError::Io)?;
         // The directory's random suffix: alphanumeric, so it needs no URL escaping.
-        let password = dir
-            .path()
-            .display()
-            .to_string()
-            .replace("/tmp/outbox-relay-demo-", "demo-");
-        let pwfile = dir.path().join("pwfile");
-        std::fs::write(&pwfile, format!("{password}\n")).map_err(DemoError::Io)?;
+        let password = dir.path().display().to_string();
+        let password = password.replace("/tmp/outbox-relay-demo-", "demo-");
+        std::fs::write(dir.path().join("pwfile"), format!("{password}\n"))
+            .map_err(DemoError::Io)?;
         let port = std::net::TcpListener::bind(("127.0.0.1", 0))
             .and_then(|l| l.local_addr())
             .map_err(DemoError::Io)?
             .port();
+        let as_root = rustix::process::geteuid().is_root();
+        let url = format!("postgres://postgres:{password}@127.0.0.1:{port}/postgres");
         let cluster = Cluster {
             dir,
             bin,
-            port,
-            password,
-            as_root: rustix::process::geteuid().is_root(),
+            url,
+            as_root,
         };
-        if cluster.as_root {
-            let dir = cluster.path("");
+        let dir = cluster.dir().display().to_string();
+        if as_root {
             cluster.run(Command::new("chown").args(["-R", "postgres:postgres", &dir]))?;
         }
-        let pwfile = format!("--pwfile={}", pwfile.display());
-        cluster.run(
-            cluster
-                .pg("initdb")
-                .args(["-D", &cluster.path("data"), "-U", "postgres"])
-                .args([
-                    &pwfile,
-                    "--auth-local=trust",
-                    "--auth-host=scram-sha-256",
-                    "--encoding=UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                ]),
-        )?;
+        // Commands run in the directory: paths in it are relative.
+        let initdb = "-D data -U postgres --pwfile=pwfile --auth-local=trust \
+                      --auth-host=scram-sha-256 --encoding=UTF8 --locale=C --no-sync";
+        cluster.run(cluster.pg("initdb").args(initdb.split_whitespace()))?;
         let options = format!(
-            "-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} \
+            "-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={dir} \
              -c wal_level=logical -c fsync=off -c max_wal_senders=4 -c max_replication_slots=4",
-            cluster.path("")
         );
-        let (data, log) = (cluster.path("data"), cluster.path("server.log"));
-        let start = [
-            "start", "-D", &data, "-l", &log, "-w", "-t", "60", "-o", &options,
-        ];
-        cluster.run(cluster.pg("pg_ctl").args(start))?;
+        let mut pg_ctl = cluster.pg("pg_ctl");
+        let start = "start -w -t 60 -D data -l server.log -o";
+        cluster.run(pg_ctl.args(start.split_whitespace()).arg(options))?;
         Ok(cluster)
-    }
-
-    /// The superuser's URL over loopback TCP.
-    pub(super) fn url(&self) -> String {
-        format!(
-            "postgres://postgres:{}@127.0.0.1:{}/postgres",
-            self.password, self.port
-        )
     }
 
     /// The temporary directory (data, socket, server log).
     pub(super) fn dir(&self) -> &Path {
         self.dir.path()
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.path().join(name).display().to_string()
     }
 
     /// A server tool from the bin dir, as `postgres` under root.
@@ -122,15 +95,13 @@ impl Cluster {
         command
     }
 
-    /// Runs `command`, its output going to `commands.log` (a pipe could be
-    /// held open by the daemonised server); on failure, the error shows the
-    /// end of that log and of the server's.
+    /// Runs `command` in the directory, output to `commands.log` (the daemonised
+    /// server could hold a pipe open); a failure shows that log's end and the server's.
     fn run(&self, command: &mut Command) -> Result<(), DemoError> {
-        let log_path = self.dir.path().join("commands.log");
         let log = File::options()
             .create(true)
             .append(true)
-            .open(&log_path)
+            .open(self.dir.path().join("commands.log"))
             .map_err(DemoError::Io)?;
         for var in ["PGDATA", "PGPORT", "PGHOST", "PGUSER", "PGOPTIONS"] {
             command.env_remove(var);
@@ -147,31 +118,30 @@ impl Cluster {
             Ok(s) => s.to_string(),
             Err(e) => e.to_string(),
         };
-        let hint = if self.as_root {
-            " (running as root: is there a `postgres` user? The PostgreSQL packages create it)"
-        } else {
-            ""
+        let hint = match self.as_root {
+            true => {
+                " (running as root: is there a `postgres` user? The PostgreSQL packages create it)"
+            }
+            false => "",
         };
         let mut message = format!("{:?} failed: {why}{hint}", command.get_program());
-        for log in [log_path, self.dir.path().join("server.log")] {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
+        for log in ["commands.log", "server.log"] {
+            let text = std::fs::read_to_string(self.dir.path().join(log)).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
-            for line in &lines[lines.len().saturating_sub(15)..] {
-                message = format!("{message}\n{line}");
-            }
+            let tail = lines[lines.len().saturating_sub(15)..].iter();
+            message.extend(tail.map(|line| format!("\n{line}")));
         }
         Err(DemoError::Cluster(message))
     }
 }
 
 impl Drop for Cluster {
+    /// Stops the server; the `TempDir` then removes the directory.
     fn drop(&mut self) {
         if self.dir.path().join("data/postmaster.pid").exists() {
-            let data = self.path("data");
-            let stop = ["stop", "-D", &data, "-m", "fast", "-w", "-t", "30"];
+            let stop = "stop -D data -m fast -w -t 30".split_whitespace();
             let _ = self.run(self.pg("pg_ctl").args(stop));
         }
-        // The TempDir removes the directory when it drops, after this.
     }
 }
 
@@ -183,14 +153,14 @@ fn has_server(dir: &Path) -> bool {
 
 /// `pg_config --bindir`, then the usual directories, then `PATH`.
 fn find_server() -> Option<PathBuf> {
-    let from_pg_config = Command::new("pg_config")
+    let pg_config = Command::new("pg_config")
         .arg("--bindir")
         .stderr(Stdio::null())
         .output()
         .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let mut candidates: Vec<PathBuf> = from_pg_config.into_iter().collect();
+        .filter(|o| o.status.success());
+    let bindir = pg_config.map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let mut candidates: Vec<PathBuf> = bindir.into_iter().collect();
     for pattern in USUAL_DIRS {
         let mut found: Vec<PathBuf> = glob::glob(pattern)
             .into_iter()
@@ -210,9 +180,6 @@ fn find_server() -> Option<PathBuf> {
 /// The first number in `path` (`/usr/lib/postgresql/17/bin` → 17).
 fn version(path: &Path) -> u32 {
     let text = path.to_string_lossy();
-    let digits = text.trim_start_matches(|c: char| !c.is_ascii_digit());
-    let end = digits
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(digits.len());
-    digits[..end].parse().unwrap_or(0)
+    let mut numbers = text.split(|c: char| !c.is_ascii_digit());
+    numbers.find_map(|n| n.parse().ok()).unwrap_or(0)
 }

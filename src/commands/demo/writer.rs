@@ -12,15 +12,15 @@ use crate::source::setup::query_err;
 
 /// The demo schema: its own, so a user's database keeps its tables.
 pub(super) const SCHEMA: &str = "outbox_demo";
+/// The demo's outbox table.
+pub(super) const OUTBOX: &str = "outbox_demo.outbox";
 
-/// The life of every order, one event per transaction: its event types and statuses.
+/// The life of every order, one event (and status) per transaction.
 pub(super) const EVENT_TYPES: [&str; 3] = ["order.created", "order.paid", "order.shipped"];
-const STATUSES: [&str; 3] = ["created", "paid", "shipped"];
 
 /// The orders table plus the outbox table from `sql/01_outbox_table.sql`.
 pub(super) fn schema_sql() -> String {
-    let outbox = include_str!("../../../sql/01_outbox_table.sql")
-        .replace("public.outbox", &format!("{SCHEMA}.outbox"));
+    let outbox = include_str!("../../../sql/01_outbox_table.sql").replace("public.outbox", OUTBOX);
     format!(
         "CREATE SCHEMA IF NOT EXISTS {SCHEMA};
          CREATE TABLE IF NOT EXISTS {SCHEMA}.orders (
@@ -35,31 +35,23 @@ pub(super) fn schema_sql() -> String {
 
 /// One event's transaction: the order's change and its outbox row, together.
 fn transaction_sql(n: u64) -> String {
-    let (event_type, status) = (EVENT_TYPES[(n % 3) as usize], STATUSES[(n % 3) as usize]);
+    let event_type = EVENT_TYPES[(n % 3) as usize];
+    let status = event_type.trim_start_matches("order.");
     let order = format!("order-{}", n / 3 + 1);
     let total = format!("{}.{:02}", 10 + (n / 3 * 7) % 90, (n / 3 * 13) % 100);
-    let change = if status == "created" {
-        format!(
-            "INSERT INTO {SCHEMA}.orders (id, status, total) VALUES ('{order}', 'created', {total})"
-        )
-    } else {
-        format!(
-            "UPDATE {SCHEMA}.orders SET status = '{status}', updated_at = now() WHERE id = '{order}'"
-        )
-    };
     format!(
         "BEGIN;
-         {change};
-         INSERT INTO {SCHEMA}.outbox (aggregate_type, aggregate_id, event_type, payload)
+         INSERT INTO {SCHEMA}.orders (id, status, total) VALUES ('{order}', '{status}', {total})
+             ON CONFLICT (id) DO UPDATE SET status = excluded.status, updated_at = now();
+         INSERT INTO {OUTBOX} (aggregate_type, aggregate_id, event_type, payload)
              VALUES ('order', '{order}', '{event_type}',
                      '{{\"order_id\": \"{order}\", \"status\": \"{status}\", \"total\": {total}}}');
          COMMIT;"
     )
 }
 
-/// Commits one event every `1 / rate` seconds until `stop` turns true (the
-/// transaction under way completes) or Postgres fails; `written` counts the
-/// committed ones.
+/// Commits one event every `1 / rate` seconds, counted in `written`, until
+/// `stop` (after the transaction under way) or a Postgres failure.
 pub(super) async fn run(
     client: Arc<Client>,
     rate: f64,
