@@ -14,7 +14,6 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use super::RelayError;
 use crate::lsn::Lsn;
 use crate::outbox::{DeadLetterInfo, EventError, OutboxRecord, RawParts, dead_letter_record};
-use crate::sink::DeliveryFailure;
 
 /// One undeliverable event with everything needed to report or divert it.
 pub(super) struct Poison {
@@ -22,26 +21,6 @@ pub(super) struct Poison {
     extra_headers: Vec<(Arc<str>, Option<Bytes>)>,
     pub(super) info: DeadLetterInfo,
     timestamp_ms: i64,
-}
-
-fn too_large(error: &KafkaError) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::MessageSizeTooLarge
-                | RDKafkaErrorCode::InvalidMessageSize
-                | RDKafkaErrorCode::MessageBatchTooLarge
-        )
-    )
-}
-
-fn omitted_because(error: &KafkaError, payload: Option<&Bytes>) -> Option<String> {
-    too_large(error).then(|| {
-        format!(
-            "payload of {} bytes is the reason: larger than the producer's or broker's message.max.bytes",
-            payload.map_or(0, Bytes::len)
-        )
-    })
 }
 
 impl Poison {
@@ -71,20 +50,34 @@ impl Poison {
         }
     }
 
-    /// A record librdkafka refused to enqueue.
+    /// A record that librdkafka refused to enqueue or the broker rejected for good.
     pub(super) fn refused(
         record: OutboxRecord,
-        error: KafkaError,
+        error: &KafkaError,
         lsn: Lsn,
         table: String,
     ) -> Self {
+        let too_large = matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::MessageSizeTooLarge
+                    | RDKafkaErrorCode::InvalidMessageSize
+                    | RDKafkaErrorCode::MessageBatchTooLarge
+            )
+        );
+        let size = record.payload.as_ref().map_or(0, Bytes::len);
         Poison {
             info: DeadLetterInfo {
                 error: error.to_string(),
                 lsn,
                 table,
                 intended_topic: Some(record.topic.clone()),
-                payload_omitted: omitted_because(&error, record.payload.as_ref()),
+                payload_omitted: too_large.then(|| {
+                    format!(
+                        "payload of {size} bytes is the reason: larger than the producer's or \
+                         broker's message.max.bytes"
+                    )
+                }),
             },
             timestamp_ms: record.timestamp_ms,
             parts: RawParts {
@@ -94,27 +87,6 @@ impl Poison {
                 intended_topic: Some(record.topic),
             },
             extra_headers: record.headers,
-        }
-    }
-
-    /// A record the broker rejected for good.
-    pub(super) fn rejected(failure: DeliveryFailure, lsn: Lsn, table: String) -> Self {
-        Poison {
-            info: DeadLetterInfo {
-                error: failure.error.to_string(),
-                lsn,
-                table,
-                intended_topic: Some(failure.topic.clone()),
-                payload_omitted: omitted_because(&failure.error, failure.payload.as_ref()),
-            },
-            timestamp_ms: failure.timestamp_ms.unwrap_or_default(),
-            parts: RawParts {
-                id: Bytes::from(failure.id),
-                key: failure.key,
-                payload: failure.payload,
-                intended_topic: Some(failure.topic),
-            },
-            extra_headers: failure.headers,
         }
     }
 
