@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
@@ -52,9 +53,9 @@ pub use error::{RelayError, exit_code};
 /// What a clean shutdown reports.
 #[derive(Debug, Clone)]
 pub struct Summary {
-    /// The final ack frontier (reported to Postgres).
+    /// The final ack frontier, reported to Postgres.
     pub frontier: Lsn,
-    /// Events the broker acknowledged this run (dead-lettered ones included).
+    /// Events the broker acknowledged this run, dead-lettered ones included.
     pub events_acked: u64,
     /// Events dead-lettered this run.
     pub dead_lettered: u64,
@@ -64,10 +65,10 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
-/// The shared mapper plus what the relay tells the operator about ignored changes.
+/// The mapper, and what the relay tells the operator about ignored changes.
 struct Outbox {
     mapper: EventMapper,
-    /// UPDATE/DELETE messages on outbox tables, which are ignored.
+    /// UPDATE/DELETE messages on outbox tables (ignored).
     non_insert_changes: u64,
     warned_non_transactional: bool,
     /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
@@ -75,8 +76,6 @@ struct Outbox {
     /// Relations that are neither outbox tables nor partitions of one.
     foreign: HashMap<u32, String>,
 }
-
-type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The running relay: source, tracker and sink.
 pub struct Pipeline<S: Source, K: Sink> {
@@ -87,32 +86,31 @@ pub struct Pipeline<S: Source, K: Sink> {
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     tracker: AckTracker,
     outbox: Outbox,
-    shutdown: Shutdown,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     shutting_down: bool,
-    /// When shutdown was requested plus `--shutdown-timeout`: the end of
-    /// reading to the open transaction's commit and of the drain together.
-    stop_by: Option<tokio::time::Instant>,
+    /// Shutdown request plus `--shutdown-timeout`: the end of reading to the
+    /// open transaction's commit and of the drain together.
+    stop_by: Option<Instant>,
     reported: Lsn,
-    /// The highest position that may be reported: the frontier as it stood
-    /// before the last check that found the publication intact (PostgreSQL 18
-    /// decodes on without a dropped publication, skipping its rows).
+    /// The highest position that may be reported: the frontier before the
+    /// last check that found the publication intact (PostgreSQL 18 decodes
+    /// on past a dropped publication, skipping its rows).
     verified: Lsn,
-    /// The frontier as it stood before the last check of the publication.
+    /// The frontier before the last check of the publication.
     checked: Lsn,
-    next_publication_check: tokio::time::Instant,
+    next_publication_check: Instant,
     /// The server and timeline the last stream ran on.
     server: Option<ServerId>,
     commit_lsn: Lsn,
-    /// In Unix microseconds: commit → ack latencies are a few milliseconds.
+    /// Unix microseconds: commit-to-ack latencies are a few milliseconds.
     commit_time_us: i64,
     events_acked: u64,
     dead_lettered: u64,
     reconnects: u64,
     /// Index of the next outbox event within the open transaction.
     tx_seq: u32,
-    /// The largest recent WAL message (a maximum that decays by 1/64 per
-    /// message, so one huge row does not throttle the rest of the run):
-    /// read-ahead holds up to two messages, reserved out of the byte cap.
+    /// The largest recent WAL message, decaying by 1/64 per message so one
+    /// huge row does not throttle the rest of the run.
     largest_message: usize,
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`.
@@ -121,9 +119,8 @@ pub struct Pipeline<S: Source, K: Sink> {
 }
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
-    /// A pipeline resuming from `slot`'s confirmed position. Make it after
-    /// the metrics recorder is installed: its metric handles bind to the
-    /// recorder in place when it is made.
+    /// A pipeline resuming from `slot`'s confirmed position. Make it after the
+    /// metrics recorder is installed: its metric handles bind when it is made.
     pub fn new(
         config: Config,
         source: S,
@@ -149,7 +146,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 _ => confirmed,
             },
             checked: confirmed,
-            next_publication_check: tokio::time::Instant::now(),
+            next_publication_check: Instant::now(),
             server: None,
             config,
             source,
@@ -209,7 +206,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
 
     fn begin_shutdown(&mut self) {
         self.shutting_down = true;
-        self.stop_by = Some(tokio::time::Instant::now() + self.config.shutdown_timeout);
+        self.stop_by = Some(Instant::now() + self.config.shutdown_timeout);
     }
 
     /// The highest position that may be reported now: the ack frontier, held
@@ -227,10 +224,9 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     }
 
     /// Checks that the publication still exists, is the same one and covers
-    /// the outbox tables; then the frontier as it stood before the check may be
-    /// reported: everything up to it was decoded before any drop committed.
-    /// A check that cannot run (the server unreachable) confirms nothing and
-    /// returns false.
+    /// the outbox tables; then the frontier before the check may be reported:
+    /// all up to it was decoded before any drop committed. Returns false (and
+    /// confirms nothing) when the check cannot run.
     async fn check_publication(&mut self) -> Result<bool, RelayError> {
         let candidate = self.unverified();
         if !self.source.check_publication().await? {
@@ -277,23 +273,20 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// deliveries, reports the final frontier and closes the stream.
     async fn finish(mut self) -> Summary {
         self.observer.streaming(false);
-        let deadline = self
-            .stop_by
-            .unwrap_or_else(|| tokio::time::Instant::now() + self.config.shutdown_timeout);
-        while self.tracker.window_len() > 0 && tokio::time::Instant::now() < deadline {
-            let wait = tokio::time::Instant::now() + Duration::from_millis(100);
+        let deadline =
+            (self.stop_by).unwrap_or_else(|| Instant::now() + self.config.shutdown_timeout);
+        while self.tracker.window_len() > 0 && Instant::now() < deadline {
+            let wait = Instant::now() + Duration::from_millis(100);
             match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {
                 Ok(Some(delivery)) => {
-                    // Only successes can move the frontier; a failure is
-                    // already reported or will be replayed after restart.
+                    // A failure is already reported, or replayed after restart.
                     if delivery.outcome.is_ok() {
                         let _ = self.acked(delivery.ticket);
                     }
                 }
                 Ok(None) => break,
-                // Nothing reported for a while: stop waiting once librdkafka
-                // holds nothing either (what remains in the window was never
-                // handed over, e.g. the poison event that stopped the relay).
+                // Nothing for a while, and librdkafka holds nothing either:
+                // the rest was never handed over (e.g. a poison event).
                 Err(_) if self.sink.in_flight() == 0 && self.deliveries.is_empty() => break,
                 Err(_) => {}
             }
@@ -313,12 +306,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             );
         }
         if let Some(stream) = self.stream.take() {
-            stream
-                .close(
-                    frontier,
-                    self.config.status_interval * 2 + Duration::from_secs(1),
-                )
-                .await;
+            let timeout = self.config.status_interval * 2 + Duration::from_secs(1);
+            stream.close(frontier, timeout).await;
         }
         tracing::info!(
             frontier = %frontier,
