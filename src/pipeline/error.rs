@@ -4,7 +4,7 @@ use rdkafka::error::KafkaError;
 
 use super::ack::AckError;
 use crate::lsn::Lsn;
-use crate::outbox::BindError;
+use crate::outbox::{BindError, DeadLetterInfo};
 use crate::pgoutput::DecodeError;
 use crate::sink::SinkError;
 use crate::sink::exactly_once::TailError;
@@ -89,21 +89,18 @@ pub enum RelayError {
     },
     /// An event that can never be delivered, under `--on-poison fail`.
     #[error(
-        "event id {id:?} from {table} (commit LSN {lsn}, topic {topic:?}) cannot be delivered: \
-         {reason}. The slot was not moved past it, and a restart replays it: fix the cause (the \
-         mapping flags, the producer's message.max.bytes, the topic), or divert such events with \
-         --on-poison dead-letter --dead-letter-topic TOPIC; as a last resort, with the relay \
-         stopped, advance the slot past this transaction with pg_replication_slot_advance (its \
-         events are then lost)"
+        "event id {id:?} from {} (commit LSN {}, topic {:?}) cannot be delivered: {}. The slot \
+         was not moved past it, and a restart replays it: fix the cause (the mapping flags, the \
+         producer's message.max.bytes, the topic), or divert such events with --on-poison \
+         dead-letter --dead-letter-topic TOPIC; as a last resort, with the relay stopped, \
+         advance the slot past this transaction with pg_replication_slot_advance (its events \
+         are then lost)",
+        .info.table, .info.lsn, .info.intended_topic.as_deref().unwrap_or(""), .info.error
     )]
     Poison {
-        lsn: Lsn,
-        table: String,
         /// Empty when NULL.
         id: String,
-        /// Empty when it could not be rendered.
-        topic: String,
-        reason: String,
+        info: DeadLetterInfo,
     },
     /// The dead-letter topic refused a dead-letter record for a reason about the record.
     #[error(

@@ -6,16 +6,25 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use pgwire_replication::ReplicationEvent;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use super::poison::Poison;
 use super::{Pipeline, RelayError};
 use crate::lsn::Lsn;
-use crate::outbox::{EventError, OutboxRecord, RawParts, values};
+use crate::outbox::{
+    DeadLetterInfo, EventError, OutboxRecord, RawParts, dead_letter_record, values,
+};
 use crate::pgoutput::{self, Message};
 use crate::sink::exactly_once::Position;
 use crate::sink::{Delivery, Sink, SinkError, Ticket, is_batch_level, is_poison};
 use crate::source::Source;
+
+/// An event that can never be delivered: what could be read of it, and why.
+struct Poison {
+    parts: RawParts,
+    headers: Vec<(Arc<str>, Option<Bytes>)>,
+    timestamp_ms: i64,
+    info: DeadLetterInfo,
+}
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
     pub(super) async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
@@ -215,8 +224,22 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             Ok(record) => return self.enqueue(record, table, seq).await,
             Err(unmapped) => unmapped,
         };
-        let (lsn, time) = (self.commit_lsn, self.commit_time_ms());
-        let poison = Poison::unmappable(parts, error, lsn, table.to_string(), time);
+        let intended_topic = match &error {
+            EventError::InvalidTopic { topic, .. } => Some(topic.clone()),
+            _ => parts.intended_topic.clone(),
+        };
+        let poison = Poison {
+            parts,
+            headers: Vec::new(),
+            timestamp_ms: self.commit_time_ms(),
+            info: DeadLetterInfo {
+                error: error.to_string(),
+                lsn: self.commit_lsn,
+                table: table.to_string(),
+                intended_topic,
+                payload_omitted: None,
+            },
+        };
         let ticket = self.tracker.push(0, &table)?;
         self.poison(ticket, poison).await
     }
@@ -292,41 +315,83 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 error,
             });
         }
-        self.poison(ticket, Poison::refused(record, &error, lsn, table))
-            .await
+        let too_large = matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::MessageSizeTooLarge
+                    | RDKafkaErrorCode::InvalidMessageSize
+                    | RDKafkaErrorCode::MessageBatchTooLarge
+            )
+        );
+        let size = record.payload.as_ref().map_or(0, Bytes::len);
+        let info = DeadLetterInfo {
+            error: error.to_string(),
+            lsn,
+            table,
+            intended_topic: Some(record.topic.clone()),
+            payload_omitted: too_large.then(|| {
+                format!(
+                    "payload of {size} bytes is the reason: larger than the producer's or \
+                     broker's message.max.bytes"
+                )
+            }),
+        };
+        let poison = Poison {
+            parts: RawParts {
+                id: record.id,
+                key: record.key,
+                payload: record.payload,
+                intended_topic: Some(record.topic),
+            },
+            headers: record.headers,
+            timestamp_ms: record.timestamp_ms,
+            info,
+        };
+        self.poison(ticket, poison).await
     }
 
-    /// An event that can never be delivered: dead-letter it under that
-    /// policy (acknowledged when the dead-letter record is), else stop.
+    /// An event that can never be delivered (a row that does not map, a
+    /// record librdkafka refuses, or one the broker rejects for good):
+    /// dead-letter it under that policy (acknowledged when the dead-letter
+    /// record is), else stop.
     async fn poison(&mut self, ticket: Ticket, poison: Poison) -> Result<(), RelayError> {
+        let Poison {
+            parts,
+            headers,
+            timestamp_ms,
+            info,
+        } = poison;
+        let id = String::from_utf8_lossy(&parts.id).into_owned();
         let Some(topic) = self.config.dead_letter_topic.clone() else {
-            return Err(poison.into_error());
+            return Err(RelayError::Poison { id, info });
         };
-        let info = &poison.info;
         tracing::warn!(
             lsn = %info.lsn,
-            id = %poison.id_text(),
+            id,
             table = %info.table,
             topic = %info.intended_topic.as_deref().unwrap_or(""),
             error = %info.error,
             dead_letter_topic = %topic,
             "event cannot be delivered; dead-lettering it"
         );
-        let (lsn, table) = (info.lsn, info.table.clone());
-        let record = poison.into_dead_letter(&topic);
-        self.dead_lettered += 1;
+        let record = dead_letter_record(&topic, parts, headers, &info, timestamp_ms);
+        self.summary.dead_lettered += 1;
         crate::observability::metrics::dead_lettered();
         match self.sink.send(ticket, &record).await {
             Ok(()) => Ok(()),
             Err(SinkError::Enqueue { source, .. }) if is_poison(&source) => {
                 Err(RelayError::DeadLetter {
-                    lsn,
-                    id: record.id_text(),
+                    lsn: info.lsn,
+                    id,
                     topic,
                     error: source,
                 })
             }
-            Err(source) => Err(RelayError::Sink { lsn, table, source }),
+            Err(source) => Err(RelayError::Sink {
+                lsn: info.lsn,
+                table: info.table,
+                source,
+            }),
         }
     }
 }

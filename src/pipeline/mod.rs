@@ -24,7 +24,6 @@ pub mod ack;
 
 mod error;
 mod events;
-mod poison;
 mod stream;
 
 use std::collections::HashMap;
@@ -51,7 +50,7 @@ use ack::{AckError, AckTracker};
 pub use error::{RelayError, exit_code};
 
 /// What a clean shutdown reports.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Summary {
     /// The final ack frontier, reported to Postgres.
     pub frontier: Lsn,
@@ -92,21 +91,19 @@ pub struct Pipeline<S: Source, K: Sink> {
     /// open transaction's commit and of the drain together.
     stop_by: Option<Instant>,
     reported: Lsn,
-    /// The highest position that may be reported: the frontier before the
-    /// last check that found the publication intact (PostgreSQL 18 decodes
-    /// on past a dropped publication, skipping its rows).
-    verified: Lsn,
-    /// The frontier before the last check of the publication.
+    /// The frontier before the last check that found the publication intact.
     checked: Lsn,
+    /// PostgreSQL 18 decodes on past a dropped publication, skipping its
+    /// rows: only a position a check covered may be reported.
+    report_checked_only: bool,
     next_publication_check: Instant,
     /// The server and timeline the last stream ran on.
     server: Option<ServerId>,
     commit_lsn: Lsn,
     /// Unix microseconds: commit-to-ack latencies are a few milliseconds.
     commit_time_us: i64,
-    events_acked: u64,
-    dead_lettered: u64,
-    reconnects: u64,
+    /// Counted as the run goes.
+    summary: Summary,
     /// Index of the next outbox event within the open transaction.
     tx_seq: u32,
     /// The largest recent WAL message, decaying by 1/64 per message so one
@@ -140,12 +137,9 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             },
             tracker: AckTracker::new(confirmed),
             reported: confirmed,
-            // Before 18, pgoutput fails the stream on a missing publication.
-            verified: match slot.publication.server_version {
-                ..180_000 => Lsn(u64::MAX),
-                _ => confirmed,
-            },
             checked: confirmed,
+            // Before 18, pgoutput fails the stream on a missing publication.
+            report_checked_only: slot.publication.server_version >= 180_000,
             next_publication_check: Instant::now(),
             server: None,
             config,
@@ -158,9 +152,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             stop_by: None,
             commit_lsn: Lsn::ZERO,
             commit_time_us: 0,
-            events_acked: 0,
-            dead_lettered: 0,
-            reconnects: 0,
+            summary: Summary::default(),
             tx_seq: 0,
             largest_message: 0,
             exactly_once: None,
@@ -213,7 +205,11 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// back under `--cleanup delete` until the rows it covers are deleted, and
     /// until a check of the publication that started after it was reached.
     fn reportable(&self) -> Lsn {
-        self.unverified().min(self.verified)
+        if self.report_checked_only {
+            self.unverified().min(self.checked)
+        } else {
+            self.unverified()
+        }
     }
 
     fn unverified(&self) -> Lsn {
@@ -233,7 +229,6 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             return Ok(false);
         }
         self.checked = self.checked.max(candidate);
-        self.verified = self.verified.max(candidate);
         Ok(true)
     }
 
@@ -265,7 +260,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         let sent = self.tracker.take_sent(ticket);
         self.tracker.ack(ticket)?;
         self.observer.event_acked(sent);
-        self.events_acked += 1;
+        self.summary.events_acked += 1;
         Ok(())
     }
 
@@ -311,17 +306,15 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         }
         tracing::info!(
             frontier = %frontier,
-            acked = self.events_acked,
-            dead_lettered = self.dead_lettered,
+            acked = self.summary.events_acked,
+            dead_lettered = self.summary.dead_lettered,
             ignored_updates_deletes = self.outbox.non_insert_changes,
             "stopped; slot confirmed up to the final frontier"
         );
         Summary {
             frontier,
-            events_acked: self.events_acked,
-            dead_lettered: self.dead_lettered,
             abandoned,
-            reconnects: self.reconnects,
+            ..self.summary
         }
     }
 }

@@ -74,7 +74,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 tracing::warn!(error = %error, "replication stream broke while stopping");
                 return Ok(());
             }
-            self.reconnects += 1;
+            self.summary.reconnects += 1;
             attempt += 1;
             tracing::warn!(
                 error = %error,
@@ -129,9 +129,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                  from the old one"
             );
             self.tracker.rewind(at);
-            for lsn in [&mut self.reported, &mut self.verified, &mut self.checked] {
-                *lsn = (*lsn).min(at);
-            }
+            self.reported = self.reported.min(at);
+            self.checked = self.checked.min(at);
         }
         let new_source = (self.exactly_once.as_mut()).is_some_and(|eo| eo.follow(stream.server()));
         self.server = Some(stream.server().clone());
