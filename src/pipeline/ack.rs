@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use crate::lsn::Lsn;
 use crate::observability::observer::Sent;
-pub use crate::sink::Ticket;
+use crate::sink::Ticket;
 
 /// The stream broke the pgoutput protocol's framing: stop rather than guess.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

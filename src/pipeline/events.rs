@@ -35,9 +35,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         };
         let (error, record) = (failure.error, failure.record);
         self.observer.delivery_failed(&error);
-        let lsn = self.tracker.commit_lsn_of(ticket).unwrap_or(Lsn::ZERO);
-        let table = self.tracker.table_of(ticket).map(ToString::to_string);
-        let table = table.unwrap_or_default();
+        let (lsn, _) = self.origin(ticket);
         if !delivery.alone && is_batch_level(&error) {
             // The broker blamed the whole batch: only a record refused alone is poison.
             tracing::warn!(
@@ -49,11 +47,11 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             );
             return match self.sink.send_alone(ticket, &record).await {
                 Ok(()) => Ok(()),
-                Err(error) => self.refused(ticket, record, error, lsn, table).await,
+                Err(error) => self.refused(ticket, record, error).await,
             };
         }
         if is_poison(&error) {
-            return self.condemned(ticket, record, error, lsn, table).await;
+            return self.condemned(ticket, record, error).await;
         }
         Err(RelayError::Delivery {
             lsn,
@@ -251,8 +249,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         table: Arc<str>,
         seq: u32,
     ) -> Result<(), RelayError> {
-        let lsn = self.commit_lsn;
         if let Some(eo) = self.exactly_once.as_mut() {
+            let lsn = self.commit_lsn;
             let position = Position { lsn, seq };
             let prepared = eo.prepare(&*self.sink, record, position).await;
             match prepared.map_err(|source| RelayError::ExactlyOnce { lsn, source })? {
@@ -272,10 +270,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 self.tracker.sent(ticket, sent);
                 Ok(())
             }
-            Err(error) => {
-                self.refused(ticket, record, error, lsn, table.to_string())
-                    .await
-            }
+            Err(error) => self.refused(ticket, record, error).await,
         }
     }
 
@@ -286,15 +281,23 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         ticket: Ticket,
         record: OutboxRecord,
         error: SinkError,
-        lsn: Lsn,
-        table: String,
     ) -> Result<(), RelayError> {
         match error {
             SinkError::Enqueue { source, .. } if is_poison(&source) => {
-                self.condemned(ticket, record, source, lsn, table).await
+                self.condemned(ticket, record, source).await
             }
-            source => Err(RelayError::Sink { lsn, table, source }),
+            source => {
+                let (lsn, table) = self.origin(ticket);
+                Err(RelayError::Sink { lsn, table, source })
+            }
         }
+    }
+
+    /// The commit LSN and outbox table of an in-flight event, for errors.
+    fn origin(&self, ticket: Ticket) -> (Lsn, String) {
+        let lsn = self.tracker.commit_lsn_of(ticket).unwrap_or(Lsn::ZERO);
+        let table = self.tracker.table_of(ticket).map(ToString::to_string);
+        (lsn, table.unwrap_or_default())
     }
 
     /// A record refused for good for a reason about itself: poison, unless it
@@ -304,9 +307,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         ticket: Ticket,
         record: OutboxRecord,
         error: KafkaError,
-        lsn: Lsn,
-        table: String,
     ) -> Result<(), RelayError> {
+        let (lsn, table) = self.origin(ticket);
         if self.config.dead_letter_topic.as_ref() == Some(&record.topic) {
             return Err(RelayError::DeadLetter {
                 lsn,

@@ -309,14 +309,15 @@ impl TailError {
 /// time nothing of ours below the floor is among them.
 const TAIL_WINDOW: i64 = 256;
 
+/// How long one metadata request or one tail read may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How long `backfill` may spend reading back the records of one topic.
 const BACKFILL_READ_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Reads partitions back to find the records this relay wrote there.
 pub struct TailReader {
     consumer: BaseConsumer,
-    source_id: String,
-    timeout: Duration,
 }
 
 /// A record of ours read back.
@@ -327,8 +328,7 @@ struct Found {
 }
 
 impl TailReader {
-    /// A reader with the relay's brokers and `-X` connection properties; it
-    /// knows records as its own once [`TailReader::set_source`] names them.
+    /// A reader with the relay's brokers and `-X` connection properties.
     pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, KafkaError> {
         let mut config = ClientConfig::new();
         config
@@ -346,28 +346,22 @@ impl TailReader {
         }
         Ok(TailReader {
             consumer: config.create()?,
-            source_id: String::new(),
-            timeout: Duration::from_secs(30),
         })
     }
 
-    /// The `outbox.source` of the records that count as this relay's.
-    pub fn set_source(&mut self, source_id: String) {
-        self.source_id = source_id;
-    }
-
-    /// Per partition of `topic`, the positions of our records at or above
-    /// `floor`: the events still to come that are already there. The last
+    /// Per partition of `topic`, the positions of the records of `source`
+    /// (ours) at or above `floor`: the events still to come that are already there. The last
     /// records of every partition are read in one pass (one assignment, one
     /// round of fetches); a partition that needs more is read further back alone.
     pub fn delivered(
         &self,
         topic: &str,
+        source: &str,
         partitions: i32,
         floor: Lsn,
         wal_end: Lsn,
     ) -> Vec<Result<HashSet<Position>, TailError>> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + READ_TIMEOUT;
         let marks: Vec<_> = (0..partitions).map(|p| self.watermarks(topic, p)).collect();
         let ranges: Vec<(i32, i64, i64)> = (0..)
             .zip(&marks)
@@ -376,7 +370,9 @@ impl TailReader {
             .map(|(p, low, high)| (p, (high - TAIL_WINDOW).max(low), high))
             .collect();
         // A failed joint read is retried per partition.
-        let mut scanned = self.scan(topic, &ranges, deadline, |m| self.ours(m)).ok();
+        let mut scanned = self
+            .scan(topic, &ranges, deadline, |m| ours(m, source))
+            .ok();
         (0..)
             .zip(marks)
             .map(|(partition, mark)| {
@@ -396,7 +392,7 @@ impl TailReader {
                         Some(records) => records,
                         None => self
                             .scan(topic, &[(partition, start, end)], deadline, |m| {
-                                self.ours(m)
+                                ours(m, source)
                             })?
                             .concat(),
                     };
@@ -418,7 +414,7 @@ impl TailReader {
                             return Err(TailError::ForeignWriter {
                                 topic: topic.to_owned(),
                                 partition,
-                                source_id: self.source_id.clone(),
+                                source_id: source.to_owned(),
                                 lsn: record.position.lsn,
                                 wal_end,
                             });
@@ -453,7 +449,7 @@ impl TailReader {
                 .add_partition_offset(topic, partition, Offset::Offset(since_ms))
                 .map_err(|e| TailError::read(topic, partition, &e))?;
         }
-        let by_time = self.consumer.offsets_for_times(query, self.timeout).ok();
+        let by_time = self.consumer.offsets_for_times(query, READ_TIMEOUT).ok();
         let deadline = Instant::now() + BACKFILL_READ_TIMEOUT;
         let mut ranges = Vec::new();
         for partition in 0..partitions {
@@ -487,7 +483,7 @@ impl TailReader {
 
     fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), TailError> {
         self.consumer
-            .fetch_watermarks(topic, partition, self.timeout)
+            .fetch_watermarks(topic, partition, READ_TIMEOUT)
             .map_err(|e| TailError::read(topic, partition, &e))
     }
 
@@ -544,25 +540,25 @@ impl TailReader {
         let _ = self.consumer.unassign();
         Ok(found)
     }
+}
 
-    /// `msg` as a record of ours, when it is one.
-    fn ours(&self, msg: &BorrowedMessage<'_>) -> Option<Found> {
-        let (mut src, mut lsn, mut seq) = (None, None, None);
-        for h in headers(msg) {
-            match h.key {
-                SOURCE_HEADER => src = h.value,
-                LSN_HEADER => lsn = h.value,
-                SEQ_HEADER => seq = h.value,
-                _ => {}
-            }
+/// `msg` as a record of `source`, when it is one.
+fn ours(msg: &BorrowedMessage<'_>, source: &str) -> Option<Found> {
+    let (mut src, mut lsn, mut seq) = (None, None, None);
+    for h in headers(msg) {
+        match h.key {
+            SOURCE_HEADER => src = h.value,
+            LSN_HEADER => lsn = h.value,
+            SEQ_HEADER => seq = h.value,
+            _ => {}
         }
-        if src != Some(self.source_id.as_bytes()) {
-            return None;
-        }
-        let position = Position::from_headers(lsn?, seq?)?;
-        let key = msg.key().or(event_id(msg)).unwrap_or_default().to_vec();
-        Some(Found { position, key })
     }
+    if src != Some(source.as_bytes()) {
+        return None;
+    }
+    let position = Position::from_headers(lsn?, seq?)?;
+    let key = msg.key().or(event_id(msg)).unwrap_or_default().to_vec();
+    Some(Found { position, key })
 }
 
 fn headers<'a>(msg: &'a BorrowedMessage<'_>) -> impl Iterator<Item = Header<'a, &'a [u8]>> {

@@ -368,12 +368,6 @@ impl KafkaSink {
     pub fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
         fetch_partition_count(&self.producer, topic)
     }
-
-    /// Waits up to `timeout` for outstanding deliveries.
-    pub fn flush(&self, timeout: Duration) -> bool {
-        let alone = self.alone.get().is_none_or(|p| p.flush(timeout).is_ok());
-        self.producer.flush(timeout).is_ok() && alone
-    }
 }
 
 fn fetch_partition_count(
@@ -455,9 +449,8 @@ impl Sink for KafkaSink {
         };
         let (owned, source) = (topic.to_owned(), source.to_owned());
         let read = tokio::task::spawn_blocking(move || {
-            let mut reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
-            reader.set_source(source);
-            reader.delivered(&owned, partitions, floor, wal_end)
+            let reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            reader.delivered(&owned, &source, partitions, floor, wal_end)
         });
         read.await
             .unwrap_or_else(|e| failed(format!("the blocking read stopped: {e}")))
