@@ -162,7 +162,6 @@ async fn relay(
         sink = sink.with_tails(tails);
     }
     observability_ready.await;
-    let exactly_once = config.delivery == crate::config::Delivery::ExactlyOnce;
     let source = PgSource::new(config.clone(), slot.publication.clone());
     let mut pipeline = Pipeline::new(
         config.clone(),
@@ -174,9 +173,6 @@ async fn relay(
     );
     if let Some(cleanup) = cleanup {
         pipeline = pipeline.with_cleanup(cleanup);
-    }
-    if exactly_once {
-        pipeline = pipeline.with_exactly_once();
     }
     let heartbeat = config
         .heartbeat_interval

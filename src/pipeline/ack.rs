@@ -207,12 +207,9 @@ impl AckTracker {
 
     /// When the oldest unacknowledged event was handed over (`/readyz`'s staleness).
     pub fn oldest_sent(&self) -> Option<Instant> {
-        let slot = self
-            .window
-            .iter()
-            .find(|s| !s.delivered && s.sent.is_some());
-        slot.and_then(|s| s.sent.as_ref())
-            .map(|sent| sent.handed_at)
+        // An acked slot's record is cleared.
+        let sent = self.window.iter().find_map(|s| s.sent.as_ref());
+        sent.map(|sent| sent.handed_at)
     }
 
     /// The broker acknowledged `ticket`. Returns whether the frontier moved.

@@ -35,7 +35,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::config::Config;
+use crate::config::{self, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::observability::observer::PipelineObserver;
@@ -135,6 +135,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 all_tables: slot.publication.all_tables,
                 foreign: HashMap::new(),
             },
+            exactly_once: (config.delivery == config::Delivery::ExactlyOnce)
+                .then(|| ExactlyOnce::new(config.slot.clone(), config.exactly_once_fallback)),
             tracker: AckTracker::new(confirmed),
             reported: confirmed,
             checked: confirmed,
@@ -155,7 +157,6 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             summary: Summary::default(),
             tx_seq: 0,
             largest_message: 0,
-            exactly_once: None,
             cleanup: None,
             observer: PipelineObserver::with_health(health),
         }
@@ -164,14 +165,6 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
     pub fn with_cleanup(mut self, cleanup: Cleanup) -> Self {
         self.cleanup = Some(cleanup);
-        self
-    }
-
-    /// `--delivery exactly-once`: records carry their source and position,
-    /// and replayed ones a partition already holds are skipped.
-    pub fn with_exactly_once(mut self) -> Self {
-        let (slot, fallback) = (self.config.slot.clone(), self.config.exactly_once_fallback);
-        self.exactly_once = Some(ExactlyOnce::new(slot, fallback));
         self
     }
 

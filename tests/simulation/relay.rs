@@ -297,10 +297,7 @@ async fn broker(shared: Shared) {
 /// relayed and the faults are spent. Runs are bounded in count and in
 /// (virtual) time.
 pub async fn drive(shared: Shared) -> Result<(), String> {
-    let (config, exactly_once) = {
-        let world = shared.lock();
-        (config(&world.plan), world.plan.exactly_once)
-    };
+    let config = config(&shared.lock().plan);
     for run in 0..50 {
         let (deliveries_tx, deliveries) = tokio::sync::mpsc::unbounded_channel();
         let (sigterm, shutdown) = tokio::sync::oneshot::channel::<()>();
@@ -332,7 +329,7 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
                 members: Vec::new(),
             },
         };
-        let mut pipeline = Pipeline::new(
+        let pipeline = Pipeline::new(
             config.clone(),
             SimSource(shared.clone()),
             Arc::new(SimSink(shared.clone())),
@@ -340,9 +337,6 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
             health,
             &slot,
         );
-        if exactly_once {
-            pipeline = pipeline.with_exactly_once();
-        }
         let shutdown = async move {
             if shutdown.await.is_err() {
                 std::future::pending::<()>().await;
