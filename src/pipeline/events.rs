@@ -133,11 +133,10 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     .relation(relation, root)
                     .map_err(bind_error)?;
                 self.outbox.foreign.remove(&id);
-                match self.outbox.mapper.outbox_table(id) {
-                    Some(table) => {
-                        tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table")
-                    }
-                    None => _ = self.outbox.foreign.insert(id, name),
+                if let Some(table) = self.outbox.mapper.outbox_table(id) {
+                    tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
+                } else {
+                    self.outbox.foreign.insert(id, name);
                 }
             }
             Message::Insert { relation_id, new } => {
