@@ -86,9 +86,8 @@ pub struct Pipeline<S: Source, K: Sink> {
     tracker: AckTracker,
     outbox: Outbox,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
-    shutting_down: bool,
-    /// Shutdown request plus `--shutdown-timeout`: the end of reading to the
-    /// open transaction's commit and of the drain together.
+    /// Set when shutdown is requested, to then plus `--shutdown-timeout`: the
+    /// end of reading to the open transaction's commit and of the drain together.
     stop_by: Option<Instant>,
     reported: Lsn,
     /// The frontier before the last check that found the publication intact.
@@ -150,7 +149,6 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             sink,
             deliveries,
             shutdown: Box::pin(std::future::pending()),
-            shutting_down: false,
             stop_by: None,
             commit_lsn: Lsn::ZERO,
             commit_time_us: 0,
@@ -190,7 +188,6 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     }
 
     fn begin_shutdown(&mut self) {
-        self.shutting_down = true;
         self.stop_by = Some(Instant::now() + self.config.shutdown_timeout);
     }
 
@@ -261,8 +258,9 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// deliveries, reports the final frontier and closes the stream.
     async fn finish(mut self) -> Summary {
         self.observer.streaming(false);
-        let deadline =
-            (self.stop_by).unwrap_or_else(|| Instant::now() + self.config.shutdown_timeout);
+        let deadline = self
+            .stop_by
+            .unwrap_or_else(|| Instant::now() + self.config.shutdown_timeout);
         while self.tracker.window_len() > 0 && Instant::now() < deadline {
             let wait = Instant::now() + Duration::from_millis(100);
             match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {

@@ -69,7 +69,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             if error.recovery() == Recovery::Fatal {
                 return Err(self.fatal_source(error).await);
             }
-            if self.shutting_down {
+            if self.stop_by.is_some() {
                 // Stopping anyway: the open transaction is replayed after restart.
                 tracing::warn!(error = %error, "replication stream broke while stopping");
                 return Ok(());
@@ -195,7 +195,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// send all of it again.
     async fn stream_until_shutdown(&mut self) -> Result<(), RelayError> {
         loop {
-            if self.shutting_down && !self.tracker.in_transaction() {
+            if self.stop_by.is_some() && !self.tracker.in_transaction() {
                 return Ok(());
             }
             // Read-ahead (pgwire-replication's channel and its reader) holds up
@@ -217,7 +217,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             };
             tokio::select! {
                 biased;
-                () = &mut self.shutdown, if !self.shutting_down => {
+                () = &mut self.shutdown, if self.stop_by.is_none() => {
                     self.begin_shutdown();
                     if self.tracker.in_transaction() {
                         tracing::info!(
@@ -268,7 +268,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         while deadline.is_some() || self.tracker.window_len() > 0 {
             tokio::select! {
                 biased;
-                () = &mut self.shutdown, if !self.shutting_down => {
+                () = &mut self.shutdown, if self.stop_by.is_none() => {
                     self.begin_shutdown();
                     return Ok(true);
                 }

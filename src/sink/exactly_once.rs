@@ -61,9 +61,7 @@ pub fn partition_for(key: &[u8], partitions: i32) -> i32 {
 /// Where an event sits in the commit order: its transaction's commit LSN, then its index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Position {
-    /// Commit LSN of the transaction.
     pub lsn: Lsn,
-    /// Index within the transaction.
     pub seq: u32,
 }
 
@@ -251,11 +249,8 @@ pub enum TailError {
     /// Reading the partition (`-1`: the topic) failed.
     #[error("cannot read the tail of {topic}/{partition}: {reason}")]
     Read {
-        /// Topic.
         topic: String,
-        /// Partition.
         partition: i32,
-        /// What went wrong.
         reason: String,
     },
     /// A record of ours hashes to another partition with the current count.
@@ -266,13 +261,10 @@ pub enum TailError {
          be guaranteed for it"
     )]
     PartitionCountChanged {
-        /// Topic.
         topic: String,
-        /// Partition.
         partition: i32,
         /// The record's key (or id).
         key: String,
-        /// Current partition count.
         partitions: i32,
     },
     /// A record of ours is past the WAL's end: another writer uses our source.
@@ -281,11 +273,8 @@ pub enum TailError {
          past the end of the WAL ({wal_end}): another writer uses the same source header"
     )]
     ForeignWriter {
-        /// Topic.
         topic: String,
-        /// Partition.
         partition: i32,
-        /// The source header.
         source_id: String,
         /// The record's commit LSN.
         lsn: Lsn,
@@ -349,10 +338,10 @@ impl TailReader {
         })
     }
 
-    /// Per partition of `topic`, the positions of the records of `source`
-    /// (ours) at or above `floor`: the events still to come that are already there. The last
-    /// records of every partition are read in one pass (one assignment, one
-    /// round of fetches); a partition that needs more is read further back alone.
+    /// Per partition of `topic`, the positions of `source`'s records at or
+    /// above `floor`: the events still to come that are already there. The
+    /// ends of all partitions are read in one pass (one round of fetches); a
+    /// partition that needs more is read further back alone.
     pub fn delivered(
         &self,
         topic: &str,

@@ -99,7 +99,7 @@ pub struct Delivery {
 /// be sent again or dead-lettered.
 #[derive(Debug, Clone)]
 pub struct DeliveryFailure {
-    /// Why.
+    /// librdkafka's verdict.
     pub error: KafkaError,
     /// The record, pinned to the partition it was meant for.
     pub record: OutboxRecord,
@@ -149,11 +149,8 @@ pub enum SinkError {
     /// librdkafka refused to enqueue a record ([`is_poison`] tells whose fault).
     #[error("Kafka refused the record for topic {topic:?} (id {id})")]
     Enqueue {
-        /// The record's topic.
         topic: String,
-        /// The event id.
         id: String,
-        /// librdkafka's error.
         #[source]
         source: KafkaError,
     },
