@@ -60,7 +60,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                             wait
                         }
                     };
-                    if self.handle_deliveries(Some(Instant::now() + wait)).await? {
+                    if self.pause(wait).await? {
                         return Ok(());
                     }
                     continue;
@@ -98,10 +98,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 }
                 self.refresh_exactly_once().await;
             }
-            if self
-                .handle_deliveries(Some(Instant::now() + backoff))
-                .await?
-            {
+            if self.pause(backoff).await? {
                 return Ok(());
             }
         }
@@ -132,7 +129,10 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             self.reported = self.reported.min(at);
             self.checked = self.checked.min(at);
         }
-        let new_source = (self.exactly_once.as_mut()).is_some_and(|eo| eo.follow(stream.server()));
+        let new_source = self
+            .exactly_once
+            .as_mut()
+            .is_some_and(|eo| eo.follow(stream.server()));
         self.server = Some(stream.server().clone());
         self.stream = Some(stream);
         self.observer.streaming(true);
@@ -160,8 +160,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             );
         }
         if standby || new_source {
-            // The active relay wrote past the WAL end seen at start-up, and
-            // its records are not another writer's.
+            // After a takeover: the active relay wrote past the WAL end seen
+            // at start-up, and its records are not another writer's.
             self.refresh_exactly_once().await;
         }
     }
@@ -260,6 +260,12 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             }
             self.report_frontier(false).await;
         }
+    }
+
+    /// Waits `wait` while processing delivery reports. Returns whether
+    /// shutdown was requested.
+    async fn pause(&mut self, wait: Duration) -> Result<bool, RelayError> {
+        self.handle_deliveries(Some(Instant::now() + wait)).await
     }
 
     /// Processes delivery reports until `deadline` passes or, without one,
