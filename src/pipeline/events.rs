@@ -18,14 +18,6 @@ use crate::sink::exactly_once::Position;
 use crate::sink::{Delivery, Sink, SinkError, Ticket, is_batch_level, is_poison};
 use crate::source::Source;
 
-/// An event that can never be delivered: what could be read of it, and why.
-struct Poison {
-    parts: RawParts,
-    headers: Vec<(Arc<str>, Option<Bytes>)>,
-    timestamp_ms: i64,
-    info: DeadLetterInfo,
-}
-
 impl<S: Source, K: Sink> Pipeline<S, K> {
     pub(super) async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
         let ticket = delivery.ticket;
@@ -225,20 +217,16 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             EventError::InvalidTopic { topic, .. } => Some(topic.clone()),
             _ => parts.intended_topic.clone(),
         };
-        let poison = Poison {
-            parts,
-            headers: Vec::new(),
-            timestamp_ms: self.commit_time_ms(),
-            info: DeadLetterInfo {
-                error: error.to_string(),
-                lsn: self.commit_lsn,
-                table: table.to_string(),
-                intended_topic,
-                payload_omitted: None,
-            },
+        let info = DeadLetterInfo {
+            error: error.to_string(),
+            lsn: self.commit_lsn,
+            table: table.to_string(),
+            intended_topic,
+            payload_omitted: None,
         };
         let ticket = self.tracker.push(0, &table)?;
-        self.poison(ticket, poison).await
+        let time = self.commit_time_ms();
+        self.poison(ticket, parts, Vec::new(), time, info).await
     }
 
     /// Hands one record to the producer, in stream order.
@@ -337,31 +325,28 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 )
             }),
         };
-        let poison = Poison {
-            parts: RawParts {
-                id: record.id,
-                key: record.key,
-                payload: record.payload,
-                intended_topic: Some(record.topic),
-            },
-            headers: record.headers,
-            timestamp_ms: record.timestamp_ms,
-            info,
+        let parts = RawParts {
+            id: record.id,
+            key: record.key,
+            payload: record.payload,
+            intended_topic: Some(record.topic),
         };
-        self.poison(ticket, poison).await
+        self.poison(ticket, parts, record.headers, record.timestamp_ms, info)
+            .await
     }
 
     /// An event that can never be delivered (a row that does not map, a
-    /// record librdkafka refuses, or one the broker rejects for good):
-    /// dead-letter it under that policy (acknowledged when the dead-letter
-    /// record is), else stop.
-    async fn poison(&mut self, ticket: Ticket, poison: Poison) -> Result<(), RelayError> {
-        let Poison {
-            parts,
-            headers,
-            timestamp_ms,
-            info,
-        } = poison;
+    /// record librdkafka refuses, or one the broker rejects for good), with
+    /// what could be read of it and why: dead-letter it under that policy
+    /// (acknowledged when the dead-letter record is), else stop.
+    async fn poison(
+        &mut self,
+        ticket: Ticket,
+        parts: RawParts,
+        headers: Vec<(Arc<str>, Option<Bytes>)>,
+        timestamp_ms: i64,
+        info: DeadLetterInfo,
+    ) -> Result<(), RelayError> {
         let id = String::from_utf8_lossy(&parts.id).into_owned();
         let Some(topic) = self.config.dead_letter_topic.clone() else {
             return Err(RelayError::Poison { id, info });
