@@ -166,7 +166,9 @@ fn delivered(delivery: Option<crate::sink::Delivery>) -> Result<u64, CommandErro
         Some(Err(failure)) => Err(CommandError::Refused(format!(
             "delivery of event id {} to topic {:?} failed: {}; rerun the backfill (it is \
              at-least-once)",
-            failure.id, failure.topic, failure.error
+            failure.record.id_text(),
+            failure.record.topic,
+            failure.error
         ))),
         None => Err(CommandError::Refused(
             "the producer stopped reporting deliveries".to_owned(),

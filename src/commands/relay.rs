@@ -125,9 +125,6 @@ async fn relay(
     if let Some(cleanup) = cleanup {
         pipeline = pipeline.with_cleanup(cleanup);
     }
-    if exactly_once {
-        pipeline = pipeline.with_exactly_once();
-    }
     pipeline.run(shutdown).await
 }
 

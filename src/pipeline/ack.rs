@@ -1,90 +1,72 @@
 //! PURE: the ack frontier.
 //!
-//! Every event handed to Kafka gets a ticket: a sequence number in stream
+//! Every event handed to Kafka gets a ticket, a sequence number in stream
 //! order. Acks come back in any order (partitions are independent), so the
 //! tracker keeps a window of delivered flags from the oldest undelivered
-//! ticket onwards, and a FIFO of committed transactions with the ticket that
-//! ends each. A transaction is done when every ticket before its end is
-//! delivered; the frontier is the end LSN of the last done transaction in an
-//! unbroken prefix. Transactions with no events are done as soon as everything
-//! before them is, so a busy database with an idle outbox still advances.
-//!
-//! Consecutive transactions without events collapse into the entry before
-//! them, so the FIFO is no longer than the number of transactions with events
-//! in flight, whatever happens elsewhere in the database. All operations are O(1) amortised; memory is
-//! proportional to what is in flight, which the pipeline caps.
+//! ticket on, and a FIFO of committed transactions with the ticket that ends
+//! each. The frontier is the end LSN of the last transaction in the prefix
+//! whose tickets are all delivered, so a transaction without events is done as
+//! soon as everything before it is, and consecutive ones collapse into the
+//! entry before them: the FIFO is as long as the transactions with events in
+//! flight. Every operation is O(1) amortised.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::lsn::Lsn;
 use crate::observability::observer::Sent;
-pub use crate::sink::Ticket;
+use crate::sink::Ticket;
 
-/// The stream did something the pgoutput protocol rules out; the relay must
-/// stop rather than guess.
+/// The stream broke the pgoutput protocol's framing: stop rather than guess.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AckError {
     /// A Begin arrived while a transaction was open.
     #[error("transaction {new} began while transaction {open} was still open")]
-    NestedBegin {
-        /// The open transaction's commit LSN.
-        open: Lsn,
-        /// The new one's.
-        new: Lsn,
-    },
+    NestedBegin { open: Lsn, new: Lsn },
     /// An event or Commit arrived with no transaction open.
     #[error("{what} outside a transaction")]
-    NoTransaction {
-        /// What arrived.
-        what: &'static str,
-    },
+    NoTransaction { what: &'static str },
     /// A commit ended at or before the frontier or a previous commit.
     #[error("commit end {end} is not after the previous position {previous}")]
-    NonMonotonicCommit {
-        /// The previous end.
-        previous: Lsn,
-        /// The new end.
-        end: Lsn,
-    },
+    NonMonotonicCommit { previous: Lsn, end: Lsn },
     /// An ack for a ticket that is not in flight (unknown, or acked twice).
     #[error("delivery report for ticket {0} which is not in flight")]
     UnknownTicket(u64),
 }
 
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Slot {
     delivered: bool,
     bytes: usize,
     table: Arc<str>,
-    /// What observability needs at the ack; `None` until handed to the producer.
+    /// Observability's record, from the hand-over to the producer to the ack.
     sent: Option<Sent>,
+}
+
+/// A transaction: its commit LSN and its first ticket.
+#[derive(Clone, Copy, Debug)]
+struct Tx {
+    commit_lsn: Lsn,
+    first_seq: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
 struct CommittedTx {
-    /// First ticket after this transaction's events.
+    tx: Tx,
+    /// The first ticket after its events.
     end_seq: u64,
     end_lsn: Lsn,
-    commit_lsn: Lsn,
-    first_seq: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct OpenTx {
-    commit_lsn: Lsn,
-    first_seq: u64,
 }
 
 /// Tracks in-flight events and computes the ack frontier.
 #[derive(Debug)]
 pub struct AckTracker {
-    next_seq: u64,
-    /// Every ticket below this is delivered.
+    /// Every ticket below this is delivered; the window holds the rest.
     base: u64,
     window: VecDeque<Slot>,
     committed: VecDeque<CommittedTx>,
-    open: Option<OpenTx>,
+    open: Option<Tx>,
     frontier: Lsn,
     last_end: Lsn,
     in_flight_bytes: usize,
@@ -92,11 +74,9 @@ pub struct AckTracker {
 }
 
 impl AckTracker {
-    /// Starts at `confirmed`, the slot's confirmed position: the frontier never
-    /// goes below it.
+    /// Starts at the slot's confirmed position; the frontier never goes below it.
     pub fn new(confirmed: Lsn) -> Self {
         AckTracker {
-            next_seq: 0,
             base: 0,
             window: VecDeque::new(),
             committed: VecDeque::new(),
@@ -108,7 +88,11 @@ impl AckTracker {
         }
     }
 
-    /// A transaction begins; `commit_lsn` is its commit record's LSN (pgoutput's `final_lsn`).
+    fn next_seq(&self) -> u64 {
+        self.base + self.window.len() as u64
+    }
+
+    /// A transaction begins; `commit_lsn` is pgoutput's `final_lsn`.
     pub fn begin(&mut self, commit_lsn: Lsn) -> Result<(), AckError> {
         if let Some(open) = self.open {
             return Err(AckError::NestedBegin {
@@ -116,21 +100,21 @@ impl AckTracker {
                 new: commit_lsn,
             });
         }
-        self.open = Some(OpenTx {
+        let first_seq = self.next_seq();
+        self.open = Some(Tx {
             commit_lsn,
-            first_seq: self.next_seq,
+            first_seq,
         });
         Ok(())
     }
 
-    /// An event of the open transaction (from outbox `table`) is about to be
+    /// An event of the open transaction, from outbox `table`, is about to be
     /// handed to the producer.
     pub fn push(&mut self, bytes: usize, table: &Arc<str>) -> Result<Ticket, AckError> {
         if self.open.is_none() {
             return Err(AckError::NoTransaction { what: "an event" });
         }
-        let ticket = Ticket(self.next_seq);
-        self.next_seq += 1;
+        let ticket = Ticket(self.next_seq());
         self.window.push_back(Slot {
             delivered: false,
             bytes,
@@ -144,7 +128,7 @@ impl AckTracker {
 
     /// The open transaction committed, ending at `end_lsn`. Returns whether the frontier moved.
     pub fn commit(&mut self, end_lsn: Lsn) -> Result<bool, AckError> {
-        let open = self
+        let tx = self
             .open
             .take()
             .ok_or(AckError::NoTransaction { what: "a commit" })?;
@@ -155,37 +139,30 @@ impl AckTracker {
             });
         }
         self.last_end = end_lsn;
-        // No event since the previous committed transaction: this one is done
-        // exactly when that one is, so it extends that entry instead of queueing.
-        // Transactions without outbox events then cost nothing while an event
-        // is stuck, and the queue stays as long as the transactions in flight.
-        if let Some(last) = self.committed.back_mut()
-            && last.end_seq == self.next_seq
-        {
-            last.end_lsn = end_lsn;
-            return Ok(self.advance());
+        let end_seq = self.next_seq();
+        // No event since the previous entry: done exactly when it is, so extend it.
+        match self.committed.back_mut() {
+            Some(last) if last.end_seq == end_seq => last.end_lsn = end_lsn,
+            _ => self.committed.push_back(CommittedTx {
+                tx,
+                end_seq,
+                end_lsn,
+            }),
         }
-        self.committed.push_back(CommittedTx {
-            end_seq: self.next_seq,
-            end_lsn,
-            commit_lsn: open.commit_lsn,
-            first_seq: open.first_seq,
-        });
         Ok(self.advance())
     }
 
     /// The stream broke mid-transaction: forget the open transaction. Its
-    /// events stay in flight, and the replayed transaction (which re-sends
-    /// them) cannot be confirmed before they are delivered, since its tickets
-    /// come after theirs.
+    /// events stay in flight, and its replay cannot be confirmed before they
+    /// are delivered, since the replay's tickets come after theirs.
     pub fn abandon_open(&mut self) {
         self.open = None;
     }
 
-    /// The stream resumes at `to`, before the last transaction received: a
-    /// promoted server whose WAL may not reach that far. Nothing received
-    /// from the old server may then move the frontier past `to`, since the
-    /// new server's transactions between `to` and there are still to come.
+    /// The stream resumes at `to`, before the last transaction received (a
+    /// promoted server whose WAL may not reach that far): nothing from the
+    /// old server may move the frontier past `to`, since the new server's
+    /// transactions from there are still to come.
     pub fn rewind(&mut self, to: Lsn) {
         self.last_end = self.last_end.min(to);
         self.frontier = self.frontier.min(to);
@@ -194,44 +171,45 @@ impl AckTracker {
         }
     }
 
-    /// Where a reconnected stream should start: the end of the last
-    /// transaction fully received (or keepalive position confirmed).
+    /// Where a new stream starts: the end of the last transaction received
+    /// (or keepalive confirmed).
     pub fn resume_lsn(&self) -> Lsn {
         self.last_end
     }
 
-    /// The outbox table an in-flight ticket came from.
-    pub fn table_of(&self, ticket: Ticket) -> Option<&Arc<str>> {
+    fn slot(&self, ticket: Ticket) -> Option<&Slot> {
         let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
-        self.window.get(idx).map(|s| &s.table)
+        self.window.get(idx).filter(|s| !s.delivered)
     }
 
-    /// `ticket` was handed to the producer (observability's record of it).
+    fn slot_mut(&mut self, ticket: Ticket) -> Option<&mut Slot> {
+        let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
+        self.window.get_mut(idx).filter(|s| !s.delivered)
+    }
+
+    /// The outbox table of an in-flight ticket.
+    pub fn table_of(&self, ticket: Ticket) -> Option<&Arc<str>> {
+        self.slot(ticket).map(|s| &s.table)
+    }
+
+    /// `ticket` was handed to the producer.
     pub fn sent(&mut self, ticket: Ticket, sent: Sent) {
         if let Some(slot) = self.slot_mut(ticket) {
             slot.sent = Some(sent);
         }
     }
 
-    /// Takes what [`AckTracker::sent`] recorded for `ticket`, with its size,
-    /// when its delivery is reported.
+    /// What [`AckTracker::sent`] recorded for `ticket`, with its size.
     pub fn take_sent(&mut self, ticket: Ticket) -> Option<(Sent, usize)> {
         let slot = self.slot_mut(ticket)?;
         Some((slot.sent.take()?, slot.bytes))
     }
 
-    /// When the oldest unacknowledged event was handed to the producer
-    /// (`/readyz`'s ack staleness).
-    pub fn oldest_sent(&self) -> Option<std::time::Instant> {
-        self.window
-            .iter()
-            .find(|s| !s.delivered && s.sent.is_some())
-            .and_then(|s| s.sent.as_ref().map(|sent| sent.handed_at))
-    }
-
-    fn slot_mut(&mut self, ticket: Ticket) -> Option<&mut Slot> {
-        let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
-        self.window.get_mut(idx).filter(|s| !s.delivered)
+    /// When the oldest unacknowledged event was handed over (`/readyz`'s staleness).
+    pub fn oldest_sent(&self) -> Option<Instant> {
+        // An acked slot's record is cleared.
+        let sent = self.window.iter().find_map(|s| s.sent.as_ref());
+        sent.map(|sent| sent.handed_at)
     }
 
     /// The broker acknowledged `ticket`. Returns whether the frontier moved.
@@ -241,8 +219,7 @@ impl AckTracker {
             .ok_or(AckError::UnknownTicket(ticket.0))?;
         slot.delivered = true;
         slot.sent = None;
-        let bytes = slot.bytes;
-        self.in_flight_bytes -= bytes;
+        self.in_flight_bytes -= slot.bytes;
         self.in_flight_events -= 1;
         while self.window.front().is_some_and(|s| s.delivered) {
             self.window.pop_front();
@@ -251,10 +228,9 @@ impl AckTracker {
         Ok(self.advance())
     }
 
-    /// A keepalive reported the server's WAL end. When nothing is in flight
-    /// and no transaction is open, everything up to it is safe to confirm,
-    /// and confirming it keeps an idle outbox from pinning WAL. Returns whether
-    /// the frontier moved.
+    /// A keepalive reported the server's WAL end. Confirming it when nothing
+    /// is in flight or open keeps an idle outbox from pinning WAL. Returns
+    /// whether the frontier moved.
     pub fn keepalive(&mut self, wal_end: Lsn) -> bool {
         if self.is_idle() && wal_end > self.frontier {
             self.frontier = wal_end;
@@ -267,10 +243,9 @@ impl AckTracker {
 
     fn advance(&mut self) -> bool {
         let before = self.frontier;
-        while let Some(tx) = self.committed.front() {
-            if tx.end_seq > self.base {
-                break;
-            }
+        while let Some(tx) = self.committed.front()
+            && tx.end_seq <= self.base
+        {
             self.frontier = self.frontier.max(tx.end_lsn);
             self.committed.pop_front();
         }
@@ -287,13 +262,13 @@ impl AckTracker {
         self.in_flight_events
     }
 
-    /// Tickets from the oldest unacknowledged one to the newest: an upper
-    /// bound of the in-flight count, O(1), used for the cap.
+    /// Tickets from the oldest unacknowledged one on: an O(1) upper bound of
+    /// the in-flight count, for the cap.
     pub fn window_len(&self) -> usize {
         self.window.len()
     }
 
-    /// Key+value bytes handed to the producer and not yet acknowledged.
+    /// Key and value bytes handed to the producer and not yet acknowledged.
     pub fn in_flight_bytes(&self) -> usize {
         self.in_flight_bytes
     }
@@ -308,18 +283,13 @@ impl AckTracker {
         self.open.is_some()
     }
 
-    /// The commit LSN of the transaction a ticket belongs to, for error messages.
+    /// The commit LSN of a ticket's transaction, for error messages.
     pub fn commit_lsn_of(&self, ticket: Ticket) -> Option<Lsn> {
-        if let Some(open) = self.open
-            && ticket.0 >= open.first_seq
-            && ticket.0 < self.next_seq
-        {
-            return Some(open.commit_lsn);
-        }
-        self.committed
-            .iter()
-            .find(|tx| ticket.0 >= tx.first_seq && ticket.0 < tx.end_seq)
-            .map(|tx| tx.commit_lsn)
+        let open = self.open.map(|tx| (tx, self.next_seq()));
+        let committed = self.committed.iter().map(|c| (c.tx, c.end_seq));
+        (open.into_iter().chain(committed))
+            .find(|(tx, end)| (tx.first_seq..*end).contains(&ticket.0))
+            .map(|(tx, _)| tx.commit_lsn)
     }
 }
 

@@ -1,41 +1,37 @@
 //! Why the relay stops, and the process exit code for each class of failure.
 
+use rdkafka::error::KafkaError;
+
+use super::ack::AckError;
 use crate::lsn::Lsn;
-use crate::outbox::BindError;
+use crate::outbox::{BindError, DeadLetterInfo};
 use crate::pgoutput::DecodeError;
 use crate::sink::SinkError;
 use crate::sink::exactly_once::TailError;
 use crate::source::SourceError;
 
-use super::ack::AckError;
-
-/// Process exit codes, distinct per failure class so a supervisor can tell
-/// them apart.
+/// Process exit codes, one per failure class so a supervisor can tell them apart.
 pub mod exit_code {
-    /// A flag, the environment or the producer configuration is invalid; fix the configuration.
+    /// A flag, the environment or the producer configuration is invalid.
     pub const CONFIG: u8 = 2;
-    /// Postgres refused in a way a retry will not fix (unreachable at start-up,
-    /// authentication, privileges, wal_level, missing table/column, slot or
-    /// publication mismatch, dropped slot).
+    /// Postgres refused in a way a retry will not fix (authentication,
+    /// privileges, wal_level, a missing table, a slot or publication mismatch).
     pub const POSTGRES: u8 = 3;
     /// Kafka failed permanently (delivery timed out, producer fenced or unusable).
     pub const KAFKA: u8 = 4;
-    /// An event cannot be delivered under `--on-poison fail` (or its table no
-    /// longer fits the mapping).
+    /// An event cannot be delivered under `--on-poison fail`, or its table no
+    /// longer fits the mapping.
     pub const POISON: u8 = 5;
-    /// The dead-letter topic refused a dead-letter record for a reason about
-    /// the record (under `--on-poison dead-letter`): dead-lettering it again
-    /// would loop.
+    /// The dead-letter topic refused a dead-letter record: retrying would loop.
     pub const DEAD_LETTER: u8 = 6;
-    /// The slot is missing where this relay streamed before (a failover to a
-    /// server without it, or a dropped slot): events may have been skipped.
-    /// Start once with `--allow-new-slot`, then run `outbox-relay backfill`.
+    /// The slot is missing where this relay streamed before: events may have
+    /// been skipped (start with `--allow-new-slot`, then run `backfill`).
     pub const SLOT_LOST: u8 = 7;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
 }
 
-/// Why the relay stopped.
+/// Why the relay stopped. Events are named by commit LSN, id and topic.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     /// Postgres side.
@@ -52,45 +48,34 @@ pub enum RelayError {
          `outbox-relay backfill --since TIMESTAMP` with a time before the failover to re-publish \
          the rows the slot never saw (at-least-once: consumers may see duplicates)"
     )]
-    SlotDropped {
-        /// The slot.
-        slot: String,
-        /// The ack frontier at the time.
-        frontier: Lsn,
-    },
-    /// librdkafka refused a record at enqueue time for a reason that is not the record's fault.
+    SlotDropped { slot: String, frontier: Lsn },
+    /// librdkafka refused a record at enqueue time, not for the record's fault.
     #[error(
         "Kafka refused an event (commit LSN {lsn}, table {table}); the slot was not moved past \
          it. Check the -X producer properties and the brokers, then restart: the relay resumes \
          from the last acknowledged transaction"
     )]
     Sink {
-        /// Commit LSN of the event's transaction.
         lsn: Lsn,
-        /// Outbox table.
         table: String,
-        /// The refusal.
         #[source]
         source: SinkError,
     },
     /// The producer could not be created.
     #[error(transparent)]
     Producer(SinkError),
-    /// The broker did not accept an event, for a reason that is not the event's fault.
+    /// The broker did not accept an event, not for the event's fault.
     #[error(
-        "delivery of event id {id} (commit LSN {lsn}) to topic {topic:?} failed: {error}. \
-         The slot was not moved past it; fix the cause (brokers, ACLs, topic creation) and \
-         restart: the relay resumes from the last acknowledged transaction"
+        "delivery of event id {id} (commit LSN {lsn}) to topic {topic:?} failed; the slot was \
+         not moved past it. Fix the cause (brokers, ACLs, topic creation) and restart: the \
+         relay resumes from the last acknowledged transaction"
     )]
     Delivery {
-        /// Commit LSN of the event's transaction.
         lsn: Lsn,
-        /// Event id.
         id: String,
-        /// Topic.
         topic: String,
-        /// librdkafka's error.
-        error: rdkafka::error::KafkaError,
+        #[source]
+        error: KafkaError,
     },
     /// The outbox table's columns no longer fit the mapping.
     #[error(
@@ -98,49 +83,38 @@ pub enum RelayError {
          this transaction was acknowledged"
     )]
     Bind {
-        /// Commit LSN of the transaction that announced the new layout.
         lsn: Lsn,
-        /// The mismatch.
         #[source]
         source: BindError,
     },
     /// An event that can never be delivered, under `--on-poison fail`.
     #[error(
-        "event id {id:?} from {table} (commit LSN {lsn}, topic {topic:?}) cannot be delivered: \
-         {reason}. The slot was not moved past it, and a restart replays it: fix the cause (the \
-         mapping flags, the producer's message.max.bytes, the topic), or divert such events with \
-         --on-poison dead-letter --dead-letter-topic TOPIC; as a last resort, with the relay \
-         stopped, advance the slot past this transaction with pg_replication_slot_advance (its \
-         events are then lost)"
+        "event id {id:?} from {} (commit LSN {}, topic {:?}) cannot be delivered: {}. The slot \
+         was not moved past it, and a restart replays it: fix the cause (the mapping flags, the \
+         producer's message.max.bytes, the topic), or divert such events with --on-poison \
+         dead-letter --dead-letter-topic TOPIC; as a last resort, with the relay stopped, \
+         advance the slot past this transaction with pg_replication_slot_advance (its events \
+         are then lost)",
+        .info.table, .info.lsn, .info.intended_topic.as_deref().unwrap_or(""), .info.error
     )]
     Poison {
-        /// Commit LSN.
-        lsn: Lsn,
-        /// Table.
-        table: String,
-        /// Event id (empty when NULL).
+        /// Empty when NULL.
         id: String,
-        /// Intended topic (empty when it could not be rendered).
-        topic: String,
-        /// What is wrong.
-        reason: String,
+        info: DeadLetterInfo,
     },
-    /// A dead-letter record was refused for a reason about the record itself.
+    /// The dead-letter topic refused a dead-letter record for a reason about the record.
     #[error(
         "the dead-letter record for event id {id:?} (commit LSN {lsn}) was refused by topic \
-         {topic:?}: {error}. It is not dead-lettered again (that would loop), and the slot was \
-         not moved past it: fix the dead-letter topic (its max.message.bytes, its policy) or the \
+         {topic:?}. It is not dead-lettered again (that would loop), and the slot was not moved \
+         past it: fix the dead-letter topic (its max.message.bytes, its policy) or the \
          producer's -X properties, then restart"
     )]
     DeadLetter {
-        /// Commit LSN of the event's transaction.
         lsn: Lsn,
-        /// Event id.
         id: String,
-        /// The dead-letter topic.
         topic: String,
-        /// librdkafka's error.
-        error: rdkafka::error::KafkaError,
+        #[source]
+        error: KafkaError,
     },
     /// Exactly-once delivery cannot be guaranteed.
     #[error(
@@ -149,23 +123,19 @@ pub enum RelayError {
          accept possible duplicates"
     )]
     ExactlyOnce {
-        /// Commit LSN of the event's transaction.
         lsn: Lsn,
-        /// Why.
         #[source]
         source: TailError,
     },
     /// A WAL message did not decode.
     #[error("cannot decode the pgoutput message at WAL {lsn}")]
     Decode {
-        /// Where.
         lsn: Lsn,
-        /// What.
         #[source]
         source: DecodeError,
     },
     /// The stream violated transaction framing.
-    #[error("replication stream out of order: {0}")]
+    #[error("replication stream out of order")]
     Protocol(#[from] AckError),
     /// The relay's publication sent an insert into a table it cannot map.
     #[error(
@@ -175,11 +145,9 @@ pub enum RelayError {
          PUBLICATION {publication} DROP TABLE {table};"
     )]
     UnmappedRelation {
-        /// Commit LSN of the transaction.
         lsn: Lsn,
-        /// The publication.
         publication: String,
-        /// The table, as `schema.name`.
+        /// As `schema.name`.
         table: String,
     },
 }
@@ -187,29 +155,26 @@ pub enum RelayError {
 impl RelayError {
     /// The process exit code for this failure.
     pub fn exit_code(&self) -> u8 {
+        use RelayError as E;
         match self {
-            RelayError::Producer(_)
-            | RelayError::Source(SourceError::Tls(_))
-            | RelayError::Source(SourceError::TlsHandshake { .. })
-            | RelayError::Source(SourceError::ReplicationConnect { .. }) => exit_code::CONFIG,
-            RelayError::Source(SourceError::Connect { source, .. })
+            E::Producer(_)
+            | E::UnmappedRelation { .. }
+            | E::Source(SourceError::Tls(_))
+            | E::Source(SourceError::TlsHandshake { .. })
+            | E::Source(SourceError::ReplicationConnect { .. }) => exit_code::CONFIG,
+            E::Source(SourceError::Connect { source, .. })
                 if source
                     .as_db_error()
                     .is_some_and(|db| db.code().code().starts_with("28")) =>
             {
                 exit_code::CONFIG
             }
-            RelayError::Source(SourceError::SlotLost { .. }) | RelayError::SlotDropped { .. } => {
-                exit_code::SLOT_LOST
-            }
-            RelayError::Source(_) | RelayError::Decode { .. } => exit_code::POSTGRES,
-            RelayError::Sink { .. }
-            | RelayError::Delivery { .. }
-            | RelayError::ExactlyOnce { .. } => exit_code::KAFKA,
-            RelayError::Bind { .. } | RelayError::Poison { .. } => exit_code::POISON,
-            RelayError::UnmappedRelation { .. } => exit_code::CONFIG,
-            RelayError::DeadLetter { .. } => exit_code::DEAD_LETTER,
-            RelayError::Protocol(_) => exit_code::INTERNAL,
+            E::Source(SourceError::SlotLost { .. }) | E::SlotDropped { .. } => exit_code::SLOT_LOST,
+            E::Source(_) | E::Decode { .. } => exit_code::POSTGRES,
+            E::Sink { .. } | E::Delivery { .. } | E::ExactlyOnce { .. } => exit_code::KAFKA,
+            E::Bind { .. } | E::Poison { .. } => exit_code::POISON,
+            E::DeadLetter { .. } => exit_code::DEAD_LETTER,
+            E::Protocol(_) => exit_code::INTERNAL,
         }
     }
 }

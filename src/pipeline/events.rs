@@ -2,78 +2,55 @@
 //! relations, rows, logical messages) and a delivery report (ack, batch-level
 //! re-send, poison).
 
-use pgwire_replication::ReplicationEvent;
+use std::sync::Arc;
 
-use super::poison::Poison;
+use bytes::Bytes;
+use pgwire_replication::ReplicationEvent;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
 use super::{Pipeline, RelayError};
 use crate::lsn::Lsn;
-use crate::outbox::{OutboxRecord, values};
+use crate::outbox::{
+    DeadLetterInfo, EventError, OutboxRecord, RawParts, dead_letter_record, values,
+};
 use crate::pgoutput::{self, Message};
-use crate::sink::{Delivery, Sink, SinkError, Ticket};
+use crate::sink::exactly_once::Position;
+use crate::sink::{Delivery, Sink, SinkError, Ticket, is_batch_level, is_poison};
 use crate::source::Source;
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
     pub(super) async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
-        match delivery.outcome {
-            Ok(_) => Ok(self.acked(delivery.ticket)?),
-            Err(failure) => {
-                self.observer.delivery_failed(&failure.error);
-                let lsn = self
-                    .tracker
-                    .commit_lsn_of(delivery.ticket)
-                    .unwrap_or(Lsn::ZERO);
-                let table = self
-                    .tracker
-                    .table_of(delivery.ticket)
-                    .map(ToString::to_string)
-                    .unwrap_or_default();
-                if !delivery.alone && crate::sink::is_batch_level(&failure.error) {
-                    // The broker blamed the whole batch: only a record refused
-                    // on its own is poison.
-                    tracing::warn!(
-                        lsn = %lsn,
-                        id = %failure.id,
-                        topic = %failure.topic,
-                        error = %failure.error,
-                        "the broker refused a batch; sending its records again one per batch"
-                    );
-                    let record = failure.to_record();
-                    return match self.sink.send_alone(delivery.ticket, &record).await {
-                        Ok(()) => Ok(()),
-                        Err(error) => {
-                            self.refused(delivery.ticket, record, error, lsn, table)
-                                .await
-                        }
-                    };
-                }
-                if crate::sink::is_poison(&failure.error) {
-                    if self.config.dead_letter_topic.as_ref() == Some(&failure.topic) {
-                        return Err(RelayError::DeadLetter {
-                            lsn,
-                            id: failure.id,
-                            topic: failure.topic,
-                            error: failure.error,
-                        });
-                    }
-                    return self
-                        .poison(delivery.ticket, Poison::rejected(failure, lsn, table))
-                        .await;
-                }
-                tracing::error!(
-                    lsn = %lsn,
-                    id = %failure.id,
-                    topic = %failure.topic,
-                    error = %failure.error,
-                    "delivery failed for good; stopping without acknowledging it"
-                );
-                Err(RelayError::Delivery {
-                    lsn,
-                    id: failure.id,
-                    topic: failure.topic,
-                    error: failure.error,
-                })
-            }
+        let ticket = delivery.ticket;
+        let failure = match delivery.outcome {
+            Ok(()) => return Ok(self.acked(ticket)?),
+            Err(failure) => failure,
+        };
+        let (error, record) = (failure.error, failure.record);
+        self.observer.delivery_failed(&error);
+        let (lsn, _) = self.origin(ticket);
+        if !delivery.alone && is_batch_level(&error) {
+            // The broker blamed the whole batch: only a record refused alone is poison.
+            tracing::warn!(
+                lsn = %lsn,
+                id = %record.id_text(),
+                topic = %record.topic,
+                error = %error,
+                "the broker refused a batch; sending its records again one per batch"
+            );
+            return match self.sink.send_alone(ticket, &record).await {
+                Ok(()) => Ok(()),
+                Err(error) => self.refused(ticket, record, error).await,
+            };
         }
+        if is_poison(&error) {
+            return self.condemned(ticket, record, error).await;
+        }
+        Err(RelayError::Delivery {
+            lsn,
+            id: record.id_text(),
+            topic: record.topic,
+            error,
+        })
     }
 
     pub(super) async fn on_event(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
@@ -123,37 +100,30 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         Ok(())
     }
 
-    pub(super) async fn on_message(&mut self, message: Message) -> Result<(), RelayError> {
+    async fn on_message(&mut self, message: Message) -> Result<(), RelayError> {
+        let lsn = self.commit_lsn;
         match message {
             Message::Relation(relation) => {
                 let id = relation.id;
                 let name = format!("{}.{}", relation.namespace, relation.name);
-                // A partition arrives under its own name when the publication
-                // lacks publish_via_partition_root: map it to its root.
-                let root = if self
-                    .outbox
-                    .mapper
-                    .is_outbox(&relation.namespace, &relation.name)
-                {
+                // Without publish_via_partition_root a partition arrives under
+                // its own name: map it to its root.
+                let mapper = &self.outbox.mapper;
+                let root = if mapper.is_outbox(&relation.namespace, &relation.name) {
                     None
                 } else {
                     self.source.partition_root(id).await?
                 };
+                let bind_error = |source| RelayError::Bind { lsn, source };
                 if let Some(cleanup) = self.cleanup.as_mut() {
                     cleanup
                         .relation(&relation, root.as_ref())
-                        .map_err(|source| RelayError::Bind {
-                            lsn: self.commit_lsn,
-                            source,
-                        })?;
+                        .map_err(bind_error)?;
                 }
                 self.outbox
                     .mapper
                     .relation(relation, root)
-                    .map_err(|source| RelayError::Bind {
-                        lsn: self.commit_lsn,
-                        source,
-                    })?;
+                    .map_err(bind_error)?;
                 self.outbox.foreign.remove(&id);
                 if let Some(table) = self.outbox.mapper.outbox_table(id) {
                     tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
@@ -171,15 +141,11 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     // Never skip silently: only FOR ALL TABLES sends other tables' rows.
                     None if self.outbox.all_tables => {}
                     None => {
+                        let table = self.outbox.foreign.get(&relation_id).cloned();
                         return Err(RelayError::UnmappedRelation {
-                            lsn: self.commit_lsn,
+                            lsn,
                             publication: self.config.publication.clone(),
-                            table: self
-                                .outbox
-                                .foreign
-                                .get(&relation_id)
-                                .cloned()
-                                .unwrap_or_else(|| format!("relation OID {relation_id}")),
+                            table: table.unwrap_or_else(|| format!("relation OID {relation_id}")),
                         });
                     }
                 }
@@ -190,7 +156,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     if self.outbox.non_insert_changes == 0 {
                         tracing::warn!(
                             table = %table,
-                            lsn = %self.commit_lsn,
+                            lsn = %lsn,
                             "ignoring UPDATE/DELETE on an outbox table: only inserts are relayed \
                              (create the publication WITH (publish = 'insert') to stop receiving them)"
                         );
@@ -198,23 +164,18 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     self.outbox.non_insert_changes += 1;
                 }
             }
-            Message::Begin { .. }
-            | Message::Commit { .. }
-            | Message::Origin { .. }
-            | Message::Type { .. }
-            | Message::Truncate { .. }
-            | Message::Message { .. } => {}
+            _ => {}
         }
         Ok(())
     }
 
     /// A logical decoding message: an outbox event when its prefix is one of
     /// `--message-prefix` and it was emitted inside a transaction.
-    pub(super) async fn on_logical_message(
+    async fn on_logical_message(
         &mut self,
         transactional: bool,
         prefix: &str,
-        content: bytes::Bytes,
+        content: Bytes,
         lsn: Lsn,
     ) -> Result<(), RelayError> {
         let commit_time_ms = self.commit_time_ms();
@@ -222,79 +183,73 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         else {
             return Ok(());
         };
-        if !transactional || !self.tracker.in_transaction() {
-            if !self.outbox.warned_non_transactional {
-                self.outbox.warned_non_transactional = true;
-                tracing::warn!(
-                    prefix,
-                    lsn = %lsn,
-                    "ignoring a non-transactional message with an outbox prefix: emit outbox \
-                     events with pg_logical_emit_message(true, ...) inside the business transaction"
-                );
-            }
-            return Ok(());
+        if transactional && self.tracker.in_transaction() {
+            return self.relay_event(mapped, source).await;
         }
-        self.relay_event(mapped, source).await
+        if !self.outbox.warned_non_transactional {
+            self.outbox.warned_non_transactional = true;
+            tracing::warn!(
+                prefix,
+                lsn = %lsn,
+                "ignoring a non-transactional message with an outbox prefix: emit outbox \
+                 events with pg_logical_emit_message(true, ...) inside the business transaction"
+            );
+        }
+        Ok(())
     }
 
     /// One outbox event (a row or a message) of the open transaction: the
-    /// record it maps to, or why it does not map and what could be read of it.
-    pub(super) async fn relay_event(
+    /// record it maps to, or why it does not and what could be read of it.
+    async fn relay_event(
         &mut self,
-        mapped: Result<OutboxRecord, (crate::outbox::EventError, crate::outbox::RawParts)>,
-        source: std::sync::Arc<str>,
+        mapped: Result<OutboxRecord, (EventError, RawParts)>,
+        table: Arc<str>,
     ) -> Result<(), RelayError> {
         // Every event takes a sequence number, mapped or not, so a replayed
         // transaction numbers its events the same way (exactly-once relies on it).
         let seq = self.tx_seq;
         self.tx_seq = self.tx_seq.saturating_add(1);
-        match mapped {
-            Ok(record) => self.enqueue(record, source, seq).await,
-            Err((error, parts)) => {
-                let poison = Poison::unmappable(
-                    parts,
-                    error,
-                    self.commit_lsn,
-                    source.to_string(),
-                    self.commit_time_ms(),
-                );
-                let ticket = self.tracker.push(0, &source)?;
-                self.poison(ticket, poison).await
-            }
-        }
+        let (error, parts) = match mapped {
+            Ok(record) => return self.enqueue(record, table, seq).await,
+            Err(unmapped) => unmapped,
+        };
+        let intended_topic = match &error {
+            EventError::InvalidTopic { topic, .. } => Some(topic.clone()),
+            _ => parts.intended_topic.clone(),
+        };
+        let info = DeadLetterInfo {
+            error: error.to_string(),
+            lsn: self.commit_lsn,
+            table: table.to_string(),
+            intended_topic,
+            payload_omitted: None,
+        };
+        let ticket = self.tracker.push(0, &table)?;
+        let time = self.commit_time_ms();
+        self.poison(ticket, parts, Vec::new(), time, info).await
     }
 
     /// Hands one record to the producer, in stream order.
-    pub(super) async fn enqueue(
+    async fn enqueue(
         &mut self,
-        record: OutboxRecord,
-        table: std::sync::Arc<str>,
+        mut record: OutboxRecord,
+        table: Arc<str>,
         seq: u32,
     ) -> Result<(), RelayError> {
-        let record = match self.exactly_once.as_mut() {
-            None => record,
-            Some(eo) => {
-                let position = crate::sink::exactly_once::Position {
-                    lsn: self.commit_lsn,
-                    seq,
-                };
-                match eo.prepare(&*self.sink, record, position).await {
-                    Ok(Some(record)) => record,
-                    Ok(None) => {
-                        // Already in its partition from a previous run.
-                        let ticket = self.tracker.push(0, &table)?;
-                        self.tracker.ack(ticket)?;
-                        return Ok(());
-                    }
-                    Err(source) => {
-                        return Err(RelayError::ExactlyOnce {
-                            lsn: self.commit_lsn,
-                            source,
-                        });
-                    }
+        if let Some(eo) = self.exactly_once.as_mut() {
+            let lsn = self.commit_lsn;
+            let position = Position { lsn, seq };
+            let prepared = eo.prepare(&*self.sink, record, position).await;
+            match prepared.map_err(|source| RelayError::ExactlyOnce { lsn, source })? {
+                Some(prepared) => record = prepared,
+                None => {
+                    // Already in its partition from a previous run.
+                    let ticket = self.tracker.push(0, &table)?;
+                    self.tracker.ack(ticket)?;
+                    return Ok(());
                 }
             }
-        };
+        }
         let ticket: Ticket = self.tracker.push(record.size(), &table)?;
         match self.sink.send(ticket, &record).await {
             Ok(()) => {
@@ -302,84 +257,127 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 self.tracker.sent(ticket, sent);
                 Ok(())
             }
-            Err(error) => {
-                let lsn = self.commit_lsn;
-                self.refused(ticket, record, error, lsn, table.to_string())
-                    .await
-            }
+            Err(error) => self.refused(ticket, record, error).await,
         }
     }
 
-    /// A record the producer refused to take: poison when the refusal is about
-    /// the record itself (dead-lettered or fatal per `--on-poison`), otherwise
-    /// the relay stops without acknowledging it.
+    /// A record the producer refused to take: poison when the refusal is
+    /// about the record itself, otherwise the relay stops.
     async fn refused(
         &mut self,
         ticket: Ticket,
         record: OutboxRecord,
         error: SinkError,
-        lsn: Lsn,
-        table: String,
     ) -> Result<(), RelayError> {
         match error {
-            SinkError::Enqueue {
-                poison: true,
-                source,
-                ..
-            } => {
-                let poison = Poison::refused(record, source, lsn, table);
-                self.poison(ticket, poison).await
+            SinkError::Enqueue { source, .. } if is_poison(&source) => {
+                self.condemned(ticket, record, source).await
             }
-            source => Err(RelayError::Sink { lsn, table, source }),
+            source => {
+                let (lsn, table) = self.origin(ticket);
+                Err(RelayError::Sink { lsn, table, source })
+            }
         }
     }
 
-    /// An event that can never be delivered: dead-letter it under that
-    /// policy (acknowledged when the dead-letter record is), else stop.
-    pub(super) async fn poison(
+    /// The commit LSN and outbox table of an in-flight event, for errors.
+    fn origin(&self, ticket: Ticket) -> (Lsn, String) {
+        let lsn = self.tracker.commit_lsn_of(ticket).unwrap_or(Lsn::ZERO);
+        let table = self.tracker.table_of(ticket).map(ToString::to_string);
+        (lsn, table.unwrap_or_default())
+    }
+
+    /// A record refused for good for a reason about itself: poison, unless it
+    /// is a dead-letter record (dead-lettering it again would loop).
+    async fn condemned(
         &mut self,
         ticket: Ticket,
-        poison: Poison,
+        record: OutboxRecord,
+        error: KafkaError,
     ) -> Result<(), RelayError> {
+        let (lsn, table) = self.origin(ticket);
+        if self.config.dead_letter_topic.as_ref() == Some(&record.topic) {
+            return Err(RelayError::DeadLetter {
+                lsn,
+                id: record.id_text(),
+                topic: record.topic,
+                error,
+            });
+        }
+        let too_large = matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::MessageSizeTooLarge
+                    | RDKafkaErrorCode::InvalidMessageSize
+                    | RDKafkaErrorCode::MessageBatchTooLarge
+            )
+        );
+        let size = record.payload.as_ref().map_or(0, Bytes::len);
+        let info = DeadLetterInfo {
+            error: error.to_string(),
+            lsn,
+            table,
+            intended_topic: Some(record.topic.clone()),
+            payload_omitted: too_large.then(|| {
+                format!(
+                    "payload of {size} bytes is the reason: larger than the producer's or \
+                     broker's message.max.bytes"
+                )
+            }),
+        };
+        let parts = RawParts {
+            id: record.id,
+            key: record.key,
+            payload: record.payload,
+            intended_topic: Some(record.topic),
+        };
+        self.poison(ticket, parts, record.headers, record.timestamp_ms, info)
+            .await
+    }
+
+    /// An event that can never be delivered (a row that does not map, a
+    /// record librdkafka refuses, or one the broker rejects for good), with
+    /// what could be read of it and why: dead-letter it under that policy
+    /// (acknowledged when the dead-letter record is), else stop.
+    async fn poison(
+        &mut self,
+        ticket: Ticket,
+        parts: RawParts,
+        headers: Vec<(Arc<str>, Option<Bytes>)>,
+        timestamp_ms: i64,
+        info: DeadLetterInfo,
+    ) -> Result<(), RelayError> {
+        let id = String::from_utf8_lossy(&parts.id).into_owned();
         let Some(topic) = self.config.dead_letter_topic.clone() else {
-            tracing::error!(
-                lsn = %poison.info.lsn,
-                id = %poison.id_text(),
-                table = %poison.info.table,
-                topic = %poison.info.intended_topic.as_deref().unwrap_or(""),
-                error = %poison.info.error,
-                "event cannot be delivered; stopping before acknowledging it (--on-poison fail)"
-            );
-            return Err(poison.into_error());
+            return Err(RelayError::Poison { id, info });
         };
         tracing::warn!(
-            lsn = %poison.info.lsn,
-            id = %poison.id_text(),
-            table = %poison.info.table,
-            topic = %poison.info.intended_topic.as_deref().unwrap_or(""),
-            error = %poison.info.error,
+            lsn = %info.lsn,
+            id,
+            table = %info.table,
+            topic = %info.intended_topic.as_deref().unwrap_or(""),
+            error = %info.error,
             dead_letter_topic = %topic,
             "event cannot be delivered; dead-lettering it"
         );
-        let lsn = poison.info.lsn;
-        let table = poison.info.table.clone();
-        let id = poison.id_text();
-        let record = poison.into_dead_letter(&topic);
-        self.dead_lettered += 1;
+        let record = dead_letter_record(&topic, parts, headers, &info, timestamp_ms);
+        self.summary.dead_lettered += 1;
         crate::observability::metrics::dead_lettered();
         match self.sink.send(ticket, &record).await {
             Ok(()) => Ok(()),
-            Err(SinkError::Enqueue {
-                poison: true,
+            Err(SinkError::Enqueue { source, .. }) if is_poison(&source) => {
+                Err(RelayError::DeadLetter {
+                    lsn: info.lsn,
+                    id,
+                    topic,
+                    error: source,
+                })
+            }
+            Err(source) => Err(RelayError::Sink {
+                lsn: info.lsn,
+                table: info.table,
                 source,
-                ..
-            }) => Err(RelayError::DeadLetter {
-                lsn,
-                id,
-                topic,
-                error: source,
             }),
-            Err(source) => Err(RelayError::Sink { lsn, table, source }),
         }
     }
 }

@@ -24,7 +24,6 @@ pub mod ack;
 
 mod error;
 mod events;
-mod poison;
 mod stream;
 
 use std::collections::HashMap;
@@ -34,8 +33,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-use crate::config::Config;
+use crate::config::{self, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::observability::observer::PipelineObserver;
@@ -50,11 +50,11 @@ use ack::{AckError, AckTracker};
 pub use error::{RelayError, exit_code};
 
 /// What a clean shutdown reports.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Summary {
-    /// The final ack frontier (reported to Postgres).
+    /// The final ack frontier, reported to Postgres.
     pub frontier: Lsn,
-    /// Events the broker acknowledged this run (dead-lettered ones included).
+    /// Events the broker acknowledged this run, dead-lettered ones included.
     pub events_acked: u64,
     /// Events dead-lettered this run.
     pub dead_lettered: u64,
@@ -64,10 +64,10 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
-/// The shared mapper plus what the relay tells the operator about ignored changes.
+/// The mapper, and what the relay tells the operator about ignored changes.
 struct Outbox {
     mapper: EventMapper,
-    /// UPDATE/DELETE messages on outbox tables, which are ignored.
+    /// UPDATE/DELETE messages on outbox tables (ignored).
     non_insert_changes: u64,
     warned_non_transactional: bool,
     /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
@@ -75,8 +75,6 @@ struct Outbox {
     /// Relations that are neither outbox tables nor partitions of one.
     foreign: HashMap<u32, String>,
 }
-
-type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The running relay: source, tracker and sink.
 pub struct Pipeline<S: Source, K: Sink> {
@@ -87,32 +85,28 @@ pub struct Pipeline<S: Source, K: Sink> {
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     tracker: AckTracker,
     outbox: Outbox,
-    shutdown: Shutdown,
-    shutting_down: bool,
-    /// When shutdown was requested plus `--shutdown-timeout`: the end of
-    /// reading to the open transaction's commit and of the drain together.
-    stop_by: Option<tokio::time::Instant>,
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// Set when shutdown is requested, to then plus `--shutdown-timeout`: the
+    /// end of reading to the open transaction's commit and of the drain together.
+    stop_by: Option<Instant>,
     reported: Lsn,
-    /// The highest position that may be reported: the frontier as it stood
-    /// before the last check that found the publication intact (PostgreSQL 18
-    /// decodes on without a dropped publication, skipping its rows).
-    verified: Lsn,
-    /// The frontier as it stood before the last check of the publication.
+    /// The frontier before the last check that found the publication intact.
     checked: Lsn,
-    next_publication_check: tokio::time::Instant,
+    /// PostgreSQL 18 decodes on past a dropped publication, skipping its
+    /// rows: only a position a check covered may be reported.
+    report_checked_only: bool,
+    next_publication_check: Instant,
     /// The server and timeline the last stream ran on.
     server: Option<ServerId>,
     commit_lsn: Lsn,
-    /// In Unix microseconds: commit → ack latencies are a few milliseconds.
+    /// Unix microseconds: commit-to-ack latencies are a few milliseconds.
     commit_time_us: i64,
-    events_acked: u64,
-    dead_lettered: u64,
-    reconnects: u64,
+    /// Counted as the run goes.
+    summary: Summary,
     /// Index of the next outbox event within the open transaction.
     tx_seq: u32,
-    /// The largest recent WAL message (a maximum that decays by 1/64 per
-    /// message, so one huge row does not throttle the rest of the run):
-    /// read-ahead holds up to two messages, reserved out of the byte cap.
+    /// The largest recent WAL message, decaying by 1/64 per message so one
+    /// huge row does not throttle the rest of the run.
     largest_message: usize,
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`.
@@ -121,9 +115,8 @@ pub struct Pipeline<S: Source, K: Sink> {
 }
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
-    /// A pipeline resuming from `slot`'s confirmed position. Make it after
-    /// the metrics recorder is installed: its metric handles bind to the
-    /// recorder in place when it is made.
+    /// A pipeline resuming from `slot`'s confirmed position. Make it after the
+    /// metrics recorder is installed: its metric handles bind when it is made.
     pub fn new(
         config: Config,
         source: S,
@@ -141,15 +134,14 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 all_tables: slot.publication.all_tables,
                 foreign: HashMap::new(),
             },
+            exactly_once: (config.delivery == config::Delivery::ExactlyOnce)
+                .then(|| ExactlyOnce::new(config.slot.clone(), config.exactly_once_fallback)),
             tracker: AckTracker::new(confirmed),
             reported: confirmed,
-            // Before 18, pgoutput fails the stream on a missing publication.
-            verified: match slot.publication.server_version {
-                ..180_000 => Lsn(u64::MAX),
-                _ => confirmed,
-            },
             checked: confirmed,
-            next_publication_check: tokio::time::Instant::now(),
+            // Before 18, pgoutput fails the stream on a missing publication.
+            report_checked_only: slot.publication.server_version >= 180_000,
+            next_publication_check: Instant::now(),
             server: None,
             config,
             source,
@@ -157,16 +149,12 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             sink,
             deliveries,
             shutdown: Box::pin(std::future::pending()),
-            shutting_down: false,
             stop_by: None,
             commit_lsn: Lsn::ZERO,
             commit_time_us: 0,
-            events_acked: 0,
-            dead_lettered: 0,
-            reconnects: 0,
+            summary: Summary::default(),
             tx_seq: 0,
             largest_message: 0,
-            exactly_once: None,
             cleanup: None,
             observer: PipelineObserver::with_health(health),
         }
@@ -175,14 +163,6 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
     pub fn with_cleanup(mut self, cleanup: Cleanup) -> Self {
         self.cleanup = Some(cleanup);
-        self
-    }
-
-    /// `--delivery exactly-once`: records carry their source and position,
-    /// and replayed ones a partition already holds are skipped.
-    pub fn with_exactly_once(mut self) -> Self {
-        let (slot, fallback) = (self.config.slot.clone(), self.config.exactly_once_fallback);
-        self.exactly_once = Some(ExactlyOnce::new(slot, fallback));
         self
     }
 
@@ -208,15 +188,18 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     }
 
     fn begin_shutdown(&mut self) {
-        self.shutting_down = true;
-        self.stop_by = Some(tokio::time::Instant::now() + self.config.shutdown_timeout);
+        self.stop_by = Some(Instant::now() + self.config.shutdown_timeout);
     }
 
     /// The highest position that may be reported now: the ack frontier, held
     /// back under `--cleanup delete` until the rows it covers are deleted, and
     /// until a check of the publication that started after it was reached.
     fn reportable(&self) -> Lsn {
-        self.unverified().min(self.verified)
+        if self.report_checked_only {
+            self.unverified().min(self.checked)
+        } else {
+            self.unverified()
+        }
     }
 
     fn unverified(&self) -> Lsn {
@@ -227,17 +210,15 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     }
 
     /// Checks that the publication still exists, is the same one and covers
-    /// the outbox tables; then the frontier as it stood before the check may be
-    /// reported: everything up to it was decoded before any drop committed.
-    /// A check that cannot run (the server unreachable) confirms nothing and
-    /// returns false.
+    /// the outbox tables; then the frontier before the check may be reported:
+    /// all up to it was decoded before any drop committed. Returns false (and
+    /// confirms nothing) when the check cannot run.
     async fn check_publication(&mut self) -> Result<bool, RelayError> {
         let candidate = self.unverified();
         if !self.source.check_publication().await? {
             return Ok(false);
         }
         self.checked = self.checked.max(candidate);
-        self.verified = self.verified.max(candidate);
         Ok(true)
     }
 
@@ -269,7 +250,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         let sent = self.tracker.take_sent(ticket);
         self.tracker.ack(ticket)?;
         self.observer.event_acked(sent);
-        self.events_acked += 1;
+        self.summary.events_acked += 1;
         Ok(())
     }
 
@@ -279,21 +260,19 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         self.observer.streaming(false);
         let deadline = self
             .stop_by
-            .unwrap_or_else(|| tokio::time::Instant::now() + self.config.shutdown_timeout);
-        while self.tracker.window_len() > 0 && tokio::time::Instant::now() < deadline {
-            let wait = tokio::time::Instant::now() + Duration::from_millis(100);
+            .unwrap_or_else(|| Instant::now() + self.config.shutdown_timeout);
+        while self.tracker.window_len() > 0 && Instant::now() < deadline {
+            let wait = Instant::now() + Duration::from_millis(100);
             match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {
                 Ok(Some(delivery)) => {
-                    // Only successes can move the frontier; a failure is
-                    // already reported or will be replayed after restart.
+                    // A failure is already reported, or replayed after restart.
                     if delivery.outcome.is_ok() {
                         let _ = self.acked(delivery.ticket);
                     }
                 }
                 Ok(None) => break,
-                // Nothing reported for a while: stop waiting once librdkafka
-                // holds nothing either (what remains in the window was never
-                // handed over, e.g. the poison event that stopped the relay).
+                // Nothing for a while, and librdkafka holds nothing either:
+                // the rest was never handed over (e.g. a poison event).
                 Err(_) if self.sink.in_flight() == 0 && self.deliveries.is_empty() => break,
                 Err(_) => {}
             }
@@ -313,26 +292,20 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             );
         }
         if let Some(stream) = self.stream.take() {
-            stream
-                .close(
-                    frontier,
-                    self.config.status_interval * 2 + Duration::from_secs(1),
-                )
-                .await;
+            let timeout = self.config.status_interval * 2 + Duration::from_secs(1);
+            stream.close(frontier, timeout).await;
         }
         tracing::info!(
             frontier = %frontier,
-            acked = self.events_acked,
-            dead_lettered = self.dead_lettered,
+            acked = self.summary.events_acked,
+            dead_lettered = self.summary.dead_lettered,
             ignored_updates_deletes = self.outbox.non_insert_changes,
             "stopped; slot confirmed up to the final frontier"
         );
         Summary {
             frontier,
-            events_acked: self.events_acked,
-            dead_lettered: self.dead_lettered,
             abandoned,
-            reconnects: self.reconnects,
+            ..self.summary
         }
     }
 }

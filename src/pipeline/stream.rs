@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::{Pipeline, RelayError};
+use crate::lsn::Lsn;
 use crate::sink::Sink;
 use crate::source::{Recovery, Source, SourceError, Stream};
 
@@ -19,62 +22,14 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         loop {
             let start = self.tracker.resume_lsn();
             let acked = self.reportable();
-            match self.source.start(start, acked).await {
+            let error = match self.source.start(start, acked).await {
                 Ok(stream) => {
-                    if stream.started_at() < start {
-                        tracing::warn!(
-                            slot = %self.config.slot,
-                            from = ?self.server,
-                            to = ?stream.server(),
-                            received = %start,
-                            lsn = %stream.started_at(),
-                            "reconnected to another server or timeline (a promotion): resuming \
-                             from the slot's confirmed position there, not after the last \
-                             transaction received from the old one"
-                        );
-                        self.tracker.rewind(stream.started_at());
-                        self.reported = self.reported.min(stream.started_at());
-                        self.verified = self.verified.min(stream.started_at());
-                        self.checked = self.checked.min(stream.started_at());
+                    self.started(stream, start, acked, attempt, standby).await;
+                    (backoff, attempt, standby) = (min_backoff, 0, false);
+                    match self.stream_until_shutdown().await {
+                        Err(RelayError::Source(e)) => e,
+                        other => return other,
                     }
-                    let new_source = self
-                        .exactly_once
-                        .as_mut()
-                        .is_some_and(|eo| eo.follow(stream.server()));
-                    self.server = Some(stream.server().clone());
-                    self.stream = Some(stream);
-                    self.observer.streaming(true);
-                    if attempt == 0 && !standby {
-                        tracing::info!(
-                            slot = %self.config.slot,
-                            publication = %self.config.publication,
-                            lsn = %start,
-                            tables = %self.config.tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
-                            "streaming from the slot's confirmed position"
-                        );
-                    } else {
-                        tracing::info!(
-                            slot = %self.config.slot,
-                            lsn = %start,
-                            frontier = %acked,
-                            attempts = attempt,
-                            "{}",
-                            if standby {
-                                "slot released by its previous holder: this relay is now active and streaming"
-                            } else {
-                                "reconnected: streaming resumes after the last transaction received"
-                            }
-                        );
-                    }
-                    if standby || new_source {
-                        // A standby: the active relay wrote past the WAL end
-                        // seen at start-up, and its records are not another
-                        // writer's.
-                        self.refresh_exactly_once().await;
-                    }
-                    backoff = min_backoff;
-                    attempt = 0;
-                    standby = false;
                 }
                 Err(e) => {
                     let wait = match e.recovery() {
@@ -110,66 +65,120 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     }
                     continue;
                 }
+            };
+            if error.recovery() == Recovery::Fatal {
+                return Err(self.fatal_source(error).await);
             }
-
-            match self.stream_until_shutdown().await {
-                Ok(()) => return Ok(()),
+            if self.stop_by.is_some() {
                 // Stopping anyway: the open transaction is replayed after restart.
-                Err(RelayError::Source(e))
-                    if self.shutting_down && e.recovery() != Recovery::Fatal =>
-                {
-                    tracing::warn!(error = %e, "replication stream broke while stopping");
+                tracing::warn!(error = %error, "replication stream broke while stopping");
+                return Ok(());
+            }
+            self.summary.reconnects += 1;
+            attempt += 1;
+            tracing::warn!(
+                error = %error,
+                frontier = %self.tracker.frontier(),
+                in_flight = self.tracker.window_len(),
+                retry_in = %humantime::format_duration(backoff),
+                "replication stream broke; reconnecting (in-flight deliveries continue)"
+            );
+            self.stream = None;
+            self.observer.streaming(false);
+            crate::observability::metrics::reconnected();
+            self.tracker.abandon_open();
+            if let Some(cleanup) = self.cleanup.as_mut() {
+                cleanup.abandon_open();
+            }
+            if self.exactly_once.is_some() {
+                // The replay must be checked against tails that include
+                // everything sent before the break.
+                if self.handle_deliveries(None).await? {
                     return Ok(());
                 }
-                Err(RelayError::Source(e)) if e.recovery() != Recovery::Fatal => {
-                    self.reconnects += 1;
-                    attempt += 1;
-                    tracing::warn!(
-                        error = %e,
-                        frontier = %self.tracker.frontier(),
-                        in_flight = self.tracker.window_len(),
-                        retry_in = %humantime::format_duration(backoff),
-                        "replication stream broke; reconnecting (in-flight deliveries continue)"
-                    );
-                    self.stream = None;
-                    self.observer.streaming(false);
-                    crate::observability::metrics::reconnected();
-                    self.tracker.abandon_open();
-                    if let Some(cleanup) = self.cleanup.as_mut() {
-                        cleanup.abandon_open();
-                    }
-                    if self.exactly_once.is_some() {
-                        // The replayed transaction must be checked against
-                        // tails that include everything sent before the break.
-                        if self.drain_in_flight().await? {
-                            return Ok(());
-                        }
-                        self.refresh_exactly_once().await;
-                    }
-                    if self.pause(backoff).await? {
-                        return Ok(());
-                    }
-                }
-                Err(RelayError::Source(e)) => return Err(self.fatal_source(e).await),
-                Err(e) => return Err(e),
+                self.refresh_exactly_once().await;
             }
+            if self.pause(backoff).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// A stream came up at `start` (asked for) after `attempt` failures.
+    async fn started(
+        &mut self,
+        stream: S::Stream,
+        start: Lsn,
+        acked: Lsn,
+        attempt: u64,
+        standby: bool,
+    ) {
+        let at = stream.started_at();
+        if at < start {
+            tracing::warn!(
+                slot = %self.config.slot,
+                from = ?self.server,
+                to = ?stream.server(),
+                received = %start,
+                lsn = %at,
+                "reconnected to another server or timeline (a promotion): resuming from the \
+                 slot's confirmed position there, not after the last transaction received \
+                 from the old one"
+            );
+            self.tracker.rewind(at);
+            self.reported = self.reported.min(at);
+            self.checked = self.checked.min(at);
+        }
+        let new_source = self
+            .exactly_once
+            .as_mut()
+            .is_some_and(|eo| eo.follow(stream.server()));
+        self.server = Some(stream.server().clone());
+        self.stream = Some(stream);
+        self.observer.streaming(true);
+        if attempt == 0 && !standby {
+            let tables: Vec<_> = self.config.tables.iter().map(ToString::to_string).collect();
+            tracing::info!(
+                slot = %self.config.slot,
+                publication = %self.config.publication,
+                lsn = %start,
+                tables = %tables.join(","),
+                "streaming from the slot's confirmed position"
+            );
+        } else {
+            tracing::info!(
+                slot = %self.config.slot,
+                lsn = %start,
+                frontier = %acked,
+                attempts = attempt,
+                "{}",
+                if standby {
+                    "slot released by its previous holder: this relay is now active and streaming"
+                } else {
+                    "reconnected: streaming resumes after the last transaction received"
+                }
+            );
+        }
+        if standby || new_source {
+            // After a takeover: the active relay wrote past the WAL end seen
+            // at start-up, and its records are not another writer's.
+            self.refresh_exactly_once().await;
         }
     }
 
     /// Has exactly-once read the tails again before the next record, judged
     /// against the WAL's end now.
-    pub(super) async fn refresh_exactly_once(&mut self) {
-        if self.exactly_once.is_none() {
-            return;
-        }
-        let wal_end = self.source.wal_end().await;
-        if let Some(eo) = self.exactly_once.as_mut() {
-            eo.reset(wal_end);
+    async fn refresh_exactly_once(&mut self) {
+        if self.exactly_once.is_some() {
+            let wal_end = self.source.wal_end().await;
+            if let Some(eo) = self.exactly_once.as_mut() {
+                eo.reset(wal_end);
+            }
         }
     }
 
     // `&mut`: the pipeline future must stay `Send`, and `Pipeline` is not `Sync`.
-    pub(super) async fn fatal_source(&mut self, e: SourceError) -> RelayError {
+    async fn fatal_source(&mut self, e: SourceError) -> RelayError {
         if e.is_slot_dropped() {
             RelayError::SlotDropped {
                 slot: self.config.slot.clone(),
@@ -180,20 +189,13 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         }
     }
 
-    /// Waits `duration` while still processing delivery reports. Returns
-    /// whether shutdown was requested.
-    pub(super) async fn pause(&mut self, duration: Duration) -> Result<bool, RelayError> {
-        let deadline = tokio::time::Instant::now() + duration;
-        self.handle_deliveries(Some(deadline)).await
-    }
-
     /// Streams until shutdown. A shutdown in the middle of a transaction keeps
     /// reading to its commit (within `--shutdown-timeout`): stopping before it
     /// would leave the frontier before the transaction and a restart would
     /// send all of it again.
-    pub(super) async fn stream_until_shutdown(&mut self) -> Result<(), RelayError> {
+    async fn stream_until_shutdown(&mut self) -> Result<(), RelayError> {
         loop {
-            if self.shutting_down && !self.tracker.in_transaction() {
+            if self.stop_by.is_some() && !self.tracker.in_transaction() {
                 return Ok(());
             }
             // Read-ahead (pgwire-replication's channel and its reader) holds up
@@ -215,7 +217,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             };
             tokio::select! {
                 biased;
-                () = &mut self.shutdown, if !self.shutting_down => {
+                () = &mut self.shutdown, if self.stop_by.is_none() => {
                     self.begin_shutdown();
                     if self.tracker.in_transaction() {
                         tracing::info!(
@@ -228,7 +230,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                         tracing::info!("shutdown requested: stopped reading, waiting for in-flight deliveries");
                     }
                 }
-                () = async { if let Some(at) = stop_by { tokio::time::sleep_until(at).await } }, if stop_by.is_some() => {
+                () = sleep_until_some(stop_by) => {
                     tracing::warn!(
                         lsn = %self.commit_lsn,
                         sent = self.tx_seq,
@@ -246,41 +248,38 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     }
                 }
                 event = stream.recv(), if can_read => self.on_event(event?).await?,
-                () = sleep_until_some(cleanup_due), if cleanup_due.is_some() => {}
-                () = sleep_until_some(check_at), if check_at.is_some() => {
+                () = sleep_until_some(cleanup_due) => {}
+                () = sleep_until_some(check_at) => {
                     // A check that could not run is retried less often.
                     let wait = match self.check_publication().await? {
                         true => self.config.status_interval,
                         false => self.config.status_interval.max(Duration::from_secs(1)),
                     };
-                    self.next_publication_check = tokio::time::Instant::now() + wait;
+                    self.next_publication_check = Instant::now() + wait;
                 }
             }
             self.report_frontier(false).await;
         }
     }
 
-    /// Waits until every in-flight record is acknowledged. Returns whether
-    /// shutdown was requested meanwhile.
-    pub(super) async fn drain_in_flight(&mut self) -> Result<bool, RelayError> {
-        self.handle_deliveries(None).await
+    /// Waits `wait` while processing delivery reports. Returns whether
+    /// shutdown was requested.
+    async fn pause(&mut self, wait: Duration) -> Result<bool, RelayError> {
+        self.handle_deliveries(Some(Instant::now() + wait)).await
     }
 
     /// Processes delivery reports until `deadline` passes or, without one,
     /// until nothing is in flight. Returns whether shutdown was requested.
-    async fn handle_deliveries(
-        &mut self,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<bool, RelayError> {
+    async fn handle_deliveries(&mut self, deadline: Option<Instant>) -> Result<bool, RelayError> {
         while deadline.is_some() || self.tracker.window_len() > 0 {
             tokio::select! {
                 biased;
-                () = &mut self.shutdown, if !self.shutting_down => {
+                () = &mut self.shutdown, if self.stop_by.is_none() => {
                     self.begin_shutdown();
                     return Ok(true);
                 }
                 Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
-                () = sleep_until_some(deadline), if deadline.is_some() => return Ok(false),
+                () = sleep_until_some(deadline) => return Ok(false),
             }
         }
         Ok(false)
@@ -288,7 +287,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
 }
 
 /// Sleeps until `at`; never resolves for `None` (a disabled `select!` branch).
-async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,

@@ -16,7 +16,7 @@ use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::outbox::OutboxRecord;
 use crate::sink::exactly_once::{Position, TailError};
-use crate::sink::{Acked, Delivery, Sink, SinkError, Ticket};
+use crate::sink::{Delivery, Sink, SinkError, Ticket};
 use crate::source::setup::{Publication, SlotState};
 use crate::source::{ServerId, Source, SourceError, Stream};
 
@@ -113,13 +113,9 @@ impl Sink for FakeSink {
     async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
         lock(&self.sent).push((ticket, record.clone()));
         if self.auto_ack {
-            let outcome = Ok(Acked {
-                partition: 0,
-                offset: 0,
-            });
             let delivery = Delivery {
                 ticket,
-                outcome,
+                outcome: Ok(()),
                 alone: false,
             };
             let _ = self.deliveries.send(delivery);

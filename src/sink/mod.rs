@@ -1,23 +1,18 @@
 //! I/O: the Kafka producer.
 //!
-//! One librdkafka producer, idempotent with `acks=all`, so a record that the
-//! broker acknowledged is durable and retries inside librdkafka never
-//! duplicate or reorder within a partition. Records are enqueued in commit
-//! order; librdkafka's own thread polls for delivery reports, which the
-//! context turns into [`Delivery`] messages on a channel. The pipeline alone
-//! reads that channel and decides what may be acknowledged to Postgres.
+//! One idempotent librdkafka producer (`acks=all`): an acknowledged record is
+//! durable, and librdkafka's retries never duplicate or reorder within a
+//! partition. Its delivery reports become [`Delivery`] messages on a channel
+//! that only the pipeline reads. A full local queue is backpressure
+//! ([`Sink::send`] waits); any other refusal, and every failed delivery report
+//! (librdkafka retried until `message.timeout.ms`), is an error.
 //!
-//! A full local queue is backpressure: [`KafkaSink::send`] waits and retries.
-//! Anything else librdkafka refuses at enqueue time (a record over
-//! `message.max.bytes`, an invalid topic name) is a [`SinkError`], and so is
-//! every failed delivery report: librdkafka has already retried whatever was
-//! retriable until `message.timeout.ms`.
-//!
-//! A broker judges a produce request's size per batch, so a size error in a
-//! delivery report does not say which record is too large: each record of the
-//! failed batch is sent again in a batch of its own ([`Sink::send_alone`],
-//! through a second producer made on first use), and only a record refused
-//! alone is poison.
+//! A broker judges sizes per batch, so a size error in a delivery report does
+//! not say which record is too large: each record of the failed batch is sent
+//! again in a batch of its own ([`Sink::send_alone`], through a second
+//! producer), and only a record refused alone is poison.
+
+pub mod exactly_once;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -25,9 +20,6 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-
-pub mod exactly_once;
-
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
@@ -40,20 +32,17 @@ use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
 use exactly_once::{Position, TailError, TailReader};
 
-/// The Kafka side as the pipeline sees it. [`KafkaSink`] is the real one; a
-/// simulation implements it with an in-memory broker. Delivery results arrive
-/// on the channel the pipeline is given with the sink.
+/// The Kafka side as the pipeline sees it: [`KafkaSink`], or the simulation's
+/// in-memory broker. Deliveries arrive on the channel made with the sink.
 pub trait Sink: Send + Sync + 'static {
-    /// Enqueues one record; its [`Delivery`] comes back on the channel.
-    /// Waits while the producer's queue is full (backpressure, not an error).
+    /// Enqueues one record, waiting while the producer's queue is full.
     fn send(
         &self,
         ticket: Ticket,
         record: &OutboxRecord,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
 
-    /// Enqueues one record in a batch of its own, so that a size error
-    /// reported for it is about it alone.
+    /// Enqueues one record in a batch of its own, so a size error is about it alone.
     fn send_alone(
         &self,
         ticket: Ticket,
@@ -66,8 +55,8 @@ pub trait Sink: Send + Sync + 'static {
     /// The partition count of `topic` (exactly-once pins partitions).
     fn partition_count(&self, topic: &str) -> impl Future<Output = Result<i32, KafkaError>> + Send;
 
-    /// Per partition of `topic`, the positions of the records of `source`
-    /// at or above `floor` (exactly-once; see [`exactly_once`]).
+    /// Per partition of `topic`, the positions of `source`'s records at or
+    /// above `floor` (see [`exactly_once`]).
     fn tails(
         &self,
         topic: &str,
@@ -79,85 +68,45 @@ pub trait Sink: Send + Sync + 'static {
 }
 
 /// Producer settings the relay sets unless `-X` overrides them.
-///
-/// `message.timeout.ms=0` (no limit): an outbox relay should wait out a
-/// broker outage rather than give up on events after librdkafka's default
-/// five minutes; the slot holds the WAL meanwhile, and readiness/alerts show
-/// the stall. Set `-X message.timeout.ms=...` to fail instead.
-pub const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
+/// `message.timeout.ms=0`: wait out a broker outage rather than give up on
+/// events after five minutes (the slot holds the WAL, readiness shows the stall).
+const DEFAULT_PROPERTIES: &[(&str, &str)] = &[
     ("enable.idempotence", "true"),
     ("acks", "all"),
     ("partitioner", "murmur2_random"),
     ("message.timeout.ms", "0"),
     ("client.id", "outbox-relay"),
-    // Broker states for /readyz (observability::health); 0 disables.
+    // Broker states for /readyz; 0 disables.
     ("statistics.interval.ms", "1000"),
 ];
 
-/// Identifies one in-flight event: handed to the producer, returned with its
-/// delivery report. The pipeline's ack tracker hands them out in stream order.
+/// One in-flight event, handed out by the ack tracker in stream order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Ticket(pub u64);
 
-/// The outcome of one record, reported by librdkafka.
+/// The outcome of one record.
 #[derive(Debug)]
 pub struct Delivery {
     /// Which event.
     pub ticket: Ticket,
     /// `Ok` once the broker acknowledged it.
-    pub outcome: Result<Acked, DeliveryFailure>,
-    /// Whether the record was sent in a batch of its own ([`Sink::send_alone`]).
+    pub outcome: Result<(), DeliveryFailure>,
+    /// Whether it was sent by [`Sink::send_alone`].
     pub alone: bool,
 }
 
-/// Where an acknowledged record landed.
-#[derive(Debug, Clone, Copy)]
-pub struct Acked {
-    /// Partition.
-    pub partition: i32,
-    /// Offset in that partition.
-    pub offset: i64,
-}
-
-/// A record librdkafka gave up on, with its contents (copied: failures are rare)
-/// so it can be dead-lettered.
+/// A record librdkafka gave up on, copied back (failures are rare) so it can
+/// be sent again or dead-lettered.
 #[derive(Debug, Clone)]
 pub struct DeliveryFailure {
-    /// Why.
+    /// librdkafka's verdict.
     pub error: KafkaError,
-    /// The record's topic.
-    pub topic: String,
-    /// The record's `id` header.
-    pub id: String,
-    /// The record's key.
-    pub key: Option<Bytes>,
-    /// The record's value.
-    pub payload: Option<Bytes>,
-    /// The record's headers other than `id`.
-    pub headers: Vec<(Arc<str>, Option<Bytes>)>,
-    /// The record's timestamp.
-    pub timestamp_ms: Option<i64>,
-    /// The partition it was meant for (negative when none was chosen).
-    pub partition: i32,
-}
-
-impl DeliveryFailure {
-    /// The record again, to send it once more (to the same partition).
-    pub fn to_record(&self) -> OutboxRecord {
-        OutboxRecord {
-            topic: self.topic.clone(),
-            key: self.key.clone(),
-            payload: self.payload.clone(),
-            id: Bytes::from(self.id.clone()),
-            headers: self.headers.clone(),
-            timestamp_ms: self.timestamp_ms.unwrap_or_default(),
-            partition: (self.partition >= 0).then_some(self.partition),
-        }
-    }
+    /// The record, pinned to the partition it was meant for.
+    pub record: OutboxRecord,
 }
 
 /// Whether a Kafka error condemns one record (poison: dead-letter it or stop)
-/// rather than the relay's configuration or the cluster (stop).
+/// rather than the configuration or the cluster (stop).
 pub fn is_poison(error: &KafkaError) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
@@ -175,11 +124,9 @@ pub fn is_poison(error: &KafkaError) -> bool {
     )
 }
 
-/// Whether a failed delivery may be the fault of the batch the record was in
-/// rather than of the record: the broker checks sizes per batch
-/// (`MSG_SIZE_TOO_LARGE`, `RECORD_LIST_TOO_LARGE`), and with KIP-467 the
-/// healthy records of a batch holding an invalid one fail with
-/// `_INVALID_DIFFERENT_RECORD`. Such a record is sent again alone.
+/// Whether a failed delivery may be the batch's fault rather than the
+/// record's: sizes are checked per batch, and with KIP-467 the healthy records
+/// of a batch holding an invalid one fail with `_INVALID_DIFFERENT_RECORD`.
 pub fn is_batch_level(error: &KafkaError) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
@@ -196,34 +143,26 @@ pub enum SinkError {
         "cannot create the Kafka producer: {reason}. Check --kafka-brokers and the -X properties"
     )]
     Create {
-        /// librdkafka's complaint without any property value (see [`SinkError::create`]).
+        /// librdkafka's complaint without any secret (see [`SinkError::create`]).
         reason: String,
     },
-    /// librdkafka refused to enqueue a record.
-    #[error("Kafka refused the record for topic {topic:?} (id {id}): {source}")]
+    /// librdkafka refused to enqueue a record ([`is_poison`] tells whose fault).
+    #[error("Kafka refused the record for topic {topic:?} (id {id})")]
     Enqueue {
-        /// Whether the refusal is about this record alone (see [`is_poison`]).
-        poison: bool,
-        /// The record's topic.
         topic: String,
-        /// The event id.
         id: String,
-        /// librdkafka's error.
         #[source]
         source: KafkaError,
     },
 }
 
 impl SinkError {
-    /// A client that could not be created. librdkafka's error quotes the
-    /// refused value, which may be a secret (`-X sasl.pasword=...`): keep the
-    /// key and the reason, and hide every sensitive value.
+    /// A client that could not be created. librdkafka quotes the refused
+    /// value, which may be a secret: keep the key, hide sensitive values.
     pub fn create(error: KafkaError, properties: &[(String, String)]) -> Self {
-        let hide = |mut text: String, value: &str| {
-            if !value.is_empty() {
-                text = text.replace(value, "***");
-            }
-            text
+        let hide = |text: String, value: &str| match value {
+            "" => text,
+            _ => text.replace(value, "***"),
         };
         let mut reason = match error {
             KafkaError::ClientConfig(_, description, key, value) => {
@@ -243,35 +182,27 @@ impl SinkError {
 struct DeliveryContext {
     deliveries: mpsc::UnboundedSender<Delivery>,
     alone: bool,
-    /// Where broker states go; `None` for a producer whose state is not the
-    /// relay's readiness (the one-record-batch producer, `backfill`).
+    /// `None` where the producer's state is not readiness (`send_alone`, `backfill`).
     health: Option<Arc<Health>>,
 }
 
 impl ClientContext for DeliveryContext {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        use RDKafkaLogLevel as L;
         match level {
-            RDKafkaLogLevel::Emerg
-            | RDKafkaLogLevel::Alert
-            | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", facility = fac, "{log_message}")
+            L::Emerg | L::Alert | L::Critical | L::Error => {
+                tracing::error!(target: "librdkafka", facility = fac, "{message}")
             }
-            RDKafkaLogLevel::Warning => {
-                tracing::warn!(target: "librdkafka", facility = fac, "{log_message}")
+            L::Warning => tracing::warn!(target: "librdkafka", facility = fac, "{message}"),
+            L::Notice | L::Info => {
+                tracing::info!(target: "librdkafka", facility = fac, "{message}")
             }
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", facility = fac, "{log_message}")
-            }
-            RDKafkaLogLevel::Debug => {
-                tracing::debug!(target: "librdkafka", facility = fac, "{log_message}")
-            }
+            L::Debug => tracing::debug!(target: "librdkafka", facility = fac, "{message}"),
         }
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        // Broker connection errors are retried by librdkafka; deliveries that
-        // finally fail arrive as delivery reports, so this is informational.
+        // librdkafka retries these; deliveries that finally fail are reported.
         tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
         if let Some(health) = &self.health
             && error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown)
@@ -291,43 +222,31 @@ impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
-        let ticket = Ticket(opaque as u64);
-        let outcome = match result {
-            Ok(msg) => Ok(Acked {
-                partition: msg.partition(),
-                offset: msg.offset(),
-            }),
-            Err((error, msg)) => {
-                let mut id = String::new();
-                let mut headers = Vec::new();
-                if let Some(h) = msg.headers() {
-                    for h in h.iter() {
-                        if h.key == ID_HEADER {
-                            id = h
-                                .value
-                                .map(String::from_utf8_lossy)
-                                .unwrap_or_default()
-                                .into_owned();
-                        } else {
-                            headers.push((Arc::from(h.key), h.value.map(Bytes::copy_from_slice)));
-                        }
-                    }
+        let outcome = result.as_ref().map(|_| ()).map_err(|(error, msg)| {
+            let mut record = OutboxRecord {
+                topic: msg.topic().to_owned(),
+                key: msg.key().map(Bytes::copy_from_slice),
+                payload: msg.payload().map(Bytes::copy_from_slice),
+                id: Bytes::new(),
+                headers: Vec::new(),
+                timestamp_ms: msg.timestamp().to_millis().unwrap_or_default(),
+                partition: (msg.partition() >= 0).then_some(msg.partition()),
+            };
+            for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
+                let value = h.value.map(Bytes::copy_from_slice);
+                match h.key {
+                    ID_HEADER => record.id = value.unwrap_or_default(),
+                    key => record.headers.push((Arc::from(key), value)),
                 }
-                Err(DeliveryFailure {
-                    error: error.clone(),
-                    topic: msg.topic().to_owned(),
-                    id,
-                    key: msg.key().map(Bytes::copy_from_slice),
-                    payload: msg.payload().map(Bytes::copy_from_slice),
-                    headers,
-                    timestamp_ms: msg.timestamp().to_millis(),
-                    partition: msg.partition(),
-                })
             }
-        };
+            DeliveryFailure {
+                error: error.clone(),
+                record,
+            }
+        });
         // The receiver is gone only when the relay is shutting down.
         let _ = self.deliveries.send(Delivery {
-            ticket,
+            ticket: Ticket(opaque as u64),
             outcome,
             alone: self.alone,
         });
@@ -336,11 +255,11 @@ impl ProducerContext for DeliveryContext {
 
 /// The Kafka side of the relay.
 pub struct KafkaSink {
-    /// Shared with blocking-pool metadata reads: the relay's runtime has one thread.
+    /// Shared with blocking-pool metadata reads.
     producer: Arc<ThreadedProducer<DeliveryContext>>,
-    /// Exactly-once's tail reader (set by [`KafkaSink::with_tails`]).
+    /// Exactly-once's tail reader (see [`KafkaSink::with_tails`]).
     tails: Option<Arc<Mutex<TailReader>>>,
-    /// Settings and report channel for the one-record-batch producer.
+    /// For the one-record-batch producer, made on first use.
     config: ClientConfig,
     properties: Vec<(String, String)>,
     deliveries: mpsc::UnboundedSender<Delivery>,
@@ -348,8 +267,7 @@ pub struct KafkaSink {
 }
 
 impl KafkaSink {
-    /// Builds the producer. Delivery reports arrive on the returned channel;
-    /// broker states go to `health`.
+    /// Builds the producer; delivery reports arrive on the returned channel.
     pub fn new(
         brokers: &str,
         properties: &[(String, String)],
@@ -361,20 +279,21 @@ impl KafkaSink {
         for (k, v) in DEFAULT_PROPERTIES {
             config.set(*k, *v);
         }
-        // The relay's own cap is what bounds memory; librdkafka's queue must
-        // hold at least that much or every send would hit QueueFull.
+        // The relay's cap bounds memory; librdkafka's queue must hold at
+        // least that much or every send would hit QueueFull.
         let queue = (max_in_flight_events.saturating_mul(2)).max(100_000);
         config.set("queue.buffering.max.messages", queue.to_string());
         for (k, v) in properties {
             config.set(k, v);
         }
         let (tx, rx) = mpsc::unbounded_channel();
+        let context = DeliveryContext {
+            deliveries: tx.clone(),
+            alone: false,
+            health,
+        };
         let producer = config
-            .create_with_context(DeliveryContext {
-                deliveries: tx.clone(),
-                alone: false,
-                health,
-            })
+            .create_with_context(context)
             .map_err(|error| SinkError::create(error, properties))?;
         let sink = KafkaSink {
             producer: Arc::new(producer),
@@ -400,11 +319,11 @@ impl KafkaSink {
     ) -> Result<(), SinkError> {
         let mut waited = Duration::ZERO;
         loop {
-            let mut headers =
-                OwnedHeaders::new_with_capacity(1 + record.headers.len()).insert(Header {
-                    key: ID_HEADER,
-                    value: Some(record.id.as_ref()),
-                });
+            let id = Header {
+                key: ID_HEADER,
+                value: Some(record.id.as_ref()),
+            };
+            let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len()).insert(id);
             for (name, value) in &record.headers {
                 headers = headers.insert(Header {
                     key: name,
@@ -415,15 +334,9 @@ impl KafkaSink {
                 BaseRecord::with_opaque_to(&record.topic, ticket.0 as usize)
                     .timestamp(record.timestamp_ms)
                     .headers(headers);
-            if let Some(key) = &record.key {
-                base = base.key(key.as_ref());
-            }
-            if let Some(partition) = record.partition {
-                base = base.partition(partition);
-            }
-            if let Some(payload) = &record.payload {
-                base = base.payload(payload.as_ref());
-            }
+            base.key = record.key.as_deref();
+            base.payload = record.payload.as_deref();
+            base.partition = record.partition;
             match producer.send(base) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
@@ -438,7 +351,6 @@ impl KafkaSink {
                 }
                 Err((source, _)) => {
                     return Err(SinkError::Enqueue {
-                        poison: is_poison(&source),
                         topic: record.topic.clone(),
                         id: record.id_text(),
                         source,
@@ -449,36 +361,29 @@ impl KafkaSink {
     }
 
     /// The partition count of `topic` (fetching metadata creates it where the
-    /// broker auto-creates topics). Blocking.
-    fn fetch_partition_count(
-        producer: &ThreadedProducer<DeliveryContext>,
-        topic: &str,
-    ) -> Result<i32, KafkaError> {
-        let metadata = producer
-            .client()
-            .fetch_metadata(Some(topic), Duration::from_secs(30))?;
-        let count = metadata
-            .topics()
-            .first()
-            .filter(|t| t.error().is_none())
-            .map_or(0, |t| t.partitions().len());
-        match i32::try_from(count) {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(KafkaError::MetadataFetch(
-                RDKafkaErrorCode::UnknownTopicOrPartition,
-            )),
-        }
-    }
-
-    /// [`Sink::partition_count`], blocking (for the `backfill` command).
+    /// broker auto-creates topics). Blocking: `backfill` calls it directly.
     pub fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
-        Self::fetch_partition_count(&self.producer, topic)
+        fetch_partition_count(&self.producer, topic)
     }
+}
 
-    /// Waits up to `timeout` for outstanding deliveries.
-    pub fn flush(&self, timeout: Duration) -> bool {
-        let alone = self.alone.get().is_none_or(|p| p.flush(timeout).is_ok());
-        self.producer.flush(timeout).is_ok() && alone
+fn fetch_partition_count(
+    producer: &ThreadedProducer<DeliveryContext>,
+    topic: &str,
+) -> Result<i32, KafkaError> {
+    let metadata = producer
+        .client()
+        .fetch_metadata(Some(topic), Duration::from_secs(30))?;
+    let count = metadata
+        .topics()
+        .first()
+        .filter(|t| t.error().is_none())
+        .map_or(0, |t| t.partitions().len());
+    match i32::try_from(count) {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(KafkaError::MetadataFetch(
+            RDKafkaErrorCode::UnknownTopicOrPartition,
+        )),
     }
 }
 
@@ -487,7 +392,6 @@ impl Sink for KafkaSink {
         Self::send_with(&self.producer, ticket, record).await
     }
 
-    /// Through a second producer, made on first use.
     async fn send_alone(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
         let producer = match self.alone.get() {
             Some(producer) => producer,
@@ -497,12 +401,13 @@ impl Sink for KafkaSink {
                     .set("batch.num.messages", "1")
                     .set("linger.ms", "0")
                     .set("statistics.interval.ms", "0");
+                let context = DeliveryContext {
+                    deliveries: self.deliveries.clone(),
+                    alone: true,
+                    health: None,
+                };
                 let producer = config
-                    .create_with_context(DeliveryContext {
-                        deliveries: self.deliveries.clone(),
-                        alone: true,
-                        health: None,
-                    })
+                    .create_with_context(context)
                     .map_err(|error| SinkError::create(error, &self.properties))?;
                 self.alone.get_or_init(|| producer)
             }
@@ -518,7 +423,7 @@ impl Sink for KafkaSink {
 
     async fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
         let (producer, topic) = (Arc::clone(&self.producer), topic.to_owned());
-        tokio::task::spawn_blocking(move || Self::fetch_partition_count(&producer, &topic))
+        tokio::task::spawn_blocking(move || fetch_partition_count(&producer, &topic))
             .await
             .unwrap_or(Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail)))
     }
@@ -533,13 +438,7 @@ impl Sink for KafkaSink {
     ) -> Vec<Result<HashSet<Position>, TailError>> {
         let failed = |reason: String| {
             (0..partitions)
-                .map(|partition| {
-                    Err(TailError::Read {
-                        topic: topic.to_owned(),
-                        partition,
-                        reason: reason.clone(),
-                    })
-                })
+                .map(|partition| Err(TailError::read(topic, partition, &reason)))
                 .collect()
         };
         let Some(reader) = self.tails.clone() else {
@@ -547,9 +446,8 @@ impl Sink for KafkaSink {
         };
         let (owned, source) = (topic.to_owned(), source.to_owned());
         let read = tokio::task::spawn_blocking(move || {
-            let mut reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
-            reader.set_source(source);
-            reader.delivered(&owned, partitions, floor, wal_end)
+            let reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            reader.delivered(&owned, &source, partitions, floor, wal_end)
         });
         read.await
             .unwrap_or_else(|e| failed(format!("the blocking read stopped: {e}")))

@@ -39,7 +39,7 @@ pub struct Pending {
 
 /// How one delivery ends.
 pub enum Outcome {
-    Appended { partition: i32, offset: i64 },
+    Appended,
     Failed(KafkaError),
 }
 
@@ -180,11 +180,7 @@ impl Broker {
             position,
             source: header(SOURCE_HEADER),
         });
-        let outcome = Outcome::Appended {
-            partition: pending.partition,
-            offset: log.len() as i64 - 1,
-        };
-        Some((pending, outcome))
+        Some((pending, Outcome::Appended))
     }
 
     /// Exactly-once's read-back of one partition: the positions of our

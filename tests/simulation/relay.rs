@@ -11,7 +11,7 @@ use outbox_relay::lsn::Lsn;
 use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
 use outbox_relay::sink::exactly_once::{Position, TailError};
-use outbox_relay::sink::{Acked, Delivery, DeliveryFailure, Sink, SinkError, Ticket};
+use outbox_relay::sink::{Delivery, DeliveryFailure, Sink, SinkError, Ticket};
 use outbox_relay::source::setup::{Publication, SlotState};
 use outbox_relay::source::{ServerId, Source, SourceError, Stream};
 use pgwire_replication::ReplicationEvent;
@@ -256,21 +256,17 @@ async fn broker(shared: Shared) {
                 break;
             };
             let outcome = match outcome {
-                Outcome::Appended { partition, offset } => Ok(Acked { partition, offset }),
+                Outcome::Appended => Ok(()),
                 Outcome::Failed(error) => {
                     let id = String::from_utf8_lossy(&pending.record.id).into_owned();
                     world.note(format!("refused {id} ({error})"));
                     world.refused.insert(id);
-                    let record = pending.record;
                     Err(DeliveryFailure {
                         error,
-                        topic: record.topic.clone(),
-                        id: String::from_utf8_lossy(&record.id).into_owned(),
-                        key: record.key.clone(),
-                        payload: record.payload.clone(),
-                        headers: record.headers.clone(),
-                        timestamp_ms: Some(record.timestamp_ms),
-                        partition: pending.partition,
+                        record: OutboxRecord {
+                            partition: Some(pending.partition),
+                            ..pending.record
+                        },
                     })
                 }
             };
@@ -301,10 +297,7 @@ async fn broker(shared: Shared) {
 /// relayed and the faults are spent. Runs are bounded in count and in
 /// (virtual) time.
 pub async fn drive(shared: Shared) -> Result<(), String> {
-    let (config, exactly_once) = {
-        let world = shared.lock();
-        (config(&world.plan), world.plan.exactly_once)
-    };
+    let config = config(&shared.lock().plan);
     for run in 0..50 {
         let (deliveries_tx, deliveries) = tokio::sync::mpsc::unbounded_channel();
         let (sigterm, shutdown) = tokio::sync::oneshot::channel::<()>();
@@ -336,7 +329,7 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
                 members: Vec::new(),
             },
         };
-        let mut pipeline = Pipeline::new(
+        let pipeline = Pipeline::new(
             config.clone(),
             SimSource(shared.clone()),
             Arc::new(SimSink(shared.clone())),
@@ -344,9 +337,6 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
             health,
             &slot,
         );
-        if exactly_once {
-            pipeline = pipeline.with_exactly_once();
-        }
         let shutdown = async move {
             if shutdown.await.is_err() {
                 std::future::pending::<()>().await;
