@@ -126,8 +126,8 @@ impl AckTracker {
         Ok(ticket)
     }
 
-    /// The open transaction committed, ending at `end_lsn`. Returns whether the frontier moved.
-    pub fn commit(&mut self, end_lsn: Lsn) -> Result<bool, AckError> {
+    /// The open transaction committed, ending at `end_lsn`.
+    pub fn commit(&mut self, end_lsn: Lsn) -> Result<(), AckError> {
         let tx = self
             .open
             .take()
@@ -149,7 +149,8 @@ impl AckTracker {
                 end_lsn,
             }),
         }
-        Ok(self.advance())
+        self.advance();
+        Ok(())
     }
 
     /// The stream broke mid-transaction: forget the open transaction. Its
@@ -177,32 +178,22 @@ impl AckTracker {
         self.last_end
     }
 
-    fn slot(&self, ticket: Ticket) -> Option<&Slot> {
+    /// The in-flight (not yet delivered) slot of `ticket`.
+    fn index(&self, ticket: Ticket) -> Option<usize> {
         let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
-        self.window.get(idx).filter(|s| !s.delivered)
-    }
-
-    fn slot_mut(&mut self, ticket: Ticket) -> Option<&mut Slot> {
-        let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
-        self.window.get_mut(idx).filter(|s| !s.delivered)
+        (!self.window.get(idx)?.delivered).then_some(idx)
     }
 
     /// The outbox table of an in-flight ticket.
     pub fn table_of(&self, ticket: Ticket) -> Option<&Arc<str>> {
-        self.slot(ticket).map(|s| &s.table)
+        Some(&self.window[self.index(ticket)?].table)
     }
 
     /// `ticket` was handed to the producer.
     pub fn sent(&mut self, ticket: Ticket, sent: Sent) {
-        if let Some(slot) = self.slot_mut(ticket) {
-            slot.sent = Some(sent);
+        if let Some(idx) = self.index(ticket) {
+            self.window[idx].sent = Some(sent);
         }
-    }
-
-    /// What [`AckTracker::sent`] recorded for `ticket`, with its size.
-    pub fn take_sent(&mut self, ticket: Ticket) -> Option<(Sent, usize)> {
-        let slot = self.slot_mut(ticket)?;
-        Some((slot.sent.take()?, slot.bytes))
     }
 
     /// When the oldest unacknowledged event was handed over (`/readyz`'s staleness).
@@ -212,44 +203,39 @@ impl AckTracker {
         sent.map(|sent| sent.handed_at)
     }
 
-    /// The broker acknowledged `ticket`. Returns whether the frontier moved.
-    pub fn ack(&mut self, ticket: Ticket) -> Result<bool, AckError> {
-        let slot = self
-            .slot_mut(ticket)
-            .ok_or(AckError::UnknownTicket(ticket.0))?;
+    /// The broker acknowledged `ticket`. Returns what [`AckTracker::sent`]
+    /// recorded for it, with its size.
+    pub fn ack(&mut self, ticket: Ticket) -> Result<Option<(Sent, usize)>, AckError> {
+        let idx = self.index(ticket).ok_or(AckError::UnknownTicket(ticket.0))?;
+        let slot = &mut self.window[idx];
         slot.delivered = true;
-        slot.sent = None;
+        let sent = slot.sent.take().map(|sent| (sent, slot.bytes));
         self.in_flight_bytes -= slot.bytes;
         self.in_flight_events -= 1;
         while self.window.front().is_some_and(|s| s.delivered) {
             self.window.pop_front();
             self.base += 1;
         }
-        Ok(self.advance())
+        self.advance();
+        Ok(sent)
     }
 
     /// A keepalive reported the server's WAL end. Confirming it when nothing
-    /// is in flight or open keeps an idle outbox from pinning WAL. Returns
-    /// whether the frontier moved.
-    pub fn keepalive(&mut self, wal_end: Lsn) -> bool {
+    /// is in flight or open keeps an idle outbox from pinning WAL.
+    pub fn keepalive(&mut self, wal_end: Lsn) {
         if self.is_idle() && wal_end > self.frontier {
             self.frontier = wal_end;
             self.last_end = self.last_end.max(wal_end);
-            true
-        } else {
-            false
         }
     }
 
-    fn advance(&mut self) -> bool {
-        let before = self.frontier;
+    fn advance(&mut self) {
         while let Some(tx) = self.committed.front()
             && tx.end_seq <= self.base
         {
             self.frontier = self.frontier.max(tx.end_lsn);
             self.committed.pop_front();
         }
-        self.frontier != before
     }
 
     /// The highest LSN safe to report to Postgres as flushed.
@@ -313,10 +299,10 @@ mod tests {
         let mut t = AckTracker::new(Lsn(100));
         let a = tx(&mut t, 110, 3, 120);
         assert_eq!(t.frontier(), Lsn(100));
-        assert!(!t.ack(a[0]).unwrap());
-        assert!(!t.ack(a[2]).unwrap());
+        t.ack(a[0]).unwrap();
+        t.ack(a[2]).unwrap();
         assert_eq!(t.frontier(), Lsn(100));
-        assert!(t.ack(a[1]).unwrap());
+        t.ack(a[1]).unwrap();
         assert_eq!(t.frontier(), Lsn(120));
         assert!(t.is_idle());
         assert_eq!(t.in_flight_bytes(), 0);
@@ -361,7 +347,8 @@ mod tests {
         // beyond what the standby received.
         let old = tx(&mut t, 110, 1, 120);
         t.ack(old[0]).unwrap();
-        assert!(t.keepalive(Lsn(500)));
+        t.keepalive(Lsn(500));
+        assert_eq!(t.frontier(), Lsn(500));
         let late = tx(&mut t, 510, 1, 520);
         // The new primary's slot is confirmed at 120: resume there.
         t.rewind(Lsn(120));
@@ -379,21 +366,23 @@ mod tests {
     #[test]
     fn keepalive_advances_only_when_idle() {
         let mut t = AckTracker::new(Lsn(100));
-        assert!(t.keepalive(Lsn(150)));
+        t.keepalive(Lsn(150));
         assert_eq!(t.frontier(), Lsn(150));
         // Never backwards.
-        assert!(!t.keepalive(Lsn(120)));
+        t.keepalive(Lsn(120));
+        assert_eq!(t.frontier(), Lsn(150));
         // Open transaction: a keepalive cannot confirm past its events.
         t.begin(Lsn(200)).unwrap();
-        assert!(!t.keepalive(Lsn(300)));
+        t.keepalive(Lsn(300));
+        assert_eq!(t.frontier(), Lsn(150));
         let e = t.push(1, &table()).unwrap();
         t.commit(Lsn(210)).unwrap();
         // Committed but undelivered: still pinned.
-        assert!(!t.keepalive(Lsn(300)));
+        t.keepalive(Lsn(300));
         assert_eq!(t.frontier(), Lsn(150));
         t.ack(e).unwrap();
         assert_eq!(t.frontier(), Lsn(210));
-        assert!(t.keepalive(Lsn(300)));
+        t.keepalive(Lsn(300));
         assert_eq!(t.frontier(), Lsn(300));
     }
 
@@ -406,7 +395,7 @@ mod tests {
         t.ack(b[0]).unwrap();
         // a[1] never acks (its delivery failed): nothing past it is confirmed.
         for wal in [50, 60, 70] {
-            assert!(!t.keepalive(Lsn(wal)));
+            t.keepalive(Lsn(wal));
         }
         assert_eq!(t.frontier(), Lsn(0));
         assert_eq!(t.commit_lsn_of(a[1]), Some(Lsn(10)));
@@ -438,8 +427,8 @@ mod tests {
         t.begin(Lsn(110)).unwrap();
         t.commit(Lsn(120)).unwrap();
         t.ack(e).unwrap();
-        assert_eq!(t.ack(e), Err(AckError::UnknownTicket(e.0)));
-        assert_eq!(t.ack(Ticket(99)), Err(AckError::UnknownTicket(99)));
+        assert_eq!(t.ack(e).err(), Some(AckError::UnknownTicket(e.0)));
+        assert_eq!(t.ack(Ticket(99)).err(), Some(AckError::UnknownTicket(99)));
     }
 
     #[test]
@@ -536,8 +525,7 @@ mod tests {
         }
         t.commit(Lsn(11)).unwrap();
         assert_eq!(t.oldest_sent(), Some(handed[0]));
-        assert!(t.take_sent(Ticket(1)).is_some());
-        t.ack(Ticket(1)).unwrap();
+        assert!(t.ack(Ticket(1)).unwrap().is_some());
         assert_eq!(t.oldest_sent(), Some(handed[0]));
         assert!(t.ack(Ticket(1)).is_err(), "twice: refused");
         t.ack(Ticket(0)).unwrap();

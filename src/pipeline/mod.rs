@@ -247,8 +247,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
 
     /// The broker acknowledged `ticket`.
     fn acked(&mut self, ticket: Ticket) -> Result<(), AckError> {
-        let sent = self.tracker.take_sent(ticket);
-        self.tracker.ack(ticket)?;
+        let sent = self.tracker.ack(ticket)?;
         self.observer.event_acked(sent);
         self.summary.events_acked += 1;
         Ok(())

@@ -169,11 +169,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// Has exactly-once read the tails again before the next record, judged
     /// against the WAL's end now.
     async fn refresh_exactly_once(&mut self) {
-        if self.exactly_once.is_some() {
-            let wal_end = self.source.wal_end().await;
-            if let Some(eo) = self.exactly_once.as_mut() {
-                eo.reset(wal_end);
-            }
+        if let Some(eo) = self.exactly_once.as_mut() {
+            eo.reset(self.source.wal_end().await);
         }
     }
 
