@@ -101,15 +101,16 @@ async fn relay(
     };
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
     let in_flight = config.max_in_flight_events;
-    let (mut sink, deliveries) =
-        KafkaSink::new(brokers, properties, in_flight, Some(health.clone()))
-            .map_err(RelayError::Producer)?;
-    let exactly_once = config.delivery == Delivery::ExactlyOnce;
-    if exactly_once {
-        let tails = TailReader::new(brokers, properties)
-            .map_err(|e| RelayError::Producer(SinkError::create(e, properties)))?;
-        sink = sink.with_tails(tails);
-    }
+    let tails = match config.delivery {
+        Delivery::ExactlyOnce => Some(
+            TailReader::new(brokers, properties)
+                .map_err(|e| RelayError::Producer(SinkError::create(e, properties)))?,
+        ),
+        Delivery::AtLeastOnce => None,
+    };
+    let producer_health = Some(health.clone());
+    let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, producer_health, tails)
+        .map_err(RelayError::Producer)?;
     if config.observability.http_addr.is_some() {
         // The pipeline's metric handles bind to the recorder in place now.
         install_metrics().await;
@@ -121,10 +122,7 @@ async fn relay(
         heartbeats.spawn(heartbeat::run(config.clone(), interval));
     }
     let sink = Arc::new(sink);
-    let mut pipeline = Pipeline::new(config, source, sink, deliveries, health, &slot);
-    if let Some(cleanup) = cleanup {
-        pipeline = pipeline.with_cleanup(cleanup);
-    }
+    let pipeline = Pipeline::new(config, source, sink, deliveries, health, &slot, cleanup);
     pipeline.run(shutdown).await
 }
 

@@ -206,7 +206,9 @@ impl AckTracker {
     /// The broker acknowledged `ticket`. Returns what [`AckTracker::sent`]
     /// recorded for it, with its size.
     pub fn ack(&mut self, ticket: Ticket) -> Result<Option<(Sent, usize)>, AckError> {
-        let idx = self.index(ticket).ok_or(AckError::UnknownTicket(ticket.0))?;
+        let idx = self
+            .index(ticket)
+            .ok_or(AckError::UnknownTicket(ticket.0))?;
         let slot = &mut self.window[idx];
         slot.delivered = true;
         let sent = slot.sent.take().map(|sent| (sent, slot.bytes));

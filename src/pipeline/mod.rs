@@ -109,14 +109,15 @@ pub struct Pipeline<S: Source, K: Sink> {
     /// huge row does not throttle the rest of the run.
     largest_message: usize,
     exactly_once: Option<ExactlyOnce>,
-    /// `--cleanup delete`.
+    /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
     cleanup: Option<Cleanup>,
     observer: PipelineObserver,
 }
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
-    /// A pipeline resuming from `slot`'s confirmed position. Make it after the
-    /// metrics recorder is installed: its metric handles bind when it is made.
+    /// A pipeline resuming from `slot`'s confirmed position, with `cleanup`
+    /// under `--cleanup delete`. Make it after the metrics recorder is
+    /// installed: its metric handles bind when it is made.
     pub fn new(
         config: Config,
         source: S,
@@ -124,6 +125,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         deliveries: mpsc::UnboundedReceiver<Delivery>,
         health: Arc<Health>,
         slot: &SlotState,
+        cleanup: Option<Cleanup>,
     ) -> Self {
         let confirmed = slot.confirmed_flush;
         Pipeline {
@@ -155,15 +157,9 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             summary: Summary::default(),
             tx_seq: 0,
             largest_message: 0,
-            cleanup: None,
+            cleanup,
             observer: PipelineObserver::with_health(health),
         }
-    }
-
-    /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
-    pub fn with_cleanup(mut self, cleanup: Cleanup) -> Self {
-        self.cleanup = Some(cleanup);
-        self
     }
 
     /// Streams until `shutdown` resolves or a fatal error, then drains

@@ -241,7 +241,7 @@ async fn run(
         },
     };
     let health = Arc::new(Health::new(Default::default()));
-    let pipeline = Pipeline::new(config(), source, Arc::clone(&sink), rx, health, &slot);
+    let pipeline = Pipeline::new(config(), source, Arc::clone(&sink), rx, health, &slot, None);
     let outcome = pipeline
         .run(tokio::time::sleep(Duration::from_secs(10)))
         .await;

@@ -2,31 +2,14 @@
 //!
 //! [`ExactlyOnce`] decides (pin, tag, skip) and reads through the [`Sink`]
 //! trait, which [`KafkaSink`](super::KafkaSink) serves with a [`TailReader`].
-//!
-//! # The argument
-//! Every record carries `outbox.source` (`<slot>@<system identifier>/<timeline>`),
-//! `outbox.lsn` (its transaction's commit LSN) and `outbox.seq` (its index in
-//! the transaction): a position naming one event. Its partition is fixed by
-//! its key (Java-compatible murmur2; the event id when the key is NULL), so a
-//! replayed event lands where it did before. A new session replays from the
-//! slot's confirmed position in commit order, so before the first event to a
-//! topic the relay reads each partition back from its end until a record of
-//! ours below that event's commit LSN (the *floor*) or the log's start, and
-//! collects our positions at or above the floor. A replayed event is skipped
-//! only when its own position is among them: a partition may hold gaps (a
-//! refused delivery, a `message.timeout.ms` expiry, a dead-letter record lost
-//! in a crash), so a later record of ours proves nothing about it.
-//!
-//! # Limits
-//! Detected when tails are read, and fatal unless `--exactly-once-fallback
-//! at-least-once` continues for that partition without skipping: a record of
-//! ours that no longer hashes to its partition (the partition count changed),
-//! and one past the WAL's end (another writer uses our `outbox.source`).
-//! Left open, each a duplicate, never a loss: a killed relay's produce request
-//! appended after the tail was read; our records above the floor removed by
-//! retention; a re-sent refused event above later records still unacknowledged
-//! at the next stop. After a promotion only the new timeline's records count
-//! (its WAL diverges at the switch point), so events below it are sent again.
+//! Each record names its event by `outbox.source`, `outbox.lsn` and `outbox.seq`,
+//! and its partition is pinned by its key, so a replay lands where it did
+//! before. Before the first event to a topic after a (re)connect, each
+//! partition is read back to a record of ours below that event's commit LSN
+//! (the *floor*), and a replayed event is skipped only when its own position
+//! is there: a partition may hold gaps, so a later record proves nothing.
+//! The limits (a changed partition count, another writer, the duplicates left
+//! open) are in the README's Guarantees.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

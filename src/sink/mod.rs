@@ -1,16 +1,10 @@
 //! I/O: the Kafka producer.
 //!
-//! One idempotent librdkafka producer (`acks=all`): an acknowledged record is
-//! durable, and librdkafka's retries never duplicate or reorder within a
-//! partition. Its delivery reports become [`Delivery`] messages on a channel
-//! that only the pipeline reads. A full local queue is backpressure
-//! ([`Sink::send`] waits); any other refusal, and every failed delivery report
-//! (librdkafka retried until `message.timeout.ms`), is an error.
-//!
-//! A broker judges sizes per batch, so a size error in a delivery report does
-//! not say which record is too large: each record of the failed batch is sent
-//! again in a batch of its own ([`Sink::send_alone`], through a second
-//! producer), and only a record refused alone is poison.
+//! One idempotent librdkafka producer (`acks=all`) whose delivery reports
+//! become [`Delivery`] messages on a channel only the pipeline reads. A full
+//! local queue is backpressure ([`Sink::send`] waits). A broker judges sizes
+//! per batch, so the records of a batch refused for its size are sent again
+//! one per batch ([`Sink::send_alone`]): only a record refused alone is poison.
 
 pub mod exactly_once;
 
@@ -257,7 +251,7 @@ impl ProducerContext for DeliveryContext {
 pub struct KafkaSink {
     /// Shared with blocking-pool metadata reads.
     producer: Arc<ThreadedProducer<DeliveryContext>>,
-    /// Exactly-once's tail reader (see [`KafkaSink::with_tails`]).
+    /// Exactly-once's tail reader.
     tails: Option<Arc<Mutex<TailReader>>>,
     /// For the one-record-batch producer, made on first use.
     config: ClientConfig,
@@ -268,11 +262,13 @@ pub struct KafkaSink {
 
 impl KafkaSink {
     /// Builds the producer; delivery reports arrive on the returned channel.
+    /// `tails` reads partitions back under `--delivery exactly-once`.
     pub fn new(
         brokers: &str,
         properties: &[(String, String)],
         max_in_flight_events: usize,
         health: Option<Arc<Health>>,
+        tails: Option<TailReader>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", brokers);
@@ -297,19 +293,13 @@ impl KafkaSink {
             .map_err(|error| SinkError::create(error, properties))?;
         let sink = KafkaSink {
             producer: Arc::new(producer),
-            tails: None,
+            tails: tails.map(|reader| Arc::new(Mutex::new(reader))),
             config,
             properties: properties.to_vec(),
             deliveries: tx,
             alone: OnceLock::new(),
         };
         Ok((sink, rx))
-    }
-
-    /// Reads partition tails with `reader` (`--delivery exactly-once`).
-    pub fn with_tails(mut self, reader: TailReader) -> Self {
-        self.tails = Some(Arc::new(Mutex::new(reader)));
-        self
     }
 
     async fn send_with(
@@ -478,6 +468,7 @@ mod tests {
                 ]),
                 10,
                 None,
+                None,
             );
             assert!(result.is_ok(), "{mechanism}: {:?}", result.err());
         }
@@ -486,6 +477,7 @@ mod tests {
                 "127.0.0.1:1",
                 &props(&[("security.protocol", "SSL")]),
                 10,
+                None,
                 None
             )
             .is_ok()
@@ -498,6 +490,7 @@ mod tests {
             "127.0.0.1:1",
             &props(&[("no.such.property", "1")]),
             10,
+            None,
             None,
         )
         .err()
@@ -517,7 +510,7 @@ mod tests {
             ("acks", "hunter2"),
             ("security.protocol", "hunter2"),
         ] {
-            let err = KafkaSink::new("127.0.0.1:1", &props(&[(key, value)]), 10, None)
+            let err = KafkaSink::new("127.0.0.1:1", &props(&[(key, value)]), 10, None, None)
                 .err()
                 .map(|e| format!("{e} {e:?}"))
                 .unwrap_or_default();

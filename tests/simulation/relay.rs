@@ -336,6 +336,7 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
             deliveries,
             health,
             &slot,
+            None,
         );
         let shutdown = async move {
             if shutdown.await.is_err() {
