@@ -10,22 +10,19 @@ use crate::sink::SinkError;
 use crate::sink::exactly_once::TailError;
 use crate::source::SourceError;
 
-/// Process exit codes, one per failure class so a supervisor can tell them apart.
+/// Process exit codes, one per failure class (the README's Exit codes table).
 pub mod exit_code {
     /// A flag, the environment or the producer configuration is invalid.
     pub const CONFIG: u8 = 2;
-    /// Postgres refused in a way a retry will not fix (authentication,
-    /// privileges, wal_level, a missing table, a slot or publication mismatch).
+    /// Postgres refused in a way a retry will not fix.
     pub const POSTGRES: u8 = 3;
-    /// Kafka failed permanently (delivery timed out, producer fenced or unusable).
+    /// Kafka failed permanently.
     pub const KAFKA: u8 = 4;
-    /// An event cannot be delivered under `--on-poison fail`, or its table no
-    /// longer fits the mapping.
+    /// An event cannot be delivered under `--on-poison fail`, or no longer fits the mapping.
     pub const POISON: u8 = 5;
     /// The dead-letter topic refused a dead-letter record: retrying would loop.
     pub const DEAD_LETTER: u8 = 6;
-    /// The slot is missing where this relay streamed before: events may have
-    /// been skipped (start with `--allow-new-slot`, then run `backfill`).
+    /// The slot is missing where this relay streamed before: events may have been skipped.
     pub const SLOT_LOST: u8 = 7;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;

@@ -269,10 +269,14 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         record: OutboxRecord,
         error: SinkError,
     ) -> Result<(), RelayError> {
+        let error = self.refusal(ticket, error)?;
+        self.condemned(ticket, record, error).await
+    }
+
+    /// The cause of a refusal about the record itself; any other stops the relay.
+    fn refusal(&self, ticket: Ticket, error: SinkError) -> Result<KafkaError, RelayError> {
         match error {
-            SinkError::Enqueue { source, .. } if is_poison(&source) => {
-                self.condemned(ticket, record, source).await
-            }
+            SinkError::Enqueue { source, .. } if is_poison(&source) => Ok(source),
             source => {
                 let (lsn, table) = self.origin(ticket);
                 Err(RelayError::Sink { lsn, table, source })
@@ -365,18 +369,11 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         crate::observability::metrics::dead_lettered();
         match self.sink.send(ticket, &record).await {
             Ok(()) => Ok(()),
-            Err(SinkError::Enqueue { source, .. }) if is_poison(&source) => {
-                Err(RelayError::DeadLetter {
-                    lsn: info.lsn,
-                    id,
-                    topic,
-                    error: source,
-                })
-            }
-            Err(source) => Err(RelayError::Sink {
+            Err(error) => Err(RelayError::DeadLetter {
                 lsn: info.lsn,
-                table: info.table,
-                source,
+                id,
+                topic,
+                error: self.refusal(ticket, error)?,
             }),
         }
     }
