@@ -178,7 +178,7 @@ impl AckTracker {
         self.last_end
     }
 
-    /// The in-flight (not yet delivered) slot of `ticket`.
+    /// The window index of `ticket` while it is in flight (not yet delivered).
     fn index(&self, ticket: Ticket) -> Option<usize> {
         let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
         (!self.window.get(idx)?.delivered).then_some(idx)
