@@ -151,32 +151,25 @@ impl ExactlyOnce {
         let mut wait = Duration::from_millis(100);
         let mut attempt = 1;
         loop {
-            match sink.partition_count(topic).await {
+            let e = match sink.partition_count(topic).await {
                 Ok(n) => {
                     self.partitions.insert(topic.to_owned(), n);
                     return Ok(n);
                 }
-                Err(e)
-                    if attempt < TOPIC_ATTEMPTS
-                        && matches!(
-                            e.rdkafka_error_code(),
-                            Some(
-                                C::UnknownTopicOrPartition
-                                    | C::UnknownTopic
-                                    | C::LeaderNotAvailable
-                            )
-                        ) =>
-                {
-                    tracing::debug!(topic, error = %e, "topic not there yet; asking again");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(2));
-                    attempt += 1;
-                }
-                Err(e) => {
-                    let reason = format!("cannot read the topic's partition count: {e}");
-                    return Err(TailError::read(topic, -1, &reason));
-                }
+                Err(e) => e,
+            };
+            let creating = matches!(
+                e.rdkafka_error_code(),
+                Some(C::UnknownTopicOrPartition | C::UnknownTopic | C::LeaderNotAvailable)
+            );
+            if !creating || attempt == TOPIC_ATTEMPTS {
+                let reason = format!("cannot read the topic's partition count: {e}");
+                return Err(TailError::read(topic, -1, &reason));
             }
+            tracing::debug!(topic, error = %e, "topic not there yet; asking again");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(2));
+            attempt += 1;
         }
     }
 
