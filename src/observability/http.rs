@@ -79,8 +79,8 @@ fn readyz(health: &Health) -> (StatusCode, Json<serde_json::Value>) {
             "safe_wal_size_bytes": slot.safe_wal_size_bytes,
             "failover": slot.failover,
             "synchronized_standby_slots_set": slot.synchronized_standby_slots_set,
-            "invalidated": slot.facts.invalidated(),
-            "idle_timeout_secs": slot.facts.idle_timeout_secs,
+            "invalidated": slot.invalidated(),
+            "idle_timeout_secs": slot.idle_timeout_secs,
         }),
     };
     let body = json!({
@@ -155,7 +155,7 @@ mod tests {
             safe_wal_size_bytes: Some(5 << 30),
             failover: None,
             synchronized_standby_slots_set: None,
-            facts: Default::default(),
+            ..Default::default()
         }));
         let (status, body) = get(addr, "/readyz").await;
         assert_eq!(status, 200, "{body}");

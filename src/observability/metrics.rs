@@ -153,8 +153,8 @@ pub fn set_slot(observation: &SlotObservation) {
     gauge!(SLOT_FAILOVER).set(flag(slot.failover == Some(true)));
     let standby_slots = slot.synchronized_standby_slots_set == Some(true);
     gauge!(SYNCHRONIZED_STANDBY_SLOTS_SET).set(flag(standby_slots));
-    gauge!(SLOT_INVALIDATED).set(flag(slot.facts.invalidated().is_some()));
-    let idle_timeout = slot.facts.idle_timeout_secs.unwrap_or(0);
+    gauge!(SLOT_INVALIDATED).set(flag(slot.invalidated().is_some()));
+    let idle_timeout = slot.idle_timeout_secs.unwrap_or(0);
     gauge!(SLOT_IDLE_TIMEOUT_SECONDS).set(idle_timeout as f64);
 }
 
@@ -207,7 +207,7 @@ mod tests {
                     safe_wal_size_bytes: Some(4096),
                     failover: Some(true),
                     synchronized_standby_slots_set: Some(false),
-                    facts: Default::default(),
+                    ..Default::default()
                 },
             ));
             delivery_error(&KafkaError::MessageProduction(
