@@ -1,9 +1,7 @@
-//! Readiness: the shared [`Health`] state the pipeline, the producer and the
-//! slot poller update, and the PURE rules ([`evaluate`]) that turn a snapshot
-//! of it into `/readyz`'s answer. Ready means the relay does its job now.
-//! Slot risks the relay cannot fix itself (`wal_status` `extended` or
-//! `unreserved`, a low `safe_wal_size`) are warnings with the remedy; a lost,
-//! invalidated or missing slot is a reason, since the relay cannot stream.
+//! Readiness: the shared [`Health`] state, and the PURE rules ([`evaluate`])
+//! that turn a snapshot of it into `/readyz`'s answer. Slot risks the relay
+//! cannot fix itself are warnings with the remedy; a slot it cannot stream from
+//! is a reason.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -365,13 +363,6 @@ impl Health {
             ack_staleness: oldest.map_or(Duration::ZERO, |t| now.saturating_duration_since(t)),
             slot: self.slot(),
         }
-    }
-
-    /// Readiness now, under the thresholds in force.
-    pub fn readiness(&self) -> (HealthSnapshot, Readiness) {
-        let snapshot = self.snapshot(Instant::now());
-        let readiness = evaluate(&snapshot, &self.thresholds);
-        (snapshot, readiness)
     }
 }
 

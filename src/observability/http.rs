@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::http::{StatusCode, header::CONTENT_TYPE};
 use axum::routing::get;
@@ -15,7 +15,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::json;
 use tokio::net::TcpListener;
 
-use super::health::{Health, SlotObservation};
+use super::health::{Health, SlotObservation, evaluate};
 
 /// The endpoint's address is taken or not ours.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +68,8 @@ pub async fn serve_on(
 }
 
 fn readyz(health: &Health) -> (StatusCode, Json<serde_json::Value>) {
-    let (snapshot, readiness) = health.readiness();
+    let snapshot = health.snapshot(Instant::now());
+    let readiness = evaluate(&snapshot, &health.thresholds());
     let slot = match &snapshot.slot {
         SlotObservation::Unknown => serde_json::Value::Null,
         SlotObservation::Missing => json!({ "exists": false }),
