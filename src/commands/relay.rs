@@ -41,10 +41,11 @@ pub(super) async fn run_with(
     let http = match config.observability.http_addr {
         // Bound here, so a taken port fails start-up rather than a background task.
         Some(addr) => {
-            let listener = TcpListener::bind(addr).await;
-            let listener = listener.map_err(|source| CommandError::Http { addr, source });
-            let listener = listener
-                .inspect_err(|e| tracing::error!(error = %e, "cannot start the HTTP endpoint"))?;
+            let listener = TcpListener::bind(addr).await.map_err(|source| {
+                let error = CommandError::Http { addr, source };
+                tracing::error!(%error, "cannot start the HTTP endpoint");
+                error
+            })?;
             let (health, stopped) = (health.clone(), http_stopped.map(|_| ()));
             Some(tokio::spawn(async move {
                 http::serve_on(listener, install_metrics().await, health, stopped).await
@@ -106,8 +107,7 @@ async fn relay(
     let (mut sink, deliveries) =
         KafkaSink::new(brokers, properties, in_flight, Some(health.clone()))
             .map_err(RelayError::Producer)?;
-    let exactly_once = config.delivery == Delivery::ExactlyOnce;
-    if exactly_once {
+    if config.delivery == Delivery::ExactlyOnce {
         let tails = TailReader::new(brokers, properties)
             .map_err(|e| RelayError::Producer(SinkError::create(e, properties)))?;
         sink = sink.with_tails(tails);
