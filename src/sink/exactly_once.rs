@@ -285,13 +285,6 @@ pub struct TailReader {
     consumer: BaseConsumer,
 }
 
-/// A record of ours read back.
-#[derive(Debug, Clone)]
-struct Found {
-    position: Position,
-    key: Vec<u8>,
-}
-
 impl TailReader {
     /// A reader with the relay's brokers and `-X` connection properties.
     pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, KafkaError> {
@@ -362,29 +355,29 @@ impl TailReader {
                             .concat(),
                     };
                     let mut reached_floor = false;
-                    for record in records {
-                        if record.position.lsn < floor {
+                    for (position, key) in records {
+                        if position.lsn < floor {
                             reached_floor = true;
                             continue;
                         }
-                        if partition_for(&record.key, partitions) != partition {
+                        if partition_for(&key, partitions) != partition {
                             return Err(TailError::PartitionCountChanged {
                                 topic: topic.to_owned(),
                                 partition,
-                                key: String::from_utf8_lossy(&record.key).into_owned(),
+                                key: String::from_utf8_lossy(&key).into_owned(),
                                 partitions,
                             });
                         }
-                        if record.position.lsn > wal_end {
+                        if position.lsn > wal_end {
                             return Err(TailError::ForeignWriter {
                                 topic: topic.to_owned(),
                                 partition,
                                 source_id: source.to_owned(),
-                                lsn: record.position.lsn,
+                                lsn: position.lsn,
                                 wal_end,
                             });
                         }
-                        found.insert(record.position);
+                        found.insert(position);
                     }
                     if reached_floor {
                         break;
@@ -507,8 +500,8 @@ impl TailReader {
     }
 }
 
-/// `msg` as a record of `source`, when it is one.
-fn ours(msg: &BorrowedMessage<'_>, source: &str) -> Option<Found> {
+/// `msg` as a record of `source`, when it is one: its position and its key (or id).
+fn ours(msg: &BorrowedMessage<'_>, source: &str) -> Option<(Position, Vec<u8>)> {
     let (mut src, mut lsn, mut seq) = (None, None, None);
     for h in headers(msg) {
         match h.key {
@@ -523,7 +516,7 @@ fn ours(msg: &BorrowedMessage<'_>, source: &str) -> Option<Found> {
     }
     let position = Position::from_headers(lsn?, seq?)?;
     let key = msg.key().or(event_id(msg)).unwrap_or_default().to_vec();
-    Some(Found { position, key })
+    Some((position, key))
 }
 
 fn headers<'a>(msg: &'a BorrowedMessage<'_>) -> impl Iterator<Item = Header<'a, &'a [u8]>> {
