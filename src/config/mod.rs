@@ -19,7 +19,7 @@ pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
     SetupTarget, StatusArgs,
 };
-pub use observability::{ObservabilityArgs, ObservabilityConfig, ReadinessThresholds};
+pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
 use crate::outbox::cloudevents::CloudEventsConfig;
@@ -425,7 +425,7 @@ pub struct Config {
     /// Exactly-once fallback.
     pub exactly_once_fallback: ExactlyOnceFallback,
     /// Metrics, health and slot monitoring.
-    pub observability: ObservabilityConfig,
+    pub observability: ObservabilityArgs,
     /// What happens to relayed outbox rows.
     pub cleanup: Cleanup,
 }
@@ -505,7 +505,7 @@ impl Config {
             heartbeat_interval: cli.heartbeat_interval.filter(|d| !d.is_zero()),
             delivery: cli.delivery,
             exactly_once_fallback: cli.exactly_once_fallback,
-            observability: ObservabilityConfig::from_args(&cli.observability)?,
+            observability: cli.observability.clone(),
             cleanup: cli.cleanup,
             postgres,
         })
@@ -731,6 +731,7 @@ mod tests {
                 &["--on-poison", "dead-letter", "--dead-letter-topic", "a b"],
             ),
             ("--route-by", &["--route-by", ""]),
+            ("--http-addr", &["--http-addr", "nowhere"]),
             (
                 "--reconnect-backoff",
                 &[
