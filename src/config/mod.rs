@@ -266,11 +266,9 @@ impl KafkaProperty {
     }
 }
 
-impl FromStr for KafkaProperty {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(KafkaProperty(s.to_owned()))
+impl From<String> for KafkaProperty {
+    fn from(s: String) -> Self {
+        KafkaProperty(s)
     }
 }
 
@@ -887,7 +885,7 @@ mod tests {
         assert!(shown.contains("sasl.jaas.config"), "{shown}");
         cli.kafka_properties = "sasl.jaas.config=a;s7\""
             .split(';')
-            .map(|p| p.parse().unwrap())
+            .map(|p| p.to_owned().into())
             .collect();
         let err = Config::from_cli(&cli).unwrap_err().to_string();
         assert!(
