@@ -108,7 +108,9 @@ impl Cli {
     /// Parses `args` with a `--debezium-config` file's flags as defaults, and returns the import's
     /// warnings; help and usage errors exit as clap does.
     pub fn parse_global_from(args: Vec<OsString>) -> Result<(Cli, Vec<String>), ImportError> {
-        let parse = |imported: &Imported| Self::try_parse_with(imported, &args).unwrap_or_else(|e| e.exit());
+        let parse = |imported: &Imported| {
+            Self::try_parse_with(imported, &args).unwrap_or_else(|e| e.exit())
+        };
         let cli = parse(&Imported::default());
         let explain = matches!(cli.command, Some(Command::DebeziumConfig(_)));
         let Some(path) = cli.debezium_config.as_deref().filter(|_| !explain) else {
