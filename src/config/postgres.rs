@@ -97,8 +97,7 @@ pub struct PostgresConnInfo {
     pub application_name: Option<String>,
 }
 
-/// A `--postgres-url` that cannot be used: what is wrong and what would work. Any URL in it is
-/// redacted.
+/// A `--postgres-url` that cannot be used, saying what would work; any URL in it is redacted.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct PostgresUrlError(String);
