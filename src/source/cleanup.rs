@@ -179,9 +179,10 @@ impl Cleanup {
     }
 
     /// The open transaction committed, ending at `end_lsn`.
-    pub fn commit(&mut self, end_lsn: Lsn, interval: Duration) {
+    pub fn commit(&mut self, end_lsn: Lsn) {
         if !self.open.is_empty() {
-            self.due.get_or_insert_with(|| Instant::now() + interval);
+            let due = Instant::now() + self.config.status_interval;
+            self.due.get_or_insert(due);
         }
         let rows = self.open.drain(..).map(|row| (end_lsn, row));
         self.done.extend(rows);
@@ -207,10 +208,10 @@ impl Cleanup {
 
     /// Deletes the rows of transactions ending at or before `frontier` (now
     /// when `force`, else when a batch is full or due), moving [`Self::cleared`].
-    pub async fn clear(&mut self, frontier: Lsn, force: bool, interval: Duration) {
+    pub async fn clear(&mut self, frontier: Lsn, force: bool) {
         let covered = self.done.iter().take_while(|(end, _)| *end <= frontier);
         let rows = covered.count();
-        let now = Instant::now();
+        let (now, interval) = (Instant::now(), self.config.status_interval);
         if rows == 0 {
             self.cleared = self.cleared.max(frontier);
             return;
