@@ -184,7 +184,6 @@ impl SourceError {
     }
 }
 
-/// Names a failed replication command by its slot.
 fn stream_err(slot: &str) -> impl Fn(PgWireError) -> SourceError + '_ {
     move |source| SourceError::Stream {
         slot: slot.to_owned(),
@@ -389,22 +388,19 @@ impl Source for PgSource {
         let repl = replication_config(config, from, acked)?;
         let timeout = Duration::from_secs(30);
         let opening = open(repl, config, from, acked, self.server.as_ref());
-        let stream = match tokio::time::timeout(timeout, opening).await {
-            Ok(Ok(stream)) => stream,
+        let opened = tokio::time::timeout(timeout, opening).await.map_err(|_| {
+            let slot = config.slot.clone();
+            SourceError::StartTimeout { slot, timeout }
+        })?;
+        let stream = opened.map_err(|source| match source.is_tls() || source.is_auth() {
             // TLS and authentication failures are configuration problems.
-            Ok(Err(source)) if source.is_tls() || source.is_auth() => {
-                return Err(SourceError::ReplicationConnect {
-                    url: config.postgres.redacted(),
-                    hint: tls::replication_hint(&source),
-                    source,
-                });
-            }
-            Ok(Err(source)) => return Err(stream_err(&config.slot)(source)),
-            Err(_) => {
-                let slot = config.slot.clone();
-                return Err(SourceError::StartTimeout { slot, timeout });
-            }
-        };
+            true => SourceError::ReplicationConnect {
+                url: config.postgres.redacted(),
+                hint: tls::replication_hint(&source),
+                source,
+            },
+            false => stream_err(&config.slot)(source),
+        })?;
         self.server = Some(stream.server.clone());
         Ok(stream)
     }

@@ -86,7 +86,6 @@ pub async fn pin(config: &Config) -> Result<Config, SourceError> {
     })
 }
 
-/// Whether `--postgres-url` names several servers or a `target_session_attrs`.
 fn has_choice(pg: &PostgresConnInfo) -> bool {
     pg.hosts.len() > 1 || pg.target_session_attrs != TargetSessionAttrs::Any
 }
@@ -127,10 +126,9 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
             if attrs.accepts(in_recovery, row.get(1), strict) {
                 return Ok((client, pinned));
             }
-            let state = if in_recovery {
-                "a standby"
-            } else {
-                "read-only"
+            let state = match in_recovery {
+                true => "a standby",
+                false => "read-only",
             };
             tried.push(format!("{host}:{port}: {state}"));
         }
@@ -427,7 +425,6 @@ pub async fn verify_publication(
     })
 }
 
-/// `items`, each as `show` says, separated by commas.
 fn join<T>(items: impl Iterator<Item = T>, show: impl Fn(T) -> String) -> String {
     items.map(show).collect::<Vec<_>>().join(", ")
 }
