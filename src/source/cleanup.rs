@@ -1,13 +1,10 @@
 //! `--cleanup delete`: relayed outbox rows are deleted before the slot moves past them.
 //!
-//! Each inserted row's primary key waits under its transaction's end LSN. Before
-//! a frontier F is reported to Postgres, the rows of every transaction ending at
-//! or before F are deleted by key, in batches, on the control connection. So a
-//! row whose event the broker has not acknowledged is never deleted, and a crash
-//! before or after the delete only replays events whose rows are then deleted
-//! (again, as a no-op). Deletes run once a batch is full or the oldest rows have
-//! waited a status interval, so the confirmed position lags by about that; a
-//! failed delete holds the frontier back and is retried.
+//! Each row's primary key waits under its transaction's end LSN; before a frontier
+//! is reported, the rows it covers are deleted in batches. An unacknowledged row is
+//! never deleted, and a crash only replays events whose deletes are then no-ops. A
+//! batch waits until full or a status interval old; a failed delete holds the
+//! frontier back and is retried.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

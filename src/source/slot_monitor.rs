@@ -1,8 +1,7 @@
-//! The slot poller: every `--slot-poll-interval` it reads the slot's lag,
-//! `wal_status` and `safe_wal_size` over its own control connection, updates
-//! the metrics and [`Health`], and warns (with the remedy) when the slot's WAL
-//! is at risk. It never stops the relay: a failed poll makes the slot "unknown"
-//! for readiness, and the next tick tries again on a fresh connection.
+//! The slot poller: every `--slot-poll-interval` it reads the slot's lag and WAL
+//! status, updates the metrics and [`Health`], and warns (with the remedy) when
+//! the slot's WAL is at risk. It never stops the relay: a failed poll makes the
+//! slot "unknown" for readiness until a later tick succeeds.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
