@@ -60,8 +60,7 @@ pub enum SourceError {
         #[source]
         source: tokio_postgres::Error,
     },
-    /// The replication connection was refused (TLS or authentication) where
-    /// the control connection with the same settings was accepted.
+    /// The replication connection was refused (TLS or authentication).
     #[error("cannot open the replication connection to {url}: {source}; {hint}")]
     ReplicationConnect {
         url: String,
@@ -72,8 +71,7 @@ pub enum SourceError {
     /// A start-up check failed (server, role, tables, publication, slot): the fix.
     #[error("{0}")]
     Misconfigured(String),
-    /// The publication was dropped, re-created, or a table dropped from it and
-    /// added again: rows committed meanwhile were never decoded.
+    /// The publication changed while streaming: rows committed meanwhile were never decoded.
     #[error(
         "publication {publication:?} {change}; outbox rows committed since the relay last \
          checked it were not decoded, so it stops without confirming them. Restore it (starting \
@@ -290,8 +288,7 @@ async fn slot_confirmed(client: &mut ReplicationClient, slot: &str) -> Option<Ls
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
-/// The Postgres side as the pipeline sees it; [`PgSource`] is the real one, a
-/// simulation implements it without a server.
+/// The Postgres side as the pipeline sees it; tests implement it without a server.
 pub trait Source: Send {
     /// One replication session.
     type Stream: Stream;
@@ -314,8 +311,7 @@ pub trait Source: Send {
     /// publication could not be checked, `Err` when it changed (rows were skipped).
     fn check_publication(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send;
 
-    /// The WAL's end (`Lsn(u64::MAX)` when unknown), for exactly-once's
-    /// foreign-writer check.
+    /// The WAL's end (`Lsn(u64::MAX)` when unknown), for exactly-once's foreign-writer check.
     fn wal_end(&mut self) -> impl Future<Output = Lsn> + Send;
 
     /// A fatal error with what the server can tell about it (an invalidated slot's reason).

@@ -67,8 +67,7 @@ impl Publication {
     }
 }
 
-/// Opens the control connection (TLS as `--postgres-url`'s `sslmode` says) to
-/// the first of its servers that satisfies its `target_session_attrs`.
+/// Opens the control connection to the server `target_session_attrs` picks.
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
     Ok(locate(&config.postgres).await?.0)
 }
@@ -90,9 +89,8 @@ fn has_choice(pg: &PostgresConnInfo) -> bool {
     pg.hosts.len() > 1 || pg.target_session_attrs != TargetSessionAttrs::Any
 }
 
-/// Connects to the first server that satisfies `target_session_attrs` and
-/// returns the settings pinned to it. Every (re)connect asks again, so a
-/// promoted standby is found without a restart.
+/// The first server that satisfies `target_session_attrs`, asked on every
+/// (re)connect so a promoted standby is found without a restart.
 async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), SourceError> {
     if !has_choice(pg) {
         return Ok((connect_to(pg).await?, pg.clone()));
@@ -206,8 +204,8 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     })
 }
 
-/// The server's version, `wal_level` and the role's right to replicate, in
-/// one look; returns whether the server is a standby (where nothing can be created).
+/// The server's version, `wal_level` and the role's right to replicate;
+/// returns whether the server is a standby (where nothing can be created).
 async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceError> {
     let row = client
         .query_one(
@@ -304,8 +302,7 @@ async fn check_table(
     Ok(row.get(0))
 }
 
-/// The table's columns as a pgoutput Relation announces them (`id` 0: no
-/// stream announced it); an error naming the remedy when there is no such table.
+/// The table's columns as a pgoutput Relation announces them (`id` 0: no stream announced it).
 pub(crate) async fn relation(client: &Client, table: &TableName) -> Result<Relation, SourceError> {
     let rows = client
         .query(
@@ -429,8 +426,7 @@ fn join<T>(items: impl Iterator<Item = T>, show: impl Fn(T) -> String) -> String
     items.map(show).collect::<Vec<_>>().join(", ")
 }
 
-/// [`Publication::members`]; none for a table the publication does not cover
-/// (or that no longer exists).
+/// [`Publication::members`]; none for a table the publication does not cover.
 async fn members(
     client: &Client,
     config: &Config,
