@@ -39,7 +39,7 @@ type Row = (Arc<Table>, String);
 pub struct Cleanup {
     config: Config,
     client: Option<Client>,
-    tables: HashMap<String, Arc<Table>>,
+    tables: Vec<Arc<Table>>,
     /// Relation id → its table and the key columns' positions in its tuples.
     bound: HashMap<u32, (Arc<Table>, Vec<usize>)>,
     /// The open transaction's rows.
@@ -89,7 +89,7 @@ impl Cleanup {
                 quote_ident(publication)
             ));
         }
-        let mut tables = HashMap::new();
+        let mut tables = Vec::new();
         for table in &config.tables {
             let rows = client
                 .query(
@@ -118,7 +118,7 @@ impl Cleanup {
             let columns: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
             let sql = delete_sql(table, &columns);
             let name = table.to_string();
-            tables.insert(name.clone(), Arc::new(Table { name, columns, sql }));
+            tables.push(Arc::new(Table { name, columns, sql }));
         }
         Ok(Cleanup {
             config: config.clone(),
@@ -143,7 +143,7 @@ impl Cleanup {
             Some(root) => root.to_string(),
             None => format!("{}.{}", relation.namespace, relation.name),
         };
-        let Some(table) = self.tables.get(&name) else {
+        let Some(table) = self.tables.iter().find(|t| t.name == name) else {
             self.bound.remove(&relation.id);
             return Ok(());
         };
