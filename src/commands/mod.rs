@@ -15,7 +15,6 @@ mod status;
 use std::process::ExitCode;
 
 use crate::config::{Cli, Command, Config, ConfigError};
-use crate::observability::http::HttpError;
 use crate::pipeline::{RelayError, exit_code};
 use crate::source::SourceError;
 
@@ -37,9 +36,15 @@ pub enum CommandError {
     /// Kafka's records could not be read back (`backfill --delivery exactly-once`).
     #[error(transparent)]
     Tail(#[from] crate::sink::exactly_once::TailError),
-    /// The HTTP endpoint could not start.
-    #[error(transparent)]
-    Http(#[from] HttpError),
+    /// The HTTP endpoint's address is taken or not ours.
+    #[error(
+        "cannot listen on --http-addr {addr} (pick another address, or --http-addr none to disable)"
+    )]
+    Http {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     /// The relay (or `peek`, decoding and mapping as it does) stopped with an error.
     #[error(transparent)]
     Relay(#[from] RelayError),
@@ -58,7 +63,7 @@ impl CommandError {
     /// The process exit code, shared with the relay's.
     pub fn exit_code(self) -> u8 {
         match self {
-            CommandError::Config(_) | CommandError::Refused(_) | CommandError::Http(_) => {
+            CommandError::Config(_) | CommandError::Refused(_) | CommandError::Http { .. } => {
                 exit_code::CONFIG
             }
             CommandError::Source(e) => RelayError::Source(e).exit_code(),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
+use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use super::{CommandError, report};
@@ -36,20 +37,22 @@ pub(super) async fn run_with(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, CommandError> {
-    let listener = match config.observability.http_addr {
-        Some(addr) => Some(http::bind(addr).await.inspect_err(|e| {
-            tracing::error!(error = %e, "cannot start the HTTP endpoint");
-        })?),
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let http = match config.observability.http_addr {
+        // Bound here, so a taken port fails start-up rather than a background task.
+        Some(addr) => {
+            let listener = TcpListener::bind(addr).await.map_err(|source| {
+                let error = CommandError::Http { addr, source };
+                tracing::error!(%error, "cannot start the HTTP endpoint");
+                error
+            })?;
+            let (health, stopped) = (health.clone(), http_stopped.map(|_| ()));
+            Some(tokio::spawn(async move {
+                http::serve_on(listener, install_metrics().await, health, stopped).await
+            }))
+        }
         None => None,
     };
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = listener.map(|listener| {
-        let health = health.clone();
-        let stopped = http_stopped.map(|_| ());
-        tokio::spawn(async move {
-            http::serve_on(listener, install_metrics().await, health, stopped).await
-        })
-    });
     // Aborted when dropped.
     let mut background = JoinSet::new();
     let poll_interval = config.observability.slot_poll_interval;
@@ -103,8 +106,7 @@ async fn relay(
     let (mut sink, deliveries) =
         KafkaSink::new(brokers, properties, in_flight, Some(health.clone()))
             .map_err(RelayError::Producer)?;
-    let exactly_once = config.delivery == Delivery::ExactlyOnce;
-    if exactly_once {
+    if config.delivery == Delivery::ExactlyOnce {
         let tails = TailReader::new(brokers, properties)
             .map_err(|e| RelayError::Producer(SinkError::create(e, properties)))?;
         sink = sink.with_tails(tails);
@@ -148,5 +150,31 @@ pub(super) async fn shutdown_signal() {
             tracing::warn!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the relay");
             let _ = tokio::signal::ctrl_c().await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_taken_port_is_a_clear_error() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let cli = Cli::try_parse_global_from([
+            "outbox-relay",
+            "--postgres-url",
+            "postgres://u@127.0.0.1/db",
+            "--kafka-brokers",
+            "127.0.0.1:9",
+            "--http-addr",
+            &addr,
+        ])
+        .unwrap();
+        let config = Config::from_cli(&cli).unwrap();
+        let health = Arc::new(Health::default());
+        let err = run_with(config, health, async {}).await.unwrap_err();
+        assert!(matches!(err, CommandError::Http { .. }), "{err:?}");
+        assert!(err.to_string().contains("--http-addr"), "{err}");
     }
 }

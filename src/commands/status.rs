@@ -197,10 +197,9 @@ fn warnings(
             slot.name
         ));
     } else if let Some(status) = &slot.status {
-        let facts = &status.facts;
-        out.extend(facts.invalidated().map(|r| slot_invalidated_remedy(&r)));
+        out.extend(status.invalidated().map(|r| slot_invalidated_remedy(&r)));
         out.extend(slot_warnings(status, &ReadinessThresholds::default()));
-        out.extend(idle_timeout_warning(facts.idle_timeout_secs.unwrap_or(0)));
+        out.extend(idle_timeout_warning(status.idle_timeout_secs.unwrap_or(0)));
     }
     let (name, missing) = (&publication.name, publication.missing_tables.join(", "));
     if !publication.exists {
@@ -275,9 +274,9 @@ fn slot_rows(slot: &SlotInfo) -> Vec<(&'static str, String)> {
         ("failover", failover),
         ("safe_wal_size", safe_wal_size.map_or(unlimited, bytes)),
     ];
-    if let Some(facts) = status.map(|s| &s.facts) {
-        rows.extend(facts.invalidated().map(|r| ("invalidated", r)));
-        rows.extend(facts.inactive_since.clone().map(|t| ("inactive since", t)));
+    if let Some(status) = status {
+        rows.extend(status.invalidated().map(|r| ("invalidated", r)));
+        rows.extend(status.inactive_since.clone().map(|t| ("inactive since", t)));
     }
     rows
 }

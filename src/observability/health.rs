@@ -1,9 +1,7 @@
-//! Readiness: the shared [`Health`] state the pipeline, the producer and the
-//! slot poller update, and the PURE rules ([`evaluate`]) that turn a snapshot
-//! of it into `/readyz`'s answer. Ready means the relay does its job now.
-//! Slot risks the relay cannot fix itself (`wal_status` `extended` or
-//! `unreserved`, a low `safe_wal_size`) are warnings with the remedy; a lost,
-//! invalidated or missing slot is a reason, since the relay cannot stream.
+//! Readiness: the shared [`Health`] state, and the PURE rules ([`evaluate`])
+//! that turn a snapshot of it into `/readyz`'s answer. Slot risks the relay
+//! cannot fix itself are warnings with the remedy; a slot it cannot stream from
+//! is a reason.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -16,7 +14,7 @@ pub use crate::config::ReadinessThresholds;
 use crate::lsn::Lsn;
 
 /// `pg_replication_slots.wal_status`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WalStatus {
     /// WAL is within `max_wal_size`.
@@ -28,6 +26,7 @@ pub enum WalStatus {
     /// WAL the slot needs is gone; the slot is unusable.
     Lost,
     /// NULL or a value this build does not know.
+    #[default]
     Unknown,
 }
 
@@ -54,7 +53,7 @@ impl WalStatus {
 }
 
 /// One poll of the slot.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SlotStatus {
     /// `pg_current_wal_lsn() - confirmed_flush_lsn`; `None` without a confirmed position.
     pub lag_bytes: Option<u64>,
@@ -66,14 +65,6 @@ pub struct SlotStatus {
     pub failover: Option<bool>,
     /// Whether `synchronized_standby_slots` is set (`None` before PostgreSQL 17).
     pub synchronized_standby_slots_set: Option<bool>,
-    /// What only newer servers report.
-    #[serde(flatten)]
-    pub facts: SlotFacts,
-}
-
-/// Slot facts of newer servers; `None` where the server lacks them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct SlotFacts {
     /// `invalidation_reason` (PostgreSQL 17+): why the slot can no longer stream.
     pub invalidation_reason: Option<String>,
     /// `conflicting` (PostgreSQL 16+): invalidated by a recovery conflict.
@@ -84,7 +75,7 @@ pub struct SlotFacts {
     pub idle_timeout_secs: Option<u64>,
 }
 
-impl SlotFacts {
+impl SlotStatus {
     /// Why the slot can no longer stream, when the server says it cannot.
     pub fn invalidated(&self) -> Option<String> {
         match (&self.invalidation_reason, self.conflicting) {
@@ -179,15 +170,13 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
                     limits.max_slot_lag_bytes
                 ));
             }
-            if let Some(reason) = slot.facts.invalidated() {
+            if let Some(reason) = slot.invalidated() {
                 reasons.push(slot_invalidated_remedy(&reason));
             } else if slot.wal_status == WalStatus::Lost {
                 reasons.push(slot_lost());
             }
             warnings = slot_warnings(slot, limits);
-            warnings.extend(idle_timeout_warning(
-                slot.facts.idle_timeout_secs.unwrap_or(0),
-            ));
+            warnings.extend(idle_timeout_warning(slot.idle_timeout_secs.unwrap_or(0)));
         }
     }
     Readiness {
@@ -204,7 +193,7 @@ fn slot_lost() -> String {
     )
 }
 
-/// For an invalidated slot (`reason` from [`SlotFacts::invalidated`]): the
+/// For an invalidated slot (`reason` from [`SlotStatus::invalidated`]): the
 /// cause, the settings that prevent a repeat, and the way back.
 pub fn slot_invalidated_remedy(reason: &str) -> String {
     const FEEDBACK: &str = "set hot_standby_feedback = on on the standby and stream it through \
@@ -375,13 +364,6 @@ impl Health {
             slot: self.slot(),
         }
     }
-
-    /// Readiness now, under the thresholds in force.
-    pub fn readiness(&self) -> (HealthSnapshot, Readiness) {
-        let snapshot = self.snapshot(Instant::now());
-        let readiness = evaluate(&snapshot, &self.thresholds);
-        (snapshot, readiness)
-    }
 }
 
 #[cfg(test)]
@@ -399,7 +381,7 @@ mod tests {
                 safe_wal_size_bytes: None,
                 failover: None,
                 synchronized_standby_slots_set: None,
-                facts: SlotFacts::default(),
+                ..SlotStatus::default()
             }),
         }
     }
@@ -411,7 +393,7 @@ mod tests {
             safe_wal_size_bytes: safe,
             failover: None,
             synchronized_standby_slots_set: None,
-            facts: SlotFacts::default(),
+            ..SlotStatus::default()
         })
     }
 
@@ -421,7 +403,7 @@ mod tests {
         let SlotObservation::Seen(slot) = &mut state.slot else {
             unreachable!()
         };
-        slot.facts.idle_timeout_secs = Some(86_400);
+        slot.idle_timeout_secs = Some(86_400);
         let r = evaluate(&state, &ReadinessThresholds::default());
         assert!(r.ready, "{r:?}");
         assert!(
@@ -436,8 +418,8 @@ mod tests {
             let SlotObservation::Seen(slot) = &mut state.slot else {
                 unreachable!()
             };
-            slot.facts.invalidation_reason = reason.map(str::to_owned);
-            slot.facts.conflicting = conflicting;
+            slot.invalidation_reason = reason.map(str::to_owned);
+            slot.conflicting = conflicting;
             let r = evaluate(&state, &ReadinessThresholds::default());
             assert!(!r.ready);
             assert!(

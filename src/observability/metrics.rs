@@ -95,21 +95,14 @@ pub fn install() -> PrometheusHandle {
 /// The recorder's settings: [`COMMIT_TO_ACK_SECONDS`]'s buckets.
 pub(super) fn builder() -> PrometheusBuilder {
     let matcher = Matcher::Full(COMMIT_TO_ACK_SECONDS.to_owned());
-    match PrometheusBuilder::new().set_buckets_for_metric(matcher, COMMIT_TO_ACK_BUCKETS) {
-        Ok(builder) => builder,
-        // Only an empty bucket list is refused, and ours is a non-empty constant.
-        Err(_) => PrometheusBuilder::new(),
-    }
+    // Only an empty bucket list is refused, and ours is a non-empty constant.
+    let builder = PrometheusBuilder::new().set_buckets_for_metric(matcher, COMMIT_TO_ACK_BUCKETS);
+    builder.unwrap_or_else(|_| PrometheusBuilder::new())
 }
 
-/// A delivery failed for good.
-pub fn delivery_error(error: &KafkaError) {
-    counter!(DELIVERY_ERRORS_TOTAL, "kind" => error_kind(error)).increment(1);
-}
-
-/// A bounded label value: the librdkafka error code in snake case
-/// (`message_timed_out`), or `other`.
-fn error_kind(error: &KafkaError) -> String {
+/// [`DELIVERY_ERRORS_TOTAL`]'s bounded `kind` label: the librdkafka error code
+/// in snake case (`message_timed_out`), or `other`.
+pub(super) fn error_kind(error: &KafkaError) -> String {
     match error.rdkafka_error_code() {
         Some(code) => format!("{code:?}").to_snake_case(),
         None => "other".to_owned(),
@@ -153,8 +146,8 @@ pub fn set_slot(observation: &SlotObservation) {
     gauge!(SLOT_FAILOVER).set(flag(slot.failover == Some(true)));
     let standby_slots = slot.synchronized_standby_slots_set == Some(true);
     gauge!(SYNCHRONIZED_STANDBY_SLOTS_SET).set(flag(standby_slots));
-    gauge!(SLOT_INVALIDATED).set(flag(slot.facts.invalidated().is_some()));
-    let idle_timeout = slot.facts.idle_timeout_secs.unwrap_or(0);
+    gauge!(SLOT_INVALIDATED).set(flag(slot.invalidated().is_some()));
+    let idle_timeout = slot.idle_timeout_secs.unwrap_or(0);
     gauge!(SLOT_IDLE_TIMEOUT_SECONDS).set(idle_timeout as f64);
 }
 
@@ -207,11 +200,8 @@ mod tests {
                     safe_wal_size_bytes: Some(4096),
                     failover: Some(true),
                     synchronized_standby_slots_set: Some(false),
-                    facts: Default::default(),
+                    ..Default::default()
                 },
-            ));
-            delivery_error(&KafkaError::MessageProduction(
-                rdkafka::types::RDKafkaErrorCode::MessageTimedOut,
             ));
             dead_lettered();
             reconnected();
@@ -226,7 +216,6 @@ mod tests {
             "outbox_relay_slot_safe_wal_size_bytes 4096",
             "outbox_relay_slot_failover 1",
             "outbox_relay_synchronized_standby_slots_set 0",
-            "outbox_relay_delivery_errors_total{kind=\"message_timed_out\"} 1",
             "outbox_relay_dead_lettered_total 1",
             "outbox_relay_reconnects_total 1",
             "outbox_relay_cleanup_deleted_rows_total 3",

@@ -131,7 +131,7 @@ impl PipelineObserver {
 
     /// A delivery failed for good.
     pub fn delivery_failed(&mut self, error: &KafkaError) {
-        m::delivery_error(error);
+        counter!(m::DELIVERY_ERRORS_TOTAL, "kind" => m::error_kind(error)).increment(1);
     }
 
     /// After a step: the ack frontier, and the events and bytes in flight

@@ -474,7 +474,7 @@ impl Source for PgSource {
         };
         let slot = &self.config.slot;
         let reason = match slot_monitor::poll(client, slot).await {
-            Ok(SlotObservation::Seen(status)) => status.facts.invalidated(),
+            Ok(SlotObservation::Seen(status)) => status.invalidated(),
             _ => None,
         };
         match reason {

@@ -10,9 +10,7 @@ use tokio_postgres::Client;
 
 use super::control;
 use crate::config::Config;
-use crate::observability::health::{
-    Health, SlotFacts, SlotObservation, SlotStatus, WalStatus, slot_warnings,
-};
+use crate::observability::health::{Health, SlotObservation, SlotStatus, WalStatus, slot_warnings};
 use crate::observability::metrics;
 
 /// The poll. On a standby (logical slots exist there from Postgres 16) the
@@ -107,12 +105,10 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
         safe_wal_size_bytes: row.try_get(2)?,
         failover: row.try_get(3)?,
         synchronized_standby_slots_set: row.try_get(4)?,
-        facts: SlotFacts {
-            invalidation_reason: row.try_get(5)?,
-            conflicting: row.try_get(6)?,
-            inactive_since: row.try_get(7)?,
-            idle_timeout_secs: to_u64(idle_timeout),
-        },
+        invalidation_reason: row.try_get(5)?,
+        conflicting: row.try_get(6)?,
+        inactive_since: row.try_get(7)?,
+        idle_timeout_secs: to_u64(idle_timeout),
     };
     tracing::debug!(slot, ?status, "polled the slot");
     Ok(SlotObservation::Seen(status))
