@@ -454,13 +454,11 @@ impl Source for PgSource {
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        let Ok(mut client) = command_session(&self.config).await else {
-            return Lsn(u64::MAX);
+        let system = match command_session(&self.config).await {
+            Ok(mut client) => client.identify_system().await.ok(),
+            Err(_) => None,
         };
-        match client.identify_system().await {
-            Ok(system) => system.xlogpos.into(),
-            Err(_) => Lsn(u64::MAX),
-        }
+        system.map_or(Lsn(u64::MAX), |system| system.xlogpos.into())
     }
 
     /// A fatal stream error on a slot Postgres reports invalidated (the stream
