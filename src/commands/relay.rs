@@ -97,9 +97,8 @@ async fn relay(
     let cleanup = match config.cleanup {
         Cleanup::None => None,
         Cleanup::Delete => {
-            let keys = setup::cleanup_keys(&control, &config).await?;
             let from = slot.confirmed_flush;
-            Some(cleanup::Cleanup::new(control, keys, &config, from))
+            Some(cleanup::Cleanup::new(control, &config, from).await?)
         }
     };
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Subcommand};
 
-use super::debezium::{self, ImportError};
+use super::debezium::{self, ImportError, Imported};
 use super::{Cli, ConfigError, parse_duration, parse_tables};
 use crate::outbox::TableName;
 
@@ -105,39 +105,35 @@ pub struct DropSlotArgs {
 }
 
 impl Cli {
-    /// The clap command with every top-level flag made global.
-    pub fn command_with_global_flags() -> clap::Command {
-        Cli::command().mut_args(|arg| arg.global(true))
-    }
-
     /// Parses `args` with a `--debezium-config` file's flags as defaults, and returns the import's
     /// warnings; help and usage errors exit as clap does.
     pub fn parse_global_from(args: Vec<OsString>) -> Result<(Cli, Vec<String>), ImportError> {
-        let parse = |cmd| Self::try_parse_with(cmd, &args).unwrap_or_else(|e| e.exit());
-        let cli = parse(Self::command_with_global_flags());
+        let parse = |imported: &Imported| {
+            Self::try_parse_with(imported, &args).unwrap_or_else(|e| e.exit())
+        };
+        let cli = parse(&Imported::default());
         let explain = matches!(cli.command, Some(Command::DebeziumConfig(_)));
         let Some(path) = cli.debezium_config.as_deref().filter(|_| !explain) else {
             return Ok((cli, Vec::new()));
         };
         let imported = debezium::import_file(path)?;
-        let cli = parse(debezium::with_defaults(
-            Self::command_with_global_flags(),
-            &imported,
-        ));
-        Ok((cli, imported.warnings))
+        Ok((parse(&imported), imported.warnings))
     }
 
     /// Parses `args` (the first is the program name).
     pub fn try_parse_global_from(
         args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
     ) -> Result<Cli, clap::Error> {
-        Self::try_parse_with(Self::command_with_global_flags(), args)
+        Self::try_parse_with(&Imported::default(), args)
     }
 
-    fn try_parse_with(
-        mut cmd: clap::Command,
+    /// Parses with every top-level flag made global and `imported`'s values as defaults.
+    pub(super) fn try_parse_with(
+        imported: &Imported,
         args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
     ) -> Result<Cli, clap::Error> {
+        let global = Cli::command().mut_args(|arg| arg.global(true));
+        let mut cmd = debezium::with_defaults(global, imported);
         let matches = cmd.try_get_matches_from_mut(args)?;
         Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
     }

@@ -19,7 +19,7 @@ pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
     SetupTarget, StatusArgs,
 };
-pub use observability::{ObservabilityArgs, ObservabilityConfig, ReadinessThresholds};
+pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
 use crate::outbox::cloudevents::CloudEventsConfig;
@@ -266,11 +266,9 @@ impl KafkaProperty {
     }
 }
 
-impl FromStr for KafkaProperty {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(KafkaProperty(s.to_owned()))
+impl From<String> for KafkaProperty {
+    fn from(s: String) -> Self {
+        KafkaProperty(s)
     }
 }
 
@@ -425,7 +423,7 @@ pub struct Config {
     /// Exactly-once fallback.
     pub exactly_once_fallback: ExactlyOnceFallback,
     /// Metrics, health and slot monitoring.
-    pub observability: ObservabilityConfig,
+    pub observability: ObservabilityArgs,
     /// What happens to relayed outbox rows.
     pub cleanup: Cleanup,
 }
@@ -505,7 +503,7 @@ impl Config {
             heartbeat_interval: cli.heartbeat_interval.filter(|d| !d.is_zero()),
             delivery: cli.delivery,
             exactly_once_fallback: cli.exactly_once_fallback,
-            observability: ObservabilityConfig::from_args(&cli.observability)?,
+            observability: cli.observability.clone(),
             cleanup: cli.cleanup,
             postgres,
         })
@@ -731,6 +729,7 @@ mod tests {
                 &["--on-poison", "dead-letter", "--dead-letter-topic", "a b"],
             ),
             ("--route-by", &["--route-by", ""]),
+            ("--http-addr", &["--http-addr", "nowhere"]),
             (
                 "--reconnect-backoff",
                 &[
@@ -886,7 +885,7 @@ mod tests {
         assert!(shown.contains("sasl.jaas.config"), "{shown}");
         cli.kafka_properties = "sasl.jaas.config=a;s7\""
             .split(';')
-            .map(|p| p.parse().unwrap())
+            .map(|p| p.to_owned().into())
             .collect();
         let err = Config::from_cli(&cli).unwrap_err().to_string();
         assert!(

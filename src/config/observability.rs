@@ -1,19 +1,21 @@
-//! Flags of the HTTP endpoint, readiness and the slot poller. [`ReadinessThresholds`] lives here
-//! so that observability reads it without importing flags.
+//! Flags of the HTTP endpoint, readiness and the slot poller, all checked while parsing.
+//! [`ReadinessThresholds`] lives here so that observability reads it without importing flags.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Args;
 
-use super::{ConfigError, invalid, parse_duration, positive_duration};
+use super::{parse_duration, positive_duration};
 
-/// Observability flags, flattened into [`super::Cli`].
-#[derive(Debug, Clone, Args)]
+/// Observability flags, flattened into [`super::Cli`] and kept as they are in [`super::Config`].
+///
+/// `std::option::Option` (not `Option`) tells clap that the value parser gives the `None`.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct ObservabilityArgs {
     /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; `none` disables it.
-    #[arg(long, env = "OUTBOX_RELAY_HTTP_ADDR", default_value = "127.0.0.1:9187")]
-    pub http_addr: String,
+    #[arg(long, env = "OUTBOX_RELAY_HTTP_ADDR", default_value = "127.0.0.1:9187", value_parser = http_addr)]
+    pub http_addr: std::option::Option<SocketAddr>,
     /// Readiness limits.
     #[command(flatten)]
     pub readiness: ReadinessThresholds,
@@ -21,8 +23,8 @@ pub struct ObservabilityArgs {
     #[arg(long, env = "OUTBOX_RELAY_SLOT_POLL_INTERVAL", default_value = "10s", value_parser = positive_duration)]
     pub slot_poll_interval: Duration,
     /// How often a one-line progress summary is logged; 0 disables it.
-    #[arg(long, env = "OUTBOX_RELAY_PROGRESS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
-    pub progress_interval: Duration,
+    #[arg(long, env = "OUTBOX_RELAY_PROGRESS_INTERVAL", default_value = "30s", value_parser = progress_interval)]
+    pub progress_interval: std::option::Option<Duration>,
 }
 
 /// Limits of readiness: `/readyz` fails (or warns) beyond them.
@@ -50,37 +52,18 @@ impl Default for ReadinessThresholds {
     }
 }
 
-/// Observability settings, validated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObservabilityConfig {
-    /// Where to serve HTTP; `None` when disabled.
-    pub http_addr: Option<SocketAddr>,
-    /// Readiness limits.
-    pub readiness: ReadinessThresholds,
-    /// Slot poll cadence.
-    pub slot_poll_interval: Duration,
-    /// Progress line cadence; `None` when disabled.
-    pub progress_interval: Option<Duration>,
+fn http_addr(s: &str) -> Result<Option<SocketAddr>, &'static str> {
+    match s.trim() {
+        none if none.is_empty() || none.eq_ignore_ascii_case("none") => Ok(None),
+        addr => addr
+            .parse()
+            .map(Some)
+            .map_err(|_| "expected IP:PORT (e.g. 127.0.0.1:9187 or 0.0.0.0:9187) or none"),
+    }
 }
 
-impl ObservabilityConfig {
-    /// Validates the flags.
-    pub fn from_args(args: &ObservabilityArgs) -> Result<Self, ConfigError> {
-        let raw = args.http_addr.trim();
-        let http_addr = match raw.eq_ignore_ascii_case("none") || raw.is_empty() {
-            true => None,
-            false => Some(raw.parse().map_err(|_| {
-                let expected = "expected IP:PORT (e.g. 127.0.0.1:9187 or 0.0.0.0:9187) or none";
-                invalid("--http-addr", raw, expected)
-            })?),
-        };
-        Ok(ObservabilityConfig {
-            http_addr,
-            readiness: args.readiness,
-            slot_poll_interval: args.slot_poll_interval,
-            progress_interval: Some(args.progress_interval).filter(|d| !d.is_zero()),
-        })
-    }
+fn progress_interval(s: &str) -> Result<Option<Duration>, String> {
+    Ok(Some(parse_duration(s)?).filter(|d| !d.is_zero()))
 }
 
 /// A byte count: `1073741824`, `512MiB`, `1GiB`. KiB/MiB/GiB (or K/M/G) are powers of 1024 like
@@ -125,5 +108,15 @@ mod tests {
         assert!(parse_bytes("").is_err());
         assert!(parse_bytes("1 parsec").is_err());
         assert!(parse_bytes("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn http_addr_and_progress_interval_can_be_disabled() {
+        assert_eq!(http_addr("none"), Ok(None));
+        assert_eq!(http_addr(" "), Ok(None));
+        assert_eq!(http_addr("0.0.0.0:1"), Ok(Some(([0, 0, 0, 0], 1).into())));
+        assert!(http_addr("localhost").is_err());
+        assert_eq!(progress_interval("0s"), Ok(None));
+        assert_eq!(progress_interval("2s"), Ok(Some(Duration::from_secs(2))));
     }
 }

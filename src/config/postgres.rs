@@ -97,50 +97,22 @@ pub struct PostgresConnInfo {
     pub application_name: Option<String>,
 }
 
-/// A `--postgres-url` that cannot be used. The URL itself is shown redacted.
+/// A `--postgres-url` that cannot be used, saying what would work; any URL in it is redacted.
 #[derive(Debug, thiserror::Error)]
-pub enum PostgresUrlError {
-    /// Not a URL at all.
-    #[error(
-        "--postgres-url {url} is not a valid URL ({reason}); expected postgres://USER:PASSWORD@HOST:PORT/DBNAME?sslmode=..."
-    )]
-    Malformed {
-        /// The redacted URL.
-        url: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A scheme other than `postgres` / `postgresql`: the scheme found.
-    #[error("--postgres-url must start with postgres:// or postgresql://, got {0}://")]
-    Scheme(String),
-    /// A query parameter with a value the relay does not understand.
-    #[error("--postgres-url parameter {name}={value:?} is invalid: expected {expected}")]
-    InvalidParameter {
-        /// Parameter name.
-        name: &'static str,
-        /// Value given.
-        value: String,
-        /// What would have been accepted.
-        expected: String,
-    },
-    /// A query parameter the relay does not support: its name.
-    #[error(
-        "--postgres-url parameter {0:?} is not supported; supported: host, port, user, password, dbname, sslmode, sslrootcert, sslcert, sslkey, application_name, target_session_attrs"
-    )]
-    UnsupportedParameter(String),
-    /// Percent-encoding that does not decode to UTF-8, in the part named.
-    #[error("--postgres-url: the {0} is not valid UTF-8 after percent-decoding")]
-    Encoding(&'static str),
-}
+#[error("{0}")]
+pub struct PostgresUrlError(String);
 
 impl PostgresConnInfo {
     /// Parses a libpq URL (`postgres://user:pass@host:port/db?sslmode=require`) with libpq's
     /// defaults: port 5432, user `postgres`, database = user. Several hosts are separated by
     /// commas (`db1:5432,db2:5432`, or `?host=db1,db2&port=5432,5433`).
     pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
-        let malformed = |reason: String| PostgresUrlError::Malformed {
-            url: redact_url(raw),
-            reason,
+        let malformed = |reason: String| {
+            let url = redact_url(raw);
+            let expected = "postgres://USER:PASSWORD@HOST:PORT/DBNAME?sslmode=...";
+            PostgresUrlError(format!(
+                "--postgres-url {url} is not a valid URL ({reason}); expected {expected}"
+            ))
         };
         // The URL parser ends the user info at the first `/`, `?` or `#`: the rest of the secret
         // would be taken for the port, database or a parameter, and printed as such.
@@ -154,8 +126,12 @@ impl PostgresConnInfo {
         // The URL parser knows one host per URL: it gets the first, then each other one alone.
         let (first_only, extra_hosts) = split_hosts(raw);
         let url = url::Url::parse(&first_only).map_err(|e| malformed(e.to_string()))?;
-        if url.scheme() != "postgres" && url.scheme() != "postgresql" {
-            return Err(PostgresUrlError::Scheme(url.scheme().to_owned()));
+        let scheme = url.scheme();
+        if scheme != "postgres" && scheme != "postgresql" {
+            let reason = "must start with postgres:// or postgresql://";
+            return Err(PostgresUrlError(format!(
+                "--postgres-url {reason}, got {scheme}://"
+            )));
         }
         let mut hosts = vec![host_name(&url)?];
         let mut ports = vec![url.port().unwrap_or(5432)];
@@ -196,7 +172,14 @@ impl PostgresConnInfo {
                 "sslcert" => info.sslcert = Some(value.into()),
                 "sslkey" => info.sslkey = Some(value.into()),
                 "application_name" => info.application_name = Some(value),
-                other => return Err(PostgresUrlError::UnsupportedParameter(other.to_owned())),
+                other => {
+                    let supported = "host, port, user, password, dbname, sslmode, sslrootcert, \
+                                     sslcert, sslkey, application_name, target_session_attrs";
+                    let reason = format!(
+                        "--postgres-url parameter {other:?} is not supported; supported: {supported}"
+                    );
+                    return Err(PostgresUrlError(reason));
+                }
             }
         }
         // libpq: one port for every host, or one per host.
@@ -254,13 +237,10 @@ impl fmt::Debug for PostgresConnInfo {
     }
 }
 
-fn invalid_parameter(name: &'static str, value: String, expected: &str) -> PostgresUrlError {
-    let expected = expected.to_owned();
-    PostgresUrlError::InvalidParameter {
-        name,
-        value,
-        expected,
-    }
+fn invalid_parameter(name: &str, value: String, expected: &str) -> PostgresUrlError {
+    PostgresUrlError(format!(
+        "--postgres-url parameter {name}={value:?} is invalid: expected {expected}"
+    ))
 }
 
 /// A libpq enum parameter, by its libpq spelling (the variants' kebab-case).
@@ -305,7 +285,9 @@ fn host_name(url: &url::Url) -> Result<String, PostgresUrlError> {
 fn decode(part: &'static str, s: &str) -> Result<String, PostgresUrlError> {
     match percent_encoding::percent_decode_str(s).decode_utf8() {
         Ok(decoded) => Ok(decoded.into_owned()),
-        Err(_) => Err(PostgresUrlError::Encoding(part)),
+        Err(_) => Err(PostgresUrlError(format!(
+            "--postgres-url: the {part} is not valid UTF-8 after percent-decoding"
+        ))),
     }
 }
 
@@ -463,20 +445,27 @@ mod tests {
 
     #[test]
     fn rejects_unknown_parameters_and_modes() {
-        assert!(matches!(
-            PostgresConnInfo::parse("postgres://u@h/db?sslmode=maybe"),
-            Err(PostgresUrlError::InvalidParameter {
-                name: "sslmode",
-                ..
-            })
-        ));
-        assert!(matches!(
-            PostgresConnInfo::parse("postgres://u@h/db?gssencmode=disable"),
-            Err(PostgresUrlError::UnsupportedParameter(_))
-        ));
-        assert!(matches!(
-            PostgresConnInfo::parse("mysql://u@h/db"),
-            Err(PostgresUrlError::Scheme(_))
-        ));
+        for (url, expected) in [
+            (
+                "postgres://u@h/db?sslmode=maybe",
+                "--postgres-url parameter sslmode=\"maybe\" is invalid: expected disable, prefer, \
+                 require, verify-ca, verify-full",
+            ),
+            (
+                "postgres://u@h/db?gssencmode=disable",
+                "--postgres-url parameter \"gssencmode\" is not supported; supported: host, port",
+            ),
+            (
+                "mysql://u@h/db",
+                "--postgres-url must start with postgres:// or postgresql://, got mysql://",
+            ),
+            (
+                "postgres://u%FF@h/db",
+                "--postgres-url: the user is not valid UTF-8 after percent-decoding",
+            ),
+        ] {
+            let err = PostgresConnInfo::parse(url).unwrap_err().to_string();
+            assert!(err.starts_with(expected), "{url}: {err}");
+        }
     }
 }

@@ -69,7 +69,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             ReplicationEvent::Commit { end_lsn, .. } => {
                 self.tracker.commit(end_lsn.into())?;
                 if let Some(cleanup) = self.cleanup.as_mut() {
-                    cleanup.commit(end_lsn.into(), self.config.status_interval);
+                    cleanup.commit(end_lsn.into());
                 }
             }
             ReplicationEvent::KeepAlive { wal_end, .. } => {

@@ -222,9 +222,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// it covers (`force`: now, else when a batch is full or due).
     async fn report_frontier(&mut self, force: bool) {
         if let Some(cleanup) = self.cleanup.as_mut() {
-            cleanup
-                .clear(self.tracker.frontier(), force, self.config.status_interval)
-                .await;
+            cleanup.clear(self.tracker.frontier(), force).await;
         }
         let frontier = self.reportable();
         self.observer.step(

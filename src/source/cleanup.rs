@@ -1,13 +1,10 @@
 //! `--cleanup delete`: relayed outbox rows are deleted before the slot moves past them.
 //!
-//! Each inserted row's primary key waits under its transaction's end LSN. Before
-//! a frontier F is reported to Postgres, the rows of every transaction ending at
-//! or before F are deleted by key, in batches, on the control connection. So a
-//! row whose event the broker has not acknowledged is never deleted, and a crash
-//! before or after the delete only replays events whose rows are then deleted
-//! (again, as a no-op). Deletes run once a batch is full or the oldest rows have
-//! waited a status interval, so the confirmed position lags by about that; a
-//! failed delete holds the frontier back and is retried.
+//! Each row's primary key waits under its transaction's end LSN; before a frontier
+//! is reported, the rows it covers are deleted in batches. An unacknowledged row is
+//! never deleted, and a crash only replays events whose deletes are then no-ops. A
+//! batch waits until full or a status interval old; a failed delete holds the
+//! frontier back and is retried.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -20,8 +17,8 @@ use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::outbox::{BindError, TableName, column_index, quote_ident};
 use crate::pgoutput::{Relation, TupleData, Value};
-use crate::source::SourceError;
-use crate::source::setup::{self, PrimaryKey};
+use crate::source::setup::query_err;
+use crate::source::{SourceError, control};
 
 /// Rows per DELETE statement, and the backlog that triggers a delete at once.
 const BATCH: usize = 1000;
@@ -42,7 +39,7 @@ type Row = (Arc<Table>, String);
 pub struct Cleanup {
     config: Config,
     client: Option<Client>,
-    tables: HashMap<String, Arc<Table>>,
+    tables: Vec<Arc<Table>>,
     /// Relation id → its table and the key columns' positions in its tuples.
     bound: HashMap<u32, (Arc<Table>, Vec<usize>)>,
     /// The open transaction's rows.
@@ -57,9 +54,9 @@ pub struct Cleanup {
 
 /// One statement for any key shape: the keys arrive as one JSON array of
 /// objects, whose text values the table's own row type converts.
-fn delete_sql(key: &PrimaryKey) -> String {
-    let table = key.table.quoted();
-    let columns: Vec<String> = key.columns.iter().map(|(c, _)| quote_ident(c)).collect();
+fn delete_sql(table: &TableName, columns: &[String]) -> String {
+    let table = table.quoted();
+    let columns: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
     let columns = columns.join(", ");
     format!(
         "DELETE FROM {table} WHERE ({columns}) IN \
@@ -68,20 +65,62 @@ fn delete_sql(key: &PrimaryKey) -> String {
 }
 
 impl Cleanup {
-    /// Deletes through `client` (the control connection, reopened from `config` if it breaks).
-    pub fn new(client: Client, keys: Vec<PrimaryKey>, config: &Config, confirmed: Lsn) -> Self {
-        let tables = keys
-            .iter()
-            .map(|key| {
-                let table = Table {
-                    name: key.table.to_string(),
-                    columns: key.columns.iter().map(|(c, _)| c.clone()).collect(),
-                    sql: delete_sql(key),
-                };
-                (table.name.clone(), Arc::new(table))
-            })
-            .collect();
-        Cleanup {
+    /// Refuses to start unless every outbox table has a primary key the role
+    /// may DELETE by and the publication does not publish deletes; deletes
+    /// through `client` (the control connection, reopened if it breaks).
+    pub async fn new(client: Client, config: &Config, confirmed: Lsn) -> Result<Self, SourceError> {
+        let refused = |problem| {
+            let message = format!("--cleanup delete: {problem}, or use --cleanup none");
+            Err(SourceError::Misconfigured(message))
+        };
+        let publication = &config.publication;
+        let row = client
+            .query_opt(
+                "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
+                &[publication],
+            )
+            .await
+            .map_err(query_err("look up the publication"))?;
+        if row.is_some_and(|r| r.get::<_, bool>(0)) {
+            return refused(format!(
+                "publication {publication:?} publishes deletes, so every row the relay deletes \
+                 would come back through the slot; run ALTER PUBLICATION {} SET (publish = \
+                 'insert')",
+                quote_ident(publication)
+            ));
+        }
+        let mut tables = Vec::new();
+        for table in &config.tables {
+            let rows = client
+                .query(
+                    "SELECT a.attname::text, has_table_privilege(i.indrelid, 'DELETE') \
+                     FROM pg_index i JOIN pg_attribute a \
+                       ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
+                     WHERE i.indrelid = $1::text::regclass AND i.indisprimary \
+                     ORDER BY array_position(i.indkey::int2[], a.attnum)",
+                    &[&table.quoted()],
+                )
+                .await
+                .map_err(query_err("read the outbox table's primary key"))?;
+            if rows.is_empty() {
+                return refused(format!(
+                    "table {table} has no primary key, so relayed rows cannot be deleted one by \
+                     one; add one (ALTER TABLE {table} ADD PRIMARY KEY (id))"
+                ));
+            }
+            if !rows.iter().all(|r| r.get::<_, bool>(1)) {
+                let user = &config.postgres.user;
+                return refused(format!(
+                    "role {user:?} may not DELETE from {table}; run GRANT DELETE ON {table} TO \
+                     {user}"
+                ));
+            }
+            let columns: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            let sql = delete_sql(table, &columns);
+            let name = table.to_string();
+            tables.push(Arc::new(Table { name, columns, sql }));
+        }
+        Ok(Cleanup {
             config: config.clone(),
             client: Some(client),
             tables,
@@ -90,7 +129,7 @@ impl Cleanup {
             done: VecDeque::new(),
             cleared: confirmed,
             due: None,
-        }
+        })
     }
 
     /// A Relation message: for an outbox table (or a partition of one,
@@ -104,7 +143,7 @@ impl Cleanup {
             Some(root) => root.to_string(),
             None => format!("{}.{}", relation.namespace, relation.name),
         };
-        let Some(table) = self.tables.get(&name) else {
+        let Some(table) = self.tables.iter().find(|t| t.name == name) else {
             self.bound.remove(&relation.id);
             return Ok(());
         };
@@ -137,9 +176,10 @@ impl Cleanup {
     }
 
     /// The open transaction committed, ending at `end_lsn`.
-    pub fn commit(&mut self, end_lsn: Lsn, interval: Duration) {
+    pub fn commit(&mut self, end_lsn: Lsn) {
         if !self.open.is_empty() {
-            self.due.get_or_insert_with(|| Instant::now() + interval);
+            let due = Instant::now() + self.config.status_interval;
+            self.due.get_or_insert(due);
         }
         let rows = self.open.drain(..).map(|row| (end_lsn, row));
         self.done.extend(rows);
@@ -165,10 +205,10 @@ impl Cleanup {
 
     /// Deletes the rows of transactions ending at or before `frontier` (now
     /// when `force`, else when a batch is full or due), moving [`Self::cleared`].
-    pub async fn clear(&mut self, frontier: Lsn, force: bool, interval: Duration) {
+    pub async fn clear(&mut self, frontier: Lsn, force: bool) {
         let covered = self.done.iter().take_while(|(end, _)| *end <= frontier);
         let rows = covered.count();
-        let now = Instant::now();
+        let (now, interval) = (Instant::now(), self.config.status_interval);
         if rows == 0 {
             self.cleared = self.cleared.max(frontier);
             return;
@@ -199,12 +239,7 @@ impl Cleanup {
 
     /// Deletes the first `rows` waiting rows; returns how many went.
     async fn delete(&mut self, rows: usize) -> Result<u64, SourceError> {
-        if self.client.as_ref().is_none_or(Client::is_closed) {
-            self.client = Some(setup::connect(&self.config).await?);
-        }
-        let Some(client) = self.client.as_ref() else {
-            return Ok(0);
-        };
+        let client = control(&mut self.client, &self.config).await?;
         let mut by_table: HashMap<&str, (&Table, Vec<&str>)> = HashMap::new();
         for (_, (table, key)) in self.done.iter().take(rows) {
             let entry = by_table.entry(&table.name);
@@ -231,18 +266,12 @@ mod tests {
 
     #[test]
     fn one_statement_shape_for_any_key() {
-        let key = PrimaryKey {
-            table: TableName {
-                schema: "public".into(),
-                name: "outbox".into(),
-            },
-            columns: vec![
-                ("id".into(), "uuid".into()),
-                ("created_on".into(), "date".into()),
-            ],
+        let table = TableName {
+            schema: "public".into(),
+            name: "outbox".into(),
         };
         assert_eq!(
-            delete_sql(&key),
+            delete_sql(&table, &["id".into(), "created_on".into()]),
             "DELETE FROM \"public\".\"outbox\" WHERE (\"id\", \"created_on\") IN \
              (SELECT \"id\", \"created_on\" FROM \
              jsonb_populate_recordset(NULL::\"public\".\"outbox\", $1::text::jsonb))"

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use super::{pg_error_text, setup};
+use super::{control, pg_error_text};
 use crate::config::Config;
 
 /// The prefix `outbox-relay-heartbeat` is no outbox prefix: never relayed.
@@ -22,10 +22,9 @@ pub async fn run(config: Config, interval: Duration) {
     let mut warned = false;
     loop {
         ticker.tick().await;
-        if client.is_none() {
-            client = setup::connect(&config).await.ok();
-        }
-        let Some(c) = &client else { continue };
+        let Ok(c) = control(&mut client, &config).await else {
+            continue;
+        };
         let Err(e) = c.simple_query(HEARTBEAT).await else {
             warned = false;
             continue;

@@ -1,12 +1,8 @@
-//! What survives a failover: the record that this relay has streamed from a
-//! database before, and the slot's failover settings (PostgreSQL 17+).
-//!
-//! A logical slot lives outside the WAL, so a standby promoted without it
-//! (PostgreSQL 16 and older, or a slot not synchronized) has none, and a fresh
-//! slot there would silently skip every event committed since the relay's last
-//! acknowledgement. `public.outbox_relay_slots` is ordinary replicated data, so
-//! a missing slot it records under the same system identifier means "lost",
-//! not "first start".
+//! What survives a failover: the record that this relay streamed from a database
+//! before, and the slot's failover settings (PostgreSQL 17+). A standby promoted
+//! without the slot has none, and a fresh one would skip every event since the
+//! last acknowledgement; `public.outbox_relay_slots` is replicated data, so a
+//! missing slot it records under the same system identifier means "lost".
 
 use tokio_postgres::Client;
 

@@ -60,8 +60,7 @@ pub enum SourceError {
         #[source]
         source: tokio_postgres::Error,
     },
-    /// The replication connection was refused (TLS or authentication) where
-    /// the control connection with the same settings was accepted.
+    /// The replication connection was refused (TLS or authentication).
     #[error("cannot open the replication connection to {url}: {source}; {hint}")]
     ReplicationConnect {
         url: String,
@@ -72,8 +71,7 @@ pub enum SourceError {
     /// A start-up check failed (server, role, tables, publication, slot): the fix.
     #[error("{0}")]
     Misconfigured(String),
-    /// The publication was dropped, re-created, or a table dropped from it and
-    /// added again: rows committed meanwhile were never decoded.
+    /// The publication changed while streaming: rows committed meanwhile were never decoded.
     #[error(
         "publication {publication:?} {change}; outbox rows committed since the relay last \
          checked it were not decoded, so it stops without confirming them. Restore it (starting \
@@ -184,7 +182,6 @@ impl SourceError {
     }
 }
 
-/// Names a failed replication command by its slot.
 fn stream_err(slot: &str) -> impl Fn(PgWireError) -> SourceError + '_ {
     move |source| SourceError::Stream {
         slot: slot.to_owned(),
@@ -291,8 +288,7 @@ async fn slot_confirmed(client: &mut ReplicationClient, slot: &str) -> Option<Ls
     std::str::from_utf8(text).ok()?.parse().ok()
 }
 
-/// The Postgres side as the pipeline sees it; [`PgSource`] is the real one, a
-/// simulation implements it without a server.
+/// The Postgres side as the pipeline sees it; tests implement it without a server.
 pub trait Source: Send {
     /// One replication session.
     type Stream: Stream;
@@ -315,8 +311,7 @@ pub trait Source: Send {
     /// publication could not be checked, `Err` when it changed (rows were skipped).
     fn check_publication(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send;
 
-    /// The WAL's end (`Lsn(u64::MAX)` when unknown), for exactly-once's
-    /// foreign-writer check.
+    /// The WAL's end (`Lsn(u64::MAX)` when unknown), for exactly-once's foreign-writer check.
     fn wal_end(&mut self) -> impl Future<Output = Lsn> + Send;
 
     /// A fatal error with what the server can tell about it (an invalidated slot's reason).
@@ -389,22 +384,19 @@ impl Source for PgSource {
         let repl = replication_config(config, from, acked)?;
         let timeout = Duration::from_secs(30);
         let opening = open(repl, config, from, acked, self.server.as_ref());
-        let stream = match tokio::time::timeout(timeout, opening).await {
-            Ok(Ok(stream)) => stream,
+        let opened = tokio::time::timeout(timeout, opening).await.map_err(|_| {
+            let slot = config.slot.clone();
+            SourceError::StartTimeout { slot, timeout }
+        })?;
+        let stream = opened.map_err(|source| match source.is_tls() || source.is_auth() {
             // TLS and authentication failures are configuration problems.
-            Ok(Err(source)) if source.is_tls() || source.is_auth() => {
-                return Err(SourceError::ReplicationConnect {
-                    url: config.postgres.redacted(),
-                    hint: tls::replication_hint(&source),
-                    source,
-                });
-            }
-            Ok(Err(source)) => return Err(stream_err(&config.slot)(source)),
-            Err(_) => {
-                let slot = config.slot.clone();
-                return Err(SourceError::StartTimeout { slot, timeout });
-            }
-        };
+            true => SourceError::ReplicationConnect {
+                url: config.postgres.redacted(),
+                hint: tls::replication_hint(&source),
+                source,
+            },
+            false => stream_err(&config.slot)(source),
+        })?;
         self.server = Some(stream.server.clone());
         Ok(stream)
     }
@@ -462,13 +454,11 @@ impl Source for PgSource {
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        let Ok(mut client) = command_session(&self.config).await else {
-            return Lsn(u64::MAX);
+        let system = match command_session(&self.config).await {
+            Ok(mut client) => client.identify_system().await.ok(),
+            Err(_) => None,
         };
-        match client.identify_system().await {
-            Ok(system) => system.xlogpos.into(),
-            Err(_) => Lsn(u64::MAX),
-        }
+        system.map_or(Lsn(u64::MAX), |system| system.xlogpos.into())
     }
 
     /// A fatal stream error on a slot Postgres reports invalidated (the stream

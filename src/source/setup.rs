@@ -67,8 +67,7 @@ impl Publication {
     }
 }
 
-/// Opens the control connection (TLS as `--postgres-url`'s `sslmode` says) to
-/// the first of its servers that satisfies its `target_session_attrs`.
+/// Opens the control connection to the server `target_session_attrs` picks.
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
     Ok(locate(&config.postgres).await?.0)
 }
@@ -86,14 +85,12 @@ pub async fn pin(config: &Config) -> Result<Config, SourceError> {
     })
 }
 
-/// Whether `--postgres-url` names several servers or a `target_session_attrs`.
 fn has_choice(pg: &PostgresConnInfo) -> bool {
     pg.hosts.len() > 1 || pg.target_session_attrs != TargetSessionAttrs::Any
 }
 
-/// Connects to the first server that satisfies `target_session_attrs` and
-/// returns the settings pinned to it. Every (re)connect asks again, so a
-/// promoted standby is found without a restart.
+/// The first server that satisfies `target_session_attrs`, asked on every
+/// (re)connect so a promoted standby is found without a restart.
 async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), SourceError> {
     if !has_choice(pg) {
         return Ok((connect_to(pg).await?, pg.clone()));
@@ -127,10 +124,9 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
             if attrs.accepts(in_recovery, row.get(1), strict) {
                 return Ok((client, pinned));
             }
-            let state = if in_recovery {
-                "a standby"
-            } else {
-                "read-only"
+            let state = match in_recovery {
+                true => "a standby",
+                false => "read-only",
             };
             tried.push(format!("{host}:{port}: {state}"));
         }
@@ -208,8 +204,8 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     })
 }
 
-/// The server's version, `wal_level` and the role's right to replicate, in
-/// one look; returns whether the server is a standby (where nothing can be created).
+/// The server's version, `wal_level` and the role's right to replicate;
+/// returns whether the server is a standby (where nothing can be created).
 async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceError> {
     let row = client
         .query_one(
@@ -306,8 +302,7 @@ async fn check_table(
     Ok(row.get(0))
 }
 
-/// The table's columns as a pgoutput Relation announces them (`id` 0: no
-/// stream announced it); an error naming the remedy when there is no such table.
+/// The table's columns as a pgoutput Relation announces them (`id` 0: no stream announced it).
 pub(crate) async fn relation(client: &Client, table: &TableName) -> Result<Relation, SourceError> {
     let rows = client
         .query(
@@ -427,13 +422,11 @@ pub async fn verify_publication(
     })
 }
 
-/// `items`, each as `show` says, separated by commas.
 fn join<T>(items: impl Iterator<Item = T>, show: impl Fn(T) -> String) -> String {
     items.map(show).collect::<Vec<_>>().join(", ")
 }
 
-/// [`Publication::members`]; none for a table the publication does not cover
-/// (or that no longer exists).
+/// [`Publication::members`]; none for a table the publication does not cover.
 async fn members(
     client: &Client,
     config: &Config,
@@ -524,71 +517,4 @@ fn parse_lsn(slot: &str, text: Option<String>) -> Result<Lsn, SourceError> {
                      events written meanwhile"
                 .to_owned(),
         })
-}
-
-/// One outbox table's primary key, for `--cleanup delete`.
-#[derive(Debug, Clone)]
-pub struct PrimaryKey {
-    /// The table.
-    pub table: TableName,
-    /// `(column, type)` in key order; the type as `format_type` spells it.
-    pub columns: Vec<(String, String)>,
-}
-
-/// The `--cleanup delete` checks: every outbox table has a primary key and
-/// the role may DELETE from it, and the publication does not publish deletes.
-pub async fn cleanup_keys(
-    client: &Client,
-    config: &Config,
-) -> Result<Vec<PrimaryKey>, SourceError> {
-    let refused = |problem| {
-        let message = format!("--cleanup delete: {problem}, or use --cleanup none");
-        Err(SourceError::Misconfigured(message))
-    };
-    let publication = &config.publication;
-    let row = client
-        .query_opt(
-            "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
-            &[publication],
-        )
-        .await
-        .map_err(query_err("look up the publication"))?;
-    if row.is_some_and(|r| r.get::<_, bool>(0)) {
-        return refused(format!(
-            "publication {publication:?} publishes deletes, so every row the relay deletes would \
-             come back through the slot; run ALTER PUBLICATION {} SET (publish = 'insert')",
-            quote_ident(publication)
-        ));
-    }
-    let mut keys = Vec::with_capacity(config.tables.len());
-    for table in &config.tables {
-        let rows = client
-            .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
-                        has_table_privilege(i.indrelid, 'DELETE') \
-                 FROM pg_index i JOIN pg_attribute a \
-                   ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
-                 WHERE i.indrelid = $1::text::regclass AND i.indisprimary \
-                 ORDER BY array_position(i.indkey::int2[], a.attnum)",
-                &[&table.quoted()],
-            )
-            .await
-            .map_err(query_err("read the outbox table's primary key"))?;
-        if rows.is_empty() {
-            return refused(format!(
-                "table {table} has no primary key, so relayed rows cannot be deleted one by one; \
-                 add one (ALTER TABLE {table} ADD PRIMARY KEY (id))"
-            ));
-        }
-        if !rows.iter().all(|r| r.get::<_, bool>(2)) {
-            let user = &config.postgres.user;
-            return refused(format!(
-                "role {user:?} may not DELETE from {table}; run GRANT DELETE ON {table} TO {user}"
-            ));
-        }
-        let columns = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-        let table = table.clone();
-        keys.push(PrimaryKey { table, columns });
-    }
-    Ok(keys)
 }

@@ -1,15 +1,14 @@
-//! The slot poller: every `--slot-poll-interval` it reads the slot's lag,
-//! `wal_status` and `safe_wal_size` over its own control connection, updates
-//! the metrics and [`Health`], and warns (with the remedy) when the slot's WAL
-//! is at risk. It never stops the relay: a failed poll makes the slot "unknown"
-//! for readiness, and the next tick tries again on a fresh connection.
+//! The slot poller: every `--slot-poll-interval` it reads the slot's lag and WAL
+//! status, updates the metrics and [`Health`], and warns (with the remedy) when
+//! the slot's WAL is at risk. It never stops the relay: a failed poll makes the
+//! slot "unknown" for readiness until a later tick succeeds.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::setup;
+use super::control;
 use crate::config::Config;
 use crate::observability::health::{Health, SlotObservation, SlotStatus, WalStatus, slot_warnings};
 use crate::observability::metrics;
@@ -45,17 +44,14 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if client.as_ref().is_none_or(Client::is_closed) {
-            match setup::connect(&config).await {
-                Ok(connected) => client = Some(connected),
-                Err(error) => {
-                    tracing::warn!(%error, "slot poller cannot connect; retrying next tick");
-                    health.set_slot_observation(SlotObservation::Unknown);
-                    continue;
-                }
+        let connected = match control(&mut client, &config).await {
+            Ok(connected) => connected,
+            Err(error) => {
+                tracing::warn!(%error, "slot poller cannot connect; retrying next tick");
+                health.set_slot_observation(SlotObservation::Unknown);
+                continue;
             }
-        }
-        let Some(connected) = &client else { continue };
+        };
         let observation = match poll(connected, &config.slot).await {
             // Before the first start the relay may not have created the slot yet.
             Ok(SlotObservation::Missing) if !health.snapshot(Instant::now()).streaming => {

@@ -1,13 +1,9 @@
 //! TLS for both Postgres connections, with libpq's `sslmode` meanings (the
-//! README's TLS section has the table and the differences from libpq).
-//!
-//! The URL's settings resolve once into pgwire-replication's [`TlsConfig`],
-//! which the replication stream uses as is; the control connection's rustls
-//! configuration is derived from that same value, so the two never disagree
-//! about whether to encrypt or what to trust, and every file is read (and
-//! refused the same way) before either connects. Both use the ring provider
-//! explicitly: rustls' process-level default panics when, as here, more than
-//! one provider is compiled in.
+//! README's TLS section has the table). The URL resolves once into
+//! pgwire-replication's [`TlsConfig`]; the control connection's rustls config
+//! derives from it, so the two never disagree and every file is read (and
+//! refused) before either connects. Both name the ring provider explicitly:
+//! rustls' process-level default panics with two providers compiled in.
 
 use std::io;
 use std::net::IpAddr;
@@ -38,28 +34,20 @@ pub enum TlsError {
          for the public web PKI roots, with sslmode=verify-full), or install the CA as \
          ~/.postgresql/root.crt"
     )]
-    MissingRootCert {
-        /// The `sslmode` given.
-        mode: String,
-    },
+    MissingRootCert { mode: String },
     /// `sslrootcert=system` with a mode weaker than `verify-full`.
     #[error(
         "sslrootcert=system is allowed only with sslmode=verify-full (as in libpq), not \
          sslmode={mode}: the public roots vouch for host names, so the host name must be checked"
     )]
-    SystemRootsNeedVerifyFull {
-        /// The `sslmode` given.
-        mode: String,
-    },
+    SystemRootsNeedVerifyFull { mode: String },
     /// Only one of `sslcert` and `sslkey`.
     #[error(
         "--postgres-url has {given} but not {missing}: a client certificate needs both \
          sslcert=/path/to/client.crt and sslkey=/path/to/client.key"
     )]
     IncompleteClientCert {
-        /// The parameter given.
         given: &'static str,
-        /// The parameter missing.
         missing: &'static str,
     },
     /// A certificate or key file cannot be read.
@@ -69,11 +57,8 @@ pub enum TlsError {
         path.display()
     )]
     Read {
-        /// The URL parameter that names the file.
         param: &'static str,
-        /// The file.
         path: PathBuf,
-        /// The I/O error.
         #[source]
         source: io::Error,
     },
@@ -83,13 +68,9 @@ pub enum TlsError {
         path.display()
     )]
     Unusable {
-        /// The URL parameter that names the file.
         param: &'static str,
-        /// The file.
         path: PathBuf,
-        /// What it should hold.
         expected: &'static str,
-        /// The PEM parser's error, if it found invalid PEM.
         #[source]
         source: Option<pem::Error>,
     },
@@ -101,11 +82,8 @@ pub enum TlsError {
         key.display()
     )]
     ClientCert {
-        /// The certificate file.
         cert: PathBuf,
-        /// The key file.
         key: PathBuf,
-        /// rustls' refusal.
         #[source]
         source: rustls::Error,
     },
@@ -157,14 +135,13 @@ fn resolve(info: &PostgresConnInfo, default_root: Option<&Path>) -> Result<TlsCo
     match (&info.sslcert, &info.sslkey) {
         (Some(cert), Some(key)) => Ok(tls.with_client_cert(cert, key)),
         (None, None) => Ok(tls),
-        (Some(_), None) => Err(TlsError::IncompleteClientCert {
-            given: "sslcert",
-            missing: "sslkey",
-        }),
-        (None, Some(_)) => Err(TlsError::IncompleteClientCert {
-            given: "sslkey",
-            missing: "sslcert",
-        }),
+        (cert, _) => {
+            let (given, missing) = match cert {
+                Some(_) => ("sslcert", "sslkey"),
+                None => ("sslkey", "sslcert"),
+            };
+            Err(TlsError::IncompleteClientCert { given, missing })
+        }
     }
 }
 
@@ -331,10 +308,8 @@ fn load_roots(ca_file: Option<&Path>) -> Result<RootCertStore, TlsError> {
     Ok(store)
 }
 
-/// `verify-ca` (with a `chain` verifier): the standard checks, but a certificate
-/// that does not name the host is accepted; otherwise any certificate. The
-/// handshake signatures are checked either way, binding the session to the
-/// certificate presented.
+/// `verify-ca` (with a `chain` verifier): the standard checks except the host
+/// name; otherwise any certificate. Handshake signatures are checked either way.
 #[derive(Debug)]
 struct Lenient {
     chain: Option<Arc<WebPkiServerVerifier>>,

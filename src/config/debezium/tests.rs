@@ -312,9 +312,7 @@ fn parse_importing(args: &[&str]) -> Result<Cli, clap::Error> {
     assert!(!imported.warnings.is_empty());
     let head = ["outbox-relay", "--debezium-config", fixture];
     let argv = head.iter().chain(args);
-    let matches =
-        with_defaults(Cli::command_with_global_flags(), &imported).try_get_matches_from(argv)?;
-    Ok(<Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap())
+    Cli::try_parse_with(&imported, argv)
 }
 
 #[test]
@@ -349,8 +347,7 @@ fn imported_values_are_defaults_that_explicit_flags_replace() {
         args: args(&[("--heartbeat-interval", "soon")]),
         warnings: Vec::new(),
     };
-    let cmd = with_defaults(Cli::command_with_global_flags(), &bad);
-    assert!(cmd.try_get_matches_from(["outbox-relay"]).is_err());
+    assert!(Cli::try_parse_with(&bad, ["outbox-relay"]).is_err());
 }
 
 #[test]
