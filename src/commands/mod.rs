@@ -41,7 +41,9 @@ pub enum CommandError {
         "cannot listen on --http-addr {addr} (pick another address, or --http-addr none to disable)"
     )]
     Http {
+        /// The `--http-addr` that could not be bound.
         addr: std::net::SocketAddr,
+        /// The bind error.
         #[source]
         source: std::io::Error,
     },

@@ -71,9 +71,13 @@ pub enum BindError {
          Fix {flag} or the table"
     )]
     MissingColumn {
+        /// The table, as `schema.name`.
         table: String,
+        /// The flag that names the column, e.g. `--key-column`.
         flag: &'static str,
+        /// The column name the flag gave.
         column: String,
+        /// The table's column names, comma-separated.
         available: String,
     },
     /// The timestamp column has a type the relay cannot read as a time.
@@ -82,8 +86,11 @@ pub enum BindError {
          timestamp or bigint (epoch milliseconds) column"
     )]
     TimestampType {
+        /// The table, as `schema.name`.
         table: String,
+        /// The `--timestamp-column` name.
         column: String,
+        /// OID of the column's type, as the Relation message gave it.
         type_oid: u32,
     },
 }
@@ -93,16 +100,32 @@ pub enum BindError {
 pub enum EventError {
     /// The id column is NULL, so the record would have no dedupe key.
     #[error("the id column {column:?} is NULL; every outbox row needs an id")]
-    NullId { column: String },
+    NullId {
+        /// The `--id-column` name (or JSON field, for messages).
+        column: String,
+    },
     /// A column used in the topic name (or as `ce_type`) is NULL or empty.
     #[error("column {column:?}, used in the topic name, is NULL or empty")]
-    EmptyRoutingValue { column: String },
+    EmptyRoutingValue {
+        /// The column (or JSON field) whose value is missing.
+        column: String,
+    },
     /// The rendered topic name breaks one of Kafka's rules (`reason`).
     #[error("topic name {topic:?} is not valid in Kafka: {reason}")]
-    InvalidTopic { topic: String, reason: &'static str },
+    InvalidTopic {
+        /// The topic name as rendered from the template.
+        topic: String,
+        /// The Kafka rule it breaks.
+        reason: &'static str,
+    },
     /// A value is not valid for its column type.
     #[error("column {column:?} holds a value the relay cannot read: {reason}")]
-    InvalidValue { column: String, reason: String },
+    InvalidValue {
+        /// The column (or JSON field) holding the value.
+        column: String,
+        /// Why the value cannot be read; never the value itself.
+        reason: String,
+    },
 }
 
 /// An outbox event turned into a Kafka record.

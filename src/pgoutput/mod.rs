@@ -21,52 +21,89 @@ pub enum Message {
     /// `'B'`: start of a committed transaction. `final_lsn` is its commit record's LSN (the
     /// Commit's `commit_lsn`); `xid` is for logs only.
     Begin {
+        /// LSN of the transaction's commit record (equals the Commit's `commit_lsn`).
         final_lsn: Lsn,
+        /// Commit time, in microseconds since 2000-01-01 UTC (Postgres epoch).
         commit_time_micros: i64,
+        /// Transaction ID on the server, for logs only.
         xid: u32,
     },
     /// `'C'`: end of the transaction opened by the last Begin. `end_lsn` is the end of the commit
     /// record: the position to confirm once the transaction is handled. `flags` is always 0 so
     /// far.
     Commit {
+        /// Commit flags; unused, always 0 so far.
         flags: u8,
+        /// LSN of the commit record (equals the Begin's `final_lsn`).
         commit_lsn: Lsn,
+        /// End of the commit record: the LSN to confirm once the transaction is handled.
         end_lsn: Lsn,
+        /// Commit time, in microseconds since 2000-01-01 UTC (Postgres epoch).
         commit_time_micros: i64,
     },
     /// `'O'`: the transaction was replicated into this server from the origin `name`, where it
     /// committed at `commit_lsn`.
-    Origin { commit_lsn: Lsn, name: String },
+    Origin {
+        /// LSN of the commit on the origin server.
+        commit_lsn: Lsn,
+        /// Name of the replication origin.
+        name: String,
+    },
     /// `'R'`: a table's schema, sent before its first row in a session and after it changes.
     Relation(Relation),
     /// `'Y'`: a non-built-in type used by a following Relation.
     Type {
+        /// OID of the type (`pg_type.oid`), as a Relation's column `type_oid` names it.
         oid: u32,
+        /// Schema name of the type.
         namespace: String,
+        /// Type name.
         name: String,
     },
     /// `'I'`: a new row of the table `relation_id` (as announced by a Relation).
-    Insert { relation_id: u32, new: TupleData },
+    Insert {
+        /// OID of the table, as announced by a Relation.
+        relation_id: u32,
+        /// The inserted row (`'N'` tuple).
+        new: TupleData,
+    },
     /// `'U'`: a changed row. `old` is the old key (`'K'`) or, under REPLICA IDENTITY FULL, the old
     /// row (`'O'`), absent when the key did not change; in `new`, unchanged TOASTed columns are
     /// [`Value::Unchanged`].
     Update {
+        /// OID of the table, as announced by a Relation.
         relation_id: u32,
+        /// Old key (`'K'`) or old row (`'O'`); `None` when the key did not change.
         old: Option<TupleData>,
+        /// The row after the update (`'N'` tuple).
         new: TupleData,
     },
     /// `'D'`: a deleted row; `old` is the old key (`'K'`, other columns Null) or the old row
     /// (`'O'`).
-    Delete { relation_id: u32, old: TupleData },
+    Delete {
+        /// OID of the table, as announced by a Relation.
+        relation_id: u32,
+        /// Old key (`'K'`, other columns Null) or old row (`'O'`).
+        old: TupleData,
+    },
     /// `'T'`: one TRUNCATE statement; `options` bit 1 is CASCADE, bit 2 RESTART IDENTITY.
-    Truncate { options: u8, relation_ids: Vec<u32> },
+    Truncate {
+        /// Option bits: 1 is CASCADE, 2 is RESTART IDENTITY.
+        options: u8,
+        /// OIDs of the truncated tables.
+        relation_ids: Vec<u32>,
+    },
     /// `'M'`: a message written with `pg_logical_emit_message` (sent with `messages 'true'`).
     /// A transactional one comes inside its transaction, the others at once, outside any; the
     /// `prefix` tells consumers apart and `content` is a zero-copy slice of the input.
     Message {
+        /// Whether the message was emitted as part of a transaction (flags byte 1).
         transactional: bool,
+        /// LSN of the logical decoding message.
         lsn: Lsn,
+        /// Prefix given to `pg_logical_emit_message`, naming the consumer it is for.
         prefix: String,
+        /// Message payload, a zero-copy slice of the input.
         content: Bytes,
     },
 }
@@ -135,24 +172,41 @@ pub enum DecodeError {
     /// The message ended in the middle of a field.
     #[error("pgoutput message truncated reading {what}: needed {needed} bytes, {available} left")]
     Truncated {
+        /// The field being read.
         what: &'static str,
+        /// Bytes the field needed.
         needed: usize,
+        /// Bytes left in the message.
         available: usize,
     },
     /// A length or count field was negative.
     #[error("negative {what} in pgoutput message: {value}")]
-    NegativeLength { what: &'static str, value: i32 },
+    NegativeLength {
+        /// The length or count field read.
+        what: &'static str,
+        /// The negative value found.
+        value: i32,
+    },
     /// A string field was not valid UTF-8.
     #[error("invalid UTF-8 in {what} of pgoutput message")]
-    InvalidUtf8 { what: &'static str },
+    InvalidUtf8 {
+        /// The string field read.
+        what: &'static str,
+    },
     /// A string field had no terminating NUL.
     #[error("missing NUL terminator for {what} in pgoutput message")]
-    MissingNul { what: &'static str },
+    MissingNul {
+        /// The string field read.
+        what: &'static str,
+    },
     /// The tuple marker byte of a message with tag `tag` was not one allowed there.
     #[error("unexpected tuple kind 0x{found:02X} in pgoutput '{tag}' message, expected {expected}")]
     UnexpectedTupleKind {
+        /// Tag of the message being decoded.
         tag: char,
+        /// The markers allowed at that point, for the error text.
         expected: &'static str,
+        /// The marker byte found.
         found: u8,
     },
     /// A column value started with a kind other than `n`, `u`, `t` or `b`.
@@ -163,7 +217,12 @@ pub enum DecodeError {
     UnknownMessageFlags(u8),
     /// Bytes were left after the message.
     #[error("{remaining} trailing bytes after pgoutput '{tag}' message")]
-    TrailingBytes { tag: char, remaining: usize },
+    TrailingBytes {
+        /// Tag of the message decoded.
+        tag: char,
+        /// Number of bytes left unread.
+        remaining: usize,
+    },
 }
 
 /// Decodes one pgoutput message, the whole payload of one `XLogData`; never panics.

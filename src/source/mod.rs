@@ -42,7 +42,9 @@ pub enum SourceError {
     /// The control connection could not be opened (`url` redacted).
     #[error("cannot connect to Postgres at {url}: {}", pg_error_text(source))]
     Connect {
+        /// The server's URL, password redacted.
         url: String,
+        /// The connection error.
         #[source]
         source: tokio_postgres::Error,
     },
@@ -55,16 +57,22 @@ pub enum SourceError {
         pg_error_text(source)
     )]
     TlsHandshake {
+        /// The server's URL, password redacted.
         url: String,
+        /// What to check in the TLS settings, from the handshake failure.
         hint: &'static str,
+        /// The connection error.
         #[source]
         source: tokio_postgres::Error,
     },
     /// The replication connection was refused (TLS or authentication).
     #[error("cannot open the replication connection to {url}: {source}; {hint}")]
     ReplicationConnect {
+        /// The server's URL, password redacted.
         url: String,
+        /// What to check: `pg_hba.conf`'s replication lines or the TLS settings.
         hint: &'static str,
+        /// The replication client's error.
         #[source]
         source: PgWireError,
     },
@@ -78,17 +86,29 @@ pub enum SourceError {
          the relay creates a missing one) and run `outbox-relay backfill --since TIMESTAMP` with \
          a time before the change"
     )]
-    PublicationChanged { publication: String, change: String },
+    PublicationChanged {
+        /// The publication name.
+        publication: String,
+        /// What happened to it, e.g. "was dropped and re-created".
+        change: String,
+    },
     /// Deleting relayed rows failed; the frontier waits for the retry.
     #[error("--cleanup delete: deleting relayed rows from {table} failed: {source}")]
     CleanupDelete {
+        /// The outbox table the rows were deleted from.
         table: String,
+        /// The DELETE's error.
         #[source]
         source: tokio_postgres::Error,
     },
     /// Postgres reports the slot invalidated, or it has no confirmed position.
     #[error("replication slot {slot:?}: {remedy}")]
-    SlotInvalidated { slot: String, remedy: String },
+    SlotInvalidated {
+        /// The replication slot name.
+        slot: String,
+        /// Why it was invalidated and how to recover.
+        remedy: String,
+    },
     /// The slot is missing where this relay streamed from it before.
     #[error(
         "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
@@ -99,21 +119,28 @@ pub enum SourceError {
          backfill --since TIMESTAMP` with a time before the change (consumers may see duplicates)"
     )]
     SlotLost {
+        /// The replication slot name.
         slot: String,
+        /// The server's URL, password redacted.
         url: String,
+        /// When `public.outbox_relay_slots` recorded the slot, as Postgres prints it.
         created_at: String,
     },
     /// A catalog query failed; `what` says what it was for.
     #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
     Query {
+        /// What the query was for, e.g. "probe the server's role".
         what: &'static str,
+        /// The query error.
         #[source]
         source: tokio_postgres::Error,
     },
     /// The replication stream failed.
     #[error("replication stream from slot {slot:?} failed: {source}")]
     Stream {
+        /// The replication slot name.
         slot: String,
+        /// The replication client's error.
         #[source]
         source: PgWireError,
     },
@@ -122,17 +149,32 @@ pub enum SourceError {
         "Postgres ended the replication stream of slot {slot:?} (walsender terminated or server \
          shutting down)"
     )]
-    StreamEnded { slot: String },
+    StreamEnded {
+        /// The replication slot name.
+        slot: String,
+    },
     /// The server did not accept START_REPLICATION in time.
     #[error("replication stream from slot {slot:?} did not start within {timeout:?}")]
-    StartTimeout { slot: String, timeout: Duration },
+    StartTimeout {
+        /// The replication slot name.
+        slot: String,
+        /// How long the relay waited for the stream to start.
+        timeout: Duration,
+    },
     /// No server of the URL satisfies `target_session_attrs` (mid-failover): retried.
     #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
-    NoSuitableHost { attrs: &'static str, tried: String },
+    NoSuitableHost {
+        /// The `target_session_attrs` value, e.g. `read-write`.
+        attrs: &'static str,
+        /// Each `host:port` tried and why it was passed over, `; `-separated.
+        tried: String,
+    },
     /// A partition root could not be looked up mid-stream: the stream restarts.
     #[error("cannot look up the partition root of relation OID {relation_id}: {source}")]
     PartitionLookup {
+        /// OID of the partition whose root was looked up.
         relation_id: u32,
+        /// The lookup's error.
         #[source]
         source: Box<SourceError>,
     },

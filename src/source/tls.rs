@@ -34,20 +34,28 @@ pub enum TlsError {
          for the public web PKI roots, with sslmode=verify-full), or install the CA as \
          ~/.postgresql/root.crt"
     )]
-    MissingRootCert { mode: String },
+    MissingRootCert {
+        /// The URL's `sslmode`.
+        mode: String,
+    },
     /// `sslrootcert=system` with a mode weaker than `verify-full`.
     #[error(
         "sslrootcert=system is allowed only with sslmode=verify-full (as in libpq), not \
          sslmode={mode}: the public roots vouch for host names, so the host name must be checked"
     )]
-    SystemRootsNeedVerifyFull { mode: String },
+    SystemRootsNeedVerifyFull {
+        /// The URL's `sslmode`.
+        mode: String,
+    },
     /// Only one of `sslcert` and `sslkey`.
     #[error(
         "--postgres-url has {given} but not {missing}: a client certificate needs both \
          sslcert=/path/to/client.crt and sslkey=/path/to/client.key"
     )]
     IncompleteClientCert {
+        /// The URL parameter given, `sslcert` or `sslkey`.
         given: &'static str,
+        /// The other parameter, which the URL lacks.
         missing: &'static str,
     },
     /// A certificate or key file cannot be read.
@@ -57,8 +65,11 @@ pub enum TlsError {
         path.display()
     )]
     Read {
+        /// The URL parameter that names the file, e.g. `sslrootcert`.
         param: &'static str,
+        /// The file's path.
         path: PathBuf,
+        /// The read error.
         #[source]
         source: io::Error,
     },
@@ -68,9 +79,13 @@ pub enum TlsError {
         path.display()
     )]
     Unusable {
+        /// The URL parameter that names the file, e.g. `sslrootcert`.
         param: &'static str,
+        /// The file's path.
         path: PathBuf,
+        /// What the file should hold, e.g. a CA certificate.
         expected: &'static str,
+        /// The PEM parse error; `None` when the file parsed but held nothing usable.
         #[source]
         source: Option<pem::Error>,
     },
@@ -82,8 +97,11 @@ pub enum TlsError {
         key.display()
     )]
     ClientCert {
+        /// The `sslcert` file's path.
         cert: PathBuf,
+        /// The `sslkey` file's path.
         key: PathBuf,
+        /// Why rustls rejected the pair.
         #[source]
         source: rustls::Error,
     },
