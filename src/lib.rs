@@ -38,6 +38,8 @@
 //! therefore replays from before every unacknowledged event: delivery is at-least-once, and
 //! consumers deduplicate on the `id` header.
 
+#![warn(missing_docs)]
+
 pub mod commands;
 pub mod config;
 pub mod lsn;

@@ -1,6 +1,6 @@
 //! The operator's HTTP endpoint (`--http-addr`): `GET /metrics` (Prometheus
 //! text), `GET /healthz` (`200 ok` while the process runs) and `GET /readyz`
-//! (`200` when [`evaluate`](super::health::evaluate) finds nothing wrong, else
+//! (`200` when [`evaluate`] finds nothing wrong, else
 //! `503`; a JSON body with the reasons, warnings and the state judged).
 
 use std::future::Future;

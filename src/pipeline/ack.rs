@@ -23,13 +23,26 @@ use crate::sink::Ticket;
 pub enum AckError {
     /// A Begin arrived while a transaction was open.
     #[error("transaction {new} began while transaction {open} was still open")]
-    NestedBegin { open: Lsn, new: Lsn },
+    NestedBegin {
+        /// Commit LSN of the open transaction.
+        open: Lsn,
+        /// Commit LSN of the one that began.
+        new: Lsn,
+    },
     /// An event or Commit arrived with no transaction open.
     #[error("{what} outside a transaction")]
-    NoTransaction { what: &'static str },
+    NoTransaction {
+        /// What arrived: an event, a Commit.
+        what: &'static str,
+    },
     /// A commit ended at or before the frontier or a previous commit.
     #[error("commit end {end} is not after the previous position {previous}")]
-    NonMonotonicCommit { previous: Lsn, end: Lsn },
+    NonMonotonicCommit {
+        /// The frontier or the previous commit's end.
+        previous: Lsn,
+        /// This commit's end LSN.
+        end: Lsn,
+    },
     /// An ack for a ticket that is not in flight (unknown, or acked twice).
     #[error("delivery report for ticket {0} which is not in flight")]
     UnknownTicket(u64),

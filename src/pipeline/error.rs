@@ -45,7 +45,12 @@ pub enum RelayError {
          `outbox-relay backfill --since TIMESTAMP` with a time before the failover to re-publish \
          the rows the slot never saw (at-least-once: consumers may see duplicates)"
     )]
-    SlotDropped { slot: String, frontier: Lsn },
+    SlotDropped {
+        /// The slot (`--slot`).
+        slot: String,
+        /// The last position the relay confirmed.
+        frontier: Lsn,
+    },
     /// librdkafka refused a record at enqueue time, not for the record's fault.
     #[error(
         "Kafka refused an event (commit LSN {lsn}, table {table}); the slot was not moved past \
@@ -53,8 +58,11 @@ pub enum RelayError {
          from the last acknowledged transaction"
     )]
     Sink {
+        /// Commit LSN of the event's transaction.
         lsn: Lsn,
+        /// The outbox table, as `schema.name`.
         table: String,
+        /// What the producer said.
         #[source]
         source: SinkError,
     },
@@ -68,9 +76,13 @@ pub enum RelayError {
          relay resumes from the last acknowledged transaction"
     )]
     Delivery {
+        /// Commit LSN of the event's transaction.
         lsn: Lsn,
+        /// The event's id.
         id: String,
+        /// The topic it was routed to.
         topic: String,
+        /// The final delivery error.
         #[source]
         error: KafkaError,
     },
@@ -80,7 +92,9 @@ pub enum RelayError {
          this transaction was acknowledged"
     )]
     Bind {
+        /// Commit LSN of the transaction whose row did not fit.
         lsn: Lsn,
+        /// Which column or type no longer fits.
         #[source]
         source: BindError,
     },
@@ -97,6 +111,7 @@ pub enum RelayError {
     Poison {
         /// Empty when NULL.
         id: String,
+        /// Where the event came from and why it failed.
         info: DeadLetterInfo,
     },
     /// The dead-letter topic refused a dead-letter record for a reason about the record.
@@ -107,9 +122,13 @@ pub enum RelayError {
          producer's -X properties, then restart"
     )]
     DeadLetter {
+        /// Commit LSN of the event's transaction.
         lsn: Lsn,
+        /// The event's id.
         id: String,
+        /// The dead-letter topic.
         topic: String,
+        /// What the dead-letter topic said.
         #[source]
         error: KafkaError,
     },
@@ -120,14 +139,18 @@ pub enum RelayError {
          accept possible duplicates"
     )]
     ExactlyOnce {
+        /// Commit LSN of the first transaction that cannot be deduplicated.
         lsn: Lsn,
+        /// Which partition, and why.
         #[source]
         source: TailError,
     },
     /// A WAL message did not decode.
     #[error("cannot decode the pgoutput message at WAL {lsn}")]
     Decode {
+        /// WAL position of the message.
         lsn: Lsn,
+        /// What was malformed.
         #[source]
         source: DecodeError,
     },
@@ -142,7 +165,9 @@ pub enum RelayError {
          PUBLICATION {publication} DROP TABLE {table};"
     )]
     UnmappedRelation {
+        /// Commit LSN of the transaction holding the insert.
         lsn: Lsn,
+        /// The relay's publication (`--publication`).
         publication: String,
         /// As `schema.name`.
         table: String,

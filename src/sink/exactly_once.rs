@@ -44,7 +44,9 @@ pub fn partition_for(key: &[u8], partitions: i32) -> i32 {
 /// Where an event sits in the commit order: its transaction's commit LSN, then its index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Position {
+    /// Commit LSN of the event's transaction.
     pub lsn: Lsn,
+    /// The event's index within its transaction, from 0.
     pub seq: u32,
 }
 
@@ -225,8 +227,11 @@ pub enum TailError {
     /// Reading the partition (`-1`: the topic) failed.
     #[error("cannot read the tail of {topic}/{partition}: {reason}")]
     Read {
+        /// The topic.
         topic: String,
+        /// The partition, or -1 for the whole topic.
         partition: i32,
+        /// What went wrong.
         reason: String,
     },
     /// A record of ours hashes to another partition with the current count.
@@ -237,10 +242,13 @@ pub enum TailError {
          be guaranteed for it"
     )]
     PartitionCountChanged {
+        /// The topic.
         topic: String,
+        /// The partition the record was read from.
         partition: i32,
         /// The record's key (or id).
         key: String,
+        /// The topic's partition count now.
         partitions: i32,
     },
     /// A record of ours is past the WAL's end: another writer uses our source.
@@ -249,8 +257,11 @@ pub enum TailError {
          past the end of the WAL ({wal_end}): another writer uses the same source header"
     )]
     ForeignWriter {
+        /// The topic.
         topic: String,
+        /// The partition the record was read from.
         partition: i32,
+        /// The `outbox.source` header it carries.
         source_id: String,
         /// The record's commit LSN.
         lsn: Lsn,

@@ -143,8 +143,11 @@ pub enum SinkError {
     /// librdkafka refused to enqueue a record ([`is_poison`] tells whose fault).
     #[error("Kafka refused the record for topic {topic:?} (id {id})")]
     Enqueue {
+        /// The topic the record was routed to.
         topic: String,
+        /// The event's id.
         id: String,
+        /// What librdkafka said.
         #[source]
         source: KafkaError,
     },
