@@ -78,7 +78,6 @@ impl PipelineObserver {
         if lsn > self.progress.received {
             self.progress.received = lsn;
             self.received_lsn.set(lsn.as_u64() as f64);
-            self.health.set_progress(self.progress);
         }
     }
 
@@ -119,7 +118,6 @@ impl PipelineObserver {
             self.record_ack(&sent.topic, bytes, commit_to_ack(sent.commit_time_us));
         }
         self.progress.events_acked += 1;
-        self.health.set_progress(self.progress);
         self.health.set_producer_connected(true);
     }
 
@@ -135,7 +133,8 @@ impl PipelineObserver {
     }
 
     /// After a step: the ack frontier, and the events and bytes in flight
-    /// with when the oldest was handed over.
+    /// with when the oldest was handed over. The one place that publishes to
+    /// [`Health`]: once per step, not once per event and again per ack.
     pub fn step(&mut self, frontier: Lsn, events: usize, bytes: usize, oldest: Option<Instant>) {
         self.ack_frontier.set(frontier.as_u64() as f64);
         self.in_flight_events.set(events as f64);

@@ -224,6 +224,17 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         if let Some(cleanup) = self.cleanup.as_mut() {
             cleanup.clear(self.tracker.frontier(), force).await;
         }
+        let frontier = self.observe();
+        if frontier > self.reported
+            && let Some(stream) = &self.stream
+        {
+            stream.ack(frontier);
+            self.reported = frontier;
+        }
+    }
+
+    /// Publishes the step's progress (metrics, [`Health`]); returns the reportable frontier.
+    fn observe(&mut self) -> Lsn {
         let frontier = self.reportable();
         self.observer.step(
             frontier,
@@ -231,12 +242,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             self.tracker.in_flight_bytes(),
             self.tracker.oldest_sent(),
         );
-        if frontier > self.reported
-            && let Some(stream) = &self.stream
-        {
-            stream.ack(frontier);
-            self.reported = frontier;
-        }
+        frontier
     }
 
     /// The broker acknowledged `ticket`.
@@ -259,8 +265,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {
                 Ok(Some(delivery)) => {
                     // A failure is already reported, or replayed after restart.
-                    if delivery.outcome.is_ok() {
-                        let _ = self.acked(delivery.ticket);
+                    if delivery.outcome.is_ok() && self.acked(delivery.ticket).is_ok() {
+                        self.observe();
                     }
                 }
                 Ok(None) => break,

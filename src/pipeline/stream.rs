@@ -275,7 +275,10 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     self.begin_shutdown();
                     return Ok(true);
                 }
-                Some(delivery) = self.deliveries.recv() => self.on_delivery(delivery).await?,
+                Some(delivery) = self.deliveries.recv() => {
+                    self.on_delivery(delivery).await?;
+                    self.observe();
+                }
                 () = sleep_until_some(deadline) => return Ok(false),
             }
         }
