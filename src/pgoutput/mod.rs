@@ -1,11 +1,8 @@
-//! A pure decoder for PostgreSQL's `pgoutput` logical replication protocol, version 1.
-//!
-//! Each `XLogData` payload is one message; [`decode`] turns it into a [`Message`], following
-//! "Logical Replication Message Formats" in the PostgreSQL 15 docs. Streaming and two-phase
-//! messages (protocol 2 and 3) are unknown tags here. The bytes come from the network, so
-//! decoding never panics: every read is bounds-checked, negative lengths are errors, and a
-//! message must be consumed exactly. Row values are zero-copy slices of the input. Rows name
-//! their table only by OID, so the caller keeps the [`Relation`]s it has seen.
+//! A pure decoder for `pgoutput` protocol version 1 ("Logical Replication Message Formats";
+//! streaming and two-phase tags are unknown here). [`decode`] turns one `XLogData` payload into a
+//! [`Message`]. The bytes come from the network, so it never panics: reads are bounds-checked and
+//! a message must be consumed exactly. Rows name their table only by OID, so the caller keeps the
+//! [`Relation`]s it has seen.
 
 mod cursor;
 
@@ -14,12 +11,10 @@ use bytes::Bytes;
 use self::cursor::Cursor;
 use crate::lsn::Lsn;
 
-/// One decoded pgoutput message. Times are microseconds since 2000-01-01 UTC, as Postgres keeps
-/// them.
+/// One decoded pgoutput message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
-    /// `'B'`: start of a committed transaction. `final_lsn` is its commit record's LSN (the
-    /// Commit's `commit_lsn`); `xid` is for logs only.
+    /// `'B'`: start of a committed transaction.
     Begin {
         /// LSN of the transaction's commit record (equals the Commit's `commit_lsn`).
         final_lsn: Lsn,
@@ -28,9 +23,7 @@ pub enum Message {
         /// Transaction ID on the server, for logs only.
         xid: u32,
     },
-    /// `'C'`: end of the transaction opened by the last Begin. `end_lsn` is the end of the commit
-    /// record: the position to confirm once the transaction is handled. `flags` is always 0 so
-    /// far.
+    /// `'C'`: end of the transaction opened by the last Begin.
     Commit {
         /// Commit flags; unused, always 0 so far.
         flags: u8,
@@ -41,8 +34,7 @@ pub enum Message {
         /// Commit time, in microseconds since 2000-01-01 UTC (Postgres epoch).
         commit_time_micros: i64,
     },
-    /// `'O'`: the transaction was replicated into this server from the origin `name`, where it
-    /// committed at `commit_lsn`.
+    /// `'O'`: the transaction was replicated into this server from another.
     Origin {
         /// LSN of the commit on the origin server.
         commit_lsn: Lsn,
@@ -60,42 +52,39 @@ pub enum Message {
         /// Type name.
         name: String,
     },
-    /// `'I'`: a new row of the table `relation_id` (as announced by a Relation).
+    /// `'I'`: a new row.
     Insert {
         /// OID of the table, as announced by a Relation.
         relation_id: u32,
         /// The inserted row (`'N'` tuple).
         new: TupleData,
     },
-    /// `'U'`: a changed row. `old` is the old key (`'K'`) or, under REPLICA IDENTITY FULL, the old
-    /// row (`'O'`), absent when the key did not change; in `new`, unchanged TOASTed columns are
-    /// [`Value::Unchanged`].
+    /// `'U'`: a changed row; unchanged TOASTed columns of `new` are [`Value::Unchanged`].
     Update {
         /// OID of the table, as announced by a Relation.
         relation_id: u32,
-        /// Old key (`'K'`) or old row (`'O'`); `None` when the key did not change.
+        /// Old key (`'K'`) or, under REPLICA IDENTITY FULL, old row (`'O'`); `None` when the key
+        /// did not change.
         old: Option<TupleData>,
         /// The row after the update (`'N'` tuple).
         new: TupleData,
     },
-    /// `'D'`: a deleted row; `old` is the old key (`'K'`, other columns Null) or the old row
-    /// (`'O'`).
+    /// `'D'`: a deleted row.
     Delete {
         /// OID of the table, as announced by a Relation.
         relation_id: u32,
         /// Old key (`'K'`, other columns Null) or old row (`'O'`).
         old: TupleData,
     },
-    /// `'T'`: one TRUNCATE statement; `options` bit 1 is CASCADE, bit 2 RESTART IDENTITY.
+    /// `'T'`: one TRUNCATE statement.
     Truncate {
         /// Option bits: 1 is CASCADE, 2 is RESTART IDENTITY.
         options: u8,
         /// OIDs of the truncated tables.
         relation_ids: Vec<u32>,
     },
-    /// `'M'`: a message written with `pg_logical_emit_message` (sent with `messages 'true'`).
-    /// A transactional one comes inside its transaction, the others at once, outside any; the
-    /// `prefix` tells consumers apart and `content` is a zero-copy slice of the input.
+    /// `'M'`: a message written with `pg_logical_emit_message` (sent with `messages 'true'`);
+    /// a non-transactional one comes at once, outside any transaction.
     Message {
         /// Whether the message was emitted as part of a transaction (flags byte 1).
         transactional: bool,
@@ -166,9 +155,6 @@ pub enum DecodeError {
     /// The payload held no bytes, not even a tag.
     #[error("empty pgoutput message")]
     Empty,
-    /// The first byte is not a protocol version 1 message tag.
-    #[error("unknown pgoutput message tag 0x{0:02X}")]
-    UnknownTag(u8),
     /// The message ended in the middle of a field.
     #[error("pgoutput message truncated reading {what}: needed {needed} bytes, {available} left")]
     Truncated {
@@ -199,22 +185,14 @@ pub enum DecodeError {
         /// The string field read.
         what: &'static str,
     },
-    /// The tuple marker byte of a message with tag `tag` was not one allowed there.
-    #[error("unexpected tuple kind 0x{found:02X} in pgoutput '{tag}' message, expected {expected}")]
-    UnexpectedTupleKind {
-        /// Tag of the message being decoded.
-        tag: char,
-        /// The markers allowed at that point, for the error text.
-        expected: &'static str,
-        /// The marker byte found.
+    /// A tag, kind or flags byte not allowed there (an unknown message tag included).
+    #[error("unexpected byte 0x{found:02X} in pgoutput message reading {what}")]
+    Unexpected {
+        /// The field being read, and what it allows.
+        what: &'static str,
+        /// The byte found.
         found: u8,
     },
-    /// A column value started with a kind other than `n`, `u`, `t` or `b`.
-    #[error("unknown tuple value kind 0x{0:02X} in pgoutput message")]
-    UnknownValueKind(u8),
-    /// A logical decoding message's flags were neither 0 nor 1.
-    #[error("unknown flags 0x{0:02X} in pgoutput 'M' message")]
-    UnknownMessageFlags(u8),
     /// Bytes were left after the message.
     #[error("{remaining} trailing bytes after pgoutput '{tag}' message")]
     TrailingBytes {
@@ -256,7 +234,7 @@ pub fn decode(buf: &Bytes) -> Result<Message, DecodeError> {
         },
         b'I' => {
             let relation_id = cur.u32("Insert relation OID")?;
-            tuple_kind(&mut cur, tag, b"N", "'N'")?;
+            one_of(&mut cur, b"N", "Insert tuple kind ('N')")?;
             Message::Insert {
                 relation_id,
                 new: tuple(&mut cur)?,
@@ -264,11 +242,11 @@ pub fn decode(buf: &Bytes) -> Result<Message, DecodeError> {
         }
         b'U' => {
             let relation_id = cur.u32("Update relation OID")?;
-            let old = match tuple_kind(&mut cur, tag, b"KON", "'K', 'O' or 'N'")? {
+            let old = match one_of(&mut cur, b"KON", "Update tuple kind ('K', 'O' or 'N')")? {
                 b'N' => None,
                 _ => {
                     let old = tuple(&mut cur)?;
-                    tuple_kind(&mut cur, tag, b"N", "'N' after the old tuple")?;
+                    one_of(&mut cur, b"N", "Update new tuple kind ('N')")?;
                     Some(old)
                 }
             };
@@ -280,7 +258,7 @@ pub fn decode(buf: &Bytes) -> Result<Message, DecodeError> {
         }
         b'D' => {
             let relation_id = cur.u32("Delete relation OID")?;
-            tuple_kind(&mut cur, tag, b"KO", "'K' or 'O'")?;
+            one_of(&mut cur, b"KO", "Delete tuple kind ('K' or 'O')")?;
             Message::Delete {
                 relation_id,
                 old: tuple(&mut cur)?,
@@ -300,11 +278,7 @@ pub fn decode(buf: &Bytes) -> Result<Message, DecodeError> {
             }
         }
         b'M' => {
-            let transactional = match cur.u8("Message flags")? {
-                0 => false,
-                1 => true,
-                other => return Err(DecodeError::UnknownMessageFlags(other)),
-            };
+            let transactional = one_of(&mut cur, &[0, 1], "Message flags (0 or 1)")? == 1;
             let lsn = cur.lsn("Message LSN")?;
             let prefix = cur.cstr("Message prefix")?;
             let len = cur.len_i32("Message content length")?;
@@ -315,26 +289,20 @@ pub fn decode(buf: &Bytes) -> Result<Message, DecodeError> {
                 content: cur.bytes(len, "Message content")?,
             }
         }
-        other => return Err(DecodeError::UnknownTag(other)),
+        found => {
+            let what = "message tag";
+            return Err(DecodeError::Unexpected { what, found });
+        }
     };
     cur.finish(tag)?;
     Ok(message)
 }
 
-/// Reads a tuple marker, which must be one of `allowed`.
-fn tuple_kind(
-    cur: &mut Cursor,
-    tag: u8,
-    allowed: &[u8],
-    expected: &'static str,
-) -> Result<u8, DecodeError> {
-    match cur.u8("tuple kind")? {
+/// Reads a byte that must be one of `allowed`.
+fn one_of(cur: &mut Cursor, allowed: &[u8], what: &'static str) -> Result<u8, DecodeError> {
+    match cur.u8(what)? {
         found if allowed.contains(&found) => Ok(found),
-        found => Err(DecodeError::UnexpectedTupleKind {
-            tag: char::from(tag),
-            expected,
-            found,
-        }),
+        found => Err(DecodeError::Unexpected { what, found }),
     }
 }
 
@@ -380,7 +348,10 @@ fn tuple(cur: &mut Cursor) -> Result<TupleData, DecodeError> {
                 let len = cur.len_i32("binary value length")?;
                 Value::Binary(cur.bytes(len, "binary value")?)
             }
-            other => return Err(DecodeError::UnknownValueKind(other)),
+            found => {
+                let what = "tuple value kind ('n', 'u', 't' or 'b')";
+                return Err(DecodeError::Unexpected { what, found });
+            }
         });
     }
     Ok(TupleData(values))

@@ -535,11 +535,20 @@ fn msg(parts: &[&[u8]]) -> Bytes {
 #[test]
 fn empty_and_unknown_tag() {
     assert_eq!(decode(&Bytes::new()), Err(DecodeError::Empty));
-    assert_eq!(decode(&msg(&[b"Z"])), Err(DecodeError::UnknownTag(b'Z')));
+    assert_eq!(
+        decode(&msg(&[b"Z"])),
+        Err(DecodeError::Unexpected {
+            what: "message tag",
+            found: b'Z'
+        })
+    );
     // Protocol v2 streaming start is not v1.
     assert_eq!(
         decode(&msg(&[b"S", &[0; 5]])),
-        Err(DecodeError::UnknownTag(b'S'))
+        Err(DecodeError::Unexpected {
+            what: "message tag",
+            found: b'S'
+        })
     );
 }
 
@@ -725,39 +734,38 @@ fn bad_tuple_and_value_kinds() {
     let one_null = [&1i16.to_be_bytes()[..], b"n"].concat();
     assert_eq!(
         decode(&msg(&[b"I", &rel, b"K", &one_null])),
-        Err(DecodeError::UnexpectedTupleKind {
-            tag: 'I',
-            expected: "'N'",
+        Err(DecodeError::Unexpected {
+            what: "Insert tuple kind ('N')",
             found: b'K'
         })
     );
     assert_eq!(
         decode(&msg(&[b"U", &rel, b"X", &one_null])),
-        Err(DecodeError::UnexpectedTupleKind {
-            tag: 'U',
-            expected: "'K', 'O' or 'N'",
+        Err(DecodeError::Unexpected {
+            what: "Update tuple kind ('K', 'O' or 'N')",
             found: b'X'
         })
     );
     assert_eq!(
         decode(&msg(&[b"U", &rel, b"K", &one_null, b"O", &one_null])),
-        Err(DecodeError::UnexpectedTupleKind {
-            tag: 'U',
-            expected: "'N' after the old tuple",
+        Err(DecodeError::Unexpected {
+            what: "Update new tuple kind ('N')",
             found: b'O'
         })
     );
     assert_eq!(
         decode(&msg(&[b"D", &rel, b"N", &one_null])),
-        Err(DecodeError::UnexpectedTupleKind {
-            tag: 'D',
-            expected: "'K' or 'O'",
+        Err(DecodeError::Unexpected {
+            what: "Delete tuple kind ('K' or 'O')",
             found: b'N'
         })
     );
     assert_eq!(
         decode(&msg(&[b"I", &rel, b"N", &1i16.to_be_bytes(), b"x"])),
-        Err(DecodeError::UnknownValueKind(b'x'))
+        Err(DecodeError::Unexpected {
+            what: "tuple value kind ('n', 'u', 't' or 'b')",
+            found: b'x'
+        })
     );
     // Hand-made well-formed variants of the same shapes decode.
     assert_eq!(
@@ -792,7 +800,10 @@ fn bad_tuple_and_value_kinds() {
 fn bad_message_flags() {
     assert_eq!(
         decode(&msg(&[b"M", &[2], &[0; 8], b"p\0", &0i32.to_be_bytes()])),
-        Err(DecodeError::UnknownMessageFlags(2))
+        Err(DecodeError::Unexpected {
+            what: "Message flags (0 or 1)",
+            found: 2
+        })
     );
 }
 
@@ -840,7 +851,7 @@ fn error_messages_name_the_problem() {
         "pgoutput message truncated reading Begin final LSN: needed 8 bytes, 3 left"
     );
     assert_eq!(
-        DecodeError::UnknownTag(b'Z').to_string(),
-        "unknown pgoutput message tag 0x5A"
+        decode(&msg(&[b"Z"])).unwrap_err().to_string(),
+        "unexpected byte 0x5A in pgoutput message reading message tag"
     );
 }
