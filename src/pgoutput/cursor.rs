@@ -6,8 +6,7 @@ use bytes::{Buf, Bytes, TryGetError};
 use super::DecodeError;
 use crate::lsn::Lsn;
 
-/// Reads big-endian protocol fields front to back from the unread rest of a message; byte
-/// strings are zero-copy slices of it.
+/// The unread rest of a message; fields are big-endian, byte strings zero-copy slices of it.
 pub(crate) struct Cursor {
     buf: Bytes,
 }
@@ -22,12 +21,10 @@ fn truncated(what: &'static str) -> impl FnOnce(TryGetError) -> DecodeError {
 }
 
 impl Cursor {
-    /// Starts at the beginning of `buf` (a cheap reference-counted clone).
     pub(crate) fn new(buf: &Bytes) -> Self {
         Cursor { buf: buf.clone() }
     }
 
-    /// Bytes not yet read.
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len()
     }
@@ -55,12 +52,10 @@ impl Cursor {
         Ok(self.buf.split_to(n))
     }
 
-    /// A Byte1 / Int8.
     pub(crate) fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
         self.buf.try_get_u8().map_err(truncated(what))
     }
 
-    /// A signed Int32.
     pub(crate) fn i32(&mut self, what: &'static str) -> Result<i32, DecodeError> {
         self.buf.try_get_i32().map_err(truncated(what))
     }
@@ -70,12 +65,10 @@ impl Cursor {
         self.buf.try_get_u32().map_err(truncated(what))
     }
 
-    /// A signed Int64 (timestamps).
     pub(crate) fn i64(&mut self, what: &'static str) -> Result<i64, DecodeError> {
         self.buf.try_get_i64().map_err(truncated(what))
     }
 
-    /// An `XLogRecPtr`.
     pub(crate) fn lsn(&mut self, what: &'static str) -> Result<Lsn, DecodeError> {
         self.buf.try_get_u64().map(Lsn).map_err(truncated(what))
     }
