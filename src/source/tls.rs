@@ -1,8 +1,6 @@
-//! TLS for both Postgres connections, with libpq's `sslmode` meanings (the
-//! README's TLS section has the table). The URL resolves once into
-//! pgwire-replication's [`TlsConfig`]; the control connection's rustls config
-//! derives from it, so the two never disagree and every file is read (and
-//! refused) before either connects. Both name the ring provider explicitly:
+//! TLS for both Postgres connections, with libpq's `sslmode` meanings (the README's TLS table).
+//! The URL resolves into pgwire-replication's [`TlsConfig`] and the control connection's rustls
+//! config derives from it, so the two never disagree. The ring provider is named explicitly:
 //! rustls' process-level default panics with two providers compiled in.
 
 use std::io;
@@ -49,15 +47,10 @@ pub enum TlsError {
     },
     /// Only one of `sslcert` and `sslkey`.
     #[error(
-        "--postgres-url has {given} but not {missing}: a client certificate needs both \
+        "--postgres-url has only one of sslcert and sslkey: a client certificate needs both \
          sslcert=/path/to/client.crt and sslkey=/path/to/client.key"
     )]
-    IncompleteClientCert {
-        /// The URL parameter given, `sslcert` or `sslkey`.
-        given: &'static str,
-        /// The other parameter, which the URL lacks.
-        missing: &'static str,
-    },
+    IncompleteClientCert,
     /// A certificate or key file cannot be read.
     #[error(
         "cannot read the {param} file {} (from --postgres-url): check the path and that the \
@@ -153,13 +146,7 @@ fn resolve(info: &PostgresConnInfo, default_root: Option<&Path>) -> Result<TlsCo
     match (&info.sslcert, &info.sslkey) {
         (Some(cert), Some(key)) => Ok(tls.with_client_cert(cert, key)),
         (None, None) => Ok(tls),
-        (cert, _) => {
-            let (given, missing) = match cert {
-                Some(_) => ("sslcert", "sslkey"),
-                None => ("sslkey", "sslcert"),
-            };
-            Err(TlsError::IncompleteClientCert { given, missing })
-        }
+        _ => Err(TlsError::IncompleteClientCert),
     }
 }
 
@@ -169,16 +156,15 @@ fn default_root() -> Option<PathBuf> {
     Some(PathBuf::from(home).join(".postgresql/root.crt")).filter(|path| path.is_file())
 }
 
-/// The replication stream's TLS settings; every file they name is read here,
-/// so a bad one is reported exactly as for the control connection.
+/// The replication stream's TLS settings; the files they name are read here, so a bad one is
+/// refused as for the control connection.
 pub(crate) fn replication_tls(info: &PostgresConnInfo) -> Result<TlsConfig, TlsError> {
     let tls = resolve(info, default_root().as_deref())?;
     rustls_config(&tls)?;
     Ok(tls)
 }
 
-/// The control connection's `sslmode` and TLS connector, from the same settings
-/// as [`replication_tls`].
+/// The control connection's `sslmode` and TLS connector, from the same settings.
 pub(crate) fn control_tls(
     info: &PostgresConnInfo,
 ) -> Result<(tokio_postgres::config::SslMode, MakeRustlsConnect), TlsError> {
@@ -196,7 +182,6 @@ fn control_mode(tls: &TlsConfig) -> tokio_postgres::config::SslMode {
     }
 }
 
-/// The control connection's rustls configuration for `tls`.
 fn rustls_config(tls: &TlsConfig) -> Result<ClientConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
@@ -219,8 +204,7 @@ fn rustls_config(tls: &TlsConfig) -> Result<ClientConfig, TlsError> {
         })
 }
 
-/// What the control connection checks about the server's certificate: the
-/// chain and the name (`verify-full`), the chain only (`verify-ca`), or nothing.
+/// The server certificate check: chain and name (`verify-full`), chain only, or nothing.
 fn verifier(
     tls: &TlsConfig,
     provider: Arc<CryptoProvider>,
@@ -240,7 +224,7 @@ fn verifier(
     Ok(Arc::new(Lenient { chain, algorithms }))
 }
 
-/// A short explanation of a failed handshake, for the connection error.
+/// What to fix after a failed handshake, for the connection error.
 pub(crate) fn handshake_hint(error: &rustls::Error) -> &'static str {
     let rustls::Error::InvalidCertificate(error) = error else {
         return "check the server's TLS settings and sslmode in --postgres-url";
@@ -264,7 +248,7 @@ pub(crate) fn handshake_hint(error: &rustls::Error) -> &'static str {
     }
 }
 
-/// A short explanation of a refused replication connection, for the error.
+/// What to fix after a refused replication connection, for the error.
 pub(crate) fn replication_hint(error: &pgwire_replication::PgWireError) -> &'static str {
     match error {
         // pgwire-replication 0.5's chain-only verifier misses rustls 0.23's
@@ -305,8 +289,7 @@ fn read_pem<T: PemObject>(
     }
 }
 
-/// The roots of a CA file (`sslrootcert`, or libpq's default for it), or the
-/// public web PKI roots (`None`).
+/// The roots in a CA file, or the public web PKI roots (`None`).
 fn load_roots(ca_file: Option<&Path>) -> Result<RootCertStore, TlsError> {
     let Some(path) = ca_file else {
         let roots = webpki_roots::TLS_SERVER_ROOTS.to_vec();
@@ -326,8 +309,8 @@ fn load_roots(ca_file: Option<&Path>) -> Result<RootCertStore, TlsError> {
     Ok(store)
 }
 
-/// `verify-ca` (with a `chain` verifier): the standard checks except the host
-/// name; otherwise any certificate. Handshake signatures are checked either way.
+/// `verify-ca` (with a `chain` verifier): the standard checks but the host name; otherwise any
+/// certificate. Handshake signatures are checked either way.
 #[derive(Debug)]
 struct Lenient {
     chain: Option<Arc<WebPkiServerVerifier>>,

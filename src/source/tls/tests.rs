@@ -140,18 +140,9 @@ fn client_certificates_need_both_files() {
     assert_eq!(tls.client_cert_pem_path, Some(PathBuf::from("/c.crt")));
     assert_eq!(tls.client_key_pem_path, Some(PathBuf::from("/c.key")));
     let err = plan("postgres://u@h/db?sslmode=require&sslcert=/c.crt").unwrap_err();
-    assert!(
-        matches!(
-            err,
-            TlsError::IncompleteClientCert {
-                given: "sslcert",
-                missing: "sslkey"
-            }
-        ),
-        "{err:?}"
-    );
+    assert!(matches!(err, TlsError::IncompleteClientCert), "{err:?}");
     let err = plan("postgres://u@h/db?sslmode=require&sslkey=/c.key").unwrap_err();
-    assert!(matches!(err, TlsError::IncompleteClientCert { .. }));
+    assert!(matches!(err, TlsError::IncompleteClientCert), "{err:?}");
 }
 
 /// A CA and a server certificate for `names`, written as PEM files.
