@@ -152,10 +152,7 @@ pub enum Value {
 /// Why a pgoutput message could not be decoded; `what` names the field being read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecodeError {
-    /// The payload held no bytes, not even a tag.
-    #[error("empty pgoutput message")]
-    Empty,
-    /// The message ended in the middle of a field.
+    /// The message ended in the middle of a field (an empty one before its tag).
     #[error("pgoutput message truncated reading {what}: needed {needed} bytes, {available} left")]
     Truncated {
         /// The field being read.
@@ -206,9 +203,6 @@ pub enum DecodeError {
 /// Decodes one pgoutput message, the whole payload of one `XLogData`; never panics.
 pub fn decode(buf: &Bytes) -> Result<Message, DecodeError> {
     let mut cur = Cursor::new(buf);
-    if cur.remaining() == 0 {
-        return Err(DecodeError::Empty);
-    }
     let tag = cur.u8("message tag")?;
     let message = match tag {
         b'B' => Message::Begin {

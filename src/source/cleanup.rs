@@ -1,10 +1,6 @@
-//! `--cleanup delete`: relayed outbox rows are deleted before the slot moves past them.
-//!
-//! Each row's primary key waits under its transaction's end LSN; before a frontier
-//! is reported, the rows it covers are deleted in batches. An unacknowledged row is
-//! never deleted, and a crash only replays events whose deletes are then no-ops. A
-//! batch waits until full or a status interval old; a failed delete holds the
-//! frontier back and is retried.
+//! `--cleanup delete`: relayed outbox rows are deleted, in batches, before the slot moves past
+//! them. A row waits under its transaction's end LSN until the ack frontier covers it, so an
+//! unacknowledged row is never deleted; a failed delete holds the frontier back and is retried.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -52,8 +48,8 @@ pub struct Cleanup {
     due: Option<Instant>,
 }
 
-/// One statement for any key shape: the keys arrive as one JSON array of
-/// objects, whose text values the table's own row type converts.
+/// One statement for any key shape: the keys arrive as one JSON array of objects, whose text
+/// values the table's own row type converts.
 fn delete_sql(table: &TableName, columns: &[String]) -> String {
     let table = table.quoted();
     let columns: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
@@ -65,9 +61,8 @@ fn delete_sql(table: &TableName, columns: &[String]) -> String {
 }
 
 impl Cleanup {
-    /// Refuses to start unless every outbox table has a primary key the role
-    /// may DELETE by and the publication does not publish deletes; deletes
-    /// through `client` (the control connection, reopened if it breaks).
+    /// Refuses unless every outbox table has a primary key the role may DELETE by and the
+    /// publication does not publish deletes; `client` is reopened if it breaks.
     pub async fn new(client: Client, config: &Config, confirmed: Lsn) -> Result<Self, SourceError> {
         let refused = |problem| {
             let message = format!("--cleanup delete: {problem}, or use --cleanup none");
@@ -132,8 +127,8 @@ impl Cleanup {
         })
     }
 
-    /// A Relation message: for an outbox table (or a partition of one,
-    /// `root`), where its key columns are; rows are deleted through the root.
+    /// A Relation message: where an outbox table's (or its partition's) key columns are; rows of a
+    /// partition are deleted through its `root`.
     pub fn relation(
         &mut self,
         relation: &Relation,
@@ -190,21 +185,20 @@ impl Cleanup {
         self.open.clear();
     }
 
-    /// When rows that `frontier` covers must be deleted, if any wait (rows
-    /// still in flight wait for their acks, not for a timer).
+    /// When rows that `frontier` covers must be deleted, if any wait (rows in flight wait for
+    /// their acks, not for a timer).
     pub fn due(&self, frontier: Lsn) -> Option<Instant> {
         let front = self.done.front();
         front.filter(|(end, _)| *end <= frontier).and(self.due)
     }
 
-    /// The highest position that may be reported: the rows of every
-    /// transaction it covers are deleted.
+    /// The highest position that may be reported: every row it covers is deleted.
     pub fn cleared(&self) -> Lsn {
         self.cleared
     }
 
-    /// Deletes the rows of transactions ending at or before `frontier` (now
-    /// when `force`, else when a batch is full or due), moving [`Self::cleared`].
+    /// Deletes the rows `frontier` covers (now when `force`, else when a batch is full or due),
+    /// moving [`Self::cleared`].
     pub async fn clear(&mut self, frontier: Lsn, force: bool) {
         let covered = self.done.iter().take_while(|(end, _)| *end <= frontier);
         let rows = covered.count();
