@@ -1,7 +1,6 @@
-//! The slot poller: every `--slot-poll-interval` it reads the slot's lag and WAL
-//! status, updates the metrics and [`Health`], and warns (with the remedy) when
-//! the slot's WAL is at risk. It never stops the relay: a failed poll makes the
-//! slot "unknown" for readiness until a later tick succeeds.
+//! The slot poller: every `--slot-poll-interval` it reads the slot's lag and WAL status into the
+//! metrics and [`Health`], and warns (with the remedy) when the slot's WAL is at risk. It never
+//! stops the relay: a failed poll makes the slot "unknown" for readiness until one succeeds.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio_postgres::Client;
 
 use super::control;
+use super::setup::query_err;
 use crate::config::Config;
 use crate::observability::health::{Health, SlotObservation, SlotStatus, WalStatus, slot_warnings};
 use crate::observability::metrics;
@@ -44,15 +44,13 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let connected = match control(&mut client, &config).await {
-            Ok(connected) => connected,
-            Err(error) => {
-                tracing::warn!(%error, "slot poller cannot connect; retrying next tick");
-                health.set_slot_observation(SlotObservation::Unknown);
-                continue;
-            }
+        let polled = async {
+            let connected = control(&mut client, &config).await?;
+            poll(connected, &config.slot)
+                .await
+                .map_err(query_err("poll the slot"))
         };
-        let observation = match poll(connected, &config.slot).await {
+        let observation = match polled.await {
             // Before the first start the relay may not have created the slot yet.
             Ok(SlotObservation::Missing) if !health.snapshot(Instant::now()).streaming => {
                 SlotObservation::Unknown
