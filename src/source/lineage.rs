@@ -1,8 +1,6 @@
-//! What survives a failover: the record that this relay streamed from a database
-//! before, and the slot's failover settings (PostgreSQL 17+). A standby promoted
-//! without the slot has none, and a fresh one would skip every event since the
-//! last acknowledgement; `public.outbox_relay_slots` is replicated data, so a
-//! missing slot it records under the same system identifier means "lost".
+//! What survives a failover: the slot's failover settings (PostgreSQL 17+), and the replicated
+//! table `public.outbox_relay_slots`, so that a slot missing on a promoted standby is refused as
+//! "lost" (a fresh one would skip every event since the last acknowledgement), not created anew.
 
 use tokio_postgres::Client;
 
@@ -15,8 +13,8 @@ pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_s
      slot_name text PRIMARY KEY, system_identifier text NOT NULL, \
      created_at timestamptz NOT NULL DEFAULT now(), created_lsn pg_lsn)";
 
-/// Before a missing slot is created: refuses when `public.outbox_relay_slots`
-/// says this relay streamed from it on this cluster, unless `--allow-new-slot`.
+/// Before a missing slot is created: refuses when the table says this relay streamed from it on
+/// this cluster, unless `--allow-new-slot`.
 pub(super) async fn check_missing_slot(
     client: &Client,
     config: &Config,
@@ -64,8 +62,8 @@ pub(super) async fn check_missing_slot(
     })
 }
 
-/// Records the slot in `public.outbox_relay_slots`, creating the table if
-/// needed. Best effort: a role that may not create it is warned, not stopped.
+/// Records the slot, creating the table if needed. Best effort: a role that may not create it is
+/// warned, not stopped.
 pub(super) async fn record_slot(client: &Client, slot: &str) {
     let result = async {
         let state = client
@@ -105,8 +103,8 @@ pub(super) async fn record_slot(client: &Client, slot: &str) {
     }
 }
 
-/// With `--slot-failover`: warns when `synchronized_standby_slots` is empty;
-/// returns whether the existing slot lacks `FAILOVER true`.
+/// With `--slot-failover`: warns when `synchronized_standby_slots` is empty; returns whether the
+/// existing slot lacks `FAILOVER true`.
 pub(super) async fn check_failover(client: &Client, config: &Config) -> Result<bool, SourceError> {
     let row = client
         .query_one(
@@ -128,8 +126,7 @@ pub(super) async fn check_failover(client: &Client, config: &Config) -> Result<b
     Ok(row.get::<_, Option<bool>>(1) == Some(false))
 }
 
-/// Sets `FAILOVER true` on the slot: ALTER_REPLICATION_SLOT is a replication
-/// command, so it runs on a replication connection.
+/// Sets `FAILOVER true` on the slot (a replication command, so on a replication connection).
 pub(super) async fn mark_failover(config: &Config) -> Result<(), SourceError> {
     let mut client = super::command_session(config).await?;
     let sql = format!("ALTER_REPLICATION_SLOT {} (FAILOVER true)", config.slot);
