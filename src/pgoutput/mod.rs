@@ -220,7 +220,13 @@ pub fn decode(buf: &Bytes) -> Result<Message, DecodeError> {
             commit_lsn: cur.lsn("Origin commit LSN")?,
             name: cur.cstr("Origin name")?,
         },
-        b'R' => Message::Relation(relation(&mut cur)?),
+        b'R' => Message::Relation(Relation {
+            id: cur.u32("Relation OID")?,
+            namespace: cur.cstr("Relation namespace")?,
+            name: cur.cstr("Relation name")?,
+            replica_identity: cur.u8("Relation replica identity")?,
+            columns: columns(&mut cur)?,
+        }),
         b'Y' => Message::Type {
             oid: cur.u32("Type OID")?,
             namespace: cur.cstr("Type namespace")?,
@@ -300,12 +306,8 @@ fn one_of(cur: &mut Cursor, allowed: &[u8], what: &'static str) -> Result<u8, De
     }
 }
 
-/// The body of a Relation (`'R'`) message.
-fn relation(cur: &mut Cursor) -> Result<Relation, DecodeError> {
-    let id = cur.u32("Relation OID")?;
-    let namespace = cur.cstr("Relation namespace")?;
-    let name = cur.cstr("Relation name")?;
-    let replica_identity = cur.u8("Relation replica identity")?;
+/// A Relation's columns: an Int16 count, then each column.
+fn columns(cur: &mut Cursor) -> Result<Vec<Column>, DecodeError> {
     let count = cur.count_i16("Relation column count")?;
     // A column takes at least 10 bytes.
     let mut columns = Vec::with_capacity(count.min(cur.remaining() / 10));
@@ -317,13 +319,7 @@ fn relation(cur: &mut Cursor) -> Result<Relation, DecodeError> {
             type_modifier: cur.i32("Relation column type modifier")?,
         });
     }
-    Ok(Relation {
-        id,
-        namespace,
-        name,
-        replica_identity,
-        columns,
-    })
+    Ok(columns)
 }
 
 /// A TupleData: an Int16 column count, then one kind-prefixed value per column.
