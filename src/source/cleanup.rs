@@ -1,6 +1,7 @@
 //! `--cleanup delete`: relayed outbox rows are deleted, in batches, before the slot moves past
 //! them. A row waits under its transaction's end LSN until the ack frontier covers it, so an
-//! unacknowledged row is never deleted; a failed delete holds the frontier back and is retried.
+//! unacknowledged row is never deleted, and a crash replays only rows whose deletes are no-ops;
+//! a failed delete holds the frontier back and is retried.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
