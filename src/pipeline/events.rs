@@ -209,24 +209,17 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         // transaction numbers its events the same way (exactly-once relies on it).
         let seq = self.tx_seq;
         self.tx_seq = self.tx_seq.saturating_add(1);
-        let (error, parts) = match mapped {
+        let (error, mut parts) = match mapped {
             Ok(record) => return self.enqueue(record, table, seq).await,
             Err(unmapped) => unmapped,
         };
-        let intended_topic = match &error {
-            EventError::InvalidTopic { topic, .. } => Some(topic.clone()),
-            _ => parts.intended_topic.clone(),
-        };
-        let info = DeadLetterInfo {
-            error: error.to_string(),
-            lsn: self.commit_lsn,
-            table: table.to_string(),
-            intended_topic,
-            payload_omitted: None,
-        };
+        if let EventError::InvalidTopic { topic, .. } = &error {
+            parts.intended_topic = Some(topic.clone());
+        }
         let ticket = self.tracker.push(0, &table)?;
         let time = self.commit_time_ms();
-        self.poison(ticket, parts, Vec::new(), time, info).await
+        self.poison(ticket, parts, Vec::new(), time, error.to_string(), None)
+            .await
     }
 
     /// Hands one record to the producer, in stream order.
@@ -286,9 +279,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
 
     /// The commit LSN and outbox table of an in-flight event, for errors.
     fn origin(&self, ticket: Ticket) -> (Lsn, String) {
-        let lsn = self.tracker.commit_lsn_of(ticket).unwrap_or(Lsn::ZERO);
-        let table = self.tracker.table_of(ticket).map(ToString::to_string);
-        (lsn, table.unwrap_or_default())
+        let origin = self.tracker.origin(ticket);
+        origin.map_or_else(Default::default, |(lsn, table)| (lsn, table.to_string()))
     }
 
     /// A record refused for good for a reason about itself: poison, unless it
@@ -299,10 +291,9 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         record: OutboxRecord,
         error: KafkaError,
     ) -> Result<(), RelayError> {
-        let (lsn, table) = self.origin(ticket);
         if self.config.dead_letter_topic.as_ref() == Some(&record.topic) {
             return Err(RelayError::DeadLetter {
-                lsn,
+                lsn: self.origin(ticket).0,
                 id: record.id_text(),
                 topic: record.topic,
                 error,
@@ -317,26 +308,27 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             )
         );
         let size = record.payload.as_ref().map_or(0, Bytes::len);
-        let info = DeadLetterInfo {
-            error: error.to_string(),
-            lsn,
-            table,
-            intended_topic: Some(record.topic.clone()),
-            payload_omitted: too_large.then(|| {
-                format!(
-                    "payload of {size} bytes is the reason: larger than the producer's or \
-                     broker's message.max.bytes"
-                )
-            }),
-        };
+        let payload_omitted = too_large.then(|| {
+            format!(
+                "payload of {size} bytes is the reason: larger than the producer's or \
+                 broker's message.max.bytes"
+            )
+        });
         let parts = RawParts {
             id: record.id,
             key: record.key,
             payload: record.payload,
             intended_topic: Some(record.topic),
         };
-        self.poison(ticket, parts, record.headers, record.timestamp_ms, info)
-            .await
+        self.poison(
+            ticket,
+            parts,
+            record.headers,
+            record.timestamp_ms,
+            error.to_string(),
+            payload_omitted,
+        )
+        .await
     }
 
     /// An event that can never be delivered (a row that does not map, a
@@ -349,8 +341,17 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         parts: RawParts,
         headers: Vec<(Arc<str>, Option<Bytes>)>,
         timestamp_ms: i64,
-        info: DeadLetterInfo,
+        error: String,
+        payload_omitted: Option<String>,
     ) -> Result<(), RelayError> {
+        let (lsn, table) = self.origin(ticket);
+        let info = DeadLetterInfo {
+            error,
+            lsn,
+            table,
+            intended_topic: parts.intended_topic.clone(),
+            payload_omitted,
+        };
         let id = String::from_utf8_lossy(&parts.id).into_owned();
         let Some(topic) = self.config.dead_letter_topic.clone() else {
             return Err(RelayError::Poison { id, info });
