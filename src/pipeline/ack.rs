@@ -1,12 +1,11 @@
 //! PURE: the ack frontier.
 //!
-//! Every event handed to Kafka gets a ticket, its number in stream order; acks
-//! come back in any order. The tracker keeps a window of delivered flags from
-//! the oldest undelivered ticket on, and a FIFO of committed transactions with
-//! the ticket that ends each. The frontier is the end LSN of the longest fully
-//! delivered prefix. Transactions without events merge into the entry before
-//! them, so the FIFO is as long as the transactions with events in flight, and
-//! every operation is O(1) amortised.
+//! Every event handed to Kafka gets a ticket, its number in stream order; acks come back in any
+//! order. The tracker keeps a window of delivered flags from the oldest undelivered ticket on,
+//! and a FIFO of committed transactions with the ticket that ends each. The frontier is the end
+//! LSN of the longest fully delivered prefix. Transactions without events merge into the entry
+//! before them, so the FIFO is as long as the transactions with events in flight, and every
+//! operation is O(1) amortised.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -110,8 +109,7 @@ impl AckTracker {
         Ok(())
     }
 
-    /// An event of the open transaction, from outbox `table`, is about to be
-    /// handed to the producer.
+    /// An event of the open transaction, from outbox `table`, is about to go to the producer.
     pub fn push(&mut self, bytes: usize, table: &Arc<str>) -> Result<Ticket, AckError> {
         let Some(commit_lsn) = self.open else {
             return Err(AckError::NoTransaction { what: "an event" });
@@ -151,17 +149,15 @@ impl AckTracker {
         Ok(())
     }
 
-    /// The stream broke mid-transaction: forget the open transaction. Its
-    /// events stay in flight, and its replay cannot be confirmed before they
-    /// are delivered, since the replay's tickets come after theirs.
+    /// The stream broke mid-transaction: forget the open transaction. Its events stay in
+    /// flight, and its replay cannot be confirmed before them: its tickets come after theirs.
     pub fn abandon_open(&mut self) {
         self.open = None;
     }
 
-    /// The stream resumes at `to`, before the last transaction received (a
-    /// promoted server whose WAL may not reach that far): nothing from the
-    /// old server may move the frontier past `to`, since the new server's
-    /// transactions from there are still to come.
+    /// The stream resumes at `to`, before the last transaction received (a promoted server
+    /// whose WAL may not reach that far): nothing from the old server may move the frontier
+    /// past `to`, since the new server's transactions from there are still to come.
     pub fn rewind(&mut self, to: Lsn) {
         self.last_end = self.last_end.min(to);
         self.frontier = self.frontier.min(to);
@@ -170,8 +166,7 @@ impl AckTracker {
         }
     }
 
-    /// Where a new stream starts: the end of the last transaction received
-    /// (or keepalive confirmed).
+    /// Where a new stream starts: the end of the last transaction received or keepalive confirmed.
     pub fn resume_lsn(&self) -> Lsn {
         self.last_end
     }
@@ -202,8 +197,7 @@ impl AckTracker {
         sent.map(|sent| sent.handed_at)
     }
 
-    /// The broker acknowledged `ticket`. Returns what [`AckTracker::sent`]
-    /// recorded for it, with its size.
+    /// The broker acknowledged `ticket`: what [`AckTracker::sent`] recorded for it, with its size.
     pub fn ack(&mut self, ticket: Ticket) -> Result<Option<(Sent, usize)>, AckError> {
         let slot = self
             .index(ticket)
@@ -222,8 +216,8 @@ impl AckTracker {
         Ok(sent)
     }
 
-    /// A keepalive reported the server's WAL end. Confirming it when nothing
-    /// is in flight or open keeps an idle outbox from pinning WAL.
+    /// A keepalive reported the server's WAL end. Confirming it when nothing is in flight or
+    /// open keeps an idle outbox from pinning WAL.
     pub fn keepalive(&mut self, wal_end: Lsn) {
         if self.is_idle() && wal_end > self.frontier {
             self.frontier = wal_end;
@@ -250,8 +244,7 @@ impl AckTracker {
         self.in_flight_events
     }
 
-    /// Tickets from the oldest unacknowledged one on: an O(1) upper bound of
-    /// the in-flight count, for the cap.
+    /// Tickets from the oldest unacknowledged one on: an O(1) bound of the in-flight count.
     pub fn window_len(&self) -> usize {
         self.window.len()
     }

@@ -1,6 +1,5 @@
-//! What the pipeline does with each input: a replication event (framing,
-//! relations, rows, logical messages) and a delivery report (ack, batch-level
-//! re-send, poison).
+//! What the pipeline does with each input: a replication event (framing, relations, rows,
+//! logical messages) and a delivery report (ack, batch-level re-send, poison).
 
 use std::sync::Arc;
 
@@ -169,8 +168,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         Ok(())
     }
 
-    /// A logical decoding message: an outbox event when its prefix is one of
-    /// `--message-prefix` and it was emitted inside a transaction.
+    /// A logical decoding message: an outbox event when its prefix is one of `--message-prefix`
+    /// and it was emitted inside a transaction.
     async fn on_logical_message(
         &mut self,
         transactional: bool,
@@ -198,8 +197,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         Ok(())
     }
 
-    /// One outbox event (a row or a message) of the open transaction: the
-    /// record it maps to, or why it does not and what could be read of it.
+    /// One outbox event (a row or a message) of the open transaction: the record it maps to,
+    /// or why it does not and what could be read of it.
     async fn relay_event(
         &mut self,
         mapped: Result<OutboxRecord, (EventError, RawParts)>,
@@ -254,8 +253,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         }
     }
 
-    /// A record the producer refused to take: poison when the refusal is
-    /// about the record itself, otherwise the relay stops.
+    /// A record the producer refused to take: poison when about the record, else the relay stops.
     async fn refused(
         &mut self,
         ticket: Ticket,
@@ -283,8 +281,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         origin.map_or_else(Default::default, |(lsn, table)| (lsn, table.to_string()))
     }
 
-    /// A record refused for good for a reason about itself: poison, unless it
-    /// is a dead-letter record (dead-lettering it again would loop).
+    /// A record refused for good for a reason about itself: poison, unless it is a dead-letter
+    /// record (dead-lettering it again would loop).
     async fn condemned(
         &mut self,
         ticket: Ticket,
@@ -331,10 +329,9 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         .await
     }
 
-    /// An event that can never be delivered (a row that does not map, a
-    /// record librdkafka refuses, or one the broker rejects for good), with
-    /// what could be read of it and why: dead-letter it under that policy
-    /// (acknowledged when the dead-letter record is), else stop.
+    /// An event that can never be delivered (a row that does not map, a record librdkafka
+    /// refuses, or one the broker rejects for good), with what could be read of it and why:
+    /// dead-letter it under that policy (acknowledged when the dead-letter record is), else stop.
     async fn poison(
         &mut self,
         ticket: Ticket,
