@@ -105,10 +105,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             Message::Relation(relation) => {
                 let id = relation.id;
                 let name = format!("{}.{}", relation.namespace, relation.name);
-                // Without publish_via_partition_root a partition arrives under
-                // its own name: map it to its root.
-                let mapper = &self.outbox.mapper;
-                let root = if mapper.is_outbox(&relation.namespace, &relation.name) {
+                // Without publish_via_partition_root a partition arrives under its own name.
+                let root = if self.mapper.is_outbox(&relation.namespace, &relation.name) {
                     None
                 } else {
                     self.source.partition_root(id).await?
@@ -119,28 +117,24 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                         .relation(&relation, root.as_ref())
                         .map_err(bind_error)?;
                 }
-                self.outbox
-                    .mapper
-                    .relation(relation, root)
-                    .map_err(bind_error)?;
-                self.outbox.foreign.remove(&id);
-                if let Some(table) = self.outbox.mapper.outbox_table(id) {
+                self.mapper.relation(relation, root).map_err(bind_error)?;
+                self.foreign.remove(&id);
+                if let Some(table) = self.mapper.outbox_table(id) {
                     tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
                 } else {
-                    self.outbox.foreign.insert(id, name);
+                    self.foreign.insert(id, name);
                 }
             }
             Message::Insert { relation_id, new } => {
                 if let Some(cleanup) = self.cleanup.as_mut() {
                     cleanup.row(relation_id, &new);
                 }
-                let commit_time_ms = self.commit_time_ms();
-                match self.outbox.mapper.insert(relation_id, &new, commit_time_ms) {
+                match self.mapper.insert(relation_id, &new, self.commit_time_ms()) {
                     Some((table, mapped)) => self.relay_event(mapped, table).await?,
                     // Never skip silently: only FOR ALL TABLES sends other tables' rows.
-                    None if self.outbox.all_tables => {}
+                    None if self.all_tables => {}
                     None => {
-                        let table = self.outbox.foreign.get(&relation_id).cloned();
+                        let table = self.foreign.get(&relation_id).cloned();
                         return Err(RelayError::UnmappedRelation {
                             lsn,
                             publication: self.config.publication.clone(),
@@ -150,9 +144,9 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 }
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
-                if let Some(table) = self.outbox.mapper.outbox_table(relation_id) {
+                if let Some(table) = self.mapper.outbox_table(relation_id) {
                     // Warn on the first one only; the count is reported at shutdown.
-                    if self.outbox.non_insert_changes == 0 {
+                    if self.non_insert_changes == 0 {
                         tracing::warn!(
                             table = %table,
                             lsn = %lsn,
@@ -160,7 +154,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                              (create the publication WITH (publish = 'insert') to stop receiving them)"
                         );
                     }
-                    self.outbox.non_insert_changes += 1;
+                    self.non_insert_changes += 1;
                 }
             }
             _ => {}
@@ -177,16 +171,15 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         content: Bytes,
         lsn: Lsn,
     ) -> Result<(), RelayError> {
-        let commit_time_ms = self.commit_time_ms();
-        let Some((source, mapped)) = self.outbox.mapper.message(prefix, &content, commit_time_ms)
+        let Some((source, mapped)) = self.mapper.message(prefix, &content, self.commit_time_ms())
         else {
             return Ok(());
         };
         if transactional && self.tracker.in_transaction() {
             return self.relay_event(mapped, source).await;
         }
-        if !self.outbox.warned_non_transactional {
-            self.outbox.warned_non_transactional = true;
+        if !self.warned_non_transactional {
+            self.warned_non_transactional = true;
             tracing::warn!(
                 prefix,
                 lsn = %lsn,

@@ -60,18 +60,6 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
-/// The mapper, and what the relay tells the operator about ignored changes.
-struct Outbox {
-    mapper: EventMapper,
-    /// UPDATE/DELETE messages on outbox tables (ignored).
-    non_insert_changes: u64,
-    warned_non_transactional: bool,
-    /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
-    all_tables: bool,
-    /// Relations that are neither outbox tables nor partitions of one.
-    foreign: HashMap<u32, String>,
-}
-
 /// The running relay: source, tracker and sink.
 pub struct Pipeline<S: Source, K: Sink> {
     config: Config,
@@ -80,7 +68,14 @@ pub struct Pipeline<S: Source, K: Sink> {
     sink: Arc<K>,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     tracker: AckTracker,
-    outbox: Outbox,
+    mapper: EventMapper,
+    /// UPDATE/DELETE messages on outbox tables (ignored).
+    non_insert_changes: u64,
+    warned_non_transactional: bool,
+    /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
+    all_tables: bool,
+    /// Relations that are neither outbox tables nor partitions of one.
+    foreign: HashMap<u32, String>,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// Set at shutdown: when reading to the open commit and the drain must both be done.
     stop_by: Option<Instant>,
@@ -122,13 +117,11 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     ) -> Self {
         let confirmed = slot.confirmed_flush;
         Pipeline {
-            outbox: Outbox {
-                mapper: config.event_mapper(),
-                non_insert_changes: 0,
-                warned_non_transactional: false,
-                all_tables: slot.publication.all_tables,
-                foreign: HashMap::new(),
-            },
+            mapper: config.event_mapper(),
+            non_insert_changes: 0,
+            warned_non_transactional: false,
+            all_tables: slot.publication.all_tables,
+            foreign: HashMap::new(),
             exactly_once: (config.delivery == config::Delivery::ExactlyOnce)
                 .then(|| ExactlyOnce::new(config.slot.clone(), config.exactly_once_fallback)),
             tracker: AckTracker::new(confirmed),
@@ -289,7 +282,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             frontier = %frontier,
             acked = self.summary.events_acked,
             dead_lettered = self.summary.dead_lettered,
-            ignored_updates_deletes = self.outbox.non_insert_changes,
+            ignored_updates_deletes = self.non_insert_changes,
             "stopped; slot confirmed up to the final frontier"
         );
         Summary {
