@@ -14,17 +14,15 @@ use crate::outbox::{
 };
 use crate::pgoutput::{self, Message};
 use crate::sink::exactly_once::Position;
-use crate::sink::{Delivery, Sink, SinkError, Ticket, is_batch_level, is_poison};
+use crate::sink::{Delivery, DeliveryFailure, Sink, SinkError, Ticket, is_batch_level, is_poison};
 use crate::source::Source;
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
     pub(super) async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
         let ticket = delivery.ticket;
-        let failure = match delivery.outcome {
-            Ok(()) => return Ok(self.acked(ticket)?),
-            Err(failure) => failure,
+        let Err(DeliveryFailure { error, record }) = delivery.outcome else {
+            return Ok(self.acked(ticket)?);
         };
-        let (error, record) = (failure.error, failure.record);
         self.observer.delivery_failed(&error);
         let (lsn, _) = self.origin(ticket);
         if !delivery.alone && is_batch_level(&error) {
