@@ -133,29 +133,23 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         self.server = Some(stream.server().clone());
         self.stream = Some(stream);
         self.observer.streaming(true);
-        if attempt == 0 && !standby {
-            let tables: Vec<_> = self.config.tables.iter().map(ToString::to_string).collect();
-            tracing::info!(
-                slot = %self.config.slot,
-                publication = %self.config.publication,
-                lsn = %start,
-                tables = %tables.join(","),
-                "streaming from the slot's confirmed position"
-            );
-        } else {
-            tracing::info!(
-                slot = %self.config.slot,
-                lsn = %start,
-                frontier = %acked,
-                attempts = attempt,
-                "{}",
-                if standby {
-                    "slot released by its previous holder: this relay is now active and streaming"
-                } else {
-                    "reconnected: streaming resumes after the last transaction received"
-                }
-            );
-        }
+        let what = match (standby, attempt) {
+            (true, _) => {
+                "slot released by its previous holder: this relay is now active and streaming"
+            }
+            (false, 0) => "streaming from the slot's confirmed position",
+            (false, _) => "reconnected: streaming resumes after the last transaction received",
+        };
+        let tables: Vec<_> = self.config.tables.iter().map(ToString::to_string).collect();
+        tracing::info!(
+            slot = %self.config.slot,
+            publication = %self.config.publication,
+            tables = %tables.join(","),
+            lsn = %start,
+            frontier = %acked,
+            attempts = attempt,
+            "{what}"
+        );
         if standby || new_source {
             // After a takeover: the active relay wrote past the WAL end seen at start-up, and
             // its records are not another writer's.
