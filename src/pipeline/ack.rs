@@ -1,14 +1,11 @@
 //! PURE: the ack frontier.
 //!
-//! Every event handed to Kafka gets a ticket, a sequence number in stream
-//! order. Acks come back in any order (partitions are independent), so the
-//! tracker keeps a window of delivered flags from the oldest undelivered
-//! ticket on, and a FIFO of committed transactions with the ticket that ends
-//! each. The frontier is the end LSN of the last transaction in the prefix
-//! whose tickets are all delivered, so a transaction without events is done as
-//! soon as everything before it is, and consecutive ones collapse into the
-//! entry before them: the FIFO is as long as the transactions with events in
-//! flight. Every operation is O(1) amortised.
+//! Every event handed to Kafka gets a ticket, its number in stream order; acks come back in any
+//! order. The tracker keeps a window of delivered flags from the oldest undelivered ticket on,
+//! and a FIFO of committed transactions with the ticket that ends each. The frontier is the end
+//! LSN of the longest fully delivered prefix. Transactions without events merge into the entry
+//! before them, so the FIFO is as long as the transactions with events in flight, and every
+//! operation is O(1) amortised.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -48,26 +45,20 @@ pub enum AckError {
     UnknownTicket(u64),
 }
 
+/// One ticket: where its event came from, for errors, and its delivery.
 #[derive(Debug)]
 struct Slot {
-    delivered: bool,
-    bytes: usize,
+    commit_lsn: Lsn,
     table: Arc<str>,
+    bytes: usize,
+    delivered: bool,
     /// Observability's record, from the hand-over to the producer to the ack.
     sent: Option<Sent>,
 }
 
-/// A transaction: its commit LSN and its first ticket.
-#[derive(Clone, Copy, Debug)]
-struct Tx {
-    commit_lsn: Lsn,
-    first_seq: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct CommittedTx {
-    tx: Tx,
-    /// The first ticket after its events.
+/// Committed transactions up to `end_lsn`: done once every ticket below `end_seq` is.
+#[derive(Debug)]
+struct Committed {
     end_seq: u64,
     end_lsn: Lsn,
 }
@@ -78,8 +69,9 @@ pub struct AckTracker {
     /// Every ticket below this is delivered; the window holds the rest.
     base: u64,
     window: VecDeque<Slot>,
-    committed: VecDeque<CommittedTx>,
-    open: Option<Tx>,
+    committed: VecDeque<Committed>,
+    /// The open transaction's commit LSN.
+    open: Option<Lsn>,
     frontier: Lsn,
     last_end: Lsn,
     in_flight_bytes: usize,
@@ -109,29 +101,25 @@ impl AckTracker {
     pub fn begin(&mut self, commit_lsn: Lsn) -> Result<(), AckError> {
         if let Some(open) = self.open {
             return Err(AckError::NestedBegin {
-                open: open.commit_lsn,
+                open,
                 new: commit_lsn,
             });
         }
-        let first_seq = self.next_seq();
-        self.open = Some(Tx {
-            commit_lsn,
-            first_seq,
-        });
+        self.open = Some(commit_lsn);
         Ok(())
     }
 
-    /// An event of the open transaction, from outbox `table`, is about to be
-    /// handed to the producer.
+    /// An event of the open transaction, from outbox `table`, is about to go to the producer.
     pub fn push(&mut self, bytes: usize, table: &Arc<str>) -> Result<Ticket, AckError> {
-        if self.open.is_none() {
+        let Some(commit_lsn) = self.open else {
             return Err(AckError::NoTransaction { what: "an event" });
-        }
+        };
         let ticket = Ticket(self.next_seq());
         self.window.push_back(Slot {
-            delivered: false,
-            bytes,
+            commit_lsn,
             table: Arc::clone(table),
+            bytes,
+            delivered: false,
             sent: None,
         });
         self.in_flight_bytes += bytes;
@@ -141,8 +129,7 @@ impl AckTracker {
 
     /// The open transaction committed, ending at `end_lsn`.
     pub fn commit(&mut self, end_lsn: Lsn) -> Result<(), AckError> {
-        let tx = self
-            .open
+        self.open
             .take()
             .ok_or(AckError::NoTransaction { what: "a commit" })?;
         if end_lsn <= self.last_end {
@@ -156,27 +143,21 @@ impl AckTracker {
         // No event since the previous entry: done exactly when it is, so extend it.
         match self.committed.back_mut() {
             Some(last) if last.end_seq == end_seq => last.end_lsn = end_lsn,
-            _ => self.committed.push_back(CommittedTx {
-                tx,
-                end_seq,
-                end_lsn,
-            }),
+            _ => self.committed.push_back(Committed { end_seq, end_lsn }),
         }
         self.advance();
         Ok(())
     }
 
-    /// The stream broke mid-transaction: forget the open transaction. Its
-    /// events stay in flight, and its replay cannot be confirmed before they
-    /// are delivered, since the replay's tickets come after theirs.
+    /// The stream broke mid-transaction: forget the open transaction. Its events stay in
+    /// flight, and its replay cannot be confirmed before them: its tickets come after theirs.
     pub fn abandon_open(&mut self) {
         self.open = None;
     }
 
-    /// The stream resumes at `to`, before the last transaction received (a
-    /// promoted server whose WAL may not reach that far): nothing from the
-    /// old server may move the frontier past `to`, since the new server's
-    /// transactions from there are still to come.
+    /// The stream resumes at `to`, before the last transaction received (a promoted server
+    /// whose WAL may not reach that far): nothing from the old server may move the frontier
+    /// past `to`, since the new server's transactions from there are still to come.
     pub fn rewind(&mut self, to: Lsn) {
         self.last_end = self.last_end.min(to);
         self.frontier = self.frontier.min(to);
@@ -185,21 +166,21 @@ impl AckTracker {
         }
     }
 
-    /// Where a new stream starts: the end of the last transaction received
-    /// (or keepalive confirmed).
+    /// Where a new stream starts: the end of the last transaction received or keepalive confirmed.
     pub fn resume_lsn(&self) -> Lsn {
         self.last_end
     }
 
-    /// The window index of `ticket` while it is in flight (not yet delivered).
+    /// The window index of `ticket`, delivered or not.
     fn index(&self, ticket: Ticket) -> Option<usize> {
         let idx = usize::try_from(ticket.0.checked_sub(self.base)?).ok()?;
-        (!self.window.get(idx)?.delivered).then_some(idx)
+        (idx < self.window.len()).then_some(idx)
     }
 
-    /// The outbox table of an in-flight ticket.
-    pub fn table_of(&self, ticket: Ticket) -> Option<&Arc<str>> {
-        Some(&self.window[self.index(ticket)?].table)
+    /// The commit LSN and outbox table of a ticket in the window, for errors.
+    pub fn origin(&self, ticket: Ticket) -> Option<(Lsn, &Arc<str>)> {
+        let slot = &self.window[self.index(ticket)?];
+        Some((slot.commit_lsn, &slot.table))
     }
 
     /// `ticket` was handed to the producer.
@@ -216,13 +197,13 @@ impl AckTracker {
         sent.map(|sent| sent.handed_at)
     }
 
-    /// The broker acknowledged `ticket`. Returns what [`AckTracker::sent`]
-    /// recorded for it, with its size.
+    /// The broker acknowledged `ticket`: what [`AckTracker::sent`] recorded for it, with its size.
     pub fn ack(&mut self, ticket: Ticket) -> Result<Option<(Sent, usize)>, AckError> {
-        let idx = self
+        let slot = self
             .index(ticket)
+            .map(|idx| &mut self.window[idx])
+            .filter(|slot| !slot.delivered)
             .ok_or(AckError::UnknownTicket(ticket.0))?;
-        let slot = &mut self.window[idx];
         slot.delivered = true;
         let sent = slot.sent.take().map(|sent| (sent, slot.bytes));
         self.in_flight_bytes -= slot.bytes;
@@ -235,8 +216,8 @@ impl AckTracker {
         Ok(sent)
     }
 
-    /// A keepalive reported the server's WAL end. Confirming it when nothing
-    /// is in flight or open keeps an idle outbox from pinning WAL.
+    /// A keepalive reported the server's WAL end. Confirming it when nothing is in flight or
+    /// open keeps an idle outbox from pinning WAL.
     pub fn keepalive(&mut self, wal_end: Lsn) {
         if self.is_idle() && wal_end > self.frontier {
             self.frontier = wal_end;
@@ -263,8 +244,7 @@ impl AckTracker {
         self.in_flight_events
     }
 
-    /// Tickets from the oldest unacknowledged one on: an O(1) upper bound of
-    /// the in-flight count, for the cap.
+    /// Tickets from the oldest unacknowledged one on: an O(1) bound of the in-flight count.
     pub fn window_len(&self) -> usize {
         self.window.len()
     }
@@ -282,15 +262,6 @@ impl AckTracker {
     /// Whether a transaction is open.
     pub fn in_transaction(&self) -> bool {
         self.open.is_some()
-    }
-
-    /// The commit LSN of a ticket's transaction, for error messages.
-    pub fn commit_lsn_of(&self, ticket: Ticket) -> Option<Lsn> {
-        let open = self.open.map(|tx| (tx, self.next_seq()));
-        let committed = self.committed.iter().map(|c| (c.tx, c.end_seq));
-        (open.into_iter().chain(committed))
-            .find(|(tx, end)| (tx.first_seq..*end).contains(&ticket.0))
-            .map(|(tx, _)| tx.commit_lsn)
     }
 }
 
@@ -413,8 +384,8 @@ mod tests {
             t.keepalive(Lsn(wal));
         }
         assert_eq!(t.frontier(), Lsn(0));
-        assert_eq!(t.commit_lsn_of(a[1]), Some(Lsn(10)));
-        assert_eq!(t.commit_lsn_of(b[0]), Some(Lsn(30)));
+        assert_eq!(t.origin(a[1]), Some((Lsn(10), &table())));
+        assert_eq!(t.origin(b[0]), Some((Lsn(30), &table())));
         assert_eq!(t.in_flight_events(), 1);
     }
 
@@ -454,10 +425,7 @@ mod tests {
         // The stream breaks mid-transaction and resumes after the last commit.
         t.abandon_open();
         assert_eq!(t.resume_lsn(), Lsn(0));
-        assert_eq!(
-            t.table_of(orphan).map(|s| s.as_ref()),
-            Some("public.outbox")
-        );
+        assert_eq!(t.origin(orphan), Some((Lsn(10), &table())));
         // The replay sends the transaction again, whole.
         let replayed = tx(&mut t, 10, 1, 20);
         t.ack(replayed[0]).unwrap();
@@ -481,8 +449,8 @@ mod tests {
         let next = tx(&mut t, 2_000_000, 1, 2_000_010);
         tx(&mut t, 2_000_020, 0, 2_000_030);
         assert_eq!(t.committed.len(), 2);
-        assert_eq!(t.commit_lsn_of(next[0]), Some(Lsn(2_000_000)));
-        assert_eq!(t.commit_lsn_of(stuck[0]), Some(Lsn(10)));
+        assert_eq!(t.origin(next[0]), Some((Lsn(2_000_000), &table())));
+        assert_eq!(t.origin(stuck[0]), Some((Lsn(10), &table())));
         t.ack(stuck[0]).unwrap();
         // The collapsed entry releases its highest end.
         assert_eq!(t.frontier(), Lsn(35 + 10 * 99_999));

@@ -1,6 +1,5 @@
-//! What the pipeline does with each input: a replication event (framing,
-//! relations, rows, logical messages) and a delivery report (ack, batch-level
-//! re-send, poison).
+//! What the pipeline does with each input: a replication event (framing, relations, rows,
+//! logical messages) and a delivery report (ack, batch-level re-send, poison).
 
 use std::sync::Arc;
 
@@ -15,17 +14,15 @@ use crate::outbox::{
 };
 use crate::pgoutput::{self, Message};
 use crate::sink::exactly_once::Position;
-use crate::sink::{Delivery, Sink, SinkError, Ticket, is_batch_level, is_poison};
+use crate::sink::{Delivery, DeliveryFailure, Sink, SinkError, Ticket, is_batch_level, is_poison};
 use crate::source::Source;
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
     pub(super) async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
         let ticket = delivery.ticket;
-        let failure = match delivery.outcome {
-            Ok(()) => return Ok(self.acked(ticket)?),
-            Err(failure) => failure,
+        let Err(DeliveryFailure { error, record }) = delivery.outcome else {
+            return Ok(self.acked(ticket)?);
         };
-        let (error, record) = (failure.error, failure.record);
         self.observer.delivery_failed(&error);
         let (lsn, _) = self.origin(ticket);
         if !delivery.alone && is_batch_level(&error) {
@@ -106,10 +103,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             Message::Relation(relation) => {
                 let id = relation.id;
                 let name = format!("{}.{}", relation.namespace, relation.name);
-                // Without publish_via_partition_root a partition arrives under
-                // its own name: map it to its root.
-                let mapper = &self.outbox.mapper;
-                let root = if mapper.is_outbox(&relation.namespace, &relation.name) {
+                // Without publish_via_partition_root a partition arrives under its own name.
+                let root = if self.mapper.is_outbox(&relation.namespace, &relation.name) {
                     None
                 } else {
                     self.source.partition_root(id).await?
@@ -120,28 +115,24 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                         .relation(&relation, root.as_ref())
                         .map_err(bind_error)?;
                 }
-                self.outbox
-                    .mapper
-                    .relation(relation, root)
-                    .map_err(bind_error)?;
-                self.outbox.foreign.remove(&id);
-                if let Some(table) = self.outbox.mapper.outbox_table(id) {
+                self.mapper.relation(relation, root).map_err(bind_error)?;
+                self.foreign.remove(&id);
+                if let Some(table) = self.mapper.outbox_table(id) {
                     tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
                 } else {
-                    self.outbox.foreign.insert(id, name);
+                    self.foreign.insert(id, name);
                 }
             }
             Message::Insert { relation_id, new } => {
                 if let Some(cleanup) = self.cleanup.as_mut() {
                     cleanup.row(relation_id, &new);
                 }
-                let commit_time_ms = self.commit_time_ms();
-                match self.outbox.mapper.insert(relation_id, &new, commit_time_ms) {
+                match self.mapper.insert(relation_id, &new, self.commit_time_ms()) {
                     Some((table, mapped)) => self.relay_event(mapped, table).await?,
                     // Never skip silently: only FOR ALL TABLES sends other tables' rows.
-                    None if self.outbox.all_tables => {}
+                    None if self.all_tables => {}
                     None => {
-                        let table = self.outbox.foreign.get(&relation_id).cloned();
+                        let table = self.foreign.get(&relation_id).cloned();
                         return Err(RelayError::UnmappedRelation {
                             lsn,
                             publication: self.config.publication.clone(),
@@ -151,9 +142,9 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 }
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
-                if let Some(table) = self.outbox.mapper.outbox_table(relation_id) {
+                if let Some(table) = self.mapper.outbox_table(relation_id) {
                     // Warn on the first one only; the count is reported at shutdown.
-                    if self.outbox.non_insert_changes == 0 {
+                    if self.non_insert_changes == 0 {
                         tracing::warn!(
                             table = %table,
                             lsn = %lsn,
@@ -161,7 +152,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                              (create the publication WITH (publish = 'insert') to stop receiving them)"
                         );
                     }
-                    self.outbox.non_insert_changes += 1;
+                    self.non_insert_changes += 1;
                 }
             }
             _ => {}
@@ -169,8 +160,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         Ok(())
     }
 
-    /// A logical decoding message: an outbox event when its prefix is one of
-    /// `--message-prefix` and it was emitted inside a transaction.
+    /// A logical decoding message: an outbox event when its prefix is one of `--message-prefix`
+    /// and it was emitted inside a transaction.
     async fn on_logical_message(
         &mut self,
         transactional: bool,
@@ -178,16 +169,15 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         content: Bytes,
         lsn: Lsn,
     ) -> Result<(), RelayError> {
-        let commit_time_ms = self.commit_time_ms();
-        let Some((source, mapped)) = self.outbox.mapper.message(prefix, &content, commit_time_ms)
+        let Some((source, mapped)) = self.mapper.message(prefix, &content, self.commit_time_ms())
         else {
             return Ok(());
         };
         if transactional && self.tracker.in_transaction() {
             return self.relay_event(mapped, source).await;
         }
-        if !self.outbox.warned_non_transactional {
-            self.outbox.warned_non_transactional = true;
+        if !self.warned_non_transactional {
+            self.warned_non_transactional = true;
             tracing::warn!(
                 prefix,
                 lsn = %lsn,
@@ -198,8 +188,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         Ok(())
     }
 
-    /// One outbox event (a row or a message) of the open transaction: the
-    /// record it maps to, or why it does not and what could be read of it.
+    /// One outbox event (a row or a message) of the open transaction: the record it maps to,
+    /// or why it does not and what could be read of it.
     async fn relay_event(
         &mut self,
         mapped: Result<OutboxRecord, (EventError, RawParts)>,
@@ -209,24 +199,17 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         // transaction numbers its events the same way (exactly-once relies on it).
         let seq = self.tx_seq;
         self.tx_seq = self.tx_seq.saturating_add(1);
-        let (error, parts) = match mapped {
+        let (error, mut parts) = match mapped {
             Ok(record) => return self.enqueue(record, table, seq).await,
             Err(unmapped) => unmapped,
         };
-        let intended_topic = match &error {
-            EventError::InvalidTopic { topic, .. } => Some(topic.clone()),
-            _ => parts.intended_topic.clone(),
-        };
-        let info = DeadLetterInfo {
-            error: error.to_string(),
-            lsn: self.commit_lsn,
-            table: table.to_string(),
-            intended_topic,
-            payload_omitted: None,
-        };
+        if let EventError::InvalidTopic { topic, .. } = &error {
+            parts.intended_topic = Some(topic.clone());
+        }
         let ticket = self.tracker.push(0, &table)?;
         let time = self.commit_time_ms();
-        self.poison(ticket, parts, Vec::new(), time, info).await
+        self.poison(ticket, parts, Vec::new(), time, error.to_string(), None)
+            .await
     }
 
     /// Hands one record to the producer, in stream order.
@@ -261,8 +244,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         }
     }
 
-    /// A record the producer refused to take: poison when the refusal is
-    /// about the record itself, otherwise the relay stops.
+    /// A record the producer refused to take: poison when about the record, else the relay stops.
     async fn refused(
         &mut self,
         ticket: Ticket,
@@ -286,23 +268,21 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
 
     /// The commit LSN and outbox table of an in-flight event, for errors.
     fn origin(&self, ticket: Ticket) -> (Lsn, String) {
-        let lsn = self.tracker.commit_lsn_of(ticket).unwrap_or(Lsn::ZERO);
-        let table = self.tracker.table_of(ticket).map(ToString::to_string);
-        (lsn, table.unwrap_or_default())
+        let origin = self.tracker.origin(ticket);
+        origin.map_or_else(Default::default, |(lsn, table)| (lsn, table.to_string()))
     }
 
-    /// A record refused for good for a reason about itself: poison, unless it
-    /// is a dead-letter record (dead-lettering it again would loop).
+    /// A record refused for good for a reason about itself: poison, unless it is a dead-letter
+    /// record (dead-lettering it again would loop).
     async fn condemned(
         &mut self,
         ticket: Ticket,
         record: OutboxRecord,
         error: KafkaError,
     ) -> Result<(), RelayError> {
-        let (lsn, table) = self.origin(ticket);
         if self.config.dead_letter_topic.as_ref() == Some(&record.topic) {
             return Err(RelayError::DeadLetter {
-                lsn,
+                lsn: self.origin(ticket).0,
                 id: record.id_text(),
                 topic: record.topic,
                 error,
@@ -317,40 +297,49 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             )
         );
         let size = record.payload.as_ref().map_or(0, Bytes::len);
-        let info = DeadLetterInfo {
-            error: error.to_string(),
-            lsn,
-            table,
-            intended_topic: Some(record.topic.clone()),
-            payload_omitted: too_large.then(|| {
-                format!(
-                    "payload of {size} bytes is the reason: larger than the producer's or \
-                     broker's message.max.bytes"
-                )
-            }),
-        };
+        let payload_omitted = too_large.then(|| {
+            format!(
+                "payload of {size} bytes is the reason: larger than the producer's or \
+                 broker's message.max.bytes"
+            )
+        });
         let parts = RawParts {
             id: record.id,
             key: record.key,
             payload: record.payload,
             intended_topic: Some(record.topic),
         };
-        self.poison(ticket, parts, record.headers, record.timestamp_ms, info)
-            .await
+        self.poison(
+            ticket,
+            parts,
+            record.headers,
+            record.timestamp_ms,
+            error.to_string(),
+            payload_omitted,
+        )
+        .await
     }
 
-    /// An event that can never be delivered (a row that does not map, a
-    /// record librdkafka refuses, or one the broker rejects for good), with
-    /// what could be read of it and why: dead-letter it under that policy
-    /// (acknowledged when the dead-letter record is), else stop.
+    /// An event that can never be delivered (a row that does not map, a record librdkafka
+    /// refuses, or one the broker rejects for good), with what could be read of it and why:
+    /// dead-letter it under that policy (acknowledged when the dead-letter record is), else stop.
     async fn poison(
         &mut self,
         ticket: Ticket,
         parts: RawParts,
         headers: Vec<(Arc<str>, Option<Bytes>)>,
         timestamp_ms: i64,
-        info: DeadLetterInfo,
+        error: String,
+        payload_omitted: Option<String>,
     ) -> Result<(), RelayError> {
+        let (lsn, table) = self.origin(ticket);
+        let info = DeadLetterInfo {
+            error,
+            lsn,
+            table,
+            intended_topic: parts.intended_topic.clone(),
+            payload_omitted,
+        };
         let id = String::from_utf8_lossy(&parts.id).into_owned();
         let Some(topic) = self.config.dead_letter_topic.clone() else {
             return Err(RelayError::Poison { id, info });

@@ -1,24 +1,20 @@
 //! Ordering and acknowledgement: the only code that moves the slot.
 //!
 //! # Invariants
-//! 1. Every committed transaction enters the [`AckTracker`] in commit order,
-//!    even one with no outbox rows; the frontier is the end LSN of the longest
-//!    fully delivered prefix, and only the frontier is reported to Postgres.
-//! 2. A keepalive's position is acknowledged only when nothing is in flight
-//!    and no transaction is open; otherwise an idle outbox would pin WAL.
-//! 3. Backpressure is a chain: when the in-flight caps are reached the
-//!    pipeline stops reading the stream, pgwire-replication's bounded channel
-//!    fills, and TCP flow control slows the walsender. Memory stays bounded
-//!    however large one transaction is; the channel's read-ahead (two rows)
-//!    is reserved out of the byte cap.
-//! 4. A delivery that fails for good is never acknowledged: the relay stops,
-//!    and a restart replays from the confirmed position (at-least-once).
-//! 5. Under `--cleanup delete`, the outbox rows of the transactions a frontier
-//!    covers are deleted before that frontier is reported (see [`crate::source::cleanup`]).
+//! 1. Every committed transaction enters the [`AckTracker`] in commit order, even one without
+//!    outbox rows; only the frontier, the end LSN of the longest fully delivered prefix, is
+//!    reported to Postgres.
+//! 2. A keepalive's position is acknowledged only when nothing is in flight and no transaction
+//!    is open; otherwise an idle outbox would pin WAL.
+//! 3. Backpressure is a chain: at the in-flight caps the pipeline stops reading, the
+//!    replication channel fills and TCP slows the walsender, so memory stays bounded however
+//!    large a transaction is (the channel's two-row read-ahead is reserved out of the byte cap).
+//! 4. A delivery that fails for good is never acknowledged: the relay stops, and a restart
+//!    replays from the confirmed position (at-least-once).
+//! 5. Under `--cleanup delete`, the rows a frontier covers are deleted before it is reported.
 //!
-//! Records are enqueued to the producer in stream order, which for pgoutput
-//! is commit order, so with the idempotent producer each partition receives
-//! events in commit order, and so does each aggregate (one key, one partition).
+//! Records are enqueued in stream order, commit order for pgoutput, so with the idempotent
+//! producer each partition, and so each aggregate (one key), receives events in commit order.
 
 pub mod ack;
 
@@ -64,18 +60,6 @@ pub struct Summary {
     pub reconnects: u64,
 }
 
-/// The mapper, and what the relay tells the operator about ignored changes.
-struct Outbox {
-    mapper: EventMapper,
-    /// UPDATE/DELETE messages on outbox tables (ignored).
-    non_insert_changes: u64,
-    warned_non_transactional: bool,
-    /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
-    all_tables: bool,
-    /// Relations that are neither outbox tables nor partitions of one.
-    foreign: HashMap<u32, String>,
-}
-
 /// The running relay: source, tracker and sink.
 pub struct Pipeline<S: Source, K: Sink> {
     config: Config,
@@ -84,16 +68,22 @@ pub struct Pipeline<S: Source, K: Sink> {
     sink: Arc<K>,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     tracker: AckTracker,
-    outbox: Outbox,
+    mapper: EventMapper,
+    /// UPDATE/DELETE messages on outbox tables (ignored).
+    non_insert_changes: u64,
+    warned_non_transactional: bool,
+    /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
+    all_tables: bool,
+    /// Relations that are neither outbox tables nor partitions of one.
+    foreign: HashMap<u32, String>,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
-    /// Set when shutdown is requested, to then plus `--shutdown-timeout`: the
-    /// end of reading to the open transaction's commit and of the drain together.
+    /// Set at shutdown: when reading to the open commit and the drain must both be done.
     stop_by: Option<Instant>,
     reported: Lsn,
     /// The frontier before the last check that found the publication intact.
     checked: Lsn,
-    /// PostgreSQL 18 decodes on past a dropped publication, skipping its
-    /// rows: only a position a check covered may be reported.
+    /// PostgreSQL 18 decodes on past a dropped publication, skipping its rows:
+    /// only a position a check covered may be reported.
     report_checked_only: bool,
     next_publication_check: Instant,
     /// The server and timeline the last stream ran on.
@@ -101,12 +91,11 @@ pub struct Pipeline<S: Source, K: Sink> {
     commit_lsn: Lsn,
     /// Unix microseconds: commit-to-ack latencies are a few milliseconds.
     commit_time_us: i64,
-    /// Counted as the run goes.
     summary: Summary,
     /// Index of the next outbox event within the open transaction.
     tx_seq: u32,
-    /// The largest recent WAL message, decaying by 1/64 per message so one
-    /// huge row does not throttle the rest of the run.
+    /// The largest recent WAL message, decaying by 1/64 per message so one huge row
+    /// does not throttle the rest of the run.
     largest_message: usize,
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
@@ -115,9 +104,8 @@ pub struct Pipeline<S: Source, K: Sink> {
 }
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
-    /// A pipeline resuming from `slot`'s confirmed position, with `cleanup`
-    /// under `--cleanup delete`. Make it after the metrics recorder is
-    /// installed: its metric handles bind when it is made.
+    /// A pipeline resuming from `slot`'s confirmed position. Make it after the metrics
+    /// recorder is installed: its metric handles bind when it is made.
     pub fn new(
         config: Config,
         source: S,
@@ -129,13 +117,11 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     ) -> Self {
         let confirmed = slot.confirmed_flush;
         Pipeline {
-            outbox: Outbox {
-                mapper: config.event_mapper(),
-                non_insert_changes: 0,
-                warned_non_transactional: false,
-                all_tables: slot.publication.all_tables,
-                foreign: HashMap::new(),
-            },
+            mapper: config.event_mapper(),
+            non_insert_changes: 0,
+            warned_non_transactional: false,
+            all_tables: slot.publication.all_tables,
+            foreign: HashMap::new(),
             exactly_once: (config.delivery == config::Delivery::ExactlyOnce)
                 .then(|| ExactlyOnce::new(config.slot.clone(), config.exactly_once_fallback)),
             tracker: AckTracker::new(confirmed),
@@ -162,8 +148,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         }
     }
 
-    /// Streams until `shutdown` resolves or a fatal error, then drains
-    /// in-flight deliveries (up to `--shutdown-timeout`) and confirms the frontier.
+    /// Streams until `shutdown` or a fatal error, then drains in-flight deliveries (up to
+    /// `--shutdown-timeout`) and confirms the frontier.
     pub async fn run(
         mut self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -187,9 +173,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         self.stop_by = Some(Instant::now() + self.config.shutdown_timeout);
     }
 
-    /// The highest position that may be reported now: the ack frontier, held
-    /// back under `--cleanup delete` until the rows it covers are deleted, and
-    /// until a check of the publication that started after it was reached.
+    /// The ack frontier, held back until the rows it covers are deleted (`--cleanup delete`)
+    /// and until a publication check that started after it was reached.
     fn reportable(&self) -> Lsn {
         if self.report_checked_only {
             self.unverified().min(self.checked)
@@ -205,10 +190,9 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             .map_or(frontier, |c| c.cleared().min(frontier))
     }
 
-    /// Checks that the publication still exists, is the same one and covers
-    /// the outbox tables; then the frontier before the check may be reported:
-    /// all up to it was decoded before any drop committed. Returns false (and
-    /// confirms nothing) when the check cannot run.
+    /// Checks that the publication still exists, is the same one and covers the outbox tables;
+    /// then the frontier from before the check may be reported: all up to it was decoded
+    /// before any drop committed. False (confirming nothing) when the check cannot run.
     async fn check_publication(&mut self) -> Result<bool, RelayError> {
         let candidate = self.unverified();
         if !self.source.check_publication().await? {
@@ -218,8 +202,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         Ok(true)
     }
 
-    /// Reports the frontier; under `--cleanup delete`, first deletes the rows
-    /// it covers (`force`: now, else when a batch is full or due).
+    /// Reports the frontier, first deleting the rows it covers under `--cleanup delete`
+    /// (`force`: now, else when a batch is full or due).
     async fn report_frontier(&mut self, force: bool) {
         if let Some(cleanup) = self.cleanup.as_mut() {
             cleanup.clear(self.tracker.frontier(), force).await;
@@ -253,8 +237,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         Ok(())
     }
 
-    /// Stops reading, waits up to the shutdown timeout for in-flight
-    /// deliveries, reports the final frontier and closes the stream.
+    /// Waits up to the shutdown timeout for in-flight deliveries, then reports the final
+    /// frontier and closes the stream.
     async fn finish(mut self) -> Summary {
         self.observer.streaming(false);
         let deadline = self
@@ -298,7 +282,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             frontier = %frontier,
             acked = self.summary.events_acked,
             dead_lettered = self.summary.dead_lettered,
-            ignored_updates_deletes = self.outbox.non_insert_changes,
+            ignored_updates_deletes = self.non_insert_changes,
             "stopped; slot confirmed up to the final frontier"
         );
         Summary {

@@ -1,6 +1,5 @@
-//! The stream loop: (re)connecting with capped exponential backoff, standby
-//! takeover, a promotion's rewind, and reading under the in-flight caps until
-//! shutdown (which reads on to the open transaction's commit).
+//! The stream loop: (re)connecting with capped exponential backoff, standby takeover, a
+//! promotion's rewind, and reading under the in-flight caps until shutdown.
 
 use std::time::Duration;
 
@@ -12,8 +11,7 @@ use crate::sink::Sink;
 use crate::source::{Recovery, Source, SourceError, Stream};
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
-    /// Connects, streams, and on a transient failure reconnects with capped
-    /// exponential backoff, keeping in-flight deliveries and the tracker.
+    /// Connects and streams; on a transient failure reconnects, keeping deliveries and tracker.
     pub(super) async fn run_streams(&mut self) -> Result<(), RelayError> {
         let (min_backoff, max_backoff) = self.config.reconnect_backoff;
         let mut backoff = min_backoff;
@@ -60,7 +58,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                             wait
                         }
                     };
-                    if self.pause(wait).await? {
+                    if self.handle_deliveries(Some(wait)).await? {
                         return Ok(());
                     }
                     continue;
@@ -91,14 +89,13 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 cleanup.abandon_open();
             }
             if self.exactly_once.is_some() {
-                // The replay must be checked against tails that include
-                // everything sent before the break.
+                // The replay must be checked against tails with everything sent before the break.
                 if self.handle_deliveries(None).await? {
                     return Ok(());
                 }
                 self.refresh_exactly_once().await;
             }
-            if self.pause(backoff).await? {
+            if self.handle_deliveries(Some(backoff)).await? {
                 return Ok(());
             }
         }
@@ -136,38 +133,31 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         self.server = Some(stream.server().clone());
         self.stream = Some(stream);
         self.observer.streaming(true);
-        if attempt == 0 && !standby {
-            let tables: Vec<_> = self.config.tables.iter().map(ToString::to_string).collect();
-            tracing::info!(
-                slot = %self.config.slot,
-                publication = %self.config.publication,
-                lsn = %start,
-                tables = %tables.join(","),
-                "streaming from the slot's confirmed position"
-            );
-        } else {
-            tracing::info!(
-                slot = %self.config.slot,
-                lsn = %start,
-                frontier = %acked,
-                attempts = attempt,
-                "{}",
-                if standby {
-                    "slot released by its previous holder: this relay is now active and streaming"
-                } else {
-                    "reconnected: streaming resumes after the last transaction received"
-                }
-            );
-        }
+        let what = match (standby, attempt) {
+            (true, _) => {
+                "slot released by its previous holder: this relay is now active and streaming"
+            }
+            (false, 0) => "streaming from the slot's confirmed position",
+            (false, _) => "reconnected: streaming resumes after the last transaction received",
+        };
+        let tables: Vec<_> = self.config.tables.iter().map(ToString::to_string).collect();
+        tracing::info!(
+            slot = %self.config.slot,
+            publication = %self.config.publication,
+            tables = %tables.join(","),
+            lsn = %start,
+            frontier = %acked,
+            attempts = attempt,
+            "{what}"
+        );
         if standby || new_source {
-            // After a takeover: the active relay wrote past the WAL end seen
-            // at start-up, and its records are not another writer's.
+            // After a takeover: the active relay wrote past the WAL end seen at start-up, and
+            // its records are not another writer's.
             self.refresh_exactly_once().await;
         }
     }
 
-    /// Has exactly-once read the tails again before the next record, judged
-    /// against the WAL's end now.
+    /// Has exactly-once read the tails again before the next record, against the WAL end now.
     async fn refresh_exactly_once(&mut self) {
         if let Some(eo) = self.exactly_once.as_mut() {
             eo.reset(self.source.wal_end().await);
@@ -186,18 +176,16 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         }
     }
 
-    /// Streams until shutdown. A shutdown in the middle of a transaction keeps
-    /// reading to its commit (within `--shutdown-timeout`): stopping before it
-    /// would leave the frontier before the transaction and a restart would
-    /// send all of it again.
+    /// Streams until shutdown. A shutdown mid-transaction reads on to its commit (within
+    /// `--shutdown-timeout`): stopping before it, a restart would send all of it again.
     async fn stream_until_shutdown(&mut self) -> Result<(), RelayError> {
         loop {
             if self.stop_by.is_some() && !self.tracker.in_transaction() {
                 return Ok(());
             }
-            // Read-ahead (pgwire-replication's channel and its reader) holds up
-            // to two messages beyond what is in flight; with nothing in flight,
-            // read anyway so a row larger than the cap still goes through.
+            // Read-ahead (pgwire-replication's channel and reader) holds up to two messages
+            // beyond what is in flight; with nothing in flight, read anyway so a row larger
+            // than the cap still goes through.
             let in_flight = self.tracker.in_flight_bytes();
             let can_read = self.tracker.window_len() < self.config.max_in_flight_events
                 && (in_flight == 0
@@ -259,15 +247,10 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         }
     }
 
-    /// Waits `wait` while processing delivery reports. Returns whether
-    /// shutdown was requested.
-    async fn pause(&mut self, wait: Duration) -> Result<bool, RelayError> {
-        self.handle_deliveries(Some(Instant::now() + wait)).await
-    }
-
-    /// Processes delivery reports until `deadline` passes or, without one,
-    /// until nothing is in flight. Returns whether shutdown was requested.
-    async fn handle_deliveries(&mut self, deadline: Option<Instant>) -> Result<bool, RelayError> {
+    /// Processes delivery reports for `wait` or, without it, until nothing is in flight.
+    /// Returns whether shutdown was requested.
+    async fn handle_deliveries(&mut self, wait: Option<Duration>) -> Result<bool, RelayError> {
+        let deadline = wait.map(|wait| Instant::now() + wait);
         while deadline.is_some() || self.tracker.window_len() > 0 {
             tokio::select! {
                 biased;
