@@ -32,10 +32,6 @@ const SESSION_OPTIONS: &str =
 pub const SESSION_FORMATS: &str = "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; \
      SET intervalstyle = 'postgres'; SET extra_float_digits = 3";
 
-/// Events buffered between pgwire-replication's socket reader and the pipeline:
-/// one event can hold a 1 GB row, so the smallest channel bounds memory best.
-const STREAM_BUFFER_EVENTS: usize = 1;
-
 /// Something went wrong on the Postgres side; the message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -76,7 +72,7 @@ pub enum SourceError {
         #[source]
         source: PgWireError,
     },
-    /// A start-up check failed (server, role, tables, publication, slot): the fix.
+    /// A check of the server, role, tables, publication or slot failed: the fix.
     #[error("{0}")]
     Misconfigured(String),
     /// The publication changed while streaming: rows committed meanwhile were never decoded.
@@ -91,23 +87,6 @@ pub enum SourceError {
         publication: String,
         /// What happened to it, e.g. "was dropped and re-created".
         change: String,
-    },
-    /// Deleting relayed rows failed; the frontier waits for the retry.
-    #[error("--cleanup delete: deleting relayed rows from {table} failed: {source}")]
-    CleanupDelete {
-        /// The outbox table the rows were deleted from.
-        table: String,
-        /// The DELETE's error.
-        #[source]
-        source: tokio_postgres::Error,
-    },
-    /// Postgres reports the slot invalidated, or it has no confirmed position.
-    #[error("replication slot {slot:?}: {remedy}")]
-    SlotInvalidated {
-        /// The replication slot name.
-        slot: String,
-        /// Why it was invalidated and how to recover.
-        remedy: String,
     },
     /// The slot is missing where this relay streamed from it before.
     #[error(
@@ -126,11 +105,11 @@ pub enum SourceError {
         /// When `public.outbox_relay_slots` recorded the slot, as Postgres prints it.
         created_at: String,
     },
-    /// A catalog query failed; `what` says what it was for.
+    /// A query failed; `what` says what it was for.
     #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
     Query {
         /// What the query was for, e.g. "probe the server's role".
-        what: &'static str,
+        what: String,
         /// The query error.
         #[source]
         source: tokio_postgres::Error,
@@ -237,14 +216,9 @@ pub(crate) fn pg_error_text(error: &tokio_postgres::Error) -> String {
         let causes = std::iter::successors(std::error::Error::source(error), |e| e.source());
         return causes.fold(error.to_string(), |text, cause| format!("{text}: {cause}"));
     };
-    let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
-    if let Some(detail) = db.detail() {
-        text += &format!("; detail: {detail}");
-    }
-    if let Some(hint) = db.hint() {
-        text += &format!("; hint: {hint}");
-    }
-    text
+    let detail = db.detail().map(|d| format!("; detail: {d}")).unwrap_or_default();
+    let hint = db.hint().map(|h| format!("; hint: {h}")).unwrap_or_default();
+    format!("{} (SQLSTATE {}){detail}{hint}", db.message(), db.code().code())
 }
 
 /// The SQLSTATE in pgwire-replication's rendering of a server error.
@@ -277,7 +251,8 @@ fn replication_config(
     .with_ack_lsn(acked.min(start).into())
     .with_status_interval(config.status_interval)
     .with_wakeup_interval(Duration::from_secs(10))
-    .with_buffer_size(STREAM_BUFFER_EVENTS)
+    // One event can hold a 1 GB row: the smallest channel bounds memory best.
+    .with_buffer_size(1)
     .with_options(SESSION_OPTIONS)
     .with_application_name(name))
 }
@@ -496,15 +471,15 @@ impl Source for PgSource {
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        let system = match command_session(&self.config).await {
-            Ok(mut client) => client.identify_system().await.ok(),
-            Err(_) => None,
+        let Ok(mut client) = command_session(&self.config).await else {
+            return Lsn(u64::MAX);
         };
+        let system = client.identify_system().await;
         system.map_or(Lsn(u64::MAX), |system| system.xlogpos.into())
     }
 
     /// A fatal stream error on a slot Postgres reports invalidated (the stream
-    /// says only "can no longer get changes") becomes [`SourceError::SlotInvalidated`].
+    /// says only "can no longer get changes") gets the reason and the remedy.
     async fn explain(&mut self, error: SourceError) -> SourceError {
         if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
             return error;
@@ -513,15 +488,14 @@ impl Source for PgSource {
             return error;
         };
         let slot = &self.config.slot;
-        let reason = match slot_monitor::poll(client, slot).await {
-            Ok(SlotObservation::Seen(status)) => status.invalidated(),
-            _ => None,
+        let Ok(SlotObservation::Seen(status)) = slot_monitor::poll(client, slot).await else {
+            return error;
         };
-        match reason {
-            Some(reason) => SourceError::SlotInvalidated {
-                slot: slot.clone(),
-                remedy: slot_invalidated_remedy(&reason),
-            },
+        match status.invalidated() {
+            Some(reason) => SourceError::Misconfigured(format!(
+                "replication slot {slot:?}: {}",
+                slot_invalidated_remedy(&reason)
+            )),
             None => error,
         }
     }

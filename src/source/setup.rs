@@ -175,7 +175,10 @@ fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
 
 /// Names a failed control-connection query by what it was for.
 pub(crate) fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> SourceError {
-    move |source| SourceError::Query { what, source }
+    move |source| SourceError::Query {
+        what: what.to_owned(),
+        source,
+    }
 }
 
 /// Runs every start-up check, creates what is missing, and returns the slot's position.
@@ -509,12 +512,12 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
 
 /// A slot's confirmed position; none means it lost its WAL.
 fn parse_lsn(slot: &str, text: Option<String>) -> Result<Lsn, SourceError> {
-    text.and_then(|text| text.parse().ok())
-        .ok_or_else(|| SourceError::SlotInvalidated {
-            slot: slot.to_owned(),
-            remedy: "it has no confirmed position (it may have been invalidated after exceeding \
-                     max_slot_wal_keep_size); drop and recreate it, and re-publish or reconcile \
-                     events written meanwhile"
-                .to_owned(),
-        })
+    let lsn = text.and_then(|text| text.parse().ok());
+    lsn.ok_or_else(|| {
+        SourceError::Misconfigured(format!(
+            "replication slot {slot:?}: it has no confirmed position (it may have been \
+             invalidated after exceeding max_slot_wal_keep_size); drop and recreate it, and \
+             re-publish or reconcile events written meanwhile"
+        ))
+    })
 }
