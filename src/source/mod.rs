@@ -216,9 +216,14 @@ pub(crate) fn pg_error_text(error: &tokio_postgres::Error) -> String {
         let causes = std::iter::successors(std::error::Error::source(error), |e| e.source());
         return causes.fold(error.to_string(), |text, cause| format!("{text}: {cause}"));
     };
-    let detail = db.detail().map(|d| format!("; detail: {d}")).unwrap_or_default();
-    let hint = db.hint().map(|h| format!("; hint: {h}")).unwrap_or_default();
-    format!("{} (SQLSTATE {}){detail}{hint}", db.message(), db.code().code())
+    let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    if let Some(detail) = db.detail() {
+        text += &format!("; detail: {detail}");
+    }
+    if let Some(hint) = db.hint() {
+        text += &format!("; hint: {hint}");
+    }
+    text
 }
 
 /// The SQLSTATE in pgwire-replication's rendering of a server error.
@@ -227,8 +232,7 @@ fn sqlstate(message: &str) -> Option<&str> {
     message.get(at..at + 5)
 }
 
-/// The replication session's settings: streaming from `start`, reporting
-/// `acked` as confirmed until the pipeline acknowledges more.
+/// The replication session's settings: from `start`, confirming `acked` until told more.
 fn replication_config(
     config: &Config,
     start: Lsn,
@@ -278,10 +282,9 @@ pub struct ServerId {
     pub timeline: u32,
 }
 
-/// Where a stream on `current` resumes: the in-memory position on the previous
-/// stream's server and timeline; elsewhere no later than the slot's confirmed
-/// position there, as the in-memory one may come from the old primary's
-/// keepalives, past the new primary's WAL. Unknown gives 0/0: the slot's own.
+/// Where a stream on `current` resumes: the in-memory position on the previous server and
+/// timeline; elsewhere no later than the slot's confirmed position there, as the in-memory one
+/// may be past the new primary's WAL. Unknown gives 0/0: the slot's own.
 pub fn resume_point(
     previous: Option<&ServerId>,
     current: &ServerId,
@@ -398,22 +401,12 @@ impl Source for PgSource {
             },
             e => e,
         })?;
-        let repl = replication_config(config, from, acked)?;
         let timeout = Duration::from_secs(30);
-        let opening = open(repl, config, from, acked, self.server.as_ref());
-        let opened = tokio::time::timeout(timeout, opening).await.map_err(|_| {
+        let opening = open(config, from, acked, self.server.as_ref());
+        let stream = tokio::time::timeout(timeout, opening).await.map_err(|_| {
             let slot = config.slot.clone();
             SourceError::StartTimeout { slot, timeout }
-        })?;
-        let stream = opened.map_err(|source| match source.is_tls() || source.is_auth() {
-            // TLS and authentication failures are configuration problems.
-            true => SourceError::ReplicationConnect {
-                url: config.postgres.redacted(),
-                hint: tls::replication_hint(&source),
-                source,
-            },
-            false => stream_err(&config.slot)(source),
-        })?;
+        })??;
         self.server = Some(stream.server.clone());
         Ok(stream)
     }
@@ -504,33 +497,41 @@ impl Source for PgSource {
 /// Opens a session; IDENTIFY_SYSTEM and the slot's position are read on it,
 /// so both describe the server it streams from.
 async fn open(
-    repl: ReplicationConfig,
     config: &Config,
-    start: Lsn,
+    mut start: Lsn,
     acked: Lsn,
     previous: Option<&ServerId>,
-) -> Result<ReplicationStream, PgWireError> {
-    let mut client = ReplicationClient::connect_gated(repl.clone()).await?;
-    let system = client.identify_system().await?;
+) -> Result<ReplicationStream, SourceError> {
+    let failed = |source: PgWireError| match source.is_tls() || source.is_auth() {
+        // TLS and authentication failures are configuration problems.
+        true => SourceError::ReplicationConnect {
+            url: config.postgres.redacted(),
+            hint: tls::replication_hint(&source),
+            source,
+        },
+        false => stream_err(&config.slot)(source),
+    };
+    let repl = replication_config(config, start, acked)?;
+    let mut client = ReplicationClient::connect_gated(repl)
+        .await
+        .map_err(failed)?;
+    let system = client.identify_system().await.map_err(failed)?;
     let server = ServerId {
         addr: format!("{}:{}", config.postgres.host, config.postgres.port),
         system_id: system.system_id,
         timeline: system.timeline,
     };
-    let mut start = start;
     if previous.is_some_and(|p| *p != server) {
         let confirmed = slot_confirmed(&mut client, &config.slot).await;
         start = resume_point(previous, &server, start, confirmed);
         // A gated session's start position is fixed: end it, start another.
         drop(client);
-        let repl = repl
-            .with_start_lsn(start.into())
-            .with_ack_lsn(acked.min(start).into());
-        client = ReplicationClient::connect(repl).await?;
+        let repl = replication_config(config, start, acked)?;
+        client = ReplicationClient::connect(repl).await.map_err(failed)?;
     } else {
-        client.start().await?;
+        client.start().await.map_err(failed)?;
     }
-    client.wait_started().await?;
+    client.wait_started().await.map_err(failed)?;
     Ok(ReplicationStream {
         client,
         slot: config.slot.clone(),

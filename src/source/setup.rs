@@ -1,7 +1,6 @@
-//! The control connection (to the server `--postgres-url`'s
-//! `target_session_attrs` picks) and what runs over it: the start-up checks,
-//! which stop a misconfigured relay with one clear message before it streams,
-//! the publication and slot, and the look-ups later checks repeat.
+//! The control connection (to the server `--postgres-url`'s `target_session_attrs`
+//! picks) and what runs over it: the start-up checks, each stopping a misconfigured
+//! relay with the fix, the publication and slot, and the look-ups later checks repeat.
 
 use std::time::Duration;
 
@@ -31,9 +30,8 @@ pub struct SlotState {
     pub publication: Publication,
 }
 
-/// The publication as found. PostgreSQL 18's pgoutput skips a missing one
-/// with only a warning, and rows inserted while a table is out of it are never
-/// decoded, so the relay compares each look with the last.
+/// The publication as found: PostgreSQL 18's pgoutput skips a missing one with a warning,
+/// and rows inserted while a table is out of it are never decoded, so each look is compared.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Publication {
     /// A dropped and re-created publication has another OID.
@@ -124,9 +122,10 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
             if attrs.accepts(in_recovery, row.get(1), strict) {
                 return Ok((client, pinned));
             }
-            let state = match in_recovery {
-                true => "a standby",
-                false => "read-only",
+            let state = if in_recovery {
+                "a standby"
+            } else {
+                "read-only"
             };
             tried.push(format!("{host}:{port}: {state}"));
         }
@@ -477,10 +476,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         )
         .await
         .map_err(query_err("look up the replication slot"))?;
-    let mark_failover = match config.slot_failover {
-        true => lineage::check_failover(client, config).await?,
-        false => false,
-    };
+    let mark_failover = config.slot_failover && lineage::check_failover(client, config).await?;
     let Some(row) = row else {
         lineage::check_missing_slot(client, config).await?;
         let sql = super::sql::create_slot(slot, config.slot_failover);
