@@ -197,7 +197,6 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
         }
         found => found?,
     };
-    warn_idle_slot_timeout(client).await?;
     let (confirmed_flush, created) = ensure_slot(client, config).await?;
     Ok(SlotState {
         confirmed_flush,
@@ -206,21 +205,28 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     })
 }
 
-/// The server's version, `wal_level` and the role's right to replicate;
-/// returns whether the server is a standby (where nothing can be created).
+/// The server's version, `wal_level` and the role's right to replicate (and warns of
+/// an idle slot timeout); returns whether the server is a standby (where nothing can be created).
 async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceError> {
+    let sql = format!(
+        "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
+                pg_is_in_recovery(), current_setting('wal_level'), \
+                r.rolsuper OR r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
+                    WHERE g.rolname = 'rds_replication' \
+                      AND pg_has_role(current_user, g.oid, 'member')), \
+                ({}) \
+         FROM pg_roles r WHERE r.rolname = current_user",
+        slot_monitor::IDLE_TIMEOUT_QUERY
+    );
     let row = client
-        .query_one(
-            "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
-                    pg_is_in_recovery(), current_setting('wal_level'), \
-                    r.rolsuper OR r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
-                        WHERE g.rolname = 'rds_replication' \
-                          AND pg_has_role(current_user, g.oid, 'member')) \
-             FROM pg_roles r WHERE r.rolname = current_user",
-            &[],
-        )
+        .query_one(&sql, &[])
         .await
         .map_err(query_err("read the server's version and settings"))?;
+    // PostgreSQL 18's idle_replication_slot_timeout drops the slot of a relay stopped longer.
+    let idle_secs = u64::try_from(row.get::<_, Option<i64>>(5).unwrap_or(0)).unwrap_or(0);
+    if let Some(warning) = health::idle_timeout_warning(idle_secs) {
+        tracing::warn!("{warning}");
+    }
     let (version_num, version, wal_level): (i32, String, String) =
         (row.get(0), row.get(1), row.get(3));
     let user = &config.postgres.user;
@@ -251,20 +257,6 @@ async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceEr
         return Ok(row.get(2));
     };
     Err(SourceError::Misconfigured(problem))
-}
-
-/// PostgreSQL 18's `idle_replication_slot_timeout` drops the slot of a relay
-/// stopped for longer: say so at start-up.
-async fn warn_idle_slot_timeout(client: &Client) -> Result<(), SourceError> {
-    let row = client
-        .query_one(slot_monitor::IDLE_TIMEOUT_QUERY, &[])
-        .await
-        .map_err(query_err("read idle_replication_slot_timeout"))?;
-    let secs = row.get::<_, Option<i64>>(0).unwrap_or(0);
-    if let Some(warning) = health::idle_timeout_warning(u64::try_from(secs).unwrap_or(0)) {
-        tracing::warn!("{warning}");
-    }
-    Ok(())
 }
 
 /// Checks the table's columns and persistence; returns whether it is partitioned.
