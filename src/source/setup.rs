@@ -73,14 +73,11 @@ pub async fn connect(config: &Config) -> Result<Client, SourceError> {
 /// `config` pinned to the server [`connect`] picks, so the replication
 /// connection goes there too (as is, without connecting, when there is no choice).
 pub async fn pin(config: &Config) -> Result<Config, SourceError> {
-    if !has_choice(&config.postgres) {
-        return Ok(config.clone());
+    let mut config = config.clone();
+    if has_choice(&config.postgres) {
+        config.postgres = locate(&config.postgres).await?.1;
     }
-    let (_, postgres) = locate(&config.postgres).await?;
-    Ok(Config {
-        postgres,
-        ..config.clone()
-    })
+    Ok(config)
 }
 
 fn has_choice(pg: &PostgresConnInfo) -> bool {
@@ -205,8 +202,8 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     })
 }
 
-/// The server's version, `wal_level` and the role's right to replicate (and warns of
-/// an idle slot timeout); returns whether the server is a standby (where nothing can be created).
+/// The server's version, `wal_level` and the role's right to replicate (warning of an idle
+/// slot timeout); returns whether the server is a standby, where nothing can be created.
 async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceError> {
     let sql = format!(
         "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
