@@ -441,9 +441,8 @@ impl Source for PgSource {
         };
         let client = match control(&mut self.control, &self.config).await {
             Ok(client) => client,
-            // A server shutting down commits nothing more but waits for its
-            // walsender's last position to be confirmed; only a drop in the
-            // last status interval before the shutdown would go unnoticed.
+            // A server shutting down commits nothing more but waits for its walsender's last
+            // position to be confirmed: only a drop in the last status interval goes unnoticed.
             Err(SourceError::Connect { source, .. })
                 if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
             {

@@ -162,8 +162,7 @@ async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
     Ok(client)
 }
 
-/// The rustls error behind a failed connection, if the TLS handshake failed
-/// (tokio-rustls wraps it in an `io::Error`).
+/// The rustls error behind a failed TLS handshake (tokio-rustls wraps it in an `io::Error`).
 fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
     let io = std::error::Error::source(error)?.downcast_ref::<std::io::Error>()?;
     io.get_ref()?.downcast_ref::<rustls::Error>()
