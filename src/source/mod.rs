@@ -455,11 +455,24 @@ impl Source for PgSource {
             Err(error @ SourceError::Query { .. }) => return unchecked(&error),
             Err(error) => return Err(error),
         };
-        if let Some(changed) = found.changed_since(&self.publication, &self.config.publication) {
-            return Err(changed);
-        }
-        self.publication = found;
-        Ok(true)
+        // A new OID, or a new catalog row for a table: rows in between were never decoded.
+        let earlier = &self.publication.members;
+        let change = if found.oid != self.publication.oid {
+            "was dropped and re-created".to_owned()
+        } else if let Some((table, _)) = found.members.iter().find(|m| !earlier.contains(m)) {
+            format!(
+                "stopped publishing {table} and published it again (ALTER PUBLICATION ... DROP \
+                 TABLE, then ADD TABLE)"
+            )
+        } else {
+            self.publication = found;
+            return Ok(true);
+        };
+        let publication = self.config.publication.clone();
+        Err(SourceError::PublicationChanged {
+            publication,
+            change,
+        })
     }
 
     async fn wal_end(&mut self) -> Lsn {

@@ -45,26 +45,6 @@ pub struct Publication {
     pub members: Vec<(String, Vec<u32>)>,
 }
 
-impl Publication {
-    /// Why `self`, found now, shows rows skipped since `earlier` was found.
-    pub fn changed_since(&self, earlier: &Publication, name: &str) -> Option<SourceError> {
-        let change = if self.oid != earlier.oid {
-            "was dropped and re-created".to_owned()
-        } else {
-            let (table, _) = self.members.iter().find(|m| !earlier.members.contains(m))?;
-            format!(
-                "stopped publishing {table} and published it again (ALTER PUBLICATION ... DROP \
-                 TABLE, then ADD TABLE)"
-            )
-        };
-        let publication = name.to_owned();
-        Some(SourceError::PublicationChanged {
-            publication,
-            change,
-        })
-    }
-}
-
 /// Opens the control connection to the server `target_session_attrs` picks.
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
     Ok(locate(&config.postgres).await?.0)
