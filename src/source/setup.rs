@@ -405,13 +405,12 @@ async fn members(
 ) -> Result<Vec<(String, Vec<u32>)>, SourceError> {
     // Schemas in a publication (FOR TABLES IN SCHEMA) came with 15;
     // pg_partition_ancestors gives nothing for a table that is not partitioned.
-    let schemas = match server_version >= 150_000 {
-        true => {
-            " UNION ALL SELECT n.oid FROM pg_publication_namespace n \
-             JOIN pg_class c ON c.relnamespace = n.pnnspid \
-             WHERE n.pnpubid = $1 AND c.oid IN (SELECT * FROM rels)"
-        }
-        false => "",
+    let schemas = if server_version >= 150_000 {
+        " UNION ALL SELECT n.oid FROM pg_publication_namespace n \
+         JOIN pg_class c ON c.relnamespace = n.pnnspid \
+         WHERE n.pnpubid = $1 AND c.oid IN (SELECT * FROM rels)"
+    } else {
+        ""
     };
     let sql = format!(
         "SELECT t, ARRAY(WITH rels AS (SELECT to_regclass(t) UNION \
