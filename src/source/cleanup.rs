@@ -245,8 +245,8 @@ impl Cleanup {
             for chunk in keys.chunks(BATCH) {
                 let keys = format!("[{}]", chunk.join(","));
                 let result = client.execute(&table.sql, &[&keys]).await;
-                deleted += result.map_err(|source| SourceError::CleanupDelete {
-                    table: table.name.clone(),
+                deleted += result.map_err(|source| SourceError::Query {
+                    what: format!("delete relayed rows from {}", table.name),
                     source,
                 })?;
             }

@@ -1,7 +1,6 @@
-//! `--heartbeat-interval`: a non-transactional logical decoding message written
-//! on a timer, so the walsender always has recent WAL of this database to
-//! decode and its keepalive positions, acknowledged when nothing is in flight,
-//! keep the slot moving in an idle database (Debezium's `heartbeat.action.query`).
+//! `--heartbeat-interval`: a logical decoding message written on a timer, so the walsender
+//! always has recent WAL of this database to decode and its keepalive positions (acknowledged
+//! when nothing is in flight) move the slot of an idle database (Debezium's heartbeat).
 
 use std::time::Duration;
 
@@ -13,8 +12,7 @@ use crate::config::Config;
 /// The prefix `outbox-relay-heartbeat` is no outbox prefix: never relayed.
 const HEARTBEAT: &str = "SELECT pg_logical_emit_message(false, 'outbox-relay-heartbeat', '')";
 
-/// Writes a heartbeat every `interval` until aborted. Never fails: an error is
-/// logged once and retried on the next tick with a fresh connection.
+/// Writes a heartbeat every `interval` until aborted; an error is logged once and retried.
 pub async fn run(config: Config, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -32,10 +32,6 @@ const SESSION_OPTIONS: &str =
 pub const SESSION_FORMATS: &str = "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; \
      SET intervalstyle = 'postgres'; SET extra_float_digits = 3";
 
-/// Events buffered between pgwire-replication's socket reader and the pipeline:
-/// one event can hold a 1 GB row, so the smallest channel bounds memory best.
-const STREAM_BUFFER_EVENTS: usize = 1;
-
 /// Something went wrong on the Postgres side; the message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -76,7 +72,7 @@ pub enum SourceError {
         #[source]
         source: PgWireError,
     },
-    /// A start-up check failed (server, role, tables, publication, slot): the fix.
+    /// A check of the server, role, tables, publication or slot failed: the fix.
     #[error("{0}")]
     Misconfigured(String),
     /// The publication changed while streaming: rows committed meanwhile were never decoded.
@@ -91,23 +87,6 @@ pub enum SourceError {
         publication: String,
         /// What happened to it, e.g. "was dropped and re-created".
         change: String,
-    },
-    /// Deleting relayed rows failed; the frontier waits for the retry.
-    #[error("--cleanup delete: deleting relayed rows from {table} failed: {source}")]
-    CleanupDelete {
-        /// The outbox table the rows were deleted from.
-        table: String,
-        /// The DELETE's error.
-        #[source]
-        source: tokio_postgres::Error,
-    },
-    /// Postgres reports the slot invalidated, or it has no confirmed position.
-    #[error("replication slot {slot:?}: {remedy}")]
-    SlotInvalidated {
-        /// The replication slot name.
-        slot: String,
-        /// Why it was invalidated and how to recover.
-        remedy: String,
     },
     /// The slot is missing where this relay streamed from it before.
     #[error(
@@ -126,11 +105,11 @@ pub enum SourceError {
         /// When `public.outbox_relay_slots` recorded the slot, as Postgres prints it.
         created_at: String,
     },
-    /// A catalog query failed; `what` says what it was for.
+    /// A query failed; `what` says what it was for.
     #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
     Query {
         /// What the query was for, e.g. "probe the server's role".
-        what: &'static str,
+        what: String,
         /// The query error.
         #[source]
         source: tokio_postgres::Error,
@@ -253,8 +232,7 @@ fn sqlstate(message: &str) -> Option<&str> {
     message.get(at..at + 5)
 }
 
-/// The replication session's settings: streaming from `start`, reporting
-/// `acked` as confirmed until the pipeline acknowledges more.
+/// The replication session's settings: from `start`, confirming `acked` until told more.
 fn replication_config(
     config: &Config,
     start: Lsn,
@@ -277,7 +255,8 @@ fn replication_config(
     .with_ack_lsn(acked.min(start).into())
     .with_status_interval(config.status_interval)
     .with_wakeup_interval(Duration::from_secs(10))
-    .with_buffer_size(STREAM_BUFFER_EVENTS)
+    // One event can hold a 1 GB row: the smallest channel bounds memory best.
+    .with_buffer_size(1)
     .with_options(SESSION_OPTIONS)
     .with_application_name(name))
 }
@@ -303,10 +282,9 @@ pub struct ServerId {
     pub timeline: u32,
 }
 
-/// Where a stream on `current` resumes: the in-memory position on the previous
-/// stream's server and timeline; elsewhere no later than the slot's confirmed
-/// position there, as the in-memory one may come from the old primary's
-/// keepalives, past the new primary's WAL. Unknown gives 0/0: the slot's own.
+/// Where a stream on `current` resumes: the in-memory position on the previous server and
+/// timeline; elsewhere no later than the slot's confirmed position there, as the in-memory one
+/// may be past the new primary's WAL. Unknown gives 0/0: the slot's own.
 pub fn resume_point(
     previous: Option<&ServerId>,
     current: &ServerId,
@@ -423,22 +401,12 @@ impl Source for PgSource {
             },
             e => e,
         })?;
-        let repl = replication_config(config, from, acked)?;
         let timeout = Duration::from_secs(30);
-        let opening = open(repl, config, from, acked, self.server.as_ref());
-        let opened = tokio::time::timeout(timeout, opening).await.map_err(|_| {
+        let opening = open(config, from, acked, self.server.as_ref());
+        let stream = tokio::time::timeout(timeout, opening).await.map_err(|_| {
             let slot = config.slot.clone();
             SourceError::StartTimeout { slot, timeout }
-        })?;
-        let stream = opened.map_err(|source| match source.is_tls() || source.is_auth() {
-            // TLS and authentication failures are configuration problems.
-            true => SourceError::ReplicationConnect {
-                url: config.postgres.redacted(),
-                hint: tls::replication_hint(&source),
-                source,
-            },
-            false => stream_err(&config.slot)(source),
-        })?;
+        })??;
         self.server = Some(stream.server.clone());
         Ok(stream)
     }
@@ -473,9 +441,8 @@ impl Source for PgSource {
         };
         let client = match control(&mut self.control, &self.config).await {
             Ok(client) => client,
-            // A server shutting down commits nothing more but waits for its
-            // walsender's last position to be confirmed; only a drop in the
-            // last status interval before the shutdown would go unnoticed.
+            // A server shutting down commits nothing more but waits for its walsender's last
+            // position to be confirmed: only a drop in the last status interval goes unnoticed.
             Err(SourceError::Connect { source, .. })
                 if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
             {
@@ -488,23 +455,36 @@ impl Source for PgSource {
             Err(error @ SourceError::Query { .. }) => return unchecked(&error),
             Err(error) => return Err(error),
         };
-        if let Some(changed) = found.changed_since(&self.publication, &self.config.publication) {
-            return Err(changed);
-        }
-        self.publication = found;
-        Ok(true)
+        // A new OID, or a new catalog row for a table: rows in between were never decoded.
+        let earlier = &self.publication.members;
+        let change = if found.oid != self.publication.oid {
+            "was dropped and re-created".to_owned()
+        } else if let Some((table, _)) = found.members.iter().find(|m| !earlier.contains(m)) {
+            format!(
+                "stopped publishing {table} and published it again (ALTER PUBLICATION ... DROP \
+                 TABLE, then ADD TABLE)"
+            )
+        } else {
+            self.publication = found;
+            return Ok(true);
+        };
+        let publication = self.config.publication.clone();
+        Err(SourceError::PublicationChanged {
+            publication,
+            change,
+        })
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        let system = match command_session(&self.config).await {
-            Ok(mut client) => client.identify_system().await.ok(),
-            Err(_) => None,
+        let Ok(mut client) = command_session(&self.config).await else {
+            return Lsn(u64::MAX);
         };
+        let system = client.identify_system().await;
         system.map_or(Lsn(u64::MAX), |system| system.xlogpos.into())
     }
 
     /// A fatal stream error on a slot Postgres reports invalidated (the stream
-    /// says only "can no longer get changes") becomes [`SourceError::SlotInvalidated`].
+    /// says only "can no longer get changes") gets the reason and the remedy.
     async fn explain(&mut self, error: SourceError) -> SourceError {
         if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
             return error;
@@ -513,15 +493,14 @@ impl Source for PgSource {
             return error;
         };
         let slot = &self.config.slot;
-        let reason = match slot_monitor::poll(client, slot).await {
-            Ok(SlotObservation::Seen(status)) => status.invalidated(),
-            _ => None,
+        let Ok(SlotObservation::Seen(status)) = slot_monitor::poll(client, slot).await else {
+            return error;
         };
-        match reason {
-            Some(reason) => SourceError::SlotInvalidated {
-                slot: slot.clone(),
-                remedy: slot_invalidated_remedy(&reason),
-            },
+        match status.invalidated() {
+            Some(reason) => SourceError::Misconfigured(format!(
+                "replication slot {slot:?}: {}",
+                slot_invalidated_remedy(&reason)
+            )),
             None => error,
         }
     }
@@ -530,33 +509,41 @@ impl Source for PgSource {
 /// Opens a session; IDENTIFY_SYSTEM and the slot's position are read on it,
 /// so both describe the server it streams from.
 async fn open(
-    repl: ReplicationConfig,
     config: &Config,
-    start: Lsn,
+    mut start: Lsn,
     acked: Lsn,
     previous: Option<&ServerId>,
-) -> Result<ReplicationStream, PgWireError> {
-    let mut client = ReplicationClient::connect_gated(repl.clone()).await?;
-    let system = client.identify_system().await?;
+) -> Result<ReplicationStream, SourceError> {
+    let failed = |source: PgWireError| match source.is_tls() || source.is_auth() {
+        // TLS and authentication failures are configuration problems.
+        true => SourceError::ReplicationConnect {
+            url: config.postgres.redacted(),
+            hint: tls::replication_hint(&source),
+            source,
+        },
+        false => stream_err(&config.slot)(source),
+    };
+    let repl = replication_config(config, start, acked)?;
+    let mut client = ReplicationClient::connect_gated(repl)
+        .await
+        .map_err(failed)?;
+    let system = client.identify_system().await.map_err(failed)?;
     let server = ServerId {
         addr: format!("{}:{}", config.postgres.host, config.postgres.port),
         system_id: system.system_id,
         timeline: system.timeline,
     };
-    let mut start = start;
     if previous.is_some_and(|p| *p != server) {
         let confirmed = slot_confirmed(&mut client, &config.slot).await;
         start = resume_point(previous, &server, start, confirmed);
         // A gated session's start position is fixed: end it, start another.
         drop(client);
-        let repl = repl
-            .with_start_lsn(start.into())
-            .with_ack_lsn(acked.min(start).into());
-        client = ReplicationClient::connect(repl).await?;
+        let repl = replication_config(config, start, acked)?;
+        client = ReplicationClient::connect(repl).await.map_err(failed)?;
     } else {
-        client.start().await?;
+        client.start().await.map_err(failed)?;
     }
-    client.wait_started().await?;
+    client.wait_started().await.map_err(failed)?;
     Ok(ReplicationStream {
         client,
         slot: config.slot.clone(),

@@ -1,7 +1,6 @@
-//! The control connection (to the server `--postgres-url`'s
-//! `target_session_attrs` picks) and what runs over it: the start-up checks,
-//! which stop a misconfigured relay with one clear message before it streams,
-//! the publication and slot, and the look-ups later checks repeat.
+//! The control connection (to the server `--postgres-url`'s `target_session_attrs`
+//! picks) and what runs over it: the start-up checks, each stopping a misconfigured
+//! relay with the fix, the publication and slot, and the look-ups later checks repeat.
 
 use std::time::Duration;
 
@@ -31,9 +30,8 @@ pub struct SlotState {
     pub publication: Publication,
 }
 
-/// The publication as found. PostgreSQL 18's pgoutput skips a missing one
-/// with only a warning, and rows inserted while a table is out of it are never
-/// decoded, so the relay compares each look with the last.
+/// The publication as found: PostgreSQL 18's pgoutput skips a missing one with a warning,
+/// and rows inserted while a table is out of it are never decoded, so each look is compared.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Publication {
     /// A dropped and re-created publication has another OID.
@@ -47,26 +45,6 @@ pub struct Publication {
     pub members: Vec<(String, Vec<u32>)>,
 }
 
-impl Publication {
-    /// Why `self`, found now, shows rows skipped since `earlier` was found.
-    pub fn changed_since(&self, earlier: &Publication, name: &str) -> Option<SourceError> {
-        let change = if self.oid != earlier.oid {
-            "was dropped and re-created".to_owned()
-        } else {
-            let (table, _) = self.members.iter().find(|m| !earlier.members.contains(m))?;
-            format!(
-                "stopped publishing {table} and published it again (ALTER PUBLICATION ... DROP \
-                 TABLE, then ADD TABLE)"
-            )
-        };
-        let publication = name.to_owned();
-        Some(SourceError::PublicationChanged {
-            publication,
-            change,
-        })
-    }
-}
-
 /// Opens the control connection to the server `target_session_attrs` picks.
 pub async fn connect(config: &Config) -> Result<Client, SourceError> {
     Ok(locate(&config.postgres).await?.0)
@@ -75,14 +53,11 @@ pub async fn connect(config: &Config) -> Result<Client, SourceError> {
 /// `config` pinned to the server [`connect`] picks, so the replication
 /// connection goes there too (as is, without connecting, when there is no choice).
 pub async fn pin(config: &Config) -> Result<Config, SourceError> {
-    if !has_choice(&config.postgres) {
-        return Ok(config.clone());
+    let mut config = config.clone();
+    if has_choice(&config.postgres) {
+        config.postgres = locate(&config.postgres).await?.1;
     }
-    let (_, postgres) = locate(&config.postgres).await?;
-    Ok(Config {
-        postgres,
-        ..config.clone()
-    })
+    Ok(config)
 }
 
 fn has_choice(pg: &PostgresConnInfo) -> bool {
@@ -124,9 +99,10 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
             if attrs.accepts(in_recovery, row.get(1), strict) {
                 return Ok((client, pinned));
             }
-            let state = match in_recovery {
-                true => "a standby",
-                false => "read-only",
+            let state = if in_recovery {
+                "a standby"
+            } else {
+                "read-only"
             };
             tried.push(format!("{host}:{port}: {state}"));
         }
@@ -166,8 +142,7 @@ async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
     Ok(client)
 }
 
-/// The rustls error behind a failed connection, if the TLS handshake failed
-/// (tokio-rustls wraps it in an `io::Error`).
+/// The rustls error behind a failed TLS handshake (tokio-rustls wraps it in an `io::Error`).
 fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
     let io = std::error::Error::source(error)?.downcast_ref::<std::io::Error>()?;
     io.get_ref()?.downcast_ref::<rustls::Error>()
@@ -175,7 +150,10 @@ fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
 
 /// Names a failed control-connection query by what it was for.
 pub(crate) fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> SourceError {
-    move |source| SourceError::Query { what, source }
+    move |source| SourceError::Query {
+        what: what.to_owned(),
+        source,
+    }
 }
 
 /// Runs every start-up check, creates what is missing, and returns the slot's position.
@@ -195,7 +173,6 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
         }
         found => found?,
     };
-    warn_idle_slot_timeout(client).await?;
     let (confirmed_flush, created) = ensure_slot(client, config).await?;
     Ok(SlotState {
         confirmed_flush,
@@ -204,21 +181,28 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
     })
 }
 
-/// The server's version, `wal_level` and the role's right to replicate;
-/// returns whether the server is a standby (where nothing can be created).
+/// The server's version, `wal_level` and the role's right to replicate (warning of an idle
+/// slot timeout); returns whether the server is a standby, where nothing can be created.
 async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceError> {
+    let sql = format!(
+        "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
+                pg_is_in_recovery(), current_setting('wal_level'), \
+                r.rolsuper OR r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
+                    WHERE g.rolname = 'rds_replication' \
+                      AND pg_has_role(current_user, g.oid, 'member')), \
+                ({}) \
+         FROM pg_roles r WHERE r.rolname = current_user",
+        slot_monitor::IDLE_TIMEOUT_QUERY
+    );
     let row = client
-        .query_one(
-            "SELECT current_setting('server_version_num')::int, current_setting('server_version'), \
-                    pg_is_in_recovery(), current_setting('wal_level'), \
-                    r.rolsuper OR r.rolreplication OR EXISTS (SELECT 1 FROM pg_roles g \
-                        WHERE g.rolname = 'rds_replication' \
-                          AND pg_has_role(current_user, g.oid, 'member')) \
-             FROM pg_roles r WHERE r.rolname = current_user",
-            &[],
-        )
+        .query_one(&sql, &[])
         .await
         .map_err(query_err("read the server's version and settings"))?;
+    // PostgreSQL 18's idle_replication_slot_timeout drops the slot of a relay stopped longer.
+    let idle_secs = u64::try_from(row.get::<_, Option<i64>>(5).unwrap_or(0)).unwrap_or(0);
+    if let Some(warning) = health::idle_timeout_warning(idle_secs) {
+        tracing::warn!("{warning}");
+    }
     let (version_num, version, wal_level): (i32, String, String) =
         (row.get(0), row.get(1), row.get(3));
     let user = &config.postgres.user;
@@ -249,20 +233,6 @@ async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceEr
         return Ok(row.get(2));
     };
     Err(SourceError::Misconfigured(problem))
-}
-
-/// PostgreSQL 18's `idle_replication_slot_timeout` drops the slot of a relay
-/// stopped for longer: say so at start-up.
-async fn warn_idle_slot_timeout(client: &Client) -> Result<(), SourceError> {
-    let row = client
-        .query_one(slot_monitor::IDLE_TIMEOUT_QUERY, &[])
-        .await
-        .map_err(query_err("read idle_replication_slot_timeout"))?;
-    let secs = row.get::<_, Option<i64>>(0).unwrap_or(0);
-    if let Some(warning) = health::idle_timeout_warning(u64::try_from(secs).unwrap_or(0)) {
-        tracing::warn!("{warning}");
-    }
-    Ok(())
 }
 
 /// Checks the table's columns and persistence; returns whether it is partitioned.
@@ -435,13 +405,12 @@ async fn members(
 ) -> Result<Vec<(String, Vec<u32>)>, SourceError> {
     // Schemas in a publication (FOR TABLES IN SCHEMA) came with 15;
     // pg_partition_ancestors gives nothing for a table that is not partitioned.
-    let schemas = match server_version >= 150_000 {
-        true => {
-            " UNION ALL SELECT n.oid FROM pg_publication_namespace n \
-             JOIN pg_class c ON c.relnamespace = n.pnnspid \
-             WHERE n.pnpubid = $1 AND c.oid IN (SELECT * FROM rels)"
-        }
-        false => "",
+    let schemas = if server_version >= 150_000 {
+        " UNION ALL SELECT n.oid FROM pg_publication_namespace n \
+         JOIN pg_class c ON c.relnamespace = n.pnnspid \
+         WHERE n.pnpubid = $1 AND c.oid IN (SELECT * FROM rels)"
+    } else {
+        ""
     };
     let sql = format!(
         "SELECT t, ARRAY(WITH rels AS (SELECT to_regclass(t) UNION \
@@ -474,10 +443,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         )
         .await
         .map_err(query_err("look up the replication slot"))?;
-    let mark_failover = match config.slot_failover {
-        true => lineage::check_failover(client, config).await?,
-        false => false,
-    };
+    let mark_failover = config.slot_failover && lineage::check_failover(client, config).await?;
     let Some(row) = row else {
         lineage::check_missing_slot(client, config).await?;
         let sql = super::sql::create_slot(slot, config.slot_failover);
@@ -509,12 +475,12 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
 
 /// A slot's confirmed position; none means it lost its WAL.
 fn parse_lsn(slot: &str, text: Option<String>) -> Result<Lsn, SourceError> {
-    text.and_then(|text| text.parse().ok())
-        .ok_or_else(|| SourceError::SlotInvalidated {
-            slot: slot.to_owned(),
-            remedy: "it has no confirmed position (it may have been invalidated after exceeding \
-                     max_slot_wal_keep_size); drop and recreate it, and re-publish or reconcile \
-                     events written meanwhile"
-                .to_owned(),
-        })
+    let lsn = text.and_then(|text| text.parse().ok());
+    lsn.ok_or_else(|| {
+        SourceError::Misconfigured(format!(
+            "replication slot {slot:?}: it has no confirmed position (it may have been \
+             invalidated after exceeding max_slot_wal_keep_size); drop and recreate it, and \
+             re-publish or reconcile events written meanwhile"
+        ))
+    })
 }

@@ -1,13 +1,10 @@
-//! PURE: the set-up and tear-down statements. `outbox-relay setup --print`
-//! prints exactly what start-up runs, so what an operator reviews is what the
-//! relay does.
+//! PURE: the set-up and tear-down statements, which `outbox-relay setup --print` prints,
+//! so what an operator reviews is what the relay runs.
 
 use crate::outbox::{TableName, quote_ident};
 
-/// Publishes only inserts (only they are events), under a partitioned
-/// outbox's root name, so later partitions need nothing. Without tables (an
-/// outbox of logical decoding messages only) it is empty: pgoutput sends
-/// messages whatever it covers.
+/// Publishes only inserts (the events) under a partitioned outbox's root name, so new partitions
+/// need nothing; without tables (messages only) it covers none: pgoutput sends messages anyway.
 pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
     let tables: Vec<String> = tables.iter().map(TableName::quoted).collect();
     let for_tables = match tables.is_empty() {
@@ -20,8 +17,7 @@ pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
     )
 }
 
-/// Creates the pgoutput slot (`failover`, PostgreSQL 17+: standbys synchronize
-/// it); returns `(slot_name, lsn)` as text.
+/// Creates the pgoutput slot (`failover`: PostgreSQL 17+ standbys synchronize it).
 pub fn create_slot(slot: &str, failover: bool) -> String {
     let failover = if failover { ", false, false, true" } else { "" };
     format!(
