@@ -53,10 +53,15 @@ impl Delivered {
     }
 
     /// Whether the event `id` is already in `topic`.
-    fn contains(&mut self, sink: &KafkaSink, topic: &str, id: &[u8]) -> Result<bool, CommandError> {
+    async fn contains(
+        &mut self,
+        sink: &KafkaSink,
+        topic: &str,
+        id: &[u8],
+    ) -> Result<bool, CommandError> {
         if !self.ids.contains_key(topic) {
             let (since, unknown) = (self.since_ms, Some(UnknownTopicOrPartition));
-            let ids = match sink.partition_count(topic) {
+            let ids = match sink.partition_count(topic).await {
                 Ok(partitions) => self.reader.event_ids_since(topic, partitions, since)?,
                 // Not created yet: nothing was delivered to it.
                 Err(e) if e.rdkafka_error_code() == unknown => HashSet::new(),
@@ -133,7 +138,7 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
                 .map(&values, now_ms)
                 .map_err(|e| CommandError::Refused(format!("{table}: {e}")))?;
             if let Some(d) = exactly_once.as_mut()
-                && d.contains(&sink, &record.topic, &record.id)?
+                && d.contains(&sink, &record.topic, &record.id).await?
             {
                 continue;
             }

@@ -1,11 +1,10 @@
-//! Prometheus metrics: every name and `# HELP` text in one table ([`ALL`];
-//! a contract with the README and `deploy/`), the recorder, and the rare
-//! events' recording. Until [`install`] runs every call is a no-op, so unit
-//! tests and `--http-addr none` pay nothing.
+//! Prometheus metrics: every name and `# HELP` text in one table ([`ALL`], a contract
+//! with the README and `deploy/`), the recorder and the slot gauges. Until [`install`]
+//! runs every call is a no-op, so unit tests and `--http-addr none` pay nothing.
 
 use std::sync::OnceLock;
 
-use ::metrics::{counter, gauge};
+use ::metrics::gauge;
 use heck::ToSnakeCase;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use rdkafka::error::KafkaError;
@@ -109,21 +108,6 @@ pub(super) fn error_kind(error: &KafkaError) -> String {
     }
 }
 
-/// One event went to the dead-letter topic.
-pub fn dead_lettered() {
-    counter!(DEAD_LETTERED_TOTAL).increment(1);
-}
-
-/// The replication stream was re-established.
-pub fn reconnected() {
-    counter!(RECONNECTS_TOTAL).increment(1);
-}
-
-/// `--cleanup delete` removed `rows` outbox rows.
-pub fn cleanup_deleted(rows: u64) {
-    counter!(CLEANUP_DELETED_ROWS_TOTAL).increment(rows);
-}
-
 /// What the slot poller saw. A missing slot sets every `wal_status` gauge to
 /// 0; an unknown one changes nothing.
 pub fn set_slot(observation: &SlotObservation) {
@@ -203,9 +187,9 @@ mod tests {
                     ..Default::default()
                 },
             ));
-            dead_lettered();
-            reconnected();
-            cleanup_deleted(3);
+            ::metrics::counter!(DEAD_LETTERED_TOTAL).increment(1);
+            ::metrics::counter!(RECONNECTS_TOTAL).increment(1);
+            ::metrics::counter!(CLEANUP_DELETED_ROWS_TOTAL).increment(3);
             gauge!(BUILD_INFO, "version" => "1.2.3").set(1.0);
         });
         let text = handle.render();

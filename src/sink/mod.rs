@@ -46,7 +46,8 @@ pub trait Sink: Send + Sync + 'static {
     /// Records handed over whose delivery has not been reported yet.
     fn in_flight(&self) -> usize;
 
-    /// The partition count of `topic` (exactly-once pins partitions).
+    /// The partition count of `topic` (exactly-once pins partitions); fetching
+    /// it creates the topic where the broker auto-creates topics.
     fn partition_count(&self, topic: &str) -> impl Future<Output = Result<i32, KafkaError>> + Send;
 
     /// Per partition of `topic`, the positions of `source`'s records at or
@@ -310,29 +311,29 @@ impl KafkaSink {
         ticket: Ticket,
         record: &OutboxRecord,
     ) -> Result<(), SinkError> {
+        let id = Header {
+            key: ID_HEADER,
+            value: Some(record.id.as_ref()),
+        };
+        let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len()).insert(id);
+        for (name, value) in &record.headers {
+            headers = headers.insert(Header {
+                key: name,
+                value: value.as_deref(),
+            });
+        }
+        let mut base: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(&record.topic, ticket.0 as usize)
+                .timestamp(record.timestamp_ms)
+                .headers(headers);
+        base.key = record.key.as_deref();
+        base.payload = record.payload.as_deref();
+        base.partition = record.partition;
         let mut waited = Duration::ZERO;
         loop {
-            let id = Header {
-                key: ID_HEADER,
-                value: Some(record.id.as_ref()),
-            };
-            let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len()).insert(id);
-            for (name, value) in &record.headers {
-                headers = headers.insert(Header {
-                    key: name,
-                    value: value.as_deref(),
-                });
-            }
-            let mut base: BaseRecord<'_, [u8], [u8], usize> =
-                BaseRecord::with_opaque_to(&record.topic, ticket.0 as usize)
-                    .timestamp(record.timestamp_ms)
-                    .headers(headers);
-            base.key = record.key.as_deref();
-            base.payload = record.payload.as_deref();
-            base.partition = record.partition;
             match producer.send(base) {
                 Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), refused)) => {
                     if waited.as_secs() > 0 && waited.as_millis() % 10_000 < 5 {
                         tracing::warn!(
                             waited_ms = waited.as_millis() as u64,
@@ -341,6 +342,7 @@ impl KafkaSink {
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     waited += Duration::from_millis(5);
+                    base = refused;
                 }
                 Err((source, _)) => {
                     return Err(SinkError::Enqueue {
@@ -351,32 +353,6 @@ impl KafkaSink {
                 }
             }
         }
-    }
-
-    /// The partition count of `topic` (fetching metadata creates it where the
-    /// broker auto-creates topics). Blocking: `backfill` calls it directly.
-    pub fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
-        fetch_partition_count(&self.producer, topic)
-    }
-}
-
-fn fetch_partition_count(
-    producer: &ThreadedProducer<DeliveryContext>,
-    topic: &str,
-) -> Result<i32, KafkaError> {
-    let metadata = producer
-        .client()
-        .fetch_metadata(Some(topic), Duration::from_secs(30))?;
-    let count = metadata
-        .topics()
-        .first()
-        .filter(|t| t.error().is_none())
-        .map_or(0, |t| t.partitions().len());
-    match i32::try_from(count) {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(KafkaError::MetadataFetch(
-            RDKafkaErrorCode::UnknownTopicOrPartition,
-        )),
     }
 }
 
@@ -416,7 +392,22 @@ impl Sink for KafkaSink {
 
     async fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
         let (producer, topic) = (Arc::clone(&self.producer), topic.to_owned());
-        tokio::task::spawn_blocking(move || fetch_partition_count(&producer, &topic))
+        let fetch = tokio::task::spawn_blocking(move || {
+            let timeout = Duration::from_secs(30);
+            let metadata = producer.client().fetch_metadata(Some(&topic), timeout)?;
+            let count = metadata
+                .topics()
+                .first()
+                .filter(|t| t.error().is_none())
+                .map_or(0, |t| t.partitions().len());
+            match i32::try_from(count) {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::UnknownTopicOrPartition,
+                )),
+            }
+        });
+        fetch
             .await
             .unwrap_or(Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail)))
     }
