@@ -121,11 +121,11 @@ impl ExactlyOnce {
             self.read_tails(sink, &record.topic, partitions, partition, position.lsn)
                 .await?;
         }
-        if self
+        let already = self
             .delivered
             .get_mut(&slot)
-            .is_some_and(|d| d.remove(&position))
-        {
+            .is_some_and(|d| d.remove(&position));
+        if already {
             return Ok(None);
         }
         record.partition = Some(partition);

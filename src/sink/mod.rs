@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
@@ -185,20 +185,6 @@ struct DeliveryContext {
 }
 
 impl ClientContext for DeliveryContext {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        use RDKafkaLogLevel as L;
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", facility = fac, "{message}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", facility = fac, "{message}"),
-            L::Notice | L::Info => {
-                tracing::info!(target: "librdkafka", facility = fac, "{message}")
-            }
-            L::Debug => tracing::debug!(target: "librdkafka", facility = fac, "{message}"),
-        }
-    }
-
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka retries these; deliveries that finally fail are reported.
         tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
@@ -255,7 +241,6 @@ impl ProducerContext for DeliveryContext {
 pub struct KafkaSink {
     /// Shared with blocking-pool metadata reads.
     producer: Arc<ThreadedProducer<DeliveryContext>>,
-    /// Exactly-once's tail reader.
     tails: Option<Arc<Mutex<TailReader>>>,
     /// For the one-record-batch producer, made on first use.
     config: ClientConfig,
