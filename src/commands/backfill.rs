@@ -16,7 +16,7 @@ use crate::config::{BackfillArgs, Config, Delivery};
 use crate::outbox::{TableMapping, quote_ident};
 use crate::pgoutput::{TupleData, Value};
 use crate::sink::exactly_once::{TailError, TailReader};
-use crate::sink::{KafkaSink, Sink, SinkError, Ticket};
+use crate::sink::{KafkaSink, Sink, Ticket};
 use crate::source::setup::{self, query_err};
 
 /// How far before `--since` a topic is read back: Kafka timestamps are commit
@@ -41,9 +41,7 @@ impl Delivered {
             .await
             .map_err(query_err("read --since as a time"))?
             .get(0);
-        let properties = &config.kafka_properties;
-        let reader = TailReader::new(&config.kafka_brokers, properties)
-            .map_err(|e| SinkError::create(e, properties))?;
+        let reader = TailReader::new(&config.kafka_brokers, &config.kafka_properties)?;
         Ok(Delivered {
             reader,
             since_ms: since_ms.saturating_sub(SINCE_MARGIN_MS),

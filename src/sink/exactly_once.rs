@@ -17,7 +17,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::Sink;
+use super::{Sink, SinkError};
 use crate::config::ExactlyOnceFallback;
 use crate::lsn::Lsn;
 use crate::outbox::{ID_HEADER, OutboxRecord};
@@ -294,7 +294,7 @@ pub struct TailReader {
 
 impl TailReader {
     /// A reader with the relay's brokers and `-X` connection properties.
-    pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, KafkaError> {
+    pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, SinkError> {
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", brokers)
@@ -318,9 +318,10 @@ impl TailReader {
                 config.set(k, v);
             }
         }
-        Ok(TailReader {
-            consumer: config.create()?,
-        })
+        let consumer = config
+            .create()
+            .map_err(|e| SinkError::create(e, properties))?;
+        Ok(TailReader { consumer })
     }
 
     /// Per partition of `topic`, the positions of `source`'s records at or above
