@@ -347,12 +347,12 @@ impl TailReader {
             })
             .collect();
         // A failed joint read is retried per partition.
-        let mut read = self.scan(topic, &ends, deadline, keep).unwrap_or_default();
+        let mut joint = self.scan(topic, &ends, deadline, keep).unwrap_or_default();
         (0..)
             .zip(marks)
             .map(|(partition, mark)| {
                 let (low, mut end) = mark?;
-                let mut first = read.remove(&partition);
+                let mut first = joint.remove(&partition);
                 let (mut found, mut window) = (HashSet::new(), TAIL_WINDOW);
                 // Back from the end in growing windows until a record of ours below the
                 // floor. At the log's start without one (never written, or aged out),
@@ -363,8 +363,8 @@ impl TailReader {
                         Some(records) => records,
                         None => {
                             let range = [(partition, start, end)];
-                            let mut read = self.scan(topic, &range, deadline, keep)?;
-                            read.remove(&partition).unwrap_or_default()
+                            let mut alone = self.scan(topic, &range, deadline, keep)?;
+                            alone.remove(&partition).unwrap_or_default()
                         }
                     };
                     let mut reached_floor = false;
