@@ -138,7 +138,7 @@ pub enum SinkError {
         "cannot create the Kafka producer: {reason}. Check --kafka-brokers and the -X properties"
     )]
     Create {
-        /// librdkafka's complaint without any secret (see [`SinkError::create`]).
+        /// librdkafka's complaint, sensitive values hidden.
         reason: String,
     },
     /// librdkafka refused to enqueue a record ([`is_poison`] tells whose fault).
@@ -157,7 +157,7 @@ pub enum SinkError {
 impl SinkError {
     /// A client that could not be created. librdkafka quotes the refused
     /// value, which may be a secret: keep the key, hide sensitive values.
-    pub fn create(error: KafkaError, properties: &[(String, String)]) -> Self {
+    fn create(error: KafkaError, properties: &[(String, String)]) -> Self {
         let hide = |text: String, value: &str| match value {
             "" => text,
             _ => text.replace(value, "***"),
