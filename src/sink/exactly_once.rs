@@ -578,6 +578,17 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_reader_property_shows_the_key_never_the_value() {
+        let properties = [("sasl.pasword".to_owned(), "hunter2".to_owned())];
+        let err = TailReader::new("127.0.0.1:1", &properties)
+            .err()
+            .map(|e| format!("{e} {e:?}"))
+            .unwrap_or_default();
+        assert!(err.contains("sasl.pasword"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
     fn positions_parse_from_headers() {
         assert_eq!(
             Position::from_headers(b"0/64", b"2"),
