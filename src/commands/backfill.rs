@@ -16,7 +16,7 @@ use crate::config::{BackfillArgs, Config, Delivery};
 use crate::outbox::{TableMapping, quote_ident};
 use crate::pgoutput::{TupleData, Value};
 use crate::sink::exactly_once::{TailError, TailReader};
-use crate::sink::{KafkaSink, Sink, SinkError, Ticket};
+use crate::sink::{KafkaSink, Sink, Ticket};
 use crate::source::setup::{self, query_err};
 
 /// How far before `--since` a topic is read back: Kafka timestamps are commit
@@ -41,9 +41,7 @@ impl Delivered {
             .await
             .map_err(query_err("read --since as a time"))?
             .get(0);
-        let properties = &config.kafka_properties;
-        let reader = TailReader::new(&config.kafka_brokers, properties)
-            .map_err(|e| SinkError::create(e, properties))?;
+        let reader = TailReader::new(&config.kafka_brokers, &config.kafka_properties)?;
         Ok(Delivered {
             reader,
             since_ms: since_ms.saturating_sub(SINCE_MARGIN_MS),
@@ -53,10 +51,15 @@ impl Delivered {
     }
 
     /// Whether the event `id` is already in `topic`.
-    fn contains(&mut self, sink: &KafkaSink, topic: &str, id: &[u8]) -> Result<bool, CommandError> {
+    async fn contains(
+        &mut self,
+        sink: &KafkaSink,
+        topic: &str,
+        id: &[u8],
+    ) -> Result<bool, CommandError> {
         if !self.ids.contains_key(topic) {
             let (since, unknown) = (self.since_ms, Some(UnknownTopicOrPartition));
-            let ids = match sink.partition_count(topic) {
+            let ids = match sink.partition_count(topic).await {
                 Ok(partitions) => self.reader.event_ids_since(topic, partitions, since)?,
                 // Not created yet: nothing was delivered to it.
                 Err(e) if e.rdkafka_error_code() == unknown => HashSet::new(),
@@ -133,7 +136,7 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
                 .map(&values, now_ms)
                 .map_err(|e| CommandError::Refused(format!("{table}: {e}")))?;
             if let Some(d) = exactly_once.as_mut()
-                && d.contains(&sink, &record.topic, &record.id)?
+                && d.contains(&sink, &record.topic, &record.id).await?
             {
                 continue;
             }

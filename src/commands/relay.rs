@@ -14,8 +14,8 @@ use crate::config::{Cleanup, Cli, Config, Delivery};
 use crate::observability::health::Health;
 use crate::observability::{http, metrics, progress};
 use crate::pipeline::{Pipeline, RelayError, Summary};
+use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
-use crate::sink::{KafkaSink, SinkError};
 use crate::source::{PgSource, cleanup, heartbeat, setup, slot_monitor};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
@@ -106,7 +106,7 @@ async fn relay(
     let tails = (config.delivery == Delivery::ExactlyOnce)
         .then(|| TailReader::new(brokers, properties))
         .transpose()
-        .map_err(|e| RelayError::Producer(SinkError::create(e, properties)))?;
+        .map_err(RelayError::Producer)?;
     let producer_health = Some(health.clone());
     let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, producer_health, tails)
         .map_err(RelayError::Producer)?;

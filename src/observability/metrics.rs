@@ -1,11 +1,10 @@
-//! Prometheus metrics: every name and `# HELP` text in one table ([`ALL`];
-//! a contract with the README and `deploy/`), the recorder, and the rare
-//! events' recording. Until [`install`] runs every call is a no-op, so unit
-//! tests and `--http-addr none` pay nothing.
+//! Prometheus metrics: every name and `# HELP` text in one table ([`ALL`], a contract
+//! with the README and `deploy/`), the recorder and the slot gauges. Until [`install`]
+//! runs every call is a no-op, so unit tests and `--http-addr none` pay nothing.
 
 use std::sync::OnceLock;
 
-use ::metrics::{counter, gauge};
+use ::metrics::gauge;
 use heck::ToSnakeCase;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use rdkafka::error::KafkaError;
@@ -109,25 +108,9 @@ pub(super) fn error_kind(error: &KafkaError) -> String {
     }
 }
 
-/// One event went to the dead-letter topic.
-pub fn dead_lettered() {
-    counter!(DEAD_LETTERED_TOTAL).increment(1);
-}
-
-/// The replication stream was re-established.
-pub fn reconnected() {
-    counter!(RECONNECTS_TOTAL).increment(1);
-}
-
-/// `--cleanup delete` removed `rows` outbox rows.
-pub fn cleanup_deleted(rows: u64) {
-    counter!(CLEANUP_DELETED_ROWS_TOTAL).increment(rows);
-}
-
 /// What the slot poller saw. A missing slot sets every `wal_status` gauge to
 /// 0; an unknown one changes nothing.
 pub fn set_slot(observation: &SlotObservation) {
-    let flag = |b: bool| if b { 1.0 } else { 0.0 };
     let slot = match observation {
         SlotObservation::Unknown => return,
         SlotObservation::Missing => None,
@@ -135,7 +118,7 @@ pub fn set_slot(observation: &SlotObservation) {
     };
     for (status, name) in WalStatus::KNOWN {
         let current = slot.is_some_and(|s| s.wal_status == status);
-        gauge!(SLOT_WAL_STATUS, "wal_status" => name).set(flag(current));
+        gauge!(SLOT_WAL_STATUS, "wal_status" => name).set(f64::from(current));
     }
     let Some(slot) = slot else { return };
     if let Some(lag) = slot.lag_bytes {
@@ -143,12 +126,11 @@ pub fn set_slot(observation: &SlotObservation) {
     }
     // NaN: unlimited (`max_slot_wal_keep_size = -1`).
     gauge!(SLOT_SAFE_WAL_SIZE_BYTES).set(slot.safe_wal_size_bytes.map_or(f64::NAN, |s| s as f64));
-    gauge!(SLOT_FAILOVER).set(flag(slot.failover == Some(true)));
+    gauge!(SLOT_FAILOVER).set(f64::from(slot.failover == Some(true)));
     let standby_slots = slot.synchronized_standby_slots_set == Some(true);
-    gauge!(SYNCHRONIZED_STANDBY_SLOTS_SET).set(flag(standby_slots));
-    gauge!(SLOT_INVALIDATED).set(flag(slot.invalidated().is_some()));
-    let idle_timeout = slot.idle_timeout_secs.unwrap_or(0);
-    gauge!(SLOT_IDLE_TIMEOUT_SECONDS).set(idle_timeout as f64);
+    gauge!(SYNCHRONIZED_STANDBY_SLOTS_SET).set(f64::from(standby_slots));
+    gauge!(SLOT_INVALIDATED).set(f64::from(slot.invalidated().is_some()));
+    gauge!(SLOT_IDLE_TIMEOUT_SECONDS).set(slot.idle_timeout_secs.unwrap_or(0) as f64);
 }
 
 #[cfg(test)]
@@ -203,9 +185,9 @@ mod tests {
                     ..Default::default()
                 },
             ));
-            dead_lettered();
-            reconnected();
-            cleanup_deleted(3);
+            ::metrics::counter!(DEAD_LETTERED_TOTAL).increment(1);
+            ::metrics::counter!(RECONNECTS_TOTAL).increment(1);
+            ::metrics::counter!(CLEANUP_DELETED_ROWS_TOTAL).increment(3);
             gauge!(BUILD_INFO, "version" => "1.2.3").set(1.0);
         });
         let text = handle.render();

@@ -355,7 +355,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         );
         let record = dead_letter_record(&topic, parts, headers, &info, timestamp_ms);
         self.summary.dead_lettered += 1;
-        crate::observability::metrics::dead_lettered();
+        metrics::counter!(crate::observability::metrics::DEAD_LETTERED_TOTAL).increment(1);
         match self.sink.send(ticket, &record).await {
             Ok(()) => Ok(()),
             Err(error) => Err(RelayError::DeadLetter {

@@ -83,7 +83,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             );
             self.stream = None;
             self.observer.streaming(false);
-            crate::observability::metrics::reconnected();
+            metrics::counter!(crate::observability::metrics::RECONNECTS_TOTAL).increment(1);
             self.tracker.abandon_open();
             if let Some(cleanup) = self.cleanup.as_mut() {
                 cleanup.abandon_open();

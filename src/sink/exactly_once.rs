@@ -1,15 +1,11 @@
 //! Exactly-once delivery without Kafka transactions: the output is the progress record.
 //!
-//! [`ExactlyOnce`] decides (pin, tag, skip) and reads through the [`Sink`]
-//! trait, which [`KafkaSink`](super::KafkaSink) serves with a [`TailReader`].
-//! Each record names its event by `outbox.source`, `outbox.lsn` and `outbox.seq`,
-//! and its partition is pinned by its key, so a replay lands where it did
-//! before. Before the first event to a topic after a (re)connect, each
-//! partition is read back to a record of ours below that event's commit LSN
-//! (the *floor*), and a replayed event is skipped only when its own position
-//! is there: a partition may hold gaps, so a later record proves nothing.
-//! The limits (a changed partition count, another writer, the duplicates left
-//! open) are in the README's Guarantees.
+//! Each record carries its position (`outbox.source`, `outbox.lsn`, `outbox.seq`) and is
+//! pinned to a partition by its key, so a replay lands where it went before. After a
+//! (re)connect, each partition is read back to a record of ours below the first event's
+//! commit LSN (the *floor*); a replayed event is skipped only when its own position is
+//! there, as a partition may hold gaps. The limits are in the README's Guarantees.
+//! [`ExactlyOnce`] decides; [`TailReader`] reads back for [`KafkaSink`](super::KafkaSink).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -18,10 +14,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Header, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::Sink;
+use super::{Sink, SinkError};
 use crate::config::ExactlyOnceFallback;
 use crate::lsn::Lsn;
 use crate::outbox::{ID_HEADER, OutboxRecord};
@@ -125,11 +121,11 @@ impl ExactlyOnce {
             self.read_tails(sink, &record.topic, partitions, partition, position.lsn)
                 .await?;
         }
-        if self
+        let already = self
             .delivered
             .get_mut(&slot)
-            .is_some_and(|d| d.remove(&position))
-        {
+            .is_some_and(|d| d.remove(&position));
+        if already {
             return Ok(None);
         }
         record.partition = Some(partition);
@@ -298,7 +294,7 @@ pub struct TailReader {
 
 impl TailReader {
     /// A reader with the relay's brokers and `-X` connection properties.
-    pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, KafkaError> {
+    pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, SinkError> {
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", brokers)
@@ -308,20 +304,30 @@ impl TailReader {
             // A tail read ends at the partition's end: do not hold fetches open.
             .set("fetch.wait.max.ms", "10")
             .set("log_level", "3");
+        // Connection and security properties, which the reader shares with the producer.
+        let shared = [
+            "security.",
+            "ssl.",
+            "sasl.",
+            "socket.",
+            "broker.",
+            "test.mock.",
+        ];
         for (k, v) in properties {
-            if is_client_property(k) {
+            if k == "client.id" || shared.iter().any(|prefix| k.starts_with(prefix)) {
                 config.set(k, v);
             }
         }
-        Ok(TailReader {
-            consumer: config.create()?,
-        })
+        let consumer = config
+            .create()
+            .map_err(|e| SinkError::create(e, properties))?;
+        Ok(TailReader { consumer })
     }
 
-    /// Per partition of `topic`, the positions of `source`'s records at or
-    /// above `floor`: the events still to come that are already there. The
-    /// ends of all partitions are read in one pass (one round of fetches); a
-    /// partition that needs more is read further back alone.
+    /// Per partition of `topic`, the positions of `source`'s records at or above
+    /// `floor`: the events still to come that are already there. The ends of all
+    /// partitions are read in one round of fetches; one that needs more is read
+    /// further back alone.
     pub fn delivered(
         &self,
         topic: &str,
@@ -331,39 +337,35 @@ impl TailReader {
         wal_end: Lsn,
     ) -> Vec<Result<HashSet<Position>, TailError>> {
         let deadline = Instant::now() + READ_TIMEOUT;
+        let keep = |msg: &BorrowedMessage<'_>| ours(msg, source);
         let marks: Vec<_> = (0..partitions).map(|p| self.watermarks(topic, p)).collect();
-        let ranges: Vec<(i32, i64, i64)> = (0..)
+        let ends: Vec<_> = (0..)
             .zip(&marks)
-            .filter_map(|(p, m)| m.as_ref().ok().map(|&(low, high)| (p, low, high)))
-            .filter(|&(_, low, high)| high > low)
-            .map(|(p, low, high)| (p, (high - TAIL_WINDOW).max(low), high))
+            .filter_map(|(p, mark)| {
+                let &(low, high) = mark.as_ref().ok()?;
+                Some((p, (high - TAIL_WINDOW).max(low), high))
+            })
             .collect();
         // A failed joint read is retried per partition.
-        let mut scanned = self
-            .scan(topic, &ranges, deadline, |m| ours(m, source))
-            .ok();
+        let mut joint = self.scan(topic, &ends, deadline, keep).unwrap_or_default();
         (0..)
             .zip(marks)
             .map(|(partition, mark)| {
                 let (low, mut end) = mark?;
-                let mut first = ranges
-                    .iter()
-                    .position(|r| r.0 == partition)
-                    .and_then(|i| scanned.as_mut().map(|s| std::mem::take(&mut s[i])));
-                let mut found = HashSet::new();
-                let mut window = TAIL_WINDOW;
-                // Back from the end in growing windows until a record of ours
-                // below the floor. At the log's start without one (never
-                // written, or aged out), what was collected is what matters.
+                let mut first = joint.remove(&partition);
+                let (mut found, mut window) = (HashSet::new(), TAIL_WINDOW);
+                // Back from the end in growing windows until a record of ours below the
+                // floor. At the log's start without one (never written, or aged out),
+                // what was collected is what matters.
                 while end > low {
                     let start = (end - window).max(low);
                     let records = match first.take() {
                         Some(records) => records,
-                        None => self
-                            .scan(topic, &[(partition, start, end)], deadline, |m| {
-                                ours(m, source)
-                            })?
-                            .concat(),
+                        None => {
+                            let range = [(partition, start, end)];
+                            let mut alone = self.scan(topic, &range, deadline, keep)?;
+                            alone.remove(&partition).unwrap_or_default()
+                        }
                     };
                     let mut reached_floor = false;
                     for (position, key) in records {
@@ -401,11 +403,10 @@ impl TailReader {
             .collect()
     }
 
-    /// The event ids of the records of `topic` from `since_ms` (Kafka
-    /// timestamps) to the ends: what `backfill --delivery exactly-once` must
-    /// not send again. A partition that cannot answer by time (an error, or no
-    /// offset while its last record is that recent) is read from its start:
-    /// reading more only finds more ids.
+    /// The event ids of the records of `topic` from `since_ms` (Kafka timestamps) on:
+    /// what `backfill --delivery exactly-once` must not send again. A partition that
+    /// cannot answer by time (an error, or no offset while its last record is that
+    /// recent) is read from its start: reading more only finds more ids.
     pub fn event_ids_since(
         &self,
         topic: &str,
@@ -432,11 +433,10 @@ impl TailReader {
                 Some(Offset::Offset(offset)) => offset.clamp(low, high),
                 // No record from that time on, if the last one is older.
                 Some(Offset::End) if high > low => {
-                    let last = self.scan(topic, &[(partition, high - 1, high)], deadline, |m| {
-                        m.timestamp().to_millis()
-                    })?;
-                    match last.concat().first() {
-                        Some(&at) if at < since_ms => high,
+                    let last = [(partition, high - 1, high)];
+                    let read = self.scan(topic, &last, deadline, |m| m.timestamp().to_millis())?;
+                    match read.into_values().flatten().next() {
+                        Some(at) if at < since_ms => high,
                         _ => low,
                     }
                 }
@@ -447,7 +447,7 @@ impl TailReader {
         let ids = self.scan(topic, &ranges, deadline, |m| {
             event_id(m).map(<[u8]>::to_vec)
         })?;
-        Ok(ids.into_iter().flatten().collect())
+        Ok(ids.into_values().flatten().collect())
     }
 
     fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), TailError> {
@@ -456,16 +456,22 @@ impl TailReader {
             .map_err(|e| TailError::read(topic, partition, &e))
     }
 
-    /// Reads `[start, end)` of each `(partition, start, end)` of `topic` and
-    /// returns, per range, what `keep` takes from its records.
-    fn scan<T: Clone>(
+    /// Reads `[start, end)` of each `(partition, start, end)` of `topic`; per
+    /// partition, what `keep` takes from its records.
+    fn scan<T>(
         &self,
         topic: &str,
         ranges: &[(i32, i64, i64)],
         deadline: Instant,
         keep: impl Fn(&BorrowedMessage<'_>) -> Option<T>,
-    ) -> Result<Vec<Vec<T>>, TailError> {
-        let mut found: Vec<Vec<T>> = vec![Vec::new(); ranges.len()];
+    ) -> Result<HashMap<i32, Vec<T>>, TailError> {
+        let mut found: HashMap<i32, Vec<T>> = ranges.iter().map(|r| (r.0, Vec::new())).collect();
+        // The partitions still being read, each with its end.
+        let mut pending: HashMap<i32, i64> = ranges
+            .iter()
+            .filter(|&&(_, start, end)| start < end)
+            .map(|&(partition, _, end)| (partition, end))
+            .collect();
         let Some(&(first, _, _)) = ranges.first() else {
             return Ok(found);
         };
@@ -477,31 +483,29 @@ impl TailReader {
         self.consumer
             .assign(&tpl)
             .map_err(|e| TailError::read(topic, first, &e))?;
-        let mut done: Vec<bool> = ranges.iter().map(|&(_, start, end)| start >= end).collect();
-        // `None` for a previously assigned partition, whose messages may still arrive.
-        let index_of = |t: &str, p: i32| ranges.iter().position(|r| t == topic && r.0 == p);
-        while let Some(pending) = done.iter().position(|d| !d) {
+        while let Some(&partition) = pending.keys().next() {
             if Instant::now() > deadline {
-                return Err(TailError::read(topic, ranges[pending].0, &"timed out"));
+                return Err(TailError::read(topic, partition, &"timed out"));
             }
             let msg = match self.consumer.poll(Duration::from_millis(200)) {
                 None => continue,
                 Some(Ok(msg)) => msg,
                 Some(Err(KafkaError::PartitionEOF(p))) => {
-                    if let Some(i) = index_of(topic, p) {
-                        done[i] = true;
-                    }
+                    pending.remove(&p);
                     continue;
                 }
                 Some(Err(e)) => return Err(TailError::read(topic, first, &e)),
             };
-            let Some(i) = index_of(msg.topic(), msg.partition()) else {
+            // Messages of a previously assigned partition may still arrive.
+            let p = msg.partition();
+            let Some(&end) = pending.get(&p).filter(|_| msg.topic() == topic) else {
                 continue;
             };
-            let end = ranges[i].2;
-            done[i] |= msg.offset() + 1 >= end;
+            if msg.offset() + 1 >= end {
+                pending.remove(&p);
+            }
             if msg.offset() < end {
-                found[i].extend(keep(&msg));
+                found.entry(p).or_default().extend(keep(&msg));
             }
         }
         // Stop fetching now rather than at the next assignment, which would
@@ -514,7 +518,7 @@ impl TailReader {
 /// `msg` as a record of `source`, when it is one: its position and its key (or id).
 fn ours(msg: &BorrowedMessage<'_>, source: &str) -> Option<(Position, Vec<u8>)> {
     let (mut src, mut lsn, mut seq) = (None, None, None);
-    for h in headers(msg) {
+    for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
         match h.key {
             SOURCE_HEADER => src = h.value,
             LSN_HEADER => lsn = h.value,
@@ -530,29 +534,9 @@ fn ours(msg: &BorrowedMessage<'_>, source: &str) -> Option<(Position, Vec<u8>)> 
     Some((position, key))
 }
 
-fn headers<'a>(msg: &'a BorrowedMessage<'_>) -> impl Iterator<Item = Header<'a, &'a [u8]>> {
-    msg.headers().into_iter().flat_map(|h| h.iter())
-}
-
 fn event_id<'a>(msg: &'a BorrowedMessage<'_>) -> Option<&'a [u8]> {
-    headers(msg)
-        .find(|h| h.key == ID_HEADER)
-        .and_then(|h| h.value)
-}
-
-/// Connection and security properties, which the tail reader shares with the producer.
-fn is_client_property(key: &str) -> bool {
-    [
-        "security.",
-        "ssl.",
-        "sasl.",
-        "socket.",
-        "broker.",
-        "test.mock.",
-    ]
-    .iter()
-    .any(|prefix| key.starts_with(prefix))
-        || key == "client.id"
+    let mut headers = msg.headers().into_iter().flat_map(|h| h.iter());
+    headers.find(|h| h.key == ID_HEADER).and_then(|h| h.value)
 }
 
 #[cfg(test)]
@@ -591,6 +575,17 @@ mod tests {
             assert_eq!(p, partition_for(key, 7));
         }
         assert_eq!(partition_for(b"anything", 1), 0);
+    }
+
+    #[test]
+    fn a_refused_reader_property_shows_the_key_never_the_value() {
+        let properties = [("sasl.pasword".to_owned(), "hunter2".to_owned())];
+        let err = TailReader::new("127.0.0.1:1", &properties)
+            .err()
+            .map(|e| format!("{e} {e:?}"))
+            .unwrap_or_default();
+        assert!(err.contains("sasl.pasword"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
@@ -46,7 +46,8 @@ pub trait Sink: Send + Sync + 'static {
     /// Records handed over whose delivery has not been reported yet.
     fn in_flight(&self) -> usize;
 
-    /// The partition count of `topic` (exactly-once pins partitions).
+    /// The partition count of `topic` (exactly-once pins partitions); fetching
+    /// it creates the topic where the broker auto-creates topics.
     fn partition_count(&self, topic: &str) -> impl Future<Output = Result<i32, KafkaError>> + Send;
 
     /// Per partition of `topic`, the positions of `source`'s records at or
@@ -137,7 +138,7 @@ pub enum SinkError {
         "cannot create the Kafka producer: {reason}. Check --kafka-brokers and the -X properties"
     )]
     Create {
-        /// librdkafka's complaint without any secret (see [`SinkError::create`]).
+        /// librdkafka's complaint, sensitive values hidden.
         reason: String,
     },
     /// librdkafka refused to enqueue a record ([`is_poison`] tells whose fault).
@@ -156,7 +157,7 @@ pub enum SinkError {
 impl SinkError {
     /// A client that could not be created. librdkafka quotes the refused
     /// value, which may be a secret: keep the key, hide sensitive values.
-    pub fn create(error: KafkaError, properties: &[(String, String)]) -> Self {
+    fn create(error: KafkaError, properties: &[(String, String)]) -> Self {
         let hide = |text: String, value: &str| match value {
             "" => text,
             _ => text.replace(value, "***"),
@@ -184,20 +185,6 @@ struct DeliveryContext {
 }
 
 impl ClientContext for DeliveryContext {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
-        use RDKafkaLogLevel as L;
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", facility = fac, "{message}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", facility = fac, "{message}"),
-            L::Notice | L::Info => {
-                tracing::info!(target: "librdkafka", facility = fac, "{message}")
-            }
-            L::Debug => tracing::debug!(target: "librdkafka", facility = fac, "{message}"),
-        }
-    }
-
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka retries these; deliveries that finally fail are reported.
         tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
@@ -254,7 +241,6 @@ impl ProducerContext for DeliveryContext {
 pub struct KafkaSink {
     /// Shared with blocking-pool metadata reads.
     producer: Arc<ThreadedProducer<DeliveryContext>>,
-    /// Exactly-once's tail reader.
     tails: Option<Arc<Mutex<TailReader>>>,
     /// For the one-record-batch producer, made on first use.
     config: ClientConfig,
@@ -310,29 +296,29 @@ impl KafkaSink {
         ticket: Ticket,
         record: &OutboxRecord,
     ) -> Result<(), SinkError> {
+        let id = Header {
+            key: ID_HEADER,
+            value: Some(record.id.as_ref()),
+        };
+        let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len()).insert(id);
+        for (name, value) in &record.headers {
+            headers = headers.insert(Header {
+                key: name,
+                value: value.as_deref(),
+            });
+        }
+        let mut base: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(&record.topic, ticket.0 as usize)
+                .timestamp(record.timestamp_ms)
+                .headers(headers);
+        base.key = record.key.as_deref();
+        base.payload = record.payload.as_deref();
+        base.partition = record.partition;
         let mut waited = Duration::ZERO;
         loop {
-            let id = Header {
-                key: ID_HEADER,
-                value: Some(record.id.as_ref()),
-            };
-            let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len()).insert(id);
-            for (name, value) in &record.headers {
-                headers = headers.insert(Header {
-                    key: name,
-                    value: value.as_deref(),
-                });
-            }
-            let mut base: BaseRecord<'_, [u8], [u8], usize> =
-                BaseRecord::with_opaque_to(&record.topic, ticket.0 as usize)
-                    .timestamp(record.timestamp_ms)
-                    .headers(headers);
-            base.key = record.key.as_deref();
-            base.payload = record.payload.as_deref();
-            base.partition = record.partition;
             match producer.send(base) {
                 Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), refused)) => {
                     if waited.as_secs() > 0 && waited.as_millis() % 10_000 < 5 {
                         tracing::warn!(
                             waited_ms = waited.as_millis() as u64,
@@ -341,6 +327,7 @@ impl KafkaSink {
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     waited += Duration::from_millis(5);
+                    base = refused;
                 }
                 Err((source, _)) => {
                     return Err(SinkError::Enqueue {
@@ -351,32 +338,6 @@ impl KafkaSink {
                 }
             }
         }
-    }
-
-    /// The partition count of `topic` (fetching metadata creates it where the
-    /// broker auto-creates topics). Blocking: `backfill` calls it directly.
-    pub fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
-        fetch_partition_count(&self.producer, topic)
-    }
-}
-
-fn fetch_partition_count(
-    producer: &ThreadedProducer<DeliveryContext>,
-    topic: &str,
-) -> Result<i32, KafkaError> {
-    let metadata = producer
-        .client()
-        .fetch_metadata(Some(topic), Duration::from_secs(30))?;
-    let count = metadata
-        .topics()
-        .first()
-        .filter(|t| t.error().is_none())
-        .map_or(0, |t| t.partitions().len());
-    match i32::try_from(count) {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err(KafkaError::MetadataFetch(
-            RDKafkaErrorCode::UnknownTopicOrPartition,
-        )),
     }
 }
 
@@ -416,7 +377,22 @@ impl Sink for KafkaSink {
 
     async fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
         let (producer, topic) = (Arc::clone(&self.producer), topic.to_owned());
-        tokio::task::spawn_blocking(move || fetch_partition_count(&producer, &topic))
+        let fetch = tokio::task::spawn_blocking(move || {
+            let timeout = Duration::from_secs(30);
+            let metadata = producer.client().fetch_metadata(Some(&topic), timeout)?;
+            let count = metadata
+                .topics()
+                .first()
+                .filter(|t| t.error().is_none())
+                .map_or(0, |t| t.partitions().len());
+            match i32::try_from(count) {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(KafkaError::MetadataFetch(
+                    RDKafkaErrorCode::UnknownTopicOrPartition,
+                )),
+            }
+        });
+        fetch
             .await
             .unwrap_or(Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail)))
     }

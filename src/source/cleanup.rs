@@ -213,7 +213,8 @@ impl Cleanup {
         }
         match self.delete(rows).await {
             Ok(deleted) => {
-                crate::observability::metrics::cleanup_deleted(deleted);
+                let total = crate::observability::metrics::CLEANUP_DELETED_ROWS_TOTAL;
+                metrics::counter!(total).increment(deleted);
                 self.done.drain(..rows);
                 self.cleared = self.cleared.max(frontier);
                 self.due = (!self.done.is_empty()).then(|| now + interval);
