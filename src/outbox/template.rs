@@ -43,15 +43,15 @@ pub fn quote_ident(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
 }
 
-/// One piece of a topic template.
+/// One piece of a topic template; the mapping resolves a column name `C` to where it reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Segment {
+pub enum Segment<C = String> {
     /// Text copied as is.
     Literal(String),
     /// `${routedByValue}` (named as in Debezium's `route.topic.replacement`): the route-by value.
     RoutedByValue,
     /// `${column}`: the value of a named column.
-    Column(String),
+    Column(C),
 }
 
 /// A parsed `--topic-template`, e.g. `outbox.event.${routedByValue}`.
