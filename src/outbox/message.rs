@@ -1,8 +1,7 @@
-//! PURE: the table-less outbox. A transactional logical decoding message
-//! (`pg_logical_emit_message(true, 'outbox', '{...}')`) whose content is a JSON object maps like
-//! a row, with its top-level fields in place of columns: a JSON string gives its contents (like a
-//! `text` column), any other value its JSON text as written (like `jsonb`), `null` or a missing
-//! field gives NULL.
+//! PURE: the table-less outbox. A transactional message (`pg_logical_emit_message(true,
+//! 'outbox', '{...}')`) holding a JSON object maps like a row, its top-level fields as columns:
+//! a string gives its contents (like `text`), other values their JSON text (like `jsonb`), `null`
+//! or a missing field NULL.
 
 use std::collections::HashMap;
 

@@ -264,8 +264,7 @@ trait Event {
     fn payload_is_json(&self, column: &Self::Column) -> bool;
 }
 
-/// A [`MappingConfig`] with its columns resolved to `C`: row indexes for a table, field names
-/// for a message prefix.
+/// A [`MappingConfig`] with its columns resolved to `C`: row indexes, or a message's field names.
 #[derive(Clone, Debug)]
 struct Plan<C> {
     route: C,
@@ -407,8 +406,7 @@ fn routing_value<E: Event>(event: &E, column: &E::Column) -> Result<Bytes, Event
         })
 }
 
-/// The timestamp column's value: epoch milliseconds (an integer column or JSON number) or
-/// ISO 8601 text (a timestamp column or JSON string).
+/// The timestamp column's value: epoch milliseconds (integer or JSON number) or ISO 8601 text.
 fn timestamp_ms<E: Event>(event: &E, column: &E::Column) -> Result<Option<i64>, EventError> {
     let Some(raw) = event.value(column)? else {
         return Ok(None);
@@ -523,8 +521,7 @@ impl TableMapping {
         &self.table
     }
 
-    /// Maps one inserted row; `commit_time_ms` is the record timestamp unless a timestamp column
-    /// is configured.
+    /// Maps one inserted row; `commit_time_ms` is the timestamp unless a timestamp column is set.
     pub fn map(&self, row: &TupleData, commit_time_ms: i64) -> Result<OutboxRecord, EventError> {
         self.plan.map(&self.row(row), commit_time_ms)
     }
