@@ -12,8 +12,7 @@ pub struct TableName {
 }
 
 impl TableName {
-    /// Parses `schema.table` or `table` (schema `public`). Double quotes around a part are
-    /// stripped; the name is otherwise taken exactly as written.
+    /// Parses `schema.table` or `table` (schema `public`), case kept, quotes around a part removed.
     pub fn parse(raw: &str) -> Result<Self, String> {
         let unquote = |s: &str| s.trim().trim_matches('"').to_owned();
         let (schema, name) = match raw.trim().split_once('.') {
