@@ -443,8 +443,7 @@ struct Row<'a> {
 impl Row<'_> {
     /// The column's type, when it is a built-in one.
     fn type_of(&self, idx: usize) -> Option<Type> {
-        let column = self.relation.columns.get(idx)?;
-        Type::from_oid(column.type_oid)
+        Type::from_oid(self.relation.columns.get(idx)?.type_oid)
     }
 }
 
