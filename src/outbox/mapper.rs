@@ -99,10 +99,7 @@ impl EventMapper {
         commit_time_ms: i64,
     ) -> Option<(Arc<str>, Mapped)> {
         let mapping = self.bound.get(&relation_id)?;
-        let mapped = mapping
-            .map(row, commit_time_ms)
-            .map_err(|error| (error, mapping.raw_parts(row)));
-        Some((mapping.table().clone(), mapped))
+        Some((mapping.table().clone(), mapping.map(row, commit_time_ms)))
     }
 
     /// Maps a logical decoding message: `None` when its prefix is not an outbox prefix, else

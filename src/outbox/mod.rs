@@ -521,20 +521,13 @@ impl TableMapping {
     }
 
     /// Maps one inserted row; `commit_time_ms` is the timestamp unless a timestamp column is set.
-    pub fn map(&self, row: &TupleData, commit_time_ms: i64) -> Result<OutboxRecord, EventError> {
-        self.plan.map(&self.row(row), commit_time_ms)
-    }
-
-    /// The row's id, key, payload and topic as far as they can be read, for a dead letter.
-    pub fn raw_parts(&self, row: &TupleData) -> RawParts {
-        self.plan.raw_parts(&self.row(row))
-    }
-
-    fn row<'a>(&'a self, row: &'a TupleData) -> Row<'a> {
-        Row {
+    pub fn map(&self, row: &TupleData, commit_time_ms: i64) -> Mapped {
+        let row = Row {
             relation: &self.relation,
             row,
-        }
+        };
+        let mapped = self.plan.map(&row, commit_time_ms);
+        mapped.map_err(|error| (error, self.plan.raw_parts(&row)))
     }
 }
 
