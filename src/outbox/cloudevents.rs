@@ -19,10 +19,10 @@ pub struct CloudEventsConfig {
 impl CloudEventsConfig {
     /// `ce_source` for `origin` (`schema/table` or `message/<prefix>`), by default
     /// `/<database>/<origin>`.
-    pub fn source_for(&self, origin: &str) -> Arc<str> {
+    pub fn source_for(&self, origin: &str) -> Bytes {
         match &self.source {
-            Some(source) => Arc::from(source.as_str()),
-            None => Arc::from(format!("/{}/{origin}", self.database).as_str()),
+            Some(source) => Bytes::from(source.clone()),
+            None => Bytes::from(format!("/{}/{origin}", self.database)),
         }
     }
 }
@@ -31,7 +31,7 @@ impl CloudEventsConfig {
 #[derive(Clone, Debug)]
 pub struct Attributes<'a> {
     /// `ce_source`.
-    pub source: &'a Arc<str>,
+    pub source: &'a Bytes,
     /// `ce_id`: the event id.
     pub id: &'a Bytes,
     /// `ce_type`: the route-by value.
@@ -49,22 +49,15 @@ pub fn headers(attrs: &Attributes<'_>) -> Vec<(Arc<str>, Option<Bytes>)> {
     // Commit times are never before 1970; clamp rather than fail.
     let time = UNIX_EPOCH + Duration::from_millis(u64::try_from(attrs.time_ms).unwrap_or(0));
     let time = humantime::format_rfc3339_millis(time).to_string();
+    let json = Bytes::from_static(b"application/json");
     [
         ("ce_specversion", Some(Bytes::from_static(b"1.0"))),
         ("ce_id", Some(attrs.id.clone())),
         ("ce_type", Some(attrs.event_type.clone())),
-        (
-            "ce_source",
-            Some(Bytes::copy_from_slice(attrs.source.as_bytes())),
-        ),
+        ("ce_source", Some(attrs.source.clone())),
         ("ce_time", Some(Bytes::from(time))),
         ("ce_subject", attrs.subject.cloned()),
-        (
-            "content-type",
-            attrs
-                .json
-                .then_some(Bytes::from_static(b"application/json")),
-        ),
+        ("content-type", attrs.json.then_some(json)),
     ]
     .into_iter()
     .filter_map(|(name, value)| Some((Arc::from(name), Some(value?))))

@@ -275,7 +275,7 @@ struct Plan<C> {
     headers: Vec<(C, Arc<str>)>,
     topic: Vec<Segment<C>>,
     /// `ce_source`, with `--cloudevents`.
-    ce_source: Option<Arc<str>>,
+    ce_source: Option<Bytes>,
 }
 
 impl<C: Clone> Plan<C> {
