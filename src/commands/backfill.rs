@@ -134,7 +134,7 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
             let values = TupleData((0..row.len()).map(value).collect());
             let record = mapping
                 .map(&values, now_ms)
-                .map_err(|e| CommandError::Refused(format!("{table}: {e}")))?;
+                .map_err(|(e, _)| CommandError::Refused(format!("{table}: {e}")))?;
             if let Some(d) = exactly_once.as_mut()
                 && d.contains(&sink, &record.topic, &record.id).await?
             {

@@ -1,7 +1,6 @@
-//! Readiness: the shared [`Health`] state, and the PURE rules ([`evaluate`])
-//! that turn a snapshot of it into `/readyz`'s answer. Slot risks the relay
-//! cannot fix itself are warnings with the remedy; a slot it cannot stream from
-//! is a reason.
+//! Readiness: the shared [`Health`] state, and the PURE rules ([`evaluate`]) that turn a
+//! snapshot of it into `/readyz`'s answer. Slot risks the relay cannot fix itself are warnings
+//! with the remedy; a slot it cannot stream from is a reason.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -193,8 +192,7 @@ fn slot_lost() -> String {
     )
 }
 
-/// For an invalidated slot (`reason` from [`SlotStatus::invalidated`]): the
-/// cause, the settings that prevent a repeat, and the way back.
+/// For an invalidated slot ([`SlotStatus::invalidated`]): the cause, the fix and the way back.
 pub fn slot_invalidated_remedy(reason: &str) -> String {
     const FEEDBACK: &str = "set hot_standby_feedback = on on the standby and stream it through \
         a physical slot on the primary (primary_slot_name), so the primary keeps catalog rows \
@@ -288,8 +286,8 @@ pub struct Progress {
     pub frontier: Lsn,
 }
 
-/// The relay's one shared readiness and progress state (the relay command
-/// hands it to the HTTP server, the producer, the pipeline and the slot poller).
+/// The relay's one readiness and progress state, shared by the HTTP server, the producer, the
+/// pipeline and the slot poller.
 #[derive(Debug, Default)]
 pub struct Health {
     thresholds: ReadinessThresholds,

@@ -1,8 +1,6 @@
-//! [`PipelineObserver`]: what the pipeline reports, recorded as metrics and
-//! published to [`Health`] as [`Progress`]. At ~100k events/s it keeps
-//! registered metric handles (one counter per topic), so an ack costs a few
-//! atomic adds. A delivery report carries only the ticket, so what the ack
-//! needs ([`Sent`]) rides in the ack tracker's entry for the event.
+//! [`PipelineObserver`]: what the pipeline reports, recorded as metrics and published to
+//! [`Health`] as [`Progress`]. It keeps registered metric handles (one counter per topic), so an
+//! ack at ~100k events/s costs a few atomic adds.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,11 +14,12 @@ use super::health::{Health, Progress};
 use super::metrics as m;
 use crate::lsn::Lsn;
 
-/// Most distinct `topic` labels; events of further topics count under
-/// `topic="_other"`, so a runaway topic template cannot exhaust memory.
+/// Most distinct `topic` labels; further topics count under `topic="_other"`, so a runaway
+/// topic template cannot exhaust memory.
 const MAX_TOPIC_LABELS: usize = 1000;
 
-/// What an event's ack needs, kept in the ack tracker's entry for the event.
+/// What an event's ack needs: a delivery report carries only the ticket, so this rides in the
+/// ack tracker's entry for the event.
 #[derive(Clone, Debug)]
 pub struct Sent {
     topic: Counter,
@@ -29,8 +28,8 @@ pub struct Sent {
     pub handed_at: Instant,
 }
 
-/// The pipeline's observability hooks. Create it after [`m::install`]:
-/// metric handles bind to the recorder installed then.
+/// The pipeline's observability hooks. Create it after [`m::install`]: metric handles bind to
+/// the recorder installed then.
 pub struct PipelineObserver {
     health: Arc<Health>,
     progress: Progress,
@@ -81,8 +80,7 @@ impl PipelineObserver {
         }
     }
 
-    /// An event to `topic` was handed to the producer; `commit_time_us` is
-    /// its transaction's commit time in Unix microseconds.
+    /// An event to `topic`, committed at `commit_time_us` (Unix µs), was handed to the producer.
     pub fn event_sent(&mut self, topic: &str, commit_time_us: i64) -> Sent {
         Sent {
             topic: self.topic_counter(topic),
@@ -91,8 +89,7 @@ impl PipelineObserver {
         }
     }
 
-    /// The [`m::EVENTS_RELAYED_TOTAL`] counter of `topic`; allocates only for
-    /// a new topic (a `Counter` clone is a reference count).
+    /// The [`m::EVENTS_RELAYED_TOTAL`] counter of `topic`; allocates only for a new topic.
     fn topic_counter(&mut self, topic: &str) -> Counter {
         if let Some(counter) = self.topics.get(topic) {
             return counter.clone();
@@ -132,9 +129,8 @@ impl PipelineObserver {
         counter!(m::DELIVERY_ERRORS_TOTAL, "kind" => m::error_kind(error)).increment(1);
     }
 
-    /// After a step: the ack frontier, and the events and bytes in flight
-    /// with when the oldest was handed over. The one place that publishes to
-    /// [`Health`]: once per step, not once per event and again per ack.
+    /// After a step: the ack frontier, and the events and bytes in flight with when the oldest
+    /// was handed over. The one place that publishes to [`Health`]: once per step.
     pub fn step(&mut self, frontier: Lsn, events: usize, bytes: usize, oldest: Option<Instant>) {
         self.ack_frontier.set(frontier.as_u64() as f64);
         self.in_flight_events.set(events as f64);

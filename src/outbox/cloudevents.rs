@@ -1,16 +1,13 @@
-//! PURE: the CloudEvents Kafka protocol binding, binary content mode.
-//!
-//! The record keeps its key, value and `id` header; the event's attributes travel as `ce_*`
-//! headers and its data content type as `content-type`, so a CloudEvents SDK reads the record as
-//! an event while consumers that ignore CloudEvents see the same record as before.
+//! PURE: the CloudEvents Kafka protocol binding, binary content mode. The attributes travel as
+//! `ce_*` headers (and `content-type`), so a CloudEvents SDK reads the record as an event while
+//! other consumers see the same key, value and `id` header as before.
 
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-/// `--cloudevents` settings, part of the mapping so every path that maps events (the relay,
-/// `peek`) adds the same headers.
+/// `--cloudevents` settings, in the mapping so the relay and `peek` add the same headers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CloudEventsConfig {
     /// `--cloudevents-source`; `None` derives one per table.
@@ -20,12 +17,12 @@ pub struct CloudEventsConfig {
 }
 
 impl CloudEventsConfig {
-    /// `ce_source` for events from `origin` (`schema/table` or `message/<prefix>`): the flag's
-    /// value, else `/<database>/<origin>`.
-    pub fn source_for(&self, origin: &str) -> Arc<str> {
+    /// `ce_source` for `origin` (`schema/table` or `message/<prefix>`), by default
+    /// `/<database>/<origin>`.
+    pub fn source_for(&self, origin: &str) -> Bytes {
         match &self.source {
-            Some(source) => Arc::from(source.as_str()),
-            None => Arc::from(format!("/{}/{origin}", self.database).as_str()),
+            Some(source) => Bytes::from(source.clone()),
+            None => Bytes::from(format!("/{}/{origin}", self.database)),
         }
     }
 }
@@ -34,7 +31,7 @@ impl CloudEventsConfig {
 #[derive(Clone, Debug)]
 pub struct Attributes<'a> {
     /// `ce_source`.
-    pub source: &'a Arc<str>,
+    pub source: &'a Bytes,
     /// `ce_id`: the event id.
     pub id: &'a Bytes,
     /// `ce_type`: the route-by value.
@@ -43,33 +40,24 @@ pub struct Attributes<'a> {
     pub subject: Option<&'a Bytes>,
     /// `ce_time`: the commit time, Unix milliseconds.
     pub time_ms: i64,
-    /// Whether the payload is JSON (a json/jsonb column or a non-string JSON field), which
-    /// sets `content-type: application/json`.
+    /// Whether the payload is JSON (json/jsonb or a non-string JSON field): `content-type`.
     pub json: bool,
 }
 
-/// The `ce_*` and `content-type` headers of one event, in a fixed order; absent attributes are
-/// left out.
+/// The `ce_*` and `content-type` headers of one event, in a fixed order, absent ones left out.
 pub fn headers(attrs: &Attributes<'_>) -> Vec<(Arc<str>, Option<Bytes>)> {
     // Commit times are never before 1970; clamp rather than fail.
     let time = UNIX_EPOCH + Duration::from_millis(u64::try_from(attrs.time_ms).unwrap_or(0));
     let time = humantime::format_rfc3339_millis(time).to_string();
+    let json = Bytes::from_static(b"application/json");
     [
         ("ce_specversion", Some(Bytes::from_static(b"1.0"))),
         ("ce_id", Some(attrs.id.clone())),
         ("ce_type", Some(attrs.event_type.clone())),
-        (
-            "ce_source",
-            Some(Bytes::copy_from_slice(attrs.source.as_bytes())),
-        ),
+        ("ce_source", Some(attrs.source.clone())),
         ("ce_time", Some(Bytes::from(time))),
         ("ce_subject", attrs.subject.cloned()),
-        (
-            "content-type",
-            attrs
-                .json
-                .then_some(Bytes::from_static(b"application/json")),
-        ),
+        ("content-type", attrs.json.then_some(json)),
     ]
     .into_iter()
     .filter_map(|(name, value)| Some((Arc::from(name), Some(value?))))

@@ -23,8 +23,7 @@ pub struct EventMapper {
     tables: Vec<(TableName, MappingConfig)>,
     /// The outbox tables' mappings, by relation OID, as last announced.
     bound: HashMap<u32, TableMapping>,
-    /// By prefix: `message:<prefix>` (what errors and dead letters name as the table) and the
-    /// mapping, resolved to field names.
+    /// By prefix: `message:<prefix>` (the table errors and dead letters name) and the mapping.
     messages: HashMap<String, (Arc<str>, Plan<String>)>,
 }
 
@@ -90,8 +89,7 @@ impl EventMapper {
         self.bound.get(&relation_id).map(TableMapping::table)
     }
 
-    /// Maps an inserted row: `None` when the table is not an outbox table, else the table and
-    /// the record.
+    /// Maps an inserted row: `None` unless its table is an outbox table, else the table and record.
     pub fn insert(
         &self,
         relation_id: u32,
@@ -99,14 +97,11 @@ impl EventMapper {
         commit_time_ms: i64,
     ) -> Option<(Arc<str>, Mapped)> {
         let mapping = self.bound.get(&relation_id)?;
-        let mapped = mapping
-            .map(row, commit_time_ms)
-            .map_err(|error| (error, mapping.raw_parts(row)));
-        Some((mapping.table().clone(), mapped))
+        Some((mapping.table().clone(), mapping.map(row, commit_time_ms)))
     }
 
-    /// Maps a logical decoding message: `None` when its prefix is not an outbox prefix, else
-    /// `message:<prefix>` and the record.
+    /// Maps a logical decoding message: `None` unless an outbox prefix, else `message:<prefix>`
+    /// and the record.
     pub fn message(
         &self,
         prefix: &str,

@@ -1,8 +1,7 @@
-//! PURE: the table-less outbox. A transactional logical decoding message
-//! (`pg_logical_emit_message(true, 'outbox', '{...}')`) whose content is a JSON object maps like
-//! a row, with its top-level fields in place of columns: a JSON string gives its contents (like a
-//! `text` column), any other value its JSON text as written (like `jsonb`), `null` or a missing
-//! field gives NULL.
+//! PURE: the table-less outbox. A transactional message (`pg_logical_emit_message(true,
+//! 'outbox', '{...}')`) holding a JSON object maps like a row, its top-level fields as columns:
+//! a string gives its contents (like `text`), other values their JSON text (like `jsonb`), `null`
+//! or a missing field NULL.
 
 use std::collections::HashMap;
 
@@ -30,6 +29,12 @@ impl<'a> Fields<'a> {
         })?;
         Ok(Fields { content, fields })
     }
+
+    /// The field's JSON text; `None` when missing or `null`.
+    fn raw(&self, field: &str) -> Option<&'a str> {
+        let raw = self.fields.get(field)?.get();
+        (raw != "null").then_some(raw)
+    }
 }
 
 impl Event for Fields<'_> {
@@ -40,12 +45,10 @@ impl Event for Fields<'_> {
     }
 
     fn value(&self, field: &String) -> Result<Option<Bytes>, EventError> {
-        let Some(raw) = self.fields.get(field).map(|raw| raw.get()) else {
+        let Some(raw) = self.raw(field) else {
             return Ok(None);
         };
-        if raw == "null" {
-            Ok(None)
-        } else if raw.starts_with('"') {
+        if raw.starts_with('"') {
             let text: String =
                 serde_json::from_str(raw).map_err(|e| invalid(field.clone(), &e.to_string()))?;
             Ok(Some(Bytes::from(text)))
@@ -56,9 +59,7 @@ impl Event for Fields<'_> {
     }
 
     fn payload_is_json(&self, field: &String) -> bool {
-        self.fields
-            .get(field)
-            .is_some_and(|raw| raw.get() != "null" && !raw.get().starts_with('"'))
+        self.raw(field).is_some_and(|raw| !raw.starts_with('"'))
     }
 }
 

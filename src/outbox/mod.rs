@@ -1,13 +1,7 @@
 //! PURE: how an outbox event, an inserted row or a logical decoding message, becomes a Kafka
-//! record.
-//!
-//! The flags ([`MappingConfig`]) are resolved once into a plan: against a table's columns when
-//! its pgoutput Relation arrives ([`TableMapping::bind`]), so per-row work is index lookups, or to
-//! a message prefix's JSON field names. Rows and messages then map through the same code. A
-//! column that is missing or of an unusable type is a [`BindError`] naming the table, the flag
-//! and the existing columns; a bad value is an [`EventError`] naming the column, never the value.
-//! The defaults mirror Debezium's Outbox Event Router on the common schema
-//! `outbox(id, aggregate_type, aggregate_id, event_type, payload, created_at)`.
+//! record, as Debezium's Outbox Event Router does. The flags ([`MappingConfig`]) are resolved
+//! once into a plan (a table's column indexes when its Relation arrives, or a message prefix's
+//! JSON field names), so per-event work is lookups and rows and messages map through one code.
 
 pub mod cloudevents;
 mod mapper;
@@ -232,8 +226,7 @@ pub fn check_topic_name(topic: &str) -> Result<(), &'static str> {
     }
 }
 
-/// The position of `column` in `relation`, or the error naming the `flag` that asked for it and
-/// the columns there are.
+/// The position of `column` in `relation`, or the error naming the `flag` and the columns.
 pub(crate) fn column_index(
     relation: &Relation,
     table: &str,
@@ -271,15 +264,7 @@ trait Event {
     fn payload_is_json(&self, column: &Self::Column) -> bool;
 }
 
-/// A piece of a resolved topic template.
-#[derive(Clone, Debug)]
-enum Part<C> {
-    Literal(String),
-    Column(C),
-}
-
-/// A [`MappingConfig`] with its columns resolved to `C`: row indexes for a table, field names
-/// for a message prefix.
+/// A [`MappingConfig`] with its columns resolved to `C`: row indexes, or a message's field names.
 #[derive(Clone, Debug)]
 struct Plan<C> {
     route: C,
@@ -288,9 +273,9 @@ struct Plan<C> {
     payload: C,
     timestamp: Option<C>,
     headers: Vec<(C, Arc<str>)>,
-    topic: Vec<Part<C>>,
+    topic: Vec<Segment<C>>,
     /// `ce_source`, with `--cloudevents`.
-    ce_source: Option<Arc<str>>,
+    ce_source: Option<Bytes>,
 }
 
 impl<C: Clone> Plan<C> {
@@ -305,23 +290,20 @@ impl<C: Clone> Plan<C> {
         let key = resolve("--key-column", &config.key_column)?;
         let id = resolve("--id-column", &config.id_column)?;
         let payload = resolve("--payload-column", &config.payload_column)?;
-        let timestamp = match &config.timestamp_column {
-            Some(column) => Some(resolve("--timestamp-column", column)?),
-            None => None,
-        };
+        let timestamp = (config.timestamp_column.as_ref())
+            .map(|column| resolve("--timestamp-column", column))
+            .transpose()?;
         let mut headers = Vec::with_capacity(config.header_columns.len());
         for h in &config.header_columns {
-            headers.push((
-                resolve("--header-column", &h.column)?,
-                Arc::from(h.header.as_str()),
-            ));
+            let column = resolve("--header-column", &h.column)?;
+            headers.push((column, Arc::from(h.header.as_str())));
         }
         let mut topic = Vec::new();
         for segment in config.topic_template.segments() {
             topic.push(match segment {
-                Segment::Literal(text) => Part::Literal(text.clone()),
-                Segment::RoutedByValue => Part::Column(route.clone()),
-                Segment::Column(column) => Part::Column(resolve("--topic-template", column)?),
+                Segment::Literal(text) => Segment::Literal(text.clone()),
+                Segment::RoutedByValue => Segment::RoutedByValue,
+                Segment::Column(column) => Segment::Column(resolve("--topic-template", column)?),
             });
         }
         Ok(Plan {
@@ -355,10 +337,9 @@ impl<C: Clone> Plan<C> {
             Some(column) => timestamp_ms(event, column)?.unwrap_or(commit_time_ms),
             None => commit_time_ms,
         };
-        let mut headers = Vec::with_capacity(self.headers.len());
-        for (column, name) in &self.headers {
-            headers.push((Arc::clone(name), event.value(column)?));
-        }
+        let mut headers = (self.headers.iter())
+            .map(|(column, name)| Ok((Arc::clone(name), event.value(column)?)))
+            .collect::<Result<Vec<_>, _>>()?;
         if let Some(source) = &self.ce_source {
             headers.extend(cloudevents::headers(&cloudevents::Attributes {
                 source,
@@ -397,16 +378,19 @@ impl<C: Clone> Plan<C> {
     /// The topic template filled in from the event (not yet checked against Kafka's rules).
     fn topic<E: Event<Column = C>>(&self, event: &E) -> Result<String, EventError> {
         let mut topic = String::new();
-        for part in &self.topic {
-            match part {
-                Part::Literal(text) => topic.push_str(text),
-                Part::Column(column) => {
-                    let value = routing_value(event, column)?;
-                    let value = std::str::from_utf8(&value)
-                        .map_err(|_| invalid(event.name(column), "not UTF-8"))?;
-                    topic.push_str(value);
+        for segment in &self.topic {
+            let column = match segment {
+                Segment::Literal(text) => {
+                    topic.push_str(text);
+                    continue;
                 }
-            }
+                Segment::RoutedByValue => &self.route,
+                Segment::Column(column) => column,
+            };
+            let value = routing_value(event, column)?;
+            let value = std::str::from_utf8(&value)
+                .map_err(|_| invalid(event.name(column), "not UTF-8"))?;
+            topic.push_str(value);
         }
         Ok(topic)
     }
@@ -422,8 +406,7 @@ fn routing_value<E: Event>(event: &E, column: &E::Column) -> Result<Bytes, Event
         })
 }
 
-/// The timestamp column's value: epoch milliseconds (an integer column or JSON number) or
-/// ISO 8601 text (a timestamp column or JSON string).
+/// The timestamp column's value: epoch milliseconds (integer or JSON number) or ISO 8601 text.
 fn timestamp_ms<E: Event>(event: &E, column: &E::Column) -> Result<Option<i64>, EventError> {
     let Some(raw) = event.value(column)? else {
         return Ok(None);
@@ -460,8 +443,7 @@ struct Row<'a> {
 impl Row<'_> {
     /// The column's type, when it is a built-in one.
     fn type_of(&self, idx: usize) -> Option<Type> {
-        let column = self.relation.columns.get(idx)?;
-        Type::from_oid(column.type_oid)
+        Type::from_oid(self.relation.columns.get(idx)?.type_oid)
     }
 }
 
@@ -538,22 +520,14 @@ impl TableMapping {
         &self.table
     }
 
-    /// Maps one inserted row; `commit_time_ms` is the record timestamp unless a timestamp column
-    /// is configured.
-    pub fn map(&self, row: &TupleData, commit_time_ms: i64) -> Result<OutboxRecord, EventError> {
-        self.plan.map(&self.row(row), commit_time_ms)
-    }
-
-    /// The row's id, key, payload and topic as far as they can be read, for a dead letter.
-    pub fn raw_parts(&self, row: &TupleData) -> RawParts {
-        self.plan.raw_parts(&self.row(row))
-    }
-
-    fn row<'a>(&'a self, row: &'a TupleData) -> Row<'a> {
-        Row {
+    /// Maps one inserted row; `commit_time_ms` is the timestamp unless a timestamp column is set.
+    pub fn map(&self, row: &TupleData, commit_time_ms: i64) -> Mapped {
+        let row = Row {
             relation: &self.relation,
             row,
-        }
+        };
+        let mapped = self.plan.map(&row, commit_time_ms);
+        mapped.map_err(|error| (error, self.plan.raw_parts(&row)))
     }
 }
 

@@ -12,8 +12,7 @@ pub struct TableName {
 }
 
 impl TableName {
-    /// Parses `schema.table` or `table` (schema `public`). Double quotes around a part are
-    /// stripped; the name is otherwise taken exactly as written.
+    /// Parses `schema.table` or `table` (schema `public`), case kept, quotes around a part removed.
     pub fn parse(raw: &str) -> Result<Self, String> {
         let unquote = |s: &str| s.trim().trim_matches('"').to_owned();
         let (schema, name) = match raw.trim().split_once('.') {
@@ -43,15 +42,15 @@ pub fn quote_ident(ident: &str) -> String {
     format!("\"{}\"", ident.replace('"', "\"\""))
 }
 
-/// One piece of a topic template.
+/// One piece of a topic template; the mapping resolves a column name `C` to where it reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Segment {
+pub enum Segment<C = String> {
     /// Text copied as is.
     Literal(String),
     /// `${routedByValue}` (named as in Debezium's `route.topic.replacement`): the route-by value.
     RoutedByValue,
     /// `${column}`: the value of a named column.
-    Column(String),
+    Column(C),
 }
 
 /// A parsed `--topic-template`, e.g. `outbox.event.${routedByValue}`.

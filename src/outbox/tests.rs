@@ -126,7 +126,7 @@ fn bytea_payload_is_decoded_to_raw_bytes() {
     let bad = row(vec![t("1"), t("a"), t("E"), t("\\xf")]);
     assert!(matches!(
         m.map(&bad, 0),
-        Err(EventError::InvalidValue { .. })
+        Err((EventError::InvalidValue { .. }, _))
     ));
 }
 
@@ -212,23 +212,23 @@ fn bad_rows_are_typed_errors() {
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
     let mut r = standard_row(Value::Null);
     r.0[0] = Value::Null;
-    assert!(matches!(m.map(&r, 0), Err(EventError::NullId { .. })));
+    assert!(matches!(m.map(&r, 0), Err((EventError::NullId { .. }, _))));
     let mut r = standard_row(Value::Null);
     r.0[3] = t("");
     assert!(matches!(
         m.map(&r, 0),
-        Err(EventError::EmptyRoutingValue { .. })
+        Err((EventError::EmptyRoutingValue { .. }, _))
     ));
     let mut r = standard_row(Value::Null);
     r.0[3] = Value::Null;
     assert!(matches!(
         m.map(&r, 0),
-        Err(EventError::EmptyRoutingValue { .. })
+        Err((EventError::EmptyRoutingValue { .. }, _))
     ));
     let short = row(vec![t("1")]);
     assert!(matches!(
         m.map(&short, 0),
-        Err(EventError::InvalidValue { .. })
+        Err((EventError::InvalidValue { .. }, _))
     ));
     let mut r = standard_row(Value::Null);
     r.0[1] = Value::Unchanged;
@@ -248,13 +248,16 @@ fn topic_names_kafka_rejects_are_event_errors() {
         let mut r = standard_row(Value::Null);
         r.0[3] = t(bad);
         assert!(
-            matches!(m.map(&r, 0), Err(EventError::InvalidTopic { .. })),
+            matches!(m.map(&r, 0), Err((EventError::InvalidTopic { .. }, _))),
             "{bad:?}"
         );
     }
     let mut r = standard_row(Value::Null);
     r.0[3] = t(&"x".repeat(250));
-    assert!(matches!(m.map(&r, 0), Err(EventError::InvalidTopic { .. })));
+    assert!(matches!(
+        m.map(&r, 0),
+        Err((EventError::InvalidTopic { .. }, _))
+    ));
     r.0[3] = t(&"x".repeat(249));
     assert!(m.map(&r, 0).is_ok());
 }
@@ -269,7 +272,7 @@ fn dead_letter_records_keep_key_payload_and_say_why() {
     .unwrap();
     let mut r = standard_row(t(r#"{"a":1}"#));
     r.0[3] = t("bad topic");
-    let parts = m.raw_parts(&r);
+    let parts = m.map(&r, 0).unwrap_err().1;
     assert_eq!(parts.intended_topic.as_deref(), Some("out.bad topic"));
     let info = DeadLetterInfo {
         error: "topic name is not valid".into(),
@@ -315,7 +318,7 @@ fn dead_letter_records_keep_key_payload_and_say_why() {
     // A NULL id still yields a record (with an empty id) rather than nothing.
     let mut r = standard_row(Value::Null);
     r.0[0] = Value::Null;
-    assert_eq!(m.raw_parts(&r).id.len(), 0);
+    assert_eq!(m.map(&r, 0).unwrap_err().1.id.len(), 0);
 }
 
 #[test]
@@ -379,7 +382,7 @@ fn cloudevents_headers_come_from_the_row_and_the_commit_time() {
     r.0[3] = Value::Null;
     assert!(matches!(
         m.map(&r, 0),
-        Err(EventError::EmptyRoutingValue { .. })
+        Err((EventError::EmptyRoutingValue { .. }, _))
     ));
 }
 

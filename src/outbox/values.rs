@@ -4,16 +4,14 @@
 use bytes::Bytes;
 use chrono::{DateTime, NaiveDateTime};
 
-/// Decodes bytea's hex output (`\x0102ff`); `None` for anything else (the relay never changes
-/// `bytea_output` from its `hex` default).
+/// Decodes bytea's hex output (`\x0102ff`, the default `bytea_output`); `None` for anything else.
 pub fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
     hex::decode(text.strip_prefix(b"\\x")?)
         .ok()
         .map(Bytes::from)
 }
 
-/// Parses ISO timestamp text (`2026-11-22 13:05:54.123456+00`, offset optional, then UTC) into
-/// Unix milliseconds.
+/// ISO timestamp text (`2026-11-22 13:05:54.123456+00`, UTC without offset) as Unix ms.
 pub fn parse_timestamp_ms(text: &str) -> Option<i64> {
     let text = text.replacen('T', " ", 1);
     match DateTime::parse_from_str(&text, "%Y-%m-%d %H:%M:%S%.f%#z") {
