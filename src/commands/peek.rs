@@ -35,17 +35,12 @@ fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
 
 pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
     let (client, slot) = (setup::connect(config).await?, &config.slot);
-    let info = super::status::read_slot(&client, slot).await?;
+    let remedy = "stop the relay to peek, or watch `outbox-relay status`";
+    let info = super::status::idle_slot(&client, slot, remedy).await?;
     if !info.exists {
         return Err(CommandError::Refused(format!(
             "slot {slot:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
              creates it)"
-        )));
-    }
-    if let Some(pid) = info.active_pid {
-        return Err(CommandError::Refused(format!(
-            "slot {slot:?} is in use by server process {pid} (a running relay?): Postgres lets \
-             only one session read a slot. Stop the relay to peek, or watch `outbox-relay status`"
         )));
     }
     client
