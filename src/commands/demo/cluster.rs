@@ -22,7 +22,8 @@ const USUAL_DIRS: &[&str] = &[
 
 /// A running throwaway cluster.
 pub(super) struct Cluster {
-    dir: tempfile::TempDir,
+    /// The temporary directory (data, socket, server log).
+    pub(super) dir: tempfile::TempDir,
     bin: PathBuf,
     /// The superuser's URL over loopback TCP.
     pub(super) url: String,
@@ -61,7 +62,7 @@ impl Cluster {
             url,
             as_root,
         };
-        let dir = cluster.dir().display().to_string();
+        let dir = cluster.dir.path().display().to_string();
         if as_root {
             cluster.run(Command::new("chown").args(["-R", "postgres:postgres", &dir]))?;
         }
@@ -77,11 +78,6 @@ impl Cluster {
         let start = "start -w -t 60 -D data -l server.log -o";
         cluster.run(pg_ctl.args(start.split_whitespace()).arg(options))?;
         Ok(cluster)
-    }
-
-    /// The temporary directory (data, socket, server log).
-    pub(super) fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// A server tool from the bin dir, as `postgres` under root.
@@ -119,9 +115,7 @@ impl Cluster {
             Err(e) => e.to_string(),
         };
         let hint = match self.as_root {
-            true => {
-                " (running as root: is there a `postgres` user? The PostgreSQL packages create it)"
-            }
+            true => " (as root: is there a `postgres` user? The PostgreSQL packages create it)",
             false => "",
         };
         let mut message = format!("{:?} failed: {why}{hint}", command.get_program());
@@ -162,11 +156,8 @@ fn find_server() -> Option<PathBuf> {
     let bindir = pg_config.map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
     let mut candidates: Vec<PathBuf> = bindir.into_iter().collect();
     for pattern in USUAL_DIRS {
-        let mut found: Vec<PathBuf> = glob::glob(pattern)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .collect();
+        let found = glob::glob(pattern).into_iter().flatten();
+        let mut found: Vec<PathBuf> = found.flatten().collect();
         // Newest major version first (17 before 9).
         found.sort_by_key(|p| std::cmp::Reverse(version(p)));
         candidates.extend(found);

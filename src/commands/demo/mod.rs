@@ -1,8 +1,7 @@
 //! `outbox-relay demo`: the relay doing its job in one command, no Docker: a
 //! throwaway PostgreSQL (or `--postgres-url`), the in-process mock broker (or
 //! `--kafka-brokers`), a writer at `--rate`, the real relay and a consumer
-//! printing what arrives. On a user's own server the demo's slot and
-//! publication are dropped at the end, so they pin no WAL (its tables stay).
+//! printing what arrives.
 
 mod cluster;
 mod consumer;
@@ -89,7 +88,7 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     let config = Config::from_cli(&demo)?;
 
     let pg = &config.postgres;
-    let postgres = match cluster.as_ref().map(|c| c.dir().display()) {
+    let postgres = match cluster.as_ref().map(|c| c.dir.path().display()) {
         Some(dir) => format!("{}:{} (throwaway, in {dir})", pg.host, pg.port),
         None => pg.redacted().to_string(),
     };
@@ -105,7 +104,7 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     let result = super::block_on(run_demo(config, args, mock.as_ref(), cluster.is_some()))?;
     drop(mock);
     if let Some(cluster) = cluster {
-        let dir = cluster.dir().display().to_string();
+        let dir = cluster.dir.path().display().to_string();
         drop(cluster);
         println!("demo: removed the throwaway PostgreSQL in {dir}");
     }
@@ -169,7 +168,7 @@ async fn run_demo(
     let received = consumed.load(Relaxed);
     println!("demo: stopped; {written} event(s) written, {relayed} relayed, {received} received");
     if !throwaway {
-        drop_slot(&client, &config).await;
+        drop_slot(&client).await;
     }
     match writer_failure {
         Ok(Err(e)) => Err(e.into()),
@@ -222,16 +221,15 @@ async fn progress(
 
 /// On a user's server, the demo's slot would pin WAL forever: drop it and the
 /// publication (the walsender may take a moment to let go of the slot).
-async fn drop_slot(client: &Client, config: &Config) {
-    let statement = sql::drop_slot(&config.slot);
+async fn drop_slot(client: &Client) {
+    let statement = sql::drop_slot(SLOT);
     for _ in 0..50 {
         if client.batch_execute(&statement).await.is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let statement = sql::drop_publication(&config.publication);
-    let _ = client.batch_execute(&statement).await;
+    let _ = client.batch_execute(&sql::drop_publication(SLOT)).await;
     let schema = writer::SCHEMA;
     println!("demo: dropped slot and publication {SLOT:?}; the {schema} tables stay");
 }
