@@ -131,30 +131,25 @@ async fn run_demo(
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = relay_stopped.map(|_| ());
     let mut relay = tokio::spawn(relay::run_with(config.clone(), health.clone(), shutdown));
-    let (stop_writer, writer_stop) = tokio::sync::watch::channel(false);
-    let writer = writer::run(client.clone(), args.rate, written.clone(), writer_stop);
-    let mut writer = tokio::spawn(writer);
+    let duration = args.duration.unwrap_or(Duration::MAX);
+    // Ctrl-C or the end of --duration.
+    let stop_writer = tokio::time::timeout(duration, relay::shutdown_signal()).map(|_| ());
+    let writer = writer::run(client.clone(), args.rate, written.clone(), stop_writer);
+    let writer = tokio::spawn(writer);
     // Aborted when dropped.
     let mut background = JoinSet::new();
     background.spawn(consumer::run(consumer, consumed.clone()));
     let counts = [written.clone(), consumed.clone()];
     background.spawn(progress(client.clone(), health.clone(), counts));
 
-    let writer_stopped = tokio::select! {
-        () = relay::shutdown_signal() => None,
-        () = tokio::time::sleep(args.duration.unwrap_or(Duration::MAX)) => None,
-        outcome = &mut writer => Some(outcome),
+    // The writer stops between transactions, then relay and consumer catch up.
+    let writer_failure = tokio::select! {
+        outcome = writer => outcome,
         // The relay stopped by itself: that is the error to show.
         outcome = &mut relay => return match outcome {
             Ok(Err(e)) => Err(e),
             _ => Err(CommandError::Refused("the relay stopped unexpectedly".into())),
         },
-    };
-    // The writer finishes its transaction, then relay and consumer catch up.
-    let _ = stop_writer.send(true);
-    let writer_failure = match writer_stopped {
-        Some(outcome) => outcome,
-        None => writer.await,
     };
     let written = written.load(Relaxed);
     catch_up(|| health.progress().events_acked >= written).await;
