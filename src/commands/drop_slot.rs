@@ -24,7 +24,7 @@ pub(super) fn refusal(slot: &str) -> String {
 pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), CommandError> {
     let (client, slot) = (setup::connect(config).await?, &config.slot);
     let mut out = std::io::stdout().lock();
-    let remedy = "stop it first, then drop the slot";
+    let remedy = "stop the relay first, then drop the slot";
     let info = super::status::idle_slot(&client, slot, remedy).await?;
     if info.exists {
         client
