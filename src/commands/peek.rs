@@ -80,10 +80,8 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
                 None
             }
             Message::Relation(relation) => {
-                let bind = |source| RelayError::Bind {
-                    lsn: commit_lsn,
-                    source,
-                };
+                let lsn = commit_lsn;
+                let bind = |source| RelayError::Bind { lsn, source };
                 mapper.relation(relation, None).map_err(bind)?;
                 None
             }

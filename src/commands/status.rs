@@ -99,7 +99,7 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
 }
 
 /// The slot's row and, when it exists, its poll.
-pub(super) async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
+async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
     let failed = query_err("read the replication slot");
     let row = client
         .query_opt(
