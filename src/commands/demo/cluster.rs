@@ -27,7 +27,6 @@ pub(super) struct Cluster {
     bin: PathBuf,
     /// The superuser's URL over loopback TCP.
     pub(super) url: String,
-    as_root: bool,
 }
 
 impl Cluster {
@@ -56,12 +55,7 @@ impl Cluster {
             .port();
         let as_root = rustix::process::geteuid().is_root();
         let url = format!("postgres://postgres:{password}@127.0.0.1:{port}/postgres");
-        let cluster = Cluster {
-            dir,
-            bin,
-            url,
-            as_root,
-        };
+        let cluster = Cluster { dir, bin, url };
         let dir = cluster.dir.path().display().to_string();
         if as_root {
             cluster.run(Command::new("chown").args(["-R", "postgres:postgres", &dir]))?;
@@ -83,7 +77,7 @@ impl Cluster {
     /// A server tool from the bin dir, as `postgres` under root.
     fn pg(&self, program: &str) -> Command {
         let program = self.bin.join(program);
-        if !self.as_root {
+        if !rustix::process::geteuid().is_root() {
             return Command::new(program);
         }
         let mut command = Command::new("runuser");
@@ -114,7 +108,7 @@ impl Cluster {
             Ok(s) => s.to_string(),
             Err(e) => e.to_string(),
         };
-        let hint = match self.as_root {
+        let hint = match rustix::process::geteuid().is_root() {
             true => " (as root: is there a `postgres` user? The PostgreSQL packages create it)",
             false => "",
         };
