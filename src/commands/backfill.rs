@@ -2,8 +2,7 @@
 //! in the tables through the relay's own mapping, and exits once the broker
 //! acknowledged every record: the remedy after a lost slot, and how a new
 //! deployment publishes rows older than its slot. Rows have no WAL position,
-//! so `--delivery exactly-once` skips by event id, reading each topic's `id`
-//! headers from `--since` (less [`SINCE_MARGIN_MS`]) before its first row.
+//! so `--delivery exactly-once` skips the event ids already in each topic.
 
 use std::collections::{HashMap, HashSet};
 
@@ -28,7 +27,6 @@ struct Delivered {
     reader: TailReader,
     since_ms: i64,
     ids: HashMap<String, HashSet<Vec<u8>>>,
-    skipped: u64,
 }
 
 impl Delivered {
@@ -46,7 +44,6 @@ impl Delivered {
             reader,
             since_ms: since_ms.saturating_sub(SINCE_MARGIN_MS),
             ids: HashMap::new(),
-            skipped: 0,
         })
     }
 
@@ -57,26 +54,23 @@ impl Delivered {
         topic: &str,
         id: &[u8],
     ) -> Result<bool, CommandError> {
-        if !self.ids.contains_key(topic) {
-            let (since, unknown) = (self.since_ms, Some(UnknownTopicOrPartition));
-            let ids = match sink.partition_count(topic).await {
-                Ok(partitions) => self.reader.event_ids_since(topic, partitions, since)?,
-                // Not created yet: nothing was delivered to it.
-                Err(e) if e.rdkafka_error_code() == unknown => HashSet::new(),
-                Err(e) => {
-                    return Err(CommandError::Tail(TailError::Read {
-                        topic: topic.to_owned(),
-                        partition: -1,
-                        reason: format!("cannot read the topic's partition count: {e}"),
-                    }));
-                }
-            };
-            let events = ids.len();
-            tracing::info!(topic, events, "read the events already in the topic");
-            self.ids.insert(topic.to_owned(), ids);
+        if let Some(ids) = self.ids.get(topic) {
+            return Ok(ids.contains(id));
         }
-        let found = self.ids.get(topic).is_some_and(|ids| ids.contains(id));
-        self.skipped += u64::from(found);
+        let (reader, since) = (&self.reader, self.since_ms);
+        let ids = match sink.partition_count(topic).await {
+            Ok(partitions) => reader.event_ids_since(topic, partitions, since)?,
+            // Not created yet: nothing was delivered to it.
+            Err(e) if e.rdkafka_error_code() == Some(UnknownTopicOrPartition) => HashSet::new(),
+            Err(e) => {
+                let reason = format!("cannot read the topic's partition count: {e}");
+                return Err(TailError::read(topic, -1, &reason).into());
+            }
+        };
+        let events = ids.len();
+        tracing::info!(topic, events, "read the events already in the topic");
+        let found = ids.contains(id);
+        self.ids.insert(topic.to_owned(), ids);
         Ok(found)
     }
 }
@@ -104,7 +98,7 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
         Delivery::AtLeastOnce => None,
     };
     let quoted = quote_ident(&args.column);
-    let (mut sent, mut acked) = (0u64, 0u64);
+    let (mut sent, mut acked, mut skipped) = (0u64, 0u64, 0u64);
     for table in &config.tables {
         let relation = setup::relation(&client, table).await?;
         let mapping = TableMapping::bind(config.mapping_for(table), &relation)
@@ -138,6 +132,7 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
             if let Some(d) = exactly_once.as_mut()
                 && d.contains(&sink, &record.topic, &record.id).await?
             {
+                skipped += 1;
                 continue;
             }
             sink.send(Ticket(sent), &record).await?;
@@ -151,7 +146,7 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
         acked += delivered(deliveries.recv().await)?;
     }
     let skipped = match exactly_once {
-        Some(d) => format!(" ({} already in Kafka skipped)", d.skipped),
+        Some(_) => format!(" ({skipped} already in Kafka skipped)"),
         None => String::new(),
     };
     let (column, since) = (&args.column, &args.since);

@@ -24,26 +24,20 @@ pub(super) fn refusal(slot: &str) -> String {
 pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), CommandError> {
     let (client, slot) = (setup::connect(config).await?, &config.slot);
     let mut out = std::io::stdout().lock();
-    let info = super::status::read_slot(&client, slot).await?;
-    match (info.exists, info.active_pid) {
-        (false, _) => writeln!(out, "slot {slot:?} does not exist; nothing to drop")?,
-        (true, Some(pid)) => {
-            return Err(CommandError::Refused(format!(
-                "slot {slot:?} is in use by server process {pid} (a running relay?); stop it \
-                 first, then drop the slot"
-            )));
-        }
-        (true, None) => {
-            client
-                .batch_execute(&sql::drop_slot(slot))
-                .await
-                .map_err(query_err("drop the replication slot"))?;
-            let confirmed = info.confirmed_flush_lsn.as_deref().unwrap_or("nothing");
-            writeln!(
-                out,
-                "dropped slot {slot:?} (it was confirmed up to {confirmed}); its WAL is released"
-            )?;
-        }
+    let remedy = "stop the relay first, then drop the slot";
+    let info = super::status::idle_slot(&client, slot, remedy).await?;
+    if info.exists {
+        client
+            .batch_execute(&sql::drop_slot(slot))
+            .await
+            .map_err(query_err("drop the replication slot"))?;
+        let confirmed = info.confirmed_flush_lsn.as_deref().unwrap_or("nothing");
+        writeln!(
+            out,
+            "dropped slot {slot:?} (it was confirmed up to {confirmed}); its WAL is released"
+        )?;
+    } else {
+        writeln!(out, "slot {slot:?} does not exist; nothing to drop")?;
     }
     if args.drop_publication {
         let publication = &config.publication;

@@ -35,17 +35,12 @@ fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
 
 pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
     let (client, slot) = (setup::connect(config).await?, &config.slot);
-    let info = super::status::read_slot(&client, slot).await?;
+    let remedy = "stop the relay to peek, or watch `outbox-relay status`";
+    let info = super::status::idle_slot(&client, slot, remedy).await?;
     if !info.exists {
         return Err(CommandError::Refused(format!(
             "slot {slot:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
              creates it)"
-        )));
-    }
-    if let Some(pid) = info.active_pid {
-        return Err(CommandError::Refused(format!(
-            "slot {slot:?} is in use by server process {pid} (a running relay?): Postgres lets \
-             only one session read a slot. Stop the relay to peek, or watch `outbox-relay status`"
         )));
     }
     client
@@ -85,10 +80,8 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
                 None
             }
             Message::Relation(relation) => {
-                let bind = |source| RelayError::Bind {
-                    lsn: commit_lsn,
-                    source,
-                };
+                let lsn = commit_lsn;
+                let bind = |source| RelayError::Bind { lsn, source };
                 mapper.relation(relation, None).map_err(bind)?;
                 None
             }

@@ -54,12 +54,10 @@ pub(super) async fn apply(config: &Config) -> Result<(), CommandError> {
         .map_err(setup::query_err("look up the publication"))?
         .is_some();
     let slot = setup::prepare(&client, config).await?;
+    let statement = sql::create_publication(&config.publication, &config.tables);
     let publication = match had_publication {
         true => "exists and covers the outbox tables; kept".to_owned(),
-        false => {
-            let statement = sql::create_publication(&config.publication, &config.tables);
-            format!("created: {statement}")
-        }
+        false => format!("created: {statement}"),
     };
     let at = slot.confirmed_flush;
     let slot = match slot.created {

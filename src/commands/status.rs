@@ -71,8 +71,6 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
         )
         .await
         .map_err(query_err("read the server's WAL position"))?;
-    let slot = read_slot(&client, &config.slot).await?;
-    let publication = read_publication(&client, config).await?;
     let settings = client
         .query(
             "SELECT s, current_setting(s, true) FROM unnest(ARRAY['wal_level', \
@@ -82,31 +80,26 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
             &[],
         )
         .await
-        .map_err(query_err("read the server settings"))?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let warnings = warnings(&slot, &publication, &settings);
-    let status = Status {
+        .map_err(query_err("read the server settings"))?;
+    let mut status = Status {
         server_version: server.get(0),
         current_wal_lsn: server.get(1),
-        slot,
-        publication,
-        settings,
-        warnings,
+        slot: read_slot(&client, &config.slot).await?,
+        publication: read_publication(&client, config).await?,
+        settings: settings.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        warnings: Vec::new(),
     };
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &status).map_err(std::io::Error::other)?;
-        writeln!(out)?;
-    } else {
-        out.write_all(render_text(&status).as_bytes())?;
-    }
+    status.warnings = warnings(&status);
+    let output = match args.json {
+        true => serde_json::to_string_pretty(&status).map_err(std::io::Error::other)? + "\n",
+        false => render_text(&status),
+    };
+    std::io::stdout().write_all(output.as_bytes())?;
     Ok(())
 }
 
 /// The slot's row and, when it exists, its poll.
-pub(super) async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
+async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
     let failed = query_err("read the replication slot");
     let row = client
         .query_opt(
@@ -142,6 +135,22 @@ pub(super) async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, S
     })
 }
 
+/// The slot's row, refused while a server process streams from it (`remedy` says what to do).
+pub(super) async fn idle_slot(
+    client: &Client,
+    name: &str,
+    remedy: &str,
+) -> Result<SlotInfo, CommandError> {
+    let slot = read_slot(client, name).await?;
+    match slot.active_pid {
+        Some(pid) => Err(CommandError::Refused(format!(
+            "slot {name:?} is in use by server process {pid} (a running relay?); Postgres lets \
+             only one session use a slot: {remedy}"
+        ))),
+        None => Ok(slot),
+    }
+}
+
 async fn read_publication(
     client: &Client,
     config: &Config,
@@ -175,13 +184,10 @@ async fn read_publication(
     Ok(publication)
 }
 
-fn warnings(
-    slot: &SlotInfo,
-    publication: &PublicationInfo,
-    settings: &BTreeMap<String, Option<String>>,
-) -> Vec<String> {
+fn warnings(s: &Status) -> Vec<String> {
+    let (slot, publication) = (&s.slot, &s.publication);
     let mut out = Vec::new();
-    if let Some(Some(level)) = settings.get("wal_level")
+    if let Some(Some(level)) = s.settings.get("wal_level")
         && level != "logical"
     {
         out.push(format!(

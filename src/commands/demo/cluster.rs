@@ -22,11 +22,11 @@ const USUAL_DIRS: &[&str] = &[
 
 /// A running throwaway cluster.
 pub(super) struct Cluster {
-    dir: tempfile::TempDir,
+    /// The temporary directory (data, socket, server log).
+    pub(super) dir: tempfile::TempDir,
     bin: PathBuf,
     /// The superuser's URL over loopback TCP.
     pub(super) url: String,
-    as_root: bool,
 }
 
 impl Cluster {
@@ -55,13 +55,8 @@ impl Cluster {
             .port();
         let as_root = rustix::process::geteuid().is_root();
         let url = format!("postgres://postgres:{password}@127.0.0.1:{port}/postgres");
-        let cluster = Cluster {
-            dir,
-            bin,
-            url,
-            as_root,
-        };
-        let dir = cluster.dir().display().to_string();
+        let cluster = Cluster { dir, bin, url };
+        let dir = cluster.dir.path().display().to_string();
         if as_root {
             cluster.run(Command::new("chown").args(["-R", "postgres:postgres", &dir]))?;
         }
@@ -79,15 +74,10 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// The temporary directory (data, socket, server log).
-    pub(super) fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
     /// A server tool from the bin dir, as `postgres` under root.
     fn pg(&self, program: &str) -> Command {
         let program = self.bin.join(program);
-        if !self.as_root {
+        if !rustix::process::geteuid().is_root() {
             return Command::new(program);
         }
         let mut command = Command::new("runuser");
@@ -118,10 +108,8 @@ impl Cluster {
             Ok(s) => s.to_string(),
             Err(e) => e.to_string(),
         };
-        let hint = match self.as_root {
-            true => {
-                " (running as root: is there a `postgres` user? The PostgreSQL packages create it)"
-            }
+        let hint = match rustix::process::geteuid().is_root() {
+            true => " (as root: is there a `postgres` user? The PostgreSQL packages create it)",
             false => "",
         };
         let mut message = format!("{:?} failed: {why}{hint}", command.get_program());
@@ -162,11 +150,8 @@ fn find_server() -> Option<PathBuf> {
     let bindir = pg_config.map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
     let mut candidates: Vec<PathBuf> = bindir.into_iter().collect();
     for pattern in USUAL_DIRS {
-        let mut found: Vec<PathBuf> = glob::glob(pattern)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .collect();
+        let found = glob::glob(pattern).into_iter().flatten();
+        let mut found: Vec<PathBuf> = found.flatten().collect();
         // Newest major version first (17 before 9).
         found.sort_by_key(|p| std::cmp::Reverse(version(p)));
         candidates.extend(found);

@@ -1,8 +1,7 @@
 //! `outbox-relay demo`: the relay doing its job in one command, no Docker: a
 //! throwaway PostgreSQL (or `--postgres-url`), the in-process mock broker (or
 //! `--kafka-brokers`), a writer at `--rate`, the real relay and a consumer
-//! printing what arrives. On a user's own server the demo's slot and
-//! publication are dropped at the end, so they pin no WAL (its tables stay).
+//! printing what arrives.
 
 mod cluster;
 mod consumer;
@@ -89,7 +88,7 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     let config = Config::from_cli(&demo)?;
 
     let pg = &config.postgres;
-    let postgres = match cluster.as_ref().map(|c| c.dir().display()) {
+    let postgres = match cluster.as_ref().map(|c| c.dir.path().display()) {
         Some(dir) => format!("{}:{} (throwaway, in {dir})", pg.host, pg.port),
         None => pg.redacted().to_string(),
     };
@@ -105,7 +104,7 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     let result = super::block_on(run_demo(config, args, mock.as_ref(), cluster.is_some()))?;
     drop(mock);
     if let Some(cluster) = cluster {
-        let dir = cluster.dir().display().to_string();
+        let dir = cluster.dir.path().display().to_string();
         drop(cluster);
         println!("demo: removed the throwaway PostgreSQL in {dir}");
     }
@@ -132,30 +131,25 @@ async fn run_demo(
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = relay_stopped.map(|_| ());
     let mut relay = tokio::spawn(relay::run_with(config.clone(), health.clone(), shutdown));
-    let (stop_writer, writer_stop) = tokio::sync::watch::channel(false);
-    let writer = writer::run(client.clone(), args.rate, written.clone(), writer_stop);
-    let mut writer = tokio::spawn(writer);
+    let duration = args.duration.unwrap_or(Duration::MAX);
+    // Ctrl-C or the end of --duration.
+    let stop_writer = tokio::time::timeout(duration, relay::shutdown_signal()).map(|_| ());
+    let writer = writer::run(client.clone(), args.rate, written.clone(), stop_writer);
+    let writer = tokio::spawn(writer);
     // Aborted when dropped.
     let mut background = JoinSet::new();
     background.spawn(consumer::run(consumer, consumed.clone()));
     let counts = [written.clone(), consumed.clone()];
     background.spawn(progress(client.clone(), health.clone(), counts));
 
-    let writer_stopped = tokio::select! {
-        () = relay::shutdown_signal() => None,
-        () = tokio::time::sleep(args.duration.unwrap_or(Duration::MAX)) => None,
-        outcome = &mut writer => Some(outcome),
+    // The writer stops between transactions, then relay and consumer catch up.
+    let writer_failure = tokio::select! {
+        outcome = writer => outcome,
         // The relay stopped by itself: that is the error to show.
         outcome = &mut relay => return match outcome {
             Ok(Err(e)) => Err(e),
             _ => Err(CommandError::Refused("the relay stopped unexpectedly".into())),
         },
-    };
-    // The writer finishes its transaction, then relay and consumer catch up.
-    let _ = stop_writer.send(true);
-    let writer_failure = match writer_stopped {
-        Some(outcome) => outcome,
-        None => writer.await,
     };
     let written = written.load(Relaxed);
     catch_up(|| health.progress().events_acked >= written).await;
@@ -169,7 +163,7 @@ async fn run_demo(
     let received = consumed.load(Relaxed);
     println!("demo: stopped; {written} event(s) written, {relayed} relayed, {received} received");
     if !throwaway {
-        drop_slot(&client, &config).await;
+        drop_slot(&client).await;
     }
     match writer_failure {
         Ok(Err(e)) => Err(e.into()),
@@ -222,16 +216,15 @@ async fn progress(
 
 /// On a user's server, the demo's slot would pin WAL forever: drop it and the
 /// publication (the walsender may take a moment to let go of the slot).
-async fn drop_slot(client: &Client, config: &Config) {
-    let statement = sql::drop_slot(&config.slot);
+async fn drop_slot(client: &Client) {
+    let statement = sql::drop_slot(SLOT);
     for _ in 0..50 {
         if client.batch_execute(&statement).await.is_ok() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let statement = sql::drop_publication(&config.publication);
-    let _ = client.batch_execute(&statement).await;
+    let _ = client.batch_execute(&sql::drop_publication(SLOT)).await;
     let schema = writer::SCHEMA;
     println!("demo: dropped slot and publication {SLOT:?}; the {schema} tables stay");
 }

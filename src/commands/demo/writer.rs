@@ -51,19 +51,20 @@ fn transaction_sql(n: u64) -> String {
 }
 
 /// Commits one event every `1 / rate` seconds, counted in `written`, until
-/// `stop` (after the transaction under way) or a Postgres failure.
+/// `stop` (between transactions) or a Postgres failure.
 pub(super) async fn run(
     client: Arc<Client>,
     rate: f64,
     written: Arc<AtomicU64>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: impl Future<Output = ()>,
 ) -> Result<(), SourceError> {
+    let mut stop = std::pin::pin!(stop);
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for n in 0.. {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = stop.wait_for(|stop| *stop) => break,
+            () = &mut stop => break,
         }
         client
             .batch_execute(&transaction_sql(n))
