@@ -522,10 +522,8 @@ impl<'a> Importer<'a> {
         }
         let envelope = self.placements(&prefix)?;
         let tombstone = format!("{prefix}route.tombstone.on.empty.payload");
-        if self
-            .take(&tombstone)
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
-        {
+        let on_empty = self.take(&tombstone).map(str::to_ascii_lowercase);
+        if on_empty.as_deref() == Some("true") {
             self.warn(format!("{tombstone}=true: Debezium also made tombstones of empty and whitespace-only payloads; the relay sends those as they are"));
         } else if envelope || value_converter != Converter::Raw {
             // Only String and ByteArray converters made a tombstone of Debezium's null value.

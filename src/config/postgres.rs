@@ -70,8 +70,7 @@ impl TargetSessionAttrs {
 /// A parsed `postgres://` URL.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct PostgresConnInfo {
-    /// Host name, IP address or Unix socket directory (starts with `/`): the first of
-    /// [`Self::hosts`], or the one a connection chose.
+    /// Host name, IP address or Unix socket directory (`/...`): the first of [`Self::hosts`].
     pub host: String,
     /// TCP port of `host`.
     pub port: u16,
@@ -103,9 +102,8 @@ pub struct PostgresConnInfo {
 pub struct PostgresUrlError(String);
 
 impl PostgresConnInfo {
-    /// Parses a libpq URL (`postgres://user:pass@host:port/db?sslmode=require`) with libpq's
-    /// defaults: port 5432, user `postgres`, database = user. Several hosts are separated by
-    /// commas (`db1:5432,db2:5432`, or `?host=db1,db2&port=5432,5433`).
+    /// Parses a libpq URL with libpq's defaults (port 5432, user `postgres`, database = user);
+    /// several hosts are separated by commas (`db1:5432,db2`, or `?host=db1,db2&port=5432,5433`).
     pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
         let malformed = |reason: String| {
             let url = redact_url(raw);
@@ -154,13 +152,11 @@ impl PostgresConnInfo {
             let value = value.into_owned();
             match name.as_ref() {
                 "host" => hosts = value.split(',').map(str::to_owned).collect(),
-                "port" => match value.split(',').map(str::parse).collect() {
-                    Ok(parsed) => ports = parsed,
-                    Err(_) => {
-                        let expected = "a TCP port number, or one per host separated by commas";
-                        return Err(invalid_parameter("port", value, expected));
-                    }
-                },
+                "port" => {
+                    let parsed: Result<_, _> = value.split(',').map(str::parse).collect();
+                    let expected = "a TCP port number, or one per host separated by commas";
+                    ports = parsed.map_err(|_| invalid_parameter("port", value, expected))?;
+                }
                 "target_session_attrs" => {
                     info.target_session_attrs = parse_param("target_session_attrs", value)?
                 }
@@ -175,10 +171,9 @@ impl PostgresConnInfo {
                 other => {
                     let supported = "host, port, user, password, dbname, sslmode, sslrootcert, \
                                      sslcert, sslkey, application_name, target_session_attrs";
-                    let reason = format!(
+                    return Err(PostgresUrlError(format!(
                         "--postgres-url parameter {other:?} is not supported; supported: {supported}"
-                    );
-                    return Err(PostgresUrlError(reason));
+                    )));
                 }
             }
         }
@@ -255,18 +250,15 @@ fn parse_param<T: clap::ValueEnum>(
     })
 }
 
-/// The URL with only the first of its comma-separated hosts, and the other hosts.
+/// The URL with only the first of its comma-separated hosts, and the other hosts; for a URL whose
+/// credentials hold no '/', '?' or '#' (checked before).
 fn split_hosts(raw: &str) -> (String, Vec<&str>) {
     let Some(scheme_end) = raw.find("://") else {
         return (raw.to_owned(), Vec::new());
     };
-    let start = scheme_end + 3;
-    let after_scheme = &raw[start..];
-    let end = start
-        + after_scheme
-            .find(['/', '?', '#'])
-            .unwrap_or(after_scheme.len());
-    let hosts_start = start + raw[start..end].rfind('@').map_or(0, |at| at + 1);
+    let hosts_start = credentials_span(raw).map_or(scheme_end + 3, |span| span.end + 1);
+    let rest = &raw[hosts_start..];
+    let end = hosts_start + rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let mut hosts = raw[hosts_start..end].split(',');
     let first = hosts.next().unwrap_or_default();
     let url = format!("{}{first}{}", &raw[..hosts_start], &raw[end..]);
@@ -300,8 +292,7 @@ fn credentials_span(raw: &str) -> Option<std::ops::Range<usize>> {
 }
 
 /// Replaces the password in anything URL-shaped with `***`, so that even a malformed URL can be
-/// quoted in an error: all between `://` and the last `@` but a plain user name before the first
-/// `:`, and a `password=` parameter.
+/// quoted: all from `://` to the last `@` but a plain user name, and a `password=` parameter.
 fn redact_url(raw: &str) -> String {
     let mut out = raw.to_owned();
     if let Some(span) = credentials_span(raw) {
