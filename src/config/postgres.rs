@@ -105,7 +105,7 @@ impl PostgresConnInfo {
     /// Parses a libpq URL with libpq's defaults (port 5432, user `postgres`, database = user);
     /// several hosts are separated by commas (`db1:5432,db2`, or `?host=db1,db2&port=5432,5433`).
     pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
-        let malformed = |reason: String| {
+        let malformed = |reason: &str| {
             let url = redact_url(raw);
             let expected = "postgres://USER:PASSWORD@HOST:PORT/DBNAME?sslmode=...";
             PostgresUrlError(format!(
@@ -117,18 +117,16 @@ impl PostgresConnInfo {
         if credentials_span(raw).is_some_and(|span| raw[span].contains(['/', '?', '#'])) {
             return Err(malformed(
                 "a '/', '?', '#' or '@' in the password or user name must be percent-encoded \
-                 (%2F, %3F, %23, %40), and so must an '@' after the host"
-                    .to_owned(),
+                 (%2F, %3F, %23, %40), and so must an '@' after the host",
             ));
         }
         // The URL parser knows one host per URL: it gets the first, then each other one alone.
         let (first_only, extra_hosts) = split_hosts(raw);
-        let url = url::Url::parse(&first_only).map_err(|e| malformed(e.to_string()))?;
+        let url = url::Url::parse(&first_only).map_err(|e| malformed(&e.to_string()))?;
         let scheme = url.scheme();
         if scheme != "postgres" && scheme != "postgresql" {
-            let reason = "must start with postgres:// or postgresql://";
             return Err(PostgresUrlError(format!(
-                "--postgres-url {reason}, got {scheme}://"
+                "--postgres-url must start with postgres:// or postgresql://, got {scheme}://"
             )));
         }
         let mut hosts = vec![host_name(&url)?];
@@ -138,7 +136,7 @@ impl PostgresConnInfo {
             let reason = format!("host {extra:?} is not HOST or HOST:PORT");
             let url = url
                 .filter(|url| url.host().is_some())
-                .ok_or_else(|| malformed(reason))?;
+                .ok_or_else(|| malformed(&reason))?;
             hosts.push(host_name(&url)?);
             ports.push(url.port().unwrap_or(5432));
         }
