@@ -1,5 +1,4 @@
-//! `debezium-config --explain FILE`: the command line a Debezium connector config imports as
-//! (see [`crate::config::debezium`]), with what does not carry over.
+//! `debezium-config --explain FILE`: a Debezium import as a command line, with its warnings.
 
 use std::io::Write;
 

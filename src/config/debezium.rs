@@ -1,11 +1,7 @@
-//! A Debezium Postgres connector config (with the Outbox Event Router) as the relay's flags.
-//!
-//! [`parse`] reads the JSON `POST`ed to `/connectors` or a `.properties` file and [`import`]
-//! maps it onto flags, writing out Debezium's defaults (slot `debezium`, key `aggregateid`,
-//! ...) because a migrating user expects Debezium's behaviour; [`with_defaults`] makes them
-//! the flags' defaults, so explicit flags and `OUTBOX_RELAY_*` variables win. Nothing is
-//! dropped silently: a key is mapped, warned about (what consumers will see change) or refused
-//! with a [`DebeziumError`] saying what to do. Warnings never show `database.*` values.
+//! A Debezium Postgres connector config (with the Outbox Event Router) as the relay's flags,
+//! Debezium's defaults written out, as a migrating user expects Debezium's behaviour. Every key
+//! is mapped, warned about (what consumers will see change) or refused with a remedy; warnings
+//! never show `database.*` values.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -121,9 +117,8 @@ pub fn import_file(path: &Path) -> Result<Imported, ImportError> {
         .map_err(|source| ImportError { path, source })
 }
 
-/// `command` with the imported values as its flags' defaults: clap takes a flag from the
-/// command line, else its environment variable, else the import, else its own default. A
-/// repeatable flag given explicitly replaces every imported value.
+/// `command` with the imported values as its flags' defaults, below the command line and the
+/// environment; a repeatable flag given explicitly replaces every imported value.
 pub fn with_defaults(command: clap::Command, imported: &Imported) -> clap::Command {
     command.mut_args(|mut arg| {
         let named = |(flag, _): &&(String, String)| {
@@ -138,8 +133,7 @@ pub fn with_defaults(command: clap::Command, imported: &Imported) -> clap::Comma
     })
 }
 
-/// Reads a connector config into a flat key/value map. JSON numbers and booleans are
-/// stringified and `null` is unset; properties follow `java.util.Properties.load` (UTF-8).
+/// Reads a connector config into a flat map (JSON `null` is unset; properties are read as UTF-8).
 pub fn parse(text: &str, format: SourceFormat) -> Result<BTreeMap<String, String>, Error> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     if format == SourceFormat::Properties {
@@ -165,8 +159,7 @@ pub fn parse(text: &str, format: SourceFormat) -> Result<BTreeMap<String, String
         .collect()
 }
 
-/// Guesses the format: by extension (`.json`, `.properties`), else JSON when the first
-/// non-blank character is `{`.
+/// Guesses the format by extension, else JSON when the text starts with `{`.
 pub fn detect_format(path: &Path, text: &str) -> SourceFormat {
     let extension = path.extension().and_then(|e| e.to_str());
     let brace = text.trim_start_matches(|c: char| c == '\u{feff}' || c.is_whitespace());
@@ -178,20 +171,13 @@ pub fn detect_format(path: &Path, text: &str) -> SourceFormat {
     }
 }
 
-/// Maps a Debezium Postgres connector config onto the relay's flags. `--kafka-brokers`
-/// comes only from `producer.override.bootstrap.servers` (else a warning asks for it).
+/// Maps a Debezium Postgres connector config onto the relay's flags.
 pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, Error> {
-    let mut importer = Importer {
-        config,
-        used: BTreeSet::from(["name"]),
-        out: Imported::default(),
-    };
-    importer.run()?;
-    Ok(importer.out)
+    let (used, out) = (BTreeSet::from(["name"]), Imported::default());
+    Importer { config, used, out }.run()
 }
 
-/// The equivalent command line, shell-quoted, one flag per line, then the warnings as
-/// `#` comments.
+/// The equivalent command line, shell-quoted, one flag per line, then the warnings as comments.
 pub fn explain(imported: &Imported) -> String {
     let mut out = String::from("outbox-relay");
     for (flag, value) in &imported.args {
@@ -236,19 +222,29 @@ fn ignored_note(key: &str) -> Option<&'static str> {
     })
 }
 
-/// What to do instead of a Java-only producer property, which librdkafka would refuse.
-fn java_only_note(name: &str) -> Option<&'static str> {
-    Some(match name {
-        "key.serializer" | "value.serializer" => "the relay sends the columns' bytes",
-        "partitioner.class" => "the relay uses murmur2_random, the Java default",
-        "interceptor.classes" | "max.block.ms" | "metric.reporters" => "no equivalent",
-        "buffer.memory" => "use -X queue.buffering.max.kbytes",
-        "sasl.jaas.config" => "use -X sasl.username=... -X sasl.password=...",
-        "transactional.id" => "the relay does not use Kafka transactions",
-        n if n.starts_with("ssl.truststore.") => "use -X ssl.ca.location=CA.pem",
-        n if n.starts_with("ssl.keystore.") => "use -X ssl.certificate.location, ssl.key.location",
-        _ => return None,
-    })
+/// What becomes of a producer property: passed on with a note (`""`: none), or refused by
+/// librdkafka, so not passed on (`Err`: what to do instead).
+fn producer_note(name: &str, value: &str) -> Result<&'static str, &'static str> {
+    match name {
+        "key.serializer" | "value.serializer" => Err("the relay sends the columns' bytes"),
+        "partitioner.class" => Err("the relay uses murmur2_random, the Java default"),
+        "interceptor.classes" | "max.block.ms" | "metric.reporters" => Err("no equivalent"),
+        "buffer.memory" => Err("use -X queue.buffering.max.kbytes"),
+        "sasl.jaas.config" => Err("use -X sasl.username=... -X sasl.password=..."),
+        "transactional.id" => Err("the relay does not use Kafka transactions"),
+        n if n.starts_with("ssl.truststore.") => Err("use -X ssl.ca.location=CA.pem"),
+        n if n.starts_with("ssl.keystore.") => {
+            Err("use -X ssl.certificate.location, ssl.key.location")
+        }
+        _ if value.contains(';') => Err("';' separates -X values"),
+        "acks" if !matches!(value, "all" | "-1") => Ok("acknowledged events may be lost"),
+        "enable.idempotence" if value.eq_ignore_ascii_case("false") => {
+            Ok("retries may duplicate or reorder records")
+        }
+        "delivery.timeout.ms" => Ok("an expired delivery stops the relay"),
+        "max.request.size" => Ok("passed as librdkafka's message.max.bytes"),
+        _ => Ok(""),
+    }
 }
 
 /// Why an EventRouter option (after `transforms.NAME.`) is not applied: `""` when the
@@ -263,8 +259,11 @@ fn router_note(option: &str, value: &str) -> Option<&'static str> {
         "table.fields.additional.error.on.missing" if value == "false" => {
             "the relay refuses a table that lacks a --header-column column"
         }
+        "table.expand.json.payload" if value == "true" => {
+            "the relay sends the payload column's text as it is, not an expanded struct, so consumers get the document without any converter envelope (whitespace and key order as stored)"
+        }
         "table.op.invalid.behavior" | "debezium.op.invalid.behavior" | "negate" => "",
-        "table.fields.additional.error.on.missing" => "",
+        "table.fields.additional.error.on.missing" | "table.expand.json.payload" => "",
         "table.json.payload.null.behavior" => "JSON nulls stay in the payload text",
         "table.field.event.schema.version" => "the relay sends no Connect schema",
         "table.field.event.type" => "no event-type field; use --route-by or --header-column",
@@ -289,7 +288,7 @@ impl<'a> Importer<'a> {
         Some(v.trim()).filter(|v| !v.is_empty())
     }
 
-    /// Every `(key, value)` under `prefix` not yet handled (now marked), prefix stripped.
+    /// Every `(key, trimmed value)` under `prefix` not yet handled, now marked.
     fn take_prefixed(&mut self, prefix: &str) -> Vec<(&'a str, &'a str)> {
         let config = self.config;
         let found: Vec<(&'a str, &'a str)> = config
@@ -298,8 +297,7 @@ impl<'a> Importer<'a> {
             .map(|(k, v)| (k.as_str(), v.trim()))
             .collect();
         self.used.extend(found.iter().map(|(k, _)| *k));
-        let strip = |k: &'a str| k.strip_prefix(prefix).unwrap_or(k);
-        found.into_iter().map(|(k, v)| (strip(k), v)).collect()
+        found
     }
 
     /// The trimmed value of `key`, refused when it is a config-provider reference.
@@ -330,7 +328,7 @@ impl<'a> Importer<'a> {
         }
     }
 
-    fn run(&mut self) -> Result<(), Error> {
+    fn run(mut self) -> Result<Imported, Error> {
         let class = self.required("connector.class", "add connector.class=PostgresConnector")?;
         // Kafka Connect also accepts the simple class name and its alias without `Connector`.
         if !matches!(class, POSTGRES_CONNECTOR | "PostgresConnector" | "Postgres") {
@@ -370,7 +368,7 @@ impl<'a> Importer<'a> {
         self.event_router(value_converter)?;
         self.producer_overrides();
         self.leftovers();
-        Ok(())
+        Ok(self.out)
     }
 
     fn postgres_url(&mut self) -> Result<String, Error> {
@@ -523,23 +521,20 @@ impl<'a> Importer<'a> {
             None => self.warn(format!("{prefix}table.field.event.timestamp is not set: Debezium stamped records with the time it processed the change; the relay uses the commit time")),
         }
         let envelope = self.placements(&prefix)?;
-        let is_true = |value: Option<&str>| value.is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        if is_true(option(self, "table.expand.json.payload")) {
-            self.warn(format!("{prefix}table.expand.json.payload=true is not supported: the relay sends the payload column's text as it is, not an expanded struct, so consumers get the document without any converter envelope (whitespace and key order as stored)"));
-        }
         let tombstone = format!("{prefix}route.tombstone.on.empty.payload");
-        if is_true(self.take(&tombstone)) {
+        let on_empty = self.take(&tombstone).map(str::to_ascii_lowercase);
+        if on_empty.as_deref() == Some("true") {
             self.warn(format!("{tombstone}=true: Debezium also made tombstones of empty and whitespace-only payloads; the relay sends those as they are"));
         } else if envelope || value_converter != Converter::Raw {
             // Only String and ByteArray converters made a tombstone of Debezium's null value.
             self.warn(format!("{tombstone}=false (Debezium's default): for a NULL payload Debezium sent a record (with envelope fields {{\"payload\": null, ...}}, with JsonConverter JSON null or {{\"schema\": ..., \"payload\": null}}), a tombstone only with a String or ByteArray value converter; the relay always sends a tombstone"));
         }
         let mut unknown = Vec::new();
-        for (name, value) in self.take_prefixed(&prefix) {
-            match router_note(name, value) {
+        for (key, value) in self.take_prefixed(&prefix) {
+            match router_note(&key[prefix.len()..], value) {
                 Some("") => {}
-                Some(why) => self.warn(format!("{prefix}{name}={value} not applied: {why}")),
-                None => unknown.push(format!("{prefix}{name}")),
+                Some(why) => self.warn(format!("{key}={value} not applied: {why}")),
+                None => unknown.push(key),
             }
         }
         self.warn_all(&unknown, |list| {
@@ -596,26 +591,18 @@ impl<'a> Importer<'a> {
 
     fn producer_overrides(&mut self) {
         let mut dropped = Vec::new();
-        for (name, value) in self.take_prefixed("producer.override.") {
-            let semicolon = value.contains(';').then_some("';' separates -X values");
-            if let Some(why) = java_only_note(name).or(semicolon) {
-                dropped.push(format!("{name} ({why})"));
-                continue;
-            }
-            let note = match name {
-                "acks" if !matches!(value, "all" | "-1") => "acknowledged events may be lost",
-                "enable.idempotence" if value.eq_ignore_ascii_case("false") => {
-                    "retries may duplicate or reorder records"
+        for (key, value) in self.take_prefixed("producer.override.") {
+            let name = &key["producer.override.".len()..];
+            match producer_note(name, value) {
+                Err(why) => dropped.push(format!("{name} ({why})")),
+                Ok(note) => {
+                    if !note.is_empty() {
+                        self.warn(format!("{key}={value}: {note}"));
+                    }
+                    let name = name.replace("max.request.size", "message.max.bytes");
+                    self.arg("-X", format!("{name}={value}"));
                 }
-                "delivery.timeout.ms" => "an expired delivery stops the relay",
-                "max.request.size" => "passed as librdkafka's message.max.bytes",
-                _ => "",
-            };
-            if !note.is_empty() {
-                self.warn(format!("producer.override.{name}={value}: {note}"));
             }
-            let name = name.replace("max.request.size", "message.max.bytes");
-            self.arg("-X", format!("{name}={value}"));
         }
         self.warn_all(&dropped, |list| {
             format!("producer.override properties librdkafka would refuse, not passed on: {list}")
@@ -632,14 +619,13 @@ impl<'a> Importer<'a> {
             self.warn(format!("errors.tolerance / errors.deadletterqueue.*: a source connector skipped records that failed conversion (Connect's dead-letter queue is for sink connectors only); the relay never skips an event silently but stops before acknowledging one it cannot deliver. To divert such events instead, add --on-poison dead-letter --dead-letter-topic {topic}"));
         }
         let heartbeat = self.take_prefixed("heartbeat.");
-        let interval = heartbeat.iter().find(|(k, _)| *k == "interval.ms");
+        let interval = heartbeat
+            .iter()
+            .find(|(k, _)| *k == "heartbeat.interval.ms");
         if let Some(Ok(ms @ 1..)) = interval.map(|(_, v)| v.parse::<u64>()) {
             self.arg("--heartbeat-interval", format!("{ms}ms"));
         }
-        let keys: Vec<String> = heartbeat
-            .iter()
-            .map(|(k, _)| format!("heartbeat.{k}"))
-            .collect();
+        let keys: Vec<&str> = heartbeat.iter().map(|(k, _)| *k).collect();
         self.warn_all(&keys, |keys| {
             format!("{keys}: the relay maps heartbeat.interval.ms to --heartbeat-interval, which writes a logical decoding message (no heartbeat.action.query, no heartbeat topic); when nothing is in flight it also acknowledges keepalive positions, so a quiet outbox does not pin WAL")
         });

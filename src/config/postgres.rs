@@ -70,8 +70,7 @@ impl TargetSessionAttrs {
 /// A parsed `postgres://` URL.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct PostgresConnInfo {
-    /// Host name, IP address or Unix socket directory (starts with `/`): the first of
-    /// [`Self::hosts`], or the one a connection chose.
+    /// Host name, IP address or Unix socket directory (`/...`): the first of [`Self::hosts`].
     pub host: String,
     /// TCP port of `host`.
     pub port: u16,
@@ -103,11 +102,10 @@ pub struct PostgresConnInfo {
 pub struct PostgresUrlError(String);
 
 impl PostgresConnInfo {
-    /// Parses a libpq URL (`postgres://user:pass@host:port/db?sslmode=require`) with libpq's
-    /// defaults: port 5432, user `postgres`, database = user. Several hosts are separated by
-    /// commas (`db1:5432,db2:5432`, or `?host=db1,db2&port=5432,5433`).
+    /// Parses a libpq URL with libpq's defaults (port 5432, user `postgres`, database = user);
+    /// several hosts are separated by commas (`db1:5432,db2`, or `?host=db1,db2&port=5432,5433`).
     pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
-        let malformed = |reason: String| {
+        let malformed = |reason: &str| {
             let url = redact_url(raw);
             let expected = "postgres://USER:PASSWORD@HOST:PORT/DBNAME?sslmode=...";
             PostgresUrlError(format!(
@@ -119,18 +117,16 @@ impl PostgresConnInfo {
         if credentials_span(raw).is_some_and(|span| raw[span].contains(['/', '?', '#'])) {
             return Err(malformed(
                 "a '/', '?', '#' or '@' in the password or user name must be percent-encoded \
-                 (%2F, %3F, %23, %40), and so must an '@' after the host"
-                    .to_owned(),
+                 (%2F, %3F, %23, %40), and so must an '@' after the host",
             ));
         }
         // The URL parser knows one host per URL: it gets the first, then each other one alone.
         let (first_only, extra_hosts) = split_hosts(raw);
-        let url = url::Url::parse(&first_only).map_err(|e| malformed(e.to_string()))?;
+        let url = url::Url::parse(&first_only).map_err(|e| malformed(&e.to_string()))?;
         let scheme = url.scheme();
         if scheme != "postgres" && scheme != "postgresql" {
-            let reason = "must start with postgres:// or postgresql://";
             return Err(PostgresUrlError(format!(
-                "--postgres-url {reason}, got {scheme}://"
+                "--postgres-url must start with postgres:// or postgresql://, got {scheme}://"
             )));
         }
         let mut hosts = vec![host_name(&url)?];
@@ -140,7 +136,7 @@ impl PostgresConnInfo {
             let reason = format!("host {extra:?} is not HOST or HOST:PORT");
             let url = url
                 .filter(|url| url.host().is_some())
-                .ok_or_else(|| malformed(reason))?;
+                .ok_or_else(|| malformed(&reason))?;
             hosts.push(host_name(&url)?);
             ports.push(url.port().unwrap_or(5432));
         }
@@ -154,13 +150,11 @@ impl PostgresConnInfo {
             let value = value.into_owned();
             match name.as_ref() {
                 "host" => hosts = value.split(',').map(str::to_owned).collect(),
-                "port" => match value.split(',').map(str::parse).collect() {
-                    Ok(parsed) => ports = parsed,
-                    Err(_) => {
-                        let expected = "a TCP port number, or one per host separated by commas";
-                        return Err(invalid_parameter("port", value, expected));
-                    }
-                },
+                "port" => {
+                    let parsed: Result<_, _> = value.split(',').map(str::parse).collect();
+                    let expected = "a TCP port number, or one per host separated by commas";
+                    ports = parsed.map_err(|_| invalid_parameter("port", value, expected))?;
+                }
                 "target_session_attrs" => {
                     info.target_session_attrs = parse_param("target_session_attrs", value)?
                 }
@@ -175,10 +169,9 @@ impl PostgresConnInfo {
                 other => {
                     let supported = "host, port, user, password, dbname, sslmode, sslrootcert, \
                                      sslcert, sslkey, application_name, target_session_attrs";
-                    let reason = format!(
+                    return Err(PostgresUrlError(format!(
                         "--postgres-url parameter {other:?} is not supported; supported: {supported}"
-                    );
-                    return Err(PostgresUrlError(reason));
+                    )));
                 }
             }
         }
@@ -255,18 +248,15 @@ fn parse_param<T: clap::ValueEnum>(
     })
 }
 
-/// The URL with only the first of its comma-separated hosts, and the other hosts.
+/// The URL with only the first of its comma-separated hosts, and the other hosts; for a URL whose
+/// credentials hold no '/', '?' or '#' (checked before).
 fn split_hosts(raw: &str) -> (String, Vec<&str>) {
     let Some(scheme_end) = raw.find("://") else {
         return (raw.to_owned(), Vec::new());
     };
-    let start = scheme_end + 3;
-    let after_scheme = &raw[start..];
-    let end = start
-        + after_scheme
-            .find(['/', '?', '#'])
-            .unwrap_or(after_scheme.len());
-    let hosts_start = start + raw[start..end].rfind('@').map_or(0, |at| at + 1);
+    let hosts_start = credentials_span(raw).map_or(scheme_end + 3, |span| span.end + 1);
+    let rest = &raw[hosts_start..];
+    let end = hosts_start + rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let mut hosts = raw[hosts_start..end].split(',');
     let first = hosts.next().unwrap_or_default();
     let url = format!("{}{first}{}", &raw[..hosts_start], &raw[end..]);
@@ -300,8 +290,7 @@ fn credentials_span(raw: &str) -> Option<std::ops::Range<usize>> {
 }
 
 /// Replaces the password in anything URL-shaped with `***`, so that even a malformed URL can be
-/// quoted in an error: all between `://` and the last `@` but a plain user name before the first
-/// `:`, and a `password=` parameter.
+/// quoted: all from `://` to the last `@` but a plain user name, and a `password=` parameter.
 fn redact_url(raw: &str) -> String {
     let mut out = raw.to_owned();
     if let Some(span) = credentials_span(raw) {
