@@ -117,7 +117,7 @@ async fn relay(
     let source = PgSource::new(config.clone(), slot.publication.clone());
     // Aborted when dropped, as the pipeline stops.
     let mut heartbeats = JoinSet::new();
-    if let Some(interval) = config.heartbeat_interval {
+    if let Some(interval) = config.heartbeat_interval.filter(|d| !d.is_zero()) {
         heartbeats.spawn(heartbeat::run(config.clone(), interval));
     }
     let sink = Arc::new(sink);

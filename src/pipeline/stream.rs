@@ -15,7 +15,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     /// Connects, streams, and on a transient failure reconnects with capped
     /// exponential backoff, keeping in-flight deliveries and the tracker.
     pub(super) async fn run_streams(&mut self) -> Result<(), RelayError> {
-        let (min_backoff, max_backoff) = self.config.reconnect_backoff;
+        let min_backoff = self.config.reconnect_backoff_min;
+        let max_backoff = self.config.reconnect_backoff_max;
         let mut backoff = min_backoff;
         let mut attempt: u64 = 0;
         let mut standby = false;

@@ -84,8 +84,8 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     }
     demo.tables = vec![writer::OUTBOX.to_owned()];
     demo.message_prefixes.clear();
-    demo.slot = SLOT.into();
-    demo.publication = SLOT.into();
+    demo.flags.slot = SLOT.into();
+    demo.flags.publication = SLOT.into();
     let config = Config::from_cli(&demo)?;
 
     let pg = &config.postgres;
