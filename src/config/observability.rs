@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, FromArgMatches};
 
 use super::{parse_duration, positive_duration};
 
@@ -42,13 +42,11 @@ pub struct ReadinessThresholds {
 }
 
 impl Default for ReadinessThresholds {
-    /// The flags' defaults.
+    /// The flags' defaults, read from their `default_value`s (environment ignored).
     fn default() -> Self {
-        ReadinessThresholds {
-            max_slot_lag_bytes: 1 << 30,
-            max_ack_staleness: Duration::from_secs(60),
-            min_safe_wal_size: 1 << 30,
-        }
+        let flags = Self::augment_args(clap::Command::new("defaults"));
+        let matches = flags.mut_args(|arg| arg.env(None)).get_matches_from(["defaults"]);
+        Self::from_arg_matches(&matches).expect("the flags' defaults parse")
     }
 }
 
@@ -108,6 +106,14 @@ mod tests {
         assert!(parse_bytes("").is_err());
         assert!(parse_bytes("1 parsec").is_err());
         assert!(parse_bytes("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn readiness_defaults_are_the_flags_defaults() {
+        let defaults = ReadinessThresholds::default();
+        assert_eq!(defaults.max_slot_lag_bytes, 1 << 30);
+        assert_eq!(defaults.max_ack_staleness, Duration::from_secs(60));
+        assert_eq!(defaults.min_safe_wal_size, 1 << 30);
     }
 
     #[test]
