@@ -9,11 +9,11 @@ mod postgres;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use clap::builder::{NonEmptyStringValueParser, RangedU64ValueParser};
 use clap::{Args, Parser, ValueEnum};
+use secrecy::{ExposeSecret, SecretString};
 
 pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
@@ -36,10 +36,10 @@ use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, TableName, TopicTe
 pub struct Cli {
     /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require. Required.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
-    pub postgres_url: Option<Secret>,
+    pub postgres_url: Option<SecretString>,
     /// Postgres password; overrides the file and the URL (prefer the env var: `ps` shows flags).
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD", hide_env_values = true)]
-    pub postgres_password: Option<Secret>,
+    pub postgres_password: Option<SecretString>,
     /// File holding the Postgres password (e.g. a mounted secret), overriding the URL's password.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD_FILE", value_name = "PATH")]
     pub postgres_password_file: Option<PathBuf>,
@@ -208,31 +208,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
-}
-
-/// A secret flag value: parsed like a string, never shown by `Debug`.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    /// The secret itself.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Secret(s.to_owned()))
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
 }
 
 /// Whether a librdkafka property may hold a secret (`sasl.*`, `*.password`, `ssl.key.*`,
@@ -424,10 +399,10 @@ impl Config {
             let reason = "required (or set OUTBOX_RELAY_POSTGRES_URL)";
             return Err(invalid("--postgres-url", "", reason));
         };
-        let mut postgres = PostgresConnInfo::parse(url.expose())?;
+        let mut postgres = PostgresConnInfo::parse(url.expose_secret())?;
         // Precedence: --postgres-password > --postgres-password-file > the URL's password.
         if let Some(password) = &cli.postgres_password {
-            postgres.password = Some(password.expose().to_owned());
+            postgres.password = Some(password.expose_secret().to_owned());
         } else if let Some(path) = &cli.postgres_password_file {
             postgres.password = Some(read_password_file(path)?);
         }
@@ -853,7 +828,7 @@ mod tests {
             "{shown}"
         );
         let mut cli = cli;
-        cli.postgres_url = Some("postgres://relay:hunter2@127.0.0.1/app".parse().unwrap());
+        cli.postgres_url = Some("postgres://relay:hunter2@127.0.0.1/app".into());
         let shown = format!("{:?}", Config::from_cli(&cli).unwrap());
         for secret in ["hunter2", "s1", "s2", "s3", "s4", "s5", "s6"] {
             assert!(!shown.contains(secret), "{secret} in {shown}");

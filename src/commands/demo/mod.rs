@@ -75,7 +75,7 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     let mut demo = cli.clone();
     demo.command = None;
     if let Some(cluster) = &cluster {
-        demo.postgres_url = cluster.url.parse().ok();
+        demo.postgres_url = Some(cluster.url.as_str().into());
         demo.postgres_password = None;
         demo.postgres_password_file = None;
     }
