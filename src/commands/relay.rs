@@ -97,8 +97,7 @@ async fn relay(
     let cleanup = match config.cleanup {
         Cleanup::None => None,
         Cleanup::Delete => {
-            let from = slot.confirmed_flush;
-            Some(cleanup::Cleanup::new(control, &config, from).await?)
+            Some(cleanup::Cleanup::new(control, &config, slot.confirmed_flush).await?)
         }
     };
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);

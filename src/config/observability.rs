@@ -1,5 +1,4 @@
 //! Flags of the HTTP endpoint, readiness and the slot poller, all checked while parsing.
-//! [`ReadinessThresholds`] lives here so that observability reads it without importing flags.
 
 use std::net::SocketAddr;
 use std::time::Duration;
