@@ -84,7 +84,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         Some(Command::Setup(args)) if args.print => setup::print(cli),
         Some(Command::Setup(_)) => connected(cli, setup::apply),
         Some(Command::DropSlot(args)) if !args.yes_i_know => {
-            Err(CommandError::Refused(drop_slot::refusal(&cli.slot)))
+            Err(CommandError::Refused(drop_slot::refusal(&cli.flags.slot)))
         }
         Some(Command::DropSlot(args)) => connected(cli, async |c| drop_slot::run(c, args).await),
         Some(Command::Status(args)) => connected(cli, async |c| status::run(c, args).await),

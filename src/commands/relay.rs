@@ -97,8 +97,7 @@ async fn relay(
     let cleanup = match config.cleanup {
         Cleanup::None => None,
         Cleanup::Delete => {
-            let from = slot.confirmed_flush;
-            Some(cleanup::Cleanup::new(control, &config, from).await?)
+            Some(cleanup::Cleanup::new(control, &config, slot.confirmed_flush).await?)
         }
     };
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
@@ -117,7 +116,7 @@ async fn relay(
     let source = PgSource::new(config.clone(), slot.publication.clone());
     // Aborted when dropped, as the pipeline stops.
     let mut heartbeats = JoinSet::new();
-    if let Some(interval) = config.heartbeat_interval {
+    if let Some(interval) = config.heartbeat_interval.filter(|d| !d.is_zero()) {
         heartbeats.spawn(heartbeat::run(config.clone(), interval));
     }
     let sink = Arc::new(sink);

@@ -5,19 +5,20 @@
 use std::io::Write;
 
 use super::CommandError;
-use crate::config::{Cli, Config, SetupTarget};
+use crate::config::{Cli, Config, RelayFlags};
+use crate::outbox::TableName;
 use crate::source::{setup, sql};
 
 /// `setup --print`: needs only the flags, no connection.
 pub(super) fn print(cli: &Cli) -> Result<(), CommandError> {
-    let target = SetupTarget::from_cli(cli)?;
-    std::io::stdout().write_all(script(&target).as_bytes())?;
+    let script = script(&cli.flags, &cli.outbox_tables()?);
+    std::io::stdout().write_all(script.as_bytes())?;
     Ok(())
 }
 
 /// The SQL `setup` would run, as a script.
-fn script(target: &SetupTarget) -> String {
-    let tables: Vec<String> = target.tables.iter().map(ToString::to_string).collect();
+fn script(flags: &RelayFlags, tables: &[TableName]) -> String {
+    let names: Vec<String> = tables.iter().map(ToString::to_string).collect();
     format!(
         "-- outbox-relay setup: publication {publication:?} for {tables}, slot {slot:?}.\n\
          -- Run as a role with REPLICATION (or superuser) in the outbox database;\n\
@@ -33,11 +34,11 @@ fn script(target: &SetupTarget) -> String {
          -- Records that the relay streams from this slot, so that after a failover to a\n\
          -- server without it the relay stops instead of starting over from \"now\".\n\
          {create_record};\n",
-        publication = target.publication,
-        slot = target.slot,
-        tables = tables.join(", "),
-        create_publication = sql::create_publication(&target.publication, &target.tables),
-        create_slot = sql::create_slot(&target.slot, false),
+        publication = flags.publication,
+        slot = flags.slot,
+        tables = names.join(", "),
+        create_publication = sql::create_publication(&flags.publication, tables),
+        create_slot = sql::create_slot(&flags.slot, false),
         create_record = crate::source::lineage::CREATE_TABLE,
     )
 }
@@ -73,21 +74,15 @@ pub(super) async fn apply(config: &Config) -> Result<(), CommandError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::TableName;
 
     #[test]
     fn printed_script_is_the_statements_setup_runs() {
-        let target = SetupTarget {
-            tables: vec![TableName::parse("public.outbox").unwrap()],
-            slot: "s".to_owned(),
-            publication: "p".to_owned(),
-        };
-        let script = script(&target);
+        let args = ["outbox-relay", "--slot", "s", "--publication", "p"];
+        let cli = Cli::try_parse_global_from(args).unwrap();
+        let tables = [TableName::parse("public.outbox").unwrap()];
+        let script = script(&cli.flags, &tables);
         assert!(
-            script.contains(&format!(
-                "{};\n",
-                sql::create_publication("p", &target.tables)
-            )),
+            script.contains(&format!("{};\n", sql::create_publication("p", &tables))),
             "{script}"
         );
         assert!(

@@ -137,27 +137,11 @@ impl Cli {
         let matches = cmd.try_get_matches_from_mut(args)?;
         Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
     }
-}
 
-/// What `setup` creates, from the flags alone: `setup --print` needs no `--postgres-url`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetupTarget {
-    /// Outbox tables, in flag order.
-    pub tables: Vec<TableName>,
-    /// Slot name.
-    pub slot: String,
-    /// Publication name.
-    pub publication: String,
-}
-
-impl SetupTarget {
-    /// Validates `--table` as [`Config::from_cli`](super::Config::from_cli) does.
-    pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        Ok(SetupTarget {
-            tables: parse_tables(cli)?.0,
-            slot: cli.slot.clone(),
-            publication: cli.publication.clone(),
-        })
+    /// The `--table` names, validated as [`Config::from_cli`](super::Config::from_cli) does
+    /// but without a `--postgres-url`, which `setup --print` does without.
+    pub fn outbox_tables(&self) -> Result<Vec<TableName>, ConfigError> {
+        Ok(parse_tables(self)?.0)
     }
 }
 
@@ -181,16 +165,15 @@ mod tests {
             "--table",
             "public.outbox",
         ]);
-        let target = SetupTarget::from_cli(&cli).unwrap();
         assert_eq!(
-            target.tables,
+            cli.outbox_tables().unwrap(),
             vec![
                 TableName::parse("billing.outbox").unwrap(),
                 TableName::parse("public.outbox").unwrap()
             ]
         );
         let cli = parse(&["setup", "--table", "none", "--message-prefix", "outbox"]);
-        assert!(SetupTarget::from_cli(&cli).unwrap().tables.is_empty());
+        assert!(cli.outbox_tables().unwrap().is_empty());
     }
 
     #[test]
@@ -201,11 +184,13 @@ mod tests {
             Some(Command::Status(StatusArgs { json: true }))
         ));
         assert_eq!(
-            cli.postgres_url.as_ref().map(crate::config::Secret::expose),
+            cli.postgres_url
+                .as_ref()
+                .map(secrecy::ExposeSecret::expose_secret),
             Some("postgres://u@h/db")
         );
         let cli = parse(&["--slot", "s1", "drop-slot", "--yes-i-know"]);
-        assert_eq!(cli.slot, "s1");
+        assert_eq!(cli.flags.slot, "s1");
         assert!(matches!(
             cli.command,
             Some(Command::DropSlot(DropSlotArgs {
@@ -214,7 +199,7 @@ mod tests {
             }))
         ));
         let cli = parse(&["setup", "--print", "--table", "a.outbox", "--slot", "x"]);
-        assert_eq!(cli.slot, "x");
+        assert_eq!(cli.flags.slot, "x");
         assert!(cli.command.is_some());
     }
 
@@ -235,10 +220,10 @@ mod tests {
 
     #[test]
     fn setup_target_needs_no_url() {
-        let target = SetupTarget::from_cli(&parse(&["setup", "--print"])).unwrap();
-        assert_eq!(target.slot, "outbox_relay");
+        let cli = parse(&["setup", "--print"]);
+        assert_eq!(cli.flags.slot, "outbox_relay");
         assert_eq!(
-            target.tables,
+            cli.outbox_tables().unwrap(),
             vec![TableName::parse("public.outbox").unwrap()]
         );
         let bad = ["outbox-relay", "setup", "--slot", "Bad"];

@@ -9,15 +9,15 @@ mod postgres;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use clap::builder::{NonEmptyStringValueParser, RangedU64ValueParser};
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
+use secrecy::{ExposeSecret, SecretString};
 
 pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
-    SetupTarget, StatusArgs,
+    StatusArgs,
 };
 pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
@@ -36,10 +36,10 @@ use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, TableName, TopicTe
 pub struct Cli {
     /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require. Required.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
-    pub postgres_url: Option<Secret>,
+    pub postgres_url: Option<SecretString>,
     /// Postgres password; overrides the file and the URL (prefer the env var: `ps` shows flags).
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD", hide_env_values = true)]
-    pub postgres_password: Option<Secret>,
+    pub postgres_password: Option<SecretString>,
     /// File holding the Postgres password (e.g. a mounted secret), overriding the URL's password.
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD_FILE", value_name = "PATH")]
     pub postgres_password_file: Option<PathBuf>,
@@ -56,19 +56,9 @@ pub struct Cli {
     #[arg(long = "message-prefix", env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
     #[arg(value_delimiter = ',')]
     pub message_prefixes: Vec<String>,
-
-    /// Logical replication slot to stream from (created with pgoutput if missing).
-    #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay", value_parser = slot_name)]
-    pub slot: String,
-    /// Create the slot with FAILOVER true (or alter it), so that a failover loses nothing. PG 17+.
-    #[arg(long, env = "OUTBOX_RELAY_SLOT_FAILOVER")]
-    pub slot_failover: bool,
-    /// Create the slot even where this relay streamed before (then `backfill` what it missed).
-    #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
-    pub allow_new_slot: bool,
-    /// Publication to stream (created FOR TABLE the outbox tables, inserts only, if missing).
-    #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay", value_parser = publication_name)]
-    pub publication: String,
+    /// Slot, delivery and observability flags.
+    #[command(flatten)]
+    pub flags: RelayFlags,
 
     /// Column whose value routes the event (`${routedByValue}`). Debezium: route.by.field.
     #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY", default_value = "event_type", value_parser = NonEmptyStringValueParser::new())]
@@ -99,14 +89,47 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS_SOURCE")]
     #[arg(requires = "cloudevents")]
     pub cloudevents_source: Option<String>,
-    /// What happens to outbox rows once the broker has acknowledged their events.
-    #[arg(long, env = "OUTBOX_RELAY_CLEANUP", value_enum, default_value_t = Cleanup::None)]
-    pub cleanup: Cleanup,
-
     /// librdkafka producer property KEY=VALUE (e.g. -X security.protocol=SASL_SSL). Repeatable.
     #[arg(short = 'X', long = "kafka-property", value_delimiter = ';')]
     #[arg(env = "OUTBOX_RELAY_KAFKA_PROPERTY", hide_env_values = true)]
     pub kafka_properties: Vec<KafkaProperty>,
+    /// What to do with an event that cannot be delivered (NULL id, bad topic, too large...).
+    #[arg(long, env = "OUTBOX_RELAY_ON_POISON", value_enum, default_value_t = PoisonPolicy::Fail)]
+    pub on_poison: PoisonPolicy,
+    /// Topic for dead-lettered events (required with --on-poison dead-letter).
+    #[arg(long, env = "OUTBOX_RELAY_DEAD_LETTER_TOPIC", value_parser = topic_name)]
+    pub dead_letter_topic: Option<String>,
+    /// Log line format.
+    #[arg(long, env = "OUTBOX_RELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// A Debezium connector configuration (JSON or .properties) whose settings become defaults.
+    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
+    pub debezium_config: Option<PathBuf>,
+    /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,librdkafka=warn).
+    #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// An operator command; without one, the relay runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The flags the relay uses as given, so that [`Config`] keeps them whole (and derefs to them).
+#[derive(Debug, Clone, Args)]
+pub struct RelayFlags {
+    /// Logical replication slot to stream from (created with pgoutput if missing).
+    #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay", value_parser = slot_name)]
+    pub slot: String,
+    /// Create the slot with FAILOVER true (or alter it), so that a failover loses nothing. PG 17+.
+    #[arg(long, env = "OUTBOX_RELAY_SLOT_FAILOVER")]
+    pub slot_failover: bool,
+    /// Create the slot even where this relay streamed before (then `backfill` what it missed).
+    #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
+    pub allow_new_slot: bool,
+    /// Publication to stream (created FOR TABLE the outbox tables, inserts only, if missing).
+    #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay", value_parser = publication_name)]
+    pub publication: String,
+
     /// On SIGINT/SIGTERM, how long to read to the open commit and wait for in-flight deliveries.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
@@ -128,35 +151,18 @@ pub struct Cli {
     /// Write a logical decoding message this often, so the slot advances on an idle database.
     #[arg(long, env = "OUTBOX_RELAY_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
     pub heartbeat_interval: Option<Duration>,
-    /// What to do with an event that cannot be delivered (NULL id, bad topic, too large...).
-    #[arg(long, env = "OUTBOX_RELAY_ON_POISON", value_enum, default_value_t = PoisonPolicy::Fail)]
-    pub on_poison: PoisonPolicy,
-    /// Topic for dead-lettered events (required with --on-poison dead-letter).
-    #[arg(long, env = "OUTBOX_RELAY_DEAD_LETTER_TOPIC", value_parser = topic_name)]
-    pub dead_letter_topic: Option<String>,
     /// First wait before reconnecting to Postgres after the stream broke; doubles per attempt.
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MIN", default_value = "500ms", value_parser = positive_duration)]
     pub reconnect_backoff_min: Duration,
     /// Longest wait between reconnect attempts (also the standby's polling interval).
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MAX", default_value = "30s", value_parser = parse_duration)]
     pub reconnect_backoff_max: Duration,
-
-    /// Log line format.
-    #[arg(long, env = "OUTBOX_RELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-    /// A Debezium connector configuration (JSON or .properties) whose settings become defaults.
-    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
-    pub debezium_config: Option<PathBuf>,
-    /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,librdkafka=warn).
-    #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-
+    /// What happens to outbox rows once the broker has acknowledged their events.
+    #[arg(long, env = "OUTBOX_RELAY_CLEANUP", value_enum, default_value_t = Cleanup::None)]
+    pub cleanup: Cleanup,
     /// Metrics, health and slot monitoring flags.
     #[command(flatten)]
     pub observability: ObservabilityArgs,
-    /// An operator command; without one, the relay runs.
-    #[command(subcommand)]
-    pub command: Option<Command>,
 }
 
 /// The delivery guarantee.
@@ -202,31 +208,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
-}
-
-/// A secret flag value: parsed like a string, never shown by `Debug`.
-#[derive(Clone)]
-pub struct Secret(String);
-
-impl Secret {
-    /// The secret itself.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl FromStr for Secret {
-    type Err = std::convert::Infallible;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Secret(s.to_owned()))
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
 }
 
 /// Whether a librdkafka property may hold a secret (`sasl.*`, `*.password`, `ssl.key.*`,
@@ -379,7 +360,8 @@ fn invalid(flag: &'static str, value: impl Into<String>, reason: impl Into<Strin
     }
 }
 
-/// The relay's settings, validated.
+/// The relay's settings: what validation builds from the flags, plus [`RelayFlags`] as given,
+/// which `Config` derefs to (`config.slot` is `config.flags.slot`).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where Postgres is.
@@ -390,42 +372,24 @@ pub struct Config {
     pub tables: Vec<TableName>,
     /// Prefixes of logical decoding messages carrying outbox events.
     pub message_prefixes: Vec<String>,
-    /// Tables whose mapping differs from [`Config::mapping`] (per-table overrides).
-    pub table_mappings: Vec<(TableName, MappingConfig)>,
-    /// Replication slot name.
-    pub slot: String,
-    /// Publication name.
-    pub publication: String,
-    /// Create or alter the slot with FAILOVER true.
-    pub slot_failover: bool,
-    /// Create a missing slot even where this relay streamed before.
-    pub allow_new_slot: bool,
     /// How rows become records.
     pub mapping: MappingConfig,
+    /// Tables whose mapping differs from [`Config::mapping`] (per-table overrides).
+    pub table_mappings: Vec<(TableName, MappingConfig)>,
     /// librdkafka properties given with `-X`, in order.
     pub kafka_properties: KafkaProperties,
-    /// Grace period for in-flight deliveries on shutdown.
-    pub shutdown_timeout: Duration,
-    /// Standby status update cadence.
-    pub status_interval: Duration,
-    /// In-flight cap, events.
-    pub max_in_flight_events: usize,
-    /// In-flight cap, bytes.
-    pub max_in_flight_bytes: usize,
     /// Dead-letter topic when poison events are diverted; `None` means stop on them.
     pub dead_letter_topic: Option<String>,
-    /// Reconnect backoff bounds (min, max).
-    pub reconnect_backoff: (Duration, Duration),
-    /// Heartbeat cadence, if enabled.
-    pub heartbeat_interval: Option<Duration>,
-    /// Delivery guarantee.
-    pub delivery: Delivery,
-    /// Exactly-once fallback.
-    pub exactly_once_fallback: ExactlyOnceFallback,
-    /// Metrics, health and slot monitoring.
-    pub observability: ObservabilityArgs,
-    /// What happens to relayed outbox rows.
-    pub cleanup: Cleanup,
+    /// The flags used as given.
+    pub flags: RelayFlags,
+}
+
+impl std::ops::Deref for Config {
+    type Target = RelayFlags;
+
+    fn deref(&self) -> &RelayFlags {
+        &self.flags
+    }
 }
 
 impl Config {
@@ -435,10 +399,10 @@ impl Config {
             let reason = "required (or set OUTBOX_RELAY_POSTGRES_URL)";
             return Err(invalid("--postgres-url", "", reason));
         };
-        let mut postgres = PostgresConnInfo::parse(url.expose())?;
+        let mut postgres = PostgresConnInfo::parse(url.expose_secret())?;
         // Precedence: --postgres-password > --postgres-password-file > the URL's password.
         if let Some(password) = &cli.postgres_password {
-            postgres.password = Some(password.expose().to_owned());
+            postgres.password = Some(password.expose_secret().to_owned());
         } else if let Some(path) = &cli.postgres_password_file {
             postgres.password = Some(read_password_file(path)?);
         }
@@ -447,9 +411,9 @@ impl Config {
             let reason = "give at least one host:port";
             return Err(invalid("--kafka-brokers", "", reason));
         }
-        let reconnect_backoff = (cli.reconnect_backoff_min, cli.reconnect_backoff_max);
-        if reconnect_backoff.1 < reconnect_backoff.0 {
-            let max = humantime::format_duration(reconnect_backoff.1).to_string();
+        let flags = cli.flags.clone();
+        if flags.reconnect_backoff_max < flags.reconnect_backoff_min {
+            let max = humantime::format_duration(flags.reconnect_backoff_max).to_string();
             let reason = "must be at least --reconnect-backoff-min";
             return Err(invalid("--reconnect-backoff-max", max, reason));
         }
@@ -484,28 +448,15 @@ impl Config {
         let kafka_properties = cli.kafka_properties.iter().map(KafkaProperty::pair);
         let message_prefixes = cli.message_prefixes.iter().filter(|p| !p.is_empty());
         Ok(Config {
+            postgres,
             kafka_brokers: kafka_brokers.to_owned(),
             tables,
             message_prefixes: message_prefixes.cloned().collect(),
-            table_mappings,
-            slot: cli.slot.clone(),
-            publication: cli.publication.clone(),
-            slot_failover: cli.slot_failover,
-            allow_new_slot: cli.allow_new_slot,
             mapping,
+            table_mappings,
             kafka_properties: KafkaProperties(kafka_properties.collect::<Result<_, _>>()?),
-            shutdown_timeout: cli.shutdown_timeout,
-            status_interval: cli.status_interval,
-            max_in_flight_events: cli.max_in_flight_events,
-            max_in_flight_bytes: cli.max_in_flight_bytes,
             dead_letter_topic: cli.dead_letter_topic.clone().filter(|_| dead_letter),
-            reconnect_backoff,
-            heartbeat_interval: cli.heartbeat_interval.filter(|d| !d.is_zero()),
-            delivery: cli.delivery,
-            exactly_once_fallback: cli.exactly_once_fallback,
-            observability: cli.observability.clone(),
-            cleanup: cli.cleanup,
-            postgres,
+            flags,
         })
     }
 
@@ -877,7 +828,7 @@ mod tests {
             "{shown}"
         );
         let mut cli = cli;
-        cli.postgres_url = Some("postgres://relay:hunter2@127.0.0.1/app".parse().unwrap());
+        cli.postgres_url = Some("postgres://relay:hunter2@127.0.0.1/app".into());
         let shown = format!("{:?}", Config::from_cli(&cli).unwrap());
         for secret in ["hunter2", "s1", "s2", "s3", "s4", "s5", "s6"] {
             assert!(!shown.contains(secret), "{secret} in {shown}");

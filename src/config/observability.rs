@@ -1,14 +1,13 @@
 //! Flags of the HTTP endpoint, readiness and the slot poller, all checked while parsing.
-//! [`ReadinessThresholds`] lives here so that observability reads it without importing flags.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::Args;
+use clap::{Args, FromArgMatches};
 
 use super::{parse_duration, positive_duration};
 
-/// Observability flags, flattened into [`super::Cli`] and kept as they are in [`super::Config`].
+/// Observability flags, part of [`super::RelayFlags`].
 ///
 /// `std::option::Option` (not `Option`) tells clap that the value parser gives the `None`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
@@ -42,13 +41,12 @@ pub struct ReadinessThresholds {
 }
 
 impl Default for ReadinessThresholds {
-    /// The flags' defaults.
+    /// The flags' `default_value`s (environment ignored). Like `get_matches`, this exits on a
+    /// parse error, which the unit tests show cannot happen.
     fn default() -> Self {
-        ReadinessThresholds {
-            max_slot_lag_bytes: 1 << 30,
-            max_ack_staleness: Duration::from_secs(60),
-            min_safe_wal_size: 1 << 30,
-        }
+        let flags = Self::augment_args(clap::Command::new("defaults"));
+        let matches = flags.mut_args(|arg| arg.env(None)).get_matches_from([""]);
+        Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
     }
 }
 
@@ -108,6 +106,14 @@ mod tests {
         assert!(parse_bytes("").is_err());
         assert!(parse_bytes("1 parsec").is_err());
         assert!(parse_bytes("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn readiness_defaults_are_the_flags_defaults() {
+        let defaults = ReadinessThresholds::default();
+        assert_eq!(defaults.max_slot_lag_bytes, 1 << 30);
+        assert_eq!(defaults.max_ack_staleness, Duration::from_secs(60));
+        assert_eq!(defaults.min_safe_wal_size, 1 << 30);
     }
 
     #[test]

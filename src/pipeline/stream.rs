@@ -13,7 +13,8 @@ use crate::source::{Recovery, Source, SourceError, Stream};
 impl<S: Source, K: Sink> Pipeline<S, K> {
     /// Connects and streams; on a transient failure reconnects, keeping deliveries and tracker.
     pub(super) async fn run_streams(&mut self) -> Result<(), RelayError> {
-        let (min_backoff, max_backoff) = self.config.reconnect_backoff;
+        let min_backoff = self.config.reconnect_backoff_min;
+        let max_backoff = self.config.reconnect_backoff_max;
         let mut backoff = min_backoff;
         let mut attempt: u64 = 0;
         let mut standby = false;

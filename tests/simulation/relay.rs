@@ -68,8 +68,8 @@ fn config(plan: &super::Plan) -> Config {
     });
     let mut config =
         parsed[usize::from(plan.exactly_once) * 2 + usize::from(plan.dead_letter)].clone();
-    config.max_in_flight_events = plan.max_events;
-    config.max_in_flight_bytes = plan.max_bytes;
+    config.flags.max_in_flight_events = plan.max_events;
+    config.flags.max_in_flight_bytes = plan.max_bytes;
     config
 }
 

@@ -74,7 +74,7 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     let mut demo = cli.clone();
     demo.command = None;
     if let Some(cluster) = &cluster {
-        demo.postgres_url = cluster.url.parse().ok();
+        demo.postgres_url = Some(cluster.url.as_str().into());
         demo.postgres_password = None;
         demo.postgres_password_file = None;
     }
@@ -83,8 +83,8 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     }
     demo.tables = vec![writer::OUTBOX.to_owned()];
     demo.message_prefixes.clear();
-    demo.slot = SLOT.into();
-    demo.publication = SLOT.into();
+    demo.flags.slot = SLOT.into();
+    demo.flags.publication = SLOT.into();
     let config = Config::from_cli(&demo)?;
 
     let pg = &config.postgres;

@@ -319,9 +319,9 @@ fn parse_importing(args: &[&str]) -> Result<Cli, clap::Error> {
 fn imported_values_are_defaults_that_explicit_flags_replace() {
     // Explicit flags (before or after a subcommand) win; the rest comes from the file.
     let cli = parse_importing(&["--slot", "mine", "--kafka-brokers", "k:9092"]).unwrap();
-    assert_eq!(cli.slot, "mine");
+    assert_eq!(cli.flags.slot, "mine");
     assert_eq!(cli.route_by, "event_type");
-    assert_eq!(cli.publication, "orders_outbox");
+    assert_eq!(cli.flags.publication, "orders_outbox");
     assert_eq!(cli.header_columns, ["type:eventType"]);
     let cli = parse_importing(&[
         "status",
@@ -333,8 +333,8 @@ fn imported_values_are_defaults_that_explicit_flags_replace() {
         "b.y",
     ])
     .unwrap();
-    assert_eq!(cli.publication, "p");
-    assert_eq!(cli.slot, "orders_outbox");
+    assert_eq!(cli.flags.publication, "p");
+    assert_eq!(cli.flags.slot, "orders_outbox");
     // An explicit repeatable flag replaces every imported value.
     assert_eq!(cli.tables, ["a.x", "b.y"]);
     let config =
