@@ -82,7 +82,10 @@ mod tests {
         let tables = [TableName::parse("public.outbox").unwrap()];
         let script = script(&cli.flags, &tables);
         assert!(
-            script.contains(&format!("{};\n", sql::create_publication("p", &tables))),
+            script.contains(&format!(
+                "{};\n",
+                sql::create_publication("p", &tables)
+            )),
             "{script}"
         );
         assert!(

@@ -7,7 +7,7 @@ use clap::{Args, FromArgMatches};
 
 use super::{parse_duration, positive_duration};
 
-/// Observability flags, part of [`super::RelayFlags`].
+/// Observability flags, flattened into [`super::Cli`] and kept as they are in [`super::Config`].
 ///
 /// `std::option::Option` (not `Option`) tells clap that the value parser gives the `None`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
@@ -41,12 +41,11 @@ pub struct ReadinessThresholds {
 }
 
 impl Default for ReadinessThresholds {
-    /// The flags' `default_value`s (environment ignored). Like `get_matches`, this exits on a
-    /// parse error, which the unit tests show cannot happen.
+    /// The flags' defaults, read from their `default_value`s (environment ignored).
     fn default() -> Self {
         let flags = Self::augment_args(clap::Command::new("defaults"));
-        let matches = flags.mut_args(|arg| arg.env(None)).get_matches_from([""]);
-        Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+        let matches = flags.mut_args(|arg| arg.env(None)).get_matches_from(["defaults"]);
+        Self::from_arg_matches(&matches).expect("the flags' defaults parse")
     }
 }
 
