@@ -87,13 +87,13 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
         .batch_execute(crate::source::SESSION_FORMATS)
         .await
         .map_err(query_err("set the session's formats"))?;
-    let in_flight = config.max_in_flight_events;
+    let in_flight = config.flags.max_in_flight_events;
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
     let (sink, mut deliveries) = KafkaSink::new(brokers, properties, in_flight, None, None)?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let mut exactly_once = match config.delivery {
+    let mut exactly_once = match config.flags.delivery {
         Delivery::ExactlyOnce => Some(Delivered::new(config, &client, &args.since).await?),
         Delivery::AtLeastOnce => None,
     };

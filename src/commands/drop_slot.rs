@@ -22,7 +22,7 @@ pub(super) fn refusal(slot: &str) -> String {
 
 /// Drops the slot unless a walsender holds it (`--yes-i-know` was checked).
 pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), CommandError> {
-    let (client, slot) = (setup::connect(config).await?, &config.slot);
+    let (client, slot) = (setup::connect(config).await?, &config.flags.slot);
     let mut out = std::io::stdout().lock();
     let remedy = "stop the relay first, then drop the slot";
     let info = super::status::idle_slot(&client, slot, remedy).await?;
@@ -40,7 +40,7 @@ pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), Comm
         writeln!(out, "slot {slot:?} does not exist; nothing to drop")?;
     }
     if args.drop_publication {
-        let publication = &config.publication;
+        let publication = &config.flags.publication;
         client
             .batch_execute(&sql::drop_publication(publication))
             .await

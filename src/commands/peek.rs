@@ -34,7 +34,7 @@ fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
 }
 
 pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
-    let (client, slot) = (setup::connect(config).await?, &config.slot);
+    let (client, slot) = (setup::connect(config).await?, &config.flags.slot);
     let remedy = "stop the relay to peek, or watch `outbox-relay status`";
     let info = super::status::idle_slot(&client, slot, remedy).await?;
     if !info.exists {
@@ -49,7 +49,7 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
         .map_err(query_err("set the session's date and time format"))?;
     let failed = query_err("peek at the slot");
     // pgoutput reads a list of identifiers: the publication quoted as one.
-    let publication = format!("\"{}\"", config.publication);
+    let publication = format!("\"{}\"", config.flags.publication);
     let rows = client
         .query_raw(
             "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, \

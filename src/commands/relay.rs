@@ -25,7 +25,7 @@ const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(super) fn run(cli: &Cli) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)
         .inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?;
-    let health = Arc::new(Health::new(config.observability.readiness));
+    let health = Arc::new(Health::new(config.flags.observability.readiness));
     super::block_on(run_with(config, health, shutdown_signal()))??;
     Ok(())
 }
@@ -38,7 +38,7 @@ pub(super) async fn run_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, CommandError> {
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = match config.observability.http_addr {
+    let http = match config.flags.observability.http_addr {
         // Bound here, so a taken port fails start-up rather than a background task.
         Some(addr) => {
             let listener = TcpListener::bind(addr).await.map_err(|source| {
@@ -55,10 +55,10 @@ pub(super) async fn run_with(
     };
     // Aborted when dropped.
     let mut background = JoinSet::new();
-    let poll_interval = config.observability.slot_poll_interval;
+    let poll_interval = config.flags.observability.slot_poll_interval;
     let slot_monitor = slot_monitor::run(config.clone(), health.clone(), poll_interval);
     background.spawn(slot_monitor);
-    if let Some(interval) = config.observability.progress_interval {
+    if let Some(interval) = config.flags.observability.progress_interval {
         background.spawn(progress::run(health.clone(), interval));
     }
 
@@ -94,29 +94,29 @@ async fn relay(
 ) -> Result<Summary, RelayError> {
     let control = setup::connect(&config).await?;
     let slot = setup::prepare(&control, &config).await?;
-    let cleanup = match config.cleanup {
+    let cleanup = match config.flags.cleanup {
         Cleanup::None => None,
         Cleanup::Delete => {
             Some(cleanup::Cleanup::new(control, &config, slot.confirmed_flush).await?)
         }
     };
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
-    let in_flight = config.max_in_flight_events;
-    let tails = (config.delivery == Delivery::ExactlyOnce)
+    let in_flight = config.flags.max_in_flight_events;
+    let tails = (config.flags.delivery == Delivery::ExactlyOnce)
         .then(|| TailReader::new(brokers, properties))
         .transpose()
         .map_err(RelayError::Producer)?;
     let producer_health = Some(health.clone());
     let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, producer_health, tails)
         .map_err(RelayError::Producer)?;
-    if config.observability.http_addr.is_some() {
+    if config.flags.observability.http_addr.is_some() {
         // The pipeline's metric handles bind to the recorder in place now.
         install_metrics().await;
     }
     let source = PgSource::new(config.clone(), slot.publication.clone());
     // Aborted when dropped, as the pipeline stops.
     let mut heartbeats = JoinSet::new();
-    if let Some(interval) = config.heartbeat_interval.filter(|d| !d.is_zero()) {
+    if let Some(interval) = config.flags.heartbeat_interval.filter(|d| !d.is_zero()) {
         heartbeats.spawn(heartbeat::run(config.clone(), interval));
     }
     let sink = Arc::new(sink);

@@ -49,13 +49,13 @@ pub(super) async fn apply(config: &Config) -> Result<(), CommandError> {
     let had_publication = client
         .query_opt(
             "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&config.publication],
+            &[&config.flags.publication],
         )
         .await
         .map_err(setup::query_err("look up the publication"))?
         .is_some();
     let slot = setup::prepare(&client, config).await?;
-    let statement = sql::create_publication(&config.publication, &config.tables);
+    let statement = sql::create_publication(&config.flags.publication, &config.tables);
     let publication = match had_publication {
         true => "exists and covers the outbox tables; kept".to_owned(),
         false => format!("created: {statement}"),
@@ -66,8 +66,12 @@ pub(super) async fn apply(config: &Config) -> Result<(), CommandError> {
         false => format!("exists (confirmed up to {at}); kept"),
     };
     let mut out = std::io::stdout().lock();
-    writeln!(out, "publication {:?}: {publication}", config.publication)?;
-    writeln!(out, "slot {:?}: {slot}", config.slot)?;
+    writeln!(
+        out,
+        "publication {:?}: {publication}",
+        config.flags.publication
+    )?;
+    writeln!(out, "slot {:?}: {slot}", config.flags.slot)?;
     Ok(())
 }
 
@@ -82,10 +86,7 @@ mod tests {
         let tables = [TableName::parse("public.outbox").unwrap()];
         let script = script(&cli.flags, &tables);
         assert!(
-            script.contains(&format!(
-                "{};\n",
-                sql::create_publication("p", &tables)
-            )),
+            script.contains(&format!("{};\n", sql::create_publication("p", &tables))),
             "{script}"
         );
         assert!(

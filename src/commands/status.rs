@@ -84,7 +84,7 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
     let mut status = Status {
         server_version: server.get(0),
         current_wal_lsn: server.get(1),
-        slot: read_slot(&client, &config.slot).await?,
+        slot: read_slot(&client, &config.flags.slot).await?,
         publication: read_publication(&client, config).await?,
         settings: settings.iter().map(|r| (r.get(0), r.get(1))).collect(),
         warnings: Vec::new(),
@@ -165,12 +165,12 @@ async fn read_publication(
                     ARRAY(SELECT schemaname::text || '.' || tablename::text \
                           FROM pg_publication_tables t WHERE t.pubname = p.pubname ORDER BY 1) \
              FROM pg_publication p WHERE pubname = $1",
-            &[&config.publication],
+            &[&config.flags.publication],
         )
         .await
         .map_err(query_err("read the publication"))?;
     let mut publication = PublicationInfo {
-        name: config.publication.clone(),
+        name: config.flags.publication.clone(),
         ..PublicationInfo::default()
     };
     if let Some(r) = row {

@@ -184,7 +184,9 @@ mod tests {
             Some(Command::Status(StatusArgs { json: true }))
         ));
         assert_eq!(
-            cli.postgres_url.as_ref().map(secrecy::ExposeSecret::expose_secret),
+            cli.postgres_url
+                .as_ref()
+                .map(secrecy::ExposeSecret::expose_secret),
             Some("postgres://u@h/db")
         );
         let cli = parse(&["--slot", "s1", "drop-slot", "--yes-i-know"]);

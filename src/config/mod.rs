@@ -114,7 +114,7 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
-/// The flags the relay uses as given, so that [`Config`] keeps them whole (and derefs to them).
+/// The flags the relay uses as given, so that [`Config`] keeps them whole instead of copying them.
 #[derive(Debug, Clone, Args)]
 pub struct RelayFlags {
     /// Logical replication slot to stream from (created with pgoutput if missing).
@@ -360,8 +360,7 @@ fn invalid(flag: &'static str, value: impl Into<String>, reason: impl Into<Strin
     }
 }
 
-/// The relay's settings: what validation builds from the flags, plus [`RelayFlags`] as given,
-/// which `Config` derefs to (`config.slot` is `config.flags.slot`).
+/// The relay's settings: what validation builds from the flags, plus [`RelayFlags`] as given.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where Postgres is.
@@ -382,14 +381,6 @@ pub struct Config {
     pub dead_letter_topic: Option<String>,
     /// The flags used as given.
     pub flags: RelayFlags,
-}
-
-impl std::ops::Deref for Config {
-    type Target = RelayFlags;
-
-    fn deref(&self) -> &RelayFlags {
-        &self.flags
-    }
 }
 
 impl Config {
@@ -590,14 +581,14 @@ mod tests {
             config.tables,
             vec![TableName::parse("public.outbox").unwrap()]
         );
-        assert_eq!(config.slot, "outbox_relay");
-        assert_eq!(config.publication, "outbox_relay");
+        assert_eq!(config.flags.slot, "outbox_relay");
+        assert_eq!(config.flags.publication, "outbox_relay");
         assert_eq!(config.mapping.route_by, "event_type");
         assert_eq!(config.mapping.key_column, "aggregate_id");
         assert_eq!(config.mapping.id_column, "id");
         assert_eq!(config.mapping.payload_column, "payload");
         assert_eq!(config.mapping.timestamp_column, None);
-        assert_eq!(config.shutdown_timeout, Duration::from_secs(30));
+        assert_eq!(config.flags.shutdown_timeout, Duration::from_secs(30));
     }
 
     #[test]

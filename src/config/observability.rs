@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::{parse_duration, positive_duration};
 
-/// Observability flags, flattened into [`super::Cli`] and kept as they are in [`super::Config`].
+/// Observability flags, part of [`super::RelayFlags`].
 ///
 /// `std::option::Option` (not `Option`) tells clap that the value parser gives the `None`.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]

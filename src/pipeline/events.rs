@@ -135,7 +135,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                         let table = self.foreign.get(&relation_id).cloned();
                         return Err(RelayError::UnmappedRelation {
                             lsn,
-                            publication: self.config.publication.clone(),
+                            publication: self.config.flags.publication.clone(),
                             table: table.unwrap_or_else(|| format!("relation OID {relation_id}")),
                         });
                     }

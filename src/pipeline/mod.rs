@@ -122,8 +122,12 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             warned_non_transactional: false,
             all_tables: slot.publication.all_tables,
             foreign: HashMap::new(),
-            exactly_once: (config.delivery == config::Delivery::ExactlyOnce)
-                .then(|| ExactlyOnce::new(config.slot.clone(), config.exactly_once_fallback)),
+            exactly_once: (config.flags.delivery == config::Delivery::ExactlyOnce).then(|| {
+                ExactlyOnce::new(
+                    config.flags.slot.clone(),
+                    config.flags.exactly_once_fallback,
+                )
+            }),
             tracker: AckTracker::new(confirmed),
             reported: confirmed,
             checked: confirmed,
@@ -170,7 +174,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     }
 
     fn begin_shutdown(&mut self) {
-        self.stop_by = Some(Instant::now() + self.config.shutdown_timeout);
+        self.stop_by = Some(Instant::now() + self.config.flags.shutdown_timeout);
     }
 
     /// The ack frontier, held back until the rows it covers are deleted (`--cleanup delete`)
@@ -243,7 +247,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         self.observer.streaming(false);
         let deadline = self
             .stop_by
-            .unwrap_or_else(|| Instant::now() + self.config.shutdown_timeout);
+            .unwrap_or_else(|| Instant::now() + self.config.flags.shutdown_timeout);
         while self.tracker.window_len() > 0 && Instant::now() < deadline {
             let wait = Instant::now() + Duration::from_millis(100);
             match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {
@@ -275,7 +279,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             );
         }
         if let Some(stream) = self.stream.take() {
-            let timeout = self.config.status_interval * 2 + Duration::from_secs(1);
+            let timeout = self.config.flags.status_interval * 2 + Duration::from_secs(1);
             stream.close(frontier, timeout).await;
         }
         tracing::info!(

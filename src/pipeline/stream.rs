@@ -13,8 +13,8 @@ use crate::source::{Recovery, Source, SourceError, Stream};
 impl<S: Source, K: Sink> Pipeline<S, K> {
     /// Connects and streams; on a transient failure reconnects, keeping deliveries and tracker.
     pub(super) async fn run_streams(&mut self) -> Result<(), RelayError> {
-        let min_backoff = self.config.reconnect_backoff_min;
-        let max_backoff = self.config.reconnect_backoff_max;
+        let min_backoff = self.config.flags.reconnect_backoff_min;
+        let max_backoff = self.config.flags.reconnect_backoff_max;
         let mut backoff = min_backoff;
         let mut attempt: u64 = 0;
         let mut standby = false;
@@ -36,7 +36,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                         Recovery::Standby => {
                             if !standby {
                                 tracing::warn!(
-                                    slot = %self.config.slot,
+                                    slot = %self.config.flags.slot,
                                     error = %e,
                                     retry_every = %humantime::format_duration(max_backoff),
                                     "the slot is in use by another process (another relay?): \
@@ -114,7 +114,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         let at = stream.started_at();
         if at < start {
             tracing::warn!(
-                slot = %self.config.slot,
+                slot = %self.config.flags.slot,
                 from = ?self.server,
                 to = ?stream.server(),
                 received = %start,
@@ -143,8 +143,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         };
         let tables: Vec<_> = self.config.tables.iter().map(ToString::to_string).collect();
         tracing::info!(
-            slot = %self.config.slot,
-            publication = %self.config.publication,
+            slot = %self.config.flags.slot,
+            publication = %self.config.flags.publication,
             tables = %tables.join(","),
             lsn = %start,
             frontier = %acked,
@@ -169,7 +169,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     async fn fatal_source(&mut self, e: SourceError) -> RelayError {
         if e.is_slot_dropped() {
             RelayError::SlotDropped {
-                slot: self.config.slot.clone(),
+                slot: self.config.flags.slot.clone(),
                 frontier: self.tracker.frontier(),
             }
         } else {
@@ -188,10 +188,10 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             // beyond what is in flight; with nothing in flight, read anyway so a row larger
             // than the cap still goes through.
             let in_flight = self.tracker.in_flight_bytes();
-            let can_read = self.tracker.window_len() < self.config.max_in_flight_events
+            let can_read = self.tracker.window_len() < self.config.flags.max_in_flight_events
                 && (in_flight == 0
                     || in_flight.saturating_add(2 * self.largest_message)
-                        < self.config.max_in_flight_bytes);
+                        < self.config.flags.max_in_flight_bytes);
             let stop_by = self.stop_by;
             let frontier = self.tracker.frontier();
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
@@ -238,8 +238,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 () = sleep_until_some(check_at) => {
                     // A check that could not run is retried less often.
                     let wait = match self.check_publication().await? {
-                        true => self.config.status_interval,
-                        false => self.config.status_interval.max(Duration::from_secs(1)),
+                        true => self.config.flags.status_interval,
+                        false => self.config.flags.status_interval.max(Duration::from_secs(1)),
                     };
                     self.next_publication_check = Instant::now() + wait;
                 }

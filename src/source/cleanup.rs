@@ -69,7 +69,7 @@ impl Cleanup {
             let message = format!("--cleanup delete: {problem}, or use --cleanup none");
             Err(SourceError::Misconfigured(message))
         };
-        let publication = &config.publication;
+        let publication = &config.flags.publication;
         let row = client
             .query_opt(
                 "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
@@ -174,7 +174,7 @@ impl Cleanup {
     /// The open transaction committed, ending at `end_lsn`.
     pub fn commit(&mut self, end_lsn: Lsn) {
         if !self.open.is_empty() {
-            let due = Instant::now() + self.config.status_interval;
+            let due = Instant::now() + self.config.flags.status_interval;
             self.due.get_or_insert(due);
         }
         let rows = self.open.drain(..).map(|row| (end_lsn, row));
@@ -203,7 +203,7 @@ impl Cleanup {
     pub async fn clear(&mut self, frontier: Lsn, force: bool) {
         let covered = self.done.iter().take_while(|(end, _)| *end <= frontier);
         let rows = covered.count();
-        let (now, interval) = (Instant::now(), self.config.status_interval);
+        let (now, interval) = (Instant::now(), self.config.flags.status_interval);
         if rows == 0 {
             self.cleared = self.cleared.max(frontier);
             return;

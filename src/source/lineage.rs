@@ -25,7 +25,7 @@ pub(super) async fn check_missing_slot(
             "SELECT system_identifier = (SELECT system_identifier::text FROM pg_control_system()), \
                     created_at::text \
              FROM public.outbox_relay_slots WHERE slot_name = $1",
-            &[&config.slot],
+            &[&config.flags.slot],
         )
         .await;
     let row = match found {
@@ -36,7 +36,7 @@ pub(super) async fn check_missing_slot(
     };
     let Some(row) = row else { return Ok(()) };
     let (same_cluster, created_at): (bool, String) = (row.get(0), row.get(1));
-    let slot = &config.slot;
+    let slot = &config.flags.slot;
     if !same_cluster {
         tracing::warn!(
             slot,
@@ -45,7 +45,7 @@ pub(super) async fn check_missing_slot(
         );
         return Ok(());
     }
-    if config.allow_new_slot {
+    if config.flags.allow_new_slot {
         tracing::warn!(
             slot,
             created_at,
@@ -110,13 +110,13 @@ pub(super) async fn check_failover(client: &Client, config: &Config) -> Result<b
         .query_one(
             "SELECT current_setting('synchronized_standby_slots'), \
                     (SELECT failover FROM pg_replication_slots WHERE slot_name = $1)",
-            &[&config.slot],
+            &[&config.flags.slot],
         )
         .await
         .map_err(query_err("read the slot's failover settings"))?;
     if row.get::<_, String>(0).trim().is_empty() {
         tracing::warn!(
-            slot = %config.slot,
+            slot = %config.flags.slot,
             "--slot-failover: synchronized_standby_slots is empty on the primary, so the relay may \
              receive (and publish) transactions a standby has not received yet; after a failover \
              to that standby they exist in Kafka but not in the database. Set it to the standbys' \
@@ -129,11 +129,14 @@ pub(super) async fn check_failover(client: &Client, config: &Config) -> Result<b
 /// Sets `FAILOVER true` on the slot (a replication command, so on a replication connection).
 pub(super) async fn mark_failover(config: &Config) -> Result<(), SourceError> {
     let mut client = super::command_session(config).await?;
-    let sql = format!("ALTER_REPLICATION_SLOT {} (FAILOVER true)", config.slot);
+    let sql = format!(
+        "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
+        config.flags.slot
+    );
     client
         .simple_query(&sql)
         .await
-        .map_err(stream_err(&config.slot))?;
-    tracing::info!(slot = %config.slot, "marked the slot for failover (FAILOVER true)");
+        .map_err(stream_err(&config.flags.slot))?;
+    tracing::info!(slot = %config.flags.slot, "marked the slot for failover (FAILOVER true)");
     Ok(())
 }

@@ -246,14 +246,14 @@ fn replication_config(
         pg.user.clone(),
         pg.password.clone().unwrap_or_default(),
         pg.dbname.clone(),
-        config.slot.clone(),
-        config.publication.clone(),
+        config.flags.slot.clone(),
+        config.flags.publication.clone(),
     )
     .with_port(pg.port)
     .with_tls(tls)
     .with_start_lsn(start.into())
     .with_ack_lsn(acked.min(start).into())
-    .with_status_interval(config.status_interval)
+    .with_status_interval(config.flags.status_interval)
     .with_wakeup_interval(Duration::from_secs(10))
     // One event can hold a 1 GB row: the smallest channel bounds memory best.
     .with_buffer_size(1)
@@ -267,7 +267,7 @@ async fn command_session(config: &Config) -> Result<ReplicationClient, SourceErr
     let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO)?;
     ReplicationClient::connect_gated(repl)
         .await
-        .map_err(stream_err(&config.slot))
+        .map_err(stream_err(&config.flags.slot))
 }
 
 /// The server and timeline a stream runs on: a promotion changes the timeline,
@@ -404,7 +404,7 @@ impl Source for PgSource {
         let timeout = Duration::from_secs(30);
         let opening = open(config, from, acked, self.server.as_ref());
         let stream = tokio::time::timeout(timeout, opening).await.map_err(|_| {
-            let slot = config.slot.clone();
+            let slot = config.flags.slot.clone();
             SourceError::StartTimeout { slot, timeout }
         })??;
         self.server = Some(stream.server.clone());
@@ -468,7 +468,7 @@ impl Source for PgSource {
             self.publication = found;
             return Ok(true);
         };
-        let publication = self.config.publication.clone();
+        let publication = self.config.flags.publication.clone();
         Err(SourceError::PublicationChanged {
             publication,
             change,
@@ -492,7 +492,7 @@ impl Source for PgSource {
         let Ok(client) = control(&mut self.control, &self.config).await else {
             return error;
         };
-        let slot = &self.config.slot;
+        let slot = &self.config.flags.slot;
         let Ok(SlotObservation::Seen(status)) = slot_monitor::poll(client, slot).await else {
             return error;
         };
@@ -521,7 +521,7 @@ async fn open(
             hint: tls::replication_hint(&source),
             source,
         },
-        false => stream_err(&config.slot)(source),
+        false => stream_err(&config.flags.slot)(source),
     };
     let repl = replication_config(config, start, acked)?;
     let mut client = ReplicationClient::connect_gated(repl)
@@ -534,7 +534,7 @@ async fn open(
         timeline: system.timeline,
     };
     if previous.is_some_and(|p| *p != server) {
-        let confirmed = slot_confirmed(&mut client, &config.slot).await;
+        let confirmed = slot_confirmed(&mut client, &config.flags.slot).await;
         start = resume_point(previous, &server, start, confirmed);
         // A gated session's start position is fixed: end it, start another.
         drop(client);
@@ -546,7 +546,7 @@ async fn open(
     client.wait_started().await.map_err(failed)?;
     Ok(ReplicationStream {
         client,
-        slot: config.slot.clone(),
+        slot: config.flags.slot.clone(),
         server,
         start,
     })

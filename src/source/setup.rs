@@ -224,7 +224,7 @@ async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceEr
              rds_replication). Run ALTER ROLE {user} WITH REPLICATION; (see sql/ for a \
              least-privilege role)"
         )
-    } else if config.slot_failover && version_num < FAILOVER_MIN_VERSION {
+    } else if config.flags.slot_failover && version_num < FAILOVER_MIN_VERSION {
         format!(
             "--slot-failover needs PostgreSQL 17 or later, but the server is {version}; on older \
              servers a failover loses the slot (see the README's failover runbook)"
@@ -311,7 +311,7 @@ async fn create_publication(
     config: &Config,
     in_recovery: bool,
 ) -> Result<(), SourceError> {
-    let publication = &config.publication;
+    let publication = &config.flags.publication;
     let sql = super::sql::create_publication(publication, &config.tables);
     if in_recovery {
         return Err(SourceError::Misconfigured(format!(
@@ -335,7 +335,7 @@ pub async fn verify_publication(
     config: &Config,
     partitioned: &[&TableName],
 ) -> Result<Publication, SourceError> {
-    let name = &config.publication;
+    let name = &config.flags.publication;
     let row = client
         .query_opt(
             "SELECT puballtables, pubinsert, pubviaroot, oid, \
@@ -430,7 +430,7 @@ async fn members(
 
 /// The slot's confirmed position, and whether it was created now.
 async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), SourceError> {
-    let slot = &config.slot;
+    let slot = &config.flags.slot;
     let row = client
         .query_opt(
             "SELECT CASE WHEN slot_type <> 'logical' THEN 'is a physical slot' \
@@ -443,10 +443,11 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         )
         .await
         .map_err(query_err("look up the replication slot"))?;
-    let mark_failover = config.slot_failover && lineage::check_failover(client, config).await?;
+    let mark_failover =
+        config.flags.slot_failover && lineage::check_failover(client, config).await?;
     let Some(row) = row else {
         lineage::check_missing_slot(client, config).await?;
-        let sql = super::sql::create_slot(slot, config.slot_failover);
+        let sql = super::sql::create_slot(slot, config.flags.slot_failover);
         let row = client
             .query_one(&sql, &[])
             .await

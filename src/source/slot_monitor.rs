@@ -46,7 +46,7 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
         tick.tick().await;
         let polled = async {
             let connected = control(&mut client, &config).await?;
-            poll(connected, &config.slot)
+            poll(connected, &config.flags.slot)
                 .await
                 .map_err(query_err("poll the slot"))
         };
@@ -57,7 +57,7 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
             }
             Ok(observation) => observation,
             Err(error) => {
-                tracing::warn!(slot = %config.slot, %error, "slot poll failed; retrying next tick");
+                tracing::warn!(slot = %config.flags.slot, %error, "slot poll failed; retrying next tick");
                 health.set_slot_observation(SlotObservation::Unknown);
                 client = None;
                 continue;
@@ -70,7 +70,7 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
             SlotObservation::Missing => vec![format!(
                 "replication slot {:?} does not exist (dropped, or lost in a failover); the relay \
                  cannot resume from it: see the runbook (--allow-new-slot, then backfill)",
-                config.slot
+                config.flags.slot
             )],
             SlotObservation::Unknown => Vec::new(),
         };
@@ -78,7 +78,7 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
             && (warnings != last_warnings || last_warned.elapsed() >= REPEAT_WARNINGS)
         {
             for warning in &warnings {
-                tracing::warn!(slot = %config.slot, "{warning}");
+                tracing::warn!(slot = %config.flags.slot, "{warning}");
             }
             last_warned = Instant::now();
         }

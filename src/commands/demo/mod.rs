@@ -95,7 +95,7 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     println!("demo: PostgreSQL {postgres}");
     let broker = mock.as_ref().map_or("", |_| " (in-process mock broker)");
     println!("demo: Kafka {}{broker}", config.kafka_brokers);
-    if let Some(addr) = config.observability.http_addr {
+    if let Some(addr) = config.flags.observability.http_addr {
         println!("demo: metrics at http://{addr}/metrics");
     }
     let (rate, outbox) = (args.rate, writer::OUTBOX);
@@ -127,7 +127,7 @@ async fn run_demo(
     let consumer = consumer::subscribe(&config, mock).map_err(DemoError::Kafka)?;
 
     let (written, consumed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let health = Arc::new(Health::new(config.observability.readiness));
+    let health = Arc::new(Health::new(config.flags.observability.readiness));
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = relay_stopped.map(|_| ());
     let mut relay = tokio::spawn(relay::run_with(config.clone(), health.clone(), shutdown));

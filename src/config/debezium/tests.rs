@@ -340,7 +340,7 @@ fn imported_values_are_defaults_that_explicit_flags_replace() {
     let config =
         Config::from_cli(&parse_importing(&["--kafka-brokers", "k:9092"]).unwrap()).unwrap();
     assert_eq!(config.mapping.route_by, "event_type");
-    assert_eq!(config.slot, "orders_outbox");
+    assert_eq!(config.flags.slot, "orders_outbox");
     assert_eq!(config.postgres.password.as_deref(), Some("p@ss:w/rd"));
     // An imported value is checked like a typed one.
     let bad = Imported {
