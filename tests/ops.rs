@@ -294,3 +294,42 @@ async fn status_setup_and_drop_slot_subcommands() {
     assert!(!slot_exists(&world).await);
     assert!(!publication_exists(&world).await);
 }
+
+/// `status` judges safe_wal_size by the --slot-min-safe-wal-size it is given, as the relay
+/// does, not by the default (it used the default whatever the flag said).
+#[tokio::test(flavor = "current_thread")]
+async fn status_warns_by_the_given_min_safe_wal_size() {
+    let world = World::start().await;
+    let url = world.pg.url();
+    world
+        .pg
+        .execute("ALTER SYSTEM SET max_slot_wal_keep_size = '64MB'")
+        .await;
+    world.pg.execute("SELECT pg_reload_conf()").await;
+    let (code, _, err) = run(&["setup", "--postgres-url", &url]);
+    assert_eq!(code, Some(0), "{err}");
+    // The slot's safe_wal_size shows once new sessions read the reloaded setting.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let query = format!(
+        "SELECT safe_wal_size FROM pg_replication_slots WHERE slot_name = '{SLOT}' \
+         AND safe_wal_size IS NOT NULL"
+    );
+    while world.pg.execute(&query).await.is_empty() {
+        assert!(Instant::now() < deadline, "safe_wal_size stayed NULL");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let safe_wal_warnings = |min: &str| {
+        let args = ["status", "--json", "--postgres-url", &url];
+        let (code, out, err) = run(&[&args[..], &["--slot-min-safe-wal-size", min]].concat());
+        assert_eq!(code, Some(0), "{err}");
+        let json: serde_json::Value = serde_json::from_str(&out).expect(&out);
+        let warnings = json["warnings"].as_array().cloned().unwrap_or_default();
+        let safe = warnings
+            .iter()
+            .filter(|w| w.to_string().contains("safe_wal_size"));
+        safe.count()
+    };
+    // About 64 MB can still be written: below 1 GiB, above 1 MiB.
+    assert_eq!(safe_wal_warnings("1GiB"), 1);
+    assert_eq!(safe_wal_warnings("1MiB"), 0);
+}

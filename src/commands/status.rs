@@ -89,7 +89,7 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
         settings: settings.iter().map(|r| (r.get(0), r.get(1))).collect(),
         warnings: Vec::new(),
     };
-    status.warnings = warnings(&status);
+    status.warnings = warnings(&status, &config.flags.observability.readiness);
     let output = match args.json {
         true => serde_json::to_string_pretty(&status).map_err(std::io::Error::other)? + "\n",
         false => render_text(&status),
@@ -184,7 +184,8 @@ async fn read_publication(
     Ok(publication)
 }
 
-fn warnings(s: &Status) -> Vec<String> {
+/// What needs attention, the slot judged by the same limits as the relay's readiness.
+fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
     let (slot, publication) = (&s.slot, &s.publication);
     let mut out = Vec::new();
     if let Some(Some(level)) = s.settings.get("wal_level")
@@ -204,7 +205,7 @@ fn warnings(s: &Status) -> Vec<String> {
         ));
     } else if let Some(status) = &slot.status {
         out.extend(status.invalidated().map(|r| slot_invalidated_remedy(&r)));
-        out.extend(slot_warnings(status, &ReadinessThresholds::default()));
+        out.extend(slot_warnings(status, limits));
         out.extend(idle_timeout_warning(status.idle_timeout_secs.unwrap_or(0)));
     }
     let (name, missing) = (&publication.name, publication.missing_tables.join(", "));
