@@ -183,10 +183,16 @@ impl AckTracker {
         Some((slot.commit_lsn, &slot.table))
     }
 
+    /// The slot of `ticket` while it awaits its ack.
+    fn undelivered(&mut self, ticket: Ticket) -> Option<&mut Slot> {
+        let idx = self.index(ticket)?;
+        Some(&mut self.window[idx]).filter(|slot| !slot.delivered)
+    }
+
     /// `ticket` was handed to the producer.
     pub fn sent(&mut self, ticket: Ticket, sent: Sent) {
-        if let Some(idx) = self.index(ticket) {
-            self.window[idx].sent = Some(sent);
+        if let Some(slot) = self.undelivered(ticket) {
+            slot.sent = Some(sent);
         }
     }
 
@@ -200,9 +206,7 @@ impl AckTracker {
     /// The broker acknowledged `ticket`: what [`AckTracker::sent`] recorded for it, with its size.
     pub fn ack(&mut self, ticket: Ticket) -> Result<Option<(Sent, usize)>, AckError> {
         let slot = self
-            .index(ticket)
-            .map(|idx| &mut self.window[idx])
-            .filter(|slot| !slot.delivered)
+            .undelivered(ticket)
             .ok_or(AckError::UnknownTicket(ticket.0))?;
         slot.delivered = true;
         let sent = slot.sent.take().map(|sent| (sent, slot.bytes));
@@ -521,5 +525,24 @@ mod tests {
         t.ack(Ticket(2)).unwrap();
         assert_eq!(t.oldest_sent(), None);
         assert_eq!(t.frontier(), Lsn(11));
+    }
+
+    #[test]
+    fn a_record_for_an_acknowledged_ticket_is_not_kept_as_the_staleness_origin() {
+        use crate::observability::health::Health;
+        use crate::observability::observer::PipelineObserver;
+        let mut obs = PipelineObserver::with_health(Arc::new(Health::new(Default::default())));
+        let mut t = AckTracker::new(Lsn(1));
+        t.begin(Lsn(10)).unwrap();
+        // The first event (an unmapped row being dead-lettered) holds the window open.
+        let held = t.push(0, &table()).unwrap();
+        let acked = t.push(10, &table()).unwrap();
+        t.ack(acked).unwrap();
+        // A record arriving after the ack is of nothing in flight.
+        t.sent(acked, obs.event_sent("a", 0));
+        assert_eq!(t.window_len(), 2);
+        assert_eq!(t.oldest_sent(), None);
+        t.ack(held).unwrap();
+        assert_eq!(t.window_len(), 0);
     }
 }
