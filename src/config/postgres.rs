@@ -391,6 +391,19 @@ mod tests {
     }
 
     #[test]
+    fn several_hosts_follow_the_last_at_sign_of_the_credentials() {
+        // split_hosts finds the hosts after the credentials' last '@', as the URL parser does.
+        let info = PostgresConnInfo::parse("postgres://relay:p@ss,w@db1:5433,db2/app").unwrap();
+        let hosts = vec![("db1".to_owned(), 5433), ("db2".to_owned(), 5432)];
+        assert_eq!(info.hosts, hosts);
+        assert_eq!(info.password.as_deref(), Some("p@ss,w"));
+        assert_eq!(info.dbname, "app");
+        let info = PostgresConnInfo::parse("postgres://db1,db2:6000?dbname=app").unwrap();
+        let hosts = vec![("db1".to_owned(), 5432), ("db2".to_owned(), 6000)];
+        assert_eq!((info.hosts, info.user.as_str()), (hosts, "postgres"));
+    }
+
+    #[test]
     fn passwords_with_unencoded_delimiters_are_never_printed() {
         for (raw, secret) in [
             ("postgres://relay:pa/ss@db/app", "pa/ss"),

@@ -721,3 +721,22 @@ fn tls_modes_pass_through_without_a_warning() {
         imported.warnings
     );
 }
+
+#[test]
+fn router_booleans_are_read_in_any_case() {
+    // Connect reads booleans case-insensitively, and so did the import before the router's
+    // options were read in one table.
+    let imported = import(&config(&[
+        ("transforms.outbox.table.expand.json.payload", "TRUE"),
+        ("transforms.outbox.route.tombstone.on.empty.payload", "True"),
+    ]))
+    .unwrap();
+    assert_warned(
+        &imported,
+        &["table.expand.json.payload=TRUE", "not an expanded struct"],
+    );
+    assert_warned(
+        &imported,
+        &["route.tombstone.on.empty.payload=true", "whitespace-only"],
+    );
+}
