@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::support::http::{free_port, get};
+use crate::support::postgres::{PgCluster, PgOptions};
 use crate::support::relay::{Relay, run_command as run};
 use crate::support::world::World;
 
@@ -299,25 +300,15 @@ async fn status_setup_and_drop_slot_subcommands() {
 /// does, not by the default (it used the default whatever the flag said).
 #[tokio::test(flavor = "current_thread")]
 async fn status_warns_by_the_given_min_safe_wal_size() {
-    let world = World::start().await;
+    let keep = ("max_slot_wal_keep_size".to_owned(), "64MB".to_owned());
+    let options = PgOptions {
+        extra_conf: vec![keep],
+        ..PgOptions::default()
+    };
+    let world = World::with(PgCluster::start_with(options)).await;
     let url = world.pg.url();
-    world
-        .pg
-        .execute("ALTER SYSTEM SET max_slot_wal_keep_size = '64MB'")
-        .await;
-    world.pg.execute("SELECT pg_reload_conf()").await;
     let (code, _, err) = run(&["setup", "--postgres-url", &url]);
     assert_eq!(code, Some(0), "{err}");
-    // The slot's safe_wal_size shows once new sessions read the reloaded setting.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let query = format!(
-        "SELECT safe_wal_size FROM pg_replication_slots WHERE slot_name = '{SLOT}' \
-         AND safe_wal_size IS NOT NULL"
-    );
-    while world.pg.execute(&query).await.is_empty() {
-        assert!(Instant::now() < deadline, "safe_wal_size stayed NULL");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let safe_wal_warnings = |min: &str| {
         let args = ["status", "--json", "--postgres-url", &url];
         let (code, out, err) = run(&[&args[..], &["--slot-min-safe-wal-size", min]].concat());

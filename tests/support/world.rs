@@ -44,7 +44,8 @@ impl World {
         .await
     }
 
-    async fn with(pg: PgCluster) -> World {
+    /// Both, on a cluster started with its own options.
+    pub async fn with(pg: PgCluster) -> World {
         pg.execute(SCHEMA).await;
         World {
             pg,
