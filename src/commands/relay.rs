@@ -62,7 +62,14 @@ pub(super) async fn run_with(
         background.spawn(progress::run(health.clone(), interval));
     }
 
-    let outcome = relay(config, health, shutdown).await;
+    // The pipeline polls its shutdown future at every step: a oneshot costs an atomic load
+    // there, the signal listeners a few hundred instructions.
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    background.spawn(async move {
+        shutdown.await;
+        let _ = stop.send(());
+    });
+    let outcome = relay(config, health, stopped.map(|_| ())).await;
 
     drop(background);
     let _ = stop_http.send(());

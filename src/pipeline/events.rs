@@ -73,9 +73,14 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 self.tracker.keepalive(wal_end.into());
             }
             ReplicationEvent::XLogData {
-                wal_start, data, ..
+                wal_start,
+                data,
+                server_time_micros,
+                ..
             } => {
                 self.saw_message(data.len());
+                let sent_us = values::pg_micros_to_unix_micros(server_time_micros);
+                self.pacer.sent(sent_us.saturating_sub(self.commit_time_us));
                 let message = pgoutput::decode(&data).map_err(|source| RelayError::Decode {
                     lsn: wal_start.into(),
                     source,

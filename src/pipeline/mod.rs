@@ -20,6 +20,7 @@ pub mod ack;
 
 mod error;
 mod events;
+mod pace;
 mod stream;
 
 use std::collections::HashMap;
@@ -97,6 +98,8 @@ pub struct Pipeline<S: Source, K: Sink> {
     /// The largest recent WAL message, decaying by 1/64 per message so one huge row
     /// does not throttle the rest of the run.
     largest_message: usize,
+    /// Naps between reads while the stream is behind, so the socket wakes the thread less.
+    pacer: pace::Pacer,
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
     cleanup: Option<Cleanup>,
@@ -147,6 +150,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             summary: Summary::default(),
             tx_seq: 0,
             largest_message: 0,
+            pacer: pace::Pacer::default(),
             cleanup,
             observer: PipelineObserver::with_health(health),
         }
