@@ -8,7 +8,8 @@
 //!    is open; otherwise an idle outbox would pin WAL.
 //! 3. Backpressure is a chain: at the in-flight caps the pipeline stops reading, the
 //!    replication channel fills and TCP slows the walsender, so memory stays bounded however
-//!    large a transaction is (the channel's two-row read-ahead is reserved out of the byte cap).
+//!    large a transaction is (the stream's read-ahead of `READ_AHEAD` rows is reserved out of the
+//!    byte cap).
 //! 4. A delivery that fails for good is never acknowledged: the relay stops, and a restart
 //!    replays from the confirmed position (at-least-once).
 //! 5. Under `--cleanup delete`, the rows a frontier covers are deleted before it is reported.

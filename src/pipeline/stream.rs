@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::{Pipeline, RelayError};
 use crate::lsn::Lsn;
 use crate::sink::Sink;
-use crate::source::{Recovery, Source, SourceError, Stream};
+use crate::source::{READ_AHEAD, Recovery, Source, SourceError, Stream};
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
     /// Connects and streams; on a transient failure reconnects, keeping deliveries and tracker.
@@ -184,13 +184,12 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             if self.stop_by.is_some() && !self.tracker.in_transaction() {
                 return Ok(());
             }
-            // Read-ahead (pgwire-replication's channel and reader) holds up to two messages
-            // beyond what is in flight; with nothing in flight, read anyway so a row larger
-            // than the cap still goes through.
+            // Read-ahead holds up to `READ_AHEAD` messages beyond what is in flight; with
+            // nothing in flight, read anyway so a row larger than the cap still goes through.
             let in_flight = self.tracker.in_flight_bytes();
             let can_read = self.tracker.window_len() < self.config.flags.max_in_flight_events
                 && (in_flight == 0
-                    || in_flight.saturating_add(2 * self.largest_message)
+                    || in_flight.saturating_add(READ_AHEAD * self.largest_message)
                         < self.config.flags.max_in_flight_bytes);
             let stop_by = self.stop_by;
             let frontier = self.tracker.frontier();
