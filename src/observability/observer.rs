@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ::metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
-use pgwire_replication::ReplicationEvent;
 use rdkafka::error::KafkaError;
 
 use super::health::{Health, Progress};
@@ -65,16 +64,9 @@ impl PipelineObserver {
         self.health.set_streaming(streaming);
     }
 
-    /// An event arrived from the stream: advances the received position.
-    pub fn received(&mut self, event: &ReplicationEvent) {
-        let lsn: Lsn = match event {
-            ReplicationEvent::XLogData { wal_start, .. } => (*wal_start).into(),
-            ReplicationEvent::Commit { end_lsn, .. } => (*end_lsn).into(),
-            ReplicationEvent::KeepAlive { wal_end, .. } => (*wal_end).into(),
-            ReplicationEvent::Message { lsn, .. } => (*lsn).into(),
-            _ => return,
-        };
-        if lsn > self.progress.received {
+    /// An event arrived from the stream, showing the server sent WAL up to `lsn`.
+    pub fn received(&mut self, lsn: Option<Lsn>) {
+        if let Some(lsn) = lsn.filter(|&lsn| lsn > self.progress.received) {
             self.progress.received = lsn;
             self.received_lsn.set(lsn.as_u64() as f64);
         }
@@ -230,11 +222,7 @@ mod tests {
                 obs.record_ack(&counter, bytes, latency);
             }
             obs.step(Lsn(42), 7, 700, None);
-            obs.received(&ReplicationEvent::KeepAlive {
-                wal_end: Lsn(0x1_0000_0010).into(),
-                reply_requested: false,
-                server_time_micros: 0,
-            });
+            obs.received(Some(Lsn(0x1_0000_0010)));
         });
         for line in [
             "outbox_relay_events_relayed_total{topic=\"orders\"} 2",

@@ -4,18 +4,15 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use pgwire_replication::ReplicationEvent;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::{Pipeline, RelayError};
 use crate::lsn::Lsn;
-use crate::outbox::{
-    DeadLetterInfo, EventError, OutboxRecord, RawParts, dead_letter_record, values,
-};
+use crate::outbox::{DeadLetterInfo, EventError, OutboxRecord, RawParts, dead_letter_record};
 use crate::pgoutput::{self, Message};
 use crate::sink::exactly_once::Position;
 use crate::sink::{Delivery, DeliveryFailure, Sink, SinkError, Ticket, is_batch_level, is_poison};
-use crate::source::Source;
+use crate::source::{Source, SourceEvent};
 
 impl<S: Source, K: Sink> Pipeline<S, K> {
     pub(super) async fn on_delivery(&mut self, delivery: Delivery) -> Result<(), RelayError> {
@@ -50,49 +47,41 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         })
     }
 
-    pub(super) async fn on_event(&mut self, event: ReplicationEvent) -> Result<(), RelayError> {
-        self.observer.received(&event);
+    pub(super) async fn on_event(&mut self, event: SourceEvent) -> Result<(), RelayError> {
+        self.observer.received(event.received());
         match event {
-            ReplicationEvent::Begin {
-                final_lsn,
-                commit_time_micros,
-                ..
+            SourceEvent::Begin {
+                commit_lsn,
+                commit_time_us,
             } => {
-                self.commit_lsn = final_lsn.into();
-                self.commit_time_us = values::pg_micros_to_unix_micros(commit_time_micros);
+                self.commit_lsn = commit_lsn;
+                self.commit_time_us = commit_time_us;
                 self.tx_seq = 0;
-                self.tracker.begin(self.commit_lsn)?;
+                self.tracker.begin(commit_lsn)?;
             }
-            ReplicationEvent::Commit { end_lsn, .. } => {
-                self.tracker.commit(end_lsn.into())?;
+            SourceEvent::Commit { end_lsn } => {
+                self.tracker.commit(end_lsn)?;
                 if let Some(cleanup) = self.cleanup.as_mut() {
-                    cleanup.commit(end_lsn.into());
+                    cleanup.commit(end_lsn);
                 }
             }
-            ReplicationEvent::KeepAlive { wal_end, .. } => {
-                self.tracker.keepalive(wal_end.into());
-            }
-            ReplicationEvent::XLogData {
-                wal_start, data, ..
-            } => {
+            SourceEvent::KeepAlive { wal_end } => self.tracker.keepalive(wal_end),
+            SourceEvent::Change { lsn, data } => {
                 self.saw_message(data.len());
-                let message = pgoutput::decode(&data).map_err(|source| RelayError::Decode {
-                    lsn: wal_start.into(),
-                    source,
-                })?;
+                let message =
+                    pgoutput::decode(&data).map_err(|source| RelayError::Decode { lsn, source })?;
                 self.on_message(message).await?;
             }
-            ReplicationEvent::Message {
+            SourceEvent::Message {
+                lsn,
                 transactional,
                 prefix,
                 content,
-                lsn,
             } => {
                 self.saw_message(content.len());
-                self.on_logical_message(transactional, &prefix, content, lsn.into())
+                self.on_logical_message(transactional, &prefix, content, lsn)
                     .await?
             }
-            ReplicationEvent::StoppedAt { .. } => {}
         }
         Ok(())
     }

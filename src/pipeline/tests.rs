@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Parser;
-use pgwire_replication::ReplicationEvent;
 use rdkafka::error::KafkaError;
 use tokio::sync::mpsc;
 
@@ -18,11 +17,11 @@ use crate::outbox::OutboxRecord;
 use crate::sink::exactly_once::{Position, TailError};
 use crate::sink::{Delivery, Sink, SinkError, Ticket};
 use crate::source::setup::{Publication, SlotState};
-use crate::source::{ServerId, Source, SourceError, Stream};
+use crate::source::{ServerId, Source, SourceError, SourceEvent, Stream};
 
 const START: Lsn = Lsn(0x10);
 
-type Script = Arc<Mutex<VecDeque<Result<ReplicationEvent, SourceError>>>>;
+type Script = Arc<Mutex<VecDeque<Result<SourceEvent, SourceError>>>>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -87,7 +86,7 @@ impl Stream for FakeStream {
         &self.server
     }
 
-    async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+    async fn recv(&mut self) -> Result<SourceEvent, SourceError> {
         let next = lock(&self.script).pop_front();
         match next {
             Some(event) => event,
@@ -147,18 +146,17 @@ impl Sink for FakeSink {
     }
 }
 
-fn begin(commit: u64) -> Result<ReplicationEvent, SourceError> {
-    Ok(ReplicationEvent::Begin {
-        final_lsn: Lsn(commit).into(),
-        xid: 1,
-        commit_time_micros: 0,
+fn begin(commit: u64) -> Result<SourceEvent, SourceError> {
+    Ok(SourceEvent::Begin {
+        commit_lsn: Lsn(commit),
+        commit_time_us: 0,
     })
 }
 
-fn event(lsn: u64, id: &str) -> Result<ReplicationEvent, SourceError> {
-    Ok(ReplicationEvent::Message {
+fn event(lsn: u64, id: &str) -> Result<SourceEvent, SourceError> {
+    Ok(SourceEvent::Message {
         transactional: true,
-        lsn: Lsn(lsn).into(),
+        lsn: Lsn(lsn),
         prefix: "outbox".into(),
         content: Bytes::from(format!(
             r#"{{"id": "{id}", "event_type": "Order", "payload": "{{}}"}}"#
@@ -166,19 +164,13 @@ fn event(lsn: u64, id: &str) -> Result<ReplicationEvent, SourceError> {
     })
 }
 
-fn commit(commit: u64, end: u64) -> Result<ReplicationEvent, SourceError> {
-    Ok(ReplicationEvent::Commit {
-        lsn: Lsn(commit).into(),
-        end_lsn: Lsn(end).into(),
-        commit_time_micros: 0,
-    })
+fn commit(end: u64) -> Result<SourceEvent, SourceError> {
+    Ok(SourceEvent::Commit { end_lsn: Lsn(end) })
 }
 
-fn keepalive(wal_end: u64) -> Result<ReplicationEvent, SourceError> {
-    Ok(ReplicationEvent::KeepAlive {
-        wal_end: Lsn(wal_end).into(),
-        reply_requested: false,
-        server_time_micros: 0,
+fn keepalive(wal_end: u64) -> Result<SourceEvent, SourceError> {
+    Ok(SourceEvent::KeepAlive {
+        wal_end: Lsn(wal_end),
     })
 }
 
@@ -208,7 +200,7 @@ fn config() -> Config {
 /// Runs the script through the real pipeline until a shutdown after ten
 /// (paused) seconds; returns the outcome, the source and what the sink received.
 async fn run(
-    script: Vec<Result<ReplicationEvent, SourceError>>,
+    script: Vec<Result<SourceEvent, SourceError>>,
     auto_ack: bool,
 ) -> (
     Result<Summary, RelayError>,
@@ -258,7 +250,7 @@ fn summary(outcome: Result<Summary, RelayError>) -> Summary {
 
 #[tokio::test(start_paused = true)]
 async fn the_slot_moves_to_a_transactions_end_once_the_broker_acknowledged_it() {
-    let script = vec![begin(0x100), event(0x90, "e1"), commit(0x100, 0x110)];
+    let script = vec![begin(0x100), event(0x90, "e1"), commit(0x110)];
     let (outcome, source, sent) = run(script, true).await;
     let summary = summary(outcome);
     assert_eq!(sent.len(), 1);
@@ -271,7 +263,7 @@ async fn nothing_past_an_unacknowledged_event_is_confirmed() {
     let script = vec![
         begin(0x100),
         event(0x90, "e1"),
-        commit(0x100, 0x110),
+        commit(0x110),
         keepalive(0x500),
     ];
     let (outcome, source, sent) = run(script, false).await;
@@ -299,13 +291,13 @@ async fn a_stream_break_mid_transaction_resumes_after_the_last_transaction_recei
     let script = vec![
         begin(0x100),
         event(0x90, "e1"),
-        commit(0x100, 0x110),
+        commit(0x110),
         begin(0x200),
         event(0x190, "e2"),
         ended(),
         begin(0x200),
         event(0x190, "e2"),
-        commit(0x200, 0x210),
+        commit(0x210),
     ];
     let (outcome, source, sent) = run(script, true).await;
     let summary = summary(outcome);

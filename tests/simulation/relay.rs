@@ -13,8 +13,7 @@ use outbox_relay::pipeline::{Pipeline, RelayError};
 use outbox_relay::sink::exactly_once::{Position, TailError};
 use outbox_relay::sink::{Delivery, DeliveryFailure, Sink, SinkError, Ticket};
 use outbox_relay::source::setup::{Publication, SlotState};
-use outbox_relay::source::{ServerId, Source, SourceError, Stream};
-use pgwire_replication::ReplicationEvent;
+use outbox_relay::source::{ServerId, Source, SourceError, SourceEvent, Stream};
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -138,7 +137,7 @@ impl Stream for SimStream {
         &self.server
     }
 
-    async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+    async fn recv(&mut self) -> Result<SourceEvent, SourceError> {
         // The sleeps here and in `broker` are the simulated world's own time on
         // a paused clock (a walsender's idle keepalive interval, a scheduled
         // delay): they advance instantly and deterministically, and nothing
