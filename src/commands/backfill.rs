@@ -7,14 +7,13 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
-use rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition;
 use tokio_postgres::Client;
 
 use super::CommandError;
 use crate::config::{BackfillArgs, Config, Delivery};
 use crate::outbox::{TableMapping, quote_ident};
 use crate::pgoutput::{TupleData, Value};
-use crate::sink::exactly_once::{TailError, TailReader};
+use crate::sink::exactly_once::{CountError, ReadBack, TailError, TailReader};
 use crate::sink::{KafkaSink, Sink, Ticket};
 use crate::source::setup::{self, query_err};
 
@@ -61,7 +60,7 @@ impl Delivered {
         let ids = match sink.partition_count(topic).await {
             Ok(partitions) => reader.event_ids_since(topic, partitions, since)?,
             // Not created yet: nothing was delivered to it.
-            Err(e) if e.rdkafka_error_code() == Some(UnknownTopicOrPartition) => HashSet::new(),
+            Err(CountError::Missing(_)) => HashSet::new(),
             Err(e) => {
                 let reason = format!("cannot read the topic's partition count: {e}");
                 return Err(TailError::read(topic, -1, &reason).into());
@@ -166,7 +165,7 @@ fn delivered(delivery: Option<crate::sink::Delivery>) -> Result<u64, CommandErro
              at-least-once)",
             failure.record.id_text(),
             failure.record.topic,
-            failure.error
+            failure.refusal.source
         ))),
         None => Err(CommandError::Refused(
             "the producer stopped reporting deliveries".to_owned(),

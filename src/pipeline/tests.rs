@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Parser;
-use rdkafka::error::KafkaError;
 use tokio::sync::mpsc;
 
 use super::{Pipeline, RelayError, Summary};
@@ -14,7 +13,7 @@ use crate::config::{Cli, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::outbox::OutboxRecord;
-use crate::sink::exactly_once::{Position, TailError};
+use crate::sink::exactly_once::{CountError, Position, ReadBack, TailError};
 use crate::sink::{Delivery, Sink, SinkError, Ticket};
 use crate::source::setup::{Publication, SlotState};
 use crate::source::{ServerId, Source, SourceError, SourceEvent, Stream};
@@ -115,7 +114,6 @@ impl Sink for FakeSink {
             let delivery = Delivery {
                 ticket,
                 outcome: Ok(()),
-                alone: false,
             };
             let _ = self.deliveries.send(delivery);
         }
@@ -129,8 +127,10 @@ impl Sink for FakeSink {
     fn in_flight(&self) -> usize {
         0
     }
+}
 
-    async fn partition_count(&self, _: &str) -> Result<i32, KafkaError> {
+impl ReadBack for FakeSink {
+    async fn partition_count(&self, _: &str) -> Result<i32, CountError> {
         Ok(1)
     }
 
@@ -321,4 +321,31 @@ async fn a_protocol_violation_stops_the_relay_without_confirming_it() {
     let (outcome, source, _) = run(script, true).await;
     assert!(matches!(outcome, Err(RelayError::Protocol(_))));
     assert!(lock(&source.acks).iter().all(|&lsn| lsn <= START));
+}
+
+/// Issue 23: the source and the sink convert the drivers' types at the edge, so the pipeline and
+/// observability name neither driver (a word of its own, not in `librdkafka`).
+#[test]
+fn the_pipeline_and_observability_name_no_driver() {
+    let drivers = [concat!("rd", "kafka"), concat!("pgwire", "_replication")];
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut dirs = vec![src.join("pipeline"), src.join("observability")];
+    let (mut files, mut named) = (0, Vec::new());
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            files += 1;
+            let text = std::fs::read_to_string(&path).unwrap();
+            let words = text.split(|c: char| !(c.is_alphanumeric() || c == '_'));
+            if words.into_iter().any(|word| drivers.contains(&word)) {
+                named.push(path.display().to_string());
+            }
+        }
+    }
+    assert!(files > 5, "the source tree was not found");
+    assert!(named.is_empty(), "a driver named in {named:?}");
 }

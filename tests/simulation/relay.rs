@@ -10,7 +10,7 @@ use outbox_relay::config::{Cli, Config};
 use outbox_relay::lsn::Lsn;
 use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
-use outbox_relay::sink::exactly_once::{Position, TailError};
+use outbox_relay::sink::exactly_once::{CountError, Position, ReadBack, TailError};
 use outbox_relay::sink::{Delivery, DeliveryFailure, Sink, SinkError, Ticket};
 use outbox_relay::source::setup::{Publication, SlotState};
 use outbox_relay::source::{ServerId, Source, SourceError, SourceEvent, Stream};
@@ -205,8 +205,10 @@ impl Sink for SimSink {
     fn in_flight(&self) -> usize {
         self.0.lock().broker.in_flight()
     }
+}
 
-    async fn partition_count(&self, topic: &str) -> Result<i32, rdkafka::error::KafkaError> {
+impl ReadBack for SimSink {
+    async fn partition_count(&self, topic: &str) -> Result<i32, CountError> {
         Ok(self
             .0
             .lock()
@@ -258,10 +260,10 @@ async fn broker(shared: Shared) {
                 Outcome::Appended => Ok(()),
                 Outcome::Failed(error) => {
                     let id = String::from_utf8_lossy(&pending.record.id).into_owned();
-                    world.note(format!("refused {id} ({error})"));
+                    world.note(format!("refused {id} ({})", error.code));
                     world.refused.insert(id);
                     Err(DeliveryFailure {
-                        error,
+                        refusal: error,
                         record: OutboxRecord {
                             partition: Some(pending.partition),
                             ..pending.record
@@ -285,7 +287,6 @@ async fn broker(shared: Shared) {
                 let _ = tx.send(Delivery {
                     ticket: Ticket(pending.ticket),
                     outcome,
-                    alone: pending.alone,
                 });
             }
         }
