@@ -22,8 +22,6 @@ const MAX_TOPIC_LABELS: usize = 1000;
 pub struct Sent {
     topic: Counter,
     commit_time_us: i64,
-    /// When the event was handed to the producer.
-    pub handed_at: Instant,
 }
 
 /// The pipeline's observability hooks. Create it after [`m::install`]: metric handles bind to
@@ -76,7 +74,6 @@ impl PipelineObserver {
         Sent {
             topic: self.topic_counter(topic),
             commit_time_us,
-            handed_at: Instant::now(),
         }
     }
 
@@ -161,7 +158,7 @@ mod tests {
             let mut obs = PipelineObserver::with_health(health.clone());
             let a = obs.event_sent("a", now_us());
             let b = obs.event_sent("b", now_us());
-            obs.step(Lsn::ZERO, 2, 30, Some(a.handed_at));
+            obs.step(Lsn::ZERO, 2, 30, Some(Instant::now()));
             assert_eq!(health.progress().in_flight_events, 2);
             obs.event_acked(Some((b, 20)));
             obs.event_acked(Some((a, 10)));

@@ -230,7 +230,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 let sent = self
                     .observer
                     .event_sent(&record.topic, self.tx.commit_time_us);
-                self.tracker.sent(ticket, sent);
+                self.tracker.sent(ticket, sent, std::time::Instant::now());
                 Ok(())
             }
             Err(error) => self.failed(ticket, Failure::enqueue(record, error)).await,

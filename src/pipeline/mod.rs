@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use crate::config::{self, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
-use crate::observability::observer::PipelineObserver;
+use crate::observability::observer::{PipelineObserver, Sent};
 use crate::outbox::EventMapper;
 use crate::sink::exactly_once::{ExactlyOnce, ReadBack};
 use crate::sink::{Delivery, Sink, Ticket};
@@ -69,7 +69,7 @@ pub struct Pipeline<S: Source, K: Sink + ReadBack> {
     stream: Option<S::Stream>,
     sink: Arc<K>,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
-    tracker: AckTracker,
+    tracker: AckTracker<Sent>,
     tx: OpenTx,
     routing: Routing,
     guard: PublicationGuard,
