@@ -7,13 +7,14 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
+use rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition;
 use tokio_postgres::Client;
 
 use super::CommandError;
 use crate::config::{BackfillArgs, Config, Delivery};
 use crate::outbox::{TableMapping, quote_ident};
 use crate::pgoutput::{TupleData, Value};
-use crate::sink::exactly_once::{CountError, ReadBack, TailError, TailReader};
+use crate::sink::exactly_once::{TailError, TailReader};
 use crate::sink::{KafkaSink, Sink, Ticket};
 use crate::source::setup::{self, query_err};
 
@@ -57,10 +58,10 @@ impl Delivered {
             return Ok(ids.contains(id));
         }
         let (reader, since) = (&self.reader, self.since_ms);
-        let ids = match sink.partition_count(topic).await {
+        let ids = match sink.fetch_partition_count(topic).await {
             Ok(partitions) => reader.event_ids_since(topic, partitions, since)?,
             // Not created yet: nothing was delivered to it.
-            Err(CountError::Missing(_)) => HashSet::new(),
+            Err(e) if e.rdkafka_error_code() == Some(UnknownTopicOrPartition) => HashSet::new(),
             Err(e) => {
                 let reason = format!("cannot read the topic's partition count: {e}");
                 return Err(TailError::read(topic, -1, &reason).into());

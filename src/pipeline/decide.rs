@@ -159,11 +159,14 @@ pub(super) fn reportable(frontier: Lsn, cleared: Option<Lsn>, checked: Option<Ls
 
 /// The read gate: reads stop at the in-flight caps, so the replication channel fills and TCP
 /// slows the walsender (invariant 3).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct ReadGate {
+    /// `--max-in-flight-events` and `--max-in-flight-bytes`.
+    pub max_events: usize,
+    pub max_bytes: usize,
     /// The largest recent WAL message, decaying by 1/64 per message so one huge row does not
     /// throttle the rest of the run.
-    largest: usize,
+    pub largest: usize,
 }
 
 impl ReadGate {
@@ -172,17 +175,12 @@ impl ReadGate {
         self.largest = len.max(self.largest - self.largest / 64);
     }
 
-    /// Whether to read on with `window` tickets and `bytes` in flight under the caps.
-    /// pgwire-replication's channel and reader hold up to two messages beyond what is in
-    /// flight; with nothing in flight, read anyway, so a row larger than the cap goes through.
-    pub(super) fn open(
-        &self,
-        window: usize,
-        bytes: usize,
-        max_events: usize,
-        max_bytes: usize,
-    ) -> bool {
-        window < max_events && (bytes == 0 || bytes.saturating_add(2 * self.largest) < max_bytes)
+    /// Whether to read on with `window` tickets and `bytes` in flight. pgwire-replication's
+    /// channel and reader hold up to two messages beyond what is in flight; with nothing in
+    /// flight, read anyway, so a row larger than the byte cap goes through.
+    pub(super) fn open(&self, window: usize, bytes: usize) -> bool {
+        let read_ahead = bytes.saturating_add(2 * self.largest);
+        window < self.max_events && (bytes == 0 || read_ahead < self.max_bytes)
     }
 }
 
@@ -373,9 +371,13 @@ mod tests {
             (5000, 10, 0, false),
         ];
         for (largest, window, bytes, expected) in table {
-            let gate = ReadGate { largest };
+            let gate = ReadGate {
+                max_events: 10,
+                max_bytes: 1000,
+                largest,
+            };
             assert_eq!(
-                gate.open(window, bytes, 10, 1000),
+                gate.open(window, bytes),
                 expected,
                 "largest {largest}, window {window}, bytes {bytes}"
             );
@@ -384,7 +386,11 @@ mod tests {
 
     #[test]
     fn one_huge_message_stops_throttling_as_it_decays() {
-        let mut gate = ReadGate::default();
+        let mut gate = ReadGate {
+            max_events: 10,
+            max_bytes: 1000,
+            largest: 0,
+        };
         gate.saw(64_000);
         assert_eq!(gate.largest, 64_000);
         gate.saw(10);

@@ -77,41 +77,32 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 let id = relation.id;
                 let name = format!("{}.{}", relation.namespace, relation.name);
                 // Without publish_via_partition_root a partition arrives under its own name.
-                let root = if self
-                    .routing
-                    .mapper
-                    .is_outbox(&relation.namespace, &relation.name)
-                {
-                    None
-                } else {
-                    self.source.partition_root(id).await?
+                let mapper = &self.routing.mapper;
+                let root = match mapper.is_outbox(&relation.namespace, &relation.name) {
+                    true => None,
+                    false => self.source.partition_root(id).await?,
                 };
                 let bind_error = |source| RelayError::Bind { lsn, source };
                 if let Some(cleanup) = self.cleanup.as_mut() {
-                    cleanup
-                        .relation(&relation, root.as_ref())
-                        .map_err(bind_error)?;
+                    let bound = cleanup.relation(&relation, root.as_ref());
+                    bound.map_err(bind_error)?;
                 }
-                self.routing
-                    .mapper
-                    .relation(relation, root)
-                    .map_err(bind_error)?;
-                self.routing.foreign.remove(&id);
-                if let Some(table) = self.routing.mapper.outbox_table(id) {
+                let routing = &mut self.routing;
+                let bound = routing.mapper.relation(relation, root);
+                bound.map_err(bind_error)?;
+                routing.foreign.remove(&id);
+                if let Some(table) = routing.mapper.outbox_table(id) {
                     tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
                 } else {
-                    self.routing.foreign.insert(id, name);
+                    routing.foreign.insert(id, name);
                 }
             }
             Message::Insert { relation_id, new } => {
                 if let Some(cleanup) = self.cleanup.as_mut() {
                     cleanup.row(relation_id, &new);
                 }
-                match self
-                    .routing
-                    .mapper
-                    .insert(relation_id, &new, self.tx.commit_time_ms())
-                {
+                let time = self.tx.commit_time_ms();
+                match self.routing.mapper.insert(relation_id, &new, time) {
                     Some((table, mapped)) => self.relay_event(mapped, table).await?,
                     // Never skip silently: only FOR ALL TABLES sends other tables' rows.
                     None if self.routing.all_tables => {}
@@ -153,11 +144,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         content: Bytes,
         lsn: Lsn,
     ) -> Result<(), RelayError> {
-        let Some((source, mapped)) =
-            self.routing
-                .mapper
-                .message(prefix, &content, self.tx.commit_time_ms())
-        else {
+        let time = self.tx.commit_time_ms();
+        let Some((source, mapped)) = self.routing.mapper.message(prefix, &content, time) else {
             return Ok(());
         };
         if transactional && self.tracker.in_transaction() {

@@ -154,6 +154,11 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                     config.flags.exactly_once_fallback,
                 )
             }),
+            gate: ReadGate {
+                max_events: config.flags.max_in_flight_events,
+                max_bytes: config.flags.max_in_flight_bytes,
+                largest: 0,
+            },
             tracker: AckTracker::new(confirmed),
             reported: confirmed,
             guard: PublicationGuard {
@@ -171,7 +176,6 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             shutdown: Box::pin(std::future::pending()),
             stop_by: None,
             tx: OpenTx::default(),
-            gate: ReadGate::default(),
             summary: Summary::default(),
             cleanup,
             observer: PipelineObserver::with_health(health),

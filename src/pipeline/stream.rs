@@ -185,14 +185,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             if self.stop_by.is_some() && !self.tracker.in_transaction() {
                 return Ok(());
             }
-            let flags = &self.config.flags;
             let (window, bytes) = (self.tracker.window_len(), self.tracker.in_flight_bytes());
-            let can_read = (self.gate).open(
-                window,
-                bytes,
-                flags.max_in_flight_events,
-                flags.max_in_flight_bytes,
-            );
+            let can_read = self.gate.open(window, bytes);
             let stop_by = self.stop_by;
             let frontier = self.tracker.frontier();
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));

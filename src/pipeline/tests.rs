@@ -13,7 +13,7 @@ use crate::config::{Cli, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::outbox::OutboxRecord;
-use crate::sink::exactly_once::{CountError, Position, ReadBack, TailError};
+use crate::sink::exactly_once::{Position, ReadBack, TailError};
 use crate::sink::{Delivery, Sink, SinkError, Ticket};
 use crate::source::setup::{Publication, SlotState};
 use crate::source::{ServerId, Source, SourceError, SourceEvent, Stream};
@@ -130,7 +130,7 @@ impl Sink for FakeSink {
 }
 
 impl ReadBack for FakeSink {
-    async fn partition_count(&self, _: &str) -> Result<i32, CountError> {
+    async fn partition_count(&self, _: &str) -> Result<i32, TailError> {
         Ok(1)
     }
 

@@ -10,7 +10,7 @@ use outbox_relay::config::{Cli, Config};
 use outbox_relay::lsn::Lsn;
 use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
-use outbox_relay::sink::exactly_once::{CountError, Position, ReadBack, TailError};
+use outbox_relay::sink::exactly_once::{Position, ReadBack, TailError};
 use outbox_relay::sink::{Delivery, DeliveryFailure, Sink, SinkError, Ticket};
 use outbox_relay::source::setup::{Publication, SlotState};
 use outbox_relay::source::{ServerId, Source, SourceError, SourceEvent, Stream};
@@ -208,7 +208,7 @@ impl Sink for SimSink {
 }
 
 impl ReadBack for SimSink {
-    async fn partition_count(&self, topic: &str) -> Result<i32, CountError> {
+    async fn partition_count(&self, topic: &str) -> Result<i32, TailError> {
         Ok(self
             .0
             .lock()

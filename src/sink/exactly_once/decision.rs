@@ -3,20 +3,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{
-    CountError, LSN_HEADER, Position, ReadBack, SEQ_HEADER, SOURCE_HEADER, TailError, partition_for,
-};
+use super::{LSN_HEADER, Position, ReadBack, SEQ_HEADER, SOURCE_HEADER, TailError, partition_for};
 use crate::config::ExactlyOnceFallback;
 use crate::lsn::Lsn;
 use crate::outbox::OutboxRecord;
 use crate::source::ServerId;
-
-/// Metadata reads of a topic the broker is still creating before giving up.
-const TOPIC_ATTEMPTS: u32 = 20;
 
 /// The pipeline's side: pins each record's partition, tags it with its
 /// position, and skips what a partition's tail shows was already delivered.
@@ -99,8 +93,7 @@ impl ExactlyOnce {
         Ok(Some(record))
     }
 
-    /// The topic's partition count, waiting a little for a topic the broker
-    /// is still creating (the first event to it must not stop the relay).
+    /// The topic's partition count, read once.
     async fn partition_count(
         &mut self,
         sink: &impl ReadBack,
@@ -109,26 +102,9 @@ impl ExactlyOnce {
         if let Some(n) = self.partitions.get(topic) {
             return Ok(*n);
         }
-        let mut wait = Duration::from_millis(100);
-        let mut attempt = 1;
-        loop {
-            let e = match sink.partition_count(topic).await {
-                Ok(n) => {
-                    self.partitions.insert(topic.to_owned(), n);
-                    return Ok(n);
-                }
-                Err(e) => e,
-            };
-            let creating = matches!(e, CountError::Missing(_) | CountError::NotReady(_));
-            if !creating || attempt == TOPIC_ATTEMPTS {
-                let reason = format!("cannot read the topic's partition count: {e}");
-                return Err(TailError::read(topic, -1, &reason));
-            }
-            tracing::debug!(topic, error = %e, "topic not there yet; asking again");
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(2));
-            attempt += 1;
-        }
+        let n = sink.partition_count(topic).await?;
+        self.partitions.insert(topic.to_owned(), n);
+        Ok(n)
     }
 
     /// Reads the tails of all the topic's partitions at once (the others are

@@ -14,8 +14,6 @@ mod tail;
 use std::collections::HashSet;
 use std::future::Future;
 
-use rdkafka::error::KafkaError;
-
 use crate::lsn::Lsn;
 
 pub use decision::ExactlyOnce;
@@ -58,7 +56,7 @@ impl Position {
 pub trait ReadBack: Send + Sync + 'static {
     /// The partition count of `topic` (exactly-once pins partitions); fetching
     /// it creates the topic where the broker auto-creates topics.
-    fn partition_count(&self, topic: &str) -> impl Future<Output = Result<i32, CountError>> + Send;
+    fn partition_count(&self, topic: &str) -> impl Future<Output = Result<i32, TailError>> + Send;
 
     /// Per partition of `topic`, the positions of `source`'s records at or
     /// above `floor` (see the module docs).
@@ -70,20 +68,6 @@ pub trait ReadBack: Send + Sync + 'static {
         floor: Lsn,
         wal_end: Lsn,
     ) -> impl Future<Output = Vec<Result<HashSet<Position>, TailError>>> + Send;
-}
-
-/// Why a topic's partition count is not known, classified where it is read.
-#[derive(Debug, thiserror::Error)]
-pub enum CountError {
-    /// The broker does not know the topic: never created, or not yet auto-created.
-    #[error(transparent)]
-    Missing(KafkaError),
-    /// The topic is not ready yet (the client has not seen it, or it has no leader).
-    #[error(transparent)]
-    NotReady(KafkaError),
-    /// Any other failure.
-    #[error(transparent)]
-    Failed(KafkaError),
 }
 
 /// Why a partition's tail cannot be trusted for deduplication.

@@ -11,9 +11,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::producer::Producer;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::{
-    CountError, LSN_HEADER, Position, ReadBack, SEQ_HEADER, SOURCE_HEADER, TailError, partition_for,
-};
+use super::{LSN_HEADER, Position, ReadBack, SEQ_HEADER, SOURCE_HEADER, TailError, partition_for};
 use crate::lsn::Lsn;
 use crate::outbox::ID_HEADER;
 use crate::sink::{KafkaSink, SinkError};
@@ -24,6 +22,9 @@ const TAIL_WINDOW: i64 = 256;
 
 /// How long one metadata request or one tail read may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Metadata reads of a topic the broker is still creating before giving up.
+const TOPIC_ATTEMPTS: u32 = 20;
 
 /// How long `backfill` may spend reading back the records of one topic.
 const BACKFILL_READ_TIMEOUT: Duration = Duration::from_secs(600);
@@ -280,12 +281,15 @@ fn event_id<'a>(msg: &'a BorrowedMessage<'_>) -> Option<&'a [u8]> {
     headers.find(|h| h.key == ID_HEADER).and_then(|h| h.value)
 }
 
-impl ReadBack for KafkaSink {
-    async fn partition_count(&self, topic: &str) -> Result<i32, CountError> {
+impl KafkaSink {
+    /// The partition count of `topic` from the producer's metadata: the producer's, so a topic
+    /// the broker auto-creates is created.
+    pub async fn fetch_partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
         let (producer, topic) = (Arc::clone(&self.producer), topic.to_owned());
         let fetch = tokio::task::spawn_blocking(move || {
-            let timeout = Duration::from_secs(30);
-            let metadata = producer.client().fetch_metadata(Some(&topic), timeout)?;
+            let metadata = producer
+                .client()
+                .fetch_metadata(Some(&topic), READ_TIMEOUT)?;
             let count = metadata
                 .topics()
                 .first()
@@ -298,16 +302,36 @@ impl ReadBack for KafkaSink {
                 )),
             }
         });
-        let fetched = fetch.await;
-        fetched
+        fetch
+            .await
             .unwrap_or(Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail)))
-            .map_err(|e| match e.rdkafka_error_code() {
-                Some(RDKafkaErrorCode::UnknownTopicOrPartition) => CountError::Missing(e),
-                Some(RDKafkaErrorCode::UnknownTopic | RDKafkaErrorCode::LeaderNotAvailable) => {
-                    CountError::NotReady(e)
-                }
-                _ => CountError::Failed(e),
-            })
+    }
+}
+
+impl ReadBack for KafkaSink {
+    /// Waits a little for a topic the broker is still creating: the first event to it must
+    /// not stop the relay.
+    async fn partition_count(&self, topic: &str) -> Result<i32, TailError> {
+        use RDKafkaErrorCode as C;
+        let (mut wait, mut attempt) = (Duration::from_millis(100), 1);
+        loop {
+            let e = match self.fetch_partition_count(topic).await {
+                Ok(n) => return Ok(n),
+                Err(e) => e,
+            };
+            let creating = matches!(
+                e.rdkafka_error_code(),
+                Some(C::UnknownTopicOrPartition | C::UnknownTopic | C::LeaderNotAvailable)
+            );
+            if !creating || attempt == TOPIC_ATTEMPTS {
+                let reason = format!("cannot read the topic's partition count: {e}");
+                return Err(TailError::read(topic, -1, &reason));
+            }
+            tracing::debug!(topic, error = %e, "topic not there yet; asking again");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(2));
+            attempt += 1;
+        }
     }
 
     async fn tails(
