@@ -2,6 +2,8 @@
 //! (as quinn-proto's connection is): what to do about a failed event, what may be reported to
 //! Postgres, and whether to read on.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::RelayError;
@@ -11,18 +13,10 @@ use crate::sink::{Blame, Refusal, SinkError};
 
 /// An event that did not reach Kafka, with what is known of it.
 pub(super) enum Failure {
-    /// It maps to no record: why, what could be read of it, and its commit time (Unix ms).
-    Unmapped {
-        error: EventError,
-        parts: RawParts,
-        timestamp_ms: i64,
-    },
-    /// Kafka refused the record: at hand-over, or (`reported`) in a delivery report.
-    Refused {
-        record: OutboxRecord,
-        refusal: Refusal,
-        reported: bool,
-    },
+    /// It maps to no record: why, and what could be read of it with its commit time (Unix ms).
+    Unmapped(EventError, RawParts, i64),
+    /// Kafka refused the record: at hand-over, or in a delivery report (`true`).
+    Refused(OutboxRecord, Refusal, bool),
     /// The producer failed (it could not be made).
     Sink(SinkError),
 }
@@ -31,11 +25,7 @@ impl Failure {
     /// `record`, which the producer refused at hand-over with `error`.
     pub(super) fn enqueue(record: OutboxRecord, error: SinkError) -> Self {
         match error {
-            SinkError::Enqueue { source, .. } => Failure::Refused {
-                record,
-                refusal: source,
-                reported: false,
-            },
+            SinkError::Enqueue { source, .. } => Failure::Refused(record, source, false),
             error => Failure::Sink(error),
         }
     }
@@ -63,69 +53,67 @@ pub(super) struct Origin<'a> {
 /// (poison) is dead-lettered or stops the relay, except for a dead-letter record, which would
 /// loop; anything else stops the relay.
 pub(super) fn verdict(failure: Failure, origin: Origin<'_>) -> Verdict {
-    let Origin {
-        lsn,
-        table,
-        dead_letter_topic,
-    } = origin;
-    let (parts, headers, timestamp_ms, error, too_large) = match failure {
+    let (lsn, table) = (origin.lsn, origin.table.clone());
+    let (record, error, reported) = match failure {
         Failure::Sink(source) => return Verdict::Stop(RelayError::Sink { lsn, table, source }),
-        Failure::Unmapped {
-            error,
-            parts,
-            timestamp_ms,
-        } => (parts, Vec::new(), timestamp_ms, error.to_string(), false),
-        Failure::Refused {
-            record,
-            refusal,
-            reported,
-        } => {
-            let (id, topic) = (record.id_text(), record.topic.clone());
-            let too_large = match refusal.blame {
-                Blame::Batch => return Verdict::SendAlone(record, refusal),
-                Blame::Record { too_large } if dead_letter_topic != Some(&topic) => too_large,
-                Blame::Record { .. } => {
-                    let error = refusal;
-                    return Verdict::Stop(RelayError::DeadLetter {
-                        lsn,
-                        id,
-                        topic,
-                        error,
-                    });
-                }
-                Blame::Fatal if reported => {
-                    let error = refusal;
-                    return Verdict::Stop(RelayError::Delivery {
-                        lsn,
-                        id,
-                        topic,
-                        error,
-                    });
-                }
-                Blame::Fatal => {
-                    let source = SinkError::Enqueue {
-                        topic,
-                        id,
-                        source: refusal,
-                    };
-                    return Verdict::Stop(RelayError::Sink { lsn, table, source });
-                }
-            };
+        Failure::Unmapped(error, parts, time) => {
+            return poison(origin, (parts, Vec::new(), time), error.to_string(), false);
+        }
+        Failure::Refused(record, refusal, reported) => (record, refusal, reported),
+    };
+    let (id, topic) = (record.id_text(), record.topic.clone());
+    Verdict::Stop(match error.blame {
+        Blame::Batch => return Verdict::SendAlone(record, error),
+        Blame::Record { .. } if origin.dead_letter_topic == Some(&topic) => {
+            RelayError::DeadLetter {
+                lsn,
+                id,
+                topic,
+                error,
+            }
+        }
+        Blame::Record { too_large } => {
+            let (headers, time) = (record.headers, record.timestamp_ms);
             let parts = RawParts {
                 id: record.id,
                 key: record.key,
                 payload: record.payload,
                 intended_topic: Some(record.topic),
             };
-            let error = refusal.source.to_string();
-            (parts, record.headers, record.timestamp_ms, error, too_large)
+            return poison(
+                origin,
+                (parts, headers, time),
+                error.source.to_string(),
+                too_large,
+            );
         }
-    };
+        Blame::Fatal if reported => RelayError::Delivery {
+            lsn,
+            id,
+            topic,
+            error,
+        },
+        Blame::Fatal => {
+            let source = SinkError::Enqueue {
+                topic,
+                id,
+                source: error,
+            };
+            RelayError::Sink { lsn, table, source }
+        }
+    })
+}
+
+/// A poison event (what could be read of it, its headers and timestamp) and why: dead-lettered
+/// where a dead-letter topic is configured (without its payload when that is `too_large`),
+/// else the relay stops.
+fn poison(origin: Origin<'_>, event: Event, error: String, too_large: bool) -> Verdict {
+    let (parts, headers, timestamp_ms) = event;
     let size = parts.payload.as_ref().map_or(0, Bytes::len);
     let info = DeadLetterInfo {
         error,
-        lsn,
-        table,
+        lsn: origin.lsn,
+        table: origin.table,
         intended_topic: parts.intended_topic.clone(),
         payload_omitted: too_large.then(|| {
             format!(
@@ -134,17 +122,16 @@ pub(super) fn verdict(failure: Failure, origin: Origin<'_>) -> Verdict {
             )
         }),
     };
-    match dead_letter_topic {
-        None => {
-            let id = String::from_utf8_lossy(&parts.id).into_owned();
-            Verdict::Stop(RelayError::Poison { id, info })
-        }
-        Some(topic) => {
-            let record = dead_letter_record(topic, parts, headers, &info, timestamp_ms);
-            Verdict::DeadLetter(record, info)
-        }
-    }
+    let Some(topic) = origin.dead_letter_topic else {
+        let id = String::from_utf8_lossy(&parts.id).into_owned();
+        return Verdict::Stop(RelayError::Poison { id, info });
+    };
+    let record = dead_letter_record(topic, parts, headers, &info, timestamp_ms);
+    Verdict::DeadLetter(record, info)
 }
+
+/// What a dead-letter record is made of: the event's parts, extra headers and timestamp.
+type Event = (RawParts, Vec<(Arc<str>, Option<Bytes>)>, i64);
 
 /// The position that may be reported to Postgres: the ack frontier, held back until the rows
 /// it covers are deleted (`cleared`, under `--cleanup delete`) and, where a dropped
@@ -206,11 +193,7 @@ mod tests {
             code: "some_code".to_owned(),
             source: "what Kafka said".into(),
         };
-        Failure::Refused {
-            record: record(topic, "{}"),
-            refusal,
-            reported,
-        }
+        Failure::Refused(record(topic, "{}"), refusal, reported)
     }
 
     /// The verdict in short: what is sent next (and where), or which error stops the relay.
@@ -236,17 +219,17 @@ mod tests {
     fn verdicts() {
         let too_large = Blame::Record { too_large: true };
         let poison = Blame::Record { too_large: false };
-        let unmapped = || Failure::Unmapped {
-            error: EventError::EmptyRoutingValue {
+        let unmapped = || {
+            let error = EventError::EmptyRoutingValue {
                 column: "event_type".into(),
-            },
-            parts: RawParts {
+            };
+            let parts = RawParts {
                 id: Bytes::from_static(b"e1"),
                 key: None,
                 payload: Some(Bytes::from_static(b"{}")),
                 intended_topic: None,
-            },
-            timestamp_ms: 7,
+            };
+            Failure::Unmapped(error, parts, 7)
         };
         let sink = || {
             Failure::Sink(SinkError::Create {

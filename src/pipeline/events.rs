@@ -21,11 +21,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             return Ok(self.acked(ticket)?);
         };
         self.observer.delivery_failed(&refusal.code);
-        let failure = Failure::Refused {
-            record,
-            refusal,
-            reported: true,
-        };
+        let failure = Failure::Refused(record, refusal, true);
         self.failed(ticket, failure).await
     }
 
@@ -43,13 +39,13 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 };
                 self.tracker.begin(commit_lsn)?;
             }
-            SourceEvent::Commit { end_lsn } => {
+            SourceEvent::Commit(end_lsn) => {
                 self.tracker.commit(end_lsn)?;
                 if let Some(cleanup) = self.cleanup.as_mut() {
                     cleanup.commit(end_lsn);
                 }
             }
-            SourceEvent::KeepAlive { wal_end } => self.tracker.keepalive(wal_end),
+            SourceEvent::KeepAlive(wal_end) => self.tracker.keepalive(wal_end),
             SourceEvent::Change { lsn, data } => {
                 self.gate.saw(data.len());
                 let message =
@@ -182,12 +178,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             parts.intended_topic = Some(topic.clone());
         }
         let ticket = self.tracker.push(0, &table)?;
-        let timestamp_ms = self.tx.commit_time_ms();
-        let failure = Failure::Unmapped {
-            error,
-            parts,
-            timestamp_ms,
-        };
+        let failure = Failure::Unmapped(error, parts, self.tx.commit_time_ms());
         self.failed(ticket, failure).await
     }
 
@@ -225,24 +216,19 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         }
     }
 
-    /// The commit LSN and outbox table of an in-flight event, for errors.
-    fn origin(&self, ticket: Ticket) -> (Lsn, String) {
-        let origin = self.tracker.origin(ticket);
-        origin.map_or_else(Default::default, |(lsn, table)| (lsn, table.to_string()))
-    }
-
     /// The one place that does what [`verdict`] says about an event that did not reach Kafka.
-    /// At most three rounds: a record sent alone, or a dead-letter record, that is refused is
-    /// judged for good. A dead-lettered event is acknowledged when its dead-letter record is.
+    /// At most three rounds: the sink never blames the batch of a record sent alone, and a
+    /// dead-letter record is never dead-lettered again. A dead-lettered event is acknowledged
+    /// when its dead-letter record is.
     async fn failed(&mut self, ticket: Ticket, mut failure: Failure) -> Result<(), RelayError> {
         loop {
-            let (lsn, table) = self.origin(ticket);
-            let dead_letter_topic = self.config.dead_letter_topic.as_deref();
+            let (lsn, table) = self.tracker.origin(ticket).unzip();
             let origin = Origin {
-                lsn,
-                table,
-                dead_letter_topic,
+                lsn: lsn.unwrap_or_default(),
+                table: table.map(ToString::to_string).unwrap_or_default(),
+                dead_letter_topic: self.config.dead_letter_topic.as_deref(),
             };
+            let lsn = origin.lsn;
             let sent = match verdict(failure, origin) {
                 Verdict::SendAlone(record, refusal) => {
                     tracing::warn!(

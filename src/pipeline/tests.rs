@@ -165,13 +165,11 @@ fn event(lsn: u64, id: &str) -> Result<SourceEvent, SourceError> {
 }
 
 fn commit(end: u64) -> Result<SourceEvent, SourceError> {
-    Ok(SourceEvent::Commit { end_lsn: Lsn(end) })
+    Ok(SourceEvent::Commit(Lsn(end)))
 }
 
 fn keepalive(wal_end: u64) -> Result<SourceEvent, SourceError> {
-    Ok(SourceEvent::KeepAlive {
-        wal_end: Lsn(wal_end),
-    })
+    Ok(SourceEvent::KeepAlive(Lsn(wal_end)))
 }
 
 fn config() -> Config {

@@ -18,16 +18,11 @@ pub enum SourceEvent {
         /// The server's commit time, Unix microseconds.
         commit_time_us: i64,
     },
-    /// The open transaction committed; its commit record ends at `end_lsn`.
-    Commit {
-        /// What a confirmation past the transaction names.
-        end_lsn: Lsn,
-    },
-    /// The server's WAL end, sent while idle.
-    KeepAlive {
-        /// How far the server has written WAL.
-        wal_end: Lsn,
-    },
+    /// The open transaction committed; its commit record ends here (what a confirmation past
+    /// the transaction names).
+    Commit(Lsn),
+    /// How far the server has written WAL, sent while idle.
+    KeepAlive(Lsn),
     /// A pgoutput message (Relation, Insert, ...), still encoded.
     Change {
         /// Where it starts in the WAL.
@@ -60,12 +55,8 @@ impl SourceEvent {
                 commit_lsn: final_lsn.into(),
                 commit_time_us: pg_micros_to_unix_micros(commit_time_micros),
             },
-            ReplicationEvent::Commit { end_lsn, .. } => SourceEvent::Commit {
-                end_lsn: end_lsn.into(),
-            },
-            ReplicationEvent::KeepAlive { wal_end, .. } => SourceEvent::KeepAlive {
-                wal_end: wal_end.into(),
-            },
+            ReplicationEvent::Commit { end_lsn, .. } => SourceEvent::Commit(end_lsn.into()),
+            ReplicationEvent::KeepAlive { wal_end, .. } => SourceEvent::KeepAlive(wal_end.into()),
             ReplicationEvent::XLogData {
                 wal_start, data, ..
             } => SourceEvent::Change {
@@ -91,8 +82,8 @@ impl SourceEvent {
     pub fn received(&self) -> Option<Lsn> {
         match self {
             SourceEvent::Begin { .. } => None,
-            SourceEvent::Commit { end_lsn: lsn }
-            | SourceEvent::KeepAlive { wal_end: lsn }
+            SourceEvent::Commit(lsn)
+            | SourceEvent::KeepAlive(lsn)
             | SourceEvent::Change { lsn, .. }
             | SourceEvent::Message { lsn, .. } => Some(*lsn),
         }

@@ -288,9 +288,7 @@ pub fn session(wal: &Wal, start: u64) -> Vec<Item> {
                 })),
             }
         }
-        items.push(Item::Event(SourceEvent::Commit {
-            end_lsn: Lsn(tx.end_lsn),
-        }));
+        items.push(Item::Event(SourceEvent::Commit(Lsn(tx.end_lsn))));
         before = tx.end_lsn;
     }
     items.push(Item::KeepAlive {
@@ -307,9 +305,7 @@ pub fn keepalive(rng: &mut ChaCha8Rng, low: u64, high: u64) -> SourceEvent {
     } else {
         low
     };
-    SourceEvent::KeepAlive {
-        wal_end: Lsn(wal_end),
-    }
+    SourceEvent::KeepAlive(Lsn(wal_end))
 }
 
 #[cfg(test)]
