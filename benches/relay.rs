@@ -1085,6 +1085,10 @@ impl Bench {
             "relay_walsender_cpu_per_m_s_rounds",
             list(&|r| per_million(r.relay.walsender_cpu_s, n)),
         );
+        r.add(
+            "relay_cpu_vs_ref_walsender_rounds",
+            list(&|r| r.relay.cpu_s / r.reference.walsender_cpu_s),
+        );
         r.add_f("bench_cpu_per_m_s", per_million(relay.bench_cpu_s, n), 3);
         r.add_f(
             "relay_rss_mib",
@@ -1150,6 +1154,10 @@ impl Bench {
             per_million(relay.cpu_s, n),
             per_million(relay.walsender_cpu_s, n),
             per_million(relay.bench_cpu_s, n)
+        );
+        println!(
+            "relay CPU / the CPU of pg_recvlogical's walsender: {:.2}",
+            relay.cpu_s / reference.walsender_cpu_s
         );
         println!("relay peak RSS (VmHWM): {:.1} MiB", relay.rss_mib);
         Ok(Round {
@@ -1285,10 +1293,11 @@ impl Bench {
         let unacked = events.saturating_sub(acks.count);
         println!(
             "commit → broker ack (the relay's histogram), {} events: p50 {:.2} ms, p99 {:.2} ms, \
-             mean {:.2} ms, max ≤ {} ms{}",
+             p99.9 {:.2} ms, mean {:.2} ms, max ≤ {} ms{}",
             acks.count,
             acks.quantile_ms(0.5),
             acks.quantile_ms(0.99),
+            acks.quantile_ms(0.999),
             acks.mean_ms(),
             acks.max_bound_ms(),
             if unacked > 0 {
@@ -1299,10 +1308,11 @@ impl Bench {
         );
         println!(
             "commit → slot confirmed_flush_lsn passed it, {} transactions: \
-             p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms{}",
+             p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms{}",
             to_confirm.len(),
             percentile_ms(&to_confirm, 0.5),
             percentile_ms(&to_confirm, 0.99),
+            percentile_ms(&to_confirm, 0.999),
             percentile_ms(&to_confirm, 1.0),
             if unconfirmed > 0 {
                 format!(" ({unconfirmed} never confirmed)")
@@ -1323,11 +1333,17 @@ impl Bench {
         r.add("steady_acked", acks.count);
         r.add_f("steady_ack_p50_ms", acks.quantile_ms(0.5), 2);
         r.add_f("steady_ack_p99_ms", acks.quantile_ms(0.99), 2);
+        r.add_f("steady_ack_p999_ms", acks.quantile_ms(0.999), 2);
         r.add_f("steady_ack_mean_ms", acks.mean_ms(), 2);
         r.add("steady_ack_max_bound_ms", acks.max_bound_ms());
         r.add("steady_unacked", unacked);
         r.add_f("steady_confirm_p50_ms", percentile_ms(&to_confirm, 0.5), 1);
         r.add_f("steady_confirm_p99_ms", percentile_ms(&to_confirm, 0.99), 1);
+        r.add_f(
+            "steady_confirm_p999_ms",
+            percentile_ms(&to_confirm, 0.999),
+            1,
+        );
         r.add_f("steady_confirm_max_ms", percentile_ms(&to_confirm, 1.0), 1);
         r.add("steady_unconfirmed_tx", unconfirmed);
         r.add_f("steady_relay_rss_mib", rss_mib, 1);

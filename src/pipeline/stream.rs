@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use super::{Pipeline, RelayError};
@@ -10,6 +11,10 @@ use crate::lsn::Lsn;
 use crate::sink::Sink;
 use crate::sink::exactly_once::ReadBack;
 use crate::source::{Recovery, Source, SourceError, Stream};
+
+/// Most events taken from the stream's channel in one step, so deliveries and shutdown are
+/// looked at between them.
+const BUFFERED_EVENTS_PER_STEP: usize = 64;
 
 impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     /// Connects and streams; on a transient failure reconnects, keeping deliveries and tracker.
@@ -244,6 +249,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                         self.pacer.woke(std::time::Instant::now());
                     }
                     self.on_event(event?).await?;
+                    self.on_buffered_events().await?;
                 }
                 () = sleep_until_some(cleanup_due) => {}
                 () = sleep_until_some(check_at) => {
@@ -257,6 +263,23 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             }
             self.report_frontier(false).await;
         }
+    }
+
+    /// Takes the events already waiting in the stream's channel (a step's worth at most) without
+    /// a pass through the `select!` and the frontier report each: that pass costs as much as
+    /// the event.
+    async fn on_buffered_events(&mut self) -> Result<(), RelayError> {
+        for _ in 0..BUFFERED_EVENTS_PER_STEP {
+            let (window, bytes) = (self.tracker.window_len(), self.tracker.in_flight_bytes());
+            if self.stop_by.is_some() || !self.gate.open(window, bytes) {
+                break;
+            }
+            let Some(Some(event)) = self.stream.as_mut().map(|s| s.recv().now_or_never()) else {
+                break;
+            };
+            self.on_event(event?).await?;
+        }
+        Ok(())
     }
 
     /// Processes delivery reports for `wait` or, without it, until nothing is in flight.
