@@ -87,3 +87,41 @@ async fn the_demo_runs_against_a_given_server_and_drops_its_slot() {
         .await;
     assert!(slots.is_empty(), "the demo left {slots:?} behind");
 }
+
+/// The demo against a user's server and Kafka leaves no slot and no lineage record, so it
+/// runs again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_demo_against_the_same_server_and_kafka_runs() {
+    let pg = PgCluster::start();
+    let broker = crate::support::kafka::Broker::start();
+    let (url, brokers) = (pg.url(), broker.bootstrap());
+    for run in 0..2 {
+        let (code, out, err) = demo(&["--postgres-url", &url, "--kafka-brokers", &brokers]);
+        assert_eq!(code, Some(0), "run {run}\nstdout:\n{out}\nstderr:\n{err}");
+        let slots = pg
+            .execute("SELECT slot_name FROM pg_replication_slots")
+            .await;
+        assert!(slots.is_empty(), "run {run} left {slots:?} behind");
+    }
+}
+
+/// A demo that fails part-way (Kafka refuses its events) still drops its slot.
+#[tokio::test(flavor = "current_thread")]
+async fn a_demo_that_fails_part_way_drops_its_slot() {
+    let pg = PgCluster::start();
+    let broker = crate::support::kafka::Broker::start();
+    let (url, brokers) = (pg.url(), broker.bootstrap());
+    broker.topic_error(
+        "order.created",
+        rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+    );
+    let (code, out, err) = demo(&["--postgres-url", &url, "--kafka-brokers", &brokers]);
+    assert_ne!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let slots = pg
+        .execute("SELECT slot_name FROM pg_replication_slots")
+        .await;
+    assert!(
+        slots.is_empty(),
+        "the failed demo left {slots:?} behind:\n{out}\n{err}"
+    );
+}

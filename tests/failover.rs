@@ -247,11 +247,11 @@ async fn pg16_failover_stops_the_relay_with_the_missing_slot_explained() {
         "no slot on the promoted server"
     );
 
-    // A restart finds the record of the old slot (replicated with the data) and refuses too.
+    // A restart finds the lineage record of the old slot and refuses too.
     let (code, log) = run_to_exit(&url, &broker.bootstrap(), &[]);
     assert_eq!(code, SLOT_LOST_EXIT, "{log}");
     assert!(
-        log.contains("recorded in public.outbox_relay_slots"),
+        log.contains("recorded in Kafka topic \"outbox-relay.lineage\""),
         "{log}"
     );
     assert!(

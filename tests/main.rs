@@ -16,6 +16,7 @@ mod exactly_once;
 mod failover;
 mod failures;
 mod harness;
+mod lineage;
 mod ops;
 mod partitions;
 mod peek;

@@ -18,7 +18,13 @@ fn peek(url: &str, extra: &[&str]) -> (Option<i32>, String, String) {
 async fn peek_prints_pending_records_and_leaves_the_slot_where_it_was() {
     let world = World::start().await;
     let url = world.pg.url();
-    let (code, _, err) = run_command(&["setup", "--postgres-url", &url]);
+    let (code, _, err) = run_command(&[
+        "setup",
+        "--postgres-url",
+        &url,
+        "--kafka-brokers",
+        &world.broker.bootstrap(),
+    ]);
     assert_eq!(code, Some(0), "{err}");
     let mut ids = world
         .insert_tx(&[

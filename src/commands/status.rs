@@ -199,8 +199,8 @@ fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
     if !slot.exists {
         out.push(format!(
             "slot {:?} does not exist: the relay creates it on its first start (or run outbox-relay \
-             setup); where public.outbox_relay_slots shows it streamed before, it refuses: see \
-             the README's failover runbook",
+             setup); where the lineage topic shows it streamed before, it refuses (exit 7): see \
+             the failover runbook",
             slot.name
         ));
     } else if let Some(status) = &slot.status {

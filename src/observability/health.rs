@@ -123,7 +123,7 @@ pub struct Readiness {
 
 /// How to recover from a slot that cannot stream.
 const RECREATE: &str = "Drop the slot (outbox-relay drop-slot --yes-i-know), start the relay \
-    with --allow-new-slot, and re-publish events committed since the last confirmed position \
+    (it creates a fresh slot), and re-publish events committed since the last confirmed position \
     (`outbox-relay backfill --since TIMESTAMP`)";
 
 /// PURE: the readiness rules.

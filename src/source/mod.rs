@@ -4,6 +4,7 @@
 //! slot, and only the pipeline calls it, with the ack frontier.
 
 pub mod cleanup;
+pub mod failover;
 pub mod heartbeat;
 pub mod lineage;
 pub mod setup;
@@ -91,20 +92,24 @@ pub enum SourceError {
     /// The slot is missing where this relay streamed from it before.
     #[error(
         "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
-         before (recorded in public.outbox_relay_slots at {created_at}): a standby promoted \
-         without it (PostgreSQL 16 or older, or no --slot-failover), a dropped slot, or a \
-         standby of that server. A new slot would skip the events committed since the last \
-         acknowledgement: start the relay once with --allow-new-slot, then run `outbox-relay \
-         backfill --since TIMESTAMP` with a time before the change (consumers may see duplicates)"
+         before ({recorded}): a standby promoted without it (PostgreSQL 16 or older, or no \
+         --slot-failover), a slot dropped other than by `outbox-relay drop-slot`, or a standby \
+         of that server. No slot was created: a new one would skip the events committed since \
+         the last acknowledgement. Start the relay once with --allow-new-slot, then run \
+         `outbox-relay backfill --since TIMESTAMP` with a time before the change (consumers may \
+         see duplicates)"
     )]
     SlotLost {
         /// The replication slot name.
         slot: String,
         /// The server's URL, password redacted.
         url: String,
-        /// When `public.outbox_relay_slots` recorded the slot, as Postgres prints it.
-        created_at: String,
+        /// Where and when the slot's creation was recorded.
+        recorded: String,
     },
+    /// The lineage topic cannot be read or written: the relay does not stream.
+    #[error(transparent)]
+    Lineage(#[from] crate::sink::lineage::LineageError),
     /// A query failed; `what` says what it was for.
     #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
     Query {
