@@ -10,6 +10,7 @@ use tokio_postgres::Client;
 use super::setup::{connect_to, query_err};
 use super::{SourceError, pg_error_text, stream_err};
 use crate::config::Config;
+use crate::observability::health::SlotStatus;
 
 /// With `--slot-failover`: warns when `synchronized_standby_slots` is empty; returns whether the
 /// existing slot lacks `FAILOVER true`.
@@ -53,10 +54,7 @@ pub(super) async fn mark(client: &Client, config: &Config) -> Result<(), SourceE
 /// Has the primary log a standby snapshot now, so the standbys' copies of a slot just created
 /// or marked become persistent within seconds. Best effort: without it they still do, later.
 pub(super) async fn log_standby_snapshot(client: &Client) {
-    if let Err(e) = client
-        .batch_execute("SELECT pg_log_standby_snapshot()")
-        .await
-    {
+    if let Err(e) = snapshot(client).await {
         tracing::warn!(
             error = %pg_error_text(&e),
             "cannot call pg_log_standby_snapshot(): the standbys' copies of the failover slot \
@@ -67,9 +65,26 @@ pub(super) async fn log_standby_snapshot(client: &Client) {
     }
 }
 
-/// For a slot marked for failover: what each standby `--postgres-url` names lacks, empty when
-/// every one holds a persistent synchronized copy; `None` when the URL names no standby.
-pub async fn standby_copies(config: &Config) -> Option<Vec<String>> {
+/// `pg_log_standby_snapshot()`, refused without EXECUTE on it.
+pub(super) async fn snapshot(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client
+        .batch_execute("SELECT pg_log_standby_snapshot()")
+        .await
+}
+
+/// For a slot marked for failover, whether the standbys are ready for a promotion.
+pub async fn probe(status: &mut SlotStatus, config: &Config) {
+    if status.failover != Some(true) {
+        return;
+    }
+    let lacking = standby_copies(config).await;
+    status.failover_ready = lacking.as_ref().map(Vec::is_empty);
+    status.failover_lacking = lacking.unwrap_or_default();
+}
+
+/// What each standby `--postgres-url` names lacks, empty when every one holds a persistent
+/// synchronized copy of the slot; `None` when the URL names no standby.
+async fn standby_copies(config: &Config) -> Option<Vec<String>> {
     let (pg, slot) = (&config.postgres, &config.flags.slot);
     let (mut standbys, mut lacking) = (0, Vec::new());
     for (host, port) in &pg.hosts {
