@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use super::lineage::{Guard, Lineage};
-use super::{SourceError, failover, slot_monitor, tls};
+use super::{SourceError, failover, pg_error_text, slot_monitor, tls};
 use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::observability::health;
@@ -89,13 +89,19 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
                     continue;
                 }
             };
-            let row = client
-                .query_one(
-                    "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
-                    &[],
-                )
-                .await
-                .map_err(query_err("probe the server's role"))?;
+            let probe =
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
+            // A server that goes away right after the login (mid-failover) is passed over too.
+            let row = match client.query_one(probe, &[]).await {
+                Ok(row) => row,
+                Err(e) => {
+                    tried.push(format!(
+                        "{host}:{port}: probing its role: {}",
+                        pg_error_text(&e)
+                    ));
+                    continue;
+                }
+            };
             let in_recovery = row.get(0);
             if attrs.accepts(in_recovery, row.get(1), strict) {
                 return Ok((client, pinned));
