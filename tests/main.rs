@@ -7,6 +7,7 @@
 
 mod support;
 
+mod backfill;
 mod cleanup;
 mod cloudevents;
 mod demo;

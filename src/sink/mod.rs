@@ -120,6 +120,15 @@ pub fn is_poison(error: &KafkaError) -> bool {
     )
 }
 
+/// Whether a refusal is about the record's size: its dead letter leaves the payload out.
+pub fn is_too_large(error: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        error.rdkafka_error_code(),
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge)
+    )
+}
+
 /// Whether a failed delivery may be the batch's fault rather than the
 /// record's: sizes are checked per batch, and with KIP-467 the healthy records
 /// of a batch holding an invalid one fail with `_INVALID_DIFFERENT_RECORD`.
