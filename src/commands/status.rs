@@ -203,7 +203,7 @@ fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
         out.push(format!(
             "slot {:?} does not exist: the relay creates it on its first start (or run outbox-relay \
              setup); where the lineage topic shows it streamed before, it refuses (exit 7): see \
-             the failover runbook",
+             docs/operations.md#failover",
             slot.name
         ));
     } else if let Some(status) = &slot.status {
