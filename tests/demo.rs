@@ -3,6 +3,7 @@
 //! throwaway cluster, or on a user's own server dropping the demo's slot.
 
 use std::path::Path;
+use std::time::Duration;
 
 use crate::support::postgres::{PgCluster, reserve_free_port};
 use crate::support::relay::run_command;
@@ -102,6 +103,14 @@ async fn a_second_demo_against_the_same_server_and_kafka_runs() {
             .execute("SELECT slot_name FROM pg_replication_slots")
             .await;
         assert!(slots.is_empty(), "run {run} left {slots:?} behind");
+        // Nor a lineage record: created, then a tombstone, per run.
+        let topic = ["outbox-relay.lineage"];
+        let lineage = broker.consume(&topic, 2 * (run + 1), Duration::from_secs(10));
+        assert_eq!(lineage.len(), 2 * (run + 1), "{lineage:?}");
+        assert!(
+            lineage.last().is_some_and(|r| r.payload.is_none()),
+            "{lineage:?}"
+        );
     }
 }
 

@@ -141,6 +141,7 @@ async fn peek_limit_bounds_the_decoding_on_the_server() {
     let reported = wait_until(Duration::from_secs(30), || async { count().await > 0 }).await;
     assert!(reported, "the server reported no decoding");
     let txns = count().await;
+    eprintln!("{txns} of {PENDING} pending transactions decoded for 3 records");
     assert!(
         txns < PENDING / 10,
         "{txns} of {PENDING} pending transactions decoded for 3 records"
