@@ -132,28 +132,21 @@ impl LineageError {
 
 /// The latest record of `key`; `None` when there is none or the last is a tombstone.
 pub async fn read(config: &Config, key: &str) -> Result<Option<SlotRecord>, LineageError> {
-    let topic = config.flags.lineage_topic.clone();
-    let (brokers, properties) = (
-        config.kafka_brokers.clone(),
-        config.kafka_properties.clone(),
-    );
-    let owned = (key.as_bytes().to_vec(), topic.clone());
+    let failed = |reason: String| LineageError::new("read", &config.flags.lineage_topic, reason);
+    let (owned, wanted) = (config.clone(), key.as_bytes().to_vec());
     let read = tokio::task::spawn_blocking(move || {
-        let (key, topic) = owned;
-        let reader = TailReader::new(&brokers, &properties).map_err(|e| e.to_string())?;
+        let reader = TailReader::new(&owned.kafka_brokers, &owned.kafka_properties);
+        let reader = reader.map_err(|e| e.to_string())?;
         // Several partitions: a key moves when their count changes; the newest write wins.
-        let records = reader.read_all(&topic, |msg| {
-            let value = msg.payload().map(<[u8]>::to_vec);
+        let records = reader.read_all(&owned.flags.lineage_topic, |msg| {
             let at = msg.timestamp().to_millis().unwrap_or(0);
-            (msg.key() == Some(&key[..])).then_some((at, value))
+            let value = msg.payload().map(<[u8]>::to_vec);
+            (msg.key() == Some(&wanted[..])).then_some((at, value))
         });
         records.map_err(|e| e.to_string())
     });
-    let failed = |reason: String| LineageError::new("read", &topic, reason);
-    let records = read
-        .await
-        .map_err(|e| failed(e.to_string()))?
-        .map_err(failed)?;
+    let records = read.await.map_err(|e| failed(e.to_string()))?;
+    let records = records.map_err(failed)?;
     let Some((_, Some(value))) = records.into_iter().max_by_key(|(at, _)| *at) else {
         return Ok(None);
     };
