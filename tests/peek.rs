@@ -83,7 +83,8 @@ async fn peek_prints_pending_records_and_leaves_the_slot_where_it_was() {
 async fn peek_refuses_while_a_relay_holds_the_slot() {
     let world = World::start().await;
     let url = world.pg.url();
-    let _relay = Relay::spawn(&url, &world.broker.bootstrap(), &[]);
+    // Streaming, not just creating the slot (which holds it too, briefly).
+    let _relay = Relay::spawn_streaming(&url, &world.broker.bootstrap(), &[]);
     let active = wait_until(Duration::from_secs(30), || async {
         !world
             .pg
