@@ -28,7 +28,7 @@ pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), Comm
     let mut out = std::io::stdout().lock();
     let remedy = "stop the relay first, then drop the slot";
     let info = super::status::idle_slot(&client, slot, remedy).await?;
-    Lineage::open(&client, config).await?.dropped().await?;
+    Lineage::open(config).await?.dropped().await?;
     let topic = &config.flags.lineage_topic;
     writeln!(
         out,

@@ -6,8 +6,8 @@
 
 use tokio_postgres::Client;
 
-use super::SourceError;
 use super::setup::query_err;
+use super::{SourceError, stream_err};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::sink::lineage::{self, SlotRecord, SlotState};
@@ -67,16 +67,12 @@ pub struct Lineage<'a> {
 }
 
 impl<'a> Lineage<'a> {
-    /// Reads the cluster's system identifier (shared by a primary and its standbys).
-    pub async fn open(client: &Client, config: &'a Config) -> Result<Lineage<'a>, SourceError> {
-        let row = client
-            .query_one(
-                "SELECT system_identifier::text FROM pg_control_system()",
-                &[],
-            )
-            .await
-            .map_err(query_err("read the system identifier"))?;
-        let system_identifier: String = row.get(0);
+    /// Reads the cluster's system identifier (shared by a primary and its standbys) with
+    /// IDENTIFY_SYSTEM, which a role with REPLICATION may run on any server.
+    pub async fn open(config: &'a Config) -> Result<Lineage<'a>, SourceError> {
+        let mut session = super::command_session(config).await?;
+        let system = session.identify_system().await;
+        let system_identifier = system.map_err(stream_err(&config.flags.slot))?.system_id;
         let key = lineage::key(&system_identifier, &config.flags.slot);
         Ok(Lineage {
             config,
@@ -90,7 +86,7 @@ impl<'a> Lineage<'a> {
         let record = lineage::read(self.config, &self.key).await?;
         let legacy = match exists || record.is_some() {
             true => None,
-            false => legacy(client, &self.config.flags.slot).await?,
+            false => legacy(client, &self.config.flags.slot, &self.system_identifier).await?,
         };
         let (allow, topic) = (
             self.config.flags.allow_new_slot,
@@ -124,12 +120,12 @@ impl<'a> Lineage<'a> {
 }
 
 /// When an older relay recorded the slot in `public.outbox_relay_slots` of this cluster.
-async fn legacy(client: &Client, slot: &str) -> Result<Option<String>, SourceError> {
+async fn legacy(client: &Client, slot: &str, system: &str) -> Result<Option<String>, SourceError> {
     let found = client
         .query_opt(
-            "SELECT created_at::text FROM public.outbox_relay_slots WHERE slot_name = $1 \
-             AND system_identifier = (SELECT system_identifier::text FROM pg_control_system())",
-            &[&slot],
+            "SELECT created_at::text FROM public.outbox_relay_slots \
+             WHERE slot_name = $1 AND system_identifier = $2",
+            &[&slot, &system],
         )
         .await;
     match found {

@@ -453,7 +453,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         .map_err(query_err("look up the replication slot"))?;
     let failover = config.flags.slot_failover;
     let mark_failover = failover && failover::check(client, config).await?;
-    let lineage = Lineage::open(client, config).await?;
+    let lineage = Lineage::open(config).await?;
     let Some(row) = row else {
         match lineage.judge(client, false).await? {
             Guard::Refuse(recorded) => {

@@ -241,7 +241,7 @@ async fn clean_up(config: &Config, users_server: bool, users_kafka: bool) {
         let schema = writer::SCHEMA;
         println!("demo: dropped slot and publication {SLOT:?}; the {schema} tables stay");
     }
-    if users_kafka && let Ok(lineage) = Lineage::open(&client, config).await {
+    if users_kafka && let Ok(lineage) = Lineage::open(config).await {
         let _ = lineage.forget().await;
     }
 }
