@@ -7,7 +7,7 @@
 use tokio_postgres::Client;
 
 use super::setup::query_err;
-use super::{SourceError, stream_err};
+use super::{SourceError, replication_err};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::sink::lineage::{self, SlotRecord, SlotState};
@@ -72,7 +72,7 @@ impl<'a> Lineage<'a> {
     pub async fn open(config: &'a Config) -> Result<Lineage<'a>, SourceError> {
         let mut session = super::command_session(config).await?;
         let system = session.identify_system().await;
-        let system_identifier = system.map_err(stream_err(&config.flags.slot))?.system_id;
+        let system_identifier = system.map_err(replication_err(config))?.system_id;
         let key = lineage::key(&system_identifier, &config.flags.slot);
         Ok(Lineage {
             config,

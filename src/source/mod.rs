@@ -272,7 +272,20 @@ async fn command_session(config: &Config) -> Result<ReplicationClient, SourceErr
     let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO)?;
     ReplicationClient::connect_gated(repl)
         .await
-        .map_err(stream_err(&config.flags.slot))
+        .map_err(replication_err(config))
+}
+
+/// A replication connection's error: TLS and authentication failures are configuration
+/// problems, with what to check.
+fn replication_err(config: &Config) -> impl Fn(PgWireError) -> SourceError + '_ {
+    move |source| match source.is_tls() || source.is_auth() {
+        true => SourceError::ReplicationConnect {
+            url: config.postgres.redacted(),
+            hint: tls::replication_hint(&source),
+            source,
+        },
+        false => stream_err(&config.flags.slot)(source),
+    }
 }
 
 /// The server and timeline a stream runs on: a promotion changes the timeline,
@@ -519,20 +532,12 @@ async fn open(
     acked: Lsn,
     previous: Option<&ServerId>,
 ) -> Result<ReplicationStream, SourceError> {
-    let failed = |source: PgWireError| match source.is_tls() || source.is_auth() {
-        // TLS and authentication failures are configuration problems.
-        true => SourceError::ReplicationConnect {
-            url: config.postgres.redacted(),
-            hint: tls::replication_hint(&source),
-            source,
-        },
-        false => stream_err(&config.flags.slot)(source),
-    };
+    let failed = replication_err(config);
     let repl = replication_config(config, start, acked)?;
     let mut client = ReplicationClient::connect_gated(repl)
         .await
-        .map_err(failed)?;
-    let system = client.identify_system().await.map_err(failed)?;
+        .map_err(&failed)?;
+    let system = client.identify_system().await.map_err(&failed)?;
     let server = ServerId {
         addr: format!("{}:{}", config.postgres.host, config.postgres.port),
         system_id: system.system_id,
@@ -544,11 +549,11 @@ async fn open(
         // A gated session's start position is fixed: end it, start another.
         drop(client);
         let repl = replication_config(config, start, acked)?;
-        client = ReplicationClient::connect(repl).await.map_err(failed)?;
+        client = ReplicationClient::connect(repl).await.map_err(&failed)?;
     } else {
-        client.start().await.map_err(failed)?;
+        client.start().await.map_err(&failed)?;
     }
-    client.wait_started().await.map_err(failed)?;
+    client.wait_started().await.map_err(&failed)?;
     Ok(ReplicationStream {
         client,
         slot: config.flags.slot.clone(),
