@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures_util::{TryStreamExt, pin_mut};
-use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition;
 use tokio::sync::mpsc;
 use tokio_postgres::Client;
@@ -24,9 +23,7 @@ use crate::outbox::{
 };
 use crate::pgoutput::{TupleData, Value};
 use crate::sink::exactly_once::{TailError, TailReader};
-use crate::sink::{
-    self, KafkaSink, Sink, SinkError, Ticket, is_batch_level, is_poison, is_too_large,
-};
+use crate::sink::{self, Blame, KafkaSink, Refusal, Sink, SinkError, Ticket};
 use crate::source::setup::{self, query_err};
 
 /// How far before `--since` a topic is read back: Kafka timestamps are commit
@@ -69,7 +66,7 @@ impl Delivered {
             return Ok(ids.contains(id));
         }
         let (reader, since) = (&self.reader, self.since_ms);
-        let ids = match sink.partition_count(topic).await {
+        let ids = match sink.fetch_partition_count(topic).await {
             Ok(partitions) => reader.event_ids_since(topic, partitions, since)?,
             // Not created yet: nothing was delivered to it.
             Err(e) if e.rdkafka_error_code() == Some(UnknownTopicOrPartition) => HashSet::new(),
@@ -202,8 +199,8 @@ impl Run<'_> {
         self.sent += 1;
         match self.sink.send(ticket, record).await {
             Ok(()) => {}
-            Err(SinkError::Enqueue { source, .. }) if is_poison(&source) => {
-                self.condemned(ticket, record.clone(), source).await?;
+            Err(SinkError::Enqueue { source, .. }) if source.blame != Blame::Fatal => {
+                self.refused(ticket, record.clone(), source).await?;
             }
             Err(e) => return Err(e.into()),
         }
@@ -219,34 +216,44 @@ impl Run<'_> {
             };
             match delivery.outcome {
                 Ok(()) => self.acked += 1,
-                // Sizes are judged per batch: only a record refused alone is at fault.
-                Err(f) if is_batch_level(&f.error) && !delivery.alone => {
-                    self.sink.send_alone(delivery.ticket, &f.record).await?;
-                }
-                Err(f) => self.condemned(delivery.ticket, f.record, f.error).await?,
+                Err(f) => self.refused(delivery.ticket, f.record, f.refusal).await?,
             }
         }
         Ok(())
     }
 
-    /// A record Kafka refused for good: poison when the record is at fault (and not a dead
-    /// letter itself), else the end of the backfill.
-    async fn condemned(
+    /// A record Kafka refused: sent again alone when its batch was judged, poison when the
+    /// record is at fault (and not a dead letter itself), else the end of the backfill.
+    async fn refused(
         &mut self,
         ticket: Ticket,
         record: OutboxRecord,
-        error: KafkaError,
+        mut refusal: Refusal,
     ) -> Result<(), CommandError> {
-        if !is_poison(&error) || self.config.dead_letter_topic.as_ref() == Some(&record.topic) {
-            return Err(CommandError::Refused(format!(
-                "delivery of event id {} to topic {:?} failed: {error}; rerun the backfill (it \
-                 is at-least-once)",
-                record.id_text(),
-                record.topic,
-            )));
+        if refusal.blame == Blame::Batch {
+            match self.sink.send_alone(ticket, &record).await {
+                Err(SinkError::Enqueue { source, .. }) => refusal = source,
+                sent => return Ok(sent?),
+            }
         }
+        let too_large = match refusal.blame {
+            Blame::Record { too_large }
+                if self.config.dead_letter_topic.as_ref() != Some(&record.topic) =>
+            {
+                too_large
+            }
+            _ => {
+                return Err(CommandError::Refused(format!(
+                    "delivery of event id {} to topic {:?} failed: {}; rerun the backfill (it \
+                     is at-least-once)",
+                    record.id_text(),
+                    record.topic,
+                    refusal.source
+                )));
+            }
+        };
         let size = record.payload.as_ref().map_or(0, Bytes::len);
-        let omitted = is_too_large(&error).then(|| {
+        let omitted = too_large.then(|| {
             format!("payload of {size} bytes is the reason: larger than message.max.bytes")
         });
         let parts = RawParts {
@@ -255,8 +262,12 @@ impl Run<'_> {
             payload: record.payload,
             intended_topic: Some(record.topic),
         };
-        let (headers, at) = (record.headers, record.timestamp_ms);
-        self.poison(Some(ticket), parts, headers, at, error.to_string(), omitted)
+        let (headers, at, error) = (
+            record.headers,
+            record.timestamp_ms,
+            refusal.source.to_string(),
+        );
+        self.poison(Some(ticket), parts, headers, at, error, omitted)
             .await
     }
 
