@@ -1,8 +1,9 @@
 //! The lost-slot guard. A slot missing where this relay streamed before must not be replaced by
 //! one starting at "now": that would skip every event since the last acknowledgement. Which
-//! slots the relay created lives in the lineage topic ([`crate::sink::lineage`]), written before
-//! the relay streams from a slot, read whenever the slot is missing. Deployments of older
-//! relays recorded slots in `public.outbox_relay_slots`: a row there is still honoured.
+//! slots the relay created lives in the lineage topic ([`crate::sink::lineage`]), read at every
+//! start and written (awaiting the broker's ack) before the relay streams from a slot not
+//! recorded yet. Deployments of older relays recorded slots in `public.outbox_relay_slots`: a
+//! row there is still honoured while the topic has no record of the slot.
 
 use tokio_postgres::Client;
 

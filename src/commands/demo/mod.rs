@@ -17,13 +17,13 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use tokio::task::JoinSet;
 use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
 
 use super::{CommandError, human_bytes, relay};
 use crate::config::{Cli, Config, ConfigError, DemoArgs};
 use crate::observability::health::Health;
 use crate::source::lineage::Lineage;
 use crate::source::{setup, sql};
-use tokio_postgres::error::SqlState;
 
 /// The demo's slot and publication, apart from a real relay's.
 const SLOT: &str = "outbox_relay_demo";
