@@ -82,7 +82,11 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
             Message::Relation(relation) => {
                 let lsn = commit_lsn;
                 let bind = |source| RelayError::Bind { lsn, source };
-                mapper.relation(relation, None).map_err(bind)?;
+                let facts = match mapper.reads_catalog(&relation, None) {
+                    true => setup::column_facts(&client, &relation.id.to_string()).await?,
+                    false => Vec::new(),
+                };
+                mapper.relation(relation, None, &facts).map_err(bind)?;
                 None
             }
             Message::Insert { relation_id, new } => {

@@ -4,6 +4,7 @@
 
 mod commands;
 pub mod debezium;
+mod format;
 mod observability;
 mod postgres;
 
@@ -19,6 +20,7 @@ pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
     StatusArgs,
 };
+pub use format::FormatArgs;
 pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
@@ -82,6 +84,9 @@ pub struct Cli {
     #[arg(long = "header-column", env = "OUTBOX_RELAY_HEADER_COLUMN")]
     #[arg(value_delimiter = ',')]
     pub header_columns: Vec<String>,
+    /// Debezium record-format flags.
+    #[command(flatten)]
+    pub format: FormatArgs,
     /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
     pub cloudevents: bool,
@@ -428,6 +433,7 @@ impl Config {
                 source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
                 database: postgres.dbname.clone(),
             }),
+            connect: cli.format.connect(!cli.message_prefixes.is_empty())?,
         };
         let (tables, overridden) = parse_tables(cli)?;
         let mut table_mappings = Vec::new();

@@ -115,7 +115,13 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                         .relation(&relation, root.as_ref())
                         .map_err(bind_error)?;
                 }
-                self.mapper.relation(relation, root).map_err(bind_error)?;
+                let facts = match self.mapper.reads_catalog(&relation, root.as_ref()) {
+                    true => self.source.column_facts(id).await?,
+                    false => Vec::new(),
+                };
+                self.mapper
+                    .relation(relation, root, &facts)
+                    .map_err(bind_error)?;
                 self.foreign.remove(&id);
                 if let Some(table) = self.mapper.outbox_table(id) {
                     tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
