@@ -10,6 +10,7 @@ mod support;
 mod cleanup;
 mod cloudevents;
 mod demo;
+mod debezium_records;
 mod deploy;
 mod e2e;
 mod exactly_once;

@@ -110,6 +110,10 @@ pub struct Cli {
     /// A Debezium connector configuration (JSON or .properties) whose settings become defaults.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
     pub debezium_config: Option<PathBuf>,
+    /// The Kafka Connect worker's properties, whose converters apply where the connector config
+    /// names none (default: Kafka's sample worker config, JsonConverter with schemas).
+    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_WORKER_CONFIG", value_name = "FILE")]
+    pub debezium_worker_config: Option<PathBuf>,
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,librdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,

@@ -318,7 +318,8 @@ pub(crate) async fn column_facts(
                CASE WHEN a.attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END \
              FROM pg_attribute a LEFT JOIN pg_attrdef d \
                ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
-             WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+             WHERE a.attrelid = CASE WHEN $1 ~ '^[0-9]+$' THEN $1::oid ELSE $1::regclass END \
+               AND a.attnum > 0 AND NOT a.attisdropped",
             &[&table],
         )
         .await
