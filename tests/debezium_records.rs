@@ -21,7 +21,10 @@ use crate::support::kafka::{Broker, Consumed};
 use crate::support::postgres::PgCluster;
 use crate::support::relay::Relay;
 
-const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/debezium-records");
+const DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/debezium-records"
+);
 const PARTITIONS: i32 = 6;
 /// Rows whose expanded payload holds an array of objects with different fields.
 const FIELD_ORDER_VARIES: [&str; 2] = [
@@ -60,8 +63,14 @@ fn bytes(value: &Value) -> Option<Vec<u8>> {
         Value::Null => None,
         Value::String(text) => Some(text.as_bytes().to_vec()),
         other => {
-            let b64 = other["base64"].as_str().expect("bytes are null, text or {base64}");
-            Some(base64::engine::general_purpose::STANDARD.decode(b64).unwrap())
+            let b64 = other["base64"]
+                .as_str()
+                .expect("bytes are null, text or {base64}");
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap(),
+            )
         }
     }
 }
@@ -105,9 +114,13 @@ pub async fn prepared(fixture: &Fixture, rows: &str) -> PgCluster {
     let pg = PgCluster::start();
     pg.execute(&sql().0).await;
     let tables = &fixture.connector["table.include.list"];
-    pg.execute(&format!("CREATE PUBLICATION fixtures FOR TABLE {tables}")).await;
+    pg.execute(&format!("CREATE PUBLICATION fixtures FOR TABLE {tables}"))
+        .await;
     let slot = &fixture.connector["slot.name"];
-    pg.execute(&format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')")).await;
+    pg.execute(&format!(
+        "SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+    ))
+    .await;
     pg.execute(rows).await;
     pg
 }
@@ -122,7 +135,11 @@ pub fn relay(fixture: &Fixture, pg: &PgCluster, broker: &Broker, dir: &std::path
     let connector_file = dir.join("connector.json");
     std::fs::write(&connector_file, config.to_string()).unwrap();
     let worker_file = dir.join("worker.properties");
-    let worker: String = fixture.worker.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let worker: String = fixture
+        .worker
+        .iter()
+        .map(|(k, v)| format!("{k}={v}\n"))
+        .collect();
     std::fs::write(&worker_file, worker).unwrap();
     let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
     for topic in topics {
@@ -143,7 +160,12 @@ pub fn read_back(broker: &Broker, expected: &[Record], relay: &Relay) -> Vec<Con
     let topics: BTreeSet<&str> = expected.iter().map(|r| r.topic.as_str()).collect();
     let topics: Vec<&str> = topics.into_iter().collect();
     let got = broker.consume(&topics, expected.len(), Duration::from_secs(60));
-    assert_eq!(got.len(), expected.len(), "records read back; relay log:\n{}", relay.log());
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "records read back; relay log:\n{}",
+        relay.log()
+    );
     got
 }
 
@@ -151,7 +173,9 @@ pub fn read_back(broker: &Broker, expected: &[Record], relay: &Relay) -> Vec<Con
 pub fn compare(fixture: &str, expected: &Record, got: &Consumed) -> Result<(), String> {
     let id = expected.id();
     let differs = |what: &str, e: &dyn std::fmt::Debug, g: &dyn std::fmt::Debug| {
-        Err(format!("{fixture}: record {id}: {what} differs:\n  debezium: {e:?}\n  relay:    {g:?}"))
+        Err(format!(
+            "{fixture}: record {id}: {what} differs:\n  debezium: {e:?}\n  relay:    {g:?}"
+        ))
     };
     if expected.topic != got.topic {
         return differs("topic", &expected.topic, &got.topic);
@@ -175,9 +199,14 @@ pub fn compare(fixture: &str, expected: &Record, got: &Consumed) -> Result<(), S
     {
         return differs("value", &text(&expected.value), &text(&got.payload));
     }
-    let names = |h: &[(String, Option<Vec<u8>>)]| h.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    let names =
+        |h: &[(String, Option<Vec<u8>>)]| h.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
     if names(&expected.headers) != names(&got.headers) {
-        return differs("header names", &names(&expected.headers), &names(&got.headers));
+        return differs(
+            "header names",
+            &names(&expected.headers),
+            &names(&got.headers),
+        );
     }
     for ((name, e), (_, g)) in expected.headers.iter().zip(&got.headers) {
         let (e, g) = (text(e), text(g));
@@ -225,15 +254,23 @@ pub fn assert_identical(fixture: &str, expected: &[Record], got: &[Consumed]) {
     let mut failures = Vec::new();
     let mut order: BTreeMap<(String, i32), Vec<String>> = BTreeMap::new();
     for record in got {
-        order.entry((record.topic.clone(), record.partition)).or_default().push(record.id());
+        order
+            .entry((record.topic.clone(), record.partition))
+            .or_default()
+            .push(record.id());
     }
-    let positions: BTreeMap<String, usize> =
-        expected.iter().enumerate().map(|(i, r)| (r.id(), i)).collect();
+    let positions: BTreeMap<String, usize> = expected
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id(), i))
+        .collect();
     for ((topic, partition), ids) in &order {
         let mut sorted = ids.clone();
         sorted.sort_by_key(|id| positions.get(id).copied());
         if *ids != sorted {
-            failures.push(format!("{fixture}: {topic}[{partition}] holds {ids:?}, Debezium's order is {sorted:?}"));
+            failures.push(format!(
+                "{fixture}: {topic}[{partition}] holds {ids:?}, Debezium's order is {sorted:?}"
+            ));
         }
     }
     for e in expected {
@@ -242,17 +279,29 @@ pub fn assert_identical(fixture: &str, expected: &[Record], got: &[Consumed]) {
             Some(g) => failures.extend(compare(fixture, e, g).err()),
         }
     }
-    let runs: BTreeSet<String> = got.iter().filter_map(|g| g.header("__debezium.context.runId")).collect();
+    let runs: BTreeSet<String> = got
+        .iter()
+        .filter_map(|g| g.header("__debezium.context.runId"))
+        .collect();
     if runs.len() > 1 {
         failures.push(format!("{fixture}: several run ids {runs:?}"));
     }
-    assert!(failures.is_empty(), "{} of {} records differ:\n{}", failures.len(), expected.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} records differ:\n{}",
+        failures.len(),
+        expected.len(),
+        failures.join("\n")
+    );
 }
 
 /// Relays the fixture's rows and compares the records with Debezium's.
 async fn relays_like_debezium(name: &str) {
     let fixture = fixture(name);
-    assert!(fixture.error.is_none(), "{name} records an error: use refuses_like_debezium");
+    assert!(
+        fixture.error.is_none(),
+        "{name} records an error: use refuses_like_debezium"
+    );
     let pg = prepared(&fixture, &sql().1).await;
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
@@ -265,14 +314,25 @@ async fn relays_like_debezium(name: &str) {
 /// Where Debezium stopped, the relay stops before sending anything, naming why.
 async fn stops_like_debezium(name: &str, because: &str) {
     let fixture = fixture(name);
-    assert!(fixture.error.is_some() && fixture.records.is_empty(), "{name} should record a stop");
+    assert!(
+        fixture.error.is_some() && fixture.records.is_empty(),
+        "{name} should record a stop"
+    );
     let pg = prepared(&fixture, &sql().1).await;
     let broker = Broker::start();
     let dir = tempfile::tempdir().unwrap();
     let mut relay = relay(&fixture, &pg, &broker, dir.path());
     let status = relay.wait_exit(Duration::from_secs(60));
-    assert!(status.is_some_and(|s| !s.success()), "the relay stops:\n{}", relay.log());
-    assert!(relay.log().contains(because), "{because:?} in:\n{}", relay.log());
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the relay stops:\n{}",
+        relay.log()
+    );
+    assert!(
+        relay.log().contains(because),
+        "{because:?} in:\n{}",
+        relay.log()
+    );
 }
 
 macro_rules! identical {
@@ -308,7 +368,11 @@ async fn a_number_wider_than_64_bits_stops_expansion_as_it_stopped_debezium() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_top_level_array_stops_expansion_as_it_stopped_debezium() {
-    stops_like_debezium("json-expand-poison-array", "Debezium would stop on this event").await;
+    stops_like_debezium(
+        "json-expand-poison-array",
+        "Debezium would stop on this event",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -9,8 +9,8 @@ mod support;
 
 mod cleanup;
 mod cloudevents;
-mod demo;
 mod debezium_records;
+mod demo;
 mod deploy;
 mod e2e;
 mod exactly_once;

@@ -276,19 +276,27 @@ fn producer_note(name: &str, value: &str) -> Result<&'static str, &'static str> 
 fn router_note(option: &str, value: &str) -> Option<Result<&'static str, &'static str>> {
     let value = value.to_ascii_lowercase();
     Some(match option {
-        "table.op.invalid.behavior" | "debezium.op.invalid.behavior" if value == "fatal" => {
-            Ok("Debezium stopped on an UPDATE of the outbox table; the relay ignores UPDATE and DELETE, warning once")
-        }
+        "table.op.invalid.behavior" | "debezium.op.invalid.behavior" if value == "fatal" => Ok(
+            "Debezium stopped on an UPDATE of the outbox table; the relay ignores UPDATE and DELETE, warning once",
+        ),
         "table.op.invalid.behavior" | "debezium.op.invalid.behavior" | "negate" => Ok(""),
         "table.field.event.type" | "tracing.operation.name" => Ok(""),
-        "table.expand.json.payload" | "route.tombstone.on.empty.payload" if value == "false" => Ok(""),
+        "table.expand.json.payload" | "route.tombstone.on.empty.payload" if value == "false" => {
+            Ok("")
+        }
         "table.json.payload.null.behavior" if value == "ignore" => Ok(""),
         "table.field.additional.missing" if value == "error" => Ok(""),
         "field.name.adjustment.mode" if value == "none" => Ok(""),
         "tracing.with.context.field.only" if value == "true" => Ok(""),
-        "table.field.additional.missing" => Err("the relay refuses a table that lacks a placed column; add the column to every outbox table, or relay such tables with their own --table overrides"),
-        "field.name.adjustment.mode" => Err("the relay does not rename expanded payload fields; use field.name.adjustment.mode=none"),
-        "tracing.with.context.field.only" => Err("the relay traces only rows with a span context, as Debezium's default does"),
+        "table.field.additional.missing" => Err(
+            "the relay refuses a table that lacks a placed column; add the column to every outbox table, or relay such tables with their own --table overrides",
+        ),
+        "field.name.adjustment.mode" => Err(
+            "the relay does not rename expanded payload fields; use field.name.adjustment.mode=none",
+        ),
+        "tracing.with.context.field.only" => {
+            Err("the relay traces only rows with a span context, as Debezium's default does")
+        }
         "predicate" => Ok("the relay routes every insert into the --table tables"),
         _ => return None,
     })
@@ -486,35 +494,44 @@ impl<'a> Importer<'a> {
                 (JSON_CONVERTER, Vec::new(), "")
             }
         };
-        let mut schemas = true;
-        for (setting, value) in settings {
-            match (&setting[prefix.len()..], value.to_ascii_lowercase().as_str()) {
-                ("schemas.enable", v) => schemas = v != "false",
-                ("schemas.cache.size" | "decimal.format", _) => {}
-                ("replace.null.with.default", "true") => {}
-                _ => {
-                    let why = format!("a {key} setting (from {origin}) whose effect the relay does not reproduce");
-                    return Err(invalid(setting, value, why));
-                }
-            }
-        }
         let short = class.rsplit('.').next().unwrap_or_default();
         let kafka = class == short || class.starts_with("org.apache.kafka.connect.");
         let flag = match (short, kafka) {
             ("StringConverter", true) => "string",
             ("ByteArrayConverter", true) => "bytearray",
             ("JsonConverter", true) if role == "header" => "json",
-            ("JsonConverter", true) if schemas => "json-with-schemas",
-            ("JsonConverter", true) => "json",
+            ("JsonConverter", true) => "json-with-schemas",
             ("SimpleHeaderConverter", true) if role == "header" => "simple",
             _ => "",
         };
         if flag.is_empty() || (role == "header" && flag != "simple") {
             let why = match role {
-                "header" => "the relay writes header values as SimpleHeaderConverter, Kafka Connect's default, does",
-                _ => "the relay reproduces StringConverter, ByteArrayConverter and JsonConverter; a schema-registry format (Avro, Protobuf, JSON Schema) is not written",
+                "header" => {
+                    "the relay writes header values as SimpleHeaderConverter, Kafka Connect's default, does"
+                }
+                _ => {
+                    "the relay reproduces StringConverter, ByteArrayConverter and JsonConverter; a schema-registry format (Avro, Protobuf, JSON Schema) is not written"
+                }
             };
             return Err(invalid(key, class, why));
+        }
+        let mut flag = flag;
+        for (setting, value) in settings {
+            match (
+                &setting[prefix.len()..],
+                value.to_ascii_lowercase().as_str(),
+            ) {
+                ("schemas.enable", "false") if flag == "json-with-schemas" => flag = "json",
+                ("schemas.enable", _) => {}
+                ("schemas.cache.size" | "decimal.format", _) => {}
+                ("replace.null.with.default", "true") => {}
+                _ => {
+                    let why = format!(
+                        "a {key} setting (from {origin}) whose effect the relay does not reproduce"
+                    );
+                    return Err(invalid(setting, value, why));
+                }
+            }
         }
         if role != "header" {
             self.identical(&key, class);
@@ -535,7 +552,10 @@ impl<'a> Importer<'a> {
     /// `topic.prefix` (the schema names' and context headers' logical name) and
     /// `extended.headers.enabled` (default true in Debezium 3.6).
     fn context_headers(&mut self) -> Result<(), Error> {
-        let prefix = self.required("topic.prefix", "Debezium requires it; it names the context headers and envelope schemas")?;
+        let prefix = self.required(
+            "topic.prefix",
+            "Debezium requires it; it names the context headers and envelope schemas",
+        )?;
         self.arg("--debezium-topic-prefix", prefix);
         let extended = self.take("extended.headers.enabled").unwrap_or("true");
         if !extended.eq_ignore_ascii_case("false") {
@@ -579,8 +599,14 @@ impl<'a> Importer<'a> {
         self.placements(&prefix)?;
         for (name, flag) in [
             ("table.expand.json.payload", "--expand-json-payload"),
-            ("table.json.payload.null.behavior", "--keep-json-payload-nulls"),
-            ("route.tombstone.on.empty.payload", "--tombstone-on-empty-payload"),
+            (
+                "table.json.payload.null.behavior",
+                "--keep-json-payload-nulls",
+            ),
+            (
+                "route.tombstone.on.empty.payload",
+                "--tombstone-on-empty-payload",
+            ),
         ] {
             let Some(value) = option(self, name) else {
                 continue;
@@ -614,8 +640,13 @@ impl<'a> Importer<'a> {
             }
         }
         if let Some(key) = unknown.first() {
-            let why = "not an Outbox Event Router option of Debezium 3.6; remove it or fix its name";
-            return Err(invalid(*key, self.config.get(*key).map_or("", String::as_str), why));
+            let why =
+                "not an Outbox Event Router option of Debezium 3.6; remove it or fix its name";
+            return Err(invalid(
+                *key,
+                self.config.get(*key).map_or("", String::as_str),
+                why,
+            ));
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! did (`debezium-config` sets them from a connector config); without them the relay's own
 //! format is used, unchanged.
 
-use clap::Args;
+use clap::{ArgAction, Args};
 
 use super::{ConfigError, invalid};
 use crate::outbox::HeaderColumn;
@@ -15,22 +15,31 @@ pub struct FormatArgs {
     #[arg(long, env = "OUTBOX_RELAY_KEY_CONVERTER", value_enum, default_value_t)]
     pub key_converter: Converter,
     /// Record values as this Kafka Connect converter wrote them (Debezium: value.converter).
-    #[arg(long, env = "OUTBOX_RELAY_VALUE_CONVERTER", value_enum, default_value_t)]
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_VALUE_CONVERTER",
+        value_enum,
+        default_value_t
+    )]
     pub value_converter: Converter,
     /// Debezium's topic.prefix: the context headers' logical name and envelope schema names.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_TOPIC_PREFIX", default_value = "")]
     pub debezium_topic_prefix: String,
     /// Add Debezium's __debezium.context.* headers (extended.headers.enabled) before `id`.
-    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONTEXT_HEADERS")]
+    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONTEXT_HEADERS", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub debezium_context_headers: bool,
     /// Send JSON payload text as a JSON document (Debezium: table.expand.json.payload).
-    #[arg(long, env = "OUTBOX_RELAY_EXPAND_JSON_PAYLOAD")]
+    #[arg(long, env = "OUTBOX_RELAY_EXPAND_JSON_PAYLOAD", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub expand_json_payload: bool,
     /// Keep JSON nulls when expanding (table.json.payload.null.behavior=optional_bytes).
-    #[arg(long, env = "OUTBOX_RELAY_KEEP_JSON_PAYLOAD_NULLS", requires = "expand_json_payload")]
+    #[arg(long, env = "OUTBOX_RELAY_KEEP_JSON_PAYLOAD_NULLS", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub keep_json_payload_nulls: bool,
     /// Column added to the value's envelope, as COLUMN or COLUMN:FIELD (placement envelope).
-    #[arg(long = "envelope-column", env = "OUTBOX_RELAY_ENVELOPE_COLUMN", value_delimiter = ',')]
+    #[arg(
+        long = "envelope-column",
+        env = "OUTBOX_RELAY_ENVELOPE_COLUMN",
+        value_delimiter = ','
+    )]
     pub envelope_columns: Vec<String>,
     /// integer column whose value is the record's partition (placement partition).
     #[arg(long, env = "OUTBOX_RELAY_PARTITION_COLUMN")]
@@ -39,7 +48,7 @@ pub struct FormatArgs {
     #[arg(long, env = "OUTBOX_RELAY_SCHEMA_VERSION_COLUMN")]
     pub schema_version_column: Option<String>,
     /// Send a tombstone for a NULL, empty or blank payload (route.tombstone.on.empty.payload).
-    #[arg(long, env = "OUTBOX_RELAY_TOMBSTONE_ON_EMPTY_PAYLOAD")]
+    #[arg(long, env = "OUTBOX_RELAY_TOMBSTONE_ON_EMPTY_PAYLOAD", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub tombstone_on_empty_payload: bool,
     /// Column with a serialized OpenTelemetry context: write `traceparent` as Debezium's
     /// tracing did (tracing.span.context.field, with an OpenTelemetry agent in Connect).
@@ -53,10 +62,21 @@ impl FormatArgs {
         let relay = self.value_converter == Converter::Relay;
         let value_only = [
             ("--expand-json-payload", self.expand_json_payload),
-            ("--tombstone-on-empty-payload", self.tombstone_on_empty_payload),
+            (
+                "--tombstone-on-empty-payload",
+                self.tombstone_on_empty_payload,
+            ),
             ("--envelope-column", !self.envelope_columns.is_empty()),
-            ("--schema-version-column", self.schema_version_column.is_some()),
+            (
+                "--schema-version-column",
+                self.schema_version_column.is_some(),
+            ),
+            ("--keep-json-payload-nulls", self.keep_json_payload_nulls),
         ];
+        if self.keep_json_payload_nulls && !self.expand_json_payload {
+            let reason = "applies to expanded payloads: give --expand-json-payload too";
+            return Err(invalid("--keep-json-payload-nulls", "", reason));
+        }
         if let Some((flag, _)) = value_only.iter().find(|(_, set)| *set && relay) {
             let reason = "shapes Debezium's record values: give --value-converter too";
             return Err(invalid(flag, "", reason));
@@ -72,7 +92,8 @@ impl FormatArgs {
             return Err(invalid("--message-prefix", "", reason));
         }
         let prefix = self.debezium_topic_prefix.trim();
-        if prefix.is_empty() && (self.debezium_context_headers || !self.envelope_columns.is_empty()) {
+        if prefix.is_empty() && (self.debezium_context_headers || !self.envelope_columns.is_empty())
+        {
             let reason = "required with --debezium-context-headers and --envelope-column (Debezium's topic.prefix)";
             return Err(invalid("--debezium-topic-prefix", "", reason));
         }

@@ -57,7 +57,8 @@ impl EventMapper {
             Some(root) => t == root,
             None => t.schema == relation.namespace && t.name == relation.name,
         };
-        (self.tables.iter()).any(|(t, m)| table(t) && m.connect.as_ref().is_some_and(ConnectConfig::reads_catalog))
+        (self.tables.iter())
+            .any(|(t, m)| table(t) && m.connect.as_ref().is_some_and(ConnectConfig::reads_catalog))
     }
 
     /// Takes a Relation message: binds the mapping when the table is an outbox table, or a

@@ -307,7 +307,12 @@ impl KafkaSink {
         }
         let id = std::iter::once((ID_HEADER, Some(record.id.as_ref())));
         let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len());
-        for (key, value) in before.iter().map(named).chain(id).chain(after.iter().map(named)) {
+        for (key, value) in before
+            .iter()
+            .map(named)
+            .chain(id)
+            .chain(after.iter().map(named))
+        {
             headers = headers.insert(Header { key, value });
         }
         let mut base: BaseRecord<'_, [u8], [u8], usize> =

@@ -103,7 +103,11 @@ pub struct Refused(pub String);
 
 /// `JsonConverter.fromConnectData`: the value, in `{"schema":..,"payload":..}` when `schemas`;
 /// `None` (a tombstone) only when both schema and value are absent.
-pub fn to_json(schema: Option<&Schema>, data: &Data, schemas: bool) -> Result<Option<String>, Refused> {
+pub fn to_json(
+    schema: Option<&Schema>,
+    data: &Data,
+    schemas: bool,
+) -> Result<Option<String>, Refused> {
     if schema.is_none() && *data == Data::Null {
         return Ok(None);
     }
@@ -185,7 +189,9 @@ fn write_data(out: &mut String, schema: Option<&Schema>, data: &Data) -> Result<
                 ..
             }) => write_data(out, schema, default)?,
             Some(s) if !s.optional => {
-                return Err(Refused("a null value for a required field without default".into()));
+                return Err(Refused(
+                    "a null value for a required field without default".into(),
+                ));
             }
             _ => out.push_str("null"),
         },
@@ -334,7 +340,10 @@ mod tests {
     #[test]
     fn strings_escape_as_jackson_does() {
         let mut out = String::new();
-        write_string(&mut out, "k🙂\t\u{1f}\u{7f}\u{2028}\"\\/é\u{8}\u{c}\r\n\u{1}");
+        write_string(
+            &mut out,
+            "k🙂\t\u{1f}\u{7f}\u{2028}\"\\/é\u{8}\u{c}\r\n\u{1}",
+        );
         assert_eq!(
             out,
             "\"k\\uD83D\\uDE42\\t\\u001F\u{7f}\u{2028}\\\"\\\\/é\\b\\f\\r\\n\\u0001\""

@@ -112,7 +112,12 @@ impl Infer {
         let mut sample: Option<&Node> = None;
         for item in items.iter().filter(|i| **i != Node::Null) {
             let first = *sample.get_or_insert(item);
-            let number = |n: &Node| matches!(n, Node::Int(_) | Node::Long(_) | Node::Big | Node::Double(_));
+            let number = |n: &Node| {
+                matches!(
+                    n,
+                    Node::Int(_) | Node::Long(_) | Node::Big | Node::Double(_)
+                )
+            };
             if std::mem::discriminant(first) != std::mem::discriminant(item)
                 && !(number(first) && number(item))
             {
@@ -181,10 +186,12 @@ fn data(node: &Node, schema: &Schema) -> Option<Data> {
         (Node::Object(values), Kind::Struct(fields)) => Data::Struct(
             fields
                 .iter()
-                .map(|(name, schema)| match values.iter().find(|(n, _)| n == name) {
-                    Some((_, value)) => data(value, schema),
-                    None => Some(Data::Null),
-                })
+                .map(
+                    |(name, schema)| match values.iter().find(|(n, _)| n == name) {
+                        Some((_, value)) => data(value, schema),
+                        None => Some(Data::Null),
+                    },
+                )
                 .collect::<Option<_>>()?,
         ),
         _ => return None,
@@ -380,37 +387,76 @@ mod tests {
     #[test]
     fn expands_objects_compactly_dropping_nulls_and_empty_arrays() {
         assert_eq!(
-            expanded("{\"x\": null, \"y\": 1, \"z\": {\"w\": null, \"v\": \"kept\"}, \"e\": [], \"arr\": [null, 1]}"),
+            expanded(
+                "{\"x\": null, \"y\": 1, \"z\": {\"w\": null, \"v\": \"kept\"}, \"e\": [], \"arr\": [null, 1]}"
+            ),
             "{\"y\":1,\"z\":{\"v\":\"kept\"},\"arr\":[null,1]}"
         );
         assert_eq!(expanded("{\"a\": 1} trailing"), "{\"a\":1}");
-        assert_eq!(expanded("{\"k\": 1, \"k\": 2, \"b\": 0.0000001}"), "{\"k\":2,\"b\":1.0E-7}");
-        assert_eq!(expanded("{\"s\": \"\\ud83d\\ude42\\u001f\"}"), "{\"s\":\"\\uD83D\\uDE42\\u001F\"}");
+        assert_eq!(
+            expanded("{\"k\": 1, \"k\": 2, \"b\": 0.0000001}"),
+            "{\"k\":2,\"b\":1.0E-7}"
+        );
+        assert_eq!(
+            expanded("{\"s\": \"\\ud83d\\ude42\\u001f\"}"),
+            "{\"s\":\"\\uD83D\\uDE42\\u001F\"}"
+        );
     }
 
     #[test]
     fn leaves_what_debezium_leaves() {
-        for payload in [" {}", "\"text\"", "{bad", "{\"m\": [1, \"two\"]}", "{\"i\": [1, 3000000000]}", "{\"n\": [null]}", "{\"a\": 01}", "{\"s\": \"\\ud800\"}"] {
-            assert_eq!(expand(payload, "payload", false), Expanded::Unchanged, "{payload}");
+        for payload in [
+            " {}",
+            "\"text\"",
+            "{bad",
+            "{\"m\": [1, \"two\"]}",
+            "{\"i\": [1, 3000000000]}",
+            "{\"n\": [null]}",
+            "{\"a\": 01}",
+            "{\"s\": \"\\ud800\"}",
+        ] {
+            assert_eq!(
+                expand(payload, "payload", false),
+                Expanded::Unchanged,
+                "{payload}"
+            );
         }
         assert_eq!(expand("[]", "payload", false), Expanded::NoSchema);
     }
 
     #[test]
     fn stops_where_debezium_stops() {
-        for payload in ["{\"big\": 1000000000000000000000}", "[{\"a\": 1}]", "{\"o\": [{\"a\": 1}, {\"a\": \"x\"}]}", "{\"o\": [{\"a\": 1}, null, {\"b\": 2}]}"] {
-            assert!(matches!(expand(payload, "payload", false), Expanded::Stops(_)), "{payload}");
+        for payload in [
+            "{\"big\": 1000000000000000000000}",
+            "[{\"a\": 1}]",
+            "{\"o\": [{\"a\": 1}, {\"a\": \"x\"}]}",
+            "{\"o\": [{\"a\": 1}, null, {\"b\": 2}]}",
+        ] {
+            assert!(
+                matches!(expand(payload, "payload", false), Expanded::Stops(_)),
+                "{payload}"
+            );
         }
     }
 
     #[test]
     fn merges_object_items_and_names_structs_by_path() {
-        let Expanded::Struct(schema, data) = expand("{\"o\": [{\"x\": 1}, {\"x\": 2, \"y\": \"two\"}], \"n\": {\"m\": null}}", "payload", true) else {
+        let Expanded::Struct(schema, data) = expand(
+            "{\"o\": [{\"x\": 1}, {\"x\": 2, \"y\": \"two\"}], \"n\": {\"m\": null}}",
+            "payload",
+            true,
+        ) else {
             panic!("not expanded");
         };
         let json = to_json(Some(&schema), &data, true).unwrap().unwrap();
-        assert!(json.contains("\"name\":\"payload.o\"},\"optional\":true,\"field\":\"o\""), "{json}");
-        assert!(json.contains("{\"type\":\"bytes\",\"optional\":true,\"field\":\"m\"}"), "{json}");
+        assert!(
+            json.contains("\"name\":\"payload.o\"},\"optional\":true,\"field\":\"o\""),
+            "{json}"
+        );
+        assert!(
+            json.contains("{\"type\":\"bytes\",\"optional\":true,\"field\":\"m\"}"),
+            "{json}"
+        );
         assert!(json.ends_with("\"payload\":{\"o\":[{\"x\":1,\"y\":null},{\"x\":2,\"y\":\"two\"}],\"n\":{\"m\":null}}}"), "{json}");
     }
 }

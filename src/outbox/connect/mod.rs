@@ -156,8 +156,16 @@ impl Col {
             Some(Type::BOOL) => ColType::Bool,
             Some(Type::BYTEA) => ColType::Bytea,
             other => {
-                let ty = other.map_or_else(|| format!("oid {}", column.type_oid), |t| t.to_string());
-                return Err(refuse(table, flag, name, format!("its type {ty} is not one whose Debezium encoding the relay reproduces (text, varchar, char, uuid, json, jsonb, smallint, integer, bigint, boolean, bytea)")));
+                let ty =
+                    other.map_or_else(|| format!("oid {}", column.type_oid), |t| t.to_string());
+                return Err(refuse(
+                    table,
+                    flag,
+                    name,
+                    format!(
+                        "its type {ty} is not one whose Debezium encoding the relay reproduces (text, varchar, char, uuid, json, jsonb, smallint, integer, bigint, boolean, bytea)"
+                    ),
+                ));
             }
         };
         let (kind, logical) = match ty {
@@ -307,18 +315,37 @@ impl ConnectPlan {
         let table = format!("{}.{}", relation.namespace, relation.name);
         if config.reads_catalog() && facts.is_empty() {
             let why = "the catalog's NOT NULL and DEFAULT of its columns were not read";
-            return Err(refuse(&table, "--key-converter/--value-converter", "json", why));
+            return Err(refuse(
+                &table,
+                "--key-converter/--value-converter",
+                "json",
+                why,
+            ));
         }
         let col = |flag, name: &str| Col::bind(relation, &table, facts, flag, name);
         let string = |col: Col, flag: &str, name: &str| match col.schema.kind {
             Kind::String => Ok(col),
-            _ => Err(refuse(&table, flag, name, "Debezium reads it as a string and stops on any other type")),
+            _ => Err(refuse(
+                &table,
+                flag,
+                name,
+                "Debezium reads it as a string and stops on any other type",
+            )),
         };
         let int32 = |col: Col, flag: &str, name: &str| match col.ty {
             ColType::Int32 => Ok(col),
-            _ => Err(refuse(&table, flag, name, "Debezium reads it as an int32 (integer) and stops on any other type")),
+            _ => Err(refuse(
+                &table,
+                flag,
+                name,
+                "Debezium reads it as an int32 (integer) and stops on any other type",
+            )),
         };
-        let route = string(col("--route-by", columns.route)?, "--route-by", columns.route)?;
+        let route = string(
+            col("--route-by", columns.route)?,
+            "--route-by",
+            columns.route,
+        )?;
         let key = col("--key-column", columns.key)?;
         let id = col("--id-column", columns.id)?;
         let payload = col("--payload-column", columns.payload)?;
@@ -327,7 +354,12 @@ impl ConnectPlan {
             (config.value, &payload, "--value-converter", columns.payload),
         ] {
             if converter == Converter::Bytearray && col.ty != ColType::Bytea {
-                return Err(refuse(&table, flag, name, "ByteArrayConverter takes only bytea; Debezium stops at the first event"));
+                return Err(refuse(
+                    &table,
+                    flag,
+                    name,
+                    "ByteArrayConverter takes only bytea; Debezium stops at the first event",
+                ));
             }
         }
         let mut headers = Vec::new();
@@ -335,9 +367,16 @@ impl ConnectPlan {
             let c = col("--header-column", &h.column)?;
             headers.push((c, h.column.clone(), Arc::from(h.header.as_str())));
         }
-        for (c, name) in std::iter::once((&id, columns.id)).chain(headers.iter().map(|(c, n, _)| (c, n.as_str()))) {
+        for (c, name) in std::iter::once((&id, columns.id))
+            .chain(headers.iter().map(|(c, n, _)| (c, n.as_str())))
+        {
             if c.ty == ColType::Bytea {
-                return Err(refuse(&table, "header", name, "SimpleHeaderConverter's text for bytes is not reproduced"));
+                return Err(refuse(
+                    &table,
+                    "header",
+                    name,
+                    "SimpleHeaderConverter's text for bytes is not reproduced",
+                ));
             }
         }
         let mut envelope = Vec::new();
@@ -345,22 +384,41 @@ impl ConnectPlan {
             envelope.push((col("--envelope-column", &e.column)?, e.header.clone()));
         }
         if !envelope.is_empty() && !config.value.reads_catalog() {
-            return Err(refuse(&table, "--envelope-column", &config.envelope[0].column, "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop"));
+            return Err(refuse(
+                &table,
+                "--envelope-column",
+                &config.envelope[0].column,
+                "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop",
+            ));
         }
         if config.expand_json_payload && !config.value.reads_catalog() {
-            return Err(refuse(&table, "--expand-json-payload", "", "expanded payloads are structs, written only by JsonConverter"));
+            return Err(refuse(
+                &table,
+                "--expand-json-payload",
+                "",
+                "expanded payloads are structs, written only by JsonConverter",
+            ));
         }
         let partition = (config.partition_column.as_deref())
             .map(|name| int32(col("--partition-column", name)?, "--partition-column", name))
             .transpose()?;
         let version = (config.schema_version_column.as_deref())
-            .map(|name| int32(col("--schema-version-column", name)?, "--schema-version-column", name))
+            .map(|name| {
+                int32(
+                    col("--schema-version-column", name)?,
+                    "--schema-version-column",
+                    name,
+                )
+            })
             .transpose()?;
         // Debezium traces only rows of tables that have the column.
         let trace = (config.trace_column.as_deref()).and_then(|name| relation.column_index(name));
         Ok(ConnectPlan {
             config: config.clone(),
-            record_name: format!("{}.{}.{}", config.topic_prefix, relation.namespace, relation.name),
+            record_name: format!(
+                "{}.{}.{}",
+                config.topic_prefix, relation.namespace, relation.name
+            ),
             route,
             key,
             id,
@@ -395,12 +453,18 @@ impl ConnectPlan {
         let mut leading = Vec::new();
         if let Some(run_id) = &self.config.context_headers {
             for (name, value) in [
-                ("__debezium.context.connectorLogicalName", self.config.topic_prefix.as_str()),
+                (
+                    "__debezium.context.connectorLogicalName",
+                    self.config.topic_prefix.as_str(),
+                ),
                 ("__debezium.context.taskId", "0"),
                 ("__debezium.context.connectorName", CONNECTOR_NAME),
                 ("__debezium.context.runId", run_id),
             ] {
-                leading.push((Arc::from(name), Some(Bytes::copy_from_slice(value.as_bytes()))));
+                leading.push((
+                    Arc::from(name),
+                    Some(Bytes::copy_from_slice(value.as_bytes())),
+                ));
             }
         }
         if let Some(Value::Text(context)) = self.trace.and_then(|i| row.0.get(i)) {
@@ -492,7 +556,12 @@ impl ConnectPlan {
             Some(_) => CacheKey::Version(version),
             None => CacheKey::Payload(fields.first().map(|(_, s)| s.clone())),
         };
-        let mut cache = self.config.schema_cache.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cache = self
+            .config
+            .schema_cache
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let Some(cached) = cache.get(&key) else {
             if cache.len() < SCHEMA_CACHE_CAPACITY {
                 cache.insert(key, built.clone());
@@ -504,10 +573,13 @@ impl ConnectPlan {
             return Ok(cached.clone());
         };
         let fits = fields.len() == cached_fields.len()
-            && fields.iter().zip(cached_fields).all(|((_, now), (_, then))| match (&now.kind, &then.kind) {
-                (Kind::Struct(_) | Kind::Array(_), _) => now == then,
-                (now, then) => now == then,
-            });
+            && fields
+                .iter()
+                .zip(cached_fields)
+                .all(|((_, now), (_, then))| match (&now.kind, &then.kind) {
+                    (Kind::Struct(_) | Kind::Array(_), _) => now == then,
+                    (now, then) => now == then,
+                });
         if !fits {
             let reason = "its value does not fit the envelope schema Debezium cached from an earlier event with the same schema version".into();
             return Err(EventError::DebeziumStops { reason });
@@ -566,18 +638,32 @@ fn trace_headers(context: &[u8]) -> Vec<(Arc<str>, Option<Bytes>)> {
     };
     let parent = properties.get("traceparent").and_then(|p| {
         let parts: Vec<&str> = p.split('-').collect();
-        let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        let hex = |s: &str, n: usize| {
+            s.len() == n
+                && s.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        };
         match parts[..] {
             [version, trace, span, flags]
-                if version == "00" && hex(trace, 32) && hex(span, 16) && hex(flags, 2)
-                    && trace.bytes().any(|b| b != b'0') && span.bytes().any(|b| b != b'0') =>
+                if version == "00"
+                    && hex(trace, 32)
+                    && hex(span, 16)
+                    && hex(flags, 2)
+                    && trace.bytes().any(|b| b != b'0')
+                    && span.bytes().any(|b| b != b'0') =>
             {
-                Some((trace.to_owned(), u8::from_str_radix(flags, 16).unwrap_or(0) & 1))
+                Some((
+                    trace.to_owned(),
+                    u8::from_str_radix(flags, 16).unwrap_or(0) & 1,
+                ))
             }
             _ => None,
         }
     });
-    let state = parent.as_ref().and(properties.get("tracestate")).filter(|s| !s.is_empty());
+    let state = parent
+        .as_ref()
+        .and(properties.get("tracestate"))
+        .filter(|s| !s.is_empty());
     let (trace, sampled) = parent.clone().unwrap_or_else(|| (random(16), 1));
     let traceparent = format!("00-{trace}-{}-{sampled:02x}", random(8));
     let mut headers = vec![(Arc::from("traceparent"), Some(Bytes::from(traceparent)))];
