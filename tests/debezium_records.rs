@@ -379,3 +379,147 @@ async fn a_top_level_array_stops_expansion_as_it_stopped_debezium() {
 async fn bytearray_converter_on_text_columns_is_refused() {
     stops_like_debezium("bytearray-text-columns", "ByteArrayConverter").await;
 }
+
+/// Writes `records` to the broker as Debezium's Connect worker did: same topic, partition,
+/// key, value and headers (a null-key record's partition was random: any will do).
+fn produce_as_debezium(broker: &Broker, records: &[Record]) {
+    use rdkafka::ClientConfig;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    for r in records {
+        let mut headers = OwnedHeaders::new();
+        for (key, value) in &r.headers {
+            headers = headers.insert(Header {
+                key,
+                value: value.as_deref(),
+            });
+        }
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&r.topic).headers(headers);
+        record.key = r.key.as_deref();
+        record.payload = r.value.as_deref();
+        record.partition = Some(r.partition.unwrap_or(0));
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Debezium relayed the rows above `-- cutover` in `outbox.sql` (its fixture records are
+/// produced as it produced them, and the slot confirmed past them, as Debezium confirms);
+/// then the relay takes over the same slot and topics with the imported config. Every key's
+/// records, Debezium's and the relay's, are on one partition, in the order they were written.
+#[tokio::test(flavor = "current_thread")]
+async fn a_cutover_from_debezium_keeps_each_key_on_its_partition_in_order() {
+    let fixture = fixture("json-schemas");
+    let rows = sql().1;
+    let (before, after) = rows.split_once("-- cutover").unwrap();
+    let pg = prepared(&fixture, before).await;
+    let count = "SELECT (SELECT count(*) FROM public.outbox) + (SELECT count(*) FROM public.outbox_text) + (SELECT count(*) FROM public.outbox_bytes)";
+    let debeziums: usize = pg.execute(count).await[0][0]
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
+    for topic in &topics {
+        broker.create_topic(topic, PARTITIONS);
+    }
+    produce_as_debezium(&broker, &fixture.records[..debeziums]);
+    let slot = &fixture.connector["slot.name"];
+    pg.execute(&format!(
+        "SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())"
+    ))
+    .await;
+    pg.execute(after).await;
+
+    // The relay creates no topic: they exist, with Debezium's records in them.
+    let mut connector = fixture.connector.clone();
+    connector.insert("database.port".into(), pg.port().to_string());
+    connector.insert("database.password".into(), PgCluster::PASSWORD.into());
+    connector.insert("publication.name".into(), "fixtures".into());
+    let file = dir.path().join("connector.json");
+    let config = serde_json::json!({ "name": fixture.name, "config": connector });
+    std::fs::write(&file, config.to_string()).unwrap();
+    let mut relay = Relay::spawn_raw(&[
+        "--debezium-config",
+        file.to_str().unwrap(),
+        "--kafka-brokers",
+        &broker.bootstrap(),
+    ]);
+    let got = read_back(&broker, &fixture.records, &relay);
+    relay.stop();
+
+    let relays: Vec<Consumed> = got
+        .iter()
+        .filter(|g| {
+            g.header("__debezium.context.runId")
+                != fixture.records[0]
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == "__debezium.context.runId")
+                    .and_then(|(_, v)| v.as_ref())
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+        .cloned()
+        .collect();
+    assert_eq!(
+        relays.len(),
+        fixture.records.len() - debeziums,
+        "the relay relayed only what Debezium had not"
+    );
+    assert_identical(
+        "json-schemas after the cutover",
+        &fixture.records[debeziums..],
+        &relays,
+    );
+    let mut partitions: BTreeMap<Vec<u8>, BTreeSet<i32>> = BTreeMap::new();
+    for record in &got {
+        let key = record.key.clone().unwrap();
+        partitions.entry(key).or_default().insert(record.partition);
+    }
+    let moved: Vec<_> = partitions
+        .iter()
+        .filter(|(_, p)| p.len() > 1)
+        .map(|(k, p)| (String::from_utf8_lossy(k), p))
+        .collect();
+    assert!(
+        moved.is_empty(),
+        "keys on more than one partition: {moved:?}"
+    );
+    let keys_on_both_sides = fixture.records[..debeziums]
+        .iter()
+        .filter(|d| fixture.records[debeziums..].iter().any(|r| r.key == d.key))
+        .count();
+    assert!(
+        keys_on_both_sides >= 24,
+        "the cutover is tested on keys written before and after it"
+    );
+    // In each partition, Debezium's records then the relay's, in the order they were written.
+    assert_identical_order(&fixture.records, &got);
+}
+
+/// Each (topic, partition) holds its records in `expected`'s order.
+fn assert_identical_order(expected: &[Record], got: &[Consumed]) {
+    let position: BTreeMap<String, usize> = expected
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id(), i))
+        .collect();
+    let mut last: BTreeMap<(String, i32), usize> = BTreeMap::new();
+    for record in got {
+        let at = position[&record.id()];
+        let previous = last.insert((record.topic.clone(), record.partition), at);
+        assert!(
+            previous.is_none_or(|p| p < at),
+            "{} out of order in {}[{}]",
+            record.id(),
+            record.topic,
+            record.partition
+        );
+    }
+}
