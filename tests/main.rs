@@ -12,6 +12,7 @@ mod cloudevents;
 mod debezium_records;
 mod demo;
 mod deploy;
+mod docs;
 mod e2e;
 mod exactly_once;
 mod failover;

@@ -71,7 +71,7 @@ pub struct World {
     pub trace: Vec<String>,
     /// Largest record the schedule can produce (the byte cap's slack).
     pub largest: usize,
-    /// Events whose delivery failed at least once: the README's exceptions
+    /// Events whose delivery failed at least once: docs/guarantees.md's exceptions
     /// to exactly-once and to per-key order (a refused record sent again lands
     /// after later records of its partition).
     pub refused: BTreeSet<String>,
@@ -379,9 +379,9 @@ impl World {
 
 /// What one `recv` step yields.
 pub enum Step {
-    Event(pgwire_replication::ReplicationEvent),
+    Event(outbox_relay::source::SourceEvent),
     /// End of the WAL: a keepalive after a pause.
-    Idle(pgwire_replication::ReplicationEvent),
+    Idle(outbox_relay::source::SourceEvent),
     Wait(Duration),
     Break,
     Crash,

@@ -58,7 +58,7 @@ impl Delivered {
             return Ok(ids.contains(id));
         }
         let (reader, since) = (&self.reader, self.since_ms);
-        let ids = match sink.partition_count(topic).await {
+        let ids = match sink.fetch_partition_count(topic).await {
             Ok(partitions) => reader.event_ids_since(topic, partitions, since)?,
             // Not created yet: nothing was delivered to it.
             Err(e) if e.rdkafka_error_code() == Some(UnknownTopicOrPartition) => HashSet::new(),
@@ -167,7 +167,7 @@ fn delivered(delivery: Option<crate::sink::Delivery>) -> Result<u64, CommandErro
              at-least-once)",
             failure.record.id_text(),
             failure.record.topic,
-            failure.error
+            failure.refusal.source
         ))),
         None => Err(CommandError::Refused(
             "the producer stopped reporting deliveries".to_owned(),

@@ -1,13 +1,11 @@
 //! Prometheus metrics: every name and `# HELP` text in one table ([`ALL`], a contract
-//! with the README and `deploy/`), the recorder and the slot gauges. Until [`install`]
+//! with docs/observability.md and `deploy/`), the recorder and the slot gauges. Until [`install`]
 //! runs every call is a no-op, so unit tests and `--http-addr none` pay nothing.
 
 use std::sync::OnceLock;
 
 use ::metrics::gauge;
-use heck::ToSnakeCase;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use rdkafka::error::KafkaError;
 
 use super::health::{SlotObservation, WalStatus};
 
@@ -97,15 +95,6 @@ pub(super) fn builder() -> PrometheusBuilder {
     // Only an empty bucket list is refused, and ours is a non-empty constant.
     let builder = PrometheusBuilder::new().set_buckets_for_metric(matcher, COMMIT_TO_ACK_BUCKETS);
     builder.unwrap_or_else(|_| PrometheusBuilder::new())
-}
-
-/// [`DELIVERY_ERRORS_TOTAL`]'s bounded `kind` label: the librdkafka error code
-/// in snake case (`message_timed_out`), or `other`.
-pub(super) fn error_kind(error: &KafkaError) -> String {
-    match error.rdkafka_error_code() {
-        Some(code) => format!("{code:?}").to_snake_case(),
-        None => "other".to_owned(),
-    }
 }
 
 /// What the slot poller saw. A missing slot sets every `wal_status` gauge to
@@ -205,16 +194,6 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
         }
-    }
-
-    #[test]
-    fn error_kinds_are_snake_case_codes() {
-        use rdkafka::types::RDKafkaErrorCode;
-        let e = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
-        assert_eq!(error_kind(&e), "message_timed_out");
-        let e = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
-        assert_eq!(error_kind(&e), "topic_authorization_failed");
-        assert_eq!(error_kind(&KafkaError::Canceled), "other");
     }
 
     #[test]

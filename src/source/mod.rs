@@ -4,6 +4,7 @@
 //! slot, and only the pipeline calls it, with the ack frontier.
 
 pub mod cleanup;
+mod event;
 pub mod heartbeat;
 pub mod lineage;
 pub mod setup;
@@ -14,9 +15,10 @@ mod tls;
 use std::future::Future;
 use std::time::Duration;
 
-use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig};
 use tokio_postgres::Client;
 
+pub use event::SourceEvent;
 pub use tls::TlsError;
 
 use crate::config::Config;
@@ -368,7 +370,7 @@ pub trait Stream: Send {
     /// The server and timeline it runs on.
     fn server(&self) -> &ServerId;
     /// The next event; a transient break has [`Recovery::Reconnect`].
-    fn recv(&mut self) -> impl Future<Output = Result<ReplicationEvent, SourceError>> + Send;
+    fn recv(&mut self) -> impl Future<Output = Result<SourceEvent, SourceError>> + Send;
     /// Confirms `lsn` to Postgres: the only way a position reaches it.
     fn ack(&self, lsn: Lsn);
     /// Ends the session once `wait_for` has been reported (or `timeout` ran out).
@@ -603,12 +605,14 @@ impl Stream for ReplicationStream {
         &self.server
     }
 
-    async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+    async fn recv(&mut self) -> Result<SourceEvent, SourceError> {
+        let ended = || SourceError::StreamEnded {
+            slot: self.slot.clone(),
+        };
         match self.client.recv().await {
-            Ok(Some(event)) => Ok(event),
-            Ok(None) => Err(SourceError::StreamEnded {
-                slot: self.slot.clone(),
-            }),
+            // `StoppedAt` ends the stream.
+            Ok(Some(event)) => SourceEvent::from_driver(event).ok_or_else(ended),
+            Ok(None) => Err(ended()),
             Err(source) => Err(stream_err(&self.slot)(source)),
         }
     }
