@@ -23,8 +23,8 @@ pub struct FormatArgs {
     )]
     pub value_converter: Converter,
     /// Debezium's topic.prefix: the context headers' logical name and envelope schema names.
-    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_TOPIC_PREFIX", default_value = "")]
-    pub debezium_topic_prefix: String,
+    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_TOPIC_PREFIX")]
+    pub debezium_topic_prefix: Option<String>,
     /// Add Debezium's __debezium.context.* headers (extended.headers.enabled) before `id`.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONTEXT_HEADERS", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
     pub debezium_context_headers: bool,
@@ -91,7 +91,11 @@ impl FormatArgs {
             let reason = "Debezium's record format applies to outbox tables only; relay messages with another relay";
             return Err(invalid("--message-prefix", "", reason));
         }
-        let prefix = self.debezium_topic_prefix.trim();
+        let prefix = self
+            .debezium_topic_prefix
+            .as_deref()
+            .unwrap_or_default()
+            .trim();
         if prefix.is_empty() && (self.debezium_context_headers || !self.envelope_columns.is_empty())
         {
             let reason = "required with --debezium-context-headers and --envelope-column (Debezium's topic.prefix)";
