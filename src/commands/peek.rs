@@ -20,14 +20,16 @@ use crate::source::setup::{self, query_err};
 /// The record as the demo's consumer would show it.
 fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
     let id = (ID_HEADER.to_owned(), text(Some(&record.id)));
-    let headers = record.headers.iter();
-    let headers = headers.map(|(name, value)| (name.to_string(), text(value.as_deref())));
+    let mut headers: Vec<_> = (record.headers.iter())
+        .map(|(name, value)| (name.to_string(), text(value.as_deref())))
+        .collect();
+    headers.insert(record.headers_before_id.min(headers.len()), id);
     let lsn = lsn.to_string();
     RecordLine {
         topic: &record.topic,
         position: Position::Wal { lsn },
         key: text(record.key.as_deref()),
-        headers: std::iter::once(id).chain(headers).collect(),
+        headers,
         value: text(record.payload.as_deref()),
         timestamp_ms: Some(record.timestamp_ms),
     }
