@@ -242,8 +242,16 @@ async fn check_table(
     config: &Config,
     table: &TableName,
 ) -> Result<bool, SourceError> {
-    let columns = relation(client, table).await?.columns;
-    for (flag, column) in config.mapping_for(table).required_columns() {
+    let relation = relation(client, table).await?;
+    let mapping = config.mapping_for(table);
+    if mapping.connect.is_some() {
+        // Debezium's format refuses column types and combinations before anything is sent.
+        let facts = column_facts(client, &table.quoted()).await?;
+        let bound = crate::outbox::TableMapping::bind_with(mapping, &relation, &facts);
+        bound.map_err(|e| SourceError::Misconfigured(e.to_string()))?;
+    }
+    let columns = relation.columns;
+    for (flag, column) in mapping.required_columns() {
         if !columns.iter().any(|c| c.name == column) {
             return Err(SourceError::Misconfigured(format!(
                 "outbox table {table} has no column {column:?} (named by {flag}); its columns \
