@@ -706,6 +706,44 @@ mod tests {
     }
 
     #[test]
+    fn debeziums_format_is_off_by_default_and_its_flags_name_what_they_need() {
+        assert!(cli(&[]).unwrap().mapping.connect.is_none());
+        let config = cli(&[
+            "--key-converter",
+            "json",
+            "--debezium-context-headers",
+            "--debezium-topic-prefix",
+            "app",
+        ])
+        .unwrap();
+        let connect = config.mapping.connect.unwrap();
+        assert_eq!(connect.key, crate::outbox::connect::Converter::Json);
+        assert!(connect.context_headers.is_some_and(|run| run.len() == 36));
+        for (needle, extra) in [
+            ("--value-converter", &["--expand-json-payload"][..]),
+            (
+                "--value-converter",
+                &["--tombstone-on-empty-payload", "true"],
+            ),
+            (
+                "--expand-json-payload",
+                &["--value-converter", "json", "--keep-json-payload-nulls"],
+            ),
+            (
+                "--debezium-topic-prefix",
+                &["--key-converter", "string", "--debezium-context-headers"],
+            ),
+            (
+                "--message-prefix",
+                &["--key-converter", "string", "--message-prefix", "m"],
+            ),
+        ] {
+            let err = rejected(extra);
+            assert!(err.contains(needle), "{extra:?}: {err}");
+        }
+    }
+
+    #[test]
     fn zero_intervals_and_tiny_caps_are_refused_while_parsing() {
         for (flag, value) in [
             ("--status-interval", "0s"),
