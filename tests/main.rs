@@ -10,6 +10,7 @@ mod support;
 mod backfill;
 mod cleanup;
 mod cloudevents;
+mod debezium_records;
 mod demo;
 mod deploy;
 mod docs;

@@ -113,7 +113,8 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
     let (quoted, mut skipped) = (quote_ident(&args.column), 0u64);
     for table in &config.tables {
         let relation = setup::relation(&client, table).await?;
-        let mapping = TableMapping::bind(config.mapping_for(table), &relation)
+        let facts = setup::column_facts(&client, &table.quoted()).await?;
+        let mapping = TableMapping::bind_with(config.mapping_for(table), &relation, &facts)
             .map_err(|e| CommandError::Refused(e.to_string()))?;
         if !relation.columns.iter().any(|c| c.name == args.column) {
             return Err(CommandError::Refused(format!(

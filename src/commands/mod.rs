@@ -106,7 +106,9 @@ pub fn run(cli: &Cli) -> ExitCode {
         Some(Command::Peek(args)) => connected(cli, async |c| peek::run(c, args).await),
         Some(Command::Backfill(args)) => connected(cli, async |c| backfill::run(c, args).await),
         Some(Command::Demo(args)) => demo::run(cli, args),
-        Some(Command::DebeziumConfig(args)) => debezium::run(args),
+        Some(Command::DebeziumConfig(args)) => {
+            debezium::run(args, cli.debezium_worker_config.as_deref())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

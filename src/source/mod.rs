@@ -26,6 +26,7 @@ use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
 use crate::outbox::TableName;
+use crate::outbox::connect::ColumnFacts;
 
 /// The walsender's settings, so values arrive in one text form (ISO, UTC).
 const SESSION_OPTIONS: &str =
@@ -164,6 +165,15 @@ pub enum SourceError {
         #[source]
         source: Box<SourceError>,
     },
+    /// An outbox table's NOT NULL and DEFAULT could not be read mid-stream: the stream restarts.
+    #[error("cannot read the columns of relation OID {relation_id}: {source}")]
+    ColumnLookup {
+        /// OID of the table.
+        relation_id: u32,
+        /// The lookup's error.
+        #[source]
+        source: Box<SourceError>,
+    },
 }
 
 /// How the relay should react to a [`SourceError`].
@@ -198,7 +208,8 @@ impl SourceError {
             SourceError::StartTimeout { .. }
             | SourceError::StreamEnded { .. }
             | SourceError::NoSuitableHost { .. }
-            | SourceError::PartitionLookup { .. } => Recovery::Reconnect,
+            | SourceError::PartitionLookup { .. }
+            | SourceError::ColumnLookup { .. } => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
     }
@@ -347,6 +358,16 @@ pub trait Source: Send {
         relation_id: u32,
     ) -> impl Future<Output = Result<Option<TableName>, SourceError>> + Send;
 
+    /// The `NOT NULL` and `DEFAULT` of table `relation_id`'s columns, which Debezium's JSON
+    /// formats write (asked for only then; a source without a catalog has none).
+    fn column_facts(
+        &mut self,
+        relation_id: u32,
+    ) -> impl Future<Output = Result<Vec<ColumnFacts>, SourceError>> + Send {
+        let _ = relation_id;
+        async { Ok(Vec::new()) }
+    }
+
     /// Whether positions decoded so far may be confirmed: `Ok(false)` when the
     /// publication could not be checked, `Err` when it changed (rows were skipped).
     fn check_publication(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send;
@@ -452,6 +473,18 @@ impl Source for PgSource {
             schema: r.get(0),
             name: r.get(1),
         }))
+    }
+
+    async fn column_facts(&mut self, relation_id: u32) -> Result<Vec<ColumnFacts>, SourceError> {
+        let client = control(&mut self.control, &self.config).await;
+        let facts = match client {
+            Ok(client) => setup::column_facts(client, &relation_id.to_string()).await,
+            Err(e) => Err(e),
+        };
+        facts.map_err(|e| SourceError::ColumnLookup {
+            relation_id,
+            source: Box::new(e),
+        })
     }
 
     async fn check_publication(&mut self) -> Result<bool, SourceError> {
