@@ -127,7 +127,7 @@ async fn pass(
                 let lsn = commit_lsn;
                 let bind = |source| RelayError::Bind { lsn, source };
                 let facts = match mapper.reads_catalog(&relation, None) {
-                    true => setup::column_facts(&client, &relation.id.to_string()).await?,
+                    true => setup::column_facts(client, &relation.id.to_string()).await?,
                     false => Vec::new(),
                 };
                 mapper.relation(relation, None, &facts).map_err(bind)?;
