@@ -7,6 +7,7 @@
 
 mod support;
 
+mod backfill;
 mod cleanup;
 mod cloudevents;
 mod debezium_records;
@@ -18,6 +19,7 @@ mod exactly_once;
 mod failover;
 mod failures;
 mod harness;
+mod lineage;
 mod ops;
 mod partitions;
 mod peek;

@@ -47,6 +47,20 @@ pub enum CommandError {
         #[source]
         source: std::io::Error,
     },
+    /// `backfill`: a row that cannot be delivered, under `--on-poison fail`.
+    #[error(
+        "event id {id:?} from {} cannot be delivered: {}; the rows after it were not \
+         re-published. Fix the row or the mapping flags, or divert such events with \
+         --on-poison dead-letter --dead-letter-topic TOPIC, then rerun the backfill (it is \
+         at-least-once)",
+        .info.table, .info.error
+    )]
+    Poison {
+        /// Empty when NULL.
+        id: String,
+        /// Where the row came from and why it failed.
+        info: crate::outbox::DeadLetterInfo,
+    },
     /// The relay (or `peek`, decoding and mapping as it does) stopped with an error.
     #[error(transparent)]
     Relay(#[from] RelayError),
@@ -72,6 +86,7 @@ impl CommandError {
             CommandError::Relay(e) => e.exit_code(),
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
             CommandError::Sink(_) | CommandError::Tail(_) => exit_code::KAFKA,
+            CommandError::Poison { .. } => exit_code::POISON,
             CommandError::Demo(_) | CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }
     }

@@ -7,6 +7,7 @@ use std::io::Write;
 use super::CommandError;
 use crate::config::{Cli, Config, RelayFlags};
 use crate::outbox::TableName;
+use crate::sink::lineage;
 use crate::source::{setup, sql};
 
 /// `setup --print`: needs only the flags, no connection.
@@ -16,9 +17,10 @@ pub(super) fn print(cli: &Cli) -> Result<(), CommandError> {
     Ok(())
 }
 
-/// The SQL `setup` would run, as a script.
+/// The SQL `setup` would run, as a script, and the Kafka commands the lineage topic needs.
 fn script(flags: &RelayFlags, tables: &[TableName]) -> String {
     let names: Vec<String> = tables.iter().map(ToString::to_string).collect();
+    let [create_topic, acls] = lineage::topic_commands(&flags.lineage_topic);
     format!(
         "-- outbox-relay setup: publication {publication:?} for {tables}, slot {slot:?}.\n\
          -- Run as a role with REPLICATION (or superuser) in the outbox database;\n\
@@ -31,15 +33,18 @@ fn script(flags: &RelayFlags, tables: &[TableName]) -> String {
          -- before the relay first starts (or let the relay create it).\n\
          {create_slot};\n\
          \n\
-         -- Records that the relay streams from this slot, so that after a failover to a\n\
-         -- server without it the relay stops instead of starting over from \"now\".\n\
-         {create_record};\n",
+         -- Kafka: the relay records the slots it streams from in the lineage topic\n\
+         -- (--lineage-topic), so that after a failover to a server without the slot it\n\
+         -- stops (exit 7) instead of starting over from \"now\". It does not stream\n\
+         -- until the record is written. Compacted, one partition; the relay's principal\n\
+         -- (with the relay's -X security settings) reads and writes it:\n\
+         --   {create_topic}\n\
+         --   {acls}\n",
         publication = flags.publication,
         slot = flags.slot,
         tables = names.join(", "),
         create_publication = sql::create_publication(&flags.publication, tables),
         create_slot = sql::create_slot(&flags.slot, false),
-        create_record = crate::source::lineage::CREATE_TABLE,
     )
 }
 
@@ -93,5 +98,8 @@ mod tests {
             script.contains(&format!("{};\n", sql::create_slot("s", false))),
             "{script}"
         );
+        let topic =
+            "--create --topic outbox-relay.lineage --partitions 1 --config cleanup.policy=compact";
+        assert!(script.contains(topic), "{script}");
     }
 }

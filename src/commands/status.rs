@@ -10,12 +10,12 @@ use tokio_postgres::Client;
 use super::{CommandError, human_bytes};
 use crate::config::{Config, StatusArgs};
 use crate::observability::health::{
-    ReadinessThresholds, SlotObservation, SlotStatus, idle_timeout_warning,
+    ReadinessThresholds, SlotObservation, SlotStatus, failover_unready, idle_timeout_warning,
     slot_invalidated_remedy, slot_warnings,
 };
 use crate::source::SourceError;
 use crate::source::setup::{self, query_err};
-use crate::source::slot_monitor;
+use crate::source::{failover, slot_monitor};
 
 /// Everything `status` reports; the field names are `--json`'s contract.
 #[derive(Debug, Serialize)]
@@ -89,6 +89,9 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
         settings: settings.iter().map(|r| (r.get(0), r.get(1))).collect(),
         warnings: Vec::new(),
     };
+    if let Some(slot) = status.slot.status.as_mut() {
+        failover::probe(slot, config).await;
+    }
     status.warnings = warnings(&status, &config.flags.observability.readiness);
     let output = match args.json {
         true => serde_json::to_string_pretty(&status).map_err(std::io::Error::other)? + "\n",
@@ -199,12 +202,13 @@ fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
     if !slot.exists {
         out.push(format!(
             "slot {:?} does not exist: the relay creates it on its first start (or run outbox-relay \
-             setup); where public.outbox_relay_slots shows it streamed before, it refuses: see \
+             setup); where the lineage topic shows it streamed before, it refuses (exit 7): see \
              docs/operations.md#failover",
             slot.name
         ));
     } else if let Some(status) = &slot.status {
         out.extend(status.invalidated().map(|r| slot_invalidated_remedy(&r)));
+        out.extend(failover_unready(status));
         out.extend(slot_warnings(status, limits));
         out.extend(idle_timeout_warning(status.idle_timeout_secs.unwrap_or(0)));
     }

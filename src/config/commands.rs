@@ -204,12 +204,18 @@ mod tests {
     }
 
     #[test]
-    fn kafka_brokers_are_required_only_to_run_the_relay() {
+    fn kafka_brokers_are_required_by_the_commands_that_use_kafka() {
         let url = "postgres://u@127.0.0.1/db";
-        let err = Config::from_cli(&parse(&["--postgres-url", url]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("--kafka-brokers"), "{err}");
+        for command in [
+            &[][..],
+            &["setup"],
+            &["drop-slot"],
+            &["backfill", "--since", "x"],
+        ] {
+            let args = [command, &["--postgres-url", url]].concat();
+            let err = Config::from_cli(&parse(&args)).unwrap_err().to_string();
+            assert!(err.contains("--kafka-brokers"), "{command:?}: {err}");
+        }
         let config = Config::from_cli(&parse(&["status", "--postgres-url", url])).unwrap();
         assert_eq!(config.kafka_brokers, "");
         let err = Config::from_cli(&parse(&["status"]))

@@ -135,6 +135,9 @@ pub struct RelayFlags {
     /// Create the slot even where this relay streamed before (then `backfill` what it missed).
     #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
     pub allow_new_slot: bool,
+    /// Kafka topic recording which slots the relay created, so a lost slot is refused (compacted).
+    #[arg(long, env = "OUTBOX_RELAY_LINEAGE_TOPIC", default_value = "outbox-relay.lineage", value_parser = topic_name)]
+    pub lineage_topic: String,
     /// Publication to stream (created FOR TABLE the outbox tables, inserts only, if missing).
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay", value_parser = publication_name)]
     pub publication: String,
@@ -407,8 +410,14 @@ impl Config {
             postgres.password = Some(read_password_file(path)?);
         }
         let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
-        if kafka_brokers.is_empty() && cli.command.is_none() {
-            let reason = "give at least one host:port";
+        // `setup` and `drop-slot` record the slot in the lineage topic.
+        let uses_kafka = matches!(
+            cli.command,
+            None | Some(Command::Setup(_) | Command::DropSlot(_) | Command::Backfill(_))
+        );
+        if kafka_brokers.is_empty() && uses_kafka {
+            let reason = "give at least one host:port (the relay, setup, drop-slot and backfill \
+                          use Kafka: setup and drop-slot record the slot in --lineage-topic)";
             return Err(invalid("--kafka-brokers", "", reason));
         }
         let flags = cli.flags.clone();

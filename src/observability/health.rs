@@ -71,6 +71,12 @@ pub struct SlotStatus {
     pub inactive_since: Option<String>,
     /// `idle_replication_slot_timeout` in seconds (PostgreSQL 18+; 0 is off).
     pub idle_timeout_secs: Option<u64>,
+    /// For a failover slot: whether every standby `--postgres-url` names holds a persistent
+    /// synchronized copy (`None`: not a failover slot, or no standby named).
+    pub failover_ready: Option<bool>,
+    /// What each standby lacks while not ready (`host:port: ...`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failover_lacking: Vec<String>,
 }
 
 impl SlotStatus {
@@ -122,7 +128,7 @@ pub struct Readiness {
 
 /// How to recover from a slot that cannot stream.
 const RECREATE: &str = "Drop the slot (outbox-relay drop-slot --yes-i-know), start the relay \
-    with --allow-new-slot, and re-publish events committed since the last confirmed position \
+    (it creates a fresh slot), and re-publish events committed since the last confirmed position \
     (`outbox-relay backfill --since TIMESTAMP`)";
 
 /// PURE: the readiness rules.
@@ -173,6 +179,7 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
             } else if slot.wal_status == WalStatus::Lost {
                 reasons.push(slot_lost());
             }
+            reasons.extend(failover_unready(slot));
             warnings = slot_warnings(slot, limits);
             warnings.extend(idle_timeout_warning(slot.idle_timeout_secs.unwrap_or(0)));
         }
@@ -217,6 +224,20 @@ pub fn slot_invalidated_remedy(reason: &str) -> String {
         other => format!("invalidation_reason {other}"),
     };
     format!("the slot is invalidated ({reason}) and cannot stream. Cause: {cause}. {RECREATE}")
+}
+
+/// PURE: why a failover slot is not ready for a promotion yet, while it is not.
+pub fn failover_unready(slot: &SlotStatus) -> Option<String> {
+    (slot.failover_ready == Some(false)).then(|| {
+        format!(
+            "the failover slot is not ready on every standby ({}): a promotion now would lose it. \
+             A standby's copy becomes usable once persistent (synced and not temporary in its \
+             pg_replication_slots), seconds after the relay created or marked the slot; if it \
+             stays not ready, check sync_replication_slots = on, hot_standby_feedback = on and \
+             dbname in primary_conninfo on the standby",
+            slot.failover_lacking.join("; ")
+        )
+    })
 }
 
 /// PURE: warnings about the slot's WAL retention and failover, each with the remedy.
@@ -418,6 +439,33 @@ mod tests {
                 r.reasons[0].contains(&format!("invalidated ({named})")),
                 "{r:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_failover_slot_without_a_persistent_standby_copy_is_not_ready() {
+        let mut state = good();
+        let SlotObservation::Seen(slot) = &mut state.slot else {
+            unreachable!()
+        };
+        slot.failover_ready = Some(false);
+        slot.failover_lacking = vec!["127.0.0.1:5433: no synchronized copy yet".into()];
+        let r = evaluate(&state, &ReadinessThresholds::default());
+        assert!(!r.ready);
+        assert!(
+            r.reasons[0].contains("127.0.0.1:5433: no synchronized copy yet"),
+            "{r:?}"
+        );
+        assert!(
+            r.reasons[0].contains("sync_replication_slots = on"),
+            "{r:?}"
+        );
+        for ready in [Some(true), None] {
+            let SlotObservation::Seen(slot) = &mut state.slot else {
+                unreachable!()
+            };
+            slot.failover_ready = ready;
+            assert!(evaluate(&state, &ReadinessThresholds::default()).ready);
         }
     }
 

@@ -56,6 +56,8 @@ metrics! {
         "Outbox rows deleted by --cleanup delete after the broker acknowledged their events.";
     describe_gauge SLOT_FAILOVER = "outbox_relay_slot_failover",
         "1 when the slot is marked for failover (PostgreSQL 17+), else 0.";
+    describe_gauge SLOT_FAILOVER_READY = "outbox_relay_slot_failover_ready",
+        "1 when every standby --postgres-url names holds a persistent synchronized copy of the failover slot, else 0.";
     describe_gauge SYNCHRONIZED_STANDBY_SLOTS_SET = "outbox_relay_synchronized_standby_slots_set",
         "1 when synchronized_standby_slots is set on the server (PostgreSQL 17+), else 0.";
     describe_gauge BUILD_INFO = "outbox_relay_build_info",
@@ -116,6 +118,9 @@ pub fn set_slot(observation: &SlotObservation) {
     // NaN: unlimited (`max_slot_wal_keep_size = -1`).
     gauge!(SLOT_SAFE_WAL_SIZE_BYTES).set(slot.safe_wal_size_bytes.map_or(f64::NAN, |s| s as f64));
     gauge!(SLOT_FAILOVER).set(f64::from(slot.failover == Some(true)));
+    if let Some(ready) = slot.failover_ready {
+        gauge!(SLOT_FAILOVER_READY).set(f64::from(ready));
+    }
     let standby_slots = slot.synchronized_standby_slots_set == Some(true);
     gauge!(SYNCHRONIZED_STANDBY_SLOTS_SET).set(f64::from(standby_slots));
     gauge!(SLOT_INVALIDATED).set(f64::from(slot.invalidated().is_some()));
@@ -171,6 +176,7 @@ mod tests {
                     safe_wal_size_bytes: Some(4096),
                     failover: Some(true),
                     synchronized_standby_slots_set: Some(false),
+                    failover_ready: Some(false),
                     ..Default::default()
                 },
             ));
@@ -186,6 +192,7 @@ mod tests {
             "outbox_relay_slot_wal_status{wal_status=\"reserved\"} 0",
             "outbox_relay_slot_safe_wal_size_bytes 4096",
             "outbox_relay_slot_failover 1",
+            "outbox_relay_slot_failover_ready 0",
             "outbox_relay_synchronized_standby_slots_set 0",
             "outbox_relay_dead_lettered_total 1",
             "outbox_relay_reconnects_total 1",

@@ -190,6 +190,7 @@ impl RelayError {
                 exit_code::CONFIG
             }
             E::Source(SourceError::SlotLost { .. }) | E::SlotDropped { .. } => exit_code::SLOT_LOST,
+            E::Source(SourceError::Lineage(_)) => exit_code::KAFKA,
             E::Source(_) | E::Decode { .. } => exit_code::POSTGRES,
             E::Sink { .. } | E::Delivery { .. } | E::ExactlyOnce { .. } => exit_code::KAFKA,
             E::Bind { .. } | E::Poison { .. } => exit_code::POISON,

@@ -7,6 +7,7 @@
 //! one per batch ([`Sink::send_alone`]): only a record refused alone is poison.
 
 pub mod exactly_once;
+pub mod lineage;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};

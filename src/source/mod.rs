@@ -5,6 +5,7 @@
 
 pub mod cleanup;
 mod event;
+pub mod failover;
 pub mod heartbeat;
 pub mod lineage;
 pub mod setup;
@@ -94,20 +95,24 @@ pub enum SourceError {
     /// The slot is missing where this relay streamed from it before.
     #[error(
         "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
-         before (recorded in public.outbox_relay_slots at {created_at}): a standby promoted \
-         without it (PostgreSQL 16 or older, or no --slot-failover), a dropped slot, or a \
-         standby of that server. A new slot would skip the events committed since the last \
-         acknowledgement: start the relay once with --allow-new-slot, then run `outbox-relay \
-         backfill --since TIMESTAMP` with a time before the change (consumers may see duplicates)"
+         before ({recorded}): a standby promoted without it (PostgreSQL 16 or older, or no \
+         --slot-failover), a slot dropped other than by `outbox-relay drop-slot`, or a standby \
+         of that server. No slot was created: a new one would skip the events committed since \
+         the last acknowledgement. Start the relay once with --allow-new-slot, then run \
+         `outbox-relay backfill --since TIMESTAMP` with a time before the change (consumers may \
+         see duplicates)"
     )]
     SlotLost {
         /// The replication slot name.
         slot: String,
         /// The server's URL, password redacted.
         url: String,
-        /// When `public.outbox_relay_slots` recorded the slot, as Postgres prints it.
-        created_at: String,
+        /// Where and when the slot's creation was recorded.
+        recorded: String,
     },
+    /// The lineage topic cannot be read or written: the relay does not stream.
+    #[error(transparent)]
+    Lineage(#[from] crate::sink::lineage::LineageError),
     /// A query failed; `what` says what it was for.
     #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
     Query {
@@ -280,7 +285,20 @@ async fn command_session(config: &Config) -> Result<ReplicationClient, SourceErr
     let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO)?;
     ReplicationClient::connect_gated(repl)
         .await
-        .map_err(stream_err(&config.flags.slot))
+        .map_err(replication_err(config))
+}
+
+/// A replication connection's error: TLS and authentication failures are configuration
+/// problems, with what to check.
+fn replication_err(config: &Config) -> impl Fn(PgWireError) -> SourceError + '_ {
+    move |source| match source.is_tls() || source.is_auth() {
+        true => SourceError::ReplicationConnect {
+            url: config.postgres.redacted(),
+            hint: tls::replication_hint(&source),
+            source,
+        },
+        false => stream_err(&config.flags.slot)(source),
+    }
 }
 
 /// The server and timeline a stream runs on: a promotion changes the timeline,
@@ -549,20 +567,12 @@ async fn open(
     acked: Lsn,
     previous: Option<&ServerId>,
 ) -> Result<ReplicationStream, SourceError> {
-    let failed = |source: PgWireError| match source.is_tls() || source.is_auth() {
-        // TLS and authentication failures are configuration problems.
-        true => SourceError::ReplicationConnect {
-            url: config.postgres.redacted(),
-            hint: tls::replication_hint(&source),
-            source,
-        },
-        false => stream_err(&config.flags.slot)(source),
-    };
+    let failed = replication_err(config);
     let repl = replication_config(config, start, acked)?;
     let mut client = ReplicationClient::connect_gated(repl)
         .await
-        .map_err(failed)?;
-    let system = client.identify_system().await.map_err(failed)?;
+        .map_err(&failed)?;
+    let system = client.identify_system().await.map_err(&failed)?;
     let server = ServerId {
         addr: format!("{}:{}", config.postgres.host, config.postgres.port),
         system_id: system.system_id,
@@ -574,11 +584,11 @@ async fn open(
         // A gated session's start position is fixed: end it, start another.
         drop(client);
         let repl = replication_config(config, start, acked)?;
-        client = ReplicationClient::connect(repl).await.map_err(failed)?;
+        client = ReplicationClient::connect(repl).await.map_err(&failed)?;
     } else {
-        client.start().await.map_err(failed)?;
+        client.start().await.map_err(&failed)?;
     }
-    client.wait_started().await.map_err(failed)?;
+    client.wait_started().await.map_err(&failed)?;
     Ok(ReplicationStream {
         client,
         slot: config.flags.slot.clone(),

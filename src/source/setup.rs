@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::{SourceError, lineage, slot_monitor, tls};
+use super::lineage::{Guard, Lineage};
+use super::{SourceError, failover, pg_error_text, slot_monitor, tls};
 use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::observability::health;
@@ -89,13 +90,19 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
                     continue;
                 }
             };
-            let row = client
-                .query_one(
-                    "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
-                    &[],
-                )
-                .await
-                .map_err(query_err("probe the server's role"))?;
+            let probe =
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
+            // A server that goes away right after the login (mid-failover) is passed over too.
+            let row = match client.query_one(probe, &[]).await {
+                Ok(row) => row,
+                Err(e) => {
+                    tried.push(format!(
+                        "{host}:{port}: probing its role: {}",
+                        pg_error_text(&e)
+                    ));
+                    continue;
+                }
+            };
             let in_recovery = row.get(0);
             if attrs.accepts(in_recovery, row.get(1), strict) {
                 return Ok((client, pinned));
@@ -115,7 +122,7 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
 }
 
 /// One server's control connection.
-async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
+pub(super) async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
     let mut cfg = tokio_postgres::Config::new();
     cfg.host(&pg.host)
         .port(pg.port)
@@ -465,7 +472,8 @@ async fn members(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// The slot's confirmed position, and whether it was created now.
+/// The slot's confirmed position, and whether it was created now. The relay streams only
+/// from a slot whose creation the lineage topic records ([`lineage`]).
 async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), SourceError> {
     let slot = &config.flags.slot;
     let row = client
@@ -480,18 +488,43 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         )
         .await
         .map_err(query_err("look up the replication slot"))?;
-    let mark_failover =
-        config.flags.slot_failover && lineage::check_failover(client, config).await?;
+    let failover = config.flags.slot_failover;
+    let mark_failover = failover && failover::check(client, config).await?;
+    let lineage = Lineage::open(config).await?;
     let Some(row) = row else {
-        lineage::check_missing_slot(client, config).await?;
-        let sql = super::sql::create_slot(slot, config.flags.slot_failover);
+        match lineage.judge(client, false).await? {
+            Guard::Refuse(recorded) => {
+                let url = config.postgres.redacted();
+                let slot = slot.clone();
+                return Err(SourceError::SlotLost {
+                    slot,
+                    url,
+                    recorded,
+                });
+            }
+            Guard::Replace(recorded) => tracing::warn!(
+                slot = %slot,
+                recorded,
+                "--allow-new-slot: creating a fresh slot where this relay streamed before; events \
+                 committed between the last acknowledgement and now are relayed only by \
+                 `outbox-relay backfill`"
+            ),
+            Guard::Create | Guard::Keep { .. } => {}
+        }
         let row = client
-            .query_one(&sql, &[])
+            .query_one(&super::sql::create_slot(slot, failover), &[])
             .await
             .map_err(query_err("create the replication slot"))?;
         let lsn = parse_lsn(slot, row.get(1))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
-        lineage::record_slot(client, slot).await;
+        if failover {
+            failover::log_standby_snapshot(client).await;
+        }
+        // Kept when this fails: the next start records it and relays from its creation.
+        lineage.created(lsn).await.map_err(|e| match e {
+            SourceError::Lineage(e) => SourceError::Lineage(e.slot_kept()),
+            e => e,
+        })?;
         return Ok((lsn, true));
     };
     let dbname = &config.postgres.dbname;
@@ -503,10 +536,12 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         )));
     }
     let confirmed_flush = parse_lsn(slot, row.get(1))?;
-    // A slot created before the record existed (or by `setup`) is recorded now.
-    lineage::record_slot(client, slot).await;
+    // A slot created by `setup`, by hand, or before the lineage topic existed.
+    if lineage.judge(client, true).await? == (Guard::Keep { record: true }) {
+        lineage.created(confirmed_flush).await?;
+    }
     if mark_failover {
-        lineage::mark_failover(config).await?;
+        failover::mark(client, config).await?;
     }
     Ok((confirmed_flush, false))
 }

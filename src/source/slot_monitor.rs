@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::control;
 use super::setup::query_err;
+use super::{control, failover};
 use crate::config::Config;
 use crate::observability::health::{Health, SlotObservation, SlotStatus, WalStatus, slot_warnings};
 use crate::observability::metrics;
@@ -54,6 +54,17 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
             // Before the first start the relay may not have created the slot yet.
             Ok(SlotObservation::Missing) if !health.snapshot(Instant::now()).streaming => {
                 SlotObservation::Unknown
+            }
+            Ok(SlotObservation::Seen(mut status)) => {
+                failover::probe(&mut status, &config).await;
+                // Transactions running at the last standby snapshot keep a copy temporary
+                // until the next; the creation's warning covers a refusal.
+                if status.failover_ready == Some(false)
+                    && let Some(client) = &client
+                {
+                    let _ = failover::snapshot(client).await;
+                }
+                SlotObservation::Seen(status)
             }
             Ok(observation) => observation,
             Err(error) => {
@@ -107,6 +118,7 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
         conflicting: row.try_get(6)?,
         inactive_since: row.try_get(7)?,
         idle_timeout_secs: to_u64(idle_timeout),
+        ..SlotStatus::default()
     };
     tracing::debug!(slot, ?status, "polled the slot");
     Ok(SlotObservation::Seen(status))
