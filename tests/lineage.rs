@@ -315,3 +315,28 @@ async fn a_slot_recorded_by_an_older_relay_in_postgres_is_still_guarded() {
     assert!(log.contains("public.outbox_relay_slots"), "{log}");
     assert!(!slot_exists(&world.pg).await);
 }
+
+/// A lineage topic with time-based retention (the broker's default when it auto-creates the
+/// topic) would drop the record and with it the guard: a relay streaming from the slot writes
+/// it again at every start, keeping when and where the slot was created.
+#[tokio::test(flavor = "current_thread")]
+async fn a_restart_writes_the_slots_record_again() {
+    let world = World::start().await;
+    let mut relay = world.relay(&[]);
+    relay.stop();
+    let mut relay = world.relay(&[]);
+    relay.stop();
+    let records = lineage(&world.broker);
+    let created: Vec<_> = records.iter().map(|r| &r.1).collect();
+    assert_eq!(created.len(), 2, "{records:?}");
+    assert!(
+        created.iter().all(|r| r["state"] == "created"),
+        "{records:?}"
+    );
+    assert!(created[0].get("refreshed_at").is_none(), "{records:?}");
+    assert!(created[1]["refreshed_at"].is_string(), "{records:?}");
+    for field in ["created_at", "created_lsn"] {
+        assert_eq!(created[0][field], created[1][field], "{records:?}");
+    }
+    assert_eq!(records[0].0, records[1].0, "one key: {records:?}");
+}

@@ -16,7 +16,7 @@ use crate::observability::{http, metrics, progress};
 use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
-use crate::source::{PgSource, cleanup, heartbeat, setup, slot_monitor};
+use crate::source::{PgSource, cleanup, heartbeat, lineage, setup, slot_monitor};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -119,6 +119,7 @@ async fn relay(
     if let Some(interval) = config.flags.heartbeat_interval.filter(|d| !d.is_zero()) {
         heartbeats.spawn(heartbeat::run(config.clone(), interval));
     }
+    heartbeats.spawn(lineage::keep_fresh(config.clone()));
     let sink = Arc::new(sink);
     let pipeline = Pipeline::new(config, source, sink, deliveries, health, &slot, cleanup);
     pipeline.run(shutdown).await

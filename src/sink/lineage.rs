@@ -48,6 +48,10 @@ pub struct SlotRecord {
     /// When `drop-slot` dropped it (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dropped_at: Option<String>,
+    /// When a relay streaming from the slot last wrote the record again (RFC 3339), so that a
+    /// topic with time-based retention keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refreshed_at: Option<String>,
     /// The relay version that wrote the record.
     pub relay_version: String,
 }
@@ -55,7 +59,7 @@ pub struct SlotRecord {
 impl SlotRecord {
     /// A record of `state` now; `lsn` is the created slot's position.
     pub fn now(slot: &str, system_identifier: &str, state: SlotState, lsn: Option<String>) -> Self {
-        let now = Some(humantime::format_rfc3339_seconds(SystemTime::now()).to_string());
+        let now = rfc3339_now();
         let created = state == SlotState::Created;
         SlotRecord {
             slot: slot.to_owned(),
@@ -64,9 +68,21 @@ impl SlotRecord {
             created_at: now.clone().filter(|_| created),
             created_lsn: lsn.filter(|_| created),
             dropped_at: now.filter(|_| !created),
+            refreshed_at: None,
             relay_version: env!("CARGO_PKG_VERSION").to_owned(),
         }
     }
+
+    /// The same record, written again now by this relay.
+    pub fn refreshed(mut self) -> Self {
+        self.refreshed_at = rfc3339_now();
+        self.relay_version = env!("CARGO_PKG_VERSION").to_owned();
+        self
+    }
+}
+
+fn rfc3339_now() -> Option<String> {
+    Some(humantime::format_rfc3339_seconds(SystemTime::now()).to_string())
 }
 
 /// The record key of `slot` in the cluster `system_identifier`.

@@ -4,6 +4,12 @@
 //! start and written (awaiting the broker's ack) before the relay streams from a slot not
 //! recorded yet. Deployments of older relays recorded slots in `public.outbox_relay_slots`: a
 //! row there is still honoured while the topic has no record of the slot.
+//!
+//! A topic with time-based retention (the broker's default for an auto-created topic) would
+//! drop the record after `retention.ms`, turning the guard off: a relay streaming from the slot
+//! writes its record again at every start and every [`REFRESH_INTERVAL`] while it runs.
+
+use std::time::Duration;
 
 use tokio_postgres::Client;
 
@@ -12,6 +18,10 @@ use super::{SourceError, replication_err};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::sink::lineage::{self, SlotRecord, SlotState};
+
+/// How often a running relay writes its slot's record again: well inside Kafka's default
+/// retention of 7 days.
+pub const REFRESH_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 
 /// What start-up does about the slot.
 #[derive(Debug, PartialEq, Eq)]
@@ -65,6 +75,8 @@ pub struct Lineage<'a> {
     config: &'a Config,
     system_identifier: String,
     key: String,
+    /// The slot's record as [`Lineage::judge`] last read it.
+    found: Option<SlotRecord>,
 }
 
 impl<'a> Lineage<'a> {
@@ -79,12 +91,18 @@ impl<'a> Lineage<'a> {
             config,
             system_identifier,
             key,
+            found: None,
         })
     }
 
     /// What to do about the slot, found (`exists`) or not.
-    pub(crate) async fn judge(&self, client: &Client, exists: bool) -> Result<Guard, SourceError> {
+    pub(crate) async fn judge(
+        &mut self,
+        client: &Client,
+        exists: bool,
+    ) -> Result<Guard, SourceError> {
         let record = lineage::read(self.config, &self.key).await?;
+        self.found = record.clone();
         let legacy = match exists || record.is_some() {
             true => None,
             false => legacy(client, &self.config.flags.slot, &self.system_identifier).await?,
@@ -99,6 +117,15 @@ impl<'a> Lineage<'a> {
     /// Records that the relay streams from the slot, confirmed at `lsn`, and waits for the ack.
     pub async fn created(&self, lsn: Lsn) -> Result<(), SourceError> {
         self.write(SlotState::Created, Some(lsn)).await
+    }
+
+    /// Writes the slot's `created` record, as last read, again (see [`REFRESH_INTERVAL`]).
+    pub async fn refresh(&self) -> Result<(), SourceError> {
+        let Some(record) = self.found.clone().filter(|r| r.state == SlotState::Created) else {
+            return Ok(());
+        };
+        let record = record.refreshed();
+        Ok(lineage::write(self.config, &self.key, Some(&record)).await?)
     }
 
     /// Records that the slot was dropped on purpose: the next start creates a fresh one.
@@ -117,6 +144,27 @@ impl<'a> Lineage<'a> {
         lineage::write(self.config, &self.key, Some(&record)).await?;
         tracing::info!(slot, topic = %self.config.flags.lineage_topic, ?state, "recorded the slot's lineage");
         Ok(())
+    }
+}
+
+/// Writes the slot's record again every [`REFRESH_INTERVAL`] while the relay runs; a failure
+/// is logged and retried at the next interval (the record written at start-up stands meanwhile).
+pub async fn keep_fresh(config: Config) {
+    loop {
+        tokio::time::sleep(REFRESH_INTERVAL).await;
+        let refreshed = async {
+            let mut lineage = Lineage::open(&config).await?;
+            lineage.found = lineage::read(&config, &lineage.key).await?;
+            lineage.refresh().await
+        };
+        if let Err(error) = refreshed.await {
+            tracing::warn!(
+                %error,
+                slot = %config.flags.slot,
+                "cannot write the slot's lineage record again; a lineage topic with time-based \
+                 retention may drop it, which would let a lost slot be replaced silently"
+            );
+        }
     }
 }
 

@@ -490,7 +490,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         .map_err(query_err("look up the replication slot"))?;
     let failover = config.flags.slot_failover;
     let mark_failover = failover && failover::check(client, config).await?;
-    let lineage = Lineage::open(config).await?;
+    let mut lineage = Lineage::open(config).await?;
     let Some(row) = row else {
         match lineage.judge(client, false).await? {
             Guard::Refuse(recorded) => {
@@ -536,9 +536,11 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         )));
     }
     let confirmed_flush = parse_lsn(slot, row.get(1))?;
-    // A slot created by `setup`, by hand, or before the lineage topic existed.
-    if lineage.judge(client, true).await? == (Guard::Keep { record: true }) {
-        lineage.created(confirmed_flush).await?;
+    match lineage.judge(client, true).await? {
+        // A slot created by `setup`, by hand, or before the lineage topic existed.
+        Guard::Keep { record: true } => lineage.created(confirmed_flush).await?,
+        // Written again, so that time-based retention does not drop it.
+        _ => lineage.refresh().await?,
     }
     if mark_failover {
         failover::mark(client, config).await?;
