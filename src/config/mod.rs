@@ -23,7 +23,7 @@ pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
 use crate::outbox::cloudevents::CloudEventsConfig;
-use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, TableName, TopicTemplate};
+use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName, TopicTemplate};
 
 /// Relays transactional-outbox rows from Postgres logical replication to Kafka.
 ///
@@ -129,6 +129,10 @@ pub struct RelayFlags {
     /// Publication to stream (created FOR TABLE the outbox tables, inserts only, if missing).
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay", value_parser = publication_name)]
     pub publication: String,
+    /// Relay shard I of K: only events whose key hashes to I, on the shard's own slot and
+    /// publication (--slot and --publication + `_shard_I_of_K`). PostgreSQL 15+.
+    #[arg(long, env = "OUTBOX_RELAY_SHARD", value_name = "I/K")]
+    pub shard: Option<Shard>,
 
     /// On SIGINT/SIGTERM, how long to read to the open commit and wait for in-flight deliveries.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
@@ -163,6 +167,31 @@ pub struct RelayFlags {
     /// Metrics, health and slot monitoring flags.
     #[command(flatten)]
     pub observability: ObservabilityArgs,
+}
+
+impl RelayFlags {
+    /// The flags with `--slot` and `--publication` named for `--shard` (as given without one),
+    /// as every command uses them.
+    pub fn sharded(&self) -> Result<RelayFlags, ConfigError> {
+        let Some(shard) = self.shard else {
+            return Ok(self.clone());
+        };
+        let name = |flag, base: &str, valid: fn(&str) -> Result<String, &'static str>| {
+            valid(&shard.name(base)).map_err(|_| {
+                let reason = format!(
+                    "{flag} {base:?} with the shard's suffix {:?} is over 63 characters; use a \
+                     shorter {flag}",
+                    shard.name("")
+                );
+                invalid("--shard", shard.to_string(), reason)
+            })
+        };
+        Ok(RelayFlags {
+            slot: name("--slot", &self.slot, slot_name)?,
+            publication: name("--publication", &self.publication, publication_name)?,
+            ..self.clone()
+        })
+    }
 }
 
 /// The delivery guarantee.
@@ -402,7 +431,7 @@ impl Config {
             let reason = "give at least one host:port";
             return Err(invalid("--kafka-brokers", "", reason));
         }
-        let flags = cli.flags.clone();
+        let flags = cli.flags.sharded()?;
         if flags.reconnect_backoff_max < flags.reconnect_backoff_min {
             let max = humantime::format_duration(flags.reconnect_backoff_max).to_string();
             let reason = "must be at least --reconnect-backoff-min";
@@ -456,7 +485,8 @@ impl Config {
         let table = |t: &TableName| (t.clone(), self.mapping_for(t).clone());
         let prefix = |p: &String| (p.clone(), self.mapping.clone());
         let tables = self.tables.iter().map(table).collect();
-        EventMapper::new(tables, self.message_prefixes.iter().map(prefix).collect())
+        let messages = self.message_prefixes.iter().map(prefix).collect();
+        EventMapper::new(tables, messages).sharded(self.flags.shard)
     }
 
     /// The mapping for one outbox table: its overrides, else the global flags.
@@ -647,6 +677,25 @@ mod tests {
         assert!(err.contains("unknown override"), "{err}");
         let err = cli(&["--table", "a.b:key-column"]).unwrap_err().to_string();
         assert!(err.contains("KEY=VALUE"), "{err}");
+    }
+
+    #[test]
+    fn a_shard_has_its_own_slot_and_publication() {
+        let config = cli(&["--shard", "1/4", "--slot", "orders"]).unwrap();
+        assert_eq!(config.flags.shard, Some(Shard { index: 1, count: 4 }));
+        assert_eq!(config.flags.slot, "orders_shard_1_of_4");
+        assert_eq!(config.flags.publication, "outbox_relay_shard_1_of_4");
+        assert_eq!(cli(&[]).unwrap().flags.slot, "outbox_relay");
+        let long = "s".repeat(55);
+        let err = rejected(&["--shard", "0/2", "--slot", &long]);
+        assert!(
+            err.contains("--shard") && err.contains("shorter --slot"),
+            "{err}"
+        );
+        for bad in ["4/4", "0/1", "x"] {
+            let err = rejected(&["--shard", bad]);
+            assert!(err.contains("--shard"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! PURE: the one place where decoded pgoutput becomes outbox records, shared by the relay and
 //! `outbox-relay peek` so both map with the same code and flags. Ordering, acknowledgement and
-//! delivery stay with the caller.
+//! delivery stay with the caller. A shard's publication filters rows on the server; messages
+//! cannot be filtered there, so a shard's mapper drops the ones another shard owns.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -10,7 +11,8 @@ use bytes::Bytes;
 
 use super::message::Fields;
 use super::{
-    BindError, EventError, MappingConfig, OutboxRecord, Plan, RawParts, TableMapping, TableName,
+    BindError, EventError, MappingConfig, OutboxRecord, Plan, RawParts, Shard, TableMapping,
+    TableName,
 };
 use crate::pgoutput::{Relation, TupleData};
 
@@ -25,6 +27,8 @@ pub struct EventMapper {
     bound: HashMap<u32, TableMapping>,
     /// By prefix: `message:<prefix>` (the table errors and dead letters name) and the mapping.
     messages: HashMap<String, (Arc<str>, Plan<String>)>,
+    /// `--shard`: only the messages it owns are mapped.
+    shard: Option<Shard>,
 }
 
 impl EventMapper {
@@ -47,7 +51,13 @@ impl EventMapper {
                     (prefix, (source, plan))
                 })
                 .collect(),
+            shard: None,
         }
+    }
+
+    /// Maps only the messages `shard` owns, by the hash its publication filters rows with.
+    pub fn sharded(self, shard: Option<Shard>) -> Self {
+        EventMapper { shard, ..self }
     }
 
     /// Takes a Relation message: binds the mapping when the table is an outbox table, or a
@@ -100,8 +110,9 @@ impl EventMapper {
         Some((mapping.table().clone(), mapping.map(row, commit_time_ms)))
     }
 
-    /// Maps a logical decoding message: `None` unless an outbox prefix, else `message:<prefix>`
-    /// and the record.
+    /// Maps a logical decoding message: `None` unless an outbox prefix (and, sharded, owned by
+    /// this shard: one that does not map is owned by what could be read of its key and id),
+    /// else `message:<prefix>` and the record.
     pub fn message(
         &self,
         prefix: &str,
@@ -121,6 +132,15 @@ impl EventMapper {
                 Err((error, parts))
             }
         };
+        if let Some(shard) = &self.shard {
+            let (key, id) = match &mapped {
+                Ok(record) => (&record.key, &record.id),
+                Err((_, parts)) => (&parts.key, &parts.id),
+            };
+            if !shard.owns(key.as_deref(), Some(id)) {
+                return None;
+            }
+        }
         Some((source.clone(), mapped))
     }
 }

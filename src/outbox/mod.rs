@@ -6,6 +6,7 @@
 pub mod cloudevents;
 mod mapper;
 mod message;
+pub mod shard;
 mod template;
 pub mod values;
 
@@ -16,6 +17,7 @@ use bytes::Bytes;
 use tokio_postgres::types::Type;
 
 pub use mapper::{EventMapper, Mapped};
+pub use shard::Shard;
 pub use template::{HeaderColumn, Segment, TableName, TopicTemplate, quote_ident};
 
 use crate::pgoutput::{Relation, TupleData, Value};
