@@ -126,9 +126,16 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
                 None => Value::Null,
             };
             let values = TupleData((0..row.len()).map(value).collect());
-            let record = mapping
-                .map(&values, now_ms)
-                .map_err(|(e, _)| CommandError::Refused(format!("{table}: {e}")))?;
+            let mapped = mapping.map(&values, now_ms);
+            // A shard re-publishes the rows its publication's filter would have sent it.
+            if config
+                .flags
+                .shard
+                .is_some_and(|shard| !shard.owns_event(&mapped))
+            {
+                continue;
+            }
+            let record = mapped.map_err(|(e, _)| CommandError::Refused(format!("{table}: {e}")))?;
             if let Some(d) = exactly_once.as_mut()
                 && d.contains(&sink, &record.topic, &record.id).await?
             {

@@ -9,6 +9,7 @@ mod drop_slot;
 mod peek;
 mod print;
 mod relay;
+mod reshard;
 mod setup;
 mod status;
 
@@ -90,6 +91,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         Some(Command::Status(args)) => connected(cli, async |c| status::run(c, args).await),
         Some(Command::Peek(args)) => connected(cli, async |c| peek::run(c, args).await),
         Some(Command::Backfill(args)) => connected(cli, async |c| backfill::run(c, args).await),
+        Some(Command::Reshard(args)) => connected(cli, async |c| reshard::run(c, args).await),
         Some(Command::Demo(args)) => demo::run(cli, args),
         Some(Command::DebeziumConfig(args)) => debezium::run(args),
     };

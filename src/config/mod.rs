@@ -16,8 +16,8 @@ use clap::{Args, Parser, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
 pub use commands::{
-    BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
-    StatusArgs,
+    BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, ReshardArgs,
+    SetupArgs, StatusArgs,
 };
 pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
@@ -487,6 +487,24 @@ impl Config {
         let tables = self.tables.iter().map(table).collect();
         let messages = self.message_prefixes.iter().map(prefix).collect();
         EventMapper::new(tables, messages).sharded(self.flags.shard)
+    }
+
+    /// This configuration of one relay of the same outbox as `shard` (`None`: the one
+    /// unsharded relay), named from the flags' `--slot` and `--publication`, as `reshard`
+    /// addresses old and new shards; refused for a configuration already sharded.
+    pub fn with_shard(&self, shard: Option<Shard>) -> Result<Config, ConfigError> {
+        if let Some(given) = self.flags.shard {
+            let reason = "names a relay; this command addresses every shard itself: drop --shard";
+            return Err(invalid("--shard", given.to_string(), reason));
+        }
+        let flags = RelayFlags {
+            shard,
+            ..self.flags.clone()
+        };
+        Ok(Config {
+            flags: flags.sharded()?,
+            ..self.clone()
+        })
     }
 
     /// The mapping for one outbox table: its overrides, else the global flags.

@@ -132,14 +132,8 @@ impl EventMapper {
                 Err((error, parts))
             }
         };
-        if let Some(shard) = &self.shard {
-            let (key, id) = match &mapped {
-                Ok(record) => (&record.key, &record.id),
-                Err((_, parts)) => (&parts.key, &parts.id),
-            };
-            if !shard.owns(key.as_deref(), Some(id)) {
-                return None;
-            }
+        if self.shard.is_some_and(|shard| !shard.owns_event(&mapped)) {
+            return None;
         }
         Some((source.clone(), mapped))
     }

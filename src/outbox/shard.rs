@@ -13,6 +13,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::Mapped;
+
 /// Most shards: each is a slot and a walsender decoding all of the WAL.
 pub const MAX_SHARDS: u32 = 256;
 
@@ -77,6 +79,16 @@ impl Shard {
     /// Whether this shard relays the event with this key and id.
     pub fn owns(&self, key: Option<&[u8]>, id: Option<&[u8]>) -> bool {
         Shard::of(key, id, self.count) == self.index
+    }
+
+    /// Whether this shard relays a mapped event (one that does not map, by what could be read
+    /// of its key and id, so exactly one shard stops on it or dead-letters it).
+    pub fn owns_event(&self, mapped: &Mapped) -> bool {
+        let (key, id) = match mapped {
+            Ok(record) => (&record.key, &record.id),
+            Err((_, parts)) => (&parts.key, &parts.id),
+        };
+        self.owns(key.as_deref(), Some(id))
     }
 
     /// The publication row filter selecting this shard's rows, given SQL expressions for the
