@@ -11,6 +11,7 @@ mod cleanup;
 mod cloudevents;
 mod demo;
 mod deploy;
+mod docs;
 mod e2e;
 mod exactly_once;
 mod failover;

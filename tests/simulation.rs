@@ -71,7 +71,7 @@ pub struct World {
     pub trace: Vec<String>,
     /// Largest record the schedule can produce (the byte cap's slack).
     pub largest: usize,
-    /// Events whose delivery failed at least once: the README's exceptions
+    /// Events whose delivery failed at least once: docs/guarantees.md's exceptions
     /// to exactly-once and to per-key order (a refused record sent again lands
     /// after later records of its partition).
     pub refused: BTreeSet<String>,

@@ -239,7 +239,7 @@ fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
         out.push(format!(
             "slot {:?} does not exist: the relay creates it on its first start (or run outbox-relay \
              setup); where public.outbox_relay_slots shows it streamed before, it refuses: see \
-             the README's failover runbook",
+             docs/operations.md#failover",
             slot.name
         ));
     } else if let Some(status) = &slot.status {

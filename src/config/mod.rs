@@ -30,7 +30,7 @@ use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName, 
 /// Every committed insert into an outbox table becomes one Kafka record, routed to a topic by its
 /// event type (like Debezium's Outbox Event Router). The replication slot moves only past events
 /// the broker has acknowledged, so a crash or restart never loses an event. Every flag is
-/// described in the README's configuration table.
+/// described in docs/configuration.md.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "outbox-relay", version, about, long_about)]
 pub struct Cli {
@@ -215,7 +215,7 @@ pub enum ExactlyOnceFallback {
 /// What happens to relayed outbox rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Cleanup {
-    /// Leave them; the application deletes them (see the README's cleanup patterns).
+    /// Leave them; the application deletes them (see docs/operations.md, Cleaning the outbox).
     None,
     /// Delete them by primary key once the broker has acknowledged their events.
     Delete,

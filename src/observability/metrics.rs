@@ -1,5 +1,5 @@
 //! Prometheus metrics: every name and `# HELP` text in one table ([`ALL`], a contract
-//! with the README and `deploy/`), the recorder and the slot gauges. Until [`install`]
+//! with docs/observability.md and `deploy/`), the recorder and the slot gauges. Until [`install`]
 //! runs every call is a no-op, so unit tests and `--http-addr none` pay nothing.
 
 use std::sync::OnceLock;

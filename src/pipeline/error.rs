@@ -10,7 +10,7 @@ use crate::sink::SinkError;
 use crate::sink::exactly_once::TailError;
 use crate::source::SourceError;
 
-/// Process exit codes, one per failure class (the README's Exit codes table).
+/// Process exit codes, one per failure class (docs/operations.md's Exit codes table).
 pub mod exit_code {
     /// A flag, the environment or the producer configuration is invalid.
     pub const CONFIG: u8 = 2;

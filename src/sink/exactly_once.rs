@@ -4,7 +4,7 @@
 //! pinned to a partition by its key, so a replay lands where it went before. After a
 //! (re)connect, each partition is read back to a record of ours below the first event's
 //! commit LSN (the *floor*); a replayed event is skipped only when its own position is
-//! there, as a partition may hold gaps. The limits are in the README's Guarantees.
+//! there, as a partition may hold gaps. The limits are in docs/guarantees.md.
 //! [`ExactlyOnce`] decides; [`TailReader`] reads back for [`KafkaSink`](super::KafkaSink).
 
 use std::collections::{HashMap, HashSet};

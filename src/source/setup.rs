@@ -232,7 +232,7 @@ async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceEr
     } else if config.flags.slot_failover && version_num < FAILOVER_MIN_VERSION {
         format!(
             "--slot-failover needs PostgreSQL 17 or later, but the server is {version}; on older \
-             servers a failover loses the slot (see the README's failover runbook)"
+             servers a failover loses the slot (see docs/operations.md#failover)"
         )
     } else if let Some(shard) = config.flags.shard.filter(|_| !config.tables.is_empty())
         && version_num < ROW_FILTER_MIN_VERSION

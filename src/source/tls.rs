@@ -1,4 +1,4 @@
-//! TLS for both Postgres connections, with libpq's `sslmode` meanings (the README's TLS table).
+//! TLS for both Postgres connections, with libpq's `sslmode` meanings (docs/operations.md's TLS table).
 //! The URL resolves into pgwire-replication's [`TlsConfig`] and the control connection's rustls
 //! config derives from it, so the two never disagree. The ring provider is named explicitly:
 //! rustls' process-level default panics with two providers compiled in.
