@@ -624,3 +624,153 @@ async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() 
     assert!(after >= 2_000, "the new shards relayed only {after} events");
     drop(old);
 }
+
+/// Rows of `ids` per shard of 2, by the key else the id of each `(id, key)`.
+fn split(items: &[(String, Option<String>)]) -> [usize; 2] {
+    let mut counts = [0; 2];
+    for (id, key) in items {
+        let shard = Shard::of(key.as_deref().map(str::as_bytes), Some(id.as_bytes()), 2);
+        counts[shard as usize] += 1;
+    }
+    counts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_split_messages_and_backfills_by_the_same_hash() {
+    let world = World::start().await;
+    let dead_letters = ["--on-poison", "dead-letter", "--dead-letter-topic", "dlq"];
+    let relays: Vec<Relay> = shards(2)
+        .into_iter()
+        .map(|s| {
+            let shard = s.to_string();
+            let mut args = vec!["--table", "none", "--message-prefix", "outbox"];
+            args.extend(["--shard", &shard]);
+            args.extend(dead_letters);
+            world.relay(&args)
+        })
+        .collect();
+    // A table-less outbox: every shard's walsender sends every message; each relay keeps
+    // those whose key (else id) hashes to it, and one relay dead-letters the one that does
+    // not parse.
+    world
+        .pg
+        .execute(
+            "BEGIN; SELECT pg_logical_emit_message(true, 'outbox', json_build_object('id', \
+             'm-' || g, 'aggregate_id', CASE WHEN g % 10 = 0 THEN NULL ELSE 'a-' || (g % 37) END, \
+             'event_type', 'Msg', 'payload', json_build_object('g', g))::text) \
+             FROM generate_series(1, 300) g; \
+             SELECT pg_logical_emit_message(true, 'outbox', 'not json'); COMMIT;",
+        )
+        .await;
+    let messages: Vec<(String, Option<String>)> = (1..=300)
+        .map(|g| {
+            (
+                format!("m-{g}"),
+                (g % 10 != 0).then(|| format!("a-{}", g % 37)),
+            )
+        })
+        .collect();
+    let ids: Vec<String> = messages.iter().map(|(id, _)| id.clone()).collect();
+    let got = world
+        .broker
+        .consume_ids(&["Msg"], &ids, Duration::from_secs(60));
+    let mut seen: Vec<String> = got.iter().map(Consumed::id).collect();
+    seen.sort();
+    let mut want = ids.clone();
+    want.sort();
+    assert_eq!(seen, want, "every message once");
+    let dead = world.broker.consume(&["dlq"], 2, Duration::from_secs(10));
+    assert_eq!(
+        dead.len(),
+        1,
+        "one shard dead-letters the unparsable message"
+    );
+    let counts: Vec<u64> = relays.iter().map(relayed).collect();
+    let mut expected = split(&messages).map(|n| n as u64);
+    expected[Shard::of(None, None, 2) as usize] += 1;
+    assert_eq!(
+        counts, expected,
+        "each relay's share, the dead letter with the empty id's"
+    );
+
+    // backfill --shard re-publishes the rows the shard's filter would send it.
+    let ids = world
+        .insert_tx(
+            &(0..100)
+                .map(|n| ("Back", format!("b-{n}"), "{}"))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+    let rows = world
+        .pg
+        .execute("SELECT id::text, aggregate_id FROM outbox WHERE event_type = 'Back'")
+        .await;
+    let rows: Vec<(String, Option<String>)> = rows
+        .into_iter()
+        .map(|r| (r[0].clone().unwrap(), r[1].clone()))
+        .collect();
+    let (url, brokers) = (world.pg.url(), world.broker.bootstrap());
+    for (shard, expected) in shards(2).into_iter().zip(split(&rows)) {
+        let shard = shard.to_string();
+        let (code, out, err) = run_command(&[
+            "backfill",
+            "--since",
+            "2000-01-01",
+            "--postgres-url",
+            &url,
+            "--kafka-brokers",
+            &brokers,
+            "--shard",
+            &shard,
+        ]);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(
+            out.contains(&format!("backfill: {expected} events")),
+            "{shard}: {out}"
+        );
+    }
+    let got = world
+        .broker
+        .consume_ids(&["Back"], &ids, Duration::from_secs(60));
+    assert_eq!(
+        got.len(),
+        ids.len(),
+        "every row once between the two shards"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_shards_sharing_partitions_resend_nothing_after_a_sigkill() {
+    let world = World::start().await;
+    // Both shards write both partitions: each reads back past the other's records.
+    world.broker.create_topic(TOPIC, 2);
+    let args = |shard: Shard| {
+        let shard = shard.to_string();
+        vec![
+            "--shard".to_owned(),
+            shard,
+            "--delivery".into(),
+            "exactly-once".into(),
+        ]
+    };
+    let spawn = |shard| {
+        let args = args(shard);
+        world.relay(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let mut relays: Vec<Relay> = shards(2).into_iter().map(spawn).collect();
+    // Slow acknowledgements, so the kill leaves deliveries unconfirmed.
+    world.broker.round_trip_time(Duration::from_millis(100));
+    load(&world.pg, 0, 4_000).await;
+    let started = relays[0].wait_for(Duration::from_secs(60), |r| relayed(r) > 100);
+    assert!(started, "{}", relays[0].log());
+    relays[0].kill();
+    world.broker.round_trip_time(Duration::ZERO);
+    relays[0] = spawn(Shard { index: 0, count: 2 });
+    for shard in shards(2) {
+        world
+            .wait_caught_up(&slot(shard), Duration::from_secs(120))
+            .await;
+    }
+    let rows = rows(&world.pg).await;
+    check(&rows, consume_all(&world.broker, &rows), false);
+}
