@@ -88,6 +88,11 @@ pub async fn verify(
         return Ok(());
     };
     check_hash(client, shard).await?;
+    // A table-less outbox's messages are filtered by the relay (which runs on PostgreSQL 14,
+    // without `prqual`); other tables' rows are skipped anyway.
+    if config.tables.is_empty() {
+        return Ok(());
+    }
     let name = &config.flags.publication;
     let fix = || {
         let statement = alter_publication(name, &config.tables, filters);
