@@ -613,6 +613,23 @@ async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() 
     );
     let writer = spawn_writer(&world.pg, stop.clone(), written.clone());
     wait_written(&written, 2_000).await;
+    // --finish refuses before the first step, and while the old relays stream.
+    let finish = [
+        "reshard",
+        "--postgres-url",
+        &url,
+        "--from",
+        "2",
+        "--to",
+        "4",
+        "--finish",
+    ];
+    let (code, _, err) = run_command(&finish);
+    assert_eq!(code, CONFIG_EXIT, "{err}");
+    assert!(
+        err.contains("\"outbox_relay_shard_0_of_2\" is in use"),
+        "{err}"
+    );
 
     let out = reshard(&url, &["--from", "2", "--to", "4"]).await;
     assert!(out.contains("ready: every old slot is past"), "{out}");
@@ -621,6 +638,12 @@ async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() 
     old[0].stop();
     old[1].signal("KILL");
     wait_written(&written, 1_000).await;
+    // The killed relay's walsender frees its slot once it sees the connection gone.
+    let active = "SELECT 1 FROM pg_replication_slots WHERE active AND slot_name LIKE '%_of_2'";
+    let freed = wait_until(Duration::from_secs(60), || async {
+        world.pg.execute(active).await.is_empty()
+    });
+    assert!(freed.await, "the old slots are still in use");
     let out = reshard(&url, &["--from", "2", "--to", "4", "--finish"]).await;
     assert!(
         out.contains("dropped old slot \"outbox_relay_shard_1_of_2\""),

@@ -714,6 +714,12 @@ mod tests {
             let err = rejected(&["--shard", bad]);
             assert!(err.contains("--shard"), "{bad}: {err}");
         }
+        // `reshard` names every shard from the unsharded flags, and only from them.
+        let base = cli(&["--slot", "orders"]).unwrap();
+        let third = base.with_shard(Some(Shard { index: 2, count: 3 })).unwrap();
+        assert_eq!(third.flags.slot, "orders_shard_2_of_3");
+        assert_eq!(base.with_shard(None).unwrap().flags.slot, "orders");
+        assert!(config.with_shard(None).is_err(), "already a shard");
     }
 
     #[test]
