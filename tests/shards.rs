@@ -815,7 +815,7 @@ async fn exactly_once_shards_sharing_partitions_resend_nothing_after_a_sigkill()
     };
     let killed = Shard { index: 0, count: 2 };
     // The first shard 0 confirms nothing for a minute: what it delivered is replayed.
-    let mut relays = vec![
+    let mut relays = [
         spawn(killed, "60s"),
         spawn(Shard { index: 1, count: 2 }, "200ms"),
     ];
