@@ -394,6 +394,19 @@ async fn a_shard_refuses_a_publication_that_would_not_shard_it() {
         ))
         .await;
     let log = refused("outbox table public.outbox has no row filter");
+    let status = || {
+        let args = ["status", "--json", "--postgres-url", &url, "--shard", "0/2"];
+        let (code, out, err) = run_command(&args);
+        assert_eq!(code, Some(0), "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let found = status();
+    assert_eq!(found["shard"], "0/2");
+    assert_eq!(found["publication"]["name"], "outbox_relay_shard_0_of_2");
+    assert!(
+        found["warnings"].to_string().contains("has no row filter"),
+        "{found}"
+    );
     // The remedy it prints works.
     let remedy = log
         .split("Run ")
@@ -403,6 +416,13 @@ async fn a_shard_refuses_a_publication_that_would_not_shard_it() {
     assert!(remedy.starts_with("ALTER PUBLICATION \"outbox_relay_shard_0_of_2\" SET TABLE"));
     world.pg.execute(remedy).await;
     world.relay(&shard0).stop();
+    let found = status();
+    assert!(
+        !found["warnings"].to_string().contains("row filter"),
+        "{found}"
+    );
+    let filter = found["publication"]["row_filters"]["public.outbox"].to_string();
+    assert!(filter.contains("hashtextextended"), "{found}");
     // Shard 1's filter on shard 0's publication.
     world
         .pg
