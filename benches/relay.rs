@@ -1432,12 +1432,14 @@ impl Bench {
 // ---------------------------------------------------------------------------------------
 // Shards
 
-/// One shard's drain of a round's backlog.
+/// One shard's drain of a round's backlog: its processes' CPU seconds.
+#[derive(Clone, Copy)]
 struct ShardDrain {
     shard: Option<Shard>,
     /// Events of the backlog whose key hashes to the shard.
     owned: u64,
-    drain: RelayDrain,
+    relay_s: f64,
+    walsender_s: f64,
 }
 
 /// One `--shards` round: each shard drained the same backlog.
@@ -1448,18 +1450,31 @@ struct ShardRound {
 impl ShardRound {
     /// CPU seconds of the busiest process (a relay or a walsender).
     fn busiest_s(&self) -> f64 {
-        let cpu = self
-            .drains
-            .iter()
-            .flat_map(|d| [d.drain.cpu_s, d.drain.walsender_cpu_s]);
+        let cpu = self.drains.iter().flat_map(|d| [d.relay_s, d.walsender_s]);
         cpu.fold(0.0, f64::max)
     }
 
     /// CPU seconds of every relay and walsender.
     fn total_s(&self) -> f64 {
-        (self.drains.iter())
-            .map(|d| d.drain.cpu_s + d.drain.walsender_cpu_s)
-            .sum()
+        self.drains.iter().map(|d| d.relay_s + d.walsender_s).sum()
+    }
+
+    /// Each process's median over `rounds`: a drain in the slow regime (see below) moves a
+    /// round's busiest process, not this.
+    fn typical(rounds: &[ShardRound]) -> ShardRound {
+        let median = |mut values: Vec<f64>| {
+            values.sort_by(f64::total_cmp);
+            values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let first = rounds.first().map_or(&[][..], |r| &r.drains[..]);
+        let drains = first.iter().enumerate().map(|(i, d)| ShardDrain {
+            relay_s: median(rounds.iter().map(|r| r.drains[i].relay_s).collect()),
+            walsender_s: median(rounds.iter().map(|r| r.drains[i].walsender_s).collect()),
+            ..*d
+        });
+        ShardRound {
+            drains: drains.collect(),
+        }
     }
 
     /// The drain rate on K+1 cores: bounded by the busiest process (one core each at
@@ -1533,7 +1548,8 @@ impl Bench {
                 drains.push(ShardDrain {
                     shard,
                     owned,
-                    drain,
+                    relay_s: drain.cpu_s,
+                    walsender_s: drain.walsender_cpu_s,
                 });
             }
             let round = ShardRound { drains };
@@ -1547,14 +1563,12 @@ impl Bench {
             );
             rounds.push(round);
         }
-        rounds.sort_by(|a, b| a.projected(n).total_cmp(&b.projected(n)));
-        let Some(median) = rounds.get(rounds.len() / 2) else {
-            bail!("no round ran");
-        };
+        let median = &ShardRound::typical(&rounds);
         println!(
-            "median projected drain on {} cores: {:.0} events/s. The shards drained one after \
-             the other: this machine's {} cores cannot show the wall time of K relays and K \
-             walsenders running at once, so the figure is the CPU each needs",
+            "projected drain on {} cores from each process's median CPU: {:.0} events/s. The \
+             shards drained one after the other: this machine's {} cores cannot show the wall \
+             time of K relays and K walsenders running at once, so the figure is the CPU each \
+             needs",
             count + 1,
             median.projected(n),
             thread::available_parallelism().map_or(0, |n| n.get())
@@ -1568,10 +1582,10 @@ impl Bench {
             r.add(&format!("shard{index}_events"), d.owned);
             r.add_f(
                 &format!("shard{index}_relay_cpu_per_m_s"),
-                per_million(d.drain.cpu_s, n),
+                per_million(d.relay_s, n),
                 3,
             );
-            let walsender = per_million(d.drain.walsender_cpu_s, n);
+            let walsender = per_million(d.walsender_s, n);
             r.add_f(&format!("shard{index}_walsender_cpu_per_m_s"), walsender, 3);
         }
         r.add_f(
