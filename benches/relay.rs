@@ -213,7 +213,11 @@ impl Args {
                 "--brokers" => args.brokers = small(flag, number(flag, value(flag)?)?)?,
                 "--partitions" => args.partitions = small(flag, number(flag, value(flag)?)?)?,
                 "--shards" => {
-                    let count = u32::try_from(small(flag, number(flag, value(flag)?)?)?)?;
+                    let count = u32::try_from(number(flag, value(flag)?)?).unwrap_or(0);
+                    let max = outbox_relay::outbox::shard::MAX_SHARDS;
+                    if !(1..=max).contains(&count) {
+                        bail!("--shards: expected 1 to {max}");
+                    }
                     args.shards = Some(count);
                 }
                 _ => {}
