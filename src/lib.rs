@@ -9,7 +9,7 @@
 //! ```text
 //!             commands::relay  (wires the real source and sink, then runs the pipeline)
 //!                   │
-//! Postgres ──pgoutput──▶ source::PgSource / Stream ──ReplicationEvent──▶ pipeline::Pipeline
+//! Postgres ──pgoutput──▶ source::PgSource / Stream ──SourceEvent───────▶ pipeline::Pipeline
 //!    ▲   (pgwire-replication; setup, lineage,             │  pgoutput::decode (pure)
 //!    │    publication checks, cleanup)                    │  outbox::EventMapper (pure):
 //!    │                                                    │    row / message → OutboxRecord
@@ -18,16 +18,17 @@
 //!                  (pure ledger: commit order,               exactly_once: tails, dedupe)
 //!                   in-flight caps, frontier)  ──send(Ticket, record)──▶
 //! ```
-//! The pipeline reaches Postgres and Kafka only through the [`source::Source`]
-//! and [`sink::Sink`] traits, so its unit tests and the `simulation` test run
-//! the real pipeline against in-memory worlds. Observability reads the
+//! The pipeline reaches Postgres and Kafka only through the [`source::Source`],
+//! [`sink::Sink`] and [`sink::exactly_once::ReadBack`] traits, in the relay's own
+//! types (a [`source::SourceEvent`], a [`sink::Refusal`]), so its unit tests and
+//! the `simulation` test run the real pipeline against in-memory worlds. Observability reads the
 //! tracker's ledger; `Health` is created by the command and passed in.
 //!
 //! # Where things are
 //! - [`pgoutput`]: the pure decoder (bytes → messages).
 //! - [`outbox`]: the pure mapping (row or message → topic, key, headers, payload).
 //! - [`pipeline::ack`]: the ack tracker, the one in-flight ledger.
-//! - [`pipeline`]: the loop that joins them, over the two traits.
+//! - [`pipeline`]: the loop that joins them, over the traits; its decisions are pure.
 //! - [`source`]: Postgres I/O (setup, replication sessions, slot facts, cleanup).
 //! - [`sink`]: Kafka I/O (producer, delivery results, exactly-once tails).
 //! - [`config`], [`observability`], [`commands`]: flags, what operators see, subcommands.

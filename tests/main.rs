@@ -9,6 +9,7 @@ mod support;
 
 mod cleanup;
 mod cloudevents;
+mod debezium_records;
 mod demo;
 mod deploy;
 mod docs;

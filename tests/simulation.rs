@@ -379,9 +379,9 @@ impl World {
 
 /// What one `recv` step yields.
 pub enum Step {
-    Event(pgwire_replication::ReplicationEvent),
+    Event(outbox_relay::source::SourceEvent),
     /// End of the WAL: a keepalive after a pause.
-    Idle(pgwire_replication::ReplicationEvent),
+    Idle(outbox_relay::source::SourceEvent),
     Wait(Duration),
     Break,
     Crash,

@@ -58,7 +58,7 @@ impl Delivered {
             return Ok(ids.contains(id));
         }
         let (reader, since) = (&self.reader, self.since_ms);
-        let ids = match sink.partition_count(topic).await {
+        let ids = match sink.fetch_partition_count(topic).await {
             Ok(partitions) => reader.event_ids_since(topic, partitions, since)?,
             // Not created yet: nothing was delivered to it.
             Err(e) if e.rdkafka_error_code() == Some(UnknownTopicOrPartition) => HashSet::new(),
@@ -101,7 +101,8 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
     let (mut sent, mut acked, mut skipped) = (0u64, 0u64, 0u64);
     for table in &config.tables {
         let relation = setup::relation(&client, table).await?;
-        let mapping = TableMapping::bind(config.mapping_for(table), &relation)
+        let facts = setup::column_facts(&client, &table.quoted()).await?;
+        let mapping = TableMapping::bind_with(config.mapping_for(table), &relation, &facts)
             .map_err(|e| CommandError::Refused(e.to_string()))?;
         if !relation.columns.iter().any(|c| c.name == args.column) {
             return Err(CommandError::Refused(format!(
@@ -173,7 +174,7 @@ fn delivered(delivery: Option<crate::sink::Delivery>) -> Result<u64, CommandErro
              at-least-once)",
             failure.record.id_text(),
             failure.record.topic,
-            failure.error
+            failure.refusal.source
         ))),
         None => Err(CommandError::Refused(
             "the producer stopped reporting deliveries".to_owned(),

@@ -93,7 +93,9 @@ pub fn run(cli: &Cli) -> ExitCode {
         Some(Command::Backfill(args)) => connected(cli, async |c| backfill::run(c, args).await),
         Some(Command::Reshard(args)) => connected(cli, async |c| reshard::run(c, args).await),
         Some(Command::Demo(args)) => demo::run(cli, args),
-        Some(Command::DebeziumConfig(args)) => debezium::run(args),
+        Some(Command::DebeziumConfig(args)) => {
+            debezium::run(args, cli.debezium_worker_config.as_deref())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -20,14 +20,16 @@ use crate::source::setup::{self, query_err};
 /// The record as the demo's consumer would show it.
 fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
     let id = (ID_HEADER.to_owned(), text(Some(&record.id)));
-    let headers = record.headers.iter();
-    let headers = headers.map(|(name, value)| (name.to_string(), text(value.as_deref())));
+    let mut headers: Vec<_> = (record.headers.iter())
+        .map(|(name, value)| (name.to_string(), text(value.as_deref())))
+        .collect();
+    headers.insert(record.headers_before_id.min(headers.len()), id);
     let lsn = lsn.to_string();
     RecordLine {
         topic: &record.topic,
         position: Position::Wal { lsn },
         key: text(record.key.as_deref()),
-        headers: std::iter::once(id).chain(headers).collect(),
+        headers,
         value: text(record.payload.as_deref()),
         timestamp_ms: Some(record.timestamp_ms),
     }
@@ -82,7 +84,11 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
             Message::Relation(relation) => {
                 let lsn = commit_lsn;
                 let bind = |source| RelayError::Bind { lsn, source };
-                mapper.relation(relation, None).map_err(bind)?;
+                let facts = match mapper.reads_catalog(&relation, None) {
+                    true => setup::column_facts(&client, &relation.id.to_string()).await?,
+                    false => Vec::new(),
+                };
+                mapper.relation(relation, None, &facts).map_err(bind)?;
                 None
             }
             Message::Insert { relation_id, new } => {

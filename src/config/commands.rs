@@ -143,7 +143,7 @@ impl Cli {
         let Some(path) = cli.debezium_config.as_deref().filter(|_| !explain) else {
             return Ok((cli, Vec::new()));
         };
-        let imported = debezium::import_file(path)?;
+        let imported = debezium::import_file(path, cli.debezium_worker_config.as_deref())?;
         Ok((parse(&imported), imported.warnings))
     }
 

@@ -4,6 +4,7 @@
 
 mod commands;
 pub mod debezium;
+mod format;
 mod observability;
 mod postgres;
 
@@ -19,6 +20,7 @@ pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, ReshardArgs,
     SetupArgs, StatusArgs,
 };
+pub use format::FormatArgs;
 pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
@@ -82,6 +84,9 @@ pub struct Cli {
     #[arg(long = "header-column", env = "OUTBOX_RELAY_HEADER_COLUMN")]
     #[arg(value_delimiter = ',')]
     pub header_columns: Vec<String>,
+    /// Debezium record-format flags.
+    #[command(flatten)]
+    pub format: FormatArgs,
     /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
     pub cloudevents: bool,
@@ -105,6 +110,10 @@ pub struct Cli {
     /// A Debezium connector configuration (JSON or .properties) whose settings become defaults.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
     pub debezium_config: Option<PathBuf>,
+    /// The Kafka Connect worker's properties, whose converters apply where the connector config
+    /// names none (default: Kafka's sample worker config, JsonConverter with schemas).
+    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_WORKER_CONFIG", value_name = "FILE")]
+    pub debezium_worker_config: Option<PathBuf>,
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,librdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -457,6 +466,7 @@ impl Config {
                 source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
                 database: postgres.dbname.clone(),
             }),
+            connect: cli.format.connect(!cli.message_prefixes.is_empty())?,
         };
         let (tables, overridden) = parse_tables(cli)?;
         let mut table_mappings = Vec::new();
@@ -766,6 +776,44 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(ok.dead_letter_topic.as_deref(), Some("outbox.dlq"));
+    }
+
+    #[test]
+    fn debeziums_format_is_off_by_default_and_its_flags_name_what_they_need() {
+        assert!(cli(&[]).unwrap().mapping.connect.is_none());
+        let config = cli(&[
+            "--key-converter",
+            "json",
+            "--debezium-context-headers",
+            "--debezium-topic-prefix",
+            "app",
+        ])
+        .unwrap();
+        let connect = config.mapping.connect.unwrap();
+        assert_eq!(connect.key, crate::outbox::connect::Converter::Json);
+        assert!(connect.context_headers.is_some_and(|run| run.len() == 36));
+        for (needle, extra) in [
+            ("--value-converter", &["--expand-json-payload"][..]),
+            (
+                "--value-converter",
+                &["--tombstone-on-empty-payload", "true"],
+            ),
+            (
+                "--expand-json-payload",
+                &["--value-converter", "json", "--keep-json-payload-nulls"],
+            ),
+            (
+                "--debezium-topic-prefix",
+                &["--key-converter", "string", "--debezium-context-headers"],
+            ),
+            (
+                "--message-prefix",
+                &["--key-converter", "string", "--message-prefix", "m"],
+            ),
+        ] {
+            let err = rejected(extra);
+            assert!(err.contains(needle), "{extra:?}: {err}");
+        }
     }
 
     #[test]

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use rdkafka::Statistics;
 use serde::Serialize;
 
 pub use crate::config::ReadinessThresholds;
@@ -327,11 +326,6 @@ impl Health {
         self.producer_connected.store(connected, Relaxed);
     }
 
-    /// librdkafka's statistics (the sink enables them): connected when any broker is `UP`.
-    pub fn producer_stats(&self, stats: &Statistics) {
-        self.set_producer_connected(stats.brokers.values().any(|b| b.state == "UP"));
-    }
-
     /// The slot poller's finding, including "missing" and "unknown".
     pub fn set_slot_observation(&self, observation: SlotObservation) {
         *lock(&self.slot) = observation;
@@ -610,26 +604,6 @@ mod tests {
         );
         health.set_progress(Progress::default());
         assert_eq!(health.snapshot(later).ack_staleness, Duration::ZERO);
-    }
-
-    #[test]
-    fn broker_state_comes_from_librdkafka_statistics() {
-        let stats = |states: &[&str]| {
-            let mut stats = Statistics::default();
-            for (i, state) in states.iter().enumerate() {
-                let broker = rdkafka::statistics::Broker {
-                    state: (*state).to_owned(),
-                    ..Default::default()
-                };
-                stats.brokers.insert(format!("127.0.0.1:9092/{i}"), broker);
-            }
-            stats
-        };
-        let health = Health::new(ReadinessThresholds::default());
-        health.producer_stats(&stats(&["INIT", "UP"]));
-        assert!(health.snapshot(Instant::now()).producer_connected);
-        health.producer_stats(&stats(&["CONNECT"]));
-        assert!(!health.snapshot(Instant::now()).producer_connected);
     }
 
     #[test]

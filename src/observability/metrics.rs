@@ -5,9 +5,7 @@
 use std::sync::OnceLock;
 
 use ::metrics::gauge;
-use heck::ToSnakeCase;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use rdkafka::error::KafkaError;
 
 use super::health::{SlotObservation, WalStatus};
 use crate::outbox::Shard;
@@ -113,15 +111,6 @@ pub fn set_shard(shard: Option<Shard>, slot: &str) {
     gauge!(SHARD_INFO, &labels).set(1.0);
 }
 
-/// [`DELIVERY_ERRORS_TOTAL`]'s bounded `kind` label: the librdkafka error code
-/// in snake case (`message_timed_out`), or `other`.
-pub(super) fn error_kind(error: &KafkaError) -> String {
-    match error.rdkafka_error_code() {
-        Some(code) => format!("{code:?}").to_snake_case(),
-        None => "other".to_owned(),
-    }
-}
-
 /// What the slot poller saw. A missing slot sets every `wal_status` gauge to
 /// 0; an unknown one changes nothing.
 pub fn set_slot(observation: &SlotObservation) {
@@ -221,16 +210,6 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
         }
-    }
-
-    #[test]
-    fn error_kinds_are_snake_case_codes() {
-        use rdkafka::types::RDKafkaErrorCode;
-        let e = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
-        assert_eq!(error_kind(&e), "message_timed_out");
-        let e = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
-        assert_eq!(error_kind(&e), "topic_authorization_failed");
-        assert_eq!(error_kind(&KafkaError::Canceled), "other");
     }
 
     #[test]

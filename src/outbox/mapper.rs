@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::connect::{ColumnFacts, ConnectConfig};
 use super::message::Fields;
 use super::{
     BindError, EventError, MappingConfig, OutboxRecord, Plan, RawParts, Shard, TableMapping,
@@ -60,13 +61,25 @@ impl EventMapper {
         EventMapper { shard, ..self }
     }
 
+    /// Whether binding `relation` (of root `root`) needs its columns' catalog facts.
+    pub fn reads_catalog(&self, relation: &Relation, root: Option<&TableName>) -> bool {
+        let table = |t: &TableName| match root {
+            Some(root) => t == root,
+            None => t.schema == relation.namespace && t.name == relation.name,
+        };
+        (self.tables.iter())
+            .any(|(t, m)| table(t) && m.connect.as_ref().is_some_and(ConnectConfig::reads_catalog))
+    }
+
     /// Takes a Relation message: binds the mapping when the table is an outbox table, or a
     /// partition of `root` (an outbox table) sent under its own name; records then name the
-    /// root. A table that no longer fits its mapping is an error.
+    /// root. A table that no longer fits its mapping is an error. `facts` are the columns'
+    /// catalog facts when [`EventMapper::reads_catalog`].
     pub fn relation(
         &mut self,
         relation: Relation,
         root: Option<TableName>,
+        facts: &[ColumnFacts],
     ) -> Result<(), BindError> {
         let table = root.unwrap_or_else(|| TableName {
             schema: relation.namespace.clone(),
@@ -83,7 +96,7 @@ impl EventMapper {
             ..relation
         };
         self.bound
-            .insert(named.id, TableMapping::bind(config, &named)?);
+            .insert(named.id, TableMapping::bind_with(config, &named, facts)?);
         Ok(())
     }
 

@@ -80,6 +80,7 @@ mod tests {
             timestamp_column: Some("ts".into()),
             header_columns: vec![HeaderColumn::parse("aggregate_type:type").unwrap()],
             cloudevents: None,
+            connect: None,
         }
     }
 

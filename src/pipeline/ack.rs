@@ -5,14 +5,14 @@
 //! and a FIFO of committed transactions with the ticket that ends each. The frontier is the end
 //! LSN of the longest fully delivered prefix. Transactions without events merge into the entry
 //! before them, so the FIFO is as long as the transactions with events in flight, and every
-//! operation is O(1) amortised.
+//! operation is O(1) amortised. What the tracker keeps of a sent event (`T`) is the caller's,
+//! and so is the clock: it is told when each event was handed over.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::lsn::Lsn;
-use crate::observability::observer::Sent;
 use crate::sink::Ticket;
 
 /// The stream broke the pgoutput protocol's framing: stop rather than guess.
@@ -47,13 +47,13 @@ pub enum AckError {
 
 /// One ticket: where its event came from, for errors, and its delivery.
 #[derive(Debug)]
-struct Slot {
+struct Slot<T> {
     commit_lsn: Lsn,
     table: Arc<str>,
     bytes: usize,
     delivered: bool,
-    /// Observability's record, from the hand-over to the producer to the ack.
-    sent: Option<Sent>,
+    /// The caller's record of the hand-over to the producer, and when it was, until the ack.
+    sent: Option<(T, Instant)>,
 }
 
 /// Committed transactions up to `end_lsn`: done once every ticket below `end_seq` is.
@@ -63,12 +63,13 @@ struct Committed {
     end_lsn: Lsn,
 }
 
-/// Tracks in-flight events and computes the ack frontier.
+/// Tracks in-flight events, each with a `T` from its hand-over to its ack, and computes the
+/// ack frontier.
 #[derive(Debug)]
-pub struct AckTracker {
+pub struct AckTracker<T> {
     /// Every ticket below this is delivered; the window holds the rest.
     base: u64,
-    window: VecDeque<Slot>,
+    window: VecDeque<Slot<T>>,
     committed: VecDeque<Committed>,
     /// The open transaction's commit LSN.
     open: Option<Lsn>,
@@ -78,7 +79,7 @@ pub struct AckTracker {
     in_flight_events: usize,
 }
 
-impl AckTracker {
+impl<T> AckTracker<T> {
     /// Starts at the slot's confirmed position; the frontier never goes below it.
     pub fn new(confirmed: Lsn) -> Self {
         AckTracker {
@@ -124,6 +125,7 @@ impl AckTracker {
         });
         self.in_flight_bytes += bytes;
         self.in_flight_events += 1;
+        self.check();
         Ok(ticket)
     }
 
@@ -164,6 +166,7 @@ impl AckTracker {
         for tx in &mut self.committed {
             tx.end_lsn = tx.end_lsn.min(to);
         }
+        self.check();
     }
 
     /// Where a new stream starts: the end of the last transaction received or keepalive confirmed.
@@ -184,32 +187,31 @@ impl AckTracker {
     }
 
     /// The slot of `ticket` while it awaits its ack.
-    fn undelivered(&mut self, ticket: Ticket) -> Option<&mut Slot> {
+    fn undelivered(&mut self, ticket: Ticket) -> Option<&mut Slot<T>> {
         let idx = self.index(ticket)?;
         Some(&mut self.window[idx]).filter(|slot| !slot.delivered)
     }
 
-    /// `ticket` was handed to the producer.
-    pub fn sent(&mut self, ticket: Ticket, sent: Sent) {
+    /// `ticket` was handed to the producer `now`; `sent` is returned with its ack.
+    pub fn sent(&mut self, ticket: Ticket, sent: T, now: Instant) {
         if let Some(slot) = self.undelivered(ticket) {
-            slot.sent = Some(sent);
+            slot.sent = Some((sent, now));
         }
     }
 
     /// When the oldest unacknowledged event was handed over (`/readyz`'s staleness).
     pub fn oldest_sent(&self) -> Option<Instant> {
         // An acked slot's record is cleared.
-        let sent = self.window.iter().find_map(|s| s.sent.as_ref());
-        sent.map(|sent| sent.handed_at)
+        self.window.iter().find_map(|s| Some(s.sent.as_ref()?.1))
     }
 
     /// The broker acknowledged `ticket`: what [`AckTracker::sent`] recorded for it, with its size.
-    pub fn ack(&mut self, ticket: Ticket) -> Result<Option<(Sent, usize)>, AckError> {
+    pub fn ack(&mut self, ticket: Ticket) -> Result<Option<(T, usize)>, AckError> {
         let slot = self
             .undelivered(ticket)
             .ok_or(AckError::UnknownTicket(ticket.0))?;
         slot.delivered = true;
-        let sent = slot.sent.take().map(|sent| (sent, slot.bytes));
+        let sent = slot.sent.take().map(|(sent, _)| (sent, slot.bytes));
         self.in_flight_bytes -= slot.bytes;
         self.in_flight_events -= 1;
         while self.window.front().is_some_and(|s| s.delivered) {
@@ -227,6 +229,7 @@ impl AckTracker {
             self.frontier = wal_end;
             self.last_end = self.last_end.max(wal_end);
         }
+        self.check();
     }
 
     fn advance(&mut self) {
@@ -236,6 +239,43 @@ impl AckTracker {
             self.frontier = self.frontier.max(tx.end_lsn);
             self.committed.pop_front();
         }
+        self.check();
+    }
+
+    /// The ledger's invariants, after every change in debug builds, so the simulation stops at
+    /// the step that broke one. O(1): the counts are recounted in small windows only.
+    fn check(&self) {
+        let (front, back) = (self.committed.front(), self.committed.back());
+        let (frontier, last_end) = (self.frontier, self.last_end);
+        debug_assert!(
+            frontier <= last_end,
+            "frontier {frontier} past the last end {last_end}"
+        );
+        debug_assert!(
+            front.is_none_or(|f| frontier <= f.end_lsn && f.end_seq > self.base),
+            "the oldest committed entry is already covered by frontier {frontier}"
+        );
+        debug_assert!(
+            front.zip(back).is_none_or(|(f, b)| f.end_lsn <= b.end_lsn
+                && b.end_lsn <= last_end
+                && b.end_seq <= self.next_seq()),
+            "commit ends out of order, or past the last end {last_end}"
+        );
+        let undelivered = self.window.iter().filter(|s| !s.delivered);
+        let (events, bytes) = (self.in_flight_events, self.in_flight_bytes);
+        debug_assert!(
+            self.window.front().is_none_or(|s| !s.delivered)
+                && self.window.is_empty() == (events == 0)
+                && events <= self.window.len()
+                && (events > 0 || bytes == 0)
+                && (self.window.len() > 64
+                    || (
+                        undelivered.clone().count(),
+                        undelivered.map(|s| s.bytes).sum()
+                    ) == (events, bytes)),
+            "{events} events, {bytes} bytes in flight disagree with a window of {}",
+            self.window.len()
+        );
     }
 
     /// The highest LSN safe to report to Postgres as flushed.
@@ -271,13 +311,15 @@ impl AckTracker {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn table() -> Arc<str> {
         Arc::from("public.outbox")
     }
 
-    fn tx(t: &mut AckTracker, commit: u64, events: usize, end: u64) -> Vec<Ticket> {
+    fn tx(t: &mut AckTracker<()>, commit: u64, events: usize, end: u64) -> Vec<Ticket> {
         t.begin(Lsn(commit)).unwrap();
         let tickets = (0..events).map(|_| t.push(10, &table()).unwrap()).collect();
         t.commit(Lsn(end)).unwrap();
@@ -355,7 +397,7 @@ mod tests {
 
     #[test]
     fn keepalive_advances_only_when_idle() {
-        let mut t = AckTracker::new(Lsn(100));
+        let mut t = AckTracker::<()>::new(Lsn(100));
         t.keepalive(Lsn(150));
         assert_eq!(t.frontier(), Lsn(150));
         // Never backwards.
@@ -395,7 +437,7 @@ mod tests {
 
     #[test]
     fn protocol_violations_are_errors() {
-        let mut t = AckTracker::new(Lsn(100));
+        let mut t = AckTracker::<()>::new(Lsn(100));
         assert!(matches!(
             t.push(1, &table()),
             Err(AckError::NoTransaction { .. })
@@ -481,7 +523,7 @@ mod tests {
 
     #[test]
     fn in_flight_counts_and_bytes() {
-        let mut t = AckTracker::new(Lsn(0));
+        let mut t = AckTracker::<()>::new(Lsn(0));
         t.begin(Lsn(1)).unwrap();
         let a = t.push(100, &table()).unwrap();
         let b = t.push(50, &table()).unwrap();
@@ -498,21 +540,17 @@ mod tests {
 
     #[test]
     fn out_of_order_acks_keep_the_oldest_event_as_the_staleness_origin() {
-        use crate::observability::health::Health;
-        use crate::observability::observer::PipelineObserver;
-        let mut obs = PipelineObserver::with_health(Arc::new(Health::new(Default::default())));
         let mut t = AckTracker::new(Lsn(1));
         t.begin(Lsn(10)).unwrap();
-        let mut handed = Vec::new();
-        for _ in 0..3 {
+        let t0 = Instant::now();
+        let handed: Vec<_> = (0..3).map(|i| t0 + Duration::from_secs(i)).collect();
+        for (n, &at) in handed.iter().enumerate() {
             let ticket = t.push(10, &table()).unwrap();
-            let sent = obs.event_sent("a", 0);
-            handed.push(sent.handed_at);
-            t.sent(ticket, sent);
+            t.sent(ticket, n, at);
         }
         t.commit(Lsn(11)).unwrap();
         assert_eq!(t.oldest_sent(), Some(handed[0]));
-        assert!(t.ack(Ticket(1)).unwrap().is_some());
+        assert_eq!(t.ack(Ticket(1)).unwrap(), Some((1, 10)));
         assert_eq!(t.oldest_sent(), Some(handed[0]));
         assert!(t.ack(Ticket(1)).is_err(), "twice: refused");
         t.ack(Ticket(0)).unwrap();
@@ -529,9 +567,6 @@ mod tests {
 
     #[test]
     fn a_record_for_an_acknowledged_ticket_is_not_kept_as_the_staleness_origin() {
-        use crate::observability::health::Health;
-        use crate::observability::observer::PipelineObserver;
-        let mut obs = PipelineObserver::with_health(Arc::new(Health::new(Default::default())));
         let mut t = AckTracker::new(Lsn(1));
         t.begin(Lsn(10)).unwrap();
         // The first event (an unmapped row being dead-lettered) holds the window open.
@@ -539,10 +574,42 @@ mod tests {
         let acked = t.push(10, &table()).unwrap();
         t.ack(acked).unwrap();
         // A record arriving after the ack is of nothing in flight.
-        t.sent(acked, obs.event_sent("a", 0));
+        t.sent(acked, "late", Instant::now());
         assert_eq!(t.window_len(), 2);
         assert_eq!(t.oldest_sent(), None);
         t.ack(held).unwrap();
         assert_eq!(t.window_len(), 0);
+    }
+
+    #[test]
+    fn a_broken_invariant_stops_the_step_that_shows_it() {
+        type Corruption = fn(&mut AckTracker<()>);
+        let corruptions: [(&str, Corruption); 3] = [
+            ("frontier 0/1F4 past the last end", |t| {
+                t.frontier = Lsn(500)
+            }),
+            ("commit ends out of order", |t| {
+                t.committed.push_back(Committed {
+                    end_seq: 1,
+                    end_lsn: Lsn(400),
+                })
+            }),
+            ("disagree with a window of 2", |t| t.in_flight_bytes += 1),
+        ];
+        for (expected, corrupt) in corruptions {
+            let step = std::panic::catch_unwind(|| {
+                let mut t = AckTracker::<()>::new(Lsn(0));
+                t.begin(Lsn(10)).unwrap();
+                t.push(10, &table()).unwrap();
+                t.push(10, &table()).unwrap();
+                corrupt(&mut t);
+                t.commit(Lsn(20)).unwrap();
+            });
+            let panic = step.err().and_then(|p| p.downcast::<String>().ok());
+            assert!(
+                panic.as_ref().is_some_and(|m| m.contains(expected)),
+                "{expected}: {panic:?}"
+            );
+        }
     }
 }

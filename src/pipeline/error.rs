@@ -1,13 +1,11 @@
 //! Why the relay stops, and the process exit code for each class of failure.
 
-use rdkafka::error::KafkaError;
-
 use super::ack::AckError;
 use crate::lsn::Lsn;
 use crate::outbox::{BindError, DeadLetterInfo};
 use crate::pgoutput::DecodeError;
-use crate::sink::SinkError;
 use crate::sink::exactly_once::TailError;
+use crate::sink::{Refusal, SinkError};
 use crate::source::SourceError;
 
 /// Process exit codes, one per failure class (docs/operations.md's Exit codes table).
@@ -84,7 +82,7 @@ pub enum RelayError {
         topic: String,
         /// The final delivery error.
         #[source]
-        error: KafkaError,
+        error: Refusal,
     },
     /// The outbox table's columns no longer fit the mapping.
     #[error(
@@ -130,7 +128,7 @@ pub enum RelayError {
         topic: String,
         /// What the dead-letter topic said.
         #[source]
-        error: KafkaError,
+        error: Refusal,
     },
     /// Exactly-once delivery cannot be guaranteed.
     #[error(

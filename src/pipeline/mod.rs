@@ -18,6 +18,7 @@
 
 pub mod ack;
 
+mod decide;
 mod error;
 mod events;
 mod stream;
@@ -34,14 +35,15 @@ use tokio::time::Instant;
 use crate::config::{self, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
-use crate::observability::observer::PipelineObserver;
+use crate::observability::observer::{PipelineObserver, Sent};
 use crate::outbox::EventMapper;
-use crate::sink::exactly_once::ExactlyOnce;
+use crate::sink::exactly_once::{ExactlyOnce, ReadBack};
 use crate::sink::{Delivery, Sink, Ticket};
 use crate::source::cleanup::Cleanup;
 use crate::source::setup::SlotState;
 use crate::source::{ServerId, Source, Stream};
 use ack::{AckError, AckTracker};
+use decide::ReadGate;
 
 pub use error::{RelayError, exit_code};
 
@@ -61,49 +63,71 @@ pub struct Summary {
 }
 
 /// The running relay: source, tracker and sink.
-pub struct Pipeline<S: Source, K: Sink> {
+pub struct Pipeline<S: Source, K: Sink + ReadBack> {
     config: Config,
     source: S,
     stream: Option<S::Stream>,
     sink: Arc<K>,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
-    tracker: AckTracker,
-    mapper: EventMapper,
-    /// UPDATE/DELETE messages on outbox tables (ignored).
-    non_insert_changes: u64,
-    warned_non_transactional: bool,
-    /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
-    all_tables: bool,
-    /// Relations that are neither outbox tables nor partitions of one.
-    foreign: HashMap<u32, String>,
+    tracker: AckTracker<Sent>,
+    tx: OpenTx,
+    routing: Routing,
+    guard: PublicationGuard,
+    gate: ReadGate,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// Set at shutdown: when reading to the open commit and the drain must both be done.
     stop_by: Option<Instant>,
+    /// The last position confirmed to the stream.
     reported: Lsn,
-    /// The frontier before the last check that found the publication intact.
-    checked: Lsn,
-    /// PostgreSQL 18 decodes on past a dropped publication, skipping its rows:
-    /// only a position a check covered may be reported.
-    report_checked_only: bool,
-    next_publication_check: Instant,
     /// The server and timeline the last stream ran on.
     server: Option<ServerId>,
-    commit_lsn: Lsn,
-    /// Unix microseconds: commit-to-ack latencies are a few milliseconds.
-    commit_time_us: i64,
     summary: Summary,
-    /// Index of the next outbox event within the open transaction.
-    tx_seq: u32,
-    /// The largest recent WAL message, decaying by 1/64 per message so one huge row
-    /// does not throttle the rest of the run.
-    largest_message: usize,
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
     cleanup: Option<Cleanup>,
     observer: PipelineObserver,
 }
 
-impl<S: Source, K: Sink> Pipeline<S, K> {
+/// The open transaction, or the last one.
+#[derive(Default)]
+struct OpenTx {
+    commit_lsn: Lsn,
+    /// Unix microseconds: commit-to-ack latencies are a few milliseconds.
+    commit_time_us: i64,
+    /// Index of its next outbox event.
+    seq: u32,
+}
+
+impl OpenTx {
+    /// The commit time in Unix milliseconds (Kafka timestamps).
+    fn commit_time_ms(&self) -> i64 {
+        self.commit_time_us.div_euclid(1000)
+    }
+}
+
+/// What routing needs beside the mapper: the relations that are not outbox tables.
+struct Routing {
+    mapper: EventMapper,
+    /// `FOR ALL TABLES`: inserts into other tables are expected and skipped.
+    all_tables: bool,
+    /// Relations that are neither outbox tables nor partitions of one.
+    foreign: HashMap<u32, String>,
+    /// UPDATE/DELETE messages on outbox tables (ignored).
+    non_insert_changes: u64,
+    warned_non_transactional: bool,
+}
+
+/// PostgreSQL 18 decodes on past a dropped publication, skipping its rows: only a position a
+/// check covered may be reported there.
+struct PublicationGuard {
+    /// The frontier before the last check that found the publication intact.
+    checked: Lsn,
+    /// Whether reports wait for checks (PostgreSQL 18 and later).
+    checked_only: bool,
+    next_check: Instant,
+}
+
+impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     /// A pipeline resuming from `slot`'s confirmed position. Make it after the metrics
     /// recorder is installed: its metric handles bind when it is made.
     pub fn new(
@@ -117,23 +141,32 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
     ) -> Self {
         let confirmed = slot.confirmed_flush;
         Pipeline {
-            mapper: config.event_mapper(),
-            non_insert_changes: 0,
-            warned_non_transactional: false,
-            all_tables: slot.publication.all_tables,
-            foreign: HashMap::new(),
+            routing: Routing {
+                mapper: config.event_mapper(),
+                all_tables: slot.publication.all_tables,
+                foreign: HashMap::new(),
+                non_insert_changes: 0,
+                warned_non_transactional: false,
+            },
             exactly_once: (config.flags.delivery == config::Delivery::ExactlyOnce).then(|| {
                 ExactlyOnce::new(
                     config.flags.slot.clone(),
                     config.flags.exactly_once_fallback,
                 )
             }),
+            gate: ReadGate {
+                max_events: config.flags.max_in_flight_events,
+                max_bytes: config.flags.max_in_flight_bytes,
+                largest: 0,
+            },
             tracker: AckTracker::new(confirmed),
             reported: confirmed,
-            checked: confirmed,
-            // Before 18, pgoutput fails the stream on a missing publication.
-            report_checked_only: slot.publication.server_version >= 180_000,
-            next_publication_check: Instant::now(),
+            guard: PublicationGuard {
+                checked: confirmed,
+                // Before 18, pgoutput fails the stream on a missing publication.
+                checked_only: slot.publication.server_version >= 180_000,
+                next_check: Instant::now(),
+            },
             server: None,
             config,
             source,
@@ -142,11 +175,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             deliveries,
             shutdown: Box::pin(std::future::pending()),
             stop_by: None,
-            commit_lsn: Lsn::ZERO,
-            commit_time_us: 0,
+            tx: OpenTx::default(),
             summary: Summary::default(),
-            tx_seq: 0,
-            largest_message: 0,
             cleanup,
             observer: PipelineObserver::with_health(health),
         }
@@ -164,34 +194,21 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         outcome.map(|()| summary)
     }
 
-    /// The open transaction's commit time in Unix milliseconds (Kafka timestamps).
-    fn commit_time_ms(&self) -> i64 {
-        self.commit_time_us.div_euclid(1000)
-    }
-
-    fn saw_message(&mut self, len: usize) {
-        self.largest_message = len.max(self.largest_message - self.largest_message / 64);
-    }
-
     fn begin_shutdown(&mut self) {
         self.stop_by = Some(Instant::now() + self.config.flags.shutdown_timeout);
     }
 
-    /// The ack frontier, held back until the rows it covers are deleted (`--cleanup delete`)
-    /// and until a publication check that started after it was reached.
+    /// The frontier as [`decide::reportable`] holds it back.
     fn reportable(&self) -> Lsn {
-        if self.report_checked_only {
-            self.unverified().min(self.checked)
-        } else {
-            self.unverified()
-        }
+        let guard = &self.guard;
+        let checked = guard.checked_only.then_some(guard.checked);
+        decide::reportable(self.unverified(), None, checked)
     }
 
+    /// The frontier held back for cleanup only: what a publication check would cover.
     fn unverified(&self) -> Lsn {
-        let frontier = self.tracker.frontier();
-        self.cleanup
-            .as_ref()
-            .map_or(frontier, |c| c.cleared().min(frontier))
+        let cleared = self.cleanup.as_ref().map(Cleanup::cleared);
+        decide::reportable(self.tracker.frontier(), cleared, None)
     }
 
     /// Checks that the publication still exists, is the same one and covers the outbox tables;
@@ -202,7 +219,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
         if !self.source.check_publication().await? {
             return Ok(false);
         }
-        self.checked = self.checked.max(candidate);
+        self.guard.checked = self.guard.checked.max(candidate);
         Ok(true)
     }
 
@@ -286,7 +303,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             frontier = %frontier,
             acked = self.summary.events_acked,
             dead_lettered = self.summary.dead_lettered,
-            ignored_updates_deletes = self.non_insert_changes,
+            ignored_updates_deletes = self.routing.non_insert_changes,
             "stopped; slot confirmed up to the final frontier"
         );
         Summary {

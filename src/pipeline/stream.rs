@@ -8,9 +8,10 @@ use tokio::time::Instant;
 use super::{Pipeline, RelayError};
 use crate::lsn::Lsn;
 use crate::sink::Sink;
+use crate::sink::exactly_once::ReadBack;
 use crate::source::{Recovery, Source, SourceError, Stream};
 
-impl<S: Source, K: Sink> Pipeline<S, K> {
+impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     /// Connects and streams; on a transient failure reconnects, keeping deliveries and tracker.
     pub(super) async fn run_streams(&mut self) -> Result<(), RelayError> {
         let min_backoff = self.config.flags.reconnect_backoff_min;
@@ -125,7 +126,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             );
             self.tracker.rewind(at);
             self.reported = self.reported.min(at);
-            self.checked = self.checked.min(at);
+            self.guard.checked = self.guard.checked.min(at);
         }
         let new_source = self
             .exactly_once
@@ -184,20 +185,14 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
             if self.stop_by.is_some() && !self.tracker.in_transaction() {
                 return Ok(());
             }
-            // Read-ahead (pgwire-replication's channel and reader) holds up to two messages
-            // beyond what is in flight; with nothing in flight, read anyway so a row larger
-            // than the cap still goes through.
-            let in_flight = self.tracker.in_flight_bytes();
-            let can_read = self.tracker.window_len() < self.config.flags.max_in_flight_events
-                && (in_flight == 0
-                    || in_flight.saturating_add(2 * self.largest_message)
-                        < self.config.flags.max_in_flight_bytes);
+            let (window, bytes) = (self.tracker.window_len(), self.tracker.in_flight_bytes());
+            let can_read = self.gate.open(window, bytes);
             let stop_by = self.stop_by;
             let frontier = self.tracker.frontier();
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
             // Checked at the status interval while there is something new to confirm.
             let check_at =
-                (self.unverified() > self.checked).then_some(self.next_publication_check);
+                (self.unverified() > self.guard.checked).then_some(self.guard.next_check);
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
@@ -207,8 +202,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                     self.begin_shutdown();
                     if self.tracker.in_transaction() {
                         tracing::info!(
-                            lsn = %self.commit_lsn,
-                            sent = self.tx_seq,
+                            lsn = %self.tx.commit_lsn,
+                            sent = self.tx.seq,
                             "shutdown requested: reading to the open transaction's commit, then \
                              waiting for in-flight deliveries"
                         );
@@ -218,8 +213,8 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                 }
                 () = sleep_until_some(stop_by) => {
                     tracing::warn!(
-                        lsn = %self.commit_lsn,
-                        sent = self.tx_seq,
+                        lsn = %self.tx.commit_lsn,
+                        sent = self.tx.seq,
                         frontier = %self.tracker.frontier(),
                         "--shutdown-timeout ran out before the open transaction's commit arrived: \
                          that transaction (its events sent so far included) and everything after \
@@ -241,7 +236,7 @@ impl<S: Source, K: Sink> Pipeline<S, K> {
                         true => self.config.flags.status_interval,
                         false => self.config.flags.status_interval.max(Duration::from_secs(1)),
                     };
-                    self.next_publication_check = Instant::now() + wait;
+                    self.guard.next_check = Instant::now() + wait;
                 }
             }
             self.report_frontier(false).await;

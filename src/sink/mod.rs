@@ -8,12 +8,12 @@
 
 pub mod exactly_once;
 
-use std::collections::HashSet;
 use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use heck::ToSnakeCase;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
@@ -21,10 +21,9 @@ use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer}
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
 
-use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
-use exactly_once::{Position, TailError, TailReader};
+use exactly_once::TailReader;
 
 /// The Kafka side as the pipeline sees it: [`KafkaSink`], or the simulation's
 /// in-memory broker. Deliveries arrive on the channel made with the sink.
@@ -45,21 +44,6 @@ pub trait Sink: Send + Sync + 'static {
 
     /// Records handed over whose delivery has not been reported yet.
     fn in_flight(&self) -> usize;
-
-    /// The partition count of `topic` (exactly-once pins partitions); fetching
-    /// it creates the topic where the broker auto-creates topics.
-    fn partition_count(&self, topic: &str) -> impl Future<Output = Result<i32, KafkaError>> + Send;
-
-    /// Per partition of `topic`, the positions of `source`'s records at or
-    /// above `floor` (see [`exactly_once`]).
-    fn tails(
-        &self,
-        topic: &str,
-        source: &str,
-        partitions: i32,
-        floor: Lsn,
-        wal_end: Lsn,
-    ) -> impl Future<Output = Vec<Result<HashSet<Position>, TailError>>> + Send;
 }
 
 /// Producer settings the relay sets unless `-X` overrides them.
@@ -86,48 +70,80 @@ pub struct Delivery {
     pub ticket: Ticket,
     /// `Ok` once the broker acknowledged it.
     pub outcome: Result<(), DeliveryFailure>,
-    /// Whether it was sent by [`Sink::send_alone`].
-    pub alone: bool,
 }
 
 /// A record librdkafka gave up on, copied back (failures are rare) so it can
 /// be sent again or dead-lettered.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct DeliveryFailure {
-    /// librdkafka's verdict.
-    pub error: KafkaError,
+    /// Why, classified.
+    pub refusal: Refusal,
     /// The record, pinned to the partition it was meant for.
     pub record: OutboxRecord,
 }
 
-/// Whether a Kafka error condemns one record (poison: dead-letter it or stop)
-/// rather than the configuration or the cluster (stop).
-pub fn is_poison(error: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            C::MessageSizeTooLarge
-                | C::InvalidMessageSize
-                | C::InvalidMessage
-                | C::MessageBatchTooLarge
-                | C::InvalidRecord
-                | C::PolicyViolation
-                | C::InvalidTopic
-                | C::InvalidTimestamp
-        )
-    )
+/// Whose fault a refusal is: what the pipeline does next follows from it alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Blame {
+    /// The broker judged the record's batch (sizes are checked per batch; with KIP-467 the
+    /// healthy records of a batch holding an invalid one fail too): send it again alone.
+    Batch,
+    /// The record itself can never be delivered (poison); `too_large`: its size is the reason.
+    Record {
+        /// A size limit refused it, so dead-lettering it must leave its payload out.
+        too_large: bool,
+    },
+    /// Not the record's fault (the configuration, the cluster): stop.
+    Fatal,
 }
 
-/// Whether a failed delivery may be the batch's fault rather than the
-/// record's: sizes are checked per batch, and with KIP-467 the healthy records
-/// of a batch holding an invalid one fail with `_INVALID_DIFFERENT_RECORD`.
-pub fn is_batch_level(error: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        error.rdkafka_error_code(),
-        Some(C::MessageSizeTooLarge | C::MessageBatchTooLarge | C::InvalidDifferentRecord)
-    )
+/// A record Kafka did not take, classified once by the sink; librdkafka's error is the source.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", match .blame {
+    Blame::Batch => "refused with its batch",
+    Blame::Record { too_large: true } => "the record is too large",
+    Blame::Record { too_large: false } => "the record cannot be delivered",
+    Blame::Fatal => "not the record's fault",
+})]
+pub struct Refusal {
+    /// What to do about it.
+    pub blame: Blame,
+    /// librdkafka's error code in snake case (`message_timed_out`), or `other`: the
+    /// bounded `kind` label of the delivery errors metric.
+    pub code: String,
+    /// What Kafka said.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl Refusal {
+    /// Classifies librdkafka's `error` about a record sent in a shared batch or `alone`.
+    fn new(error: KafkaError, alone: bool) -> Self {
+        use RDKafkaErrorCode as C;
+        let code = error.rdkafka_error_code();
+        let blame =
+            match code {
+                Some(
+                    C::MessageSizeTooLarge | C::MessageBatchTooLarge | C::InvalidDifferentRecord,
+                ) if !alone => Blame::Batch,
+                Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
+                    Blame::Record { too_large: true }
+                }
+                Some(
+                    C::InvalidMessage
+                    | C::InvalidRecord
+                    | C::PolicyViolation
+                    | C::InvalidTopic
+                    | C::InvalidTimestamp,
+                ) => Blame::Record { too_large: false },
+                _ => Blame::Fatal,
+            };
+        Refusal {
+            blame,
+            code: code.map_or("other".to_owned(), |c| format!("{c:?}").to_snake_case()),
+            source: Box::new(error),
+        }
+    }
 }
 
 /// The producer could not be built or refused a record outright.
@@ -141,16 +157,16 @@ pub enum SinkError {
         /// librdkafka's complaint, sensitive values hidden.
         reason: String,
     },
-    /// librdkafka refused to enqueue a record ([`is_poison`] tells whose fault).
+    /// librdkafka refused to enqueue a record.
     #[error("Kafka refused the record for topic {topic:?} (id {id})")]
     Enqueue {
         /// The topic the record was routed to.
         topic: String,
         /// The event's id.
         id: String,
-        /// What librdkafka said.
+        /// Why, classified.
         #[source]
-        source: KafkaError,
+        source: Refusal,
     },
 }
 
@@ -197,7 +213,7 @@ impl ClientContext for DeliveryContext {
 
     fn stats(&self, statistics: Statistics) {
         if let Some(health) = &self.health {
-            health.producer_stats(&statistics);
+            health.set_producer_connected(statistics.brokers.values().any(|b| b.state == "UP"));
         }
     }
 }
@@ -213,18 +229,22 @@ impl ProducerContext for DeliveryContext {
                 payload: msg.payload().map(Bytes::copy_from_slice),
                 id: Bytes::new(),
                 headers: Vec::new(),
+                headers_before_id: 0,
                 timestamp_ms: msg.timestamp().to_millis().unwrap_or_default(),
                 partition: (msg.partition() >= 0).then_some(msg.partition()),
             };
             for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
                 let value = h.value.map(Bytes::copy_from_slice);
                 match h.key {
-                    ID_HEADER => record.id = value.unwrap_or_default(),
+                    ID_HEADER if record.id.is_empty() => {
+                        record.id = value.unwrap_or_default();
+                        record.headers_before_id = record.headers.len();
+                    }
                     key => record.headers.push((Arc::from(key), value)),
                 }
             }
             DeliveryFailure {
-                error: error.clone(),
+                refusal: Refusal::new(error.clone(), self.alone),
                 record,
             }
         });
@@ -232,7 +252,6 @@ impl ProducerContext for DeliveryContext {
         let _ = self.deliveries.send(Delivery {
             ticket: Ticket(opaque as u64),
             outcome,
-            alone: self.alone,
         });
     }
 }
@@ -296,16 +315,20 @@ impl KafkaSink {
         ticket: Ticket,
         record: &OutboxRecord,
     ) -> Result<(), SinkError> {
-        let id = Header {
-            key: ID_HEADER,
-            value: Some(record.id.as_ref()),
-        };
-        let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len()).insert(id);
-        for (name, value) in &record.headers {
-            headers = headers.insert(Header {
-                key: name,
-                value: value.as_deref(),
-            });
+        let at = record.headers_before_id.min(record.headers.len());
+        let (before, after) = record.headers.split_at(at);
+        fn named((name, value): &(Arc<str>, Option<Bytes>)) -> (&str, Option<&[u8]>) {
+            (name, value.as_deref())
+        }
+        let id = std::iter::once((ID_HEADER, Some(record.id.as_ref())));
+        let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len());
+        for (key, value) in before
+            .iter()
+            .map(named)
+            .chain(id)
+            .chain(after.iter().map(named))
+        {
+            headers = headers.insert(Header { key, value });
         }
         let mut base: BaseRecord<'_, [u8], [u8], usize> =
             BaseRecord::with_opaque_to(&record.topic, ticket.0 as usize)
@@ -329,11 +352,12 @@ impl KafkaSink {
                     waited += Duration::from_millis(5);
                     base = refused;
                 }
-                Err((source, _)) => {
+                // librdkafka checks the record alone before batching it.
+                Err((error, _)) => {
                     return Err(SinkError::Enqueue {
                         topic: record.topic.clone(),
                         id: record.id_text(),
-                        source,
+                        source: Refusal::new(error, true),
                     });
                 }
             }
@@ -373,53 +397,6 @@ impl Sink for KafkaSink {
         let count =
             self.producer.in_flight_count() + self.alone.get().map_or(0, |p| p.in_flight_count());
         usize::try_from(count).unwrap_or(0)
-    }
-
-    async fn partition_count(&self, topic: &str) -> Result<i32, KafkaError> {
-        let (producer, topic) = (Arc::clone(&self.producer), topic.to_owned());
-        let fetch = tokio::task::spawn_blocking(move || {
-            let timeout = Duration::from_secs(30);
-            let metadata = producer.client().fetch_metadata(Some(&topic), timeout)?;
-            let count = metadata
-                .topics()
-                .first()
-                .filter(|t| t.error().is_none())
-                .map_or(0, |t| t.partitions().len());
-            match i32::try_from(count) {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(KafkaError::MetadataFetch(
-                    RDKafkaErrorCode::UnknownTopicOrPartition,
-                )),
-            }
-        });
-        fetch
-            .await
-            .unwrap_or(Err(KafkaError::MetadataFetch(RDKafkaErrorCode::Fail)))
-    }
-
-    async fn tails(
-        &self,
-        topic: &str,
-        source: &str,
-        partitions: i32,
-        floor: Lsn,
-        wal_end: Lsn,
-    ) -> Vec<Result<HashSet<Position>, TailError>> {
-        let failed = |reason: String| {
-            (0..partitions)
-                .map(|partition| Err(TailError::read(topic, partition, &reason)))
-                .collect()
-        };
-        let Some(reader) = self.tails.clone() else {
-            return failed("no tail reader (not --delivery exactly-once)".to_owned());
-        };
-        let (owned, source) = (topic.to_owned(), source.to_owned());
-        let read = tokio::task::spawn_blocking(move || {
-            let reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
-            reader.delivered(&owned, &source, partitions, floor, wal_end)
-        });
-        read.await
-            .unwrap_or_else(|e| failed(format!("the blocking read stopped: {e}")))
     }
 }
 
@@ -499,32 +476,70 @@ mod tests {
     }
 
     #[test]
-    fn size_errors_from_the_broker_are_batch_level() {
-        for code in [
-            RDKafkaErrorCode::MessageSizeTooLarge,
-            RDKafkaErrorCode::MessageBatchTooLarge,
-            RDKafkaErrorCode::InvalidDifferentRecord,
-        ] {
-            assert!(is_batch_level(&KafkaError::MessageProduction(code)));
+    fn refusals_are_classified_once_by_code_and_batch() {
+        use RDKafkaErrorCode as C;
+        let too_large = Blame::Record { too_large: true };
+        let poison = Blame::Record { too_large: false };
+        // (code, sent alone, blame)
+        let table = [
+            (C::MessageSizeTooLarge, false, Blame::Batch),
+            (C::MessageBatchTooLarge, false, Blame::Batch),
+            (C::InvalidDifferentRecord, false, Blame::Batch),
+            (C::MessageSizeTooLarge, true, too_large),
+            (C::MessageBatchTooLarge, true, too_large),
+            (C::InvalidMessageSize, false, too_large),
+            (C::InvalidDifferentRecord, true, Blame::Fatal),
+            (C::InvalidRecord, false, poison),
+            (C::InvalidMessage, true, poison),
+            (C::PolicyViolation, false, poison),
+            (C::InvalidTopic, false, poison),
+            (C::InvalidTimestamp, true, poison),
+            (C::MessageTimedOut, false, Blame::Fatal),
+            (C::TopicAuthorizationFailed, true, Blame::Fatal),
+        ];
+        for (code, alone, blame) in table {
+            let refusal = Refusal::new(KafkaError::MessageProduction(code), alone);
+            assert_eq!(refusal.blame, blame, "{code:?}, alone: {alone}");
         }
-        assert!(!is_batch_level(&KafkaError::MessageProduction(
-            RDKafkaErrorCode::InvalidRecord
-        )));
     }
 
     #[test]
-    fn poison_errors_are_record_level_ones() {
-        assert!(is_poison(&KafkaError::MessageProduction(
-            RDKafkaErrorCode::MessageSizeTooLarge
-        )));
-        assert!(is_poison(&KafkaError::MessageProduction(
-            RDKafkaErrorCode::InvalidRecord
-        )));
-        assert!(!is_poison(&KafkaError::MessageProduction(
-            RDKafkaErrorCode::MessageTimedOut
-        )));
-        assert!(!is_poison(&KafkaError::MessageProduction(
-            RDKafkaErrorCode::TopicAuthorizationFailed
-        )));
+    fn refusal_codes_are_snake_case_metric_labels() {
+        let code = |e| Refusal::new(e, false).code;
+        let e = KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut);
+        assert_eq!(code(e), "message_timed_out");
+        let e = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+        assert_eq!(code(e), "topic_authorization_failed");
+        assert_eq!(code(KafkaError::Canceled), "other");
+    }
+
+    #[test]
+    fn broker_state_comes_from_librdkafka_statistics() {
+        let health = Arc::new(Health::default());
+        let context = DeliveryContext {
+            deliveries: mpsc::unbounded_channel().0,
+            alone: false,
+            health: Some(Arc::clone(&health)),
+        };
+        let stats = |states: &[&str]| {
+            let mut stats = Statistics::default();
+            for (i, state) in states.iter().enumerate() {
+                let broker = rdkafka::statistics::Broker {
+                    state: (*state).to_owned(),
+                    ..Default::default()
+                };
+                stats.brokers.insert(format!("127.0.0.1:9092/{i}"), broker);
+            }
+            stats
+        };
+        let connected = || {
+            health
+                .snapshot(std::time::Instant::now())
+                .producer_connected
+        };
+        context.stats(stats(&["INIT", "UP"]));
+        assert!(connected());
+        context.stats(stats(&["CONNECT"]));
+        assert!(!connected());
     }
 }

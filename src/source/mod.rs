@@ -4,6 +4,7 @@
 //! slot, and only the pipeline calls it, with the ack frontier.
 
 pub mod cleanup;
+mod event;
 pub mod heartbeat;
 pub mod lineage;
 pub mod setup;
@@ -15,15 +16,17 @@ mod tls;
 use std::future::Future;
 use std::time::Duration;
 
-use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig, ReplicationEvent};
+use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig};
 use tokio_postgres::Client;
 
+pub use event::SourceEvent;
 pub use tls::TlsError;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
 use crate::outbox::TableName;
+use crate::outbox::connect::ColumnFacts;
 
 /// The walsender's settings, so values arrive in one text form (ISO, UTC).
 const SESSION_OPTIONS: &str =
@@ -158,6 +161,15 @@ pub enum SourceError {
         #[source]
         source: Box<SourceError>,
     },
+    /// An outbox table's NOT NULL and DEFAULT could not be read mid-stream: the stream restarts.
+    #[error("cannot read the columns of relation OID {relation_id}: {source}")]
+    ColumnLookup {
+        /// OID of the table.
+        relation_id: u32,
+        /// The lookup's error.
+        #[source]
+        source: Box<SourceError>,
+    },
 }
 
 /// How the relay should react to a [`SourceError`].
@@ -192,7 +204,8 @@ impl SourceError {
             SourceError::StartTimeout { .. }
             | SourceError::StreamEnded { .. }
             | SourceError::NoSuitableHost { .. }
-            | SourceError::PartitionLookup { .. } => Recovery::Reconnect,
+            | SourceError::PartitionLookup { .. }
+            | SourceError::ColumnLookup { .. } => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
     }
@@ -328,6 +341,16 @@ pub trait Source: Send {
         relation_id: u32,
     ) -> impl Future<Output = Result<Option<TableName>, SourceError>> + Send;
 
+    /// The `NOT NULL` and `DEFAULT` of table `relation_id`'s columns, which Debezium's JSON
+    /// formats write (asked for only then; a source without a catalog has none).
+    fn column_facts(
+        &mut self,
+        relation_id: u32,
+    ) -> impl Future<Output = Result<Vec<ColumnFacts>, SourceError>> + Send {
+        let _ = relation_id;
+        async { Ok(Vec::new()) }
+    }
+
     /// Whether positions decoded so far may be confirmed: `Ok(false)` when the
     /// publication could not be checked, `Err` when it changed (rows were skipped).
     fn check_publication(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send;
@@ -348,7 +371,7 @@ pub trait Stream: Send {
     /// The server and timeline it runs on.
     fn server(&self) -> &ServerId;
     /// The next event; a transient break has [`Recovery::Reconnect`].
-    fn recv(&mut self) -> impl Future<Output = Result<ReplicationEvent, SourceError>> + Send;
+    fn recv(&mut self) -> impl Future<Output = Result<SourceEvent, SourceError>> + Send;
     /// Confirms `lsn` to Postgres: the only way a position reaches it.
     fn ack(&self, lsn: Lsn);
     /// Ends the session once `wait_for` has been reported (or `timeout` ran out).
@@ -433,6 +456,18 @@ impl Source for PgSource {
             schema: r.get(0),
             name: r.get(1),
         }))
+    }
+
+    async fn column_facts(&mut self, relation_id: u32) -> Result<Vec<ColumnFacts>, SourceError> {
+        let client = control(&mut self.control, &self.config).await;
+        let facts = match client {
+            Ok(client) => setup::column_facts(client, &relation_id.to_string()).await,
+            Err(e) => Err(e),
+        };
+        facts.map_err(|e| SourceError::ColumnLookup {
+            relation_id,
+            source: Box::new(e),
+        })
     }
 
     async fn check_publication(&mut self) -> Result<bool, SourceError> {
@@ -571,12 +606,14 @@ impl Stream for ReplicationStream {
         &self.server
     }
 
-    async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+    async fn recv(&mut self) -> Result<SourceEvent, SourceError> {
+        let ended = || SourceError::StreamEnded {
+            slot: self.slot.clone(),
+        };
         match self.client.recv().await {
-            Ok(Some(event)) => Ok(event),
-            Ok(None) => Err(SourceError::StreamEnded {
-                slot: self.slot.clone(),
-            }),
+            // `StoppedAt` ends the stream.
+            Ok(Some(event)) => SourceEvent::from_driver(event).ok_or_else(ended),
+            Ok(None) => Err(ended()),
             Err(source) => Err(stream_err(&self.slot)(source)),
         }
     }

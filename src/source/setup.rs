@@ -10,6 +10,7 @@ use super::{SourceError, lineage, slot_monitor, tls};
 use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::observability::health;
+use crate::outbox::connect::ColumnFacts;
 use crate::outbox::{TableName, quote_ident};
 use crate::pgoutput::{Column, Relation};
 
@@ -254,8 +255,16 @@ async fn check_table(
     config: &Config,
     table: &TableName,
 ) -> Result<bool, SourceError> {
-    let columns = relation(client, table).await?.columns;
-    for (flag, column) in config.mapping_for(table).required_columns() {
+    let relation = relation(client, table).await?;
+    let mapping = config.mapping_for(table);
+    if mapping.connect.is_some() {
+        // Debezium's format refuses column types and combinations before anything is sent.
+        let facts = column_facts(client, &table.quoted()).await?;
+        let bound = crate::outbox::TableMapping::bind_with(mapping, &relation, &facts);
+        bound.map_err(|e| SourceError::Misconfigured(e.to_string()))?;
+    }
+    let columns = relation.columns;
+    for (flag, column) in mapping.required_columns() {
         if !columns.iter().any(|c| c.name == column) {
             return Err(SourceError::Misconfigured(format!(
                 "outbox table {table} has no column {column:?} (named by {flag}); its columns \
@@ -316,6 +325,34 @@ pub(crate) async fn relation(client: &Client, table: &TableName) -> Result<Relat
         replica_identity: b'd',
         columns: columns.collect(),
     })
+}
+
+/// The `NOT NULL` and `DEFAULT` of a table's columns (generated columns have no default);
+/// `table` is its OID or quoted name.
+pub(crate) async fn column_facts(
+    client: &Client,
+    table: &str,
+) -> Result<Vec<ColumnFacts>, SourceError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.attnotnull, \
+               CASE WHEN a.attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END \
+             FROM pg_attribute a LEFT JOIN pg_attrdef d \
+               ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
+             WHERE a.attrelid = CASE WHEN $1 ~ '^[0-9]+$' THEN $1::oid ELSE $1::regclass END \
+               AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&table],
+        )
+        .await
+        .map_err(query_err("read the outbox table's NOT NULL and DEFAULT"))?;
+    Ok(rows
+        .iter()
+        .map(|r| ColumnFacts {
+            name: r.get(0),
+            not_null: r.get(1),
+            default: r.get(2),
+        })
+        .collect())
 }
 
 /// Creates the missing publication, with a shard's `filters` (on a standby, says what to run

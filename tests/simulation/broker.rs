@@ -12,9 +12,9 @@ use outbox_relay::outbox::OutboxRecord;
 use outbox_relay::sink::exactly_once::{
     LSN_HEADER, Position, SEQ_HEADER, SOURCE_HEADER, partition_for,
 };
+use outbox_relay::sink::{Blame, Refusal};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::time::Instant;
 
 /// One record in a partition log.
@@ -40,7 +40,7 @@ pub struct Pending {
 /// How one delivery ends.
 pub enum Outcome {
     Appended,
-    Failed(KafkaError),
+    Failed(Refusal),
 }
 
 /// The cluster: logs survive relay crashes, the producer queue does not.
@@ -150,7 +150,13 @@ impl Broker {
             && let Some(left) = self.poison.get_mut(&id).filter(|left| **left > 0)
         {
             *left -= 1;
-            let error = KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge);
+            // As the real sink classifies librdkafka's MSG_SIZE_TOO_LARGE: the batch's
+            // fault unless the record was sent alone.
+            let blame = match pending.alone {
+                true => Blame::Record { too_large: true },
+                false => Blame::Batch,
+            };
+            let error = refusal(blame, "message_size_too_large");
             return Some((pending, Outcome::Failed(error)));
         }
         if std::mem::take(&mut self.fail_next) || self.failing.contains(&key) {
@@ -159,7 +165,7 @@ impl Broker {
             } else {
                 self.failing.insert(key);
             }
-            let error = KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed);
+            let error = refusal(Blame::Fatal, "topic_authorization_failed");
             return Some((pending, Outcome::Failed(error)));
         }
         let log = self.logs.entry(key).or_default();
@@ -201,5 +207,14 @@ impl Broker {
             }
         }
         found
+    }
+}
+
+/// A refusal as the sink reports it, with librdkafka's error `code` as its text.
+fn refusal(blame: Blame, code: &str) -> Refusal {
+    Refusal {
+        blame,
+        code: code.to_owned(),
+        source: code.into(),
     }
 }

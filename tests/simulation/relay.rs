@@ -10,11 +10,10 @@ use outbox_relay::config::{Cli, Config};
 use outbox_relay::lsn::Lsn;
 use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
-use outbox_relay::sink::exactly_once::{Position, TailError};
+use outbox_relay::sink::exactly_once::{Position, ReadBack, TailError};
 use outbox_relay::sink::{Delivery, DeliveryFailure, Sink, SinkError, Ticket};
 use outbox_relay::source::setup::{Publication, SlotState};
-use outbox_relay::source::{ServerId, Source, SourceError, Stream};
-use pgwire_replication::ReplicationEvent;
+use outbox_relay::source::{ServerId, Source, SourceError, SourceEvent, Stream};
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -138,7 +137,7 @@ impl Stream for SimStream {
         &self.server
     }
 
-    async fn recv(&mut self) -> Result<ReplicationEvent, SourceError> {
+    async fn recv(&mut self) -> Result<SourceEvent, SourceError> {
         // The sleeps here and in `broker` are the simulated world's own time on
         // a paused clock (a walsender's idle keepalive interval, a scheduled
         // delay): they advance instantly and deterministically, and nothing
@@ -206,8 +205,10 @@ impl Sink for SimSink {
     fn in_flight(&self) -> usize {
         self.0.lock().broker.in_flight()
     }
+}
 
-    async fn partition_count(&self, topic: &str) -> Result<i32, rdkafka::error::KafkaError> {
+impl ReadBack for SimSink {
+    async fn partition_count(&self, topic: &str) -> Result<i32, TailError> {
         Ok(self
             .0
             .lock()
@@ -259,10 +260,10 @@ async fn broker(shared: Shared) {
                 Outcome::Appended => Ok(()),
                 Outcome::Failed(error) => {
                     let id = String::from_utf8_lossy(&pending.record.id).into_owned();
-                    world.note(format!("refused {id} ({error})"));
+                    world.note(format!("refused {id} ({})", error.code));
                     world.refused.insert(id);
                     Err(DeliveryFailure {
-                        error,
+                        refusal: error,
                         record: OutboxRecord {
                             partition: Some(pending.partition),
                             ..pending.record
@@ -286,7 +287,6 @@ async fn broker(shared: Shared) {
                 let _ = tx.send(Delivery {
                     ticket: Ticket(pending.ticket),
                     outcome,
-                    alone: pending.alone,
                 });
             }
         }

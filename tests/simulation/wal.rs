@@ -5,7 +5,8 @@
 use std::collections::BTreeSet;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use pgwire_replication::ReplicationEvent;
+use outbox_relay::lsn::Lsn;
+use outbox_relay::source::SourceEvent;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
@@ -56,7 +57,6 @@ impl Change {
 /// A committed transaction and where it sits in the WAL.
 #[derive(Clone, Debug)]
 pub struct Tx {
-    pub xid: u32,
     /// LSN of each change.
     pub lsns: Vec<u64>,
     pub changes: Vec<Change>,
@@ -88,7 +88,7 @@ impl Wal {
         let mut txs = Vec::new();
         let count = rng.random_range(1..=8);
         let mut next_event = 0;
-        for n in 0..count {
+        for _ in 0..count {
             let size = match rng.random_range(0..10) {
                 0 => 0,
                 1 => rng.random_range(12..=40),
@@ -112,7 +112,6 @@ impl Wal {
             let end_lsn = final_lsn + 0x30;
             at = end_lsn + rng.random_range(0..0x100);
             txs.push(Tx {
-                xid: 700 + n,
                 lsns,
                 changes,
                 final_lsn,
@@ -219,7 +218,7 @@ fn message_content(e: &Event) -> Bytes {
 /// One item a session delivers.
 #[derive(Clone, Debug)]
 pub enum Item {
-    Event(ReplicationEvent),
+    Event(SourceEvent),
     /// A keepalive; its `wal_end` is chosen when it is sent.
     KeepAlive {
         low: u64,
@@ -243,10 +242,9 @@ pub fn session(wal: &Wal, start: u64) -> Vec<Item> {
             low: before,
             high: tx.final_lsn,
         });
-        items.push(Item::Event(ReplicationEvent::Begin {
-            final_lsn: tx.final_lsn.into(),
-            xid: tx.xid,
-            commit_time_micros: 800_000_000_000_000 + tx.final_lsn as i64,
+        items.push(Item::Event(SourceEvent::Begin {
+            commit_lsn: Lsn(tx.final_lsn),
+            commit_time_us: 1_746_684_800_000_000 + tx.final_lsn as i64,
         }));
         for (change, &lsn) in tx.changes.iter().zip(&tx.lsns) {
             // Mid-transaction, the walsender has decoded the commit already.
@@ -255,10 +253,8 @@ pub fn session(wal: &Wal, start: u64) -> Vec<Item> {
                 high: tx.next_free,
             });
             let xlog = |data: Bytes| {
-                Item::Event(ReplicationEvent::XLogData {
-                    wal_start: lsn.into(),
-                    wal_end: 0u64.into(),
-                    server_time_micros: 0,
+                Item::Event(SourceEvent::Change {
+                    lsn: Lsn(lsn),
                     data,
                 })
             };
@@ -278,25 +274,21 @@ pub fn session(wal: &Wal, start: u64) -> Vec<Item> {
                     }
                     items.push(xlog(insert(ORDERS_OID, &["o1", "12.50"])));
                 }
-                Change::Message(e) => items.push(Item::Event(ReplicationEvent::Message {
+                Change::Message(e) => items.push(Item::Event(SourceEvent::Message {
                     transactional: true,
-                    lsn: lsn.into(),
+                    lsn: Lsn(lsn),
                     prefix: PREFIX.to_owned(),
                     content: message_content(e),
                 })),
-                Change::Foreign => items.push(Item::Event(ReplicationEvent::Message {
+                Change::Foreign => items.push(Item::Event(SourceEvent::Message {
                     transactional: true,
-                    lsn: lsn.into(),
+                    lsn: Lsn(lsn),
                     prefix: "audit".to_owned(),
                     content: Bytes::from_static(b"{}"),
                 })),
             }
         }
-        items.push(Item::Event(ReplicationEvent::Commit {
-            lsn: tx.final_lsn.into(),
-            end_lsn: tx.end_lsn.into(),
-            commit_time_micros: 800_000_000_000_000 + tx.final_lsn as i64,
-        }));
+        items.push(Item::Event(SourceEvent::Commit(Lsn(tx.end_lsn))));
         before = tx.end_lsn;
     }
     items.push(Item::KeepAlive {
@@ -307,17 +299,13 @@ pub fn session(wal: &Wal, start: u64) -> Vec<Item> {
 }
 
 /// A keepalive at a position in `[low, high]`.
-pub fn keepalive(rng: &mut ChaCha8Rng, low: u64, high: u64) -> ReplicationEvent {
+pub fn keepalive(rng: &mut ChaCha8Rng, low: u64, high: u64) -> SourceEvent {
     let wal_end = if high > low {
         rng.random_range(low..=high)
     } else {
         low
     };
-    ReplicationEvent::KeepAlive {
-        wal_end: wal_end.into(),
-        reply_requested: false,
-        server_time_micros: 0,
-    }
+    SourceEvent::KeepAlive(Lsn(wal_end))
 }
 
 #[cfg(test)]
@@ -348,7 +336,7 @@ mod tests {
         let begins = |items: &[Item]| {
             items
                 .iter()
-                .filter(|i| matches!(i, Item::Event(ReplicationEvent::Begin { .. })))
+                .filter(|i| matches!(i, Item::Event(SourceEvent::Begin { .. })))
                 .count()
         };
         assert_eq!(begins(&all), wal.txs.len());
