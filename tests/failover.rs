@@ -398,7 +398,7 @@ async fn a_promotion_resumes_from_the_new_primarys_slot_not_the_old_primarys_kee
 /// Logs a running-xacts record on the primary every 200 ms until stopped: a
 /// standby creates a logical slot only after replaying one, and the primary
 /// writes one by itself only every 15 s.
-fn log_standby_snapshots(client: tokio_postgres::Client, stop: Arc<AtomicBool>) {
+pub(crate) fn log_standby_snapshots(client: tokio_postgres::Client, stop: Arc<AtomicBool>) {
     tokio::spawn(async move {
         for _ in 0..3_000 {
             if stop.load(Ordering::SeqCst) {

@@ -26,6 +26,7 @@ mod peek;
 mod poison;
 mod publication;
 mod reliability;
+mod shards;
 mod simulation;
 mod slot_hygiene;
 mod startup;

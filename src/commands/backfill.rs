@@ -143,7 +143,16 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
                 None => Value::Null,
             };
             let values = TupleData((0..row.len()).map(value).collect());
-            let record = match mapping.map(&values, now_ms) {
+            let mapped = mapping.map(&values, now_ms);
+            // A shard re-publishes the rows its publication's filter would have sent it.
+            if config
+                .flags
+                .shard
+                .is_some_and(|shard| !shard.owns_event(&mapped))
+            {
+                continue;
+            }
+            let record = match mapped {
                 Ok(record) => record,
                 Err((e, parts)) => {
                     run.poison(None, parts, Vec::new(), now_ms, e.to_string(), None)

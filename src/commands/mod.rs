@@ -9,6 +9,7 @@ mod drop_slot;
 mod peek;
 mod print;
 mod relay;
+mod reshard;
 mod setup;
 mod status;
 
@@ -98,13 +99,14 @@ pub fn run(cli: &Cli) -> ExitCode {
         None => relay::run(cli),
         Some(Command::Setup(args)) if args.print => setup::print(cli),
         Some(Command::Setup(_)) => connected(cli, setup::apply),
-        Some(Command::DropSlot(args)) if !args.yes_i_know => {
-            Err(CommandError::Refused(drop_slot::refusal(&cli.flags.slot)))
-        }
+        Some(Command::DropSlot(args)) if !args.yes_i_know => (cli.flags.sharded())
+            .map_err(CommandError::from)
+            .and_then(|flags| Err(CommandError::Refused(drop_slot::refusal(&flags.slot)))),
         Some(Command::DropSlot(args)) => connected(cli, async |c| drop_slot::run(c, args).await),
         Some(Command::Status(args)) => connected(cli, async |c| status::run(c, args).await),
         Some(Command::Peek(args)) => connected(cli, async |c| peek::run(c, args).await),
         Some(Command::Backfill(args)) => connected(cli, async |c| backfill::run(c, args).await),
+        Some(Command::Reshard(args)) => connected(cli, async |c| reshard::run(c, args).await),
         Some(Command::Demo(args)) => demo::run(cli, args),
         Some(Command::DebeziumConfig(args)) => {
             debezium::run(args, cli.debezium_worker_config.as_deref())

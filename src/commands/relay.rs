@@ -112,6 +112,7 @@ async fn relay(
     if config.flags.observability.http_addr.is_some() {
         // The pipeline's metric handles bind to the recorder in place now.
         install_metrics().await;
+        metrics::set_shard(config.flags.shard, &config.flags.slot);
     }
     let source = PgSource::new(config.clone(), slot.publication.clone());
     // Aborted when dropped, as the pipeline stops.

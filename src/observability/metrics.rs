@@ -8,6 +8,7 @@ use ::metrics::gauge;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::health::{SlotObservation, WalStatus};
+use crate::outbox::Shard;
 
 /// Declares each metric's name constant (documented by its help text), [`ALL`] and `describe()`.
 macro_rules! metrics {
@@ -62,6 +63,8 @@ metrics! {
         "1 when synchronized_standby_slots is set on the server (PostgreSQL 17+), else 0.";
     describe_gauge BUILD_INFO = "outbox_relay_build_info",
         "Always 1; the version label names the build.";
+    describe_gauge SHARD_INFO = "outbox_relay_shard_info",
+        "Always 1; shard and shards label --shard I/K (0 and 1 unsharded), slot the slot streamed.";
 }
 
 /// Buckets of [`COMMIT_TO_ACK_SECONDS`]: 0.5 ms to 60 s, fine below 25 ms
@@ -97,6 +100,17 @@ pub(super) fn builder() -> PrometheusBuilder {
     // Only an empty bucket list is refused, and ours is a non-empty constant.
     let builder = PrometheusBuilder::new().set_buckets_for_metric(matcher, COMMIT_TO_ACK_BUCKETS);
     builder.unwrap_or_else(|_| PrometheusBuilder::new())
+}
+
+/// Sets [`SHARD_INFO`]: which share of the outbox this relay streams, from which slot.
+pub fn set_shard(shard: Option<Shard>, slot: &str) {
+    let (index, count) = shard.map_or((0, 1), |s| (s.index, s.count));
+    let labels = [
+        ("shard", index.to_string()),
+        ("shards", count.to_string()),
+        ("slot", slot.to_owned()),
+    ];
+    gauge!(SHARD_INFO, &labels).set(1.0);
 }
 
 /// What the slot poller saw. A missing slot sets every `wal_status` gauge to
@@ -184,6 +198,7 @@ mod tests {
             ::metrics::counter!(RECONNECTS_TOTAL).increment(1);
             ::metrics::counter!(CLEANUP_DELETED_ROWS_TOTAL).increment(3);
             gauge!(BUILD_INFO, "version" => "1.2.3").set(1.0);
+            set_shard(Some(Shard { index: 2, count: 4 }), "s_shard_2_of_4");
         });
         let text = handle.render();
         for line in [
@@ -198,6 +213,7 @@ mod tests {
             "outbox_relay_reconnects_total 1",
             "outbox_relay_cleanup_deleted_rows_total 3",
             "outbox_relay_build_info{version=\"1.2.3\"} 1",
+            "outbox_relay_shard_info{shard=\"2\",shards=\"4\",slot=\"s_shard_2_of_4\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
         }

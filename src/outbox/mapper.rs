@@ -1,6 +1,7 @@
 //! PURE: the one place where decoded pgoutput becomes outbox records, shared by the relay and
 //! `outbox-relay peek` so both map with the same code and flags. Ordering, acknowledgement and
-//! delivery stay with the caller.
+//! delivery stay with the caller. A shard's publication filters rows on the server; messages
+//! cannot be filtered there, so a shard's mapper drops the ones another shard owns.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -11,7 +12,8 @@ use bytes::Bytes;
 use super::connect::{ColumnFacts, ConnectConfig};
 use super::message::Fields;
 use super::{
-    BindError, EventError, MappingConfig, OutboxRecord, Plan, RawParts, TableMapping, TableName,
+    BindError, EventError, MappingConfig, OutboxRecord, Plan, RawParts, Shard, TableMapping,
+    TableName,
 };
 use crate::pgoutput::{Relation, TupleData};
 
@@ -26,6 +28,8 @@ pub struct EventMapper {
     bound: HashMap<u32, TableMapping>,
     /// By prefix: `message:<prefix>` (the table errors and dead letters name) and the mapping.
     messages: HashMap<String, (Arc<str>, Plan<String>)>,
+    /// `--shard`: only the messages it owns are mapped.
+    shard: Option<Shard>,
 }
 
 impl EventMapper {
@@ -48,7 +52,13 @@ impl EventMapper {
                     (prefix, (source, plan))
                 })
                 .collect(),
+            shard: None,
         }
+    }
+
+    /// Maps only the messages `shard` owns, by the hash its publication filters rows with.
+    pub fn sharded(self, shard: Option<Shard>) -> Self {
+        EventMapper { shard, ..self }
     }
 
     /// Whether binding `relation` (of root `root`) needs its columns' catalog facts.
@@ -113,8 +123,9 @@ impl EventMapper {
         Some((mapping.table().clone(), mapping.map(row, commit_time_ms)))
     }
 
-    /// Maps a logical decoding message: `None` unless an outbox prefix, else `message:<prefix>`
-    /// and the record.
+    /// Maps a logical decoding message: `None` unless an outbox prefix (and, sharded, owned by
+    /// this shard: one that does not map is owned by what could be read of its key and id),
+    /// else `message:<prefix>` and the record.
     pub fn message(
         &self,
         prefix: &str,
@@ -134,6 +145,9 @@ impl EventMapper {
                 Err((error, parts))
             }
         };
+        if self.shard.is_some_and(|shard| !shard.owns_event(&mapped)) {
+            return None;
+        }
         Some((source.clone(), mapped))
     }
 }

@@ -7,6 +7,7 @@ pub mod cloudevents;
 pub mod connect;
 mod mapper;
 mod message;
+pub mod shard;
 mod template;
 pub mod values;
 
@@ -17,6 +18,7 @@ use bytes::Bytes;
 use tokio_postgres::types::Type;
 
 pub use mapper::{EventMapper, Mapped};
+pub use shard::Shard;
 pub use template::{HeaderColumn, Segment, TableName, TopicTemplate, quote_ident};
 
 use crate::pgoutput::{Relation, TupleData, Value};

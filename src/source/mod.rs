@@ -9,6 +9,7 @@ pub mod failover;
 pub mod heartbeat;
 pub mod lineage;
 pub mod setup;
+pub mod shard;
 pub mod slot_monitor;
 pub mod sql;
 mod tls;
@@ -515,7 +516,7 @@ impl Source for PgSource {
         } else if let Some((table, _)) = found.members.iter().find(|m| !earlier.contains(m)) {
             format!(
                 "stopped publishing {table} and published it again (ALTER PUBLICATION ... DROP \
-                 TABLE, then ADD TABLE)"
+                 TABLE, then ADD TABLE; or SET TABLE with another row filter)"
             )
         } else {
             self.publication = found;

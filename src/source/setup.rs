@@ -21,6 +21,9 @@ const MIN_SERVER_MAJOR: i32 = 14;
 /// The first version (`server_version_num`) with failover slots.
 const FAILOVER_MIN_VERSION: i32 = 170_000;
 
+/// The first version with publication row filters, which `--shard` needs for tables.
+const ROW_FILTER_MIN_VERSION: i32 = 150_000;
+
 /// What start-up learned about the slot.
 #[derive(Debug, Clone)]
 pub struct SlotState {
@@ -173,14 +176,16 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
             partitioned.push(table);
         }
     }
+    let filters = super::shard::row_filters(client, config).await?;
     let publication = match verify_publication(client, config, &partitioned).await {
         // Before streaming, the only change is "does not exist".
         Err(SourceError::PublicationChanged { .. }) => {
-            create_publication(client, config, in_recovery).await?;
+            create_publication(client, config, in_recovery, &filters).await?;
             verify_publication(client, config, &partitioned).await?
         }
         found => found?,
     };
+    super::shard::verify(client, config, &publication, &filters).await?;
     let (confirmed_flush, created) = ensure_slot(client, config).await?;
     Ok(SlotState {
         confirmed_flush,
@@ -236,6 +241,14 @@ async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceEr
         format!(
             "--slot-failover needs PostgreSQL 17 or later, but the server is {version}; on older \
              servers a failover loses the slot (see docs/operations.md#failover)"
+        )
+    } else if let Some(shard) = config.flags.shard.filter(|_| !config.tables.is_empty())
+        && version_num < ROW_FILTER_MIN_VERSION
+    {
+        format!(
+            "--shard {shard} needs PostgreSQL 15 or later (publication row filters send each \
+             shard only its rows), but the server is {version}. Run one relay without --shard, \
+             or shard a table-less outbox (--table none --message-prefix ...)"
         )
     } else {
         return Ok(row.get(2));
@@ -349,14 +362,16 @@ pub(crate) async fn column_facts(
         .collect())
 }
 
-/// Creates the missing publication (on a standby, says what to run on the primary).
+/// Creates the missing publication, with a shard's `filters` (on a standby, says what to run
+/// on the primary).
 async fn create_publication(
     client: &Client,
     config: &Config,
     in_recovery: bool,
+    filters: &[String],
 ) -> Result<(), SourceError> {
     let publication = &config.flags.publication;
-    let sql = super::sql::create_publication(publication, &config.tables);
+    let sql = super::sql::create_publication(publication, &config.tables, filters);
     if in_recovery {
         return Err(SourceError::Misconfigured(format!(
             "publication {publication:?} does not exist, and this server is a hot standby, where \
