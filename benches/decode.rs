@@ -60,6 +60,7 @@ fn default_mapping() -> Option<MappingConfig> {
         timestamp_column: None,
         header_columns: Vec::new(),
         cloudevents: None,
+        connect: None,
     })
 }
 

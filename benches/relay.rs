@@ -26,7 +26,12 @@
 //! Flags (unknown ones, like cargo's `--bench`, are ignored): `--events N`,
 //! `--rounds N` (backlog drains; the median is reported), `--brokers N` and
 //! `--partitions N` (mock cluster shape), `--rate R`, `--duration S`, `--large-tx N`, `--skip-large`,
-//! `--status-interval D`, `--cleanup none|delete` and `-X KEY=VALUE` (passed to the relay), `--quick`.
+//! `--status-interval D`, `--cleanup none|delete` and `-X KEY=VALUE` (passed to the relay), `--quick`,
+//! and `--shards K`: instead of the three parts, K shard relays (`--shard I/K`; 1: one relay
+//! without it) drain each round's backlog one after the other, and the bench reports each
+//! relay's and walsender's CPU per event of the whole outbox and the drain K+1 cores would
+//! reach (events / the larger of the busiest process's CPU seconds and all their CPU seconds
+//! over K+1).
 
 // Test support: its `expect`s are on loopback set-up, not on relay output.
 #[allow(clippy::expect_used)]
@@ -48,6 +53,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use outbox_relay::lsn::Lsn;
+use outbox_relay::outbox::Shard;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::mocking::MockCluster;
@@ -148,6 +154,8 @@ struct Args {
     cleanup: String,
     kafka_properties: Vec<String>,
     quick: bool,
+    /// `--shards K`: only the shard drains, with K relays (1: one without `--shard`).
+    shards: Option<u32>,
 }
 
 impl Args {
@@ -169,6 +177,7 @@ impl Args {
             cleanup: "none".to_owned(),
             kafka_properties: Vec::new(),
             quick,
+            shards: None,
         };
         let mut it = raw.iter();
         while let Some(flag) = it.next() {
@@ -203,6 +212,14 @@ impl Args {
                 "--skip-large" => args.skip_large = true,
                 "--brokers" => args.brokers = small(flag, number(flag, value(flag)?)?)?,
                 "--partitions" => args.partitions = small(flag, number(flag, value(flag)?)?)?,
+                "--shards" => {
+                    let count = u32::try_from(number(flag, value(flag)?)?).unwrap_or(0);
+                    let max = outbox_relay::outbox::shard::MAX_SHARDS;
+                    if !(1..=max).contains(&count) {
+                        bail!("--shards: expected 1 to {max}");
+                    }
+                    args.shards = Some(count);
+                }
                 _ => {}
             }
         }
@@ -642,13 +659,25 @@ struct RelayProcess {
 }
 
 impl RelayProcess {
-    fn spawn(bin: &Path, pg: &PgCluster, bootstrap: &str, args: &Args) -> Result<Self> {
+    /// The relay on `bench_relay`, or on `shard`'s slot and publication (derived from it).
+    fn spawn(
+        bin: &Path,
+        pg: &PgCluster,
+        bootstrap: &str,
+        args: &Args,
+        shard: Option<Shard>,
+    ) -> Result<Self> {
         let http_port = http::free_port();
         let mut child = Command::new(bin)
             .arg("--postgres-url")
             .arg(pg.url())
             .args(["--kafka-brokers", bootstrap])
             .args(["--slot", SLOT_RELAY, "--publication", PUBLICATION])
+            .args(
+                shard
+                    .iter()
+                    .flat_map(|s| ["--shard".to_owned(), s.to_string()]),
+            )
             .args(["--status-interval", &args.status_interval])
             .args(["--delivery", &args.delivery])
             .args(["--cleanup", &args.cleanup])
@@ -925,14 +954,16 @@ impl Bench {
         Ok(false)
     }
 
-    /// Spawns the relay and waits until the slot is confirmed at `end` and the
+    /// Spawns the relay (of `shard`) and waits until its slot is confirmed at `end` and the
     /// broker holds `broker_target` records.
     async fn drain_relay(
         &mut self,
         end: Lsn,
         broker_target: i64,
         limit: Duration,
+        shard: Option<Shard>,
     ) -> Result<RelayDrain> {
+        let slot = &shard.map_or(SLOT_RELAY.to_owned(), |s| s.name(SLOT_RELAY));
         let bench_cpu_before = self_cpu_ticks();
         let stop = Arc::new(AtomicBool::new(false));
         let mut relay = RelayProcess::spawn(
@@ -940,6 +971,7 @@ impl Bench {
             &self.pg,
             &self.broker.bootstrap_servers(),
             &self.args,
+            shard,
         )?;
         let watcher = watch_broker(
             self.broker.bootstrap_servers(),
@@ -949,11 +981,11 @@ impl Bench {
         );
         let startup = relay.wait_streaming().await?;
         self.startups.push(startup);
-        let ws_pid = walsender_pid(&self.control, SLOT_RELAY, Duration::from_secs(10)).await?;
+        let ws_pid = walsender_pid(&self.control, slot, Duration::from_secs(10)).await?;
         let deadline = relay.spawned + limit;
         let mut done = None;
         for i in 0..(limit.as_millis() / CONFIRMED_POLL.as_millis() + 1) {
-            if confirmed_flush(&self.control, SLOT_RELAY).await? >= end {
+            if confirmed_flush(&self.control, slot).await? >= end {
                 done = Some(Instant::now());
                 break;
             }
@@ -1132,7 +1164,9 @@ impl Bench {
         );
 
         let before = self.broker_records().await?;
-        let relay = self.drain_relay(end, before + n as i64, limit).await?;
+        let relay = self
+            .drain_relay(end, before + n as i64, limit, None)
+            .await?;
         let relay_rate = n as f64 / relay.wall.as_secs_f64();
         let broker_rate = relay
             .broker_wall
@@ -1198,6 +1232,7 @@ impl Bench {
             &self.pg,
             &self.broker.bootstrap_servers(),
             &self.args,
+            None,
         )?;
         let startup = relay.wait_streaming().await?;
         self.startups.push(startup);
@@ -1382,7 +1417,9 @@ impl Bench {
             reference.walsender_cpu_s
         );
         let before = self.broker_records().await?;
-        let relay = self.drain_relay(end, before + n as i64, limit).await?;
+        let relay = self
+            .drain_relay(end, before + n as i64, limit, None)
+            .await?;
         println!(
             "relay: {:.2} s from spawn to slot confirmed ({:.0} events/s; broker had all after {:.2} s); \
              CPU relay {:.2} s, walsender {:.2} s; peak RSS (VmHWM) {:.1} MiB",
@@ -1408,6 +1445,182 @@ impl Bench {
         r.add_f("large_relay_cpu_s", relay.cpu_s, 2);
         r.add_f("large_relay_walsender_cpu_s", relay.walsender_cpu_s, 2);
         r.add_f("large_relay_rss_mib", relay.rss_mib, 1);
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shards
+
+/// One shard's drain of a round's backlog: its processes' CPU seconds.
+#[derive(Clone, Copy)]
+struct ShardDrain {
+    shard: Option<Shard>,
+    /// Events of the backlog whose key hashes to the shard.
+    owned: u64,
+    relay_s: f64,
+    walsender_s: f64,
+}
+
+/// One `--shards` round: each shard drained the same backlog.
+struct ShardRound {
+    drains: Vec<ShardDrain>,
+}
+
+impl ShardRound {
+    /// CPU seconds of the busiest process (a relay or a walsender).
+    fn busiest_s(&self) -> f64 {
+        let cpu = self.drains.iter().flat_map(|d| [d.relay_s, d.walsender_s]);
+        cpu.fold(0.0, f64::max)
+    }
+
+    /// CPU seconds of every relay and walsender.
+    fn total_s(&self) -> f64 {
+        self.drains.iter().map(|d| d.relay_s + d.walsender_s).sum()
+    }
+
+    /// Each process's median over `rounds`: a drain in the slow regime (see below) moves a
+    /// round's busiest process, not this.
+    fn typical(rounds: &[ShardRound]) -> ShardRound {
+        let median = |mut values: Vec<f64>| {
+            values.sort_by(f64::total_cmp);
+            values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let first = rounds.first().map_or(&[][..], |r| &r.drains[..]);
+        let drains = first.iter().enumerate().map(|(i, d)| ShardDrain {
+            relay_s: median(rounds.iter().map(|r| r.drains[i].relay_s).collect()),
+            walsender_s: median(rounds.iter().map(|r| r.drains[i].walsender_s).collect()),
+            ..*d
+        });
+        ShardRound {
+            drains: drains.collect(),
+        }
+    }
+
+    /// The drain rate on K+1 cores: bounded by the busiest process (one core each at
+    /// most) and by all their CPU shared by K+1 cores.
+    fn projected(&self, events: u64) -> f64 {
+        let cores = (self.drains.len() + 1) as f64;
+        events as f64 / self.busiest_s().max(self.total_s() / cores)
+    }
+}
+
+/// The record key of backlog row `g` (`insert_sql`'s `aggregate_id`).
+fn backlog_key(g: u64) -> String {
+    format!("order-{:04}", (g * 7919) % AGGREGATES)
+}
+
+impl Bench {
+    /// `--shards K`: each round loads N rows, then K shard relays (1: one relay without
+    /// `--shard`) drain them one after the other, each shard's walsender decoding all of the
+    /// WAL and sending only its rows. Reports each process's CPU per event of the whole
+    /// outbox and the drain K+1 cores would reach.
+    async fn shards(&mut self, count: u32) -> Result<()> {
+        let n = self.args.events;
+        let shards: Vec<Option<Shard>> = match count {
+            1 => vec![None],
+            _ => (0..count)
+                .map(|index| Some(Shard { index, count }))
+                .collect(),
+        };
+        println!(
+            "\n== Shards: {n} events, {BACKLOG_TX_ROWS} per transaction, drained by {count} \
+             shard(s) one after the other, {} round(s) ==",
+            self.args.rounds
+        );
+        // The shards' publications and slots, before any row, so that every slot sees them all.
+        for shard in shards.iter().flatten() {
+            let status = Command::new(&self.relay_bin)
+                .args(["setup", "--postgres-url", &self.pg.url()])
+                .args(["--slot", SLOT_RELAY, "--publication", PUBLICATION])
+                .args(["--shard", &shard.to_string(), "--log-level", "warn"])
+                .stdout(Stdio::null())
+                .status()
+                .context("run outbox-relay setup")?;
+            if !status.success() {
+                bail!("outbox-relay setup --shard {shard} failed ({status})");
+            }
+        }
+        let mut rounds = Vec::new();
+        for round in 0..self.args.rounds {
+            load_backlog(&self.pg, round * n, n).await?;
+            let end = current_lsn(&self.control).await?;
+            let limit = Duration::from_secs(120 + n / 2_000);
+            let mut drains = Vec::new();
+            for &shard in &shards {
+                let keys = (round * n + 1..=(round + 1) * n).map(backlog_key);
+                let owned = match shard {
+                    Some(s) => keys.filter(|k| s.owns(Some(k.as_bytes()), None)).count() as u64,
+                    None => n,
+                };
+                let before = self.broker_records().await?;
+                let drain = self
+                    .drain_relay(end, before + owned as i64, limit, shard)
+                    .await?;
+                println!(
+                    "round {} shard {}: {owned} events; CPU per M events of the outbox: relay \
+                     {:.2} s, its walsender {:.2} s",
+                    round + 1,
+                    shard.map_or("0/1".to_owned(), |s| s.to_string()),
+                    per_million(drain.cpu_s, n),
+                    per_million(drain.walsender_cpu_s, n)
+                );
+                drains.push(ShardDrain {
+                    shard,
+                    owned,
+                    relay_s: drain.cpu_s,
+                    walsender_s: drain.walsender_cpu_s,
+                });
+            }
+            let round = ShardRound { drains };
+            println!(
+                "projected drain on {} cores: {:.0} events/s (busiest process {:.2} s, all {:.2} s \
+                 of CPU per M events)",
+                count + 1,
+                round.projected(n),
+                per_million(round.busiest_s(), n),
+                per_million(round.total_s(), n)
+            );
+            rounds.push(round);
+        }
+        let median = &ShardRound::typical(&rounds);
+        println!(
+            "projected drain on {} cores from each process's median CPU: {:.0} events/s. The \
+             shards drained one after the other: this machine's {} cores cannot show the wall \
+             time of K relays and K walsenders running at once, so the figure is the CPU each \
+             needs",
+            count + 1,
+            median.projected(n),
+            thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        let r = &mut self.report;
+        r.add("shards", count);
+        r.add("events", n);
+        r.add("shard_rounds", rounds.len());
+        for d in &median.drains {
+            let index = d.shard.map_or(0, |s| s.index);
+            r.add(&format!("shard{index}_events"), d.owned);
+            r.add_f(
+                &format!("shard{index}_relay_cpu_per_m_s"),
+                per_million(d.relay_s, n),
+                3,
+            );
+            let walsender = per_million(d.walsender_s, n);
+            r.add_f(&format!("shard{index}_walsender_cpu_per_m_s"), walsender, 3);
+        }
+        r.add_f(
+            "shard_busiest_cpu_per_m_s",
+            per_million(median.busiest_s(), n),
+            3,
+        );
+        r.add_f(
+            "shard_total_cpu_per_m_s",
+            per_million(median.total_s(), n),
+            3,
+        );
+        r.add_f("shard_projected_events_per_s", median.projected(n), 0);
+        let all = rounds.iter().map(|r| format!("{:.0}", r.projected(n)));
+        r.add("shard_projected_rounds", all.collect::<Vec<_>>().join(","));
         Ok(())
     }
 }
@@ -1498,12 +1711,16 @@ async fn run(args: Args) -> Result<()> {
     bench.report.add("cleanup", &bench.args.cleanup);
     bench.report.add("brokers", bench.args.brokers);
     bench.report.add("partitions", bench.args.partitions);
-    bench.backlog().await?;
-    bench.steady().await?;
-    if bench.args.skip_large {
-        println!("\n== 3. Large transaction: skipped ==");
+    if let Some(count) = bench.args.shards {
+        bench.shards(count).await?;
     } else {
-        bench.large().await?;
+        bench.backlog().await?;
+        bench.steady().await?;
+        if bench.args.skip_large {
+            println!("\n== 3. Large transaction: skipped ==");
+        } else {
+            bench.large().await?;
+        }
     }
     let max_startup = bench.startups.iter().max().copied().unwrap_or_default();
     bench

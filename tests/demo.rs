@@ -3,6 +3,7 @@
 //! throwaway cluster, or on a user's own server dropping the demo's slot.
 
 use std::path::Path;
+use std::time::Duration;
 
 use crate::support::postgres::{PgCluster, reserve_free_port};
 use crate::support::relay::run_command;
@@ -86,4 +87,51 @@ async fn the_demo_runs_against_a_given_server_and_drops_its_slot() {
         .execute("SELECT slot_name FROM pg_replication_slots")
         .await;
     assert!(slots.is_empty(), "the demo left {slots:?} behind");
+}
+
+/// The demo against a user's server and Kafka leaves no slot and no lineage record, so it
+/// runs again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_demo_against_the_same_server_and_kafka_runs() {
+    let pg = PgCluster::start();
+    let broker = crate::support::kafka::Broker::start();
+    let (url, brokers) = (pg.url(), broker.bootstrap());
+    for run in 0..2 {
+        let (code, out, err) = demo(&["--postgres-url", &url, "--kafka-brokers", &brokers]);
+        assert_eq!(code, Some(0), "run {run}\nstdout:\n{out}\nstderr:\n{err}");
+        let slots = pg
+            .execute("SELECT slot_name FROM pg_replication_slots")
+            .await;
+        assert!(slots.is_empty(), "run {run} left {slots:?} behind");
+        // Nor a lineage record: per run, created (by the demo's setup), written again (by its
+        // relay's start), then a tombstone.
+        let topic = ["outbox-relay.lineage"];
+        let lineage = broker.consume(&topic, 3 * (run + 1), Duration::from_secs(10));
+        assert_eq!(lineage.len(), 3 * (run + 1), "{lineage:?}");
+        assert!(
+            lineage.last().is_some_and(|r| r.payload.is_none()),
+            "{lineage:?}"
+        );
+    }
+}
+
+/// A demo that fails part-way (Kafka refuses its events) still drops its slot.
+#[tokio::test(flavor = "current_thread")]
+async fn a_demo_that_fails_part_way_drops_its_slot() {
+    let pg = PgCluster::start();
+    let broker = crate::support::kafka::Broker::start();
+    let (url, brokers) = (pg.url(), broker.bootstrap());
+    broker.topic_error(
+        "order.created",
+        rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+    );
+    let (code, out, err) = demo(&["--postgres-url", &url, "--kafka-brokers", &brokers]);
+    assert_ne!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    let slots = pg
+        .execute("SELECT slot_name FROM pg_replication_slots")
+        .await;
+    assert!(
+        slots.is_empty(),
+        "the failed demo left {slots:?} behind:\n{out}\n{err}"
+    );
 }

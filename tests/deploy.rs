@@ -605,10 +605,7 @@ fn probe_problems(container: &Value, probe: &str, path: &str) -> Vec<String> {
     let mut problems = Vec::new();
     let get = &container[probe]["httpGet"];
     if get["path"] != path {
-        problems.push(format!(
-            "Deployment: {probe} must GET {path}, not {}",
-            get["path"]
-        ));
+        problems.push(format!("{probe} must GET {path}, not {}", get["path"]));
     }
     let ports = container["ports"].as_array().cloned().unwrap_or_default();
     let resolves = ports.iter().any(|p| {
@@ -617,7 +614,7 @@ fn probe_problems(container: &Value, probe: &str, path: &str) -> Vec<String> {
     });
     if !resolves {
         problems.push(format!(
-            "Deployment: {probe} port {} is not the container's 9187",
+            "{probe} port {} is not the container's 9187",
             get["port"]
         ));
     }
@@ -635,33 +632,89 @@ fn deployment_problems(deployment: &Value, secret: &Value) -> Vec<String> {
     if deployment["spec"]["strategy"]["type"] != "Recreate" {
         problems.push("Deployment: strategy must be Recreate".to_owned());
     }
-    let container = relay_container(deployment);
+    let pod = pod_problems(deployment, secret, "/readyz");
+    problems.extend(pod.into_iter().map(|p| format!("Deployment: {p}")));
+    problems
+}
+
+/// The sharded StatefulSets (`active` and its `standby` twin): shard I in pod I, the count
+/// the same in `replicas` and `OUTBOX_RELAY_SHARD`, the twins equal but for their names.
+fn statefulset_problems(active: &Value, standby: &Value, secret: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    for set in [active, standby] {
+        let name = str_of(set, "/metadata/name");
+        let replicas = &set["spec"]["replicas"];
+        let env = container_env(&relay_container(set));
+        let var = |name: &str| env.get(name).cloned().unwrap_or_default();
+        let index = var("POD_INDEX");
+        let index = str_of(&index, "/valueFrom/fieldRef/fieldPath");
+        if index != "metadata.labels['apps.kubernetes.io/pod-index']" {
+            problems.push(format!("{name}: POD_INDEX is not the pod-index label"));
+        }
+        let shard = var("OUTBOX_RELAY_SHARD");
+        let shard = str_of(&shard, "/value");
+        if shard != format!("$(POD_INDEX)/{replicas}") {
+            problems.push(format!(
+                "{name}: OUTBOX_RELAY_SHARD {shard:?} for {replicas} replicas"
+            ));
+        }
+        if set["spec"]["podManagementPolicy"] != "Parallel" {
+            problems.push(format!("{name}: podManagementPolicy must be Parallel"));
+        }
+        if set["spec"]["serviceName"] != "outbox-relay" {
+            problems.push(format!("{name}: serviceName must be the Service"));
+        }
+        let pod = pod_problems(set, secret, "/healthz");
+        problems.extend(pod.into_iter().map(|p| format!("{name}: {p}")));
+    }
+    // The standby set is the active one under another name and component label.
+    let component =
+        |set: &Value| str_of(set, "/metadata/labels/app.kubernetes.io~1component").to_owned();
+    let (a, b) = (component(active), component(standby));
+    let renamed = serde_json::to_string(standby)
+        .unwrap()
+        .replace(
+            str_of(standby, "/metadata/name"),
+            str_of(active, "/metadata/name"),
+        )
+        .replace(&format!("\"{b}\""), &format!("\"{a}\""));
+    if a == b || serde_json::from_str::<Value>(&renamed).unwrap() != *active {
+        problems
+            .push("the standby StatefulSet differs from the shards' but for its names".to_owned());
+    }
+    problems
+}
+
+/// The relay's pod template of a Deployment or StatefulSet, readiness on `readiness`.
+fn pod_problems(workload: &Value, secret: &Value, readiness: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let container = relay_container(workload);
     if container.is_null() {
-        return vec!["Deployment: no outbox-relay container".to_owned()];
+        return vec!["no outbox-relay container".to_owned()];
     }
     problems.extend(probe_problems(&container, "livenessProbe", "/healthz"));
-    problems.extend(probe_problems(&container, "readinessProbe", "/readyz"));
+    problems.extend(probe_problems(&container, "readinessProbe", readiness));
     let port_named = container["ports"]
         .as_array()
         .into_iter()
         .flatten()
         .any(|p| p["name"] == "http-metrics" && p["containerPort"] == 9187);
     if !port_named {
-        problems.push("Deployment: container port 9187 must be named http-metrics".to_owned());
+        problems.push("container port 9187 must be named http-metrics".to_owned());
     }
     let sc = &container["securityContext"];
-    let pod_sc = &deployment["spec"]["template"]["spec"]["securityContext"];
+    let pod_sc = &workload["spec"]["template"]["spec"]["securityContext"];
     if sc["runAsNonRoot"] != true && pod_sc["runAsNonRoot"] != true {
-        problems.push("Deployment: runAsNonRoot missing".to_owned());
+        problems.push("runAsNonRoot missing".to_owned());
     }
     if sc["readOnlyRootFilesystem"] != true {
-        problems.push("Deployment: readOnlyRootFilesystem missing".to_owned());
+        problems.push("readOnlyRootFilesystem missing".to_owned());
     }
     if sc["allowPrivilegeEscalation"] != false {
-        problems.push("Deployment: allowPrivilegeEscalation must be false".to_owned());
+        problems.push("allowPrivilegeEscalation must be false".to_owned());
     }
     if sc["capabilities"]["drop"] != json!(["ALL"]) {
-        problems.push("Deployment: capabilities must drop ALL".to_owned());
+        problems.push("capabilities must drop ALL".to_owned());
     }
     let resources = &container["resources"];
     for (pointer, want) in [
@@ -670,7 +723,7 @@ fn deployment_problems(deployment: &Value, secret: &Value) -> Vec<String> {
         ("/limits/memory", "128Mi"),
     ] {
         if str_of(resources, pointer) != want {
-            problems.push(format!("Deployment: resources{pointer} must be {want}"));
+            problems.push(format!("resources{pointer} must be {want}"));
         }
     }
     let env = container_env(&container);
@@ -681,7 +734,7 @@ fn deployment_problems(deployment: &Value, secret: &Value) -> Vec<String> {
         "/value",
     ) != "0.0.0.0:9187"
     {
-        problems.push("Deployment: OUTBOX_RELAY_HTTP_ADDR must be 0.0.0.0:9187".to_owned());
+        problems.push("OUTBOX_RELAY_HTTP_ADDR must be 0.0.0.0:9187".to_owned());
     }
     let url = env
         .get("OUTBOX_RELAY_POSTGRES_URL")
@@ -689,10 +742,8 @@ fn deployment_problems(deployment: &Value, secret: &Value) -> Vec<String> {
         .unwrap_or_default();
     match url::Url::parse(&url) {
         Ok(url) if url.password().is_none() => {}
-        Ok(_) => problems.push("Deployment: the Postgres URL must not hold a password".to_owned()),
-        Err(e) => problems.push(format!(
-            "Deployment: OUTBOX_RELAY_POSTGRES_URL {url:?}: {e}"
-        )),
+        Ok(_) => problems.push("the Postgres URL must not hold a password".to_owned()),
+        Err(e) => problems.push(format!("OUTBOX_RELAY_POSTGRES_URL {url:?}: {e}")),
     }
     // The password file is a key of the Secret, mounted where the env var says.
     let file = env
@@ -700,7 +751,7 @@ fn deployment_problems(deployment: &Value, secret: &Value) -> Vec<String> {
         .map(|e| str_of(e, "/value").to_owned())
         .unwrap_or_default();
     let secret_name = str_of(secret, "/metadata/name");
-    let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    let volumes = workload["spec"]["template"]["spec"]["volumes"]
         .as_array()
         .cloned()
         .unwrap_or_default();
@@ -726,7 +777,7 @@ fn deployment_problems(deployment: &Value, secret: &Value) -> Vec<String> {
         });
     if !mounted {
         problems.push(format!(
-            "Deployment: OUTBOX_RELAY_POSTGRES_PASSWORD_FILE {file:?} is not a mounted key of Secret {secret_name}"
+            "OUTBOX_RELAY_POSTGRES_PASSWORD_FILE {file:?} is not a mounted key of Secret {secret_name}"
         ));
     }
     for (name, e) in &env {
@@ -734,9 +785,7 @@ fn deployment_problems(deployment: &Value, secret: &Value) -> Vec<String> {
             && (key_ref["name"] != secret_name
                 || !secret["stringData"][str_of(key_ref, "/key")].is_string())
         {
-            problems.push(format!(
-                "Deployment: {name} refers to a key the Secret lacks"
-            ));
+            problems.push(format!("{name} refers to a key the Secret lacks"));
         }
     }
     problems
@@ -855,15 +904,22 @@ fn environment_variables_are_the_relays() {
 fn flags_are_the_relays() {
     let mut problems = Vec::new();
     let deployment = manifest("deploy/kubernetes/deployment.yaml", "Deployment");
-    let container = relay_container(&deployment);
-    for key in ["command", "args"] {
-        let args: Vec<String> = container[key]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|a| a.as_str().map(str::to_owned))
-            .collect();
-        problems.extend(unknown_flags("deployment.yaml", &args, &cli().relay_flags));
+    let (shards, standby) = statefulsets();
+    for (file, workload) in [
+        ("deployment.yaml", &deployment),
+        ("statefulset.yaml", &shards),
+        ("statefulset.yaml", &standby),
+    ] {
+        let container = relay_container(workload);
+        for key in ["command", "args"] {
+            let args: Vec<String> = container[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.as_str().map(str::to_owned))
+                .collect();
+            problems.extend(unknown_flags(file, &args, &cli().relay_flags));
+        }
     }
     let compose = &load_yaml("docker-compose.yml")[0];
     let command = &compose["services"]["relay"]["command"];
@@ -978,8 +1034,49 @@ fn kubernetes_manifests_deploy_one_safe_relay() {
     let present: BTreeSet<String> = deploy_files()
         .into_iter()
         .filter(|f| f.starts_with("deploy/kubernetes/") && !f.ends_with("kustomization.yaml"))
+        .filter(|f| !f.starts_with("deploy/kubernetes/sharded/"))
         .collect();
     assert_eq!(listed, present);
+}
+
+/// The two StatefulSets of the sharded deployment: the shards, then their standbys.
+fn statefulsets() -> (Value, Value) {
+    let mut sets: Vec<Value> = load_yaml("deploy/kubernetes/sharded/statefulset.yaml")
+        .into_iter()
+        .filter(|d| d["kind"] == "StatefulSet")
+        .collect();
+    assert_eq!(sets.len(), 2, "the shards and their standbys");
+    let standby = sets.remove(1);
+    (sets.remove(0), standby)
+}
+
+#[test]
+fn kubernetes_runs_shards_each_with_a_standby() {
+    let (active, standby) = statefulsets();
+    let secret = manifest("deploy/kubernetes/secret.yaml", "Secret");
+    let problems = statefulset_problems(&active, &standby, &secret);
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert_eq!(active["spec"]["replicas"], standby["spec"]["replicas"]);
+    // The Service (and so the ServiceMonitor) selects every shard's pods.
+    let service = manifest("deploy/kubernetes/service.yaml", "Service");
+    for set in [&active, &standby] {
+        let labels = &set["spec"]["template"]["metadata"]["labels"];
+        for (k, v) in service["spec"]["selector"].as_object().unwrap() {
+            assert_eq!(&labels[k], v, "the Service selects the shards' pods");
+        }
+    }
+    // The sharded kustomization takes the rest from deploy/kubernetes but its Deployment:
+    // one relay and shards would relay every event twice.
+    let kustomization = &load_yaml("deploy/kubernetes/sharded/kustomization.yaml")[0];
+    assert_eq!(
+        kustomization["resources"],
+        json!(["..", "statefulset.yaml"])
+    );
+    let patch = parse_yaml(str_of(kustomization, "/patches/0/patch")).unwrap();
+    assert_eq!(patch[0]["$patch"], "delete");
+    assert_eq!(patch[0]["kind"], "Deployment");
+    let deployment = manifest("deploy/kubernetes/deployment.yaml", "Deployment");
+    assert_eq!(patch[0]["metadata"]["name"], deployment["metadata"]["name"]);
 }
 
 #[test]
@@ -1106,19 +1203,41 @@ fn relay_accepts_the_compose_and_kubernetes_configuration() {
 
     // Kubernetes: values, Secret references resolved, the password file written.
     let deployment = manifest("deploy/kubernetes/deployment.yaml", "Deployment");
+    let (shards, _) = statefulsets();
+    for workload in [deployment, shards] {
+        let (code, log) = start_kubernetes(&workload);
+        assert_eq!(
+            code,
+            Some(POSTGRES),
+            "the {} relay configuration: {log}",
+            workload["kind"]
+        );
+    }
+}
+
+/// Runs the relay as `workload`'s pod 3 would: values, Secret references and `$(VAR)`
+/// resolved, the password file written.
+fn start_kubernetes(workload: &Value) -> (Option<i32>, String) {
     let secret = manifest("deploy/kubernetes/secret.yaml", "Secret");
-    let container = relay_container(&deployment);
+    let container = relay_container(workload);
     let dir = tempfile::tempdir().unwrap();
     let mut env = BTreeMap::new();
     for (name, e) in container_env(&container) {
-        let value = match e
-            .pointer("/valueFrom/secretKeyRef/key")
-            .and_then(Value::as_str)
-        {
-            Some(key) => str_of(&secret, &format!("/stringData/{key}")).to_owned(),
+        let value = match e.pointer("/valueFrom") {
+            Some(from) if from.pointer("/fieldRef").is_some() => "3".to_owned(),
+            Some(from) => {
+                let key = str_of(from, "/secretKeyRef/key");
+                str_of(&secret, &format!("/stringData/{key}")).to_owned()
+            }
             None => str_of(&e, "/value").to_owned(),
         };
         env.insert(name, value);
+    }
+    // Kubernetes expands $(NAME) of a variable defined before; the test's are in order.
+    for (name, value) in env.clone() {
+        for v in env.values_mut() {
+            *v = v.replace(&format!("$({name})"), &value);
+        }
     }
     let password_file = dir.path().join("postgres-password");
     std::fs::write(
@@ -1136,12 +1255,7 @@ fn relay_accepts_the_compose_and_kubernetes_configuration() {
         .flatten()
         .filter_map(|a| a.as_str().map(str::to_owned))
         .collect();
-    let (code, log) = start_with(&env, &args);
-    assert_eq!(
-        code,
-        Some(POSTGRES),
-        "the Deployment's relay configuration: {log}"
-    );
+    start_with(&env, &args)
 }
 
 /// Each check above finds the mistake it exists for.
@@ -1262,6 +1376,26 @@ fn checks_catch_mistakes() {
     let mut bad = deployment.clone();
     bad["spec"]["template"]["spec"]["volumes"][0]["secret"]["items"][0]["key"] = json!("nope");
     assert_eq!(deployment_problems(&bad, &secret).len(), 1);
+
+    // StatefulSets: a replica count OUTBOX_RELAY_SHARD does not name, a standby unlike
+    // its shard, readiness on /readyz (a standby would stall every rollout).
+    let (active, standby) = statefulsets();
+    assert!(statefulset_problems(&active, &standby, &secret).is_empty());
+    let mut bad = active.clone();
+    bad["spec"]["replicas"] = json!(5);
+    assert_eq!(statefulset_problems(&bad, &standby, &secret).len(), 2);
+    let mut bad = standby.clone();
+    bad["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["--log-format", "text"]);
+    assert_eq!(statefulset_problems(&active, &bad, &secret).len(), 1);
+    let mut bad = standby.clone();
+    let probe = &mut bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"];
+    probe["httpGet"]["path"] = json!("/readyz");
+    assert_eq!(
+        statefulset_problems(&active, &bad, &secret).len(),
+        2,
+        "{:?}",
+        statefulset_problems(&active, &bad, &secret)
+    );
 
     // Compose: a single $ in the relay's template, a missing mount source.
     let compose = load_yaml("docker-compose.yml").remove(0);

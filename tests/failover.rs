@@ -247,11 +247,11 @@ async fn pg16_failover_stops_the_relay_with_the_missing_slot_explained() {
         "no slot on the promoted server"
     );
 
-    // A restart finds the record of the old slot (replicated with the data) and refuses too.
+    // A restart finds the lineage record of the old slot and refuses too.
     let (code, log) = run_to_exit(&url, &broker.bootstrap(), &[]);
     assert_eq!(code, SLOT_LOST_EXIT, "{log}");
     assert!(
-        log.contains("recorded in public.outbox_relay_slots"),
+        log.contains("recorded in Kafka topic \"outbox-relay.lineage\""),
         "{log}"
     );
     assert!(
@@ -398,7 +398,7 @@ async fn a_promotion_resumes_from_the_new_primarys_slot_not_the_old_primarys_kee
 /// Logs a running-xacts record on the primary every 200 ms until stopped: a
 /// standby creates a logical slot only after replaying one, and the primary
 /// writes one by itself only every 15 s.
-fn log_standby_snapshots(client: tokio_postgres::Client, stop: Arc<AtomicBool>) {
+pub(crate) fn log_standby_snapshots(client: tokio_postgres::Client, stop: Arc<AtomicBool>) {
     tokio::spawn(async move {
         for _ in 0..3_000 {
             if stop.load(Ordering::SeqCst) {
@@ -594,4 +594,68 @@ async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timel
         .count();
     eprintln!("{reused} of {N} new events at positions the old timeline used");
     assert!(reused > 0, "no new event took an old position");
+}
+
+/// `outbox_relay_slot_failover_ready`, `/readyz` and `status` for a PG 17 failover slot: ready
+/// once the standby the URL names holds a persistent copy of the slot, not ready while it
+/// cannot be checked. Prints how long after the relay started the standby's copy was ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg17_failover_readiness_waits_for_a_persistent_copy_on_the_standby() {
+    let (primary, mut standby) = primary_and_standby(17, &SYNC_SLOTS).await;
+    // The least-privilege role of sql/, which may log the standby snapshot.
+    primary
+        .execute(include_str!("../sql/03_relay_role.sql"))
+        .await;
+    primary
+        .execute(include_str!("../sql/02_publication.sql"))
+        .await;
+    let broker = Broker::start();
+    let url = both_hosts(&primary, &standby).replace(
+        &format!("postgres:{}@", PgCluster::PASSWORD),
+        "outbox_relay:relay-password@",
+    );
+    let args = ["--slot-failover", "--slot-poll-interval", "200ms"];
+    let created = std::time::Instant::now();
+    let mut relay = Relay::spawn_streaming(&url, &broker.bootstrap(), &args);
+    let ready = |r: &Relay| r.metric("outbox_relay_slot_failover_ready") == Some(1.0);
+    assert!(
+        relay.wait_for(Duration::from_secs(120), ready),
+        "{:?}\n{}",
+        relay.readyz(),
+        relay.log()
+    );
+    eprintln!(
+        "the failover slot was ready on the standby {:.1} s after the relay started",
+        created.elapsed().as_secs_f64()
+    );
+    wait_synced(&standby).await;
+    let readyz = |r: &Relay| r.readyz().unwrap_or_default();
+    let ready =
+        |r: &Relay| readyz(r)["ready"] == true && readyz(r)["slot"]["failover_ready"] == true;
+    assert!(
+        relay.wait_for(Duration::from_secs(30), ready),
+        "{:?}",
+        relay.readyz()
+    );
+
+    // A standby that cannot be checked (down, say) is not ready for a promotion either.
+    standby.stop();
+    let unready = |r: &Relay| r.metric("outbox_relay_slot_failover_ready") == Some(0.0);
+    assert!(
+        relay.wait_for(Duration::from_secs(30), unready),
+        "{}",
+        relay.log()
+    );
+    let reasons = relay.readyz().unwrap()["reasons"].to_string();
+    let standby_addr = format!("127.0.0.1:{}: cannot check it", standby.port());
+    assert!(reasons.contains(&standby_addr), "{reasons}");
+    let (code, out, err) =
+        crate::support::relay::run_command(&["status", "--json", "--postgres-url", &url]);
+    assert_eq!(code, Some(0), "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(status["slot"]["failover_ready"], false, "{status}");
+    assert!(
+        status["warnings"].to_string().contains(&standby_addr),
+        "{status}"
+    );
 }

@@ -7,8 +7,10 @@
 
 mod support;
 
+mod backfill;
 mod cleanup;
 mod cloudevents;
+mod debezium_records;
 mod demo;
 mod deploy;
 mod docs;
@@ -17,12 +19,14 @@ mod exactly_once;
 mod failover;
 mod failures;
 mod harness;
+mod lineage;
 mod ops;
 mod partitions;
 mod peek;
 mod poison;
 mod publication;
 mod reliability;
+mod shards;
 mod simulation;
 mod slot_hygiene;
 mod startup;

@@ -146,6 +146,7 @@ async fn readiness_fails_while_deliveries_are_stuck_and_recovers() {
 async fn status_setup_and_drop_slot_subcommands() {
     let world = World::start().await;
     let url = world.pg.url();
+    let brokers = world.broker.bootstrap();
     let slot_exists = async |world: &World| {
         !world
             .pg
@@ -187,7 +188,7 @@ async fn status_setup_and_drop_slot_subcommands() {
     );
 
     // setup applies it, then keeps what exists.
-    let (code, out, err) = run(&["setup", "--postgres-url", &url]);
+    let (code, out, err) = run(&["setup", "--postgres-url", &url, "--kafka-brokers", &brokers]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
         out.contains("publication \"outbox_relay\": created"),
@@ -195,7 +196,7 @@ async fn status_setup_and_drop_slot_subcommands() {
     );
     assert!(out.contains("slot \"outbox_relay\": created at"), "{out}");
     assert!(slot_exists(&world).await && publication_exists(&world).await);
-    let (code, out, err) = run(&["setup", "--postgres-url", &url]);
+    let (code, out, err) = run(&["setup", "--postgres-url", &url, "--kafka-brokers", &brokers]);
     assert_eq!(code, Some(0), "{err}");
     assert!(
         out.contains("exists and covers the outbox tables; kept"),
@@ -256,7 +257,14 @@ async fn status_setup_and_drop_slot_subcommands() {
     assert_eq!(json["warnings"], serde_json::json!([]), "{json}");
 
     // drop-slot refuses while a relay streams from the slot.
-    let (code, _, err) = run(&["drop-slot", "--yes-i-know", "--postgres-url", &url]);
+    let (code, _, err) = run(&[
+        "drop-slot",
+        "--yes-i-know",
+        "--postgres-url",
+        &url,
+        "--kafka-brokers",
+        &brokers,
+    ]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("is in use by server process"), "{err}");
     relay.kill();
@@ -289,6 +297,8 @@ async fn status_setup_and_drop_slot_subcommands() {
         "--drop-publication",
         "--postgres-url",
         &url,
+        "--kafka-brokers",
+        &brokers,
     ]);
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("dropped slot \"outbox_relay\""), "{out}");
@@ -307,7 +317,8 @@ async fn status_warns_by_the_given_min_safe_wal_size() {
     };
     let world = World::with(PgCluster::start_with(options)).await;
     let url = world.pg.url();
-    let (code, _, err) = run(&["setup", "--postgres-url", &url]);
+    let brokers = world.broker.bootstrap();
+    let (code, _, err) = run(&["setup", "--postgres-url", &url, "--kafka-brokers", &brokers]);
     assert_eq!(code, Some(0), "{err}");
     let safe_wal_warnings = |min: &str| {
         let args = ["status", "--json", "--postgres-url", &url];

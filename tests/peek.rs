@@ -18,7 +18,13 @@ fn peek(url: &str, extra: &[&str]) -> (Option<i32>, String, String) {
 async fn peek_prints_pending_records_and_leaves_the_slot_where_it_was() {
     let world = World::start().await;
     let url = world.pg.url();
-    let (code, _, err) = run_command(&["setup", "--postgres-url", &url]);
+    let (code, _, err) = run_command(&[
+        "setup",
+        "--postgres-url",
+        &url,
+        "--kafka-brokers",
+        &world.broker.bootstrap(),
+    ]);
     assert_eq!(code, Some(0), "{err}");
     let mut ids = world
         .insert_tx(&[
@@ -77,7 +83,8 @@ async fn peek_prints_pending_records_and_leaves_the_slot_where_it_was() {
 async fn peek_refuses_while_a_relay_holds_the_slot() {
     let world = World::start().await;
     let url = world.pg.url();
-    let _relay = Relay::spawn(&url, &world.broker.bootstrap(), &[]);
+    // Streaming, not just creating the slot (which holds it too, briefly).
+    let _relay = Relay::spawn_streaming(&url, &world.broker.bootstrap(), &[]);
     let active = wait_until(Duration::from_secs(30), || async {
         !world
             .pg
@@ -92,4 +99,88 @@ async fn peek_refuses_while_a_relay_holds_the_slot() {
     let (code, out, err) = peek(&url, &[]);
     assert_ne!(code, Some(0), "{out}");
     assert!(err.contains("in use by server process"), "{err}");
+}
+
+/// `peek --limit N` bounds the decoding the server does (`upto_nchanges`), instead of
+/// decoding everything pending and showing N records of it.
+#[tokio::test(flavor = "current_thread")]
+async fn peek_limit_bounds_the_decoding_on_the_server() {
+    const PENDING: usize = 300;
+    let world = World::start().await;
+    let url = world.pg.url();
+    world
+        .pg
+        .execute("SELECT pg_create_logical_replication_slot('outbox_relay', 'pgoutput')")
+        .await;
+    world
+        .pg
+        .execute("CREATE PUBLICATION outbox_relay FOR TABLE outbox WITH (publish = 'insert')")
+        .await;
+    world
+        .pg
+        .execute(&format!(
+            "DO $$ BEGIN FOR i IN 1..{PENDING} LOOP \
+             INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', i::text, 'Evt', '{{}}'); COMMIT; END LOOP; END $$"
+        ))
+        .await;
+
+    let (code, out, err) = peek(&url, &["--limit", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    let records = out.lines().filter(|l| l.starts_with("Evt ")).count();
+    assert_eq!(records, 3, "{out}");
+    // The server counts the transactions it decoded for the slot (flushed as peek's
+    // session ends).
+    let decoded = "SELECT total_txns::text FROM pg_stat_replication_slots \
+                   WHERE slot_name = 'outbox_relay' AND total_txns > 0";
+    let count = async || {
+        let rows = world.pg.execute(decoded).await;
+        rows.first()
+            .and_then(|r| r[0].clone())
+            .map_or(0, |t| t.parse::<usize>().unwrap())
+    };
+    let reported = wait_until(Duration::from_secs(30), || async { count().await > 0 }).await;
+    assert!(reported, "the server reported no decoding");
+    let txns = count().await;
+    eprintln!("{txns} of {PENDING} pending transactions decoded for 3 records");
+    assert!(
+        txns < PENDING / 10,
+        "{txns} of {PENDING} pending transactions decoded for 3 records"
+    );
+}
+
+/// Transactions without records (logical messages of another prefix) before the records:
+/// `--limit` still finds them, decoding further when a bounded pass found too few.
+#[tokio::test(flavor = "current_thread")]
+async fn peek_limit_reads_past_transactions_without_records() {
+    let world = World::start().await;
+    let url = world.pg.url();
+    let args = [
+        "setup",
+        "--postgres-url",
+        &url,
+        "--kafka-brokers",
+        &world.broker.bootstrap(),
+    ];
+    let (code, _, err) = run_command(&args);
+    assert_eq!(code, Some(0), "{err}");
+    world
+        .pg
+        .execute(
+            "DO $$ BEGIN FOR i IN 1..100 LOOP \
+             PERFORM pg_logical_emit_message(true, 'other', 'x'); COMMIT; END LOOP; END $$",
+        )
+        .await;
+    let ids = [
+        world.insert_tx(&[("Evt", "a", "{}")]).await,
+        world.insert_tx(&[("Evt", "b", "{}")]).await,
+    ];
+    let (code, out, err) = peek(&url, &["--limit", "2"]);
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("Evt ")).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(
+        lines[0].contains(&ids[0][0]) && lines[1].contains(&ids[1][0]),
+        "{out}"
+    );
 }

@@ -372,6 +372,33 @@ async fn a_network_cut_to_postgres_heals_without_loss() {
     all_delivered_and_still_running(&world, &mut relay, &ids).await;
 }
 
+/// Mid-failover a server may accept a connection and go away before answering the role
+/// probe (`target_session_attrs`): the relay reconnects, as when the connection is refused.
+#[tokio::test(flavor = "current_thread")]
+async fn a_role_probe_that_fails_after_connecting_is_retried() {
+    let world = World::start().await;
+    let proxy = crate::support::proxy::Proxy::start(world.pg.port());
+    let url = world.pg.url().replace(
+        &format!(":{}/postgres", world.pg.port()),
+        &format!(":{}/postgres?target_session_attrs=read-write", proxy.port()),
+    );
+    let mut relay = Relay::spawn(&url, &world.broker.bootstrap(), &FAST_BACKOFF);
+    relay.wait_streaming();
+    let mut ids = world.insert_tx(&[("Evt", "a", r#"{"n": 1}"#)]).await;
+
+    proxy.cut_after_login(true);
+    assert!(world.pg.kill_walsenders().await >= 1);
+    // Several reconnects found the server gone right after the login.
+    assert!(
+        relay.wait_for(Duration::from_secs(30), |_| proxy.logins_cut() >= 3),
+        "{}",
+        relay.log()
+    );
+    proxy.cut_after_login(false);
+    ids.extend(world.insert_tx(&[("Evt", "a", r#"{"n": 2}"#)]).await);
+    all_delivered_and_still_running(&world, &mut relay, &ids).await;
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_60_second_broker_outage_under_continuous_inserts_loses_nothing() {
     let world = World::start().await;

@@ -5,6 +5,7 @@ use std::io::Write;
 
 use super::CommandError;
 use crate::config::{Config, DropSlotArgs};
+use crate::source::lineage::Lineage;
 use crate::source::setup::{self, query_err};
 use crate::source::sql;
 
@@ -20,12 +21,20 @@ pub(super) fn refusal(slot: &str) -> String {
     )
 }
 
-/// Drops the slot unless a walsender holds it (`--yes-i-know` was checked).
+/// Drops the slot unless a walsender holds it (`--yes-i-know` was checked), recording the drop
+/// in the lineage topic first, so the next start creates a fresh slot instead of exiting 7.
 pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), CommandError> {
     let (client, slot) = (setup::connect(config).await?, &config.flags.slot);
     let mut out = std::io::stdout().lock();
     let remedy = "stop the relay first, then drop the slot";
     let info = super::status::idle_slot(&client, slot, remedy).await?;
+    Lineage::open(config).await?.dropped().await?;
+    let topic = &config.flags.lineage_topic;
+    writeln!(
+        out,
+        "recorded in Kafka topic {topic:?} that slot {slot:?} was dropped: the relay's next \
+         start creates a fresh one"
+    )?;
     if info.exists {
         client
             .batch_execute(&sql::drop_slot(slot))

@@ -9,12 +9,14 @@ mod drop_slot;
 mod peek;
 mod print;
 mod relay;
+mod reshard;
 mod setup;
 mod status;
 
 use std::process::ExitCode;
 
 use crate::config::{Cli, Command, Config, ConfigError};
+use crate::observability::Chain;
 use crate::pipeline::{RelayError, exit_code};
 use crate::source::SourceError;
 
@@ -47,6 +49,20 @@ pub enum CommandError {
         #[source]
         source: std::io::Error,
     },
+    /// `backfill`: a row that cannot be delivered, under `--on-poison fail`.
+    #[error(
+        "event id {id:?} from {} cannot be delivered: {}; the rows after it were not \
+         re-published. Fix the row or the mapping flags, or divert such events with \
+         --on-poison dead-letter --dead-letter-topic TOPIC, then rerun the backfill (it is \
+         at-least-once)",
+        .info.table, .info.error
+    )]
+    Poison {
+        /// Empty when NULL.
+        id: String,
+        /// Where the row came from and why it failed.
+        info: crate::outbox::DeadLetterInfo,
+    },
     /// The relay (or `peek`, decoding and mapping as it does) stopped with an error.
     #[error(transparent)]
     Relay(#[from] RelayError),
@@ -72,6 +88,7 @@ impl CommandError {
             CommandError::Relay(e) => e.exit_code(),
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
             CommandError::Sink(_) | CommandError::Tail(_) => exit_code::KAFKA,
+            CommandError::Poison { .. } => exit_code::POISON,
             CommandError::Demo(_) | CommandError::Runtime(_) | CommandError::Output(_) => 1,
         }
     }
@@ -83,22 +100,25 @@ pub fn run(cli: &Cli) -> ExitCode {
         None => relay::run(cli),
         Some(Command::Setup(args)) if args.print => setup::print(cli),
         Some(Command::Setup(_)) => connected(cli, setup::apply),
-        Some(Command::DropSlot(args)) if !args.yes_i_know => {
-            Err(CommandError::Refused(drop_slot::refusal(&cli.flags.slot)))
-        }
+        Some(Command::DropSlot(args)) if !args.yes_i_know => (cli.flags.sharded())
+            .map_err(CommandError::from)
+            .and_then(|flags| Err(CommandError::Refused(drop_slot::refusal(&flags.slot)))),
         Some(Command::DropSlot(args)) => connected(cli, async |c| drop_slot::run(c, args).await),
         Some(Command::Status(args)) => connected(cli, async |c| status::run(c, args).await),
         Some(Command::Peek(args)) => connected(cli, async |c| peek::run(c, args).await),
         Some(Command::Backfill(args)) => connected(cli, async |c| backfill::run(c, args).await),
+        Some(Command::Reshard(args)) => connected(cli, async |c| reshard::run(c, args).await),
         Some(Command::Demo(args)) => demo::run(cli, args),
-        Some(Command::DebeziumConfig(args)) => debezium::run(args),
+        Some(Command::DebeziumConfig(args)) => {
+            debezium::run(args, cli.debezium_worker_config.as_deref())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // The relay logged why it stopped.
         Err(CommandError::Relay(e)) if cli.command.is_none() => ExitCode::from(e.exit_code()),
         Err(e) => {
-            eprintln!("error: {}", report(&e));
+            eprintln!("error: {}", Chain(&e));
             ExitCode::from(e.exit_code())
         }
     }
@@ -111,15 +131,6 @@ fn connected(
 ) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)?;
     block_on(command(&config))?
-}
-
-/// `error` and its causes (kept as `source`, not in the message), each once.
-fn report(error: &(dyn std::error::Error + 'static)) -> String {
-    let chain = std::iter::successors(Some(error), |e| e.source());
-    chain
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 /// A single-threaded runtime, the relay's too: its parts hand each other every

@@ -20,14 +20,16 @@ use crate::source::setup::{self, query_err};
 /// The record as the demo's consumer would show it.
 fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
     let id = (ID_HEADER.to_owned(), text(Some(&record.id)));
-    let headers = record.headers.iter();
-    let headers = headers.map(|(name, value)| (name.to_string(), text(value.as_deref())));
+    let mut headers: Vec<_> = (record.headers.iter())
+        .map(|(name, value)| (name.to_string(), text(value.as_deref())))
+        .collect();
+    headers.insert(record.headers_before_id.min(headers.len()), id);
     let lsn = lsn.to_string();
     RecordLine {
         topic: &record.topic,
         position: Position::Wal { lsn },
         key: text(record.key.as_deref()),
-        headers: std::iter::once(id).chain(headers).collect(),
+        headers,
         value: text(record.payload.as_deref()),
         timestamp_ms: Some(record.timestamp_ms),
     }
@@ -47,71 +49,19 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
         .batch_execute(crate::source::SESSION_FORMATS)
         .await
         .map_err(query_err("set the session's date and time format"))?;
-    let failed = query_err("peek at the slot");
-    // pgoutput reads a list of identifiers: the publication quoted as one.
-    let publication = format!("\"{}\"", config.flags.publication);
-    let rows = client
-        .query_raw(
-            "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, \
-             'proto_version', '1', 'publication_names', $2, 'messages', 'true')",
-            [slot, &publication],
-        )
-        .await
-        .map_err(&failed)?;
-    pin_mut!(rows);
-
-    let mut mapper = config.event_mapper();
     let mut out = std::io::stdout().lock();
-    let (mut commit_lsn, mut commit_time_ms, mut shown) = (Lsn::ZERO, 0, 0);
-    while args.limit.is_none_or(|limit| shown < limit)
-        && let Some(row) = rows.try_next().await.map_err(&failed)?
-    {
-        let lsn = row.get::<_, &str>(0).parse().unwrap_or(commit_lsn);
-        let message = pgoutput::decode(&Bytes::copy_from_slice(row.get(1)))
-            .map_err(|source| RelayError::Decode { lsn, source })?;
-        let mapped = match message {
-            Message::Begin {
-                final_lsn,
-                commit_time_micros,
-                ..
-            } => {
-                commit_lsn = final_lsn;
-                commit_time_ms = values::pg_micros_to_unix_micros(commit_time_micros) / 1000;
-                None
+    // Decoding stops after the transaction in which `upto_nchanges` rows (Begin, Relation and
+    // Commit count too) were reached: a pass that reaches it without enough records is
+    // followed by one four times larger, re-decoded from the slot's position.
+    let (mut shown, mut upto) = (0, args.limit.map(|n| n.saturating_mul(4).max(16)));
+    loop {
+        let rows = pass(&client, config, args, upto, &mut shown, &mut out).await?;
+        match upto {
+            Some(cap) if args.limit.is_some_and(|n| shown < n) && rows >= cap => {
+                upto = Some(cap.saturating_mul(4));
             }
-            Message::Relation(relation) => {
-                let lsn = commit_lsn;
-                let bind = |source| RelayError::Bind { lsn, source };
-                mapper.relation(relation, None).map_err(bind)?;
-                None
-            }
-            Message::Insert { relation_id, new } => {
-                mapper.insert(relation_id, &new, commit_time_ms)
-            }
-            Message::Message {
-                transactional: true,
-                prefix,
-                content,
-                ..
-            } => mapper.message(&prefix, &content, commit_time_ms),
-            _ => None,
-        };
-        let Some((table, mapped)) = mapped else {
-            continue;
-        };
-        shown += 1;
-        let line = match mapped {
-            Ok(record) if args.json => record_line(&record, commit_lsn).to_json(),
-            Ok(record) => record_line(&record, commit_lsn).to_text(),
-            Err((error, _)) if args.json => serde_json::json!({
-                "lsn": commit_lsn.to_string(),
-                "table": &*table,
-                "error": error.to_string(),
-            })
-            .to_string(),
-            Err((error, _)) => format!("{table} lsn={commit_lsn} cannot be relayed: {error}"),
-        };
-        writeln!(out, "{line}")?;
+            _ => break,
+        }
     }
     let limit_reached = match args.limit == Some(shown) {
         true => " (--limit reached)",
@@ -128,4 +78,92 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
         writeln!(out, "{summary}")?;
     }
     Ok(())
+}
+
+/// One peek, decoding at most about `upto` rows: prints the records after the first `shown`
+/// (printed by an earlier pass) up to `--limit`; returns how many rows the server sent.
+async fn pass(
+    client: &tokio_postgres::Client,
+    config: &Config,
+    args: &PeekArgs,
+    upto: Option<usize>,
+    shown: &mut usize,
+    out: &mut impl Write,
+) -> Result<usize, CommandError> {
+    let failed = query_err("peek at the slot");
+    // pgoutput reads a list of identifiers: the publication quoted as one.
+    let publication = format!("\"{}\"", config.flags.publication);
+    let upto = upto.map_or("NULL".to_owned(), |n| n.min(i32::MAX as usize).to_string());
+    let sql = format!(
+        "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, NULL, {upto}, \
+         'proto_version', '1', 'publication_names', $2, 'messages', 'true')"
+    );
+    let rows = client
+        .query_raw(&sql, [&config.flags.slot, &publication])
+        .await
+        .map_err(&failed)?;
+    pin_mut!(rows);
+
+    let mut mapper = config.event_mapper();
+    let (mut commit_lsn, mut commit_time_ms, mut seen, mut read) = (Lsn::ZERO, 0, 0, 0);
+    while args.limit.is_none_or(|limit| *shown < limit)
+        && let Some(row) = rows.try_next().await.map_err(&failed)?
+    {
+        read += 1;
+        let lsn = row.get::<_, &str>(0).parse().unwrap_or(commit_lsn);
+        let message = pgoutput::decode(&Bytes::copy_from_slice(row.get(1)))
+            .map_err(|source| RelayError::Decode { lsn, source })?;
+        let mapped = match message {
+            Message::Begin {
+                final_lsn,
+                commit_time_micros,
+                ..
+            } => {
+                commit_lsn = final_lsn;
+                commit_time_ms = values::pg_micros_to_unix_micros(commit_time_micros) / 1000;
+                None
+            }
+            Message::Relation(relation) => {
+                let lsn = commit_lsn;
+                let bind = |source| RelayError::Bind { lsn, source };
+                let facts = match mapper.reads_catalog(&relation, None) {
+                    true => setup::column_facts(client, &relation.id.to_string()).await?,
+                    false => Vec::new(),
+                };
+                mapper.relation(relation, None, &facts).map_err(bind)?;
+                None
+            }
+            Message::Insert { relation_id, new } => {
+                mapper.insert(relation_id, &new, commit_time_ms)
+            }
+            Message::Message {
+                transactional: true,
+                prefix,
+                content,
+                ..
+            } => mapper.message(&prefix, &content, commit_time_ms),
+            _ => None,
+        };
+        let Some((table, mapped)) = mapped else {
+            continue;
+        };
+        seen += 1;
+        if seen <= *shown {
+            continue;
+        }
+        *shown += 1;
+        let line = match mapped {
+            Ok(record) if args.json => record_line(&record, commit_lsn).to_json(),
+            Ok(record) => record_line(&record, commit_lsn).to_text(),
+            Err((error, _)) if args.json => serde_json::json!({
+                "lsn": commit_lsn.to_string(),
+                "table": &*table,
+                "error": error.to_string(),
+            })
+            .to_string(),
+            Err((error, _)) => format!("{table} lsn={commit_lsn} cannot be relayed: {error}"),
+        };
+        writeln!(out, "{line}")?;
+    }
+    Ok(read)
 }

@@ -7,39 +7,70 @@ use std::io::Write;
 use super::CommandError;
 use crate::config::{Cli, Config, RelayFlags};
 use crate::outbox::TableName;
-use crate::source::{setup, sql};
+use crate::sink::lineage;
+use crate::source::{setup, shard, sql};
 
-/// `setup --print`: needs only the flags, no connection.
+/// `setup --print`: needs only the flags, no connection, but for a shard's row filters, which
+/// call the output functions of the key and id columns' types, read from `--postgres-url`.
 pub(super) fn print(cli: &Cli) -> Result<(), CommandError> {
-    let script = script(&cli.flags, &cli.outbox_tables()?);
+    let (flags, tables) = (cli.flags.sharded()?, cli.outbox_tables()?);
+    let filters = match flags.shard.is_some() && !tables.is_empty() {
+        false => Vec::new(),
+        true if cli.postgres_url.is_none() => {
+            return Err(CommandError::Refused(
+                "setup --print --shard reads the types of the outbox tables' key and id columns \
+                 (a shard's row filter calls their output functions): give --postgres-url"
+                    .to_owned(),
+            ));
+        }
+        true => {
+            let config = Config::from_cli(cli)?;
+            super::block_on(async {
+                let client = setup::connect(&config).await?;
+                shard::row_filters(&client, &config).await
+            })??
+        }
+    };
+    let script = script(&flags, &tables, &filters);
     std::io::stdout().write_all(script.as_bytes())?;
     Ok(())
 }
 
-/// The SQL `setup` would run, as a script.
-fn script(flags: &RelayFlags, tables: &[TableName]) -> String {
+/// The SQL `setup` would run, as a script, and the Kafka commands the lineage topic needs.
+fn script(flags: &RelayFlags, tables: &[TableName], filters: &[String]) -> String {
     let names: Vec<String> = tables.iter().map(ToString::to_string).collect();
+    let [create_topic, acls] = lineage::topic_commands(&flags.lineage_topic);
+    let events = match flags.shard {
+        Some(shard) => format!(
+            "Shard {shard}: only inserts into the outbox tables whose key (else id) hashes to {}",
+            shard.index
+        ),
+        None => "Only inserts into the outbox tables are events".to_owned(),
+    };
     format!(
         "-- outbox-relay setup: publication {publication:?} for {tables}, slot {slot:?}.\n\
          -- Run as a role with REPLICATION (or superuser) in the outbox database;\n\
          -- skip a statement whose object already exists.\n\
          \n\
-         -- Only inserts into the outbox tables are events.\n\
+         -- {events}.\n\
          {create_publication};\n\
          \n\
          -- The slot keeps WAL from now until a relay confirms it: create it shortly\n\
          -- before the relay first starts (or let the relay create it).\n\
          {create_slot};\n\
          \n\
-         -- Records that the relay streams from this slot, so that after a failover to a\n\
-         -- server without it the relay stops instead of starting over from \"now\".\n\
-         {create_record};\n",
+         -- Kafka: the relay records the slots it streams from in the lineage topic\n\
+         -- (--lineage-topic), so that after a failover to a server without the slot it\n\
+         -- stops (exit 7) instead of starting over from \"now\". It does not stream\n\
+         -- until the record is written. Compacted, one partition; the relay's principal\n\
+         -- (with the relay's -X security settings) reads and writes it:\n\
+         --   {create_topic}\n\
+         --   {acls}\n",
         publication = flags.publication,
         slot = flags.slot,
         tables = names.join(", "),
-        create_publication = sql::create_publication(&flags.publication, tables),
+        create_publication = sql::create_publication(&flags.publication, tables, filters),
         create_slot = sql::create_slot(&flags.slot, false),
-        create_record = crate::source::lineage::CREATE_TABLE,
     )
 }
 
@@ -55,7 +86,8 @@ pub(super) async fn apply(config: &Config) -> Result<(), CommandError> {
         .map_err(setup::query_err("look up the publication"))?
         .is_some();
     let slot = setup::prepare(&client, config).await?;
-    let statement = sql::create_publication(&config.flags.publication, &config.tables);
+    let filters = shard::row_filters(&client, config).await?;
+    let statement = sql::create_publication(&config.flags.publication, &config.tables, &filters);
     let publication = match had_publication {
         true => "exists and covers the outbox tables; kept".to_owned(),
         false => format!("created: {statement}"),
@@ -84,14 +116,20 @@ mod tests {
         let args = ["outbox-relay", "--slot", "s", "--publication", "p"];
         let cli = Cli::try_parse_global_from(args).unwrap();
         let tables = [TableName::parse("public.outbox").unwrap()];
-        let script = script(&cli.flags, &tables);
+        let script = script(&cli.flags, &tables, &[]);
         assert!(
-            script.contains(&format!("{};\n", sql::create_publication("p", &tables))),
+            script.contains(&format!(
+                "{};\n",
+                sql::create_publication("p", &tables, &[])
+            )),
             "{script}"
         );
         assert!(
             script.contains(&format!("{};\n", sql::create_slot("s", false))),
             "{script}"
         );
+        let topic =
+            "--create --topic outbox-relay.lineage --partitions 1 --config cleanup.policy=compact";
+        assert!(script.contains(topic), "{script}");
     }
 }

@@ -10,17 +10,19 @@ use tokio_postgres::Client;
 use super::{CommandError, human_bytes};
 use crate::config::{Config, StatusArgs};
 use crate::observability::health::{
-    ReadinessThresholds, SlotObservation, SlotStatus, idle_timeout_warning,
-    slot_invalidated_remedy, slot_warnings,
+    ReadinessThresholds, SlotObservation, SlotStatus, failover_unready, idle_timeout_warning,
+    slot_warnings,
 };
 use crate::source::SourceError;
 use crate::source::setup::{self, query_err};
-use crate::source::slot_monitor;
+use crate::source::{failover, shard, slot_monitor};
 
 /// Everything `status` reports; the field names are `--json`'s contract.
 #[derive(Debug, Serialize)]
 struct Status {
     server_version: String,
+    /// `--shard` as `I/K`; `null` unsharded.
+    shard: Option<String>,
     /// The WAL position now (the replay position on a standby).
     current_wal_lsn: Option<String>,
     slot: SlotInfo,
@@ -58,6 +60,8 @@ struct PublicationInfo {
     tables: Vec<String>,
     /// Configured outbox tables it does not cover.
     missing_tables: Vec<String>,
+    /// Each table's row filter, as Postgres prints it (PostgreSQL 15+; a shard's has one).
+    row_filters: BTreeMap<String, String>,
 }
 
 pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), CommandError> {
@@ -83,13 +87,22 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
         .map_err(query_err("read the server settings"))?;
     let mut status = Status {
         server_version: server.get(0),
+        shard: config.flags.shard.map(|shard| shard.to_string()),
         current_wal_lsn: server.get(1),
         slot: read_slot(&client, &config.flags.slot).await?,
         publication: read_publication(&client, config).await?,
         settings: settings.iter().map(|r| (r.get(0), r.get(1))).collect(),
         warnings: Vec::new(),
     };
+    if let Some(slot) = status.slot.status.as_mut() {
+        failover::probe(slot, config).await;
+    }
     status.warnings = warnings(&status, &config.flags.observability.readiness);
+    if status.publication.exists {
+        status
+            .warnings
+            .extend(shard_problem(&client, config).await?);
+    }
     let output = match args.json {
         true => serde_json::to_string_pretty(&status).map_err(std::io::Error::other)? + "\n",
         false => render_text(&status),
@@ -163,7 +176,8 @@ async fn read_publication(
                                        CASE WHEN pubdelete THEN 'delete' END, \
                                        CASE WHEN pubtruncate THEN 'truncate' END], NULL), \
                     ARRAY(SELECT schemaname::text || '.' || tablename::text \
-                          FROM pg_publication_tables t WHERE t.pubname = p.pubname ORDER BY 1) \
+                          FROM pg_publication_tables t WHERE t.pubname = p.pubname ORDER BY 1), \
+                    current_setting('server_version_num')::int \
              FROM pg_publication p WHERE pubname = $1",
             &[&config.flags.publication],
         )
@@ -178,10 +192,38 @@ async fn read_publication(
         publication.all_tables = r.get(0);
         publication.publishes = r.get(1);
         publication.tables = r.get(2);
+        if r.get::<_, i32>(3) >= 150_000 {
+            let filters = client
+                .query(
+                    "SELECT schemaname::text || '.' || tablename::text, rowfilter \
+                     FROM pg_publication_tables WHERE pubname = $1 AND rowfilter IS NOT NULL",
+                    &[&config.flags.publication],
+                )
+                .await
+                .map_err(query_err("read the publication's row filters"))?;
+            publication.row_filters = filters.iter().map(|r| (r.get(0), r.get(1))).collect();
+        }
     }
     let wanted = config.tables.iter().map(ToString::to_string);
     publication.missing_tables = wanted.filter(|t| !publication.tables.contains(t)).collect();
     Ok(publication)
+}
+
+/// Why a shard's publication would not send it exactly its rows, as the relay would refuse it.
+async fn shard_problem(client: &Client, config: &Config) -> Result<Option<String>, SourceError> {
+    if config.flags.shard.is_none() {
+        return Ok(None);
+    }
+    let checked = async {
+        let publication = setup::verify_publication(client, config, &[]).await?;
+        let filters = shard::row_filters(client, config).await?;
+        shard::verify(client, config, &publication, &filters).await
+    };
+    match checked.await {
+        Ok(()) => Ok(None),
+        Err(SourceError::Misconfigured(problem)) => Ok(Some(problem)),
+        Err(error) => Err(error),
+    }
 }
 
 /// What needs attention, the slot judged by the same limits as the relay's readiness.
@@ -199,12 +241,17 @@ fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
     if !slot.exists {
         out.push(format!(
             "slot {:?} does not exist: the relay creates it on its first start (or run outbox-relay \
-             setup); where public.outbox_relay_slots shows it streamed before, it refuses: see \
+             setup); where the lineage topic shows it streamed before, it refuses (exit 7): see \
              docs/operations.md#failover",
             slot.name
         ));
     } else if let Some(status) = &slot.status {
-        out.extend(status.invalidated().map(|r| slot_invalidated_remedy(&r)));
+        out.extend(
+            status
+                .invalidated()
+                .map(|r| crate::remedy::invalidated_slot(&r)),
+        );
+        out.extend(failover_unready(status));
         out.extend(slot_warnings(status, limits));
         out.extend(idle_timeout_warning(status.idle_timeout_secs.unwrap_or(0)));
     }
@@ -230,9 +277,15 @@ fn render_text(s: &Status) -> String {
         true => "all tables".to_owned(),
         false => p.tables.join(", "),
     };
-    let publication = [("publishes", p.publishes.join(", ")), ("tables", tables)];
-    let mut out = section("slot", &slot.name, slot.exists.then(|| slot_rows(slot)));
-    out += &section("publication", &p.name, p.exists.then(|| publication.into()));
+    let mut publication = vec![("publishes", p.publishes.join(", ")), ("tables", tables)];
+    let filters = p.row_filters.iter();
+    publication.extend(filters.map(|(table, filter)| ("row filter", format!("{table}: {filter}"))));
+    let mut out = match &s.shard {
+        Some(shard) => format!("shard {shard}\n"),
+        None => String::new(),
+    };
+    out += &section("slot", &slot.name, slot.exists.then(|| slot_rows(slot)));
+    out += &section("publication", &p.name, p.exists.then_some(publication));
     let wal_lsn = or_dash(&s.current_wal_lsn);
     out += &format!("server {} (current wal lsn {wal_lsn})\n", s.server_version);
     for (name, value) in &s.settings {

@@ -31,6 +31,33 @@ pub enum Command {
     DebeziumConfig(DebeziumConfigArgs),
     /// Re-publish outbox rows still in the tables, e.g. what a lost slot missed after a failover.
     Backfill(BackfillArgs),
+    /// Move the outbox from --from K relays to --to K' (1: one relay without --shard): create
+    /// the new shards' slots and wait until the old ones pass them; then, the old relays
+    /// stopped, --finish starts the new slots where the old ones stopped and drops the old.
+    Reshard(ReshardArgs),
+}
+
+/// `reshard` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ReshardArgs {
+    /// How many shards relay the outbox now (1: one relay without --shard).
+    #[arg(long, value_name = "K", value_parser = shard_count)]
+    pub from: u32,
+    /// How many shards will relay it (1: one relay without --shard).
+    #[arg(long, value_name = "K", value_parser = shard_count)]
+    pub to: u32,
+    /// The second step, with every old relay (standbys too) stopped.
+    #[arg(long)]
+    pub finish: bool,
+    /// How long the first step waits for the old slots to pass the new ones' start.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+fn shard_count(raw: &str) -> Result<u32, String> {
+    let max = crate::outbox::shard::MAX_SHARDS;
+    let count = raw.parse::<u32>().ok().filter(|k| (1..=max).contains(k));
+    count.ok_or_else(|| format!("expected 1 to {max}"))
 }
 
 /// `backfill` flags.
@@ -116,7 +143,7 @@ impl Cli {
         let Some(path) = cli.debezium_config.as_deref().filter(|_| !explain) else {
             return Ok((cli, Vec::new()));
         };
-        let imported = debezium::import_file(path)?;
+        let imported = debezium::import_file(path, cli.debezium_worker_config.as_deref())?;
         Ok((parse(&imported), imported.warnings))
     }
 
@@ -204,12 +231,19 @@ mod tests {
     }
 
     #[test]
-    fn kafka_brokers_are_required_only_to_run_the_relay() {
+    fn kafka_brokers_are_required_by_the_commands_that_use_kafka() {
         let url = "postgres://u@127.0.0.1/db";
-        let err = Config::from_cli(&parse(&["--postgres-url", url]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("--kafka-brokers"), "{err}");
+        for command in [
+            &[][..],
+            &["setup"],
+            &["drop-slot"],
+            &["backfill", "--since", "x"],
+            &["reshard", "--from", "1", "--to", "2"],
+        ] {
+            let args = [command, &["--postgres-url", url]].concat();
+            let err = Config::from_cli(&parse(&args)).unwrap_err().to_string();
+            assert!(err.contains("--kafka-brokers"), "{command:?}: {err}");
+        }
         let config = Config::from_cli(&parse(&["status", "--postgres-url", url])).unwrap();
         assert_eq!(config.kafka_brokers, "");
         let err = Config::from_cli(&parse(&["status"]))

@@ -106,15 +106,27 @@ pub struct Imported {
     pub args: Vec<(String, String)>,
     /// One sentence per option that is ignored or behaves differently.
     pub warnings: Vec<String>,
+    /// The record-shaping options reproduced byte for byte, as `key=value`.
+    pub identical: Vec<String>,
 }
 
-/// Reads and translates a connector config file.
-pub fn import_file(path: &Path) -> Result<Imported, ImportError> {
-    let path = path.to_owned();
-    std::fs::read_to_string(&path)
-        .map_err(Error::Read)
-        .and_then(|text| import(&parse(&text, detect_format(&path, &text))?))
-        .map_err(|source| ImportError { path, source })
+/// Reads and translates a connector config file, with the Connect worker's properties
+/// (`worker`: its converters apply where the connector names none).
+pub fn import_file(path: &Path, worker: Option<&Path>) -> Result<Imported, ImportError> {
+    let read = |path: &Path| {
+        let text = std::fs::read_to_string(path).map_err(Error::Read);
+        let parsed = text.and_then(|text| parse(&text, detect_format(path, &text)));
+        parsed.map_err(|source| ImportError {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let worker = worker.map(read).transpose()?;
+    let config = read(path)?;
+    import_with(&config, worker.as_ref()).map_err(|source| ImportError {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// `command` with the imported values as its flags' defaults, below the command line and the
@@ -173,8 +185,23 @@ pub fn detect_format(path: &Path, text: &str) -> SourceFormat {
 
 /// Maps a Debezium Postgres connector config onto the relay's flags.
 pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, Error> {
+    import_with(config, None)
+}
+
+/// [`import`] with the Connect worker's properties, whose converters apply where the connector
+/// names none (without them: Kafka's sample worker config, JsonConverter with schemas).
+pub fn import_with(
+    config: &BTreeMap<String, String>,
+    worker: Option<&BTreeMap<String, String>>,
+) -> Result<Imported, Error> {
     let (used, out) = (BTreeSet::from(["name"]), Imported::default());
-    Importer { config, used, out }.run()
+    Importer {
+        config,
+        worker,
+        used,
+        out,
+    }
+    .run()
 }
 
 /// The equivalent command line, shell-quoted, one flag per line, then the warnings as comments.
@@ -184,6 +211,12 @@ pub fn explain(imported: &Imported) -> String {
         out += &format!(" \\\n  {flag} {}", shell_words::quote(value));
     }
     out.push('\n');
+    if !imported.identical.is_empty() {
+        out.push_str("# Records identical to Debezium's for:\n");
+    }
+    for option in &imported.identical {
+        out += &format!("# - {option}: identical\n");
+    }
     if !imported.warnings.is_empty() {
         out.push_str("# Differences from the Debezium connector:\n");
     }
@@ -193,18 +226,8 @@ pub fn explain(imported: &Imported) -> String {
     out
 }
 
-/// How a Connect converter serialised keys, values or headers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Converter<'a> {
-    /// Not in the connector config: the worker's converter applied.
-    Unset,
-    /// The bytes or text the relay sends too (String, ByteArray, SimpleHeader).
-    Raw,
-    /// Kafka's JsonConverter.
-    Json { schemas: bool },
-    /// Anything else (Avro, Protobuf, JSON Schema, ...).
-    Other(&'a str),
-}
+const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
+const WORKER_DEFAULT: &str = "Kafka's sample worker config (JsonConverter, schemas.enable=true), as neither the connector config nor --debezium-worker-config names one";
 
 /// Why a connector key has no equivalent, for the "ignored" warning.
 fn ignored_note(key: &str) -> Option<&'static str> {
@@ -247,28 +270,34 @@ fn producer_note(name: &str, value: &str) -> Result<&'static str, &'static str> 
     }
 }
 
-/// Why an EventRouter option (after `transforms.NAME.`) is not applied: `""` when the
-/// relay already behaves so, `None` for an option the router does not have.
-fn router_note(option: &str, value: &str) -> Option<&'static str> {
+/// An EventRouter option (after `transforms.NAME.`) the import does not turn into a flag:
+/// `Ok("")` when records stay identical, `Ok(why)` for a difference that is not in the records,
+/// `Err(why)` when the relay cannot reproduce it, `None` for an option the router lacks.
+fn router_note(option: &str, value: &str) -> Option<Result<&'static str, &'static str>> {
     let value = value.to_ascii_lowercase();
-    let fails = value == "error" || value == "fatal";
     Some(match option {
-        "table.op.invalid.behavior" | "debezium.op.invalid.behavior" if fails => {
-            "the relay ignores UPDATE and DELETE on the outbox table, warning once"
+        "table.op.invalid.behavior" | "debezium.op.invalid.behavior" if value == "fatal" => Ok(
+            "Debezium stopped on an UPDATE of the outbox table; the relay ignores UPDATE and DELETE, warning once",
+        ),
+        "table.op.invalid.behavior" | "debezium.op.invalid.behavior" | "negate" => Ok(""),
+        "table.field.event.type" | "tracing.operation.name" => Ok(""),
+        "table.expand.json.payload" | "route.tombstone.on.empty.payload" if value == "false" => {
+            Ok("")
         }
-        "table.fields.additional.error.on.missing" if value == "false" => {
-            "the relay refuses a table that lacks a --header-column column"
+        "table.json.payload.null.behavior" if value == "ignore" => Ok(""),
+        "table.field.additional.missing" if value == "error" => Ok(""),
+        "field.name.adjustment.mode" if value == "none" => Ok(""),
+        "tracing.with.context.field.only" if value == "true" => Ok(""),
+        "table.field.additional.missing" => Err(
+            "the relay refuses a table that lacks a placed column; add the column to every outbox table, or relay such tables with their own --table overrides",
+        ),
+        "field.name.adjustment.mode" => Err(
+            "the relay does not rename expanded payload fields; use field.name.adjustment.mode=none",
+        ),
+        "tracing.with.context.field.only" => {
+            Err("the relay traces only rows with a span context, as Debezium's default does")
         }
-        "table.expand.json.payload" if value == "true" => {
-            "the relay sends the payload column's text as it is, not an expanded struct, so consumers get the document without any converter envelope (whitespace and key order as stored)"
-        }
-        "table.op.invalid.behavior" | "debezium.op.invalid.behavior" | "negate" => "",
-        "table.fields.additional.error.on.missing" | "table.expand.json.payload" => "",
-        "table.json.payload.null.behavior" => "JSON nulls stay in the payload text",
-        "table.field.event.schema.version" => "the relay sends no Connect schema",
-        "table.field.event.type" => "no event-type field; use --route-by or --header-column",
-        "predicate" => "the relay routes every insert into the --table tables",
-        o if o.starts_with("tracing.") => "the relay starts no tracing span from a column",
+        "predicate" => Ok("the relay routes every insert into the --table tables"),
         _ => return None,
     })
 }
@@ -276,6 +305,8 @@ fn router_note(option: &str, value: &str) -> Option<&'static str> {
 /// The import in progress: every key read is marked, so the rest can be warned about.
 struct Importer<'a> {
     config: &'a BTreeMap<String, String>,
+    /// The Connect worker's properties, when given.
+    worker: Option<&'a BTreeMap<String, String>>,
     used: BTreeSet<&'a str>,
     out: Imported,
 }
@@ -318,6 +349,10 @@ impl<'a> Importer<'a> {
 
     fn warn(&mut self, warning: impl Into<String>) {
         self.out.warnings.push(warning.into());
+    }
+
+    fn identical(&mut self, key: &str, value: &str) {
+        self.out.identical.push(format!("{key}={value}"));
     }
 
     /// One warning about all of `items` (none without any), given their list.
@@ -364,8 +399,9 @@ impl<'a> Importer<'a> {
             "no_tables" if pgoutput => self.warn(format!("publication.autocreate.mode=no_tables: {publication} has no tables; the relay stops at start-up until the outbox tables are added (it prints the ALTER PUBLICATION to run)")),
             _ => {}
         }
-        let value_converter = self.converters();
-        self.event_router(value_converter)?;
+        self.converters()?;
+        self.context_headers()?;
+        self.event_router()?;
         self.producer_overrides();
         self.leftovers();
         Ok(self.out)
@@ -436,61 +472,101 @@ impl<'a> Importer<'a> {
         Ok(())
     }
 
-    /// Reads `ROLE.converter` and its settings.
-    fn converter(&mut self, role: &str) -> Converter<'a> {
-        let class = self.take(&format!("{role}.converter")).unwrap_or_default();
-        let schemas = self.take(&format!("{role}.converter.schemas.enable"));
-        let schemas = schemas.is_none_or(|v| !v.eq_ignore_ascii_case("false"));
-        self.take_prefixed(&format!("{role}.converter."));
-        let kafka = class == "JsonConverter" || class.starts_with("org.apache.kafka.");
-        match class.rsplit('.').next().unwrap_or_default() {
-            "" => Converter::Unset,
-            "StringConverter" | "ByteArrayConverter" | "SimpleHeaderConverter" => Converter::Raw,
-            "JsonConverter" if kafka => Converter::Json { schemas },
-            _ => Converter::Other(class),
-        }
-    }
-
-    /// Warns where the converters made records the relay's differ from; returns the value's.
-    fn converters(&mut self) -> Converter<'a> {
-        let [key, value, header] = ["key", "value", "header"].map(|role| self.converter(role));
-        let unset: Vec<&str> = [("key.converter", key), ("value.converter", value)]
-            .into_iter()
-            .filter_map(|(name, c)| (c == Converter::Unset).then_some(name))
-            .collect();
-        self.warn_all(&unset, |list| {
-            format!("{list} not in the connector config, so the Connect worker's applied (Kafka's sample worker config has JsonConverter with schemas.enable=true); the relay sends the key column's text and the payload column's bytes, like StringConverter: see the JsonConverter notes if the worker used it")
-        });
-        let key_relay = "the raw text KEY: consumers that parse keys must change, and an aggregate's records may land on another partition (the key bytes are hashed)";
-        let value_relay = "the payload column's bytes as they are (for json/jsonb, the document itself; Debezium's PAYLOAD was a JSON string unless expanded, bytea as base64): consumers must stop decoding the converter's format";
-        for (role, converter, json, relay) in [
-            ("key", key, "\"KEY\"", key_relay),
-            ("value", value, "\"PAYLOAD\"", value_relay),
-        ] {
-            let debezium = match converter {
-                Converter::Json { schemas: true } => format!(
-                    "JsonConverter with schemas.enable=true: Debezium's {role}s were {{\"schema\": ..., \"payload\": {json}}}"
-                ),
-                Converter::Json { schemas: false } => format!(
-                    "JsonConverter with schemas.enable=false: Debezium's {role}s were {json}"
-                ),
-                Converter::Other(class) => format!(
-                    "{class}: Debezium's {role}s were in its format (a schema-registry deserializer rejects the relay's)"
-                ),
-                Converter::Raw | Converter::Unset => continue,
+    /// `ROLE.converter` as Kafka Connect picks it: the connector's class with the connector's
+    /// settings, else the worker's with the worker's; as the `--ROLE-converter` value.
+    fn converter(&mut self, role: &str) -> Result<&'static str, Error> {
+        let key = format!("{role}.converter");
+        let prefix = format!("{key}.");
+        let connector = self.take(&key);
+        let connector_settings = self.take_prefixed(&prefix);
+        let worker = self.worker.and_then(|w| w.get(&key)).map(|c| c.trim());
+        let (class, settings, origin) = match (connector, worker) {
+            (Some(class), _) => (class, connector_settings, "the connector config"),
+            (None, Some(class)) => {
+                let settings = self.worker.into_iter().flatten();
+                let settings = settings.filter(|(k, _)| k.starts_with(&prefix));
+                let settings = settings.map(|(k, v)| (k.as_str(), v.trim())).collect();
+                (class, settings, "the worker config")
+            }
+            (None, None) if role == "header" => return Ok("simple"),
+            (None, None) => {
+                self.warn(format!("{key}: {WORKER_DEFAULT}"));
+                (JSON_CONVERTER, Vec::new(), "")
+            }
+        };
+        let short = class.rsplit('.').next().unwrap_or_default();
+        let kafka = class == short || class.starts_with("org.apache.kafka.connect.");
+        let flag = match (short, kafka) {
+            ("StringConverter", true) => "string",
+            ("ByteArrayConverter", true) => "bytearray",
+            ("JsonConverter", true) if role == "header" => "json",
+            ("JsonConverter", true) => "json-with-schemas",
+            ("SimpleHeaderConverter", true) if role == "header" => "simple",
+            _ => "",
+        };
+        if flag.is_empty() || (role == "header" && flag != "simple") {
+            let why = match role {
+                "header" => {
+                    "the relay writes header values as SimpleHeaderConverter, Kafka Connect's default, does"
+                }
+                _ => {
+                    "the relay reproduces StringConverter, ByteArrayConverter and JsonConverter; a schema-registry format (Avro, Protobuf, JSON Schema) is not written"
+                }
             };
-            self.warn(format!(
-                "{role}.converter={debezium}; the relay's {role} is {relay}"
-            ));
+            return Err(invalid(key, class, why));
         }
-        if let Converter::Json { .. } | Converter::Other(_) = header {
-            let class = self.take("header.converter").unwrap_or_default();
-            self.warn(format!("header.converter={class}: the relay writes header values as the column's text, like SimpleHeaderConverter"));
+        let mut flag = flag;
+        for (setting, value) in settings {
+            match (
+                &setting[prefix.len()..],
+                value.to_ascii_lowercase().as_str(),
+            ) {
+                ("schemas.enable", "false") if flag == "json-with-schemas" => flag = "json",
+                ("schemas.enable", _) => {}
+                ("schemas.cache.size" | "decimal.format", _) => {}
+                ("replace.null.with.default", "true") => {}
+                _ => {
+                    let why = format!(
+                        "a {key} setting (from {origin}) whose effect the relay does not reproduce"
+                    );
+                    return Err(invalid(setting, value, why));
+                }
+            }
         }
-        value
+        if role != "header" {
+            self.identical(&key, class);
+        }
+        Ok(flag)
     }
 
-    fn event_router(&mut self, value_converter: Converter) -> Result<(), Error> {
+    /// The key and value converters as flags (header values are SimpleHeaderConverter's).
+    fn converters(&mut self) -> Result<(), Error> {
+        for role in ["key", "value"] {
+            let flag = self.converter(role)?;
+            self.arg(&format!("--{role}-converter"), flag);
+        }
+        self.converter("header")?;
+        Ok(())
+    }
+
+    /// `topic.prefix` (the schema names' and context headers' logical name) and
+    /// `extended.headers.enabled` (default true in Debezium 3.6).
+    fn context_headers(&mut self) -> Result<(), Error> {
+        let prefix = self.required(
+            "topic.prefix",
+            "Debezium requires it; it names the context headers and envelope schemas",
+        )?;
+        self.arg("--debezium-topic-prefix", prefix);
+        let extended = self.take("extended.headers.enabled").unwrap_or("true");
+        if !extended.eq_ignore_ascii_case("false") {
+            self.arg("--debezium-context-headers", "true");
+            self.identical("extended.headers.enabled", extended);
+            self.warn("extended.headers.enabled: __debezium.context.runId is a new UUID per relay start, as it was per Debezium task start");
+        }
+        Ok(())
+    }
+
+    fn event_router(&mut self) -> Result<(), Error> {
         let names = self.take("transforms").unwrap_or_default();
         let mut router = None;
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -520,26 +596,58 @@ impl<'a> Importer<'a> {
             Some(column) => self.arg("--timestamp-column", column),
             None => self.warn(format!("{prefix}table.field.event.timestamp is not set: Debezium stamped records with the time it processed the change; the relay uses the commit time")),
         }
-        let envelope = self.placements(&prefix)?;
-        let tombstone = format!("{prefix}route.tombstone.on.empty.payload");
-        let on_empty = self.take(&tombstone).map(str::to_ascii_lowercase);
-        if on_empty.as_deref() == Some("true") {
-            self.warn(format!("{tombstone}=true: Debezium also made tombstones of empty and whitespace-only payloads; the relay sends those as they are"));
-        } else if envelope || value_converter != Converter::Raw {
-            // Only String and ByteArray converters made a tombstone of Debezium's null value.
-            self.warn(format!("{tombstone}=false (Debezium's default): for a NULL payload Debezium sent a record (with envelope fields {{\"payload\": null, ...}}, with JsonConverter JSON null or {{\"schema\": ..., \"payload\": null}}), a tombstone only with a String or ByteArray value converter; the relay always sends a tombstone"));
+        self.placements(&prefix)?;
+        for (name, flag) in [
+            ("table.expand.json.payload", "--expand-json-payload"),
+            (
+                "table.json.payload.null.behavior",
+                "--keep-json-payload-nulls",
+            ),
+            (
+                "route.tombstone.on.empty.payload",
+                "--tombstone-on-empty-payload",
+            ),
+        ] {
+            let Some(value) = option(self, name) else {
+                continue;
+            };
+            let on = ["true", "optional_bytes"].contains(&value.to_ascii_lowercase().as_str());
+            if on {
+                self.arg(flag, "true");
+            }
+            if !on && router_note(name, value) != Some(Ok("")) {
+                let why = "not a value Debezium accepts";
+                return Err(invalid(format!("{prefix}{name}"), value, why));
+            }
+            self.identical(&format!("{prefix}{name}"), value);
+        }
+        if let Some(column) = option(self, "table.field.event.schema.version") {
+            self.arg("--schema-version-column", column);
+            self.identical(&format!("{prefix}table.field.event.schema.version"), column);
+        }
+        let tracing = option(self, "tracing.span.context.field");
+        match tracing {
+            Some(column) => self.arg("--trace-context-column", column),
+            None => self.warn(format!("{prefix}tracing.span.context.field: if the Connect worker ran an OpenTelemetry agent, Debezium wrote a traceparent header from the tracingspancontext column; add --trace-context-column tracingspancontext to do the same")),
         }
         let mut unknown = Vec::new();
         for (key, value) in self.take_prefixed(&prefix) {
             match router_note(&key[prefix.len()..], value) {
-                Some("") => {}
-                Some(why) => self.warn(format!("{key}={value} not applied: {why}")),
+                Some(Ok("")) => self.identical(key, value),
+                Some(Ok(why)) => self.warn(format!("{key}={value}: {why}")),
+                Some(Err(why)) => return Err(invalid(key, value, why)),
                 None => unknown.push(key),
             }
         }
-        self.warn_all(&unknown, |list| {
-            format!("unknown EventRouter options not applied: {list}")
-        });
+        if let Some(key) = unknown.first() {
+            let why =
+                "not an Outbox Event Router option of Debezium 3.6; remove it or fix its name";
+            return Err(invalid(
+                *key,
+                self.config.get(*key).map_or("", String::as_str),
+                why,
+            ));
+        }
         Ok(())
     }
 
@@ -563,11 +671,12 @@ impl<'a> Importer<'a> {
             .map_err(|reason| invalid(key, replacement, reason))
     }
 
-    /// Maps header placements to flags; returns whether any envelope field exists.
-    fn placements(&mut self, prefix: &str) -> Result<bool, Error> {
+    /// Maps `table.fields.additional.placement` to header, envelope and partition flags.
+    fn placements(&mut self, prefix: &str) -> Result<(), Error> {
         let key = format!("{prefix}table.fields.additional.placement");
-        let list = self.take(&key).unwrap_or_default();
-        let (mut unsupported, mut envelope) = (Vec::new(), false);
+        let Some(list) = self.take(&key) else {
+            return Ok(());
+        };
         for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             let parts: Vec<&str> = entry.split(':').map(str::trim).collect();
             let (column, placement, alias) = match parts[..] {
@@ -575,18 +684,24 @@ impl<'a> Importer<'a> {
                 [column, placement, alias] => (column, placement.to_ascii_lowercase(), alias),
                 _ => return Err(invalid(key, entry, PLACEMENT)),
             };
-            match placement.as_str() {
-                "header" if alias == column => self.arg("--header-column", column),
-                "header" => self.arg("--header-column", format!("{column}:{alias}")),
-                "envelope" | "partition" => unsupported.push(entry),
+            let flag = match placement.as_str() {
+                "header" => "--header-column",
+                "envelope" => "--envelope-column",
+                "partition" => {
+                    // Debezium keeps the last partition field.
+                    self.out.args.retain(|(f, _)| f != "--partition-column");
+                    self.arg("--partition-column", column);
+                    continue;
+                }
                 _ => return Err(invalid(key, entry, PLACEMENT)),
+            };
+            match alias == column {
+                true => self.arg(flag, column),
+                false => self.arg(flag, format!("{column}:{alias}")),
             }
-            envelope |= placement == "envelope";
         }
-        self.warn_all(&unsupported, |list| {
-            format!("{key} envelope and partition placements not supported ({list}): Debezium's value was a struct {{\"payload\": ..., ALIAS: ...}} and its partition the column's; the relay's value is the payload alone and its partition the key's murmur2 hash. Place such columns as headers (--header-column COLUMN:ALIAS)")
-        });
-        Ok(envelope)
+        self.identical(&key, list);
+        Ok(())
     }
 
     fn producer_overrides(&mut self) {

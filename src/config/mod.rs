@@ -4,6 +4,7 @@
 
 mod commands;
 pub mod debezium;
+mod format;
 mod observability;
 mod postgres;
 
@@ -16,14 +17,15 @@ use clap::{Args, Parser, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
 pub use commands::{
-    BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, SetupArgs,
-    StatusArgs,
+    BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, ReshardArgs,
+    SetupArgs, StatusArgs,
 };
+pub use format::FormatArgs;
 pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
 use crate::outbox::cloudevents::CloudEventsConfig;
-use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, TableName, TopicTemplate};
+use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName, TopicTemplate};
 
 /// Relays transactional-outbox rows from Postgres logical replication to Kafka.
 ///
@@ -82,6 +84,9 @@ pub struct Cli {
     #[arg(long = "header-column", env = "OUTBOX_RELAY_HEADER_COLUMN")]
     #[arg(value_delimiter = ',')]
     pub header_columns: Vec<String>,
+    /// Debezium record-format flags.
+    #[command(flatten)]
+    pub format: FormatArgs,
     /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
     pub cloudevents: bool,
@@ -105,6 +110,10 @@ pub struct Cli {
     /// A Debezium connector configuration (JSON or .properties) whose settings become defaults.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
     pub debezium_config: Option<PathBuf>,
+    /// The Kafka Connect worker's properties, whose converters apply where the connector config
+    /// names none (default: Kafka's sample worker config, JsonConverter with schemas).
+    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_WORKER_CONFIG", value_name = "FILE")]
+    pub debezium_worker_config: Option<PathBuf>,
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,librdkafka=warn).
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -126,9 +135,16 @@ pub struct RelayFlags {
     /// Create the slot even where this relay streamed before (then `backfill` what it missed).
     #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
     pub allow_new_slot: bool,
+    /// Kafka topic recording which slots the relay created, so a lost slot is refused (compacted).
+    #[arg(long, env = "OUTBOX_RELAY_LINEAGE_TOPIC", default_value = "outbox-relay.lineage", value_parser = topic_name)]
+    pub lineage_topic: String,
     /// Publication to stream (created FOR TABLE the outbox tables, inserts only, if missing).
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay", value_parser = publication_name)]
     pub publication: String,
+    /// Relay shard I of K: only events whose key hashes to I, on the shard's own slot and
+    /// publication (--slot and --publication + `_shard_I_of_K`). PostgreSQL 15+.
+    #[arg(long, env = "OUTBOX_RELAY_SHARD", value_name = "I/K")]
+    pub shard: Option<Shard>,
 
     /// On SIGINT/SIGTERM, how long to read to the open commit and wait for in-flight deliveries.
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
@@ -163,6 +179,31 @@ pub struct RelayFlags {
     /// Metrics, health and slot monitoring flags.
     #[command(flatten)]
     pub observability: ObservabilityArgs,
+}
+
+impl RelayFlags {
+    /// The flags with `--slot` and `--publication` named for `--shard` (as given without one),
+    /// as every command uses them.
+    pub fn sharded(&self) -> Result<RelayFlags, ConfigError> {
+        let Some(shard) = self.shard else {
+            return Ok(self.clone());
+        };
+        let name = |flag, base: &str, valid: fn(&str) -> Result<String, &'static str>| {
+            valid(&shard.name(base)).map_err(|_| {
+                let reason = format!(
+                    "{flag} {base:?} with the shard's suffix {:?} is over 63 characters; use a \
+                     shorter {flag}",
+                    shard.name("")
+                );
+                invalid("--shard", shard.to_string(), reason)
+            })
+        };
+        Ok(RelayFlags {
+            slot: name("--slot", &self.slot, slot_name)?,
+            publication: name("--publication", &self.publication, publication_name)?,
+            ..self.clone()
+        })
+    }
 }
 
 /// The delivery guarantee.
@@ -398,11 +439,23 @@ impl Config {
             postgres.password = Some(read_password_file(path)?);
         }
         let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
-        if kafka_brokers.is_empty() && cli.command.is_none() {
-            let reason = "give at least one host:port";
+        // `setup`, `drop-slot` and `reshard` record slots in the lineage topic.
+        let uses_kafka = match &cli.command {
+            None => true,
+            // `setup --print` connects only to read a shard's column types.
+            Some(Command::Setup(args)) => !args.print,
+            Some(command) => matches!(
+                command,
+                Command::DropSlot(_) | Command::Backfill(_) | Command::Reshard(_)
+            ),
+        };
+        if kafka_brokers.is_empty() && uses_kafka {
+            let reason = "give at least one host:port (the relay, setup, drop-slot, reshard and \
+                          backfill use Kafka: setup, drop-slot and reshard record slots in \
+                          --lineage-topic)";
             return Err(invalid("--kafka-brokers", "", reason));
         }
-        let flags = cli.flags.clone();
+        let flags = cli.flags.sharded()?;
         if flags.reconnect_backoff_max < flags.reconnect_backoff_min {
             let max = humantime::format_duration(flags.reconnect_backoff_max).to_string();
             let reason = "must be at least --reconnect-backoff-min";
@@ -428,6 +481,7 @@ impl Config {
                 source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
                 database: postgres.dbname.clone(),
             }),
+            connect: cli.format.connect(!cli.message_prefixes.is_empty())?,
         };
         let (tables, overridden) = parse_tables(cli)?;
         let mut table_mappings = Vec::new();
@@ -456,7 +510,26 @@ impl Config {
         let table = |t: &TableName| (t.clone(), self.mapping_for(t).clone());
         let prefix = |p: &String| (p.clone(), self.mapping.clone());
         let tables = self.tables.iter().map(table).collect();
-        EventMapper::new(tables, self.message_prefixes.iter().map(prefix).collect())
+        let messages = self.message_prefixes.iter().map(prefix).collect();
+        EventMapper::new(tables, messages).sharded(self.flags.shard)
+    }
+
+    /// This configuration of one relay of the same outbox as `shard` (`None`: the one
+    /// unsharded relay), named from the flags' `--slot` and `--publication`, as `reshard`
+    /// addresses old and new shards; refused for a configuration already sharded.
+    pub fn with_shard(&self, shard: Option<Shard>) -> Result<Config, ConfigError> {
+        if let Some(given) = self.flags.shard {
+            let reason = "names a relay; this command addresses every shard itself: drop --shard";
+            return Err(invalid("--shard", given.to_string(), reason));
+        }
+        let flags = RelayFlags {
+            shard,
+            ..self.flags.clone()
+        };
+        Ok(Config {
+            flags: flags.sharded()?,
+            ..self.clone()
+        })
     }
 
     /// The mapping for one outbox table: its overrides, else the global flags.
@@ -650,6 +723,31 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_has_its_own_slot_and_publication() {
+        let config = cli(&["--shard", "1/4", "--slot", "orders"]).unwrap();
+        assert_eq!(config.flags.shard, Some(Shard { index: 1, count: 4 }));
+        assert_eq!(config.flags.slot, "orders_shard_1_of_4");
+        assert_eq!(config.flags.publication, "outbox_relay_shard_1_of_4");
+        assert_eq!(cli(&[]).unwrap().flags.slot, "outbox_relay");
+        let long = "s".repeat(55);
+        let err = rejected(&["--shard", "0/2", "--slot", &long]);
+        assert!(
+            err.contains("--shard") && err.contains("shorter --slot"),
+            "{err}"
+        );
+        for bad in ["4/4", "0/1", "x"] {
+            let err = rejected(&["--shard", bad]);
+            assert!(err.contains("--shard"), "{bad}: {err}");
+        }
+        // `reshard` names every shard from the unsharded flags, and only from them.
+        let base = cli(&["--slot", "orders"]).unwrap();
+        let third = base.with_shard(Some(Shard { index: 2, count: 3 })).unwrap();
+        assert_eq!(third.flags.slot, "orders_shard_2_of_3");
+        assert_eq!(base.with_shard(None).unwrap().flags.slot, "orders");
+        assert!(config.with_shard(None).is_err(), "already a shard");
+    }
+
+    #[test]
     fn message_prefixes_allow_a_table_less_outbox() {
         let config = cli(&["--table", "none", "--message-prefix", "outbox"]).unwrap();
         assert!(config.tables.is_empty());
@@ -693,6 +791,44 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(ok.dead_letter_topic.as_deref(), Some("outbox.dlq"));
+    }
+
+    #[test]
+    fn debeziums_format_is_off_by_default_and_its_flags_name_what_they_need() {
+        assert!(cli(&[]).unwrap().mapping.connect.is_none());
+        let config = cli(&[
+            "--key-converter",
+            "json",
+            "--debezium-context-headers",
+            "--debezium-topic-prefix",
+            "app",
+        ])
+        .unwrap();
+        let connect = config.mapping.connect.unwrap();
+        assert_eq!(connect.key, crate::outbox::connect::Converter::Json);
+        assert!(connect.context_headers.is_some_and(|run| run.len() == 36));
+        for (needle, extra) in [
+            ("--value-converter", &["--expand-json-payload"][..]),
+            (
+                "--value-converter",
+                &["--tombstone-on-empty-payload", "true"],
+            ),
+            (
+                "--expand-json-payload",
+                &["--value-converter", "json", "--keep-json-payload-nulls"],
+            ),
+            (
+                "--debezium-topic-prefix",
+                &["--key-converter", "string", "--debezium-context-headers"],
+            ),
+            (
+                "--message-prefix",
+                &["--key-converter", "string", "--message-prefix", "m"],
+            ),
+        ] {
+            let err = rejected(extra);
+            assert!(err.contains(needle), "{extra:?}: {err}");
+        }
     }
 
     #[test]

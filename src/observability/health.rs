@@ -10,6 +10,7 @@ use serde::Serialize;
 
 pub use crate::config::ReadinessThresholds;
 use crate::lsn::Lsn;
+use crate::remedy;
 
 /// `pg_replication_slots.wal_status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -71,6 +72,12 @@ pub struct SlotStatus {
     pub inactive_since: Option<String>,
     /// `idle_replication_slot_timeout` in seconds (PostgreSQL 18+; 0 is off).
     pub idle_timeout_secs: Option<u64>,
+    /// For a failover slot: whether every standby `--postgres-url` names holds a persistent
+    /// synchronized copy (`None`: not a failover slot, or no standby named).
+    pub failover_ready: Option<bool>,
+    /// What each standby lacks while not ready (`host:port: ...`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failover_lacking: Vec<String>,
 }
 
 impl SlotStatus {
@@ -121,10 +128,6 @@ pub struct Readiness {
 }
 
 /// How to recover from a slot that cannot stream.
-const RECREATE: &str = "Drop the slot (outbox-relay drop-slot --yes-i-know), start the relay \
-    with --allow-new-slot, and re-publish events committed since the last confirmed position \
-    (`outbox-relay backfill --since TIMESTAMP`)";
-
 /// PURE: the readiness rules.
 pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readiness {
     let mut reasons = Vec::new();
@@ -152,12 +155,11 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     let mut warnings = Vec::new();
     match &state.slot {
         SlotObservation::Unknown => {}
-        SlotObservation::Missing => reasons.push(
+        SlotObservation::Missing => reasons.push(format!(
             "the replication slot does not exist (dropped, or lost in a failover): events \
-             committed since the last ack may be unrelayed. Start the relay once with \
-             --allow-new-slot, then re-publish them (`outbox-relay backfill --since TIMESTAMP`)"
-                .to_owned(),
-        ),
+             committed since the last ack may be unrelayed. {}",
+            remedy::LOST_SLOT
+        )),
         SlotObservation::Seen(slot) => {
             if let Some(lag) = slot.lag_bytes
                 && lag > limits.max_slot_lag_bytes
@@ -169,10 +171,11 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
                 ));
             }
             if let Some(reason) = slot.invalidated() {
-                reasons.push(slot_invalidated_remedy(&reason));
+                reasons.push(remedy::invalidated_slot(&reason));
             } else if slot.wal_status == WalStatus::Lost {
-                reasons.push(slot_lost());
+                reasons.push(remedy::wal_lost());
             }
+            reasons.extend(failover_unready(slot));
             warnings = slot_warnings(slot, limits);
             warnings.extend(idle_timeout_warning(slot.idle_timeout_secs.unwrap_or(0)));
         }
@@ -184,39 +187,18 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     }
 }
 
-fn slot_lost() -> String {
-    format!(
-        "the slot's wal_status is 'lost': Postgres removed WAL it needed and it cannot stream. \
-         {RECREATE}; raise max_slot_wal_keep_size to avoid a repeat"
-    )
-}
-
-/// For an invalidated slot ([`SlotStatus::invalidated`]): the cause, the fix and the way back.
-pub fn slot_invalidated_remedy(reason: &str) -> String {
-    const FEEDBACK: &str = "set hot_standby_feedback = on on the standby and stream it through \
-        a physical slot on the primary (primary_slot_name), so the primary keeps catalog rows \
-        the slot needs";
-    const WAL_LEVEL: &str = "set wal_level = logical on the primary and restart it";
-    let cause = match reason {
-        "rows_removed" => format!(
-            "invalidation_reason rows_removed: the primary removed catalog rows the slot still \
-             needed; {FEEDBACK}"
-        ),
-        "wal_level_insufficient" => format!(
-            "invalidation_reason wal_level_insufficient: the primary's wal_level is below \
-             logical; {WAL_LEVEL}"
-        ),
-        "conflict with recovery" => format!(
-            "conflicting = true: a recovery conflict on the standby. Either the primary removed \
-             catalog rows the slot needed ({FEEDBACK}), or its wal_level fell below logical \
-             ({WAL_LEVEL})"
-        ),
-        "wal_removed" => "invalidation_reason wal_removed: the slot held more WAL than \
-            max_slot_wal_keep_size; raise it"
-            .to_owned(),
-        other => format!("invalidation_reason {other}"),
-    };
-    format!("the slot is invalidated ({reason}) and cannot stream. Cause: {cause}. {RECREATE}")
+/// PURE: why a failover slot is not ready for a promotion yet, while it is not.
+pub fn failover_unready(slot: &SlotStatus) -> Option<String> {
+    (slot.failover_ready == Some(false)).then(|| {
+        format!(
+            "the failover slot is not ready on every standby ({}): a promotion now would lose it. \
+             A standby's copy becomes usable once persistent (synced and not temporary in its \
+             pg_replication_slots), seconds after the relay created or marked the slot; if it \
+             stays not ready, check sync_replication_slots = on, hot_standby_feedback = on and \
+             dbname in primary_conninfo on the standby",
+            slot.failover_lacking.join("; ")
+        )
+    })
 }
 
 /// PURE: warnings about the slot's WAL retention and failover, each with the remedy.
@@ -234,7 +216,7 @@ pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<Str
              pg_reload_conf();) and fix what holds the relay back"
                 .to_owned(),
         ),
-        WalStatus::Lost => warnings.push(slot_lost()),
+        WalStatus::Lost => warnings.push(remedy::wal_lost()),
         WalStatus::Reserved | WalStatus::Unknown => {}
     }
     if slot.failover == Some(true) && slot.synchronized_standby_slots_set == Some(false) {
@@ -422,20 +404,47 @@ mod tests {
     }
 
     #[test]
+    fn a_failover_slot_without_a_persistent_standby_copy_is_not_ready() {
+        let mut state = good();
+        let SlotObservation::Seen(slot) = &mut state.slot else {
+            unreachable!()
+        };
+        slot.failover_ready = Some(false);
+        slot.failover_lacking = vec!["127.0.0.1:5433: no synchronized copy yet".into()];
+        let r = evaluate(&state, &ReadinessThresholds::default());
+        assert!(!r.ready);
+        assert!(
+            r.reasons[0].contains("127.0.0.1:5433: no synchronized copy yet"),
+            "{r:?}"
+        );
+        assert!(
+            r.reasons[0].contains("sync_replication_slots = on"),
+            "{r:?}"
+        );
+        for ready in [Some(true), None] {
+            let SlotObservation::Seen(slot) = &mut state.slot else {
+                unreachable!()
+            };
+            slot.failover_ready = ready;
+            assert!(evaluate(&state, &ReadinessThresholds::default()).ready);
+        }
+    }
+
+    #[test]
     fn invalidation_remedies_name_the_cause_and_the_settings_that_prevent_it() {
-        let rows = slot_invalidated_remedy("rows_removed");
+        let rows = remedy::invalidated_slot("rows_removed");
         assert!(rows.contains("invalidation_reason rows_removed"), "{rows}");
         assert!(
             rows.contains("hot_standby_feedback = on on the standby"),
             "{rows}"
         );
         assert!(rows.contains("primary_slot_name"), "{rows}");
-        let level = slot_invalidated_remedy("wal_level_insufficient");
+        let level = remedy::invalidated_slot("wal_level_insufficient");
         assert!(
             level.contains("wal_level = logical on the primary"),
             "{level}"
         );
-        let pg16 = slot_invalidated_remedy("conflict with recovery");
+        let pg16 = remedy::invalidated_slot("conflict with recovery");
         for part in [
             "conflicting = true",
             "hot_standby_feedback",

@@ -60,6 +60,7 @@ fn readyz(health: &Health) -> (StatusCode, Json<serde_json::Value>) {
             "wal_status": slot.wal_status,
             "safe_wal_size_bytes": slot.safe_wal_size_bytes,
             "failover": slot.failover,
+            "failover_ready": slot.failover_ready,
             "synchronized_standby_slots_set": slot.synchronized_standby_slots_set,
             "invalidated": slot.invalidated(),
             "idle_timeout_secs": slot.idle_timeout_secs,

@@ -8,6 +8,7 @@ use ::metrics::gauge;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use super::health::{SlotObservation, WalStatus};
+use crate::outbox::Shard;
 
 /// Declares each metric's name constant (documented by its help text), [`ALL`] and `describe()`.
 macro_rules! metrics {
@@ -56,10 +57,14 @@ metrics! {
         "Outbox rows deleted by --cleanup delete after the broker acknowledged their events.";
     describe_gauge SLOT_FAILOVER = "outbox_relay_slot_failover",
         "1 when the slot is marked for failover (PostgreSQL 17+), else 0.";
+    describe_gauge SLOT_FAILOVER_READY = "outbox_relay_slot_failover_ready",
+        "1 when every standby --postgres-url names holds a persistent synchronized copy of the failover slot, else 0.";
     describe_gauge SYNCHRONIZED_STANDBY_SLOTS_SET = "outbox_relay_synchronized_standby_slots_set",
         "1 when synchronized_standby_slots is set on the server (PostgreSQL 17+), else 0.";
     describe_gauge BUILD_INFO = "outbox_relay_build_info",
         "Always 1; the version label names the build.";
+    describe_gauge SHARD_INFO = "outbox_relay_shard_info",
+        "Always 1; shard and shards label --shard I/K (0 and 1 unsharded), slot the slot streamed.";
 }
 
 /// Buckets of [`COMMIT_TO_ACK_SECONDS`]: 0.5 ms to 60 s, fine below 25 ms
@@ -97,6 +102,17 @@ pub(super) fn builder() -> PrometheusBuilder {
     builder.unwrap_or_else(|_| PrometheusBuilder::new())
 }
 
+/// Sets [`SHARD_INFO`]: which share of the outbox this relay streams, from which slot.
+pub fn set_shard(shard: Option<Shard>, slot: &str) {
+    let (index, count) = shard.map_or((0, 1), |s| (s.index, s.count));
+    let labels = [
+        ("shard", index.to_string()),
+        ("shards", count.to_string()),
+        ("slot", slot.to_owned()),
+    ];
+    gauge!(SHARD_INFO, &labels).set(1.0);
+}
+
 /// What the slot poller saw. A missing slot sets every `wal_status` gauge to
 /// 0; an unknown one changes nothing.
 pub fn set_slot(observation: &SlotObservation) {
@@ -116,6 +132,9 @@ pub fn set_slot(observation: &SlotObservation) {
     // NaN: unlimited (`max_slot_wal_keep_size = -1`).
     gauge!(SLOT_SAFE_WAL_SIZE_BYTES).set(slot.safe_wal_size_bytes.map_or(f64::NAN, |s| s as f64));
     gauge!(SLOT_FAILOVER).set(f64::from(slot.failover == Some(true)));
+    if let Some(ready) = slot.failover_ready {
+        gauge!(SLOT_FAILOVER_READY).set(f64::from(ready));
+    }
     let standby_slots = slot.synchronized_standby_slots_set == Some(true);
     gauge!(SYNCHRONIZED_STANDBY_SLOTS_SET).set(f64::from(standby_slots));
     gauge!(SLOT_INVALIDATED).set(f64::from(slot.invalidated().is_some()));
@@ -171,6 +190,7 @@ mod tests {
                     safe_wal_size_bytes: Some(4096),
                     failover: Some(true),
                     synchronized_standby_slots_set: Some(false),
+                    failover_ready: Some(false),
                     ..Default::default()
                 },
             ));
@@ -178,6 +198,7 @@ mod tests {
             ::metrics::counter!(RECONNECTS_TOTAL).increment(1);
             ::metrics::counter!(CLEANUP_DELETED_ROWS_TOTAL).increment(3);
             gauge!(BUILD_INFO, "version" => "1.2.3").set(1.0);
+            set_shard(Some(Shard { index: 2, count: 4 }), "s_shard_2_of_4");
         });
         let text = handle.render();
         for line in [
@@ -186,11 +207,13 @@ mod tests {
             "outbox_relay_slot_wal_status{wal_status=\"reserved\"} 0",
             "outbox_relay_slot_safe_wal_size_bytes 4096",
             "outbox_relay_slot_failover 1",
+            "outbox_relay_slot_failover_ready 0",
             "outbox_relay_synchronized_standby_slots_set 0",
             "outbox_relay_dead_lettered_total 1",
             "outbox_relay_reconnects_total 1",
             "outbox_relay_cleanup_deleted_rows_total 3",
             "outbox_relay_build_info{version=\"1.2.3\"} 1",
+            "outbox_relay_shard_info{shard=\"2\",shards=\"4\",slot=\"s_shard_2_of_4\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
         }

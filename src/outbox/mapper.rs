@@ -1,6 +1,7 @@
 //! PURE: the one place where decoded pgoutput becomes outbox records, shared by the relay and
 //! `outbox-relay peek` so both map with the same code and flags. Ordering, acknowledgement and
-//! delivery stay with the caller.
+//! delivery stay with the caller. A shard's publication filters rows on the server; messages
+//! cannot be filtered there, so a shard's mapper drops the ones another shard owns.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -8,9 +9,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::connect::{ColumnFacts, ConnectConfig};
 use super::message::Fields;
 use super::{
-    BindError, EventError, MappingConfig, OutboxRecord, Plan, RawParts, TableMapping, TableName,
+    BindError, EventError, MappingConfig, OutboxRecord, Plan, RawParts, Shard, TableMapping,
+    TableName,
 };
 use crate::pgoutput::{Relation, TupleData};
 
@@ -25,6 +28,8 @@ pub struct EventMapper {
     bound: HashMap<u32, TableMapping>,
     /// By prefix: `message:<prefix>` (the table errors and dead letters name) and the mapping.
     messages: HashMap<String, (Arc<str>, Plan<String>)>,
+    /// `--shard`: only the messages it owns are mapped.
+    shard: Option<Shard>,
 }
 
 impl EventMapper {
@@ -47,16 +52,34 @@ impl EventMapper {
                     (prefix, (source, plan))
                 })
                 .collect(),
+            shard: None,
         }
+    }
+
+    /// Maps only the messages `shard` owns, by the hash its publication filters rows with.
+    pub fn sharded(self, shard: Option<Shard>) -> Self {
+        EventMapper { shard, ..self }
+    }
+
+    /// Whether binding `relation` (of root `root`) needs its columns' catalog facts.
+    pub fn reads_catalog(&self, relation: &Relation, root: Option<&TableName>) -> bool {
+        let table = |t: &TableName| match root {
+            Some(root) => t == root,
+            None => t.schema == relation.namespace && t.name == relation.name,
+        };
+        (self.tables.iter())
+            .any(|(t, m)| table(t) && m.connect.as_ref().is_some_and(ConnectConfig::reads_catalog))
     }
 
     /// Takes a Relation message: binds the mapping when the table is an outbox table, or a
     /// partition of `root` (an outbox table) sent under its own name; records then name the
-    /// root. A table that no longer fits its mapping is an error.
+    /// root. A table that no longer fits its mapping is an error. `facts` are the columns'
+    /// catalog facts when [`EventMapper::reads_catalog`].
     pub fn relation(
         &mut self,
         relation: Relation,
         root: Option<TableName>,
+        facts: &[ColumnFacts],
     ) -> Result<(), BindError> {
         let table = root.unwrap_or_else(|| TableName {
             schema: relation.namespace.clone(),
@@ -73,7 +96,7 @@ impl EventMapper {
             ..relation
         };
         self.bound
-            .insert(named.id, TableMapping::bind(config, &named)?);
+            .insert(named.id, TableMapping::bind_with(config, &named, facts)?);
         Ok(())
     }
 
@@ -100,8 +123,9 @@ impl EventMapper {
         Some((mapping.table().clone(), mapping.map(row, commit_time_ms)))
     }
 
-    /// Maps a logical decoding message: `None` unless an outbox prefix, else `message:<prefix>`
-    /// and the record.
+    /// Maps a logical decoding message: `None` unless an outbox prefix (and, sharded, owned by
+    /// this shard: one that does not map is owned by what could be read of its key and id),
+    /// else `message:<prefix>` and the record.
     pub fn message(
         &self,
         prefix: &str,
@@ -121,6 +145,9 @@ impl EventMapper {
                 Err((error, parts))
             }
         };
+        if self.shard.is_some_and(|shard| !shard.owns_event(&mapped)) {
+            return None;
+        }
         Some((source.clone(), mapped))
     }
 }

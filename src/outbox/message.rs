@@ -66,7 +66,7 @@ impl Event for Fields<'_> {
 #[cfg(test)]
 mod tests {
     use crate::outbox::{
-        EventError, EventMapper, HeaderColumn, Mapped, MappingConfig, TopicTemplate,
+        EventError, EventMapper, HeaderColumn, Mapped, MappingConfig, Shard, TopicTemplate,
     };
     use bytes::Bytes;
 
@@ -80,6 +80,7 @@ mod tests {
             timestamp_column: Some("ts".into()),
             header_columns: vec![HeaderColumn::parse("aggregate_type:type").unwrap()],
             cloudevents: None,
+            connect: None,
         }
     }
 
@@ -153,6 +154,38 @@ mod tests {
         assert_eq!(rec.key, None);
         assert_eq!(rec.payload.as_deref(), Some(&br#"plain "text""#[..]));
         assert_eq!(rec.timestamp_ms, 5, "no ts field: the commit time");
+    }
+
+    #[test]
+    fn each_message_belongs_to_one_shard_by_its_key_else_its_id() {
+        let shards = [0, 1, 2].map(|index| {
+            let mapper = EventMapper::new(vec![], vec![("outbox".to_owned(), config())]);
+            mapper.sharded(Some(Shard { index, count: 3 }))
+        });
+        let owners = |content: String| {
+            let content = Bytes::from(content);
+            let owners = shards.iter().enumerate();
+            let owners = owners.filter(|(_, m)| m.message("outbox", &content, 0).is_some());
+            owners.map(|(i, _)| i as u32).collect::<Vec<_>>()
+        };
+        for n in 0..60 {
+            let keyed = format!(
+                r#"{{"id":"e-{n}","aggregate_id":"o-{}","event_type":"E"}}"#,
+                n % 7
+            );
+            let key = format!("o-{}", n % 7);
+            assert_eq!(owners(keyed), [Shard::of(Some(key.as_bytes()), None, 3)]);
+            let unkeyed = format!(r#"{{"id":"e-{n}","event_type":"E"}}"#);
+            let id = format!("e-{n}");
+            assert_eq!(owners(unkeyed), [Shard::of(None, Some(id.as_bytes()), 3)]);
+        }
+        // One that does not map still goes to exactly one shard, which stops or dead-letters it.
+        assert_eq!(owners("not json".to_owned()), [Shard::of(None, None, 3)]);
+        let bad_topic = r#"{"id":"e-1","aggregate_id":"o-1","event_type":"a b"}"#;
+        assert_eq!(
+            owners(bad_topic.to_owned()),
+            [Shard::of(Some(b"o-1"), None, 3)]
+        );
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! JSON field names), so per-event work is lookups and rows and messages map through one code.
 
 pub mod cloudevents;
+pub mod connect;
 mod mapper;
 mod message;
+pub mod shard;
 mod template;
 pub mod values;
 
@@ -16,6 +18,7 @@ use bytes::Bytes;
 use tokio_postgres::types::Type;
 
 pub use mapper::{EventMapper, Mapped};
+pub use shard::Shard;
 pub use template::{HeaderColumn, Segment, TableName, TopicTemplate, quote_ident};
 
 use crate::pgoutput::{Relation, TupleData, Value};
@@ -42,6 +45,8 @@ pub struct MappingConfig {
     pub header_columns: Vec<HeaderColumn>,
     /// `--cloudevents`: add the CloudEvents binary-mode headers.
     pub cloudevents: Option<cloudevents::CloudEventsConfig>,
+    /// Debezium's record format (`--key-converter`, `--value-converter`...); `None`: the relay's.
+    pub connect: Option<connect::ConnectConfig>,
 }
 
 impl MappingConfig {
@@ -73,6 +78,16 @@ pub enum BindError {
         column: String,
         /// The table's column names, comma-separated.
         available: String,
+    },
+    /// A Debezium setting the relay does not reproduce for this table's columns.
+    #[error("table {table}: {option}: {reason}")]
+    Unreproducible {
+        /// The table, as `schema.name`.
+        table: String,
+        /// The flag (or option) and column.
+        option: String,
+        /// Why Debezium's records are out of reach, and what would work.
+        reason: String,
     },
     /// The timestamp column has a type the relay cannot read as a time.
     #[error(
@@ -112,6 +127,12 @@ pub enum EventError {
         /// The Kafka rule it breaks.
         reason: &'static str,
     },
+    /// An event Debezium stops on (so the relay does too, or dead-letters it).
+    #[error("Debezium would stop on this event: {reason}")]
+    DebeziumStops {
+        /// What Debezium (its router or JsonConverter) refuses.
+        reason: String,
+    },
     /// A value is not valid for its column type.
     #[error("column {column:?} holds a value the relay cannot read: {reason}")]
     InvalidValue {
@@ -133,8 +154,10 @@ pub struct OutboxRecord {
     pub payload: Option<Bytes>,
     /// The event id (also the first header).
     pub id: Bytes,
-    /// Headers after `id`, in flag order; a NULL column gives a null header value.
+    /// Headers other than `id`, in flag order; a NULL column gives a null header value.
     pub headers: Vec<(Arc<str>, Option<Bytes>)>,
+    /// How many of `headers` come before `id` (Debezium's context and trace headers).
+    pub headers_before_id: usize,
     /// Record timestamp, Unix milliseconds.
     pub timestamp_ms: i64,
     /// A fixed partition; `None` lets the producer's partitioner choose.
@@ -207,6 +230,7 @@ pub fn dead_letter_record(
         payload: parts.payload.filter(|_| info.payload_omitted.is_none()),
         id: parts.id,
         headers,
+        headers_before_id: 0,
         timestamp_ms,
         partition: None,
     }
@@ -356,6 +380,7 @@ impl<C: Clone> Plan<C> {
             payload,
             id,
             headers,
+            headers_before_id: 0,
             timestamp_ms,
             partition: None,
         })
@@ -432,6 +457,7 @@ pub struct TableMapping {
     table: Arc<str>,
     relation: Relation,
     plan: Plan<usize>,
+    connect: Option<connect::ConnectPlan>,
 }
 
 /// An inserted row of a bound table.
@@ -493,6 +519,16 @@ impl Event for Row<'_> {
 impl TableMapping {
     /// Binds the flags to a table's columns, as announced by a Relation message.
     pub fn bind(config: &MappingConfig, relation: &Relation) -> Result<Self, BindError> {
+        Self::bind_with(config, relation, &[])
+    }
+
+    /// [`TableMapping::bind`] with the columns' catalog facts, which Debezium's JSON formats
+    /// need ([`connect::ConnectConfig::reads_catalog`]).
+    pub fn bind_with(
+        config: &MappingConfig,
+        relation: &Relation,
+        facts: &[connect::ColumnFacts],
+    ) -> Result<Self, BindError> {
         let table = format!("{}.{}", relation.namespace, relation.name);
         let origin = format!("{}/{}", relation.namespace, relation.name);
         let plan = Plan::bind(config, &origin, |flag, column| {
@@ -508,10 +544,21 @@ impl TableMapping {
                 });
             }
         }
+        let columns = connect::Columns {
+            route: &config.route_by,
+            key: &config.key_column,
+            id: &config.id_column,
+            payload: &config.payload_column,
+            headers: &config.header_columns,
+        };
+        let connect = (config.connect.as_ref())
+            .map(|c| connect::ConnectPlan::bind(c, relation, facts, &columns))
+            .transpose()?;
         Ok(TableMapping {
             table: Arc::from(table.as_str()),
             relation: relation.clone(),
             plan,
+            connect,
         })
     }
 
@@ -526,7 +573,19 @@ impl TableMapping {
             relation: &self.relation,
             row,
         };
-        let mapped = self.plan.map(&row, commit_time_ms);
+        let mut mapped = self.plan.map(&row, commit_time_ms);
+        if let (Some(connect), Ok(record)) = (&self.connect, &mut mapped) {
+            let (key, value) = (record.key.take(), record.payload.take());
+            match connect.convert(row.row, key, value) {
+                Ok(c) => {
+                    (record.key, record.payload, record.id) = (c.key, c.value, c.id);
+                    record.headers_before_id = c.leading.len();
+                    record.headers = c.leading.into_iter().chain(c.trailing).collect();
+                    record.partition = c.partition;
+                }
+                Err(error) => mapped = Err(error),
+            }
+        }
         mapped.map_err(|error| (error, self.plan.raw_parts(&row)))
     }
 }

@@ -45,6 +45,7 @@ fn config(extra: impl FnOnce(&mut MappingConfig)) -> MappingConfig {
         timestamp_column: None,
         header_columns: vec![],
         cloudevents: None,
+        connect: None,
     };
     extra(&mut c);
     c
@@ -396,7 +397,7 @@ fn event_mapper_follows_relation_reannouncements() {
         mapper.insert(rel.id, &row, 0).is_none(),
         "not announced yet"
     );
-    mapper.relation(rel.clone(), None).unwrap();
+    mapper.relation(rel.clone(), None, &[]).unwrap();
     let (table, mapped) = mapper.insert(rel.id, &row, 0).unwrap();
     assert_eq!(table.as_ref(), "public.outbox");
     assert!(mapped.is_ok());
@@ -404,7 +405,7 @@ fn event_mapper_follows_relation_reannouncements() {
     // Re-announced with a column dropped: rebinds to the new layout.
     let mut narrower = rel.clone();
     narrower.columns.pop();
-    mapper.relation(narrower, None).unwrap();
+    mapper.relation(narrower, None, &[]).unwrap();
     let mut short = row.clone();
     short.0.pop();
     assert!(mapper.insert(rel.id, &short, 0).unwrap().1.is_ok());
@@ -413,7 +414,7 @@ fn event_mapper_follows_relation_reannouncements() {
     let mut broken = rel.clone();
     broken.columns.remove(2);
     assert!(matches!(
-        mapper.relation(broken, None),
+        mapper.relation(broken, None, &[]),
         Err(BindError::MissingColumn { .. })
     ));
     assert!(mapper.outbox_table(rel.id).is_some());
@@ -421,16 +422,16 @@ fn event_mapper_follows_relation_reannouncements() {
     // Renamed away: no longer an outbox table.
     let mut renamed = rel.clone();
     renamed.namespace = "archive".into();
-    mapper.relation(renamed.clone(), None).unwrap();
+    mapper.relation(renamed.clone(), None, &[]).unwrap();
     assert!(mapper.outbox_table(rel.id).is_none());
     assert!(mapper.insert(rel.id, &row, 0).is_none());
 
     // Recreated under the old name with a new OID: the new OID maps, the old one does not.
     let mut recreated = rel.clone();
     recreated.id = 99_999;
-    mapper.relation(recreated, None).unwrap();
+    mapper.relation(recreated, None, &[]).unwrap();
     assert!(mapper.insert(99_999, &row, 0).unwrap().1.is_ok());
-    mapper.relation(renamed, None).unwrap();
+    mapper.relation(renamed, None, &[]).unwrap();
     assert!(mapper.insert(rel.id, &row, 0).is_none());
 
     // A partition announced under its own name maps as its root.
@@ -438,7 +439,7 @@ fn event_mapper_follows_relation_reannouncements() {
     partition.id = 4242;
     partition.name = "outbox_2024".into();
     let root = TableName::parse("public.outbox").unwrap();
-    mapper.relation(partition, Some(root)).unwrap();
+    mapper.relation(partition, Some(root), &[]).unwrap();
     assert_eq!(
         mapper.insert(4242, &row, 0).unwrap().0.as_ref(),
         "public.outbox"

@@ -85,8 +85,12 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                     let bound = cleanup.relation(&relation, root.as_ref());
                     bound.map_err(bind_error)?;
                 }
+                let facts = match self.routing.mapper.reads_catalog(&relation, root.as_ref()) {
+                    true => self.source.column_facts(id).await?,
+                    false => Vec::new(),
+                };
                 let routing = &mut self.routing;
-                let bound = routing.mapper.relation(relation, root);
+                let bound = routing.mapper.relation(relation, root, &facts);
                 bound.map_err(bind_error)?;
                 routing.foreign.remove(&id);
                 if let Some(table) = routing.mapper.outbox_table(id) {

@@ -7,6 +7,7 @@
 //! one per batch ([`Sink::send_alone`]): only a record refused alone is poison.
 
 pub mod exactly_once;
+pub mod lineage;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -229,13 +230,17 @@ impl ProducerContext for DeliveryContext {
                 payload: msg.payload().map(Bytes::copy_from_slice),
                 id: Bytes::new(),
                 headers: Vec::new(),
+                headers_before_id: 0,
                 timestamp_ms: msg.timestamp().to_millis().unwrap_or_default(),
                 partition: (msg.partition() >= 0).then_some(msg.partition()),
             };
             for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
                 let value = h.value.map(Bytes::copy_from_slice);
                 match h.key {
-                    ID_HEADER => record.id = value.unwrap_or_default(),
+                    ID_HEADER if record.id.is_empty() => {
+                        record.id = value.unwrap_or_default();
+                        record.headers_before_id = record.headers.len();
+                    }
                     key => record.headers.push((Arc::from(key), value)),
                 }
             }
@@ -311,16 +316,20 @@ impl KafkaSink {
         ticket: Ticket,
         record: &OutboxRecord,
     ) -> Result<(), SinkError> {
-        let id = Header {
-            key: ID_HEADER,
-            value: Some(record.id.as_ref()),
-        };
-        let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len()).insert(id);
-        for (name, value) in &record.headers {
-            headers = headers.insert(Header {
-                key: name,
-                value: value.as_deref(),
-            });
+        let at = record.headers_before_id.min(record.headers.len());
+        let (before, after) = record.headers.split_at(at);
+        fn named((name, value): &(Arc<str>, Option<Bytes>)) -> (&str, Option<&[u8]>) {
+            (name, value.as_deref())
+        }
+        let id = std::iter::once((ID_HEADER, Some(record.id.as_ref())));
+        let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len());
+        for (key, value) in before
+            .iter()
+            .map(named)
+            .chain(id)
+            .chain(after.iter().map(named))
+        {
+            headers = headers.insert(Header { key, value });
         }
         let mut base: BaseRecord<'_, [u8], [u8], usize> =
             BaseRecord::with_opaque_to(&record.topic, ticket.0 as usize)

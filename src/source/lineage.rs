@@ -1,142 +1,241 @@
-//! What survives a failover: the slot's failover settings (PostgreSQL 17+), and the replicated
-//! table `public.outbox_relay_slots`, so that a slot missing on a promoted standby is refused as
-//! "lost" (a fresh one would skip every event since the last acknowledgement), not created anew.
+//! The lost-slot guard. A slot missing where this relay streamed before must not be replaced by
+//! one starting at "now": that would skip every event since the last acknowledgement. Which
+//! slots the relay created lives in the lineage topic ([`crate::sink::lineage`]), read at every
+//! start and written (awaiting the broker's ack) before the relay streams from a slot not
+//! recorded yet. Deployments of older relays recorded slots in `public.outbox_relay_slots`: a
+//! row there is still honoured while the topic has no record of the slot.
+//!
+//! A topic with time-based retention (the broker's default for an auto-created topic) would
+//! drop the record after `retention.ms`, turning the guard off: a relay streaming from the slot
+//! writes its record again at every start and every [`REFRESH_INTERVAL`] while it runs.
+
+use std::time::Duration;
 
 use tokio_postgres::Client;
 
 use super::setup::query_err;
-use super::{SourceError, pg_error_text, stream_err};
+use super::{SourceError, replication_err};
 use crate::config::Config;
+use crate::lsn::Lsn;
+use crate::observability::Chain;
+use crate::sink::lineage::{self, SlotRecord, SlotState};
 
-/// Creates `public.outbox_relay_slots` if missing (also run by `outbox-relay setup`).
-pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_slots (\
-     slot_name text PRIMARY KEY, system_identifier text NOT NULL, \
-     created_at timestamptz NOT NULL DEFAULT now(), created_lsn pg_lsn)";
+/// How often a running relay writes its slot's record again: well inside Kafka's default
+/// retention of 7 days.
+pub const REFRESH_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 
-/// Before a missing slot is created: refuses when the table says this relay streamed from it on
-/// this cluster, unless `--allow-new-slot`.
-pub(super) async fn check_missing_slot(
-    client: &Client,
-    config: &Config,
-) -> Result<(), SourceError> {
-    // A promoted standby keeps the system identifier, unlike the timeline.
+/// What start-up does about the slot.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Guard {
+    /// Stream from the slot found; `record` when its creation is not recorded yet.
+    Keep {
+        /// Write the `created` record first.
+        record: bool,
+    },
+    /// Create the slot and record it: a first start, or after `drop-slot`.
+    Create,
+    /// `--allow-new-slot` where the slot was lost (recorded where this says): create it anyway.
+    Replace(String),
+    /// The slot was lost (recorded where this says): refuse.
+    Refuse(String),
+}
+
+/// PURE: the guard's rule. `record` is the lineage topic's last record of the slot, `legacy`
+/// when `public.outbox_relay_slots` recorded it in this cluster.
+pub(crate) fn judge(
+    exists: bool,
+    record: Option<&SlotRecord>,
+    legacy: Option<String>,
+    allow_new_slot: bool,
+    topic: &str,
+) -> Guard {
+    let created = record.filter(|r| r.state == SlotState::Created);
+    if exists {
+        return Guard::Keep {
+            record: created.is_none(),
+        };
+    }
+    let lost = match (record, legacy) {
+        (Some(r), _) if r.state == SlotState::Created => format!(
+            "recorded in Kafka topic {topic:?}: created {} at {}",
+            r.created_at.as_deref().unwrap_or("?"),
+            r.created_lsn.as_deref().unwrap_or("?")
+        ),
+        // A newer `drop-slot` overrides an older relay's row.
+        (Some(_), _) | (None, None) => return Guard::Create,
+        (None, Some(at)) => format!("recorded in public.outbox_relay_slots at {at}"),
+    };
+    match allow_new_slot {
+        true => Guard::Replace(lost),
+        false => Guard::Refuse(lost),
+    }
+}
+
+/// The slot's place in the lineage topic: this cluster's key.
+pub struct Lineage<'a> {
+    config: &'a Config,
+    system_identifier: String,
+    key: String,
+    /// The slot's record as [`Lineage::judge`] last read it.
+    found: Option<SlotRecord>,
+}
+
+impl<'a> Lineage<'a> {
+    /// Reads the cluster's system identifier (shared by a primary and its standbys) with
+    /// IDENTIFY_SYSTEM, which a role with REPLICATION may run on any server.
+    pub async fn open(config: &'a Config) -> Result<Lineage<'a>, SourceError> {
+        let mut session = super::command_session(config).await?;
+        let system = session.identify_system().await;
+        let system_identifier = system.map_err(replication_err(config))?.system_id;
+        let key = lineage::key(&system_identifier, &config.flags.slot);
+        Ok(Lineage {
+            config,
+            system_identifier,
+            key,
+            found: None,
+        })
+    }
+
+    /// What to do about the slot, found (`exists`) or not.
+    pub(crate) async fn judge(
+        &mut self,
+        client: &Client,
+        exists: bool,
+    ) -> Result<Guard, SourceError> {
+        let record = lineage::read(self.config, &self.key).await?;
+        self.found = record.clone();
+        let legacy = match exists || record.is_some() {
+            true => None,
+            false => legacy(client, &self.config.flags.slot, &self.system_identifier).await?,
+        };
+        let (allow, topic) = (
+            self.config.flags.allow_new_slot,
+            &self.config.flags.lineage_topic,
+        );
+        Ok(judge(exists, record.as_ref(), legacy, allow, topic))
+    }
+
+    /// Records that the relay streams from the slot, confirmed at `lsn`, and waits for the ack.
+    pub async fn created(&self, lsn: Lsn) -> Result<(), SourceError> {
+        self.write(SlotState::Created, Some(lsn)).await
+    }
+
+    /// Writes the slot's `created` record, as last read, again (see [`REFRESH_INTERVAL`]).
+    pub async fn refresh(&self) -> Result<(), SourceError> {
+        let Some(record) = self.found.clone().filter(|r| r.state == SlotState::Created) else {
+            return Ok(());
+        };
+        let record = record.refreshed();
+        Ok(lineage::write(self.config, &self.key, Some(&record)).await?)
+    }
+
+    /// Records that the slot was dropped on purpose: the next start creates a fresh one.
+    pub async fn dropped(&self) -> Result<(), SourceError> {
+        self.write(SlotState::Dropped, None).await
+    }
+
+    /// Removes the slot's record (a tombstone): the demo leaves nothing behind.
+    pub async fn forget(&self) -> Result<(), SourceError> {
+        Ok(lineage::write(self.config, &self.key, None).await?)
+    }
+
+    async fn write(&self, state: SlotState, lsn: Option<Lsn>) -> Result<(), SourceError> {
+        let (slot, id) = (&self.config.flags.slot, &self.system_identifier);
+        let record = SlotRecord::now(slot, id, state, lsn.map(|l| l.to_string()));
+        lineage::write(self.config, &self.key, Some(&record)).await?;
+        tracing::info!(slot, topic = %self.config.flags.lineage_topic, ?state, "recorded the slot's lineage");
+        Ok(())
+    }
+}
+
+/// Writes the slot's record again every [`REFRESH_INTERVAL`] while the relay runs; a failure
+/// is logged and retried at the next interval (the record written at start-up stands meanwhile).
+pub async fn keep_fresh(config: Config) {
+    loop {
+        tokio::time::sleep(REFRESH_INTERVAL).await;
+        let refreshed = async {
+            let mut lineage = Lineage::open(&config).await?;
+            lineage.found = lineage::read(&config, &lineage.key).await?;
+            lineage.refresh().await
+        };
+        if let Err(error) = refreshed.await {
+            tracing::warn!(
+                error = %Chain(&error),
+                slot = %config.flags.slot,
+                "cannot write the slot's lineage record again; a lineage topic with time-based \
+                 retention may drop it, which would let a lost slot be replaced silently"
+            );
+        }
+    }
+}
+
+/// When an older relay recorded the slot in `public.outbox_relay_slots` of this cluster.
+async fn legacy(client: &Client, slot: &str, system: &str) -> Result<Option<String>, SourceError> {
     let found = client
         .query_opt(
-            "SELECT system_identifier = (SELECT system_identifier::text FROM pg_control_system()), \
-                    created_at::text \
-             FROM public.outbox_relay_slots WHERE slot_name = $1",
-            &[&config.flags.slot],
+            "SELECT created_at::text FROM public.outbox_relay_slots \
+             WHERE slot_name = $1 AND system_identifier = $2",
+            &[&slot, &system],
         )
         .await;
-    let row = match found {
-        Ok(row) => row,
-        // No table: this relay never created a slot in this database.
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => None,
-        Err(source) => return Err(query_err("read public.outbox_relay_slots")(source)),
-    };
-    let Some(row) = row else { return Ok(()) };
-    let (same_cluster, created_at): (bool, String) = (row.get(0), row.get(1));
-    let slot = &config.flags.slot;
-    if !same_cluster {
-        tracing::warn!(
-            slot,
-            "public.outbox_relay_slots names this slot under another cluster's system identifier \
-             (the database was copied): creating the slot as on a first start"
-        );
-        return Ok(());
+    match found {
+        Ok(row) => Ok(row.map(|r| r.get(0))),
+        // No table: no older relay ran here.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => Ok(None),
+        Err(source) => Err(query_err("read public.outbox_relay_slots")(source)),
     }
-    if config.flags.allow_new_slot {
-        tracing::warn!(
-            slot,
-            created_at,
-            "--allow-new-slot: creating a fresh slot where this relay streamed before; events \
-             committed between the last acknowledgement and now are relayed only by \
-             `outbox-relay backfill`"
-        );
-        return Ok(());
-    }
-    Err(SourceError::SlotLost {
-        slot: slot.clone(),
-        url: config.postgres.redacted(),
-        created_at,
-    })
 }
 
-/// Records the slot, creating the table if needed. Best effort: a role that may not create it is
-/// warned, not stopped.
-pub(super) async fn record_slot(client: &Client, slot: &str) {
-    let result = async {
-        let state = client
-            .query_one(
-                "SELECT to_regclass('public.outbox_relay_slots') IS NOT NULL, pg_is_in_recovery()",
-                &[],
-            )
-            .await?;
-        // A hot standby can write nothing; the primary's record is replicated.
-        if state.get::<_, bool>(1) {
-            return Ok(0);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(state: SlotState) -> SlotRecord {
+        SlotRecord::now("s", "7300", state, Some("0/10".into()))
+    }
+
+    #[test]
+    fn a_slot_starts_over_only_on_a_first_start_after_a_drop_or_with_consent() {
+        let created = record(SlotState::Created);
+        let dropped = record(SlotState::Dropped);
+        let legacy = || Some("2025-01-01".to_owned());
+        let judged = |exists, record, legacy, allow| judge(exists, record, legacy, allow, "t");
+        // A slot found is streamed from, recorded first unless it is already.
+        assert_eq!(
+            judged(true, Some(&created), None, false),
+            Guard::Keep { record: false }
+        );
+        for r in [None, Some(&dropped)] {
+            assert_eq!(
+                judged(true, r, legacy(), false),
+                Guard::Keep { record: true }
+            );
         }
-        if !state.get::<_, bool>(0) {
-            client.batch_execute(CREATE_TABLE).await?;
-        }
-        client
-            .execute(
-                "INSERT INTO public.outbox_relay_slots (slot_name, system_identifier, created_lsn) \
-                 SELECT $1::text, system_identifier::text, \
-                        (SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1::text) \
-                 FROM pg_control_system() \
-                 ON CONFLICT (slot_name) DO UPDATE SET system_identifier = EXCLUDED.system_identifier \
-                 WHERE outbox_relay_slots.system_identifier <> EXCLUDED.system_identifier",
-                &[&slot],
-            )
-            .await
-    };
-    if let Err(e) = result.await {
-        tracing::warn!(
-            slot,
-            error = %pg_error_text(&e),
-            "cannot record the slot in public.outbox_relay_slots: after a failover to a server \
-             without the slot the relay could not tell a lost slot from a first start. Run \
-             `outbox-relay setup` as the table's owner, or grant the relay's role CREATE on \
-             schema public"
+        // Missing: a first start, or after drop-slot (which overrides an older relay's row).
+        assert_eq!(judged(false, None, None, false), Guard::Create);
+        assert_eq!(
+            judged(false, Some(&dropped), legacy(), false),
+            Guard::Create
         );
-    }
-}
-
-/// With `--slot-failover`: warns when `synchronized_standby_slots` is empty; returns whether the
-/// existing slot lacks `FAILOVER true`.
-pub(super) async fn check_failover(client: &Client, config: &Config) -> Result<bool, SourceError> {
-    let row = client
-        .query_one(
-            "SELECT current_setting('synchronized_standby_slots'), \
-                    (SELECT failover FROM pg_replication_slots WHERE slot_name = $1)",
-            &[&config.flags.slot],
-        )
-        .await
-        .map_err(query_err("read the slot's failover settings"))?;
-    if row.get::<_, String>(0).trim().is_empty() {
-        tracing::warn!(
-            slot = %config.flags.slot,
-            "--slot-failover: synchronized_standby_slots is empty on the primary, so the relay may \
-             receive (and publish) transactions a standby has not received yet; after a failover \
-             to that standby they exist in Kafka but not in the database. Set it to the standbys' \
-             physical slots"
+        // Missing where it was created: refused, unless --allow-new-slot.
+        let Guard::Refuse(at) = judged(false, Some(&created), None, false) else {
+            panic!("a lost slot must be refused");
+        };
+        assert!(
+            at.contains("Kafka topic \"t\"") && at.contains("0/10"),
+            "{at}"
         );
+        let Guard::Refuse(at) = judged(false, None, legacy(), false) else {
+            panic!("an older relay's record must be honoured");
+        };
+        assert!(at.contains("public.outbox_relay_slots"), "{at}");
+        assert!(matches!(
+            judged(false, Some(&created), None, true),
+            Guard::Replace(_)
+        ));
+        assert!(matches!(
+            judged(false, None, legacy(), true),
+            Guard::Replace(_)
+        ));
     }
-    Ok(row.get::<_, Option<bool>>(1) == Some(false))
-}
-
-/// Sets `FAILOVER true` on the slot (a replication command, so on a replication connection).
-pub(super) async fn mark_failover(config: &Config) -> Result<(), SourceError> {
-    let mut client = super::command_session(config).await?;
-    let sql = format!(
-        "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
-        config.flags.slot
-    );
-    client
-        .simple_query(&sql)
-        .await
-        .map_err(stream_err(&config.flags.slot))?;
-    tracing::info!(slot = %config.flags.slot, "marked the slot for failover (FAILOVER true)");
-    Ok(())
 }

@@ -5,9 +5,11 @@
 
 pub mod cleanup;
 mod event;
+pub mod failover;
 pub mod heartbeat;
 pub mod lineage;
 pub mod setup;
+pub mod shard;
 pub mod slot_monitor;
 pub mod sql;
 mod tls;
@@ -23,8 +25,10 @@ pub use tls::TlsError;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
+use crate::observability::Chain;
+use crate::observability::health::SlotObservation;
 use crate::outbox::TableName;
+use crate::outbox::connect::ColumnFacts;
 
 /// The walsender's settings, so values arrive in one text form (ISO, UTC).
 const SESSION_OPTIONS: &str =
@@ -45,22 +49,19 @@ pub const SESSION_FORMATS: &str = "SET datestyle = 'ISO, YMD'; SET timezone = 'U
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The control connection could not be opened (`url` redacted).
-    #[error("cannot connect to Postgres at {url}: {}", pg_error_text(source))]
+    #[error("cannot connect to Postgres at {url}")]
     Connect {
         /// The server's URL, password redacted.
         url: String,
         /// The connection error.
         #[source]
-        source: tokio_postgres::Error,
+        source: PgError,
     },
     /// The TLS settings in the URL cannot be used (a file, a missing root CA).
     #[error(transparent)]
     Tls(#[from] TlsError),
     /// The control connection's TLS handshake failed; `hint` says what to check.
-    #[error(
-        "TLS handshake with Postgres at {url} failed: {}; {hint}",
-        pg_error_text(source)
-    )]
+    #[error("TLS handshake with Postgres at {url} failed ({hint})")]
     TlsHandshake {
         /// The server's URL, password redacted.
         url: String,
@@ -68,10 +69,10 @@ pub enum SourceError {
         hint: &'static str,
         /// The connection error.
         #[source]
-        source: tokio_postgres::Error,
+        source: PgError,
     },
     /// The replication connection was refused (TLS or authentication).
-    #[error("cannot open the replication connection to {url}: {source}; {hint}")]
+    #[error("cannot open the replication connection to {url} ({hint})")]
     ReplicationConnect {
         /// The server's URL, password redacted.
         url: String,
@@ -87,9 +88,8 @@ pub enum SourceError {
     /// The publication changed while streaming: rows committed meanwhile were never decoded.
     #[error(
         "publication {publication:?} {change}; outbox rows committed since the relay last \
-         checked it were not decoded, so it stops without confirming them. Restore it (starting \
-         the relay creates a missing one) and run `outbox-relay backfill --since TIMESTAMP` with \
-         a time before the change"
+         checked it were not decoded, so it stops without confirming them. {}",
+        crate::remedy::PUBLICATION_CHANGED
     )]
     PublicationChanged {
         /// The publication name.
@@ -100,31 +100,33 @@ pub enum SourceError {
     /// The slot is missing where this relay streamed from it before.
     #[error(
         "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
-         before (recorded in public.outbox_relay_slots at {created_at}): a standby promoted \
-         without it (PostgreSQL 16 or older, or no --slot-failover), a dropped slot, or a \
-         standby of that server. A new slot would skip the events committed since the last \
-         acknowledgement: start the relay once with --allow-new-slot, then run `outbox-relay \
-         backfill --since TIMESTAMP` with a time before the change (consumers may see duplicates)"
+         before ({recorded}): a standby promoted without it (PostgreSQL 16 or older, or no \
+         --slot-failover), a slot dropped other than by `outbox-relay drop-slot`, or a standby \
+         of that server. {}",
+        crate::remedy::LOST_SLOT
     )]
     SlotLost {
         /// The replication slot name.
         slot: String,
         /// The server's URL, password redacted.
         url: String,
-        /// When `public.outbox_relay_slots` recorded the slot, as Postgres prints it.
-        created_at: String,
+        /// Where and when the slot's creation was recorded.
+        recorded: String,
     },
+    /// The lineage topic cannot be read or written: the relay does not stream.
+    #[error(transparent)]
+    Lineage(#[from] crate::sink::lineage::LineageError),
     /// A query failed; `what` says what it was for.
-    #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
+    #[error("Postgres query failed ({what})")]
     Query {
         /// What the query was for, e.g. "probe the server's role".
         what: String,
         /// The query error.
         #[source]
-        source: tokio_postgres::Error,
+        source: PgError,
     },
     /// The replication stream failed.
-    #[error("replication stream from slot {slot:?} failed: {source}")]
+    #[error("replication stream from slot {slot:?} failed")]
     Stream {
         /// The replication slot name.
         slot: String,
@@ -158,9 +160,18 @@ pub enum SourceError {
         tried: String,
     },
     /// A partition root could not be looked up mid-stream: the stream restarts.
-    #[error("cannot look up the partition root of relation OID {relation_id}: {source}")]
+    #[error("cannot look up the partition root of relation OID {relation_id}")]
     PartitionLookup {
         /// OID of the partition whose root was looked up.
+        relation_id: u32,
+        /// The lookup's error.
+        #[source]
+        source: Box<SourceError>,
+    },
+    /// An outbox table's NOT NULL and DEFAULT could not be read mid-stream: the stream restarts.
+    #[error("cannot read the columns of relation OID {relation_id}")]
+    ColumnLookup {
+        /// OID of the table.
         relation_id: u32,
         /// The lookup's error.
         #[source]
@@ -200,7 +211,8 @@ impl SourceError {
             SourceError::StartTimeout { .. }
             | SourceError::StreamEnded { .. }
             | SourceError::NoSuitableHost { .. }
-            | SourceError::PartitionLookup { .. } => Recovery::Reconnect,
+            | SourceError::PartitionLookup { .. }
+            | SourceError::ColumnLookup { .. } => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
     }
@@ -219,20 +231,57 @@ fn stream_err(slot: &str) -> impl Fn(PgWireError) -> SourceError + '_ {
     }
 }
 
-/// A tokio-postgres error with what its `Display` ("db error") leaves out.
+/// A tokio-postgres error as the relay tells it: a server error's message with its SQLSTATE,
+/// detail and hint on one line (tokio-postgres' own `Display` says only "db error"); any other
+/// keeps its causes as its error chain.
+#[derive(Debug)]
+pub struct PgError(pub tokio_postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => f.write_str(&PgError::db_text(db)),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+impl PgError {
+    fn db_text(db: &tokio_postgres::error::DbError) -> String {
+        let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+        if let Some(detail) = db.detail() {
+            text += &format!("; detail: {detail}");
+        }
+        if let Some(hint) = db.hint() {
+            text += &format!("; hint: {hint}");
+        }
+        text
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // A server error's whole story is in the message above.
+        match self.0.as_db_error() {
+            Some(_) => None,
+            None => std::error::Error::source(&self.0),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for PgError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        PgError(error)
+    }
+}
+
+/// A tokio-postgres error and its causes on one line, for logs.
 pub(crate) fn pg_error_text(error: &tokio_postgres::Error) -> String {
-    let Some(db) = error.as_db_error() else {
-        let causes = std::iter::successors(std::error::Error::source(error), |e| e.source());
-        return causes.fold(error.to_string(), |text, cause| format!("{text}: {cause}"));
-    };
-    let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
-    if let Some(detail) = db.detail() {
-        text += &format!("; detail: {detail}");
+    let causes = std::iter::successors(std::error::Error::source(error), |e| e.source());
+    match error.as_db_error() {
+        Some(db) => PgError::db_text(db),
+        None => causes.fold(error.to_string(), |text, cause| format!("{text}: {cause}")),
     }
-    if let Some(hint) = db.hint() {
-        text += &format!("; hint: {hint}");
-    }
-    text
 }
 
 /// The SQLSTATE in pgwire-replication's rendering of a server error.
@@ -275,7 +324,20 @@ async fn command_session(config: &Config) -> Result<ReplicationClient, SourceErr
     let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO)?;
     ReplicationClient::connect_gated(repl)
         .await
-        .map_err(stream_err(&config.flags.slot))
+        .map_err(replication_err(config))
+}
+
+/// A replication connection's error: TLS and authentication failures are configuration
+/// problems, with what to check.
+fn replication_err(config: &Config) -> impl Fn(PgWireError) -> SourceError + '_ {
+    move |source| match source.is_tls() || source.is_auth() {
+        true => SourceError::ReplicationConnect {
+            url: config.postgres.redacted(),
+            hint: tls::replication_hint(&source),
+            source,
+        },
+        false => stream_err(&config.flags.slot)(source),
+    }
 }
 
 /// The server and timeline a stream runs on: a promotion changes the timeline,
@@ -334,6 +396,16 @@ pub trait Source: Send {
         &mut self,
         relation_id: u32,
     ) -> impl Future<Output = Result<Option<TableName>, SourceError>> + Send;
+
+    /// The `NOT NULL` and `DEFAULT` of table `relation_id`'s columns, which Debezium's JSON
+    /// formats write (asked for only then; a source without a catalog has none).
+    fn column_facts(
+        &mut self,
+        relation_id: u32,
+    ) -> impl Future<Output = Result<Vec<ColumnFacts>, SourceError>> + Send {
+        let _ = relation_id;
+        async { Ok(Vec::new()) }
+    }
 
     /// Whether positions decoded so far may be confirmed: `Ok(false)` when the
     /// publication could not be checked, `Err` when it changed (rows were skipped).
@@ -405,7 +477,7 @@ impl Source for PgSource {
         let config = &setup::pin(&self.config).await.map_err(|e| match e {
             SourceError::Connect { url, source } => SourceError::NoSuitableHost {
                 attrs: self.config.postgres.target_session_attrs.as_str(),
-                tried: format!("{url}: {}", pg_error_text(&source)),
+                tried: format!("{url}: {}", pg_error_text(&source.0)),
             },
             e => e,
         })?;
@@ -442,9 +514,21 @@ impl Source for PgSource {
         }))
     }
 
+    async fn column_facts(&mut self, relation_id: u32) -> Result<Vec<ColumnFacts>, SourceError> {
+        let client = control(&mut self.control, &self.config).await;
+        let facts = match client {
+            Ok(client) => setup::column_facts(client, &relation_id.to_string()).await,
+            Err(e) => Err(e),
+        };
+        facts.map_err(|e| SourceError::ColumnLookup {
+            relation_id,
+            source: Box::new(e),
+        })
+    }
+
     async fn check_publication(&mut self) -> Result<bool, SourceError> {
         let unchecked = |error: &SourceError| {
-            tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
+            tracing::warn!(error = %Chain(error), "cannot check the publication; confirming nothing until it can be checked");
             Ok(false)
         };
         let client = match control(&mut self.control, &self.config).await {
@@ -452,7 +536,8 @@ impl Source for PgSource {
             // A server shutting down commits nothing more but waits for its walsender's last
             // position to be confirmed: only a drop in the last status interval goes unnoticed.
             Err(SourceError::Connect { source, .. })
-                if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
+                if source.0.code()
+                    == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
             {
                 return Ok(true);
             }
@@ -470,7 +555,7 @@ impl Source for PgSource {
         } else if let Some((table, _)) = found.members.iter().find(|m| !earlier.contains(m)) {
             format!(
                 "stopped publishing {table} and published it again (ALTER PUBLICATION ... DROP \
-                 TABLE, then ADD TABLE)"
+                 TABLE, then ADD TABLE; or SET TABLE with another row filter)"
             )
         } else {
             self.publication = found;
@@ -507,7 +592,7 @@ impl Source for PgSource {
         match status.invalidated() {
             Some(reason) => SourceError::Misconfigured(format!(
                 "replication slot {slot:?}: {}",
-                slot_invalidated_remedy(&reason)
+                crate::remedy::invalidated_slot(&reason)
             )),
             None => error,
         }
@@ -522,20 +607,12 @@ async fn open(
     acked: Lsn,
     previous: Option<&ServerId>,
 ) -> Result<ReplicationStream, SourceError> {
-    let failed = |source: PgWireError| match source.is_tls() || source.is_auth() {
-        // TLS and authentication failures are configuration problems.
-        true => SourceError::ReplicationConnect {
-            url: config.postgres.redacted(),
-            hint: tls::replication_hint(&source),
-            source,
-        },
-        false => stream_err(&config.flags.slot)(source),
-    };
+    let failed = replication_err(config);
     let repl = replication_config(config, start, acked)?;
     let mut client = ReplicationClient::connect_gated(repl)
         .await
-        .map_err(failed)?;
-    let system = client.identify_system().await.map_err(failed)?;
+        .map_err(&failed)?;
+    let system = client.identify_system().await.map_err(&failed)?;
     let server = ServerId {
         addr: format!("{}:{}", config.postgres.host, config.postgres.port),
         system_id: system.system_id,
@@ -547,11 +624,11 @@ async fn open(
         // A gated session's start position is fixed: end it, start another.
         drop(client);
         let repl = replication_config(config, start, acked)?;
-        client = ReplicationClient::connect(repl).await.map_err(failed)?;
+        client = ReplicationClient::connect(repl).await.map_err(&failed)?;
     } else {
-        client.start().await.map_err(failed)?;
+        client.start().await.map_err(&failed)?;
     }
-    client.wait_started().await.map_err(failed)?;
+    client.wait_started().await.map_err(&failed)?;
     Ok(ReplicationStream {
         client,
         slot: config.flags.slot.clone(),

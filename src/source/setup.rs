@@ -6,10 +6,12 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::{SourceError, lineage, slot_monitor, tls};
+use super::lineage::{Guard, Lineage};
+use super::{SourceError, failover, pg_error_text, slot_monitor, tls};
 use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::observability::health;
+use crate::outbox::connect::ColumnFacts;
 use crate::outbox::{TableName, quote_ident};
 use crate::pgoutput::{Column, Relation};
 
@@ -18,6 +20,9 @@ const MIN_SERVER_MAJOR: i32 = 14;
 
 /// The first version (`server_version_num`) with failover slots.
 const FAILOVER_MIN_VERSION: i32 = 170_000;
+
+/// The first version with publication row filters, which `--shard` needs for tables.
+const ROW_FILTER_MIN_VERSION: i32 = 150_000;
 
 /// What start-up learned about the slot.
 #[derive(Debug, Clone)]
@@ -88,13 +93,19 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
                     continue;
                 }
             };
-            let row = client
-                .query_one(
-                    "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
-                    &[],
-                )
-                .await
-                .map_err(query_err("probe the server's role"))?;
+            let probe =
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
+            // A server that goes away right after the login (mid-failover) is passed over too.
+            let row = match client.query_one(probe, &[]).await {
+                Ok(row) => row,
+                Err(e) => {
+                    tried.push(format!(
+                        "{host}:{port}: probing its role: {}",
+                        pg_error_text(&e)
+                    ));
+                    continue;
+                }
+            };
             let in_recovery = row.get(0);
             if attrs.accepts(in_recovery, row.get(1), strict) {
                 return Ok((client, pinned));
@@ -114,7 +125,7 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
 }
 
 /// One server's control connection.
-async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
+pub(super) async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
     let mut cfg = tokio_postgres::Config::new();
     cfg.host(&pg.host)
         .port(pg.port)
@@ -130,8 +141,15 @@ async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceError> {
     let (client, connection) = connecting.await.map_err(|source| {
         let url = pg.redacted();
         match rustls_error(&source).map(tls::handshake_hint) {
-            Some(hint) => SourceError::TlsHandshake { url, hint, source },
-            None => SourceError::Connect { url, source },
+            Some(hint) => SourceError::TlsHandshake {
+                url,
+                hint,
+                source: source.into(),
+            },
+            None => SourceError::Connect {
+                url,
+                source: source.into(),
+            },
         }
     })?;
     tokio::spawn(async move {
@@ -152,7 +170,7 @@ fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
 pub(crate) fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> SourceError {
     move |source| SourceError::Query {
         what: what.to_owned(),
-        source,
+        source: source.into(),
     }
 }
 
@@ -165,14 +183,16 @@ pub async fn prepare(client: &Client, config: &Config) -> Result<SlotState, Sour
             partitioned.push(table);
         }
     }
+    let filters = super::shard::row_filters(client, config).await?;
     let publication = match verify_publication(client, config, &partitioned).await {
         // Before streaming, the only change is "does not exist".
         Err(SourceError::PublicationChanged { .. }) => {
-            create_publication(client, config, in_recovery).await?;
+            create_publication(client, config, in_recovery, &filters).await?;
             verify_publication(client, config, &partitioned).await?
         }
         found => found?,
     };
+    super::shard::verify(client, config, &publication, &filters).await?;
     let (confirmed_flush, created) = ensure_slot(client, config).await?;
     Ok(SlotState {
         confirmed_flush,
@@ -229,6 +249,14 @@ async fn check_server(client: &Client, config: &Config) -> Result<bool, SourceEr
             "--slot-failover needs PostgreSQL 17 or later, but the server is {version}; on older \
              servers a failover loses the slot (see docs/operations.md#failover)"
         )
+    } else if let Some(shard) = config.flags.shard.filter(|_| !config.tables.is_empty())
+        && version_num < ROW_FILTER_MIN_VERSION
+    {
+        format!(
+            "--shard {shard} needs PostgreSQL 15 or later (publication row filters send each \
+             shard only its rows), but the server is {version}. Run one relay without --shard, \
+             or shard a table-less outbox (--table none --message-prefix ...)"
+        )
     } else {
         return Ok(row.get(2));
     };
@@ -241,8 +269,16 @@ async fn check_table(
     config: &Config,
     table: &TableName,
 ) -> Result<bool, SourceError> {
-    let columns = relation(client, table).await?.columns;
-    for (flag, column) in config.mapping_for(table).required_columns() {
+    let relation = relation(client, table).await?;
+    let mapping = config.mapping_for(table);
+    if mapping.connect.is_some() {
+        // Debezium's format refuses column types and combinations before anything is sent.
+        let facts = column_facts(client, &table.quoted()).await?;
+        let bound = crate::outbox::TableMapping::bind_with(mapping, &relation, &facts);
+        bound.map_err(|e| SourceError::Misconfigured(e.to_string()))?;
+    }
+    let columns = relation.columns;
+    for (flag, column) in mapping.required_columns() {
         if !columns.iter().any(|c| c.name == column) {
             return Err(SourceError::Misconfigured(format!(
                 "outbox table {table} has no column {column:?} (named by {flag}); its columns \
@@ -305,14 +341,44 @@ pub(crate) async fn relation(client: &Client, table: &TableName) -> Result<Relat
     })
 }
 
-/// Creates the missing publication (on a standby, says what to run on the primary).
+/// The `NOT NULL` and `DEFAULT` of a table's columns (generated columns have no default);
+/// `table` is its OID or quoted name.
+pub(crate) async fn column_facts(
+    client: &Client,
+    table: &str,
+) -> Result<Vec<ColumnFacts>, SourceError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text, a.attnotnull, \
+               CASE WHEN a.attgenerated = '' THEN pg_get_expr(d.adbin, d.adrelid) END \
+             FROM pg_attribute a LEFT JOIN pg_attrdef d \
+               ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
+             WHERE a.attrelid = CASE WHEN $1 ~ '^[0-9]+$' THEN $1::oid ELSE $1::regclass END \
+               AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&table],
+        )
+        .await
+        .map_err(query_err("read the outbox table's NOT NULL and DEFAULT"))?;
+    Ok(rows
+        .iter()
+        .map(|r| ColumnFacts {
+            name: r.get(0),
+            not_null: r.get(1),
+            default: r.get(2),
+        })
+        .collect())
+}
+
+/// Creates the missing publication, with a shard's `filters` (on a standby, says what to run
+/// on the primary).
 async fn create_publication(
     client: &Client,
     config: &Config,
     in_recovery: bool,
+    filters: &[String],
 ) -> Result<(), SourceError> {
     let publication = &config.flags.publication;
-    let sql = super::sql::create_publication(publication, &config.tables);
+    let sql = super::sql::create_publication(publication, &config.tables, filters);
     if in_recovery {
         return Err(SourceError::Misconfigured(format!(
             "publication {publication:?} does not exist, and this server is a hot standby, where \
@@ -428,7 +494,8 @@ async fn members(
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// The slot's confirmed position, and whether it was created now.
+/// The slot's confirmed position, and whether it was created now. The relay streams only
+/// from a slot whose creation the lineage topic records ([`lineage`]).
 async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), SourceError> {
     let slot = &config.flags.slot;
     let row = client
@@ -443,18 +510,43 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         )
         .await
         .map_err(query_err("look up the replication slot"))?;
-    let mark_failover =
-        config.flags.slot_failover && lineage::check_failover(client, config).await?;
+    let failover = config.flags.slot_failover;
+    let mark_failover = failover && failover::check(client, config).await?;
+    let mut lineage = Lineage::open(config).await?;
     let Some(row) = row else {
-        lineage::check_missing_slot(client, config).await?;
-        let sql = super::sql::create_slot(slot, config.flags.slot_failover);
+        match lineage.judge(client, false).await? {
+            Guard::Refuse(recorded) => {
+                let url = config.postgres.redacted();
+                let slot = slot.clone();
+                return Err(SourceError::SlotLost {
+                    slot,
+                    url,
+                    recorded,
+                });
+            }
+            Guard::Replace(recorded) => tracing::warn!(
+                slot = %slot,
+                recorded,
+                "--allow-new-slot: creating a fresh slot where this relay streamed before; events \
+                 committed between the last acknowledgement and now are relayed only by \
+                 `outbox-relay backfill`"
+            ),
+            Guard::Create | Guard::Keep { .. } => {}
+        }
         let row = client
-            .query_one(&sql, &[])
+            .query_one(&super::sql::create_slot(slot, failover), &[])
             .await
             .map_err(query_err("create the replication slot"))?;
         let lsn = parse_lsn(slot, row.get(1))?;
         tracing::info!(slot = %slot, lsn = %lsn, "created logical replication slot (pgoutput)");
-        lineage::record_slot(client, slot).await;
+        if failover {
+            failover::log_standby_snapshot(client).await;
+        }
+        // Kept when this fails: the next start records it and relays from its creation.
+        lineage.created(lsn).await.map_err(|e| match e {
+            SourceError::Lineage(e) => SourceError::Lineage(e.slot_kept()),
+            e => e,
+        })?;
         return Ok((lsn, true));
     };
     let dbname = &config.postgres.dbname;
@@ -466,10 +558,14 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
         )));
     }
     let confirmed_flush = parse_lsn(slot, row.get(1))?;
-    // A slot created before the record existed (or by `setup`) is recorded now.
-    lineage::record_slot(client, slot).await;
+    match lineage.judge(client, true).await? {
+        // A slot created by `setup`, by hand, or before the lineage topic existed.
+        Guard::Keep { record: true } => lineage.created(confirmed_flush).await?,
+        // Written again, so that time-based retention does not drop it.
+        _ => lineage.refresh().await?,
+    }
     if mark_failover {
-        lineage::mark_failover(config).await?;
+        failover::mark(client, config).await?;
     }
     Ok((confirmed_flush, false))
 }

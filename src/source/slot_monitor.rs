@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::control;
 use super::setup::query_err;
+use super::{control, failover};
 use crate::config::Config;
+use crate::observability::Chain;
 use crate::observability::health::{Health, SlotObservation, SlotStatus, WalStatus, slot_warnings};
 use crate::observability::metrics;
 
@@ -55,9 +56,20 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
             Ok(SlotObservation::Missing) if !health.snapshot(Instant::now()).streaming => {
                 SlotObservation::Unknown
             }
+            Ok(SlotObservation::Seen(mut status)) => {
+                failover::probe(&mut status, &config).await;
+                // Transactions running at the last standby snapshot keep a copy temporary
+                // until the next; the creation's warning covers a refusal.
+                if status.failover_ready == Some(false)
+                    && let Some(client) = &client
+                {
+                    let _ = failover::snapshot(client).await;
+                }
+                SlotObservation::Seen(status)
+            }
             Ok(observation) => observation,
             Err(error) => {
-                tracing::warn!(slot = %config.flags.slot, %error, "slot poll failed; retrying next tick");
+                tracing::warn!(slot = %config.flags.slot, error = %Chain(&error), "slot poll failed; retrying next tick");
                 health.set_slot_observation(SlotObservation::Unknown);
                 client = None;
                 continue;
@@ -69,8 +81,9 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
             SlotObservation::Seen(slot) => slot_warnings(slot, &health.thresholds()),
             SlotObservation::Missing => vec![format!(
                 "replication slot {:?} does not exist (dropped, or lost in a failover); the relay \
-                 cannot resume from it: see the runbook (--allow-new-slot, then backfill)",
-                config.flags.slot
+                 cannot resume from it. {}",
+                config.flags.slot,
+                crate::remedy::LOST_SLOT
             )],
             SlotObservation::Unknown => Vec::new(),
         };
@@ -107,6 +120,7 @@ pub async fn poll(client: &Client, slot: &str) -> Result<SlotObservation, tokio_
         conflicting: row.try_get(6)?,
         inactive_since: row.try_get(7)?,
         idle_timeout_secs: to_u64(idle_timeout),
+        ..SlotStatus::default()
     };
     tracing::debug!(slot, ?status, "polled the slot");
     Ok(SlotObservation::Seen(status))

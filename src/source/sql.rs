@@ -4,17 +4,28 @@
 use crate::outbox::{TableName, quote_ident};
 
 /// Publishes only inserts (the events) under a partitioned outbox's root name, so new partitions
-/// need nothing; without tables (messages only) it covers none: pgoutput sends messages anyway.
-pub fn create_publication(publication: &str, tables: &[TableName]) -> String {
-    let tables: Vec<String> = tables.iter().map(TableName::quoted).collect();
+/// need nothing (and a shard's filter on the root applies to them); without tables (messages
+/// only) it covers none: pgoutput sends messages anyway. `filters` is empty, or a shard's row
+/// filter of each table.
+pub fn create_publication(publication: &str, tables: &[TableName], filters: &[String]) -> String {
     let for_tables = match tables.is_empty() {
         true => String::new(),
-        false => format!(" FOR TABLE {}", tables.join(", ")),
+        false => format!(" FOR TABLE {}", filtered_tables(tables, filters)),
     };
     format!(
         "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert', publish_via_partition_root = true)",
         quote_ident(publication),
     )
+}
+
+/// `"schema"."table" WHERE (filter), ...`: the tables, each with its filter if there is one.
+pub fn filtered_tables(tables: &[TableName], filters: &[String]) -> String {
+    let table = |(i, table): (usize, &TableName)| match filters.get(i) {
+        Some(filter) => format!("{} WHERE ({filter})", table.quoted()),
+        None => table.quoted(),
+    };
+    let tables: Vec<String> = tables.iter().enumerate().map(table).collect();
+    tables.join(", ")
 }
 
 /// Creates the pgoutput slot (`failover`: PostgreSQL 17+ standbys synchronize it).
@@ -52,9 +63,14 @@ mod tests {
             TableName::parse("sales.Outbox").unwrap(),
         ];
         assert_eq!(
-            create_publication("outbox_relay", &tables),
+            create_publication("outbox_relay", &tables, &[]),
             "CREATE PUBLICATION \"outbox_relay\" FOR TABLE \"public\".\"outbox\", \"sales\".\"Outbox\" \
              WITH (publish = 'insert', publish_via_partition_root = true)"
+        );
+        let filters = ["a = 1".to_owned(), "b = 2".to_owned()];
+        assert_eq!(
+            filtered_tables(&tables, &filters),
+            "\"public\".\"outbox\" WHERE (a = 1), \"sales\".\"Outbox\" WHERE (b = 2)"
         );
         assert_eq!(
             create_slot("outbox_relay", false),

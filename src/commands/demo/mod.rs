@@ -17,10 +17,12 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use tokio::task::JoinSet;
 use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
 
 use super::{CommandError, human_bytes, relay};
 use crate::config::{Cli, Config, ConfigError, DemoArgs};
 use crate::observability::health::Health;
+use crate::source::lineage::Lineage;
 use crate::source::{setup, sql};
 
 /// The demo's slot and publication, apart from a real relay's.
@@ -85,6 +87,8 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     demo.message_prefixes.clear();
     demo.flags.slot = SLOT.into();
     demo.flags.publication = SLOT.into();
+    // The demo's slot is created afresh and dropped at every exit: nothing to guard.
+    demo.flags.allow_new_slot = true;
     let config = Config::from_cli(&demo)?;
 
     let pg = &config.postgres;
@@ -101,7 +105,11 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     let (rate, outbox) = (args.rate, writer::OUTBOX);
     println!("demo: writing {rate} order event(s)/s to {outbox}; Ctrl-C stops");
 
-    let result = super::block_on(run_demo(config, args, mock.as_ref(), cluster.is_some()))?;
+    let result = super::block_on(async {
+        let result = run_demo(&config, args, mock.as_ref()).await;
+        clean_up(&config, cluster.is_none(), mock.is_none()).await;
+        result
+    })?;
     drop(mock);
     if let Some(cluster) = cluster {
         let dir = cluster.dir.path().display().to_string();
@@ -112,19 +120,18 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
 }
 
 async fn run_demo(
-    config: Config,
+    config: &Config,
     args: &DemoArgs,
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
-    throwaway: bool,
 ) -> Result<(), CommandError> {
-    let client = Arc::new(setup::connect(&config).await?);
+    let client = Arc::new(setup::connect(config).await?);
     client
         .batch_execute(&writer::schema_sql())
         .await
         .map_err(setup::query_err("create the demo tables"))?;
     // The slot before the first write: nothing committed before it is relayed.
-    setup::prepare(&client, &config).await?;
-    let consumer = consumer::subscribe(&config, mock).map_err(DemoError::Kafka)?;
+    setup::prepare(&client, config).await?;
+    let consumer = consumer::subscribe(config, mock).map_err(DemoError::Kafka)?;
 
     let (written, consumed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let health = Arc::new(Health::new(config.flags.observability.readiness));
@@ -162,9 +169,6 @@ async fn run_demo(
     drop(background);
     let received = consumed.load(Relaxed);
     println!("demo: stopped; {written} event(s) written, {relayed} relayed, {received} received");
-    if !throwaway {
-        drop_slot(&client).await;
-    }
     match writer_failure {
         Ok(Err(e)) => Err(e.into()),
         _ => Ok(()),
@@ -214,17 +218,30 @@ async fn progress(
     }
 }
 
-/// On a user's server, the demo's slot would pin WAL forever: drop it and the
-/// publication (the walsender may take a moment to let go of the slot).
-async fn drop_slot(client: &Client) {
-    let statement = sql::drop_slot(SLOT);
-    for _ in 0..50 {
-        if client.batch_execute(&statement).await.is_ok() {
-            break;
+/// Runs however the demo ended. On a user's server the demo's slot would pin WAL forever: drop
+/// it and the publication (the walsender may take a moment to let go of the slot). In a user's
+/// Kafka, remove the slot's lineage record.
+async fn clean_up(config: &Config, users_server: bool, users_kafka: bool) {
+    let Ok(client) = setup::connect(config).await else {
+        eprintln!(
+            "demo: cannot reconnect to drop slot {SLOT:?}: drop it with `outbox-relay drop-slot`"
+        );
+        return;
+    };
+    if users_server {
+        let statement = sql::drop_slot(SLOT);
+        for _ in 0..50 {
+            match client.batch_execute(&statement).await {
+                Ok(()) => break,
+                Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = client.batch_execute(&sql::drop_publication(SLOT)).await;
+        let schema = writer::SCHEMA;
+        println!("demo: dropped slot and publication {SLOT:?}; the {schema} tables stay");
     }
-    let _ = client.batch_execute(&sql::drop_publication(SLOT)).await;
-    let schema = writer::SCHEMA;
-    println!("demo: dropped slot and publication {SLOT:?}; the {schema} tables stay");
+    if users_kafka && let Ok(lineage) = Lineage::open(config).await {
+        let _ = lineage.forget().await;
+    }
 }

@@ -66,6 +66,7 @@ fn config(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         ("database.hostname", "db"),
         ("database.user", "u"),
         ("database.dbname", "app"),
+        ("topic.prefix", "app"),
         ("plugin.name", "pgoutput"),
         ("table.include.list", "public.outbox"),
         ("transforms", "outbox"),
@@ -96,6 +97,10 @@ fn basic_outbox_example_gets_debeziums_defaults_spelled_out() {
             ("--table", "inventory.outboxevent"),
             ("--slot", "debezium"),
             ("--publication", "dbz_publication"),
+            ("--key-converter", "json-with-schemas"),
+            ("--value-converter", "json-with-schemas"),
+            ("--debezium-topic-prefix", "dbserver1"),
+            ("--debezium-context-headers", "true"),
             ("--route-by", "aggregatetype"),
             ("--topic-template", "outbox.event.${routedByValue}"),
             ("--key-column", "aggregateid"),
@@ -109,11 +114,7 @@ fn basic_outbox_example_gets_debeziums_defaults_spelled_out() {
         &["publication.autocreate.mode=all_tables", "dbz_publication"],
     );
     assert_warned(&imported, &["table.field.event.timestamp", "commit time"]);
-    assert_warned(
-        &imported,
-        &["route.tombstone.on.empty.payload=false", "tombstone"],
-    );
-    assert_warned(&imported, &["key.converter", "value.converter", "worker"]);
+    assert_warned(&imported, &["key.converter", "sample worker config"]);
     assert_warned(
         &imported,
         &[
@@ -121,8 +122,12 @@ fn basic_outbox_example_gets_debeziums_defaults_spelled_out() {
             "schema.include.list",
             "tasks.max",
             "tombstones.on.delete",
-            "topic.prefix",
         ],
+    );
+    assert!(
+        imported
+            .identical
+            .contains(&format!("value.converter={}", JSON_CONVERTER))
     );
     let config = assert_valid_for_relay(&imported);
     assert_eq!(config.mapping.route_by, "aggregatetype");
@@ -130,7 +135,7 @@ fn basic_outbox_example_gets_debeziums_defaults_spelled_out() {
 }
 
 #[test]
-fn custom_routing_example_maps_headers_and_warns_about_the_envelope() {
+fn custom_routing_example_maps_placements_and_expansion() {
     let imported = import_fixture("custom-routing.json", CUSTOM);
     assert_eq!(
         imported.args,
@@ -142,6 +147,10 @@ fn custom_routing_example_maps_headers_and_warns_about_the_envelope() {
             ("--table", "public.outbox"),
             ("--slot", "orders_outbox"),
             ("--publication", "orders_outbox"),
+            ("--key-converter", "string"),
+            ("--value-converter", "json"),
+            ("--debezium-topic-prefix", "orders"),
+            ("--debezium-context-headers", "true"),
             ("--route-by", "event_type"),
             ("--topic-template", "${routedByValue}.events"),
             ("--key-column", "aggregate_id"),
@@ -149,28 +158,23 @@ fn custom_routing_example_maps_headers_and_warns_about_the_envelope() {
             ("--payload-column", "payload"),
             ("--timestamp-column", "timestamp"),
             ("--header-column", "type:eventType"),
+            ("--envelope-column", "aggregatetype:aggregateType"),
+            ("--expand-json-payload", "true"),
             ("--heartbeat-interval", "10000ms"),
         ])
     );
-    assert_warned(
-        &imported,
-        &[
-            "table.fields.additional.placement",
-            "aggregatetype:envelope:aggregateType",
-        ],
-    );
-    assert_warned(&imported, &["table.expand.json.payload=true"]);
-    assert_warned(
-        &imported,
-        &[
-            "route.tombstone.on.empty.payload=false",
-            "\"payload\": null",
-        ],
-    );
-    assert_warned(
-        &imported,
-        &["value.converter=JsonConverter", "schemas.enable=false"],
-    );
+    for option in [
+        "key.converter=",
+        "value.converter=",
+        "table.fields.additional.placement=",
+        "table.expand.json.payload=true",
+    ] {
+        assert!(
+            imported.identical.iter().any(|o| o.contains(option)),
+            "{option}: {:?}",
+            imported.identical
+        );
+    }
     assert_warned(
         &imported,
         &[
@@ -179,9 +183,8 @@ fn custom_routing_example_maps_headers_and_warns_about_the_envelope() {
         ],
     );
     assert_warned(&imported, &["heartbeat.interval.ms", "keepalive"]);
-    assert_warned(&imported, &["ignored", "snapshot.mode", "topic.prefix"]);
-    // StringConverter keys are what the relay sends: no key warning, no
-    // all-tables warning with a filtered publication.
+    assert_warned(&imported, &["ignored", "snapshot.mode"]);
+    // Converters in the connector config need no worker; a filtered publication no warning.
     assert!(
         !imported
             .warnings
@@ -192,6 +195,9 @@ fn custom_routing_example_maps_headers_and_warns_about_the_envelope() {
     let config = assert_valid_for_relay(&imported);
     assert_eq!(config.postgres.password.as_deref(), Some("p@ss:w/rd"));
     assert_eq!(config.mapping.header_columns[0].header, "eventType");
+    let connect = config.mapping.connect.expect("the Debezium format");
+    assert!(connect.expand_json_payload && connect.context_headers.is_some());
+    assert_eq!(connect.envelope[0].header, "aggregateType");
 }
 
 #[test]
@@ -208,12 +214,17 @@ fn properties_example_keeps_the_secret_out_and_passes_producer_overrides() {
             ("--table", "billing.outbox_events"),
             ("--slot", "billing_outbox"),
             ("--publication", "billing_outbox"),
+            ("--key-converter", "string"),
+            ("--value-converter", "bytearray"),
+            ("--debezium-topic-prefix", "billing"),
+            ("--debezium-context-headers", "true"),
             ("--route-by", "aggregate_type"),
             ("--topic-template", "billing.${routedByValue}"),
             ("--key-column", "aggregate_id"),
             ("--id-column", "id"),
             ("--payload-column", "payload"),
             ("--timestamp-column", "created_at"),
+            ("--tombstone-on-empty-payload", "true"),
             ("-X", "compression.type=zstd"),
             ("-X", "linger.ms=20"),
             ("-X", "message.max.bytes=2097152"),
@@ -232,10 +243,6 @@ fn properties_example_keeps_the_secret_out_and_passes_producer_overrides() {
         &imported,
         &["unwrap", "ExtractNewRecordState", "not applied"],
     );
-    assert_warned(
-        &imported,
-        &["route.tombstone.on.empty.payload=true", "whitespace-only"],
-    );
     assert_warned(&imported, &["table.op.invalid.behavior=fatal"]);
     assert_warned(&imported, &["sasl.jaas.config", "sasl.username"]);
     assert_warned(&imported, &["max.request.size", "message.max.bytes"]);
@@ -243,10 +250,7 @@ fn properties_example_keeps_the_secret_out_and_passes_producer_overrides() {
         &imported,
         &["heartbeat.action.query", "heartbeat.interval.ms"],
     );
-    assert_warned(
-        &imported,
-        &["ignored", "snapshot.mode", "tasks.max", "topic.prefix"],
-    );
+    assert_warned(&imported, &["ignored", "snapshot.mode", "tasks.max"]);
     for w in &imported.warnings {
         assert!(!w.contains("not-a-real-secret"), "secret leaked: {w}");
         assert!(
@@ -282,8 +286,11 @@ fn explain_prints_a_runnable_quoted_command_and_the_warnings() {
     assert!(lines[flag_lines..].iter().all(|l| l.starts_with('#')));
     assert_eq!(
         lines[flag_lines..].len(),
-        imported.warnings.len() + 1,
+        imported.warnings.len() + imported.identical.len() + 2,
         "{text}"
+    );
+    assert!(
+        text.contains("# - value.converter=org.apache.kafka.connect.json.JsonConverter: identical")
     );
     // A shell reads back exactly the imported flags.
     let words = shell_words::split(&lines[..flag_lines].join("\n")).unwrap();
@@ -295,6 +302,7 @@ fn explain_prints_a_runnable_quoted_command_and_the_warnings() {
     let quoted = explain(&Imported {
         args: args(&[("--slot", "it's"), ("--route-by", "")]),
         warnings: Vec::new(),
+        identical: Vec::new(),
     });
     assert!(quoted.contains("--slot 'it'\\''s'"), "{quoted}");
     assert_eq!(
@@ -308,7 +316,7 @@ fn parse_importing(args: &[&str]) -> Result<Cli, clap::Error> {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/fixtures/debezium/custom-routing.json"
     );
-    let imported = import_file(Path::new(fixture)).unwrap();
+    let imported = import_file(Path::new(fixture), None).unwrap();
     assert!(!imported.warnings.is_empty());
     let head = ["outbox-relay", "--debezium-config", fixture];
     let argv = head.iter().chain(args);
@@ -346,13 +354,14 @@ fn imported_values_are_defaults_that_explicit_flags_replace() {
     let bad = Imported {
         args: args(&[("--heartbeat-interval", "soon")]),
         warnings: Vec::new(),
+        identical: Vec::new(),
     };
     assert!(Cli::try_parse_with(&bad, ["outbox-relay"]).is_err());
 }
 
 #[test]
 fn a_file_that_cannot_be_read_names_its_path() {
-    let err = import_file(Path::new("/no/such/file.json")).unwrap_err();
+    let err = import_file(Path::new("/no/such/file.json"), None).unwrap_err();
     assert!(err.to_string().contains("/no/such/file.json"), "{err}");
     assert!(matches!(err.source, DebeziumError::Read(_)), "{err:?}");
 }
@@ -560,7 +569,7 @@ fn topic_routing_converts_java_replacements_and_rejects_regex_routing() {
 }
 
 #[test]
-fn router_options_without_equivalent_are_each_named() {
+fn router_options_are_flags_or_named_differences() {
     let imported = import(&config(&[
         ("transforms", "filter, outbox, outbox2"),
         ("transforms.filter.type", "io.debezium.transforms.Filter"),
@@ -573,19 +582,16 @@ fn router_options_without_equivalent_are_each_named() {
             "transforms.outbox.table.json.payload.null.behavior",
             "optional_bytes",
         ),
+        ("transforms.outbox.table.expand.json.payload", "true"),
         ("transforms.outbox.debezium.op.invalid.behavior", "error"),
         (
-            "transforms.outbox.table.fields.additional.error.on.missing",
-            "false",
-        ),
-        (
             "transforms.outbox.table.fields.additional.placement",
-            "a:partition,b:header",
+            "a:partition,b:header,c:envelope:cc",
         ),
         ("transforms.outbox.tracing.span.context.field", "span"),
+        ("transforms.outbox.tracing.operation.name", "read"),
         ("transforms.outbox.predicate", "isOutbox"),
         ("transforms.outbox.negate", "false"),
-        ("transforms.outbox.route.topic.replacment", "typo"),
         ("predicates", "isOutbox"),
         (
             "predicates.isOutbox.type",
@@ -595,11 +601,11 @@ fn router_options_without_equivalent_are_each_named() {
             "key.converter",
             "org.apache.kafka.connect.json.JsonConverter",
         ),
-        ("value.converter", "io.confluent.connect.avro.AvroConverter"),
         (
-            "value.converter.schema.registry.url",
-            "http://registry:8081",
+            "value.converter",
+            "org.apache.kafka.connect.json.JsonConverter",
         ),
+        ("value.converter.schemas.enable", "FALSE"),
         ("producer.override.bootstrap.servers", "k1:9092,k2:9092"),
         ("producer.override.acks", "1"),
         ("producer.override.ssl.truststore.location", "/ts.jks"),
@@ -607,61 +613,137 @@ fn router_options_without_equivalent_are_each_named() {
         ("database.password", "${file:/s:pw}"),
     ]))
     .unwrap();
-    assert!(
-        imported
-            .args
-            .contains(&("--kafka-brokers".into(), "k1:9092,k2:9092".into()))
-    );
-    assert!(
-        imported
-            .args
-            .contains(&("--header-column".into(), "b".into()))
-    );
-    assert!(imported.args.contains(&("-X".into(), "acks=1".into())));
-    assert!(
-        imported
-            .args
-            .iter()
-            .any(|(_, v)| v.contains("sslmode=require"))
-    );
+    for arg in [
+        ("--kafka-brokers", "k1:9092,k2:9092"),
+        ("--key-converter", "json-with-schemas"),
+        ("--value-converter", "json"),
+        ("--header-column", "b"),
+        ("--envelope-column", "c:cc"),
+        ("--partition-column", "a"),
+        ("--schema-version-column", "v"),
+        ("--keep-json-payload-nulls", "true"),
+        ("--expand-json-payload", "true"),
+        ("--trace-context-column", "span"),
+        ("-X", "acks=1"),
+    ] {
+        assert!(
+            imported.args.contains(&(arg.0.into(), arg.1.into())),
+            "{arg:?} in {:?}",
+            imported.args
+        );
+    }
     for needles in [
         &["filter", "io.debezium.transforms.Filter", "not applied"][..],
         &["outbox2", "second EventRouter"],
-        &["table.field.event.schema.version"],
-        &["table.json.payload.null.behavior"],
-        &["debezium.op.invalid.behavior=error"],
-        &["table.fields.additional.error.on.missing=false"],
-        &["partition placements", "a:partition"],
-        &["tracing.span.context.field"],
         &["predicate=isOutbox"],
-        &["unknown EventRouter options", "route.topic.replacment"],
-        &[
-            "key.converter=JsonConverter",
-            "schemas.enable=true",
-            "partition",
-        ],
-        &["value.converter=io.confluent.connect.avro.AvroConverter"],
         &["acks=1"],
         &["ssl.truststore.location", "ssl.ca.location"],
         &["database.password", "config-provider"],
     ] {
         assert_warned(&imported, needles);
     }
+    for option in [
+        "tracing.operation.name=read",
+        "negate=false",
+        "debezium.op.invalid.behavior=error",
+    ] {
+        assert!(
+            imported.identical.iter().any(|o| o.ends_with(option)),
+            "{option}: {:?}",
+            imported.identical
+        );
+    }
+    let config = assert_valid_for_relay(&imported);
     assert!(
-        !imported.warnings.iter().any(|w| w.contains("ignored")),
-        "{:?}",
-        imported.warnings
+        config
+            .mapping
+            .connect
+            .is_some_and(|c| c.json_nulls_as_bytes)
+    );
+}
+
+#[test]
+fn what_the_relay_does_not_reproduce_is_refused_by_name() {
+    for (key, value) in [
+        ("value.converter", "io.confluent.connect.avro.AvroConverter"),
+        (
+            "header.converter",
+            "org.apache.kafka.connect.json.JsonConverter",
+        ),
+        (
+            "value.converter",
+            "io.debezium.converters.ByteArrayConverter",
+        ),
+        ("transforms.outbox.route.topic.replacment", "typo"),
+        ("transforms.outbox.table.field.additional.missing", "ignore"),
+        ("transforms.outbox.tracing.with.context.field.only", "false"),
+        ("transforms.outbox.field.name.adjustment.mode", "avro"),
+        ("transforms.outbox.table.expand.json.payload", "maybe"),
+    ] {
+        let mut pairs = vec![(key, value)];
+        if key == "value.converter" || key == "header.converter" {
+            pairs.push((key, value));
+        }
+        let err = import(&config(&pairs)).unwrap_err();
+        assert!(
+            matches!(&err, DebeziumError::Invalid { key: k, .. } if k == key),
+            "{key}: {err}"
+        );
+    }
+    // A worker's JsonConverter setting the relay does not reproduce.
+    let worker: BTreeMap<String, String> = [
+        ("value.converter", JSON_CONVERTER),
+        ("value.converter.replace.null.with.default", "false"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let err = import_with(&config(&[]), Some(&worker)).unwrap_err();
+    assert!(
+        err.to_string().contains("replace.null.with.default"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_workers_converters_apply_where_the_connector_names_none() {
+    let worker: BTreeMap<String, String> = [
+        (
+            "key.converter",
+            "org.apache.kafka.connect.storage.StringConverter",
+        ),
+        ("value.converter", JSON_CONVERTER),
+        ("value.converter.schemas.enable", "false"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    // The connector's own value.converter.* settings do not apply to the worker's converter.
+    let imported = import_with(
+        &config(&[("value.converter.schemas.enable", "true")]),
+        Some(&worker),
+    )
+    .unwrap();
+    assert!(
+        imported
+            .args
+            .contains(&("--key-converter".into(), "string".into()))
+    );
+    assert!(
+        imported
+            .args
+            .contains(&("--value-converter".into(), "json".into()))
     );
     assert!(
         !imported
             .warnings
             .iter()
-            .any(|w| w.contains("add --kafka-brokers"))
+            .any(|w| w.contains("sample worker"))
     );
 }
 
 #[test]
-fn raw_converters_make_null_payloads_match() {
+fn raw_converters_are_identical() {
     let imported = import(&config(&[
         (
             "key.converter",
@@ -681,6 +763,11 @@ fn raw_converters_make_null_payloads_match() {
         "{:?}",
         imported.warnings
     );
+    assert!(
+        imported
+            .args
+            .contains(&("--value-converter".into(), "bytearray".into()))
+    );
 }
 
 #[test]
@@ -697,6 +784,7 @@ fn tls_modes_pass_through_without_a_warning() {
         ("database.dbname", "app"),
         ("database.sslmode", "verify-full"),
         ("database.sslrootcert", "/ca.pem"),
+        ("topic.prefix", "app"),
         ("table.include.list", "public.outbox"),
         ("transforms", "outbox"),
         (
@@ -731,12 +819,10 @@ fn router_booleans_are_read_in_any_case() {
         ("transforms.outbox.route.tombstone.on.empty.payload", "True"),
     ]))
     .unwrap();
-    assert_warned(
-        &imported,
-        &["table.expand.json.payload=TRUE", "not an expanded struct"],
-    );
-    assert_warned(
-        &imported,
-        &["route.tombstone.on.empty.payload=true", "whitespace-only"],
-    );
+    for flag in ["--expand-json-payload", "--tombstone-on-empty-payload"] {
+        assert!(
+            imported.args.contains(&(flag.into(), "true".into())),
+            "{flag}"
+        );
+    }
 }

@@ -192,6 +192,35 @@ impl TailReader {
         Ok(ids.into_values().flatten().collect())
     }
 
+    /// What `keep` takes from every record of `topic`, up to each partition's end as
+    /// found now, in partition then offset order; nothing when the topic does not exist.
+    pub fn read_all<T>(
+        &self,
+        topic: &str,
+        keep: impl Fn(&BorrowedMessage<'_>) -> Option<T>,
+    ) -> Result<Vec<T>, TailError> {
+        let metadata = self
+            .consumer
+            .fetch_metadata(Some(topic), READ_TIMEOUT)
+            .map_err(|e| TailError::read(topic, -1, &e))?;
+        let Some(found) = metadata.topics().first() else {
+            return Ok(Vec::new());
+        };
+        match found.error().map(RDKafkaErrorCode::from) {
+            None => {}
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => return Ok(Vec::new()),
+            Some(code) => return Err(TailError::read(topic, -1, &KafkaError::MetadataFetch(code))),
+        }
+        let mut ranges = Vec::new();
+        for partition in found.partitions() {
+            let (low, high) = self.watermarks(topic, partition.id())?;
+            ranges.push((partition.id(), low, high));
+        }
+        let mut read = self.scan(topic, &ranges, Instant::now() + READ_TIMEOUT, keep)?;
+        let records = ranges.iter().map(|r| read.remove(&r.0).unwrap_or_default());
+        Ok(records.flatten().collect())
+    }
+
     fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), TailError> {
         self.consumer
             .fetch_watermarks(topic, partition, READ_TIMEOUT)

