@@ -46,10 +46,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 }
             }
             SourceEvent::KeepAlive(wal_end) => self.tracker.keepalive(wal_end),
-            SourceEvent::Change { lsn, data, sent_us } => {
+            SourceEvent::Change { lsn, data } => {
                 self.gate.saw(data.len());
-                self.pacer
-                    .sent(sent_us.saturating_sub(self.tx.commit_time_us));
                 let message =
                     pgoutput::decode(&data).map_err(|source| RelayError::Decode { lsn, source })?;
                 self.on_message(message).await?;
