@@ -565,7 +565,7 @@ async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timel
         .map(|r| {
             (
                 r.header("outbox.lsn").unwrap(),
-                r.header("outbox.seq").unwrap(),
+                r.header("outbox.change").unwrap(),
             )
         })
         .collect();
@@ -588,7 +588,7 @@ async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timel
         .filter(|r| {
             old_positions.contains(&(
                 r.header("outbox.lsn").unwrap(),
-                r.header("outbox.seq").unwrap(),
+                r.header("outbox.change").unwrap(),
             ))
         })
         .count();

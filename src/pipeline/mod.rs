@@ -37,7 +37,7 @@ use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::observability::observer::{PipelineObserver, Sent};
 use crate::outbox::EventMapper;
-use crate::sink::exactly_once::{ExactlyOnce, ReadBack};
+use crate::sink::exactly_once::{ExactlyOnce, Position, ReadBack};
 use crate::sink::{Delivery, Sink, Ticket};
 use crate::source::cleanup::Cleanup;
 use crate::source::setup::SlotState;
@@ -94,11 +94,30 @@ struct OpenTx {
     commit_lsn: Lsn,
     /// Unix microseconds: commit-to-ack latencies are a few milliseconds.
     commit_time_us: i64,
-    /// Index of its next outbox event.
-    seq: u32,
+    /// Its outbox events so far.
+    events: u32,
+    /// The last event's change LSN and index there (exactly-once positions).
+    last: Option<(Lsn, u32)>,
 }
 
 impl OpenTx {
+    /// The position of its next event, the change at `change`: the WAL's, so a replay gives
+    /// it again whatever the relay is configured to relay. Only a multi-insert (`COPY`) logs
+    /// several events, all of one table, at one position.
+    fn next_position(&mut self, change: Lsn) -> Position {
+        let index = match self.last {
+            Some((at, index)) if at == change => index.saturating_add(1),
+            _ => 0,
+        };
+        self.last = Some((change, index));
+        self.events = self.events.saturating_add(1);
+        Position {
+            lsn: self.commit_lsn,
+            change,
+            index,
+        }
+    }
+
     /// The commit time in Unix milliseconds (Kafka timestamps).
     fn commit_time_ms(&self) -> i64 {
         self.commit_time_us.div_euclid(1000)

@@ -203,7 +203,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                     if self.tracker.in_transaction() {
                         tracing::info!(
                             lsn = %self.tx.commit_lsn,
-                            sent = self.tx.seq,
+                            sent = self.tx.events,
                             "shutdown requested: reading to the open transaction's commit, then \
                              waiting for in-flight deliveries"
                         );
@@ -214,7 +214,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 () = sleep_until_some(stop_by) => {
                     tracing::warn!(
                         lsn = %self.tx.commit_lsn,
-                        sent = self.tx.seq,
+                        sent = self.tx.events,
                         frontier = %self.tracker.frontier(),
                         "--shutdown-timeout ran out before the open transaction's commit arrived: \
                          that transaction (its events sent so far included) and everything after \

@@ -1,6 +1,6 @@
 //! The real pipeline against an in-memory source and sink, on a paused clock.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use crate::config::{Cli, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::outbox::OutboxRecord;
-use crate::sink::exactly_once::{Position, ReadBack, TailError};
+use crate::sink::exactly_once::{ReadBack, Tail, TailError};
 use crate::sink::{Delivery, Sink, SinkError, Ticket};
 use crate::source::setup::{Publication, SlotState};
 use crate::source::{ServerId, Source, SourceError, SourceEvent, Stream};
@@ -141,8 +141,8 @@ impl ReadBack for FakeSink {
         partitions: i32,
         _: Lsn,
         _: Lsn,
-    ) -> Vec<Result<HashSet<Position>, TailError>> {
-        (0..partitions).map(|_| Ok(HashSet::new())).collect()
+    ) -> Vec<Result<Tail, TailError>> {
+        (0..partitions).map(|_| Ok(Tail::default())).collect()
     }
 }
 
