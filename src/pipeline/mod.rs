@@ -34,6 +34,7 @@ use tokio::time::Instant;
 
 use crate::config::{self, Config};
 use crate::lsn::Lsn;
+use crate::observability::Chain;
 use crate::observability::health::Health;
 use crate::observability::observer::{PipelineObserver, Sent};
 use crate::outbox::EventMapper;
@@ -303,7 +304,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         // A last check, so a clean stop confirms what it delivered.
         let check = tokio::time::timeout(Duration::from_secs(5), self.check_publication());
         if let Ok(Err(error)) = check.await {
-            tracing::warn!(%error, "not confirming the final frontier");
+            tracing::warn!(error = %Chain(&error), "not confirming the final frontier");
         }
         self.report_frontier(true).await;
         let frontier = self.reportable();

@@ -12,6 +12,7 @@ use tokio_postgres::Client;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
+use crate::observability::Chain;
 use crate::outbox::{BindError, TableName, column_index, quote_ident};
 use crate::pgoutput::{Relation, TupleData, Value};
 use crate::source::setup::query_err;
@@ -221,7 +222,7 @@ impl Cleanup {
             }
             Err(error) => {
                 tracing::warn!(
-                    %error,
+                    error = %Chain(&error),
                     frontier = %self.cleared,
                     rows,
                     "--cleanup delete: cannot delete relayed rows; the slot is not moved past \
@@ -248,7 +249,7 @@ impl Cleanup {
                 let result = client.execute(&table.sql, &[&keys]).await;
                 deleted += result.map_err(|source| SourceError::Query {
                     what: format!("delete relayed rows from {}", table.name),
-                    source,
+                    source: source.into(),
                 })?;
             }
         }

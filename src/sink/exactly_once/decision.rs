@@ -11,6 +11,7 @@ use super::{
 };
 use crate::config::ExactlyOnceFallback;
 use crate::lsn::Lsn;
+use crate::observability::Chain;
 use crate::observability::metrics::TAIL_RECORDS_READ_TOTAL;
 use crate::outbox::OutboxRecord;
 use crate::source::ServerId;
@@ -147,7 +148,7 @@ impl ExactlyOnce {
             return Err(e);
         }
         tracing::warn!(
-            error = %e,
+            error = %Chain(&e),
             "exactly-once cannot be guaranteed for this partition; continuing \
              at-least-once for it (--exactly-once-fallback at-least-once)"
         );
