@@ -704,3 +704,74 @@ async fn the_rows_of_one_copy_share_a_wal_position_and_each_keeps_its_own() {
         .await;
     each_once(&world, &ids, &relay);
 }
+
+/// Per partition of `topic`, the records the relay read back from its end so far.
+pub fn tail_records_read(relay: &Relay, topic: &str, partitions: i32) -> Vec<f64> {
+    let samples = relay.metric_samples("outbox_relay_exactly_once_tail_records_read_total");
+    (0..partitions)
+        .map(|p| {
+            let labels = |l: &str| {
+                l.contains(&format!("topic=\"{topic}\""))
+                    && l.contains(&format!("partition=\"{p}\""))
+            };
+            samples
+                .iter()
+                .filter(|(l, _)| labels(l))
+                .map(|(_, v)| v)
+                .sum()
+        })
+        .collect()
+}
+
+/// Issue 21 §5: the first start in exactly-once mode over a topic other producers filled (as
+/// many records as the broker keeps) reads a bounded tail of each partition, not all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_over_a_populated_topic_reads_a_bounded_tail() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let world = World::start().await;
+    world.broker.create_topic("Evt", 2);
+    let bootstrap = world.broker.bootstrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("linger.ms", "20")
+        .create()
+        .unwrap();
+    // About 5 MB per partition, the mock broker's retention: 20,000 records of 250 bytes.
+    let blob = "x".repeat(250);
+    for i in 0..40_000 {
+        let mut record = BaseRecord::<str, str>::to("Evt")
+            .partition(i % 2)
+            .key("other")
+            .payload(&blob);
+        while let Err((e, back)) = producer.send(record) {
+            assert!(e.to_string().contains("Queue full"), "{e}");
+            producer.poll(Duration::from_millis(50));
+            record = back;
+        }
+    }
+    producer.flush(Duration::from_secs(60)).unwrap();
+
+    let relay = Relay::spawn_streaming(&world.pg.url(), &bootstrap, &EO);
+    let keys: Vec<String> = (0..2)
+        .map(|p| {
+            (0..100)
+                .map(|i| format!("agg-{i}"))
+                .find(|k| partition_for(k.as_bytes(), 2) == p)
+                .unwrap()
+        })
+        .collect();
+    let rows: Vec<(&str, &str, &str)> = keys.iter().map(|k| ("Evt", k.as_str(), "{}")).collect();
+    let ids = world.insert_tx(&rows).await;
+    world.wait_caught_up(SLOT, Duration::from_secs(60)).await;
+    each_once(&world, &ids, &relay);
+    let read = tail_records_read(&relay, "Evt", 2);
+    eprintln!("records read back per partition at the first start: {read:?}");
+    for (p, n) in read.iter().enumerate() {
+        assert!(
+            *n > 0.0 && *n <= 5_376.0,
+            "partition {p}: {n} records read\n{}",
+            relay.log()
+        );
+    }
+}

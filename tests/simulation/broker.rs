@@ -21,7 +21,6 @@ use tokio::time::Instant;
 pub struct Logged {
     pub id: String,
     pub key: Option<Bytes>,
-    pub payload: Option<Bytes>,
     /// Its headers but `id`.
     pub headers: Vec<(Arc<str>, Option<Bytes>)>,
 }
@@ -180,7 +179,6 @@ impl Broker {
         self.logs.entry(key).or_default().push(Logged {
             id,
             key: record.key.clone(),
-            payload: record.payload.clone(),
             headers: record.headers.clone(),
         });
         Some((pending, Outcome::Appended))

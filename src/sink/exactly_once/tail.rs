@@ -32,32 +32,11 @@ pub struct TailReader {
 }
 
 impl TailReader {
-    /// A reader with the relay's brokers and `-X` connection properties.
+    /// A reader with the relay's brokers and every `-X` property the producer has: what
+    /// reaches the brokers (security, TLS verification, SASL, DNS, message sizes) must
+    /// reach them the same way; producer-only properties are ignored by a consumer.
     pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, SinkError> {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", brokers)
-            .set("group.id", "outbox-relay-tail-reader")
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "true")
-            // A tail read ends at the partition's end: do not hold fetches open.
-            .set("fetch.wait.max.ms", "10")
-            .set("log_level", "3");
-        // Connection and security properties, which the reader shares with the producer.
-        let shared = [
-            "security.",
-            "ssl.",
-            "sasl.",
-            "socket.",
-            "broker.",
-            "test.mock.",
-        ];
-        for (k, v) in properties {
-            if k == "client.id" || shared.iter().any(|prefix| k.starts_with(prefix)) {
-                config.set(k, v);
-            }
-        }
-        let consumer = config
+        let consumer = reader_config(brokers, properties)
             .create()
             .map_err(|e| SinkError::create(e, properties))?;
         Ok(TailReader { consumer })
@@ -204,6 +183,24 @@ impl TailReader {
     }
 }
 
+/// The reader's configuration: the producer's brokers and properties, then what a tail read
+/// needs (no group offsets, an end-of-partition signal, no held fetches, no warnings about
+/// the producer-only properties).
+fn reader_config(brokers: &str, properties: &[(String, String)]) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
+    for (k, v) in properties {
+        config.set(k, v);
+    }
+    config
+        .set("group.id", "outbox-relay-tail-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("fetch.wait.max.ms", "10")
+        .set("log_level", "3");
+    config
+}
+
 /// One topic of a [`TailReader`], for [`window::tails`].
 struct Topic<'a>(&'a TailReader, &'a str);
 
@@ -317,6 +314,43 @@ impl ReadBack for KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 21 §7: every `-X` property reaches the reader, security ones included.
+    #[test]
+    fn the_reader_has_every_property_the_producer_has() {
+        let properties: Vec<(String, String)> = [
+            ("security.protocol", "sasl_ssl"),
+            ("enable.ssl.certificate.verification", "false"),
+            ("enable.sasl.oauthbearer.unsecure.jwt", "true"),
+            ("ssl.endpoint.identification.algorithm", "none"),
+            (
+                "client.dns.lookup",
+                "resolve_canonical_bootstrap_servers_only",
+            ),
+            ("message.max.bytes", "20000000"),
+            ("bootstrap.servers", "broker:9093"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+        let config = reader_config("broker:9092", &properties);
+        for (k, v) in &properties {
+            assert_eq!(config.get(k), Some(v.as_str()), "{k}");
+        }
+        // What a tail read needs is not the user's to change.
+        let own = [("enable.partition.eof".to_owned(), "false".to_owned())];
+        assert_eq!(
+            reader_config("b", &own).get("enable.partition.eof"),
+            Some("true")
+        );
+        // A producer's properties make a working reader: librdkafka ignores its own.
+        let producer = [
+            ("enable.idempotence", "true"),
+            ("linger.ms", "20"),
+            ("acks", "all"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        assert!(TailReader::new("127.0.0.1:1", &producer).is_ok());
+    }
 
     #[test]
     fn a_refused_reader_property_shows_the_key_never_the_value() {
