@@ -73,6 +73,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             if self.stop_by.is_some() {
                 // Stopping anyway: the open transaction is replayed after restart.
                 tracing::warn!(error = %Chain(&error), "replication stream broke while stopping");
+                // The final frontier is confirmed on a new session.
+                self.stream = None;
                 return Ok(());
             }
             self.summary.reconnects += 1;

@@ -100,11 +100,12 @@ impl Stream for FakeStream {
     async fn close(self, _: Lsn, _: Duration) {}
 }
 
-/// Records what it is given; acknowledges at once when `auto_ack`.
+/// Records what it is given; acknowledges after `ack_delay` when `auto_ack`.
 struct FakeSink {
     deliveries: mpsc::UnboundedSender<Delivery>,
     sent: Mutex<Vec<(Ticket, OutboxRecord)>>,
     auto_ack: bool,
+    ack_delay: Duration,
 }
 
 impl Sink for FakeSink {
@@ -115,7 +116,11 @@ impl Sink for FakeSink {
                 ticket,
                 outcome: Ok(()),
             };
-            let _ = self.deliveries.send(delivery);
+            let (deliveries, delay) = (self.deliveries.clone(), self.ack_delay);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = deliveries.send(delivery);
+            });
         }
         Ok(())
     }
@@ -172,20 +177,24 @@ fn keepalive(wal_end: u64) -> Result<SourceEvent, SourceError> {
     Ok(SourceEvent::KeepAlive(Lsn(wal_end)))
 }
 
-fn config() -> Config {
-    let cli = Cli::try_parse_from([
-        "outbox-relay",
-        "--postgres-url",
-        "postgres://relay@127.0.0.1:5432/app",
-        "--kafka-brokers",
-        "127.0.0.1:9092",
-        "--table",
-        "none",
-        "--message-prefix",
-        "outbox",
-        "--shutdown-timeout",
-        "5s",
-    ]);
+fn config(extra: &[&str]) -> Config {
+    let cli = Cli::try_parse_from(
+        [
+            "outbox-relay",
+            "--postgres-url",
+            "postgres://relay@127.0.0.1:5432/app",
+            "--kafka-brokers",
+            "127.0.0.1:9092",
+            "--table",
+            "none",
+            "--message-prefix",
+            "outbox",
+            "--shutdown-timeout",
+            "5s",
+        ]
+        .iter()
+        .chain(extra),
+    );
     match cli
         .map_err(|e| e.to_string())
         .and_then(|cli| Config::from_cli(&cli).map_err(|e| e.to_string()))
@@ -205,6 +214,20 @@ async fn run(
     FakeSource,
     Vec<(Ticket, OutboxRecord)>,
 ) {
+    run_with(script, auto_ack, Duration::ZERO, &[]).await
+}
+
+/// [`run`] with acknowledgements after `ack_delay` and more flags.
+async fn run_with(
+    script: Vec<Result<SourceEvent, SourceError>>,
+    auto_ack: bool,
+    ack_delay: Duration,
+    flags: &[&str],
+) -> (
+    Result<Summary, RelayError>,
+    FakeSource,
+    Vec<(Ticket, OutboxRecord)>,
+) {
     let source = FakeSource {
         script: Arc::new(Mutex::new(script.into())),
         ..FakeSource::default()
@@ -219,6 +242,7 @@ async fn run(
         deliveries: tx,
         sent: Mutex::new(Vec::new()),
         auto_ack,
+        ack_delay,
     });
     let slot = SlotState {
         confirmed_flush: START,
@@ -231,7 +255,15 @@ async fn run(
         },
     };
     let health = Arc::new(Health::new(Default::default()));
-    let pipeline = Pipeline::new(config(), source, Arc::clone(&sink), rx, health, &slot, None);
+    let pipeline = Pipeline::new(
+        config(flags),
+        source,
+        Arc::clone(&sink),
+        rx,
+        health,
+        &slot,
+        None,
+    );
     let outcome = pipeline
         .run(tokio::time::sleep(Duration::from_secs(10)))
         .await;
@@ -311,6 +343,29 @@ async fn a_stream_break_mid_transaction_resumes_after_the_last_transaction_recei
     // The open transaction's event is sent again: at-least-once.
     let ids: Vec<_> = sent.iter().map(|(_, r)| r.id_text()).collect();
     assert_eq!(ids, ["e1", "e2", "e2"]);
+}
+
+/// Issue 21 §7: a stop while the stream is down (waiting to reconnect) confirms what was
+/// acknowledged meanwhile, on a session opened for it.
+#[tokio::test(start_paused = true)]
+async fn a_stop_while_reconnecting_confirms_the_frontier_acknowledged_meanwhile() {
+    let ended = Err(SourceError::StreamEnded {
+        slot: "outbox_relay".into(),
+    });
+    let script = vec![begin(0x100), event(0x90, "e1"), commit(0x110), ended];
+    // The stream breaks at once; the broker acknowledges a second later, during the backoff,
+    // and the stop comes before the next attempt.
+    let backoff = [
+        "--reconnect-backoff-min",
+        "60s",
+        "--reconnect-backoff-max",
+        "60s",
+    ];
+    let (outcome, source, _) = run_with(script, true, Duration::from_secs(1), &backoff).await;
+    assert_eq!(summary(outcome).frontier, Lsn(0x110));
+    assert_eq!(lock(&source.acks).last(), Some(&Lsn(0x110)));
+    let starts = lock(&source.starts).clone();
+    assert_eq!(starts, [(START, START), (Lsn(0x110), Lsn(0x110))]);
 }
 
 #[tokio::test(start_paused = true)]
