@@ -323,7 +323,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         self.report_frontier(true).await;
         let mut frontier = self.reportable();
         let close_timeout = self.config.flags.status_interval * 2 + Duration::from_secs(1);
-        if clean && self.stream.is_none() {
+        // Only a relay that streamed has anything to confirm (not a standby, say).
+        if clean && self.stream.is_none() && self.server.is_some() {
             self.stream = self.reopen(frontier, close_timeout).await;
             if let Some(stream) = &self.stream {
                 // After a promotion the frontier is the old timeline's: no further than the
@@ -349,6 +350,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                     "stopped; slot confirmed up to the final frontier"
                 );
             }
+            None if self.server.is_none() => tracing::info!(%frontier, "stopped before streaming"),
             None => tracing::warn!(
                 %frontier, acked, dead_lettered, ignored_updates_deletes,
                 "stopped without confirming the final frontier (no replication session): the \

@@ -23,7 +23,16 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         loop {
             let start = self.tracker.resume_lsn();
             let acked = self.reportable();
-            let error = match self.source.start(start, acked).await {
+            // A stop does not wait for a connection attempt (up to 30 s on an unanswering host).
+            let started = tokio::select! {
+                biased;
+                () = &mut self.shutdown => {
+                    self.begin_shutdown();
+                    return Ok(());
+                }
+                started = self.source.start(start, acked) => started,
+            };
+            let error = match started {
                 Ok(stream) => {
                     self.started(stream, start, acked, attempt, standby).await;
                     (backoff, attempt, standby) = (min_backoff, 0, false);

@@ -34,6 +34,8 @@ struct FakeSource {
     starts: Arc<Mutex<Vec<(Lsn, Lsn)>>>,
     /// Every position confirmed, in order.
     acks: Arc<Mutex<Vec<Lsn>>>,
+    /// Sessions that open; later attempts never answer (an unreachable host).
+    answered: Option<usize>,
 }
 
 struct FakeStream {
@@ -47,7 +49,14 @@ impl Source for FakeSource {
     type Stream = FakeStream;
 
     async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<FakeStream, SourceError> {
-        lock(&self.starts).push((from, acked));
+        let attempts = {
+            let mut starts = lock(&self.starts);
+            starts.push((from, acked));
+            starts.len()
+        };
+        if self.answered.is_some_and(|n| attempts > n) {
+            std::future::pending::<()>().await;
+        }
         Ok(FakeStream {
             script: Arc::clone(&self.script),
             acks: Arc::clone(&self.acks),
@@ -214,15 +223,17 @@ async fn run(
     FakeSource,
     Vec<(Ticket, OutboxRecord)>,
 ) {
-    run_with(script, auto_ack, Duration::ZERO, &[]).await
+    run_with(script, auto_ack, Duration::ZERO, &[], None).await
 }
 
-/// [`run`] with acknowledgements after `ack_delay` and more flags.
+/// [`run`] with acknowledgements after `ack_delay`, more flags, and only the first
+/// `answered` sessions opening.
 async fn run_with(
     script: Vec<Result<SourceEvent, SourceError>>,
     auto_ack: bool,
     ack_delay: Duration,
     flags: &[&str],
+    answered: Option<usize>,
 ) -> (
     Result<Summary, RelayError>,
     FakeSource,
@@ -230,12 +241,14 @@ async fn run_with(
 ) {
     let source = FakeSource {
         script: Arc::new(Mutex::new(script.into())),
+        answered,
         ..FakeSource::default()
     };
     let observed = FakeSource {
         script: Arc::clone(&source.script),
         starts: Arc::clone(&source.starts),
         acks: Arc::clone(&source.acks),
+        answered: None,
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let sink = Arc::new(FakeSink {
@@ -361,11 +374,27 @@ async fn a_stop_while_reconnecting_confirms_the_frontier_acknowledged_meanwhile(
         "--reconnect-backoff-max",
         "60s",
     ];
-    let (outcome, source, _) = run_with(script, true, Duration::from_secs(1), &backoff).await;
+    let (outcome, source, _) = run_with(script, true, Duration::from_secs(1), &backoff, None).await;
     assert_eq!(summary(outcome).frontier, Lsn(0x110));
     assert_eq!(lock(&source.acks).last(), Some(&Lsn(0x110)));
     let starts = lock(&source.starts).clone();
     assert_eq!(starts, [(START, START), (Lsn(0x110), Lsn(0x110))]);
+}
+
+/// A stop while a connection attempt hangs (an unanswering host) does not wait for it.
+#[tokio::test(start_paused = true)]
+async fn a_stop_does_not_wait_for_a_hanging_connection_attempt() {
+    let ended = Err(SourceError::StreamEnded {
+        slot: "outbox_relay".into(),
+    });
+    let script = vec![begin(0x100), event(0x90, "e1"), commit(0x110), ended];
+    let backoff = ["--reconnect-backoff-min", "1s"];
+    let run = run_with(script, true, Duration::ZERO, &backoff, Some(1));
+    // The stop comes at 10 s; without it the attempt never ends.
+    let outcome = tokio::time::timeout(Duration::from_secs(600), run).await;
+    let (outcome, _, sent) = outcome.expect("the stop waited for the connection attempt");
+    assert_eq!(summary(outcome).reconnects, 1);
+    assert_eq!(sent.len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
