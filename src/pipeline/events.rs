@@ -46,8 +46,10 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 }
             }
             SourceEvent::KeepAlive(wal_end) => self.tracker.keepalive(wal_end),
-            SourceEvent::Change { lsn, data } => {
+            SourceEvent::Change { lsn, data, sent_us } => {
                 self.gate.saw(data.len());
+                self.pacer
+                    .sent(sent_us.saturating_sub(self.tx.commit_time_us));
                 let message =
                     pgoutput::decode(&data).map_err(|source| RelayError::Decode { lsn, source })?;
                 self.on_message(message, lsn).await?;

@@ -22,6 +22,7 @@ pub mod ack;
 mod decide;
 mod error;
 mod events;
+mod pace;
 mod stream;
 
 use std::collections::HashMap;
@@ -76,6 +77,8 @@ pub struct Pipeline<S: Source, K: Sink + ReadBack> {
     routing: Routing,
     guard: PublicationGuard,
     gate: ReadGate,
+    /// Naps between reads while the stream is behind, so the socket wakes the thread less.
+    pacer: pace::Pacer,
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// Set at shutdown: when reading to the open commit and the drain must both be done.
     stop_by: Option<Instant>,
@@ -180,6 +183,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 max_bytes: config.flags.max_in_flight_bytes,
                 largest: 0,
             },
+            pacer: pace::Pacer::default(),
             tracker: AckTracker::new(confirmed),
             reported: confirmed,
             guard: PublicationGuard {

@@ -213,6 +213,14 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
+            // While the stream is behind, a wait that parked is followed by a nap (see `pace`).
+            let pace = can_read && stop_by.is_none() && self.pacer.behind();
+            if pace {
+                if let Some(nap) = self.pacer.nap() {
+                    std::thread::sleep(nap);
+                }
+                self.pacer.waiting(std::time::Instant::now());
+            }
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if self.stop_by.is_none() => {
@@ -240,12 +248,18 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                     return Ok(());
                 }
                 Some(delivery) = self.deliveries.recv() => {
+                    if pace {
+                        self.pacer.woke(std::time::Instant::now());
+                    }
                     self.on_delivery(delivery).await?;
                     while let Ok(delivery) = self.deliveries.try_recv() {
                         self.on_delivery(delivery).await?;
                     }
                 }
                 event = stream.recv(), if can_read => {
+                    if pace {
+                        self.pacer.woke(std::time::Instant::now());
+                    }
                     self.on_event(event?).await?;
                     self.on_buffered_events().await?;
                 }

@@ -29,6 +29,8 @@ pub enum SourceEvent {
         lsn: Lsn,
         /// The message, for [`crate::pgoutput::decode`].
         data: Bytes,
+        /// When the walsender sent it, Unix microseconds on the server's clock.
+        sent_us: i64,
     },
     /// A logical decoding message (`pg_logical_emit_message`).
     Message {
@@ -58,10 +60,14 @@ impl SourceEvent {
             ReplicationEvent::Commit { end_lsn, .. } => SourceEvent::Commit(end_lsn.into()),
             ReplicationEvent::KeepAlive { wal_end, .. } => SourceEvent::KeepAlive(wal_end.into()),
             ReplicationEvent::XLogData {
-                wal_start, data, ..
+                wal_start,
+                data,
+                server_time_micros,
+                ..
             } => SourceEvent::Change {
                 lsn: wal_start.into(),
                 data,
+                sent_us: pg_micros_to_unix_micros(server_time_micros),
             },
             ReplicationEvent::Message {
                 transactional,

@@ -256,6 +256,7 @@ pub fn session(wal: &Wal, start: u64) -> Vec<Item> {
                 Item::Event(SourceEvent::Change {
                     lsn: Lsn(lsn),
                     data,
+                    sent_us: 1_746_684_800_000_000 + tx.final_lsn as i64,
                 })
             };
             match change {

@@ -1,0 +1,114 @@
+//! Pacing the replication reads while the stream is behind.
+//!
+//! The walsender flushes every message it decodes to the socket. A relay that keeps up with it
+//! finds the socket empty after each message, parks, and is woken by the next one: a thread
+//! wake-up per event, which costs more CPU than the event itself (docs/benchmark.md). While the
+//! stream drains a backlog, the walsender sending transactions [`BEHIND`] or more after their
+//! commit, reading each message the moment it arrives wins no latency worth that: after a wait,
+//! the pipeline naps for [`NAP`], and its next reads find what was sent meanwhile in the socket
+//! buffer, a burst without wake-ups. A stream keeping up with its commits never naps, even when
+//! a busy moment puts one transaction tens of milliseconds behind: its latency is the point.
+//!
+//! The nap blocks the thread on purpose: on a tokio timer the runtime would still wake for every
+//! segment arriving on the replication socket, only to find nobody waiting for it. The
+//! replication reader, the pipeline and the HTTP endpoint share the thread; a nap delays each by
+//! at most [`NAP`], and librdkafka's threads carry on. Memory stays bounded: what arrives
+//! meanwhile waits in the kernel's socket buffer, and the walsender stops when that is full.
+
+use std::time::{Duration, Instant};
+
+/// How far behind its commit the walsender must send a transaction for the pipeline to nap: a
+/// backlog, not the tail of a steady stream (whose commit → ack p99.9 stays well below it).
+pub(super) const BEHIND: Duration = Duration::from_millis(250);
+/// How long a nap lasts: about 100 messages at the walsender's pace.
+pub(super) const NAP: Duration = Duration::from_millis(1);
+/// A wait at least this long parked the thread: a buffered message arrives within microseconds.
+const PARKED: Duration = Duration::from_micros(20);
+
+/// When to nap: the decisions, without the clock or the sleep.
+#[derive(Debug, Default)]
+pub(super) struct Pacer {
+    behind: bool,
+    waiting_since: Option<Instant>,
+    nap_due: bool,
+}
+
+impl Pacer {
+    /// A message of the open transaction was sent `lag_us` after its commit (both on the
+    /// server's clock, so no clock skew enters).
+    pub(super) fn sent(&mut self, lag_us: i64) {
+        self.behind = lag_us >= BEHIND.as_micros() as i64;
+        self.nap_due &= self.behind;
+    }
+
+    /// Whether the stream is behind: only then is the clock read.
+    pub(super) fn behind(&self) -> bool {
+        self.behind
+    }
+
+    /// The nap due before the next wait, if the last one parked.
+    pub(super) fn nap(&mut self) -> Option<Duration> {
+        std::mem::take(&mut self.nap_due).then_some(NAP)
+    }
+
+    /// The pipeline waits for input, reading allowed, from `now`.
+    pub(super) fn waiting(&mut self, now: Instant) {
+        self.waiting_since = Some(now);
+    }
+
+    /// Input arrived at `now` after [`Pacer::waiting`].
+    pub(super) fn woke(&mut self, now: Instant) {
+        if let Some(since) = self.waiting_since.take() {
+            self.nap_due |= self.behind && now.saturating_duration_since(since) >= PARKED;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn behind() -> Pacer {
+        let mut pacer = Pacer::default();
+        pacer.sent(BEHIND.as_micros() as i64);
+        pacer
+    }
+
+    #[test]
+    fn a_wait_that_parked_while_behind_is_followed_by_a_nap() {
+        let mut pacer = behind();
+        let t = Instant::now();
+        assert_eq!(pacer.nap(), None);
+        pacer.waiting(t);
+        pacer.woke(t + Duration::from_millis(2));
+        assert_eq!(pacer.nap(), Some(NAP));
+        // One nap per parked wait.
+        assert_eq!(pacer.nap(), None);
+    }
+
+    #[test]
+    fn a_message_already_buffered_is_no_reason_to_nap() {
+        let mut pacer = behind();
+        let t = Instant::now();
+        pacer.waiting(t);
+        pacer.woke(t + Duration::from_micros(3));
+        assert_eq!(pacer.nap(), None);
+    }
+
+    #[test]
+    fn a_stream_keeping_up_with_its_commits_never_naps() {
+        let mut pacer = Pacer::default();
+        pacer.sent(BEHIND.as_micros() as i64 - 1);
+        assert!(!pacer.behind());
+        let t = Instant::now();
+        pacer.waiting(t);
+        pacer.woke(t + Duration::from_millis(50));
+        assert_eq!(pacer.nap(), None);
+        // Nor does one that caught up before the nap was taken.
+        let mut pacer = behind();
+        pacer.waiting(t);
+        pacer.woke(t + Duration::from_millis(50));
+        pacer.sent(0);
+        assert_eq!(pacer.nap(), None);
+    }
+}
