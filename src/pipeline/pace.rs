@@ -14,6 +14,11 @@
 //! replication reader, the pipeline and the HTTP endpoint share the thread; a nap delays each by
 //! at most [`NAP`], and librdkafka's threads carry on. Memory stays bounded: what arrives
 //! meanwhile waits in the kernel's socket buffer, and the walsender stops when that is full.
+//!
+//! Whether a wait parked the thread is judged by the clock, which a loaded machine (or a debug
+//! build) misreads: a hand-over between tasks can take longer than [`PARKED`] there. So a nap
+//! follows at least [`BURST`] messages since the last one: whatever the clock says, the naps
+//! cannot hold the relay below [`BURST`] messages per [`NAP`], faster than a walsender sends.
 
 use std::time::{Duration, Instant};
 
@@ -24,6 +29,8 @@ pub(super) const BEHIND: Duration = Duration::from_millis(250);
 pub(super) const NAP: Duration = Duration::from_millis(1);
 /// A wait at least this long parked the thread: a buffered message arrives within microseconds.
 const PARKED: Duration = Duration::from_micros(20);
+/// WAL messages between two naps, at least: a walsender sends about this many per [`NAP`].
+pub(super) const BURST: u32 = 100;
 
 /// When to nap: the decisions, without the clock or the sleep.
 #[derive(Debug, Default)]
@@ -31,6 +38,8 @@ pub(super) struct Pacer {
     behind: bool,
     waiting_since: Option<Instant>,
     nap_due: bool,
+    /// Messages since the last nap.
+    since_nap: u32,
 }
 
 impl Pacer {
@@ -39,6 +48,7 @@ impl Pacer {
     pub(super) fn sent(&mut self, lag_us: i64) {
         self.behind = lag_us >= BEHIND.as_micros() as i64;
         self.nap_due &= self.behind;
+        self.since_nap = self.since_nap.saturating_add(1);
     }
 
     /// Whether the stream is behind: only then is the clock read.
@@ -46,9 +56,13 @@ impl Pacer {
         self.behind
     }
 
-    /// The nap due before the next wait, if the last one parked.
+    /// The nap due before the next wait, if the last one parked and a burst came since the last.
     pub(super) fn nap(&mut self) -> Option<Duration> {
-        std::mem::take(&mut self.nap_due).then_some(NAP)
+        let due = std::mem::take(&mut self.nap_due) && self.since_nap >= BURST;
+        if due {
+            self.since_nap = 0;
+        }
+        due.then_some(NAP)
     }
 
     /// The pipeline waits for input, reading allowed, from `now`.
@@ -68,9 +82,12 @@ impl Pacer {
 mod tests {
     use super::*;
 
+    /// A pacer behind, a burst after its last nap.
     fn behind() -> Pacer {
         let mut pacer = Pacer::default();
-        pacer.sent(BEHIND.as_micros() as i64);
+        for _ in 0..BURST {
+            pacer.sent(BEHIND.as_micros() as i64);
+        }
         pacer
     }
 
@@ -84,6 +101,22 @@ mod tests {
         assert_eq!(pacer.nap(), Some(NAP));
         // One nap per parked wait.
         assert_eq!(pacer.nap(), None);
+    }
+
+    #[test]
+    fn naps_are_a_burst_apart_however_long_each_wait_seemed() {
+        let mut pacer = behind();
+        let t = Instant::now();
+        let mut naps = 0;
+        // Every message after a wait the clock calls parked, as on a starved machine.
+        for i in 0..10 * BURST {
+            pacer.sent(BEHIND.as_micros() as i64);
+            pacer.waiting(t);
+            pacer.woke(t + Duration::from_millis(1));
+            naps += u32::from(pacer.nap().is_some());
+            assert!(naps <= i / BURST + 1, "{naps} naps after {i} messages");
+        }
+        assert_eq!(naps, 10);
     }
 
     #[test]
