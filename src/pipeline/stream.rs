@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Pipeline, RelayError};
+use super::{Pipeline, RelayError, cleanup};
 use crate::lsn::Lsn;
 use crate::sink::Sink;
 use crate::sink::exactly_once::ReadBack;
@@ -88,7 +88,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             metrics::counter!(crate::observability::metrics::RECONNECTS_TOTAL).increment(1);
             self.tracker.abandon_open();
             if let Some(cleanup) = self.cleanup.as_mut() {
-                cleanup.abandon_open();
+                cleanup.ledger.abandon_open();
             }
             if self.exactly_once.is_some() {
                 // The replay must be checked against tails with everything sent before the break.
@@ -125,6 +125,9 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                  from the old one"
             );
             self.tracker.rewind(at);
+            if let Some(cleanup) = self.cleanup.as_mut() {
+                cleanup.ledger.rewind(at);
+            }
             self.reported = self.reported.min(at);
             self.guard.checked = self.guard.checked.min(at);
         }
@@ -186,16 +189,17 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 return Ok(());
             }
             let (window, bytes) = (self.tracker.window_len(), self.tracker.in_flight_bytes());
-            let can_read = self.gate.open(window, bytes);
+            let cleanup_full = self.cleanup.as_ref().is_some_and(|c| c.ledger.full());
+            let can_read = self.gate.open(window, bytes) && !cleanup_full;
             let stop_by = self.stop_by;
-            let frontier = self.tracker.frontier();
-            let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
+            let cleanup_due = self.cleanup.as_ref().and_then(|c| c.ledger.wake());
             // Checked at the status interval while there is something new to confirm.
             let check_at =
                 (self.unverified() > self.guard.checked).then_some(self.guard.next_check);
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
+            let deleting = self.cleanup.as_mut();
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if self.stop_by.is_none() => {
@@ -228,6 +232,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                         self.on_delivery(delivery).await?;
                     }
                 }
+                done = cleanup::deleted(deleting) => self.on_deleted(done)?,
                 event = stream.recv(), if can_read => self.on_event(event?).await?,
                 () = sleep_until_some(cleanup_due) => {}
                 () = sleep_until_some(check_at) => {
@@ -239,7 +244,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                     self.guard.next_check = Instant::now() + wait;
                 }
             }
-            self.report_frontier(false).await;
+            self.hand_over(false);
+            self.report_frontier();
         }
     }
 
