@@ -178,6 +178,8 @@ impl<R> Ledger<R> {
             }
         }
         if waiting == 0 && !retry {
+            // The rows it was set for went another way (abandoned, kept): nothing is due.
+            self.due = None;
             return Vec::new();
         }
         let mut batch = Vec::new();
@@ -614,7 +616,11 @@ mod tests {
         }
         assert!(l.full());
         let batch = l.batch(5, now, false);
-        assert_eq!(batch.len(), 5, "a full ledger does not wait for the interval");
+        assert_eq!(
+            batch.len(),
+            5,
+            "a full ledger does not wait for the interval"
+        );
         l.done::<()>(batch, &Ok(vec![0]), now);
         // Four deleted, but the slot waits for the first: the limit still holds.
         assert!(l.full());
@@ -661,6 +667,20 @@ mod tests {
         assert_eq!(tickets(&batch), [0, 5]);
         l.done::<()>(batch, &Ok(vec![]), now);
         assert_eq!(l.cleared(), None);
+    }
+
+    #[test]
+    fn a_due_time_does_not_outlive_the_rows_it_was_set_for() {
+        let now = Instant::now();
+        let mut l = ledger();
+        l.row(0, "open", Lsn(100));
+        assert!(l.batch(1, now, false).is_empty());
+        assert_eq!(l.wake(), Some(now + SECOND));
+        // Its transaction is replayed: no row waits, so no wake-up may stay due (the
+        // pipeline's loop would spin on it).
+        l.abandon_open();
+        assert!(l.batch(1, now + SECOND, false).is_empty());
+        assert_eq!(l.wake(), None);
     }
 
     #[test]
