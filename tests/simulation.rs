@@ -11,11 +11,13 @@
 //! TABLES` publication), small in-flight caps and a short WAL (empty, small
 //! and large transactions of outbox rows, logical messages and other rows),
 //! then injects a few faults at random steps and recovers without them.
-//! Not simulated: promotions (a stream starting below the resume point),
-//! `--cleanup delete` and partitioned outboxes, which the integration tests
-//! cover against real servers.
+//! Under `--cleanup delete` the outbox table is simulated too, with slow,
+//! blocked, held and failing deletes (`cleanup`). Not simulated: promotions
+//! (a stream starting below the resume point) and partitioned outboxes, which
+//! the integration tests cover against real servers.
 
 mod broker;
+mod cleanup;
 mod relay;
 mod wal;
 
@@ -45,6 +47,8 @@ pub struct Plan {
     pub faults: u32,
     /// Per-step chance of a fault, in 1/1000.
     pub fault_rate: u32,
+    /// `--cleanup delete`.
+    pub cleanup: bool,
 }
 
 /// The simulated world: Postgres' WAL and slot, the broker, the fault
@@ -77,6 +81,16 @@ pub struct World {
     pub refused: BTreeSet<String>,
     /// The oracle's first complaint.
     pub violation: Option<String>,
+    /// The outbox table, under `--cleanup delete`.
+    pub cleanup: Option<cleanup::Rows>,
+    /// The current run's number.
+    pub runs: u64,
+    /// The current run's readiness and progress, as its pipeline published them.
+    pub health: Option<Arc<outbox_relay::observability::health::Health>>,
+    /// When the current run was sent SIGTERM.
+    pub sigterm_at: Option<tokio::time::Instant>,
+    /// Ids of the events the current run handed to the producer.
+    pub sent: BTreeSet<String>,
 }
 
 /// The world plus the driver's wake-up on a crash.
@@ -107,9 +121,16 @@ impl World {
             max_bytes,
             faults: rng.random_range(0..=5),
             fault_rate: rng.random_range(5..=120),
+            cleanup: rng.random_bool(0.4),
         };
         let wal = Wal::generate(&mut rng, plan.all_tables, max_bytes * 2);
         let broker = Broker::new(&mut rng, DLQ);
+        let rows = wal.txs.iter().flat_map(|tx| tx.changes.iter());
+        let rows = rows.filter_map(|change| match change {
+            wal::Change::Row(e) => Some(e.id.clone()),
+            _ => None,
+        });
+        let cleanup = plan.cleanup.then(|| cleanup::Rows::new(rows));
         World {
             confirmed: wal.start,
             largest: wal
@@ -130,6 +151,11 @@ impl World {
             trace: Vec::new(),
             refused: BTreeSet::new(),
             violation: None,
+            cleanup,
+            runs: 0,
+            health: None,
+            sigterm_at: None,
+            sent: BTreeSet::new(),
         }
     }
 
@@ -199,6 +225,7 @@ impl World {
                 "confirmed {lsn:X} past {limit:X}, the commit of a transaction not fully acknowledged"
             ));
         }
+        self.check_cleared(lsn);
         if live && lsn > self.confirmed {
             self.note(format!("ack {lsn:X}"));
             self.confirmed = lsn;
@@ -220,6 +247,7 @@ impl World {
                 self.plan.max_bytes, self.largest
             ));
         }
+        self.check_backlog();
     }
 
     /// A new replication session from `from` (the relay's resume point):
@@ -251,9 +279,7 @@ impl World {
                 }
                 1 => {
                     self.note("fault: SIGTERM".into());
-                    if let Some(tx) = self.sigterm.take() {
-                        let _ = tx.send(());
-                    }
+                    self.sigterm();
                 }
                 2 => {
                     self.note("fault: crash".into());
@@ -293,6 +319,14 @@ impl World {
                     }
                 }
             }
+        }
+    }
+
+    /// Sends the current run SIGTERM, once.
+    pub fn sigterm(&mut self) {
+        if let Some(tx) = self.sigterm.take() {
+            let _ = tx.send(());
+            self.sigterm_at = Some(tokio::time::Instant::now());
         }
     }
 
@@ -374,6 +408,7 @@ impl World {
         if let Some(first) = problems.into_iter().next() {
             self.complain(first);
         }
+        self.check_cleanup_end();
     }
 }
 
@@ -388,12 +423,17 @@ pub enum Step {
 }
 
 /// Every fault and stop the schedules inject, as counted from the traces.
-const FAULTS: [&str; 10] = [
+const FAULTS: [&str; 15] = [
     "fault SIGTERM",
     "fault broker outage",
     "fault connect refused",
     "fault crash",
     "fault crash before a delivery report",
+    "fault delete blocked",
+    "fault delete fails",
+    "fault delete refused for good",
+    "fault row locked",
+    "stop cleanup",
     "fault next delivery fails for good",
     "fault poison",
     "fault stream break",
@@ -453,6 +493,23 @@ pub fn run_schedule(seed: u64) -> Result<Vec<String>, String> {
     }
 }
 
+/// [`run_schedule`] on a thread of its own, bounded in wall time: a pipeline that spins at one
+/// virtual instant never lets the paused clock advance, so the virtual bounds cannot catch it.
+fn run_bounded(seed: u64) -> Result<Vec<String>, String> {
+    const LIMIT: Duration = Duration::from_secs(120);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(run_schedule(seed));
+    });
+    rx.recv_timeout(LIMIT).unwrap_or_else(|_| {
+        // The thread is left spinning; the failed test ends the process.
+        Err(format!(
+            "the schedule did not end within {LIMIT:?} of wall time: the pipeline spins \
+             without letting virtual time advance (or waits on nothing)"
+        ))
+    })
+}
+
 #[test]
 fn simulation() {
     let (first, count) = schedules();
@@ -460,7 +517,7 @@ fn simulation() {
     // What the schedules exercised: faults by kind, stops by cause.
     let mut seen: BTreeMap<String, u64> = BTreeMap::new();
     for seed in first..first + count {
-        match run_schedule(seed) {
+        match run_bounded(seed) {
             Ok(trace) => {
                 for line in trace {
                     let Some((kind @ ("fault" | "stop"), what)) = line.split_once(": ") else {

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 pub struct Logged {
     pub id: String,
     pub key: Option<Bytes>,
+    pub payload: Option<Bytes>,
     pub position: Option<Position>,
     /// The `outbox.source` header: which relay (and timeline) wrote it.
     pub source: Option<Bytes>,
@@ -183,6 +184,7 @@ impl Broker {
         log.push(Logged {
             id,
             key: pending.record.key.clone(),
+            payload: pending.record.payload.clone(),
             position,
             source: header(SOURCE_HEADER),
         });

@@ -186,6 +186,11 @@ impl SimSink {
         world
             .broker
             .enqueue(&mut world.rng, ticket, record.clone(), alone);
+        if record.topic != super::DLQ {
+            world
+                .sent
+                .insert(String::from_utf8_lossy(&record.id).into_owned());
+        }
         world.on_send();
         self.0.broker_wake.notify_one();
     }
@@ -304,6 +309,9 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
         {
             let mut world = shared.lock();
             world.note(format!("run {run}"));
+            world.runs = run;
+            world.sigterm_at = None;
+            world.sent.clear();
             world.deliveries = Some(deliveries_tx);
             world.sigterm = Some(sigterm);
             world.crash = false;
@@ -315,9 +323,10 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
         let health = Arc::new(outbox_relay::observability::health::Health::new(
             Default::default(),
         ));
-        let (confirmed, all_tables) = {
+        shared.lock().health = Some(health.clone());
+        let (confirmed, all_tables, cleaning) = {
             let world = shared.lock();
-            (world.confirmed, world.plan.all_tables)
+            (world.confirmed, world.plan.all_tables, world.plan.cleanup)
         };
         let slot = SlotState {
             confirmed_flush: Lsn(confirmed),
@@ -336,7 +345,7 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
             deliveries,
             health,
             &slot,
-            None,
+            cleaning.then(|| super::cleanup::cleanup(&shared)),
         );
         let shutdown = async move {
             if shutdown.await.is_err() {
@@ -356,7 +365,19 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
         match outcome {
             None => world.note("crashed".into()),
             Some(Err(_)) => return Err("a run made no progress for an hour (virtual)".into()),
-            Some(Ok(Ok(summary))) => world.note(format!("stopped at {}", summary.frontier)),
+            Some(Ok(Ok(summary))) => {
+                world.note(format!("stopped at {}", summary.frontier));
+                let bound = super::cleanup::stop_bound(config.flags.shutdown_timeout);
+                if let Some(at) = world.sigterm_at
+                    && at.elapsed() > bound
+                {
+                    return Err(format!(
+                        "stopped {:?} after SIGTERM (--shutdown-timeout {:?})",
+                        at.elapsed(),
+                        config.flags.shutdown_timeout
+                    ));
+                }
+            }
             Some(Ok(Err(e))) => match e {
                 // The operator fixes the cause (e.g. message.max.bytes) and restarts.
                 RelayError::Poison { .. } if !world.plan.dead_letter => {
@@ -364,6 +385,15 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
                     world.broker.poison.clear();
                 }
                 RelayError::Delivery { .. } => world.note(format!("stop: delivery ({e})")),
+                // The operator fixes the cause (a trigger refusing deletes) and restarts.
+                RelayError::Cleanup { .. }
+                    if world.cleanup.as_ref().is_some_and(|c| c.refusing) =>
+                {
+                    world.note(format!("stop: cleanup ({e})"));
+                    if let Some(rows) = world.cleanup.as_mut() {
+                        rows.refusing = false;
+                    }
+                }
                 e => return Err(format!("unexpected failure: {e}")),
             },
         }
@@ -382,9 +412,7 @@ async fn caught_up(shared: Shared) {
             let mut world = shared.lock();
             if world.finished() {
                 world.faults_on = false;
-                if let Some(tx) = world.sigterm.take() {
-                    let _ = tx.send(());
-                }
+                world.sigterm();
             }
         }
         shared.progress.notified().await;
