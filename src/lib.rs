@@ -32,6 +32,8 @@
 //! - [`source`]: Postgres I/O (setup, replication sessions, slot facts, cleanup).
 //! - [`sink`]: Kafka I/O (producer, delivery results, exactly-once tails).
 //! - [`config`], [`observability`], [`commands`]: flags, what operators see, subcommands.
+//! - [`remedy`]: the way back from the failures that need an operator (lost or invalidated
+//!   slot, changed publication), said the same everywhere.
 //!
 //! # The ack invariant
 //! Only the *ack frontier* is ever reported to Postgres as flushed: the end LSN of the longest
@@ -48,5 +50,6 @@ pub mod observability;
 pub mod outbox;
 pub mod pgoutput;
 pub mod pipeline;
+pub mod remedy;
 pub mod sink;
 pub mod source;

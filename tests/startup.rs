@@ -28,6 +28,12 @@ async fn unreachable_postgres_is_reported_with_the_password_redacted() {
         "{log}"
     );
     assert!(!log.contains("s3cret-pw"), "password leaked:\n{log}");
+    // Each cause once: the message says what failed, the chain why.
+    let last = log
+        .lines()
+        .rfind(|l| l.contains("outbox-relay stopped"))
+        .unwrap();
+    assert_eq!(last.matches("Connection refused").count(), 1, "{last}");
 }
 
 #[tokio::test(flavor = "current_thread")]

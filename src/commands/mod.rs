@@ -16,6 +16,7 @@ mod status;
 use std::process::ExitCode;
 
 use crate::config::{Cli, Command, Config, ConfigError};
+use crate::observability::Chain;
 use crate::pipeline::{RelayError, exit_code};
 use crate::source::SourceError;
 
@@ -117,7 +118,7 @@ pub fn run(cli: &Cli) -> ExitCode {
         // The relay logged why it stopped.
         Err(CommandError::Relay(e)) if cli.command.is_none() => ExitCode::from(e.exit_code()),
         Err(e) => {
-            eprintln!("error: {}", report(&e));
+            eprintln!("error: {}", Chain(&e));
             ExitCode::from(e.exit_code())
         }
     }
@@ -130,15 +131,6 @@ fn connected(
 ) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)?;
     block_on(command(&config))?
-}
-
-/// `error` and its causes (kept as `source`, not in the message), each once.
-fn report(error: &(dyn std::error::Error + 'static)) -> String {
-    let chain = std::iter::successors(Some(error), |e| e.source());
-    chain
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 /// A single-threaded runtime, the relay's too: its parts hand each other every

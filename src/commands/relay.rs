@@ -9,10 +9,10 @@ use futures_util::FutureExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-use super::{CommandError, report};
+use super::CommandError;
 use crate::config::{Cleanup, Cli, Config, Delivery};
 use crate::observability::health::Health;
-use crate::observability::{http, metrics, progress};
+use crate::observability::{Chain, http, metrics, progress};
 use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
@@ -24,7 +24,7 @@ const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Validates the flags, runs the relay until SIGINT/SIGTERM or a fatal error.
 pub(super) fn run(cli: &Cli) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)
-        .inspect_err(|e| tracing::error!(error = %e, "invalid configuration"))?;
+        .inspect_err(|e| tracing::error!(error = %Chain(e), "invalid configuration"))?;
     let health = Arc::new(Health::new(config.flags.observability.readiness));
     super::block_on(run_with(config, health, shutdown_signal()))??;
     Ok(())
@@ -43,7 +43,7 @@ pub(super) async fn run_with(
         Some(addr) => {
             let listener = TcpListener::bind(addr).await.map_err(|source| {
                 let error = CommandError::Http { addr, source };
-                tracing::error!(%error, "cannot start the HTTP endpoint");
+                tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
                 error
             })?;
             let (health, stopped) = (health.clone(), http_stopped.map(|_| ()));
@@ -80,7 +80,7 @@ pub(super) async fn run_with(
         ),
         Err(e) => {
             let code = e.exit_code();
-            tracing::error!(error = %report(e), exit_code = code, "outbox-relay stopped");
+            tracing::error!(error = %Chain(e), exit_code = code, "outbox-relay stopped");
         }
     }
     Ok(outcome?)

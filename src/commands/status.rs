@@ -11,7 +11,7 @@ use super::{CommandError, human_bytes};
 use crate::config::{Config, StatusArgs};
 use crate::observability::health::{
     ReadinessThresholds, SlotObservation, SlotStatus, failover_unready, idle_timeout_warning,
-    slot_invalidated_remedy, slot_warnings,
+    slot_warnings,
 };
 use crate::source::SourceError;
 use crate::source::setup::{self, query_err};
@@ -246,7 +246,11 @@ fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
             slot.name
         ));
     } else if let Some(status) = &slot.status {
-        out.extend(status.invalidated().map(|r| slot_invalidated_remedy(&r)));
+        out.extend(
+            status
+                .invalidated()
+                .map(|r| crate::remedy::invalidated_slot(&r)),
+        );
         out.extend(failover_unready(status));
         out.extend(slot_warnings(status, limits));
         out.extend(idle_timeout_warning(status.idle_timeout_secs.unwrap_or(0)));

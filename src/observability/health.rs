@@ -10,6 +10,7 @@ use serde::Serialize;
 
 pub use crate::config::ReadinessThresholds;
 use crate::lsn::Lsn;
+use crate::remedy;
 
 /// `pg_replication_slots.wal_status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -159,10 +160,6 @@ pub struct Readiness {
 }
 
 /// How to recover from a slot that cannot stream.
-const RECREATE: &str = "Drop the slot (outbox-relay drop-slot --yes-i-know), start the relay \
-    (it creates a fresh slot), and re-publish events committed since the last confirmed position \
-    (`outbox-relay backfill --since TIMESTAMP`)";
-
 /// PURE: the readiness rules.
 pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readiness {
     let mut reasons = Vec::new();
@@ -212,12 +209,11 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
     let mut warnings = Vec::new();
     match &state.slot {
         SlotObservation::Unknown => {}
-        SlotObservation::Missing => reasons.push(
+        SlotObservation::Missing => reasons.push(format!(
             "the replication slot does not exist (dropped, or lost in a failover): events \
-             committed since the last ack may be unrelayed. Start the relay once with \
-             --allow-new-slot, then re-publish them (`outbox-relay backfill --since TIMESTAMP`)"
-                .to_owned(),
-        ),
+             committed since the last ack may be unrelayed. {}",
+            remedy::LOST_SLOT
+        )),
         SlotObservation::Seen(slot) => {
             if let Some(lag) = slot.lag_bytes
                 && lag > limits.max_slot_lag_bytes
@@ -229,9 +225,9 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
                 ));
             }
             if let Some(reason) = slot.invalidated() {
-                reasons.push(slot_invalidated_remedy(&reason));
+                reasons.push(remedy::invalidated_slot(&reason));
             } else if slot.wal_status == WalStatus::Lost {
-                reasons.push(slot_lost());
+                reasons.push(remedy::wal_lost());
             }
             reasons.extend(failover_unready(slot));
             warnings = slot_warnings(slot, limits);
@@ -243,41 +239,6 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
         reasons,
         warnings,
     }
-}
-
-fn slot_lost() -> String {
-    format!(
-        "the slot's wal_status is 'lost': Postgres removed WAL it needed and it cannot stream. \
-         {RECREATE}; raise max_slot_wal_keep_size to avoid a repeat"
-    )
-}
-
-/// For an invalidated slot ([`SlotStatus::invalidated`]): the cause, the fix and the way back.
-pub fn slot_invalidated_remedy(reason: &str) -> String {
-    const FEEDBACK: &str = "set hot_standby_feedback = on on the standby and stream it through \
-        a physical slot on the primary (primary_slot_name), so the primary keeps catalog rows \
-        the slot needs";
-    const WAL_LEVEL: &str = "set wal_level = logical on the primary and restart it";
-    let cause = match reason {
-        "rows_removed" => format!(
-            "invalidation_reason rows_removed: the primary removed catalog rows the slot still \
-             needed; {FEEDBACK}"
-        ),
-        "wal_level_insufficient" => format!(
-            "invalidation_reason wal_level_insufficient: the primary's wal_level is below \
-             logical; {WAL_LEVEL}"
-        ),
-        "conflict with recovery" => format!(
-            "conflicting = true: a recovery conflict on the standby. Either the primary removed \
-             catalog rows the slot needed ({FEEDBACK}), or its wal_level fell below logical \
-             ({WAL_LEVEL})"
-        ),
-        "wal_removed" => "invalidation_reason wal_removed: the slot held more WAL than \
-            max_slot_wal_keep_size; raise it"
-            .to_owned(),
-        other => format!("invalidation_reason {other}"),
-    };
-    format!("the slot is invalidated ({reason}) and cannot stream. Cause: {cause}. {RECREATE}")
 }
 
 /// PURE: why a failover slot is not ready for a promotion yet, while it is not.
@@ -309,7 +270,7 @@ pub fn slot_warnings(slot: &SlotStatus, limits: &ReadinessThresholds) -> Vec<Str
              pg_reload_conf();) and fix what holds the relay back"
                 .to_owned(),
         ),
-        WalStatus::Lost => warnings.push(slot_lost()),
+        WalStatus::Lost => warnings.push(remedy::wal_lost()),
         WalStatus::Reserved | WalStatus::Unknown => {}
     }
     if slot.failover == Some(true) && slot.synchronized_standby_slots_set == Some(false) {
@@ -533,19 +494,19 @@ mod tests {
 
     #[test]
     fn invalidation_remedies_name_the_cause_and_the_settings_that_prevent_it() {
-        let rows = slot_invalidated_remedy("rows_removed");
+        let rows = remedy::invalidated_slot("rows_removed");
         assert!(rows.contains("invalidation_reason rows_removed"), "{rows}");
         assert!(
             rows.contains("hot_standby_feedback = on on the standby"),
             "{rows}"
         );
         assert!(rows.contains("primary_slot_name"), "{rows}");
-        let level = slot_invalidated_remedy("wal_level_insufficient");
+        let level = remedy::invalidated_slot("wal_level_insufficient");
         assert!(
             level.contains("wal_level = logical on the primary"),
             "{level}"
         );
-        let pg16 = slot_invalidated_remedy("conflict with recovery");
+        let pg16 = remedy::invalidated_slot("conflict with recovery");
         for part in [
             "conflicting = true",
             "hot_standby_feedback",

@@ -9,6 +9,9 @@ pub mod metrics;
 pub mod observer;
 pub mod progress;
 
+use std::error::Error;
+use std::fmt;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -27,4 +30,44 @@ pub fn init(format: LogFormat, level: &str) -> Result<(), String> {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
     result.map_err(|e| format!("cannot install the logger: {e}"))
+}
+
+/// An error with its causes, `: `-separated, for logs and the last line: each error's own
+/// message says what it was doing and leaves its cause to the chain, so every cause is
+/// printed once.
+pub struct Chain<'a>(pub &'a (dyn Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(error) = cause {
+            write!(f, ": {error}")?;
+            cause = error.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot connect to Postgres at db")]
+    struct Outer {
+        #[source]
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_chain_prints_each_cause_once() {
+        let error = Outer {
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused"),
+        };
+        assert_eq!(
+            Chain(&error).to_string(),
+            "cannot connect to Postgres at db: refused"
+        );
+    }
 }

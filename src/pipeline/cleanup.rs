@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use super::{Pipeline, RelayError};
 use crate::lsn::Lsn;
+use crate::observability::Chain;
 use crate::observability::health::CleanupBacklog;
 use crate::observability::metrics as m;
 use crate::outbox::{DeadLetterInfo, OutboxRecord};
@@ -442,7 +443,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             }
             Err(failure) => tracing::warn!(
                 table = %failure.table,
-                error = %failure.source,
+                error = %Chain(&failure.source),
                 rows = held,
                 retry_in = %humantime::format_duration(retry_after(cleaning.ledger.failures)),
                 "--cleanup delete: cannot delete relayed rows; retrying. The slot is not moved \

@@ -39,10 +39,8 @@ pub enum RelayError {
          dropped, or this server was promoted from a standby that did not have it (PostgreSQL 16 \
          or older, or a slot not synchronized with --slot-failover). The last acknowledged \
          position was {frontier}; events committed after it on the old server and before the \
-         promotion were never relayed. No slot was created. Remedy: start the relay once with \
-         --allow-new-slot (it creates a fresh slot and relays new events), then run \
-         `outbox-relay backfill --since TIMESTAMP` with a time before the failover to re-publish \
-         the rows the slot never saw (at-least-once: consumers may see duplicates)"
+         promotion were never relayed. {}",
+        crate::remedy::LOST_SLOT
     )]
     SlotDropped {
         /// The slot (`--slot`).
@@ -201,6 +199,7 @@ impl RelayError {
             | E::Source(SourceError::ReplicationConnect { .. }) => exit_code::CONFIG,
             E::Source(SourceError::Connect { source, .. })
                 if source
+                    .0
                     .as_db_error()
                     .is_some_and(|db| db.code().code().starts_with("28")) =>
             {

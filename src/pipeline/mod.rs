@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use crate::config::{self, Config};
 use crate::lsn::Lsn;
+use crate::observability::Chain;
 use crate::observability::health::Health;
 use crate::observability::observer::{PipelineObserver, Sent};
 use crate::outbox::EventMapper;
@@ -290,12 +291,12 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         }
         // Deletes what may go now, within the deadline; the rest is replayed after restart.
         if let Err(error) = self.drain_cleanup(deadline).await {
-            tracing::error!(error = %error, "--cleanup delete: stopping without deleting all relayed rows");
+            tracing::error!(error = %Chain(&error), "--cleanup delete: stopping without deleting all relayed rows");
         }
         // A last check, so a clean stop confirms what it delivered.
         let check = tokio::time::timeout(Duration::from_secs(5), self.check_publication());
         if let Ok(Err(error)) = check.await {
-            tracing::warn!(%error, "not confirming the final frontier");
+            tracing::warn!(error = %Chain(&error), "not confirming the final frontier");
         }
         self.report_frontier();
         let frontier = self.reportable();

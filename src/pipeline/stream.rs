@@ -7,6 +7,7 @@ use tokio::time::Instant;
 
 use super::{Pipeline, RelayError, cleanup};
 use crate::lsn::Lsn;
+use crate::observability::Chain;
 use crate::sink::Sink;
 use crate::sink::exactly_once::ReadBack;
 use crate::source::{Recovery, Source, SourceError, Stream};
@@ -38,7 +39,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                             if !standby {
                                 tracing::warn!(
                                     slot = %self.config.flags.slot,
-                                    error = %e,
+                                    error = %Chain(&e),
                                     retry_every = %humantime::format_duration(max_backoff),
                                     "the slot is in use by another process (another relay?): \
                                      waiting as a standby and taking over when it is released"
@@ -51,7 +52,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                             attempt += 1;
                             tracing::warn!(
                                 attempt,
-                                error = %e,
+                                error = %Chain(&e),
                                 retry_in = %humantime::format_duration(backoff),
                                 "cannot (re)connect the replication stream; retrying"
                             );
@@ -71,13 +72,13 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             }
             if self.stop_by.is_some() {
                 // Stopping anyway: the open transaction is replayed after restart.
-                tracing::warn!(error = %error, "replication stream broke while stopping");
+                tracing::warn!(error = %Chain(&error), "replication stream broke while stopping");
                 return Ok(());
             }
             self.summary.reconnects += 1;
             attempt += 1;
             tracing::warn!(
-                error = %error,
+                error = %Chain(&error),
                 frontier = %self.tracker.frontier(),
                 in_flight = self.tracker.window_len(),
                 retry_in = %humantime::format_duration(backoff),

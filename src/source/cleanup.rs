@@ -284,7 +284,7 @@ impl PgDeleter {
                 .await
                 .map_err(|source| SourceError::Query {
                     what: "delete relayed rows".to_owned(),
-                    source,
+                    source: source.into(),
                 })?;
         self.client = Some(client);
         let held = rows.iter().map(|r| r.get::<_, i64>(0));
@@ -318,7 +318,7 @@ fn permanent(error: &SourceError) -> bool {
     let (SourceError::Query { source, .. } | SourceError::Connect { source, .. }) = error else {
         return false;
     };
-    let Some(db) = source.as_db_error() else {
+    let Some(db) = source.0.as_db_error() else {
         return false;
     };
     let class = db.code().code().get(..2).unwrap_or_default();

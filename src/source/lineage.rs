@@ -17,6 +17,7 @@ use super::setup::query_err;
 use super::{SourceError, replication_err};
 use crate::config::Config;
 use crate::lsn::Lsn;
+use crate::observability::Chain;
 use crate::sink::lineage::{self, SlotRecord, SlotState};
 
 /// How often a running relay writes its slot's record again: well inside Kafka's default
@@ -159,7 +160,7 @@ pub async fn keep_fresh(config: Config) {
         };
         if let Err(error) = refreshed.await {
             tracing::warn!(
-                %error,
+                error = %Chain(&error),
                 slot = %config.flags.slot,
                 "cannot write the slot's lineage record again; a lineage topic with time-based \
                  retention may drop it, which would let a lost slot be replaced silently"

@@ -25,7 +25,8 @@ pub use tls::TlsError;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
-use crate::observability::health::{SlotObservation, slot_invalidated_remedy};
+use crate::observability::Chain;
+use crate::observability::health::SlotObservation;
 use crate::outbox::TableName;
 use crate::outbox::connect::ColumnFacts;
 
@@ -41,22 +42,19 @@ pub const SESSION_FORMATS: &str = "SET datestyle = 'ISO, YMD'; SET timezone = 'U
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The control connection could not be opened (`url` redacted).
-    #[error("cannot connect to Postgres at {url}: {}", pg_error_text(source))]
+    #[error("cannot connect to Postgres at {url}")]
     Connect {
         /// The server's URL, password redacted.
         url: String,
         /// The connection error.
         #[source]
-        source: tokio_postgres::Error,
+        source: PgError,
     },
     /// The TLS settings in the URL cannot be used (a file, a missing root CA).
     #[error(transparent)]
     Tls(#[from] TlsError),
     /// The control connection's TLS handshake failed; `hint` says what to check.
-    #[error(
-        "TLS handshake with Postgres at {url} failed: {}; {hint}",
-        pg_error_text(source)
-    )]
+    #[error("TLS handshake with Postgres at {url} failed ({hint})")]
     TlsHandshake {
         /// The server's URL, password redacted.
         url: String,
@@ -64,10 +62,10 @@ pub enum SourceError {
         hint: &'static str,
         /// The connection error.
         #[source]
-        source: tokio_postgres::Error,
+        source: PgError,
     },
     /// The replication connection was refused (TLS or authentication).
-    #[error("cannot open the replication connection to {url}: {source}; {hint}")]
+    #[error("cannot open the replication connection to {url} ({hint})")]
     ReplicationConnect {
         /// The server's URL, password redacted.
         url: String,
@@ -83,9 +81,8 @@ pub enum SourceError {
     /// The publication changed while streaming: rows committed meanwhile were never decoded.
     #[error(
         "publication {publication:?} {change}; outbox rows committed since the relay last \
-         checked it were not decoded, so it stops without confirming them. Restore it (starting \
-         the relay creates a missing one) and run `outbox-relay backfill --since TIMESTAMP` with \
-         a time before the change"
+         checked it were not decoded, so it stops without confirming them. {}",
+        crate::remedy::PUBLICATION_CHANGED
     )]
     PublicationChanged {
         /// The publication name.
@@ -98,10 +95,8 @@ pub enum SourceError {
         "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \
          before ({recorded}): a standby promoted without it (PostgreSQL 16 or older, or no \
          --slot-failover), a slot dropped other than by `outbox-relay drop-slot`, or a standby \
-         of that server. No slot was created: a new one would skip the events committed since \
-         the last acknowledgement. Start the relay once with --allow-new-slot, then run \
-         `outbox-relay backfill --since TIMESTAMP` with a time before the change (consumers may \
-         see duplicates)"
+         of that server. {}",
+        crate::remedy::LOST_SLOT
     )]
     SlotLost {
         /// The replication slot name.
@@ -115,16 +110,16 @@ pub enum SourceError {
     #[error(transparent)]
     Lineage(#[from] crate::sink::lineage::LineageError),
     /// A query failed; `what` says what it was for.
-    #[error("Postgres query failed ({what}): {}", pg_error_text(source))]
+    #[error("Postgres query failed ({what})")]
     Query {
         /// What the query was for, e.g. "probe the server's role".
         what: String,
         /// The query error.
         #[source]
-        source: tokio_postgres::Error,
+        source: PgError,
     },
     /// The replication stream failed.
-    #[error("replication stream from slot {slot:?} failed: {source}")]
+    #[error("replication stream from slot {slot:?} failed")]
     Stream {
         /// The replication slot name.
         slot: String,
@@ -158,7 +153,7 @@ pub enum SourceError {
         tried: String,
     },
     /// A partition root could not be looked up mid-stream: the stream restarts.
-    #[error("cannot look up the partition root of relation OID {relation_id}: {source}")]
+    #[error("cannot look up the partition root of relation OID {relation_id}")]
     PartitionLookup {
         /// OID of the partition whose root was looked up.
         relation_id: u32,
@@ -167,7 +162,7 @@ pub enum SourceError {
         source: Box<SourceError>,
     },
     /// An outbox table's NOT NULL and DEFAULT could not be read mid-stream: the stream restarts.
-    #[error("cannot read the columns of relation OID {relation_id}: {source}")]
+    #[error("cannot read the columns of relation OID {relation_id}")]
     ColumnLookup {
         /// OID of the table.
         relation_id: u32,
@@ -229,20 +224,57 @@ fn stream_err(slot: &str) -> impl Fn(PgWireError) -> SourceError + '_ {
     }
 }
 
-/// A tokio-postgres error with what its `Display` ("db error") leaves out.
+/// A tokio-postgres error as the relay tells it: a server error's message with its SQLSTATE,
+/// detail and hint on one line (tokio-postgres' own `Display` says only "db error"); any other
+/// keeps its causes as its error chain.
+#[derive(Debug)]
+pub struct PgError(pub tokio_postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_db_error() {
+            Some(db) => f.write_str(&PgError::db_text(db)),
+            None => write!(f, "{}", self.0),
+        }
+    }
+}
+
+impl PgError {
+    fn db_text(db: &tokio_postgres::error::DbError) -> String {
+        let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+        if let Some(detail) = db.detail() {
+            text += &format!("; detail: {detail}");
+        }
+        if let Some(hint) = db.hint() {
+            text += &format!("; hint: {hint}");
+        }
+        text
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // A server error's whole story is in the message above.
+        match self.0.as_db_error() {
+            Some(_) => None,
+            None => std::error::Error::source(&self.0),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for PgError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        PgError(error)
+    }
+}
+
+/// A tokio-postgres error and its causes on one line, for logs.
 pub(crate) fn pg_error_text(error: &tokio_postgres::Error) -> String {
-    let Some(db) = error.as_db_error() else {
-        let causes = std::iter::successors(std::error::Error::source(error), |e| e.source());
-        return causes.fold(error.to_string(), |text, cause| format!("{text}: {cause}"));
-    };
-    let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
-    if let Some(detail) = db.detail() {
-        text += &format!("; detail: {detail}");
+    let causes = std::iter::successors(std::error::Error::source(error), |e| e.source());
+    match error.as_db_error() {
+        Some(db) => PgError::db_text(db),
+        None => causes.fold(error.to_string(), |text, cause| format!("{text}: {cause}")),
     }
-    if let Some(hint) = db.hint() {
-        text += &format!("; hint: {hint}");
-    }
-    text
 }
 
 /// The SQLSTATE in pgwire-replication's rendering of a server error.
@@ -439,7 +471,7 @@ impl Source for PgSource {
         let config = &setup::pin(&self.config).await.map_err(|e| match e {
             SourceError::Connect { url, source } => SourceError::NoSuitableHost {
                 attrs: self.config.postgres.target_session_attrs.as_str(),
-                tried: format!("{url}: {}", pg_error_text(&source)),
+                tried: format!("{url}: {}", pg_error_text(&source.0)),
             },
             e => e,
         })?;
@@ -490,7 +522,7 @@ impl Source for PgSource {
 
     async fn check_publication(&mut self) -> Result<bool, SourceError> {
         let unchecked = |error: &SourceError| {
-            tracing::warn!(%error, "cannot check the publication; confirming nothing until it can be checked");
+            tracing::warn!(error = %Chain(error), "cannot check the publication; confirming nothing until it can be checked");
             Ok(false)
         };
         let client = match control(&mut self.control, &self.config).await {
@@ -498,7 +530,8 @@ impl Source for PgSource {
             // A server shutting down commits nothing more but waits for its walsender's last
             // position to be confirmed: only a drop in the last status interval goes unnoticed.
             Err(SourceError::Connect { source, .. })
-                if source.code() == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
+                if source.0.code()
+                    == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
             {
                 return Ok(true);
             }
@@ -553,7 +586,7 @@ impl Source for PgSource {
         match status.invalidated() {
             Some(reason) => SourceError::Misconfigured(format!(
                 "replication slot {slot:?}: {}",
-                slot_invalidated_remedy(&reason)
+                crate::remedy::invalidated_slot(&reason)
             )),
             None => error,
         }

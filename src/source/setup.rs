@@ -141,8 +141,15 @@ pub(super) async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceEr
     let (client, connection) = connecting.await.map_err(|source| {
         let url = pg.redacted();
         match rustls_error(&source).map(tls::handshake_hint) {
-            Some(hint) => SourceError::TlsHandshake { url, hint, source },
-            None => SourceError::Connect { url, source },
+            Some(hint) => SourceError::TlsHandshake {
+                url,
+                hint,
+                source: source.into(),
+            },
+            None => SourceError::Connect {
+                url,
+                source: source.into(),
+            },
         }
     })?;
     tokio::spawn(async move {
@@ -163,7 +170,7 @@ fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
 pub(crate) fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> SourceError {
     move |source| SourceError::Query {
         what: what.to_owned(),
-        source,
+        source: source.into(),
     }
 }
 

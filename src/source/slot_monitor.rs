@@ -10,6 +10,7 @@ use tokio_postgres::Client;
 use super::setup::query_err;
 use super::{control, failover};
 use crate::config::Config;
+use crate::observability::Chain;
 use crate::observability::health::{Health, SlotObservation, SlotStatus, WalStatus, slot_warnings};
 use crate::observability::metrics;
 
@@ -68,7 +69,7 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
             }
             Ok(observation) => observation,
             Err(error) => {
-                tracing::warn!(slot = %config.flags.slot, %error, "slot poll failed; retrying next tick");
+                tracing::warn!(slot = %config.flags.slot, error = %Chain(&error), "slot poll failed; retrying next tick");
                 health.set_slot_observation(SlotObservation::Unknown);
                 client = None;
                 continue;
@@ -80,8 +81,9 @@ pub async fn run(config: Config, health: Arc<Health>, interval: Duration) {
             SlotObservation::Seen(slot) => slot_warnings(slot, &health.thresholds()),
             SlotObservation::Missing => vec![format!(
                 "replication slot {:?} does not exist (dropped, or lost in a failover); the relay \
-                 cannot resume from it: see the runbook (--allow-new-slot, then backfill)",
-                config.flags.slot
+                 cannot resume from it. {}",
+                config.flags.slot,
+                crate::remedy::LOST_SLOT
             )],
             SlotObservation::Unknown => Vec::new(),
         };

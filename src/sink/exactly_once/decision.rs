@@ -9,6 +9,7 @@ use bytes::Bytes;
 use super::{LSN_HEADER, Position, ReadBack, SEQ_HEADER, SOURCE_HEADER, TailError, partition_for};
 use crate::config::ExactlyOnceFallback;
 use crate::lsn::Lsn;
+use crate::observability::Chain;
 use crate::outbox::OutboxRecord;
 use crate::source::ServerId;
 
@@ -142,7 +143,7 @@ impl ExactlyOnce {
             return Err(e);
         }
         tracing::warn!(
-            error = %e,
+            error = %Chain(&e),
             "exactly-once cannot be guaranteed for this partition; continuing \
              at-least-once for it (--exactly-once-fallback at-least-once)"
         );
