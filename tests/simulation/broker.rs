@@ -1,7 +1,8 @@
 //! The simulated Kafka side: topics with partition logs, a producer queue
 //! whose acknowledgements arrive in any order across partitions (in order
 //! within one, as the idempotent producer guarantees), delays, outages,
-//! permanent errors, and the tail reads exactly-once relies on.
+//! permanent errors, refusals at hand-over, of a whole batch and of a
+//! dead-letter record, and the tail reads exactly-once relies on.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::time::Duration;
@@ -22,6 +23,7 @@ use tokio::time::Instant;
 pub struct Logged {
     pub id: String,
     pub key: Option<Bytes>,
+    pub payload: Option<Bytes>,
     pub position: Option<Position>,
     /// The `outbox.source` header: which relay (and timeline) wrote it.
     pub source: Option<Bytes>,
@@ -35,6 +37,8 @@ pub struct Pending {
     pub partition: i32,
     pub due: Instant,
     pub alone: bool,
+    /// Refused with its batch (another record's fault).
+    pub with_batch: bool,
 }
 
 /// How one delivery ends.
@@ -56,6 +60,15 @@ pub struct Broker {
     pub fail_next: bool,
     /// Partitions failing so (authorization): what is queued there fails too.
     pub failing: BTreeSet<(String, i32)>,
+    /// The next batch of a partition is refused whole (KIP-467: one invalid record fails
+    /// its healthy neighbours): they are to be sent again alone.
+    pub fail_batch: bool,
+    /// The producer refuses the next record at hand-over, for a reason not the record's.
+    pub refuse_enqueue: bool,
+    /// Event ids the producer refuses at hand-over as larger than `message.max.bytes`.
+    pub too_large: BTreeSet<String>,
+    /// The next dead-letter record is refused so (`Fatal`, or the record's fault).
+    pub refuse_dead_letter: Option<Blame>,
     pub max_delay_ms: u64,
 }
 
@@ -74,6 +87,10 @@ impl Broker {
             poison: BTreeMap::new(),
             fail_next: false,
             failing: BTreeSet::new(),
+            fail_batch: false,
+            refuse_enqueue: false,
+            too_large: BTreeSet::new(),
+            refuse_dead_letter: None,
             max_delay_ms: rng.random_range(1..=50),
         }
     }
@@ -118,7 +135,24 @@ impl Broker {
             partition,
             due: after.max(Instant::now() + delay),
             alone,
+            with_batch: false,
         });
+    }
+
+    /// Whether the producer refuses `record` at hand-over, as librdkafka's `produce()` does.
+    pub fn refuse_at_enqueue(&mut self, record: &OutboxRecord) -> Option<Refusal> {
+        if std::mem::take(&mut self.refuse_enqueue) {
+            return Some(refusal(Blame::Fatal, "unknown_topic"));
+        }
+        let id = String::from_utf8_lossy(&record.id);
+        (record.topic != super::DLQ && self.too_large.contains(id.as_ref()))
+            .then(|| refusal(Blame::Record { too_large: true }, "msg_size_too_large"))
+    }
+
+    /// Appends a record another writer produced.
+    pub fn append(&mut self, topic: &str, partition: i32, record: Logged) {
+        let key = (topic.to_owned(), partition);
+        self.logs.entry(key).or_default().push(record);
     }
 
     /// When the next queued record is due (heads of each partition only).
@@ -144,7 +178,29 @@ impl Broker {
             .filter(|(due, _)| *due <= now)
             .min()?
             .1;
-        let pending = self.queue.get_mut(&key)?.pop_front()?;
+        let queue = self.queue.get_mut(&key)?;
+        let mut pending = queue.pop_front()?;
+        if !pending.alone && std::mem::take(&mut self.fail_batch) {
+            // The records batched with it (up to three) fail with it.
+            pending.with_batch = true;
+            for next in queue.iter_mut().take(3).take_while(|p| !p.alone) {
+                next.with_batch = true;
+            }
+        }
+        if pending.with_batch {
+            let error = refusal(Blame::Batch, "invalid_record");
+            return Some((pending, Outcome::Failed(error)));
+        }
+        if pending.record.topic == super::DLQ
+            && let Some(blame) = self.refuse_dead_letter.take()
+        {
+            let code = match blame {
+                Blame::Fatal => "topic_authorization_failed",
+                _ => "policy_violation",
+            };
+            let error = refusal(blame, code);
+            return Some((pending, Outcome::Failed(error)));
+        }
         let id = String::from_utf8_lossy(&pending.record.id).into_owned();
         if pending.record.topic != super::DLQ
             && let Some(left) = self.poison.get_mut(&id).filter(|left| **left > 0)
@@ -183,6 +239,7 @@ impl Broker {
         log.push(Logged {
             id,
             key: pending.record.key.clone(),
+            payload: pending.record.payload.clone(),
             position,
             source: header(SOURCE_HEADER),
         });
