@@ -675,6 +675,19 @@ fn schedules() -> (u64, u64) {
 
 /// Runs one schedule: its trace, or the violation and the trace.
 pub fn run_schedule(seed: u64) -> Result<Vec<String>, String> {
+    run_then(seed, |world| match world.violation.clone() {
+        None => Ok(std::mem::take(&mut world.trace)),
+        Some(v) => Err(format!(
+            "{v}\nplan: {:?}\ntrace:\n  {}",
+            world.plan,
+            world.trace.join("\n  ")
+        )),
+    })
+    .unwrap_or_else(Err)
+}
+
+/// Runs one schedule and its end checks, then hands the world to `then`.
+fn run_then<T>(seed: u64, then: impl FnOnce(&mut World) -> T) -> Result<T, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -703,14 +716,7 @@ pub fn run_schedule(seed: u64) -> Result<Vec<String>, String> {
         Ok(Err(e)) => world.complain(e),
         Ok(Ok(())) => world.check_end(),
     }
-    match world.violation.clone() {
-        None => Ok(std::mem::take(&mut world.trace)),
-        Some(v) => Err(format!(
-            "{v}\nplan: {:?}\ntrace:\n  {}",
-            world.plan,
-            world.trace.join("\n  ")
-        )),
-    }
+    Ok(then(&mut world))
 }
 
 #[test]
@@ -754,4 +760,153 @@ fn simulation_replays_a_seed_identically() {
     for seed in 0..20 {
         assert_eq!(run_schedule(seed), run_schedule(seed), "seed {seed}");
     }
+}
+
+/// Each end check can fail: a passing schedule's broker, spoiled one way at a time, is
+/// reported. The exactly-once schedule had a refusal, after which the old oracle checked
+/// no duplicate at all.
+#[test]
+fn simulation_oracle_reports_each_wrong_record() {
+    let mut checked = [false, false];
+    for seed in 0..2000 {
+        run_then(seed, |world| {
+            let eo = usize::from(world.plan.exactly_once);
+            let refused = world.trace.iter().any(|l| l.starts_with("refused"));
+            // A log of a topic with two partitions and first copies of two events of one
+            // key, neither refused with its batch nor replaced by a promotion, ending in a
+            // record of the current writer.
+            let plain = |log: &[Logged], i: usize| {
+                let id = &log[i].id;
+                log[..i].iter().all(|r| &r.id != id)
+                    && !world.batch_refused.contains(id)
+                    && !world.poisoned.contains(id)
+                    && world.replaced.iter().all(|(e, _)| &e.id != id)
+            };
+            let current = world.source_id();
+            let spoilable = world.broker.logs.iter().find_map(|((topic, p), log)| {
+                let last = log.last()?;
+                let ours =
+                    last.source.is_none() || last.source.as_deref() == Some(current.as_bytes());
+                let two = world.broker.partitions[topic] > 1 && topic != DLQ;
+                let pair = (0..log.len()).find_map(|i| {
+                    let j = (i + 1..log.len()).find(|&j| log[j].key == log[i].key)?;
+                    (plain(log, i) && plain(log, j) && log[i].id != log[j].id).then_some((i, j))
+                })?;
+                (two && ours && plain(log, log.len() - 1)).then(|| ((topic.clone(), *p), pair))
+            });
+            let (Some((at, (i, j))), None, false) = (spoilable, &world.violation, checked[eo])
+            else {
+                return;
+            };
+            if eo == 1 && !refused {
+                return;
+            }
+            checked[eo] = true;
+            for (what, expected) in spoils(world.plan.exactly_once) {
+                let logs = world.broker.logs.clone();
+                let log = world.broker.logs.get_mut(&at).expect("the log is there");
+                let moved = what(log, i, j);
+                if let Some(record) = moved {
+                    let other = (at.0.clone(), (at.1 + 1) % world.broker.partitions[&at.0]);
+                    world.broker.logs.entry(other).or_default().push(record);
+                }
+                let problems = world.problems();
+                assert!(
+                    problems.iter().any(|p| p.contains(expected)),
+                    "seed {seed}: expected {expected:?}, got {problems:?}"
+                );
+                world.broker.logs = logs;
+            }
+            // A healthy event in the dead-letter topic.
+            let logs = world.broker.logs.clone();
+            let healthy = world.broker.logs[&at][i].clone();
+            world
+                .broker
+                .logs
+                .entry((DLQ.into(), 0))
+                .or_default()
+                .push(healthy);
+            let problems = world.problems();
+            assert!(
+                problems
+                    .iter()
+                    .any(|p| p.contains("dead-lettered but never refused")),
+                "seed {seed}: {problems:?}"
+            );
+            world.broker.logs = logs;
+            assert!(world.problems().is_empty(), "seed {seed}");
+        })
+        .expect("the schedule runs");
+        if checked == [true, true] {
+            return;
+        }
+    }
+    panic!("no schedule to spoil: {checked:?}");
+}
+
+/// One way to spoil a partition log (given two records `i` < `j` of one key; a record
+/// returned is appended to the next partition), and what the oracle must say.
+type Spoil = fn(&mut Vec<Logged>, usize, usize) -> Option<Logged>;
+
+fn spoils(exactly_once: bool) -> Vec<(Spoil, &'static str)> {
+    let mut spoils: Vec<(Spoil, &str)> = vec![
+        (
+            |log, i, _| {
+                log[i].payload = Some("{}".into());
+                None
+            },
+            "has key",
+        ),
+        (
+            |log, i, _| {
+                log[i].key = Some("k9".into());
+                None
+            },
+            "has key",
+        ),
+        (
+            |log, i, _| {
+                log[i].id = "e999".into();
+                None
+            },
+            "unknown id",
+        ),
+        (|log, i, _| Some(log.remove(i)), "is in partitions"),
+        (|log, _, j| Some(log.remove(j)), "is in partitions"),
+        (
+            |log, i, j| {
+                log.swap(i, j);
+                None
+            },
+            "after a later event of its key",
+        ),
+        (
+            |log, i, _| {
+                let id = log[i].id.clone();
+                log.retain(|r| r.id != id);
+                None
+            },
+            "never reached the broker",
+        ),
+    ];
+    if exactly_once {
+        spoils.extend([
+            (
+                (|log, _, j| {
+                    let position = log[j].position.as_mut().expect("a position");
+                    position.seq += 1;
+                    None
+                }) as Spoil,
+                "belongs in partition",
+            ),
+            (
+                |log, _, _| {
+                    log.push(log.last().expect("a record").clone());
+                    None
+                },
+                "times under exactly-once",
+            ),
+        ]);
+    }
+    spoils
 }
