@@ -497,7 +497,7 @@ impl World {
             .map(|x| (x.0.id.as_str(), x))
             .collect();
         // Per event, where its copies are: (topic, partition), index in the log.
-        let mut copies: BTreeMap<&str, Vec<(&(String, i32), usize)>> = BTreeMap::new();
+        let mut copies: BTreeMap<&str, Vec<Spot<'_>>> = BTreeMap::new();
         let mut dead = BTreeSet::new();
         let mut key_partitions: BTreeMap<(&str, &str), BTreeSet<i32>> = BTreeMap::new();
         for (at @ (topic, partition), log) in &self.broker.logs {
@@ -604,8 +604,8 @@ impl World {
     /// whose slot may not have confirmed what the old timeline delivered), one copy, or more
     /// only after a record of that writer below the event's position (an event refused and
     /// sent again above later records: the tail read stops at it).
-    fn may_repeat(&self, copies: &[(&(String, i32), usize)], position: Position) -> bool {
-        let mut writers: BTreeMap<Option<&[u8]>, Vec<(&(String, i32), usize)>> = BTreeMap::new();
+    fn may_repeat(&self, copies: &[Spot<'_>], position: Position) -> bool {
+        let mut writers: BTreeMap<Option<&[u8]>, Vec<Spot<'_>>> = BTreeMap::new();
         for &(at, n) in copies {
             let source = self.broker.logs[at][n].source.as_deref();
             writers.entry(source).or_default().push((at, n));
@@ -620,6 +620,9 @@ impl World {
         })
     }
 }
+
+/// Where one copy of an event is: its partition log, and its index there.
+type Spot<'a> = (&'a (String, i32), usize);
 
 /// Largest record `wal` can produce (the byte cap's slack).
 fn largest(wal: &Wal) -> usize {
