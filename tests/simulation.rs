@@ -39,8 +39,9 @@ use rand_chacha::ChaCha8Rng;
 use tokio::sync::Notify;
 
 use broker::{Broker, Logged};
-use outbox_relay::lsn::Lsn;
-use outbox_relay::sink::exactly_once::{Position, partition_for};
+use outbox_relay::sink::exactly_once::{
+    CHANGE_HEADER, LSN_HEADER, Position, SOURCE_HEADER, partition_for,
+};
 use wal::{Event, Item, Wal};
 
 /// The dead-letter topic under `--on-poison dead-letter`.
@@ -417,38 +418,47 @@ impl World {
         let source = self.source_id();
         let mut budget = self.rng.random_range(0..=6);
         let (mut written, mut whole) = (Vec::new(), None);
+        let positions: BTreeMap<&str, Position> = self
+            .wal
+            .positions()
+            .map(|(e, p)| (e.id.as_str(), p))
+            .collect();
         'txs: for tx in self
             .wal
             .txs
             .iter()
             .filter(|t| t.final_lsn >= self.confirmed)
         {
-            let lsn = Lsn(tx.final_lsn);
-            for (e, seq) in tx.events().zip(0..) {
+            for e in tx.events() {
                 if budget == 0 || self.poisoned.contains(&e.id) {
                     break 'txs;
                 }
                 budget -= 1;
                 let count = self.broker.partitions.get(e.event_type).copied();
                 let partition = partition_for(e.key.as_bytes(), count.unwrap_or(1));
-                let position = Position { lsn, seq };
+                let position = positions[e.id.as_str()];
                 let log = self.broker.logs.get(&(e.event_type.to_owned(), partition));
                 let there = log.is_some_and(|log| {
                     log.iter().any(|r| {
-                        r.position == Some(position)
-                            && r.source.as_deref() == Some(source.as_bytes())
+                        r.position() == Some(position) && r.source() == Some(source.as_bytes())
                     })
                 });
                 if self.plan.exactly_once && there {
                     continue;
                 }
-                let eo = self.plan.exactly_once;
+                let headers = match self.plan.exactly_once {
+                    true => vec![
+                        (SOURCE_HEADER.into(), Some(source.clone().into())),
+                        (LSN_HEADER.into(), Some(position.lsn.to_string().into())),
+                        (CHANGE_HEADER.into(), Some(position.change_header().into())),
+                    ],
+                    false => Vec::new(),
+                };
                 let record = Logged {
                     id: e.id.clone(),
                     key: Some(e.key.clone().into()),
                     payload: Some(e.payload.clone().into()),
-                    position: eo.then_some(position),
-                    source: eo.then(|| source.clone().into()),
+                    headers,
                 };
                 written.push((e.event_type, partition, record));
             }
@@ -536,11 +546,11 @@ impl World {
                 if self.plan.exactly_once {
                     let count = self.broker.partitions.get(topic).copied().unwrap_or(1);
                     let pinned = partition_for(e.key.as_bytes(), count);
-                    if *partition != pinned || record.position != Some(position) {
+                    if *partition != pinned || record.position() != Some(position) {
                         problems.push(format!(
                             "{topic}/{partition}: event {id} at {:?}; it belongs in partition \
                              {pinned} at {position:?}",
-                            record.position
+                            record.position()
                         ));
                     }
                 }
@@ -607,7 +617,7 @@ impl World {
     fn may_repeat(&self, copies: &[Spot<'_>], position: Position) -> bool {
         let mut writers: BTreeMap<Option<&[u8]>, Vec<Spot<'_>>> = BTreeMap::new();
         for &(at, n) in copies {
-            let source = self.broker.logs[at][n].source.as_deref();
+            let source = self.broker.logs[at][n].source();
             writers.entry(source).or_default().push((at, n));
         }
         writers.into_iter().all(|(source, copies)| {
@@ -616,7 +626,7 @@ impl World {
             };
             self.broker.logs[at][first + 1..]
                 .iter()
-                .any(|r| r.source.as_deref() == source && r.position.is_some_and(|p| p < position))
+                .any(|r| r.source() == source && r.position().is_some_and(|p| p < position))
         })
     }
 }
@@ -788,8 +798,7 @@ fn simulation_oracle_reports_each_wrong_record() {
             let current = world.source_id();
             let spoilable = world.broker.logs.iter().find_map(|((topic, p), log)| {
                 let last = log.last()?;
-                let ours =
-                    last.source.is_none() || last.source.as_deref() == Some(current.as_bytes());
+                let ours = last.source().is_none_or(|s| s == current.as_bytes());
                 let two = world.broker.partitions[topic] > 1 && topic != DLQ;
                 let pair = (0..log.len()).find_map(|i| {
                     let j = (i + 1..log.len()).find(|&j| log[j].key == log[i].key)?;
@@ -896,8 +905,8 @@ fn spoils(exactly_once: bool) -> Vec<(Spoil, &'static str)> {
         spoils.extend([
             (
                 (|log, _, j| {
-                    let position = log[j].position.as_mut().expect("a position");
-                    position.seq += 1;
+                    let lsn = log[j].headers.iter_mut().find(|(k, _)| &**k == LSN_HEADER);
+                    lsn.expect("a position").1 = Some("0/1".into());
                     None
                 }) as Spoil,
                 "belongs in partition",

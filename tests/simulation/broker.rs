@@ -4,14 +4,15 @@
 //! permanent errors, refusals at hand-over, of a whole batch and of a
 //! dead-letter record, and the tail reads exactly-once relies on.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use outbox_relay::lsn::Lsn;
-use outbox_relay::outbox::OutboxRecord;
+use outbox_relay::outbox::{ID_HEADER, OutboxRecord};
+use outbox_relay::sink::exactly_once::window::PartitionLog;
 use outbox_relay::sink::exactly_once::{
-    LSN_HEADER, Position, SEQ_HEADER, SOURCE_HEADER, partition_for,
+    CHANGE_HEADER, LSN_HEADER, Position, SOURCE_HEADER, Seen, TailError, partition_for,
 };
 use outbox_relay::sink::{Blame, Refusal};
 use rand::Rng;
@@ -24,9 +25,32 @@ pub struct Logged {
     pub id: String,
     pub key: Option<Bytes>,
     pub payload: Option<Bytes>,
-    pub position: Option<Position>,
-    /// The `outbox.source` header: which relay (and timeline) wrote it.
-    pub source: Option<Bytes>,
+    /// Its headers but `id`.
+    pub headers: Vec<(Arc<str>, Option<Bytes>)>,
+}
+
+impl Logged {
+    /// As the tail reader classifies it for `source`.
+    pub fn seen(&self, source: &str) -> Seen {
+        let id = (ID_HEADER, Some(self.id.as_bytes()));
+        let headers = self.headers.iter().map(|(k, v)| (&**k, v.as_deref()));
+        Seen::classify(source, headers.chain([id]), self.key.as_deref())
+    }
+
+    /// Its `outbox.source` header.
+    pub fn source(&self) -> Option<&[u8]> {
+        self.header(SOURCE_HEADER)
+    }
+
+    /// Its position, from the `outbox.lsn` and `outbox.change` headers.
+    pub fn position(&self) -> Option<Position> {
+        Position::from_headers(self.header(LSN_HEADER)?, self.header(CHANGE_HEADER)?)
+    }
+
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        let value = self.headers.iter().find(|(k, _)| &**k == name);
+        value.and_then(|(_, v)| v.as_deref())
+    }
 }
 
 /// A record handed to the producer, not yet appended.
@@ -224,46 +248,37 @@ impl Broker {
             let error = refusal(Blame::Fatal, "topic_authorization_failed");
             return Some((pending, Outcome::Failed(error)));
         }
-        let log = self.logs.entry(key).or_default();
-        let header = |name: &str| {
-            pending
-                .record
-                .headers
-                .iter()
-                .find(|(k, _)| &**k == name)
-                .and_then(|(_, v)| v.clone())
-        };
-        let position = header(LSN_HEADER)
-            .zip(header(SEQ_HEADER))
-            .and_then(|(l, s)| Position::from_headers(&l, &s));
-        log.push(Logged {
+        let record = &pending.record;
+        self.logs.entry(key).or_default().push(Logged {
             id,
-            key: pending.record.key.clone(),
-            payload: pending.record.payload.clone(),
-            position,
-            source: header(SOURCE_HEADER),
+            key: record.key.clone(),
+            payload: record.payload.clone(),
+            headers: record.headers.clone(),
         });
         Some((pending, Outcome::Appended))
     }
+}
 
-    /// Exactly-once's read-back of one partition: the positions of our
-    /// records at or above `floor`, back to the first of ours below it.
-    pub fn tail(&self, topic: &str, source: &str, partition: i32, floor: Lsn) -> HashSet<Position> {
-        let mut found = HashSet::new();
-        let Some(log) = self.logs.get(&(topic.to_owned(), partition)) else {
-            return found;
+/// One topic of the broker, read back as the real tail reader reads Kafka.
+pub struct TopicLog<'a>(pub &'a Broker, pub &'a str);
+
+impl PartitionLog for TopicLog<'_> {
+    fn watermarks(&self, partition: i32) -> Result<(i64, i64), TailError> {
+        let log = self.0.logs.get(&(self.1.to_owned(), partition));
+        Ok((0, log.map_or(0, |l| l.len() as i64)))
+    }
+
+    fn read(
+        &self,
+        ranges: &[(i32, i64, i64)],
+        source: &str,
+    ) -> Result<HashMap<i32, Vec<Seen>>, TailError> {
+        let read = |&(partition, start, end): &(i32, i64, i64)| {
+            let log = self.0.logs.get(&(self.1.to_owned(), partition));
+            let records = log.map_or(&[][..], |l| &l[start as usize..end as usize]);
+            (partition, records.iter().map(|r| r.seen(source)).collect())
         };
-        let ours = |r: &&Logged| r.source.as_deref() == Some(source.as_bytes());
-        for record in log.iter().rev().filter(ours) {
-            match record.position {
-                Some(p) if p.lsn < floor => break,
-                Some(p) => {
-                    found.insert(p);
-                }
-                None => {}
-            }
-        }
-        found
+        Ok(ranges.iter().map(read).collect())
     }
 }
 

@@ -2,7 +2,6 @@
 //! and `Sink` traits, and the driver that runs the real pipeline over it,
 //! restarting it as a supervisor would, until the schedule has recovered.
 
-use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -10,14 +9,14 @@ use outbox_relay::config::{Cli, Config};
 use outbox_relay::lsn::Lsn;
 use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
-use outbox_relay::sink::exactly_once::{Position, ReadBack, TailError};
+use outbox_relay::sink::exactly_once::{ReadBack, Tail, TailError, window};
 use outbox_relay::sink::{Blame, Delivery, DeliveryFailure, Sink, SinkError, Ticket};
 use outbox_relay::source::setup::{Publication, SlotState};
 use outbox_relay::source::{ServerId, Source, SourceError, SourceEvent, Stream, resume_point};
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::broker::Outcome;
+use super::broker::{Outcome, TopicLog};
 use super::{Shared, Step};
 
 /// The relay's configuration for this schedule, from its flags: small caps,
@@ -252,12 +251,11 @@ impl ReadBack for SimSink {
         source: &str,
         partitions: i32,
         floor: Lsn,
-        _wal_end: Lsn,
-    ) -> Vec<Result<HashSet<Position>, TailError>> {
+        wal_end: Lsn,
+    ) -> Vec<Result<Tail, TailError>> {
         let world = self.0.lock();
-        (0..partitions)
-            .map(|p| Ok(world.broker.tail(topic, source, p, floor)))
-            .collect()
+        let log = TopicLog(&world.broker, topic);
+        window::tails(&log, topic, source, partitions, floor, wal_end)
     }
 }
 

@@ -142,26 +142,22 @@ impl Wal {
     pub fn diverge(&mut self, rng: &mut ChaCha8Rng, switch: u64) -> Vec<(Event, Position)> {
         let mut replaced = Vec::new();
         for tx in self.txs.iter_mut().filter(|tx| tx.final_lsn > switch) {
-            let mut seq = 0;
-            for change in &mut tx.changes {
+            for (change, &at) in tx.changes.iter_mut().zip(&tx.lsns) {
                 if let Change::Row(e) | Change::Message(e) = change {
                     let new = event(rng, &mut self.next_event, self.max_row);
-                    let lsn = Lsn(tx.final_lsn);
-                    replaced.push((std::mem::replace(e, new), Position { lsn, seq }));
-                    seq += 1;
+                    let position = position(tx.final_lsn, at);
+                    replaced.push((std::mem::replace(e, new), position));
                 }
             }
         }
         replaced
     }
 
-    /// Every event with the position exactly-once gives it (`outbox.lsn`, `outbox.seq`).
+    /// Every event with the position exactly-once gives it (`outbox.lsn`, `outbox.change`).
     pub fn positions(&self) -> impl Iterator<Item = (&Event, Position)> {
         self.txs.iter().flat_map(|tx| {
-            let lsn = Lsn(tx.final_lsn);
-            tx.events()
-                .zip(0..)
-                .map(move |(e, seq)| (e, Position { lsn, seq }))
+            let changes = tx.changes.iter().zip(&tx.lsns);
+            changes.filter_map(|(c, &at)| Some((c.event()?, position(tx.final_lsn, at))))
         })
     }
 
@@ -175,6 +171,15 @@ impl Wal {
             .iter()
             .enumerate()
             .flat_map(|(i, tx)| tx.events().map(move |e| (i, e)))
+    }
+}
+
+/// The position of the one event at change `at` of the transaction committing at `commit`.
+fn position(commit: u64, at: u64) -> Position {
+    Position {
+        lsn: Lsn(commit),
+        change: Lsn(at),
+        index: 0,
     }
 }
 
