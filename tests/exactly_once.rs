@@ -126,9 +126,9 @@ fn forge(
     partition: i32,
     key: &str,
     source: &str,
-    position: (&str, u32),
+    position: (&str, &str),
 ) {
-    let (lsn, seq) = (position.0, position.1.to_string());
+    let (lsn, change) = position;
     use rdkafka::config::ClientConfig;
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -150,8 +150,8 @@ fn forge(
             value: Some(lsn),
         })
         .insert(Header {
-            key: "outbox.seq",
-            value: Some(seq.as_str()),
+            key: "outbox.change",
+            value: Some(change),
         });
     producer
         .send(
@@ -181,6 +181,20 @@ async fn commit_lsn_of_next_replay(world: &World) -> String {
     outbox_relay::lsn::Lsn(u64::from_str_radix(&hex, 16).unwrap()).to_string()
 }
 
+/// The `outbox.change` values of the first two inserts the slot will replay.
+async fn changes_of_next_replay(world: &World) -> (String, String) {
+    let rows = world
+        .pg
+        .execute(&format!(
+            "SELECT lsn::text FROM pg_logical_slot_peek_binary_changes('{SLOT}', NULL, NULL, \
+             'proto_version', '1', 'publication_names', 'outbox_relay') \
+             WHERE get_byte(data, 0) = ascii('I') LIMIT 2"
+        ))
+        .await;
+    let change = |row: &Vec<Option<String>>| format!("{}:0", row[0].clone().unwrap());
+    (change(&rows[0]), change(&rows[1]))
+}
+
 async fn source_id(world: &World) -> String {
     let rows = world
         .pg
@@ -206,7 +220,7 @@ async fn another_writer_with_the_same_source_is_refused() {
         partition,
         "agg-x",
         &source,
-        ("FFFF/0", 0),
+        ("FFFF/0", "FFFF/0:0"),
     );
     world.insert_tx(&[("Evt", "agg-x", "{}")]).await;
     let status = relay
@@ -251,8 +265,9 @@ async fn a_partition_count_change_below_the_last_record_is_detected_and_the_fall
         .insert_tx(&[("Evt", &moved, "{}"), ("Evt", &stayed, "{}")])
         .await;
     let lsn = commit_lsn_of_next_replay(&world).await;
-    forge(&bootstrap, "Evt", q, &moved, &source, (&lsn, 0));
-    forge(&bootstrap, "Evt", q, &stayed, &source, (&lsn, 1));
+    let (first, second) = changes_of_next_replay(&world).await;
+    forge(&bootstrap, "Evt", q, &moved, &source, (&lsn, &first));
+    forge(&bootstrap, "Evt", q, &stayed, &source, (&lsn, &second));
 
     let mut relay = Relay::spawn(&world.pg.url(), &bootstrap, &EO);
     let status = relay
@@ -572,4 +587,191 @@ async fn backfill_exactly_once_sends_only_the_events_not_in_kafka() {
         .collect();
     assert!(wrong.is_empty(), "ids not exactly once: {wrong:?}");
     assert_eq!(records.len(), N + M);
+}
+
+/// Positions name an event whatever the relay is configured to relay: a restart that also
+/// relays logical messages must not renumber the events of a transaction it delivered in part
+/// (issue 21 §3: with per-transaction numbering, the refused event took the delivered one's
+/// position and was skipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_relays_more_kinds_of_events_skips_none() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let world = World::start().await;
+    world.broker.ensure_topic("Evt");
+    let (url, bootstrap) = (world.pg.url(), world.broker.bootstrap());
+    let mut args = EO.to_vec();
+    args.extend(ONE_PER_REQUEST);
+    let mut relay = Relay::spawn_streaming(&url, &bootstrap, &args);
+    let mut ids = world.insert_tx(&[("Evt", "agg", "{}")]).await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
+
+    // A message this run does not relay, then two rows: the first refused, the second accepted.
+    world.broker.round_trip_time(Duration::from_millis(500));
+    world.broker.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
+    );
+    let message = r#"{"id": "m-1", "aggregate_type": "order", "aggregate_id": "agg", "event_type": "Evt", "payload": {}}"#;
+    let rows = world
+        .pg
+        .execute(&format!(
+            "BEGIN; SELECT pg_logical_emit_message(true, 'evt', '{message}'); \
+             INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'agg', 'Evt', '{{\"n\": 1}}') RETURNING id::text; \
+             INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', 'agg', 'Evt', '{{\"n\": 2}}') RETURNING id::text; COMMIT;"
+        ))
+        .await;
+    let refused: Vec<String> = rows
+        .into_iter()
+        .skip(1)
+        .filter_map(|r| r[0].clone())
+        .collect();
+    let end = world.current_lsn().await;
+    let before = the_second_landed(&world, &mut relay, &refused);
+    assert!(
+        before.iter().all(|r| r.id() != refused[0]),
+        "{}",
+        relay.log()
+    );
+    ids.extend(refused);
+    ids.push("m-1".to_owned());
+
+    // The same slot, now also relaying the messages of prefix `evt`.
+    args.extend(["--message-prefix", "evt"]);
+    let relay = Relay::spawn(&url, &bootstrap, &args);
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(30))
+        .await;
+    each_once(&world, &ids, &relay);
+}
+
+/// A multi-insert (`COPY`) logs its rows in one WAL record: pgoutput sends them all at that
+/// record's position, so their positions differ by their index there. A COPY whose first row
+/// the broker refused and whose others it took is completed after restart, each row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rows_of_one_copy_share_a_wal_position_and_each_keeps_its_own() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let world = World::start().await;
+    world.broker.ensure_topic("Evt");
+    let (url, bootstrap) = (world.pg.url(), world.broker.bootstrap());
+    let mut args = EO.to_vec();
+    args.extend(ONE_PER_REQUEST);
+    let mut relay = Relay::spawn_streaming(&url, &bootstrap, &args);
+    let mut ids = world.insert_tx(&[("Evt", "agg", "{}")]).await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
+
+    world.broker.round_trip_time(Duration::from_millis(500));
+    world.broker.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_RECORD],
+    );
+    // Ids given, so no volatile default stops COPY from batching the rows.
+    let copied: Vec<String> = (1..=3)
+        .map(|i| format!("00000000-0000-0000-0000-00000000000{i}"))
+        .collect();
+    let lines: Vec<String> = copied
+        .iter()
+        .map(|id| format!("{id} order agg Evt {{}}"))
+        .collect();
+    world
+        .pg
+        .execute(&format!(
+            "COPY outbox (id, aggregate_type, aggregate_id, event_type, payload) FROM PROGRAM \
+             'printf ''%s\\t%s\\t%s\\t%s\\t%s\\n'' {}'",
+            lines.join(" ")
+        ))
+        .await;
+    let end = world.current_lsn().await;
+    let before = the_second_landed(&world, &mut relay, &copied);
+    assert!(
+        before.iter().all(|r| r.id() != copied[0]),
+        "{}",
+        relay.log()
+    );
+    let changes: Vec<String> = copied[1..]
+        .iter()
+        .map(|id| before.iter().find(|r| &r.id() == id).unwrap())
+        .map(|r| r.header("outbox.change").unwrap())
+        .collect();
+    let at = changes[0].split_once(':').unwrap().0;
+    assert_eq!(changes, [format!("{at}:1"), format!("{at}:2")]);
+    ids.extend(copied);
+
+    let relay = Relay::spawn(&url, &bootstrap, &args);
+    world
+        .wait_confirmed(SLOT, end, Duration::from_secs(30))
+        .await;
+    each_once(&world, &ids, &relay);
+}
+
+/// Per partition of `topic`, the records the relay read back from its end so far.
+pub fn tail_records_read(relay: &Relay, topic: &str, partitions: i32) -> Vec<f64> {
+    let samples = relay.metric_samples("outbox_relay_exactly_once_tail_records_read_total");
+    (0..partitions)
+        .map(|p| {
+            let labels = |l: &str| {
+                l.contains(&format!("topic=\"{topic}\""))
+                    && l.contains(&format!("partition=\"{p}\""))
+            };
+            samples
+                .iter()
+                .filter(|(l, _)| labels(l))
+                .map(|(_, v)| v)
+                .sum()
+        })
+        .collect()
+}
+
+/// Issue 21 §5: the first start in exactly-once mode over a topic other producers filled (as
+/// many records as the broker keeps) reads a bounded tail of each partition, not all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_start_over_a_populated_topic_reads_a_bounded_tail() {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let world = World::start().await;
+    world.broker.create_topic("Evt", 2);
+    let bootstrap = world.broker.bootstrap();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("linger.ms", "20")
+        .create()
+        .unwrap();
+    // About 5 MB per partition, the mock broker's retention: 20,000 records of 250 bytes.
+    let blob = "x".repeat(250);
+    for i in 0..40_000 {
+        let mut record = BaseRecord::<str, str>::to("Evt")
+            .partition(i % 2)
+            .key("other")
+            .payload(&blob);
+        while let Err((e, back)) = producer.send(record) {
+            assert!(e.to_string().contains("Queue full"), "{e}");
+            producer.poll(Duration::from_millis(50));
+            record = back;
+        }
+    }
+    producer.flush(Duration::from_secs(60)).unwrap();
+
+    let relay = Relay::spawn_streaming(&world.pg.url(), &bootstrap, &EO);
+    let keys: Vec<String> = (0..2)
+        .map(|p| {
+            (0..100)
+                .map(|i| format!("agg-{i}"))
+                .find(|k| partition_for(k.as_bytes(), 2) == p)
+                .unwrap()
+        })
+        .collect();
+    let rows: Vec<(&str, &str, &str)> = keys.iter().map(|k| ("Evt", k.as_str(), "{}")).collect();
+    let ids = world.insert_tx(&rows).await;
+    world.wait_caught_up(SLOT, Duration::from_secs(60)).await;
+    each_once(&world, &ids, &relay);
+    let read = tail_records_read(&relay, "Evt", 2);
+    eprintln!("records read back per partition at the first start: {read:?}");
+    for (p, n) in read.iter().enumerate() {
+        assert!(
+            *n > 0.0 && *n <= 5_376.0,
+            "partition {p}: {n} records read\n{}",
+            relay.log()
+        );
+    }
 }

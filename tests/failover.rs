@@ -524,9 +524,23 @@ async fn hot_standby_relays_until_invalidated(major: u32, reason: &str) {
 
 /// Inserts `n` outbox rows, one transaction each, with aggregate ids of
 /// `width` characters; returns their ids.
-async fn insert_rows(pg: &PgCluster, prefix: &str, n: usize, width: usize) -> Vec<String> {
+async fn insert_rows(
+    pg: &PgCluster,
+    prefix: &str,
+    n: usize,
+    width: usize,
+    pad: bool,
+) -> Vec<String> {
     let mut ids = Vec::new();
     for i in 0..n {
+        if pad {
+            // A WAL record of 8 to 200 bytes more than the smallest, outside any transaction.
+            let bytes = (i * 37) % 25 * 8;
+            pg.execute(&format!(
+                "SELECT pg_logical_emit_message(false, 'pad', repeat('x', {bytes}))"
+            ))
+            .await;
+        }
         let aggregate = format!("{prefix}{i:0width$}", width = width - prefix.len());
         let row = pg
             .execute(&format!(
@@ -541,11 +555,11 @@ async fn insert_rows(pg: &PgCluster, prefix: &str, n: usize, width: usize) -> Ve
 
 /// With `--delivery exactly-once`, records the old primary's timeline
 /// delivered past the point the standby reached share positions (commit
-/// LSN, index) with the new primary's first events: they must not count as
-/// those events delivered.
+/// LSN, change LSN) with the new primary's first events: they must not count
+/// as those events delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timeline_used() {
-    const N: usize = 150;
+    const N: usize = 400;
     let (mut primary, mut standby) = primary_and_standby(17, &SYNC_SLOTS).await;
     let broker = Broker::start();
     // One partition: an old record and a new event at the same position
@@ -558,14 +572,14 @@ async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timel
     wait_synced(&standby).await;
     standby.stop();
     // Rows the standby never receives, relayed from the old timeline.
-    let old = insert_rows(&primary, "a", N, 8).await;
+    let old = insert_rows(&primary, "a", N, 8, false).await;
     let old_records = broker.consume_ids(&["Evt"], &old, Duration::from_secs(60));
     let old_positions: HashSet<(String, String)> = old_records
         .iter()
         .map(|r| {
             (
                 r.header("outbox.lsn").unwrap(),
-                r.header("outbox.seq").unwrap(),
+                r.header("outbox.change").unwrap(),
             )
         })
         .collect();
@@ -573,10 +587,9 @@ async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timel
     primary.stop_immediate();
     standby.restart();
     standby.promote();
-    // Aggregate ids 8 bytes longer: each new transaction's WAL is one
-    // alignment unit longer than an old one, so the new commit positions
-    // drift across the old ones' and meet some of them.
-    let new = insert_rows(&standby, "b", N, 16).await;
+    // Transactions laid out as the old ones, each after a pad of another length: the new
+    // ones drift across the old positions and meet some of them exactly.
+    let new = insert_rows(&standby, "b", N, 8, true).await;
     let records = broker.consume_ids(&["Evt"], &new, Duration::from_secs(60));
     let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
     let lost = new.iter().filter(|id| !got.contains(*id)).count();
@@ -588,7 +601,7 @@ async fn exactly_once_after_a_promotion_relays_events_at_positions_the_old_timel
         .filter(|r| {
             old_positions.contains(&(
                 r.header("outbox.lsn").unwrap(),
-                r.header("outbox.seq").unwrap(),
+                r.header("outbox.change").unwrap(),
             ))
         })
         .count();
@@ -658,4 +671,72 @@ async fn pg17_failover_readiness_waits_for_a_persistent_copy_on_the_standby() {
         status["warnings"].to_string().contains(&standby_addr),
         "{status}"
     );
+}
+
+/// Issue 21 §5: after a promotion, the relay's records of the old timeline fill the partitions
+/// (as much as the broker keeps). The first tail read on the new timeline stops at them rather
+/// than reading each partition back to its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_after_a_promotion_reads_a_bounded_tail_over_the_old_timelines_records() {
+    let (mut primary, standby) = primary_and_standby(17, &SYNC_SLOTS).await;
+    let broker = Broker::start();
+    broker.create_topic("Evt", 2);
+    let url = both_hosts(&primary, &standby);
+    let mut args = vec!["--slot-failover", "--delivery", "exactly-once"];
+    args.extend(FAST_BACKOFF);
+    let relay = Relay::spawn_streaming(&url, &broker.bootstrap(), &args);
+    // 10 MB of 2 KB events over both partitions; the broker keeps about 5 MB of each.
+    for batch in 0..10 {
+        insert_batch(&primary, &format!("old{batch}-"), 500, 2_000).await;
+    }
+    let end = primary.execute("SELECT pg_current_wal_lsn()::text").await[0][0]
+        .clone()
+        .unwrap();
+    let past_end = format!(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = '{SLOT}' \
+         AND confirmed_flush_lsn >= '{end}'::pg_lsn"
+    );
+    for pg in [&primary, &standby] {
+        assert!(
+            wait_until(Duration::from_secs(120), || async {
+                !pg.execute(&past_end).await.is_empty()
+            })
+            .await,
+            "the slot did not reach {end}:\n{}",
+            relay.log()
+        );
+    }
+    let before = crate::exactly_once::tail_records_read(&relay, "Evt", 2);
+    primary.stop_immediate();
+    standby.promote();
+
+    let new = insert_batch(&standby, "new-", 10, 10).await;
+    let records = broker.consume_ids(&["Evt"], &new, Duration::from_secs(60));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    assert!(new.iter().all(|id| got.contains(id)), "{}", relay.log());
+    let after = crate::exactly_once::tail_records_read(&relay, "Evt", 2);
+    let read: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!("records read back per partition after the promotion: {read:?}");
+    for (p, n) in read.iter().enumerate() {
+        assert!(
+            *n <= 512.0,
+            "partition {p}: {n} records read\n{}",
+            relay.log()
+        );
+    }
+}
+
+/// Inserts `n` outbox rows of about `size` bytes in one transaction, keys `{prefix}{i}`.
+async fn insert_batch(pg: &PgCluster, prefix: &str, n: usize, size: usize) -> Vec<String> {
+    let payload = format!(r#"{{"pad": "{}"}}"#, "x".repeat(size));
+    let mut sql = String::from("BEGIN;");
+    for i in 0..n {
+        sql.push_str(&format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', '{prefix}{i}', 'Evt', '{payload}') RETURNING id::text;"
+        ));
+    }
+    sql.push_str("COMMIT;");
+    let rows = pg.execute(&sql).await;
+    rows.into_iter().filter_map(|r| r[0].clone()).collect()
 }

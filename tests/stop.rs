@@ -189,3 +189,56 @@ async fn huge_rows_with_the_broker_down_stay_within_the_byte_cap_plus_48_mib() {
     );
     assert!(peak <= limit, "peak RSS {peak:.1} MiB > {limit:.0} MiB");
 }
+
+/// Issue 21 §7: SIGTERM while the stream is down (waiting to reconnect) still confirms what
+/// the broker acknowledged meanwhile; before, the stop confirmed nothing and a restart sent
+/// those events again.
+#[tokio::test(flavor = "current_thread")]
+async fn sigterm_while_reconnecting_confirms_what_was_acknowledged_meanwhile() {
+    let world = World::start().await;
+    let backoff = [
+        "--reconnect-backoff-min",
+        "120s",
+        "--reconnect-backoff-max",
+        "120s",
+    ];
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &backoff);
+    relay.wait_streaming();
+    world.broker.down();
+    let before = world.current_lsn().await;
+    world
+        .insert_tx(&[("Evt", "a", "{}"), ("Evt", "b", "{}")])
+        .await;
+    let in_flight = |r: &Relay| r.metric("outbox_relay_in_flight_events").unwrap_or(0.0) >= 2.0;
+    assert!(
+        relay.wait_for(Duration::from_secs(60), in_flight),
+        "{}",
+        relay.log()
+    );
+    // The stream breaks; the relay waits two minutes before reconnecting.
+    assert!(world.pg.kill_walsenders().await >= 1);
+    let broke = |r: &Relay| r.metric("outbox_relay_reconnects_total").unwrap_or(0.0) >= 1.0;
+    assert!(
+        relay.wait_for(Duration::from_secs(60), broke),
+        "{}",
+        relay.log()
+    );
+    world.broker.up();
+    let acked = |r: &Relay| r.metric("outbox_relay_events_relayed_total").unwrap_or(0.0) >= 2.0;
+    assert!(
+        relay.wait_for(Duration::from_secs(60), acked),
+        "{}",
+        relay.log()
+    );
+    assert!(world.confirmed_flush(SLOT).await.unwrap() <= before);
+
+    relay.signal("TERM");
+    let status = relay.wait_exit(Duration::from_secs(60)).expect("exits");
+    assert_eq!(status.code(), Some(0), "{}", relay.log());
+    let confirmed = world.confirmed_flush(SLOT).await.unwrap();
+    assert!(
+        confirmed > before,
+        "confirmed {confirmed}, events after {before}\n{}",
+        relay.log()
+    );
+}

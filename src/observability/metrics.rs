@@ -53,6 +53,8 @@ metrics! {
         "Seconds from the transaction's commit in Postgres to the broker's acknowledgement.";
     describe_counter RECONNECTS_TOTAL = "outbox_relay_reconnects_total",
         "Replication stream reconnects.";
+    describe_counter TAIL_RECORDS_READ_TOTAL = "outbox_relay_exactly_once_tail_records_read_total",
+        "Records read back from a partition's end after a (re)connect (--delivery exactly-once), by topic and partition.";
     describe_counter CLEANUP_DELETED_ROWS_TOTAL = "outbox_relay_cleanup_deleted_rows_total",
         "Outbox rows deleted by --cleanup delete after the broker acknowledged their events.";
     describe_counter CLEANUP_KEPT_ROWS_TOTAL = "outbox_relay_cleanup_kept_rows_total",

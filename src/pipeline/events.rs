@@ -35,7 +35,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 self.tx = OpenTx {
                     commit_lsn,
                     commit_time_us,
-                    seq: 0,
+                    ..OpenTx::default()
                 };
                 self.tracker.begin(commit_lsn)?;
             }
@@ -50,7 +50,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 self.gate.saw(data.len());
                 let message =
                     pgoutput::decode(&data).map_err(|source| RelayError::Decode { lsn, source })?;
-                self.on_message(message).await?;
+                self.on_message(message, lsn).await?;
             }
             SourceEvent::Message {
                 lsn,
@@ -66,7 +66,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         Ok(())
     }
 
-    async fn on_message(&mut self, message: Message) -> Result<(), RelayError> {
+    /// A pgoutput message; `change` is where it is in the WAL.
+    async fn on_message(&mut self, message: Message, change: Lsn) -> Result<(), RelayError> {
         let lsn = self.tx.commit_lsn;
         match message {
             Message::Relation(relation) => {
@@ -107,7 +108,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 }
                 let time = self.tx.commit_time_ms();
                 match self.routing.mapper.insert(relation_id, &new, time) {
-                    Some((table, mapped)) => self.relay_event(mapped, table).await?,
+                    Some((table, mapped)) => self.relay_event(mapped, table, change).await?,
                     // Never skip silently: only FOR ALL TABLES sends other tables' rows.
                     None if self.routing.all_tables => {}
                     None => {
@@ -153,7 +154,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             return Ok(());
         };
         if transactional && self.tracker.in_transaction() {
-            return self.relay_event(mapped, source).await;
+            return self.relay_event(mapped, source, lsn).await;
         }
         if !self.routing.warned_non_transactional {
             self.routing.warned_non_transactional = true;
@@ -169,17 +170,18 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
 
     /// One outbox event (a row or a message) of the open transaction: the record it maps to,
     /// or why it does not and what could be read of it.
+    /// `change` is where it is in the WAL.
     async fn relay_event(
         &mut self,
         mapped: Result<OutboxRecord, (EventError, RawParts)>,
         table: Arc<str>,
+        change: Lsn,
     ) -> Result<(), RelayError> {
-        // Every event takes a sequence number, mapped or not, so a replayed
-        // transaction numbers its events the same way (exactly-once relies on it).
-        let seq = self.tx.seq;
-        self.tx.seq = self.tx.seq.saturating_add(1);
+        // Every event takes a position, mapped or not, so a replay numbers a
+        // multi-insert's events the same way (exactly-once relies on it).
+        let position = self.tx.next_position(change);
         let (error, mut parts) = match mapped {
-            Ok(record) => return self.enqueue(record, table, seq).await,
+            Ok(record) => return self.enqueue(record, table, position).await,
             Err(unmapped) => unmapped,
         };
         if let EventError::InvalidTopic { topic, .. } = &error {
@@ -195,11 +197,10 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         &mut self,
         mut record: OutboxRecord,
         table: Arc<str>,
-        seq: u32,
+        position: Position,
     ) -> Result<(), RelayError> {
         if let Some(eo) = self.exactly_once.as_mut() {
-            let lsn = self.tx.commit_lsn;
-            let position = Position { lsn, seq };
+            let lsn = position.lsn;
             let prepared = eo.prepare(&*self.sink, record, position).await;
             match prepared.map_err(|source| RelayError::ExactlyOnce { lsn, source })? {
                 Some(prepared) => record = prepared,

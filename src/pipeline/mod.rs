@@ -40,7 +40,7 @@ use crate::observability::Chain;
 use crate::observability::health::Health;
 use crate::observability::observer::{PipelineObserver, Sent};
 use crate::outbox::EventMapper;
-use crate::sink::exactly_once::{ExactlyOnce, ReadBack};
+use crate::sink::exactly_once::{ExactlyOnce, Position, ReadBack};
 use crate::sink::{Delivery, Sink, Ticket};
 use crate::source::cleanup::Cleanup;
 use crate::source::setup::SlotState;
@@ -98,11 +98,30 @@ struct OpenTx {
     commit_lsn: Lsn,
     /// Unix microseconds: commit-to-ack latencies are a few milliseconds.
     commit_time_us: i64,
-    /// Index of its next outbox event.
-    seq: u32,
+    /// Its outbox events so far.
+    events: u32,
+    /// The last event's change LSN and index there (exactly-once positions).
+    last: Option<(Lsn, u32)>,
 }
 
 impl OpenTx {
+    /// The position of its next event, the change at `change`: the WAL's, so a replay gives
+    /// it again whatever the relay is configured to relay. Only a multi-insert (`COPY`) logs
+    /// several events, all of one table, at one position.
+    fn next_position(&mut self, change: Lsn) -> Position {
+        let index = match self.last {
+            Some((at, index)) if at == change => index.saturating_add(1),
+            _ => 0,
+        };
+        self.last = Some((change, index));
+        self.events = self.events.saturating_add(1);
+        Position {
+            lsn: self.commit_lsn,
+            change,
+            index,
+        }
+    }
+
     /// The commit time in Unix milliseconds (Kafka timestamps).
     fn commit_time_ms(&self) -> i64 {
         self.commit_time_us.div_euclid(1000)
@@ -199,7 +218,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     ) -> Result<Summary, RelayError> {
         self.shutdown = Box::pin(shutdown);
         let outcome = self.run_streams().await;
-        let summary = self.finish().await;
+        let summary = self.finish(outcome.is_ok()).await;
         outcome.map(|()| summary)
     }
 
@@ -258,6 +277,19 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         frontier
     }
 
+    /// A session only to confirm `frontier`, for a stop that came while reconnecting: what
+    /// was acknowledged meanwhile would otherwise be sent again after restart.
+    async fn reopen(&mut self, frontier: Lsn, timeout: Duration) -> Option<S::Stream> {
+        let from = self.tracker.resume_lsn();
+        let error = match tokio::time::timeout(timeout, self.source.start(from, frontier)).await {
+            Ok(Ok(stream)) => return Some(stream),
+            Ok(Err(e)) => Chain(&e).to_string(),
+            Err(_) => format!("no session within {}", humantime::format_duration(timeout)),
+        };
+        tracing::warn!(%frontier, %error, "cannot reconnect to confirm the final frontier");
+        None
+    }
+
     /// The broker acknowledged `ticket`.
     fn acked(&mut self, ticket: Ticket) -> Result<(), AckError> {
         let sent = self.tracker.ack(ticket)?;
@@ -267,8 +299,9 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     }
 
     /// Waits up to the shutdown timeout for in-flight deliveries, then reports the final
-    /// frontier and closes the stream.
-    async fn finish(mut self) -> Summary {
+    /// frontier and closes the stream; after a clean stop that came while the stream was down
+    /// (reconnecting), on a session opened for it.
+    async fn finish(mut self, clean: bool) -> Summary {
         self.observer.streaming(false);
         let deadline = self
             .stop_by
@@ -299,7 +332,18 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             tracing::warn!(error = %Chain(&error), "not confirming the final frontier");
         }
         self.report_frontier();
-        let frontier = self.reportable();
+        let mut frontier = self.reportable();
+        let close_timeout = self.config.flags.status_interval * 2 + Duration::from_secs(1);
+        // Only a relay that streamed has anything to confirm (not a standby, say).
+        if clean && self.stream.is_none() && self.server.is_some() {
+            self.stream = self.reopen(frontier, close_timeout).await;
+            if let Some(stream) = &self.stream {
+                // After a promotion the frontier is the old timeline's: no further than the
+                // slot there.
+                frontier = frontier.min(stream.started_at());
+                stream.ack(frontier);
+            }
+        }
         let abandoned = self.tracker.in_flight_events();
         if abandoned > 0 {
             tracing::warn!(
@@ -307,17 +351,23 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 "stopping with unacknowledged events; they will be sent again after restart"
             );
         }
-        if let Some(stream) = self.stream.take() {
-            let timeout = self.config.flags.status_interval * 2 + Duration::from_secs(1);
-            stream.close(frontier, timeout).await;
+        let (acked, dead_lettered) = (self.summary.events_acked, self.summary.dead_lettered);
+        let ignored_updates_deletes = self.routing.non_insert_changes;
+        match self.stream.take() {
+            Some(stream) => {
+                stream.close(frontier, close_timeout).await;
+                tracing::info!(
+                    %frontier, acked, dead_lettered, ignored_updates_deletes,
+                    "stopped; slot confirmed up to the final frontier"
+                );
+            }
+            None if self.server.is_none() => tracing::info!(%frontier, "stopped before streaming"),
+            None => tracing::warn!(
+                %frontier, acked, dead_lettered, ignored_updates_deletes,
+                "stopped without confirming the final frontier (no replication session): the \
+                 events after the slot's confirmed position will be sent again after restart"
+            ),
         }
-        tracing::info!(
-            frontier = %frontier,
-            acked = self.summary.events_acked,
-            dead_lettered = self.summary.dead_lettered,
-            ignored_updates_deletes = self.routing.non_insert_changes,
-            "stopped; slot confirmed up to the final frontier"
-        );
         Summary {
             frontier,
             abandoned,

@@ -23,7 +23,16 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         loop {
             let start = self.tracker.resume_lsn();
             let acked = self.reportable();
-            let error = match self.source.start(start, acked).await {
+            // A stop does not wait for a connection attempt (up to 30 s on an unanswering host).
+            let started = tokio::select! {
+                biased;
+                () = &mut self.shutdown => {
+                    self.begin_shutdown();
+                    return Ok(());
+                }
+                started = self.source.start(start, acked) => started,
+            };
+            let error = match started {
                 Ok(stream) => {
                     self.started(stream, start, acked, attempt, standby).await;
                     (backoff, attempt, standby) = (min_backoff, 0, false);
@@ -73,6 +82,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             if self.stop_by.is_some() {
                 // Stopping anyway: the open transaction is replayed after restart.
                 tracing::warn!(error = %Chain(&error), "replication stream broke while stopping");
+                // The final frontier is confirmed on a new session.
+                self.stream = None;
                 return Ok(());
             }
             self.summary.reconnects += 1;
@@ -208,7 +219,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                     if self.tracker.in_transaction() {
                         tracing::info!(
                             lsn = %self.tx.commit_lsn,
-                            sent = self.tx.seq,
+                            sent = self.tx.events,
                             "shutdown requested: reading to the open transaction's commit, then \
                              waiting for in-flight deliveries"
                         );
@@ -219,7 +230,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 () = sleep_until_some(stop_by) => {
                     tracing::warn!(
                         lsn = %self.tx.commit_lsn,
-                        sent = self.tx.seq,
+                        sent = self.tx.events,
                         frontier = %self.tracker.frontier(),
                         "--shutdown-timeout ran out before the open transaction's commit arrived: \
                          that transaction (its events sent so far included) and everything after \

@@ -1,6 +1,6 @@
 //! The real pipeline against an in-memory source and sink, on a paused clock.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use crate::config::{Cli, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::outbox::OutboxRecord;
-use crate::sink::exactly_once::{Position, ReadBack, TailError};
+use crate::sink::exactly_once::{ReadBack, Tail, TailError};
 use crate::sink::{Delivery, Sink, SinkError, Ticket};
 use crate::source::setup::{Publication, SlotState};
 use crate::source::{ServerId, Source, SourceError, SourceEvent, Stream};
@@ -34,6 +34,8 @@ struct FakeSource {
     starts: Arc<Mutex<Vec<(Lsn, Lsn)>>>,
     /// Every position confirmed, in order.
     acks: Arc<Mutex<Vec<Lsn>>>,
+    /// Sessions that open; later attempts never answer (an unreachable host).
+    answered: Option<usize>,
 }
 
 struct FakeStream {
@@ -47,7 +49,14 @@ impl Source for FakeSource {
     type Stream = FakeStream;
 
     async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<FakeStream, SourceError> {
-        lock(&self.starts).push((from, acked));
+        let attempts = {
+            let mut starts = lock(&self.starts);
+            starts.push((from, acked));
+            starts.len()
+        };
+        if self.answered.is_some_and(|n| attempts > n) {
+            std::future::pending::<()>().await;
+        }
         Ok(FakeStream {
             script: Arc::clone(&self.script),
             acks: Arc::clone(&self.acks),
@@ -100,11 +109,12 @@ impl Stream for FakeStream {
     async fn close(self, _: Lsn, _: Duration) {}
 }
 
-/// Records what it is given; acknowledges at once when `auto_ack`.
+/// Records what it is given; acknowledges after `ack_delay` when `auto_ack`.
 struct FakeSink {
     deliveries: mpsc::UnboundedSender<Delivery>,
     sent: Mutex<Vec<(Ticket, OutboxRecord)>>,
     auto_ack: bool,
+    ack_delay: Duration,
 }
 
 impl Sink for FakeSink {
@@ -115,7 +125,11 @@ impl Sink for FakeSink {
                 ticket,
                 outcome: Ok(()),
             };
-            let _ = self.deliveries.send(delivery);
+            let (deliveries, delay) = (self.deliveries.clone(), self.ack_delay);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = deliveries.send(delivery);
+            });
         }
         Ok(())
     }
@@ -141,8 +155,8 @@ impl ReadBack for FakeSink {
         partitions: i32,
         _: Lsn,
         _: Lsn,
-    ) -> Vec<Result<HashSet<Position>, TailError>> {
-        (0..partitions).map(|_| Ok(HashSet::new())).collect()
+    ) -> Vec<Result<Tail, TailError>> {
+        (0..partitions).map(|_| Ok(Tail::default())).collect()
     }
 }
 
@@ -172,20 +186,24 @@ fn keepalive(wal_end: u64) -> Result<SourceEvent, SourceError> {
     Ok(SourceEvent::KeepAlive(Lsn(wal_end)))
 }
 
-fn config() -> Config {
-    let cli = Cli::try_parse_from([
-        "outbox-relay",
-        "--postgres-url",
-        "postgres://relay@127.0.0.1:5432/app",
-        "--kafka-brokers",
-        "127.0.0.1:9092",
-        "--table",
-        "none",
-        "--message-prefix",
-        "outbox",
-        "--shutdown-timeout",
-        "5s",
-    ]);
+fn config(extra: &[&str]) -> Config {
+    let cli = Cli::try_parse_from(
+        [
+            "outbox-relay",
+            "--postgres-url",
+            "postgres://relay@127.0.0.1:5432/app",
+            "--kafka-brokers",
+            "127.0.0.1:9092",
+            "--table",
+            "none",
+            "--message-prefix",
+            "outbox",
+            "--shutdown-timeout",
+            "5s",
+        ]
+        .iter()
+        .chain(extra),
+    );
     match cli
         .map_err(|e| e.to_string())
         .and_then(|cli| Config::from_cli(&cli).map_err(|e| e.to_string()))
@@ -205,20 +223,39 @@ async fn run(
     FakeSource,
     Vec<(Ticket, OutboxRecord)>,
 ) {
+    run_with(script, auto_ack, Duration::ZERO, &[], None).await
+}
+
+/// [`run`] with acknowledgements after `ack_delay`, more flags, and only the first
+/// `answered` sessions opening.
+async fn run_with(
+    script: Vec<Result<SourceEvent, SourceError>>,
+    auto_ack: bool,
+    ack_delay: Duration,
+    flags: &[&str],
+    answered: Option<usize>,
+) -> (
+    Result<Summary, RelayError>,
+    FakeSource,
+    Vec<(Ticket, OutboxRecord)>,
+) {
     let source = FakeSource {
         script: Arc::new(Mutex::new(script.into())),
+        answered,
         ..FakeSource::default()
     };
     let observed = FakeSource {
         script: Arc::clone(&source.script),
         starts: Arc::clone(&source.starts),
         acks: Arc::clone(&source.acks),
+        answered: None,
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let sink = Arc::new(FakeSink {
         deliveries: tx,
         sent: Mutex::new(Vec::new()),
         auto_ack,
+        ack_delay,
     });
     let slot = SlotState {
         confirmed_flush: START,
@@ -231,7 +268,15 @@ async fn run(
         },
     };
     let health = Arc::new(Health::new(Default::default()));
-    let pipeline = Pipeline::new(config(), source, Arc::clone(&sink), rx, health, &slot, None);
+    let pipeline = Pipeline::new(
+        config(flags),
+        source,
+        Arc::clone(&sink),
+        rx,
+        health,
+        &slot,
+        None,
+    );
     let outcome = pipeline
         .run(tokio::time::sleep(Duration::from_secs(10)))
         .await;
@@ -311,6 +356,45 @@ async fn a_stream_break_mid_transaction_resumes_after_the_last_transaction_recei
     // The open transaction's event is sent again: at-least-once.
     let ids: Vec<_> = sent.iter().map(|(_, r)| r.id_text()).collect();
     assert_eq!(ids, ["e1", "e2", "e2"]);
+}
+
+/// Issue 21 §7: a stop while the stream is down (waiting to reconnect) confirms what was
+/// acknowledged meanwhile, on a session opened for it.
+#[tokio::test(start_paused = true)]
+async fn a_stop_while_reconnecting_confirms_the_frontier_acknowledged_meanwhile() {
+    let ended = Err(SourceError::StreamEnded {
+        slot: "outbox_relay".into(),
+    });
+    let script = vec![begin(0x100), event(0x90, "e1"), commit(0x110), ended];
+    // The stream breaks at once; the broker acknowledges a second later, during the backoff,
+    // and the stop comes before the next attempt.
+    let backoff = [
+        "--reconnect-backoff-min",
+        "60s",
+        "--reconnect-backoff-max",
+        "60s",
+    ];
+    let (outcome, source, _) = run_with(script, true, Duration::from_secs(1), &backoff, None).await;
+    assert_eq!(summary(outcome).frontier, Lsn(0x110));
+    assert_eq!(lock(&source.acks).last(), Some(&Lsn(0x110)));
+    let starts = lock(&source.starts).clone();
+    assert_eq!(starts, [(START, START), (Lsn(0x110), Lsn(0x110))]);
+}
+
+/// A stop while a connection attempt hangs (an unanswering host) does not wait for it.
+#[tokio::test(start_paused = true)]
+async fn a_stop_does_not_wait_for_a_hanging_connection_attempt() {
+    let ended = Err(SourceError::StreamEnded {
+        slot: "outbox_relay".into(),
+    });
+    let script = vec![begin(0x100), event(0x90, "e1"), commit(0x110), ended];
+    let backoff = ["--reconnect-backoff-min", "1s"];
+    let run = run_with(script, true, Duration::ZERO, &backoff, Some(1));
+    // The stop comes at 10 s; without it the attempt never ends.
+    let outcome = tokio::time::timeout(Duration::from_secs(600), run).await;
+    let (outcome, _, sent) = outcome.expect("the stop waited for the connection attempt");
+    assert_eq!(summary(outcome).reconnects, 1);
+    assert_eq!(sent.len(), 1);
 }
 
 #[tokio::test(start_paused = true)]

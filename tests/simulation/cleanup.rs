@@ -16,6 +16,7 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use outbox_relay::observability::health::evaluate;
 use outbox_relay::outbox::TableName;
+use outbox_relay::sink::exactly_once::Position;
 use outbox_relay::source::SourceError;
 use outbox_relay::source::cleanup::{Cleanup, DeleteFailure, Deleter, Table};
 use rand::Rng;
@@ -193,6 +194,40 @@ impl World {
             .collect()
     }
 
+    /// A promotion: the new primary's table holds the rows of its own WAL after `switch`,
+    /// not those of the old primary's it replaced.
+    pub fn promoted(&mut self, replaced: &[(super::wal::Event, Position)], switch: u64) {
+        let Some(rows) = self.cleanup.as_mut() else {
+            return;
+        };
+        for (event, _) in replaced {
+            rows.present.remove(&event.id);
+        }
+        let after = self.wal.txs.iter().filter(|tx| tx.final_lsn > switch);
+        for change in after.flat_map(|tx| tx.changes.iter()) {
+            if let super::wal::Change::Row(e) = change {
+                rows.present.insert(e.id.clone());
+            }
+        }
+    }
+
+    /// The standby relay (with `--cleanup delete` too) confirms up to `end`: it deleted the
+    /// rows before it that reached Kafka whole.
+    pub fn rival_deletes(&mut self, end: u64) {
+        let full = self.delivered_whole();
+        let Some(rows) = self.cleanup.as_mut() else {
+            return;
+        };
+        let covered = self.wal.txs.iter().filter(|tx| tx.end_lsn <= end);
+        for change in covered.flat_map(|tx| tx.changes.iter()) {
+            if let super::wal::Change::Row(e) = change
+                && full.contains(&e.id)
+            {
+                rows.present.remove(&e.id);
+            }
+        }
+    }
+
     /// Ids dead-lettered without their payload: their rows stay in the table for good.
     fn kept(&self) -> BTreeSet<String> {
         let dead = self
@@ -241,9 +276,10 @@ impl World {
         }
     }
 
-    /// Records the broker appended so far.
+    /// Records the broker appended from the relay's producer so far.
     pub fn appended(&self) -> usize {
-        self.broker.logs.values().map(Vec::len).sum()
+        let all: usize = self.broker.logs.values().map(Vec::len).sum();
+        all - self.broker.appended_directly
     }
 
     /// Acks the current run's pipeline has processed, as it published them.
@@ -279,16 +315,16 @@ impl World {
         let Some(rows) = self.cleanup.as_ref() else {
             return;
         };
-        let full = self.delivered_whole();
+        // A row dead-lettered without its payload is kept, even if a copy from an earlier
+        // run is in its topic (the relay cannot know).
+        let (full, kept) = (self.delivered_whole(), self.kept());
+        let owed =
+            |id: &String| rows.present.contains(id) && full.contains(id) && !kept.contains(id);
         let covered = self.wal.txs.iter().filter(|tx| tx.end_lsn <= lsn);
         let left = covered
             .flat_map(|tx| tx.changes.iter())
             .find_map(|change| match change {
-                super::wal::Change::Row(e)
-                    if rows.present.contains(&e.id) && full.contains(&e.id) =>
-                {
-                    Some(e.id.clone())
-                }
+                super::wal::Change::Row(e) if owed(&e.id) => Some(e.id.clone()),
                 _ => None,
             });
         if let Some(id) = left {
@@ -304,11 +340,11 @@ impl World {
         let Some(rows) = self.cleanup.as_ref() else {
             return;
         };
-        let full = self.delivered_whole();
+        let (full, kept) = (self.delivered_whole(), self.kept());
         let mut problems: Vec<String> = rows
             .present
             .iter()
-            .filter(|id| full.contains(*id))
+            .filter(|id| full.contains(*id) && !kept.contains(*id))
             .map(|id| format!("row {id} was relayed whole but never deleted"))
             .collect();
         let changes = self.wal.txs.iter().flat_map(|tx| tx.changes.iter());

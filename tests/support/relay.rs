@@ -114,6 +114,21 @@ impl Relay {
         (!values.is_empty()).then(|| values.iter().sum())
     }
 
+    /// Each sample of a counter or gauge from `/metrics`: its labels (`{...}`, or empty) and value.
+    pub fn metric_samples(&self, name: &str) -> Vec<(String, f64)> {
+        let Some((_, body)) = self.http_port.and_then(|p| super::http::get(p, "/metrics")) else {
+            return Vec::new();
+        };
+        body.lines()
+            .filter_map(|l| l.strip_prefix(name))
+            .filter(|l| l.starts_with([' ', '{']))
+            .filter_map(|l| {
+                let (labels, value) = l.rsplit_once(' ')?;
+                Some((labels.trim().to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
     /// Waits until `check` holds; false on timeout or once the relay exited.
     pub fn wait_for(&mut self, timeout: Duration, check: impl Fn(&Relay) -> bool) -> bool {
         let deadline = Instant::now() + timeout;

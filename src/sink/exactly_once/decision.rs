@@ -6,10 +6,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{LSN_HEADER, Position, ReadBack, SEQ_HEADER, SOURCE_HEADER, TailError, partition_for};
+use super::{
+    CHANGE_HEADER, LSN_HEADER, Position, ReadBack, SOURCE_HEADER, TailError, partition_for,
+};
 use crate::config::ExactlyOnceFallback;
 use crate::lsn::Lsn;
 use crate::observability::Chain;
+use crate::observability::metrics::TAIL_RECORDS_READ_TOTAL;
 use crate::outbox::OutboxRecord;
 use crate::source::ServerId;
 
@@ -87,7 +90,7 @@ impl ExactlyOnce {
         for (name, value) in [
             (SOURCE_HEADER, self.source_id.clone()),
             (LSN_HEADER, Bytes::from(position.lsn.to_string())),
-            (SEQ_HEADER, Bytes::from(position.seq.to_string())),
+            (CHANGE_HEADER, Bytes::from(position.change_header())),
         ] {
             record.headers.push((Arc::from(name), Some(value)));
         }
@@ -125,8 +128,10 @@ impl ExactlyOnce {
         let mut failure = None;
         for (p, result) in (0..partitions).zip(read) {
             match result {
-                Ok(delivered) => {
-                    self.delivered.insert((topic.to_owned(), p), delivered);
+                Ok(tail) => {
+                    let labels = [("topic", topic.to_owned()), ("partition", p.to_string())];
+                    metrics::counter!(TAIL_RECORDS_READ_TOTAL, &labels).increment(tail.read);
+                    self.delivered.insert((topic.to_owned(), p), tail.delivered);
                 }
                 // A changed partition count concerns every event of the topic;
                 // another partition is read again when needed.

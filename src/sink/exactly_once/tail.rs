@@ -11,14 +11,11 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::producer::Producer;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::{LSN_HEADER, Position, ReadBack, SEQ_HEADER, SOURCE_HEADER, TailError, partition_for};
+use super::window::{self, PartitionLog};
+use super::{ReadBack, Seen, Tail, TailError};
 use crate::lsn::Lsn;
 use crate::outbox::ID_HEADER;
 use crate::sink::{KafkaSink, SinkError};
-
-/// Records read back at first from each partition's end; quadrupled each
-/// time nothing of ours below the floor is among them.
-const TAIL_WINDOW: i64 = 256;
 
 /// How long one metadata request or one tail read may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -35,114 +32,14 @@ pub struct TailReader {
 }
 
 impl TailReader {
-    /// A reader with the relay's brokers and `-X` connection properties.
+    /// A reader with the relay's brokers and every `-X` property the producer has: what
+    /// reaches the brokers (security, TLS verification, SASL, DNS, message sizes) must
+    /// reach them the same way; producer-only properties are ignored by a consumer.
     pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, SinkError> {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", brokers)
-            .set("group.id", "outbox-relay-tail-reader")
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "true")
-            // A tail read ends at the partition's end: do not hold fetches open.
-            .set("fetch.wait.max.ms", "10")
-            .set("log_level", "3");
-        // Connection and security properties, which the reader shares with the producer.
-        let shared = [
-            "security.",
-            "ssl.",
-            "sasl.",
-            "socket.",
-            "broker.",
-            "test.mock.",
-        ];
-        for (k, v) in properties {
-            if k == "client.id" || shared.iter().any(|prefix| k.starts_with(prefix)) {
-                config.set(k, v);
-            }
-        }
-        let consumer = config
+        let consumer = reader_config(brokers, properties)
             .create()
             .map_err(|e| SinkError::create(e, properties))?;
         Ok(TailReader { consumer })
-    }
-
-    /// Per partition of `topic`, the positions of `source`'s records at or above
-    /// `floor`: the events still to come that are already there. The ends of all
-    /// partitions are read in one round of fetches; one that needs more is read
-    /// further back alone.
-    pub fn delivered(
-        &self,
-        topic: &str,
-        source: &str,
-        partitions: i32,
-        floor: Lsn,
-        wal_end: Lsn,
-    ) -> Vec<Result<HashSet<Position>, TailError>> {
-        let deadline = Instant::now() + READ_TIMEOUT;
-        let keep = |msg: &BorrowedMessage<'_>| ours(msg, source);
-        let marks: Vec<_> = (0..partitions).map(|p| self.watermarks(topic, p)).collect();
-        let ends: Vec<_> = (0..)
-            .zip(&marks)
-            .filter_map(|(p, mark)| {
-                let &(low, high) = mark.as_ref().ok()?;
-                Some((p, (high - TAIL_WINDOW).max(low), high))
-            })
-            .collect();
-        // A failed joint read is retried per partition.
-        let mut joint = self.scan(topic, &ends, deadline, keep).unwrap_or_default();
-        (0..)
-            .zip(marks)
-            .map(|(partition, mark)| {
-                let (low, mut end) = mark?;
-                let mut first = joint.remove(&partition);
-                let (mut found, mut window) = (HashSet::new(), TAIL_WINDOW);
-                // Back from the end in growing windows until a record of ours below the
-                // floor. At the log's start without one (never written, or aged out),
-                // what was collected is what matters.
-                while end > low {
-                    let start = (end - window).max(low);
-                    let records = match first.take() {
-                        Some(records) => records,
-                        None => {
-                            let range = [(partition, start, end)];
-                            let mut alone = self.scan(topic, &range, deadline, keep)?;
-                            alone.remove(&partition).unwrap_or_default()
-                        }
-                    };
-                    let mut reached_floor = false;
-                    for (position, key) in records {
-                        if position.lsn < floor {
-                            reached_floor = true;
-                            continue;
-                        }
-                        if partition_for(&key, partitions) != partition {
-                            return Err(TailError::PartitionCountChanged {
-                                topic: topic.to_owned(),
-                                partition,
-                                key: String::from_utf8_lossy(&key).into_owned(),
-                                partitions,
-                            });
-                        }
-                        if position.lsn > wal_end {
-                            return Err(TailError::ForeignWriter {
-                                topic: topic.to_owned(),
-                                partition,
-                                source_id: source.to_owned(),
-                                lsn: position.lsn,
-                                wal_end,
-                            });
-                        }
-                        found.insert(position);
-                    }
-                    if reached_floor {
-                        break;
-                    }
-                    end = start;
-                    window = window.saturating_mul(4);
-                }
-                Ok(found)
-            })
-            .collect()
     }
 
     /// The event ids of the records of `topic` from `since_ms` (Kafka timestamps) on:
@@ -286,23 +183,47 @@ impl TailReader {
     }
 }
 
-/// `msg` as a record of `source`, when it is one: its position and its key (or id).
-fn ours(msg: &BorrowedMessage<'_>, source: &str) -> Option<(Position, Vec<u8>)> {
-    let (mut src, mut lsn, mut seq) = (None, None, None);
-    for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
-        match h.key {
-            SOURCE_HEADER => src = h.value,
-            LSN_HEADER => lsn = h.value,
-            SEQ_HEADER => seq = h.value,
-            _ => {}
-        }
+/// The reader's configuration: the producer's brokers and properties, then what a tail read
+/// needs (no group offsets, an end-of-partition signal, no held fetches, no warnings about
+/// the producer-only properties).
+fn reader_config(brokers: &str, properties: &[(String, String)]) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
+    for (k, v) in properties {
+        config.set(k, v);
     }
-    if src != Some(source.as_bytes()) {
-        return None;
+    config
+        .set("group.id", "outbox-relay-tail-reader")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("fetch.wait.max.ms", "10")
+        .set("log_level", "3");
+    config
+}
+
+/// One topic of a [`TailReader`], for [`window::tails`].
+struct Topic<'a>(&'a TailReader, &'a str);
+
+impl PartitionLog for Topic<'_> {
+    fn watermarks(&self, partition: i32) -> Result<(i64, i64), TailError> {
+        self.0.watermarks(self.1, partition)
     }
-    let position = Position::from_headers(lsn?, seq?)?;
-    let key = msg.key().or(event_id(msg)).unwrap_or_default().to_vec();
-    Some((position, key))
+
+    fn read(
+        &self,
+        ranges: &[(i32, i64, i64)],
+        source: &str,
+    ) -> Result<HashMap<i32, Vec<Seen>>, TailError> {
+        let deadline = Instant::now() + READ_TIMEOUT;
+        self.0.scan(self.1, ranges, deadline, |msg| {
+            let headers = msg.headers().into_iter().flat_map(|h| h.iter());
+            Some(Seen::classify(
+                source,
+                headers.map(|h| (h.key, h.value)),
+                msg.key(),
+            ))
+        })
+    }
 }
 
 fn event_id<'a>(msg: &'a BorrowedMessage<'_>) -> Option<&'a [u8]> {
@@ -370,7 +291,7 @@ impl ReadBack for KafkaSink {
         partitions: i32,
         floor: Lsn,
         wal_end: Lsn,
-    ) -> Vec<Result<HashSet<Position>, TailError>> {
+    ) -> Vec<Result<Tail, TailError>> {
         let failed = |reason: String| {
             (0..partitions)
                 .map(|partition| Err(TailError::read(topic, partition, &reason)))
@@ -382,7 +303,8 @@ impl ReadBack for KafkaSink {
         let (owned, source) = (topic.to_owned(), source.to_owned());
         let read = tokio::task::spawn_blocking(move || {
             let reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
-            reader.delivered(&owned, &source, partitions, floor, wal_end)
+            let topic = Topic(&reader, &owned);
+            window::tails(&topic, &owned, &source, partitions, floor, wal_end)
         });
         read.await
             .unwrap_or_else(|e| failed(format!("the blocking read stopped: {e}")))
@@ -392,6 +314,43 @@ impl ReadBack for KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 21 §7: every `-X` property reaches the reader, security ones included.
+    #[test]
+    fn the_reader_has_every_property_the_producer_has() {
+        let properties: Vec<(String, String)> = [
+            ("security.protocol", "sasl_ssl"),
+            ("enable.ssl.certificate.verification", "false"),
+            ("enable.sasl.oauthbearer.unsecure.jwt", "true"),
+            ("ssl.endpoint.identification.algorithm", "none"),
+            (
+                "client.dns.lookup",
+                "resolve_canonical_bootstrap_servers_only",
+            ),
+            ("message.max.bytes", "20000000"),
+            ("bootstrap.servers", "broker:9093"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .into();
+        let config = reader_config("broker:9092", &properties);
+        for (k, v) in &properties {
+            assert_eq!(config.get(k), Some(v.as_str()), "{k}");
+        }
+        // What a tail read needs is not the user's to change.
+        let own = [("enable.partition.eof".to_owned(), "false".to_owned())];
+        assert_eq!(
+            reader_config("b", &own).get("enable.partition.eof"),
+            Some("true")
+        );
+        // A producer's properties make a working reader: librdkafka ignores its own.
+        let producer = [
+            ("enable.idempotence", "true"),
+            ("linger.ms", "20"),
+            ("acks", "all"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        assert!(TailReader::new("127.0.0.1:1", &producer).is_ok());
+    }
 
     #[test]
     fn a_refused_reader_property_shows_the_key_never_the_value() {
