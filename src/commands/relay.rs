@@ -99,14 +99,16 @@ async fn relay(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, RelayError> {
-    let control = setup::connect(&config).await?;
-    let slot = setup::prepare(&control, &config).await?;
+    // Checked before the slot is made, so a refusal leaves nothing behind.
     let cleanup = match config.flags.cleanup {
         Cleanup::None => None,
         Cleanup::Delete => {
-            Some(cleanup::Cleanup::new(control, &config, slot.confirmed_flush).await?)
+            let client = setup::connect(&config).await?;
+            Some(cleanup::Cleanup::new(client, &config).await?)
         }
     };
+    let control = setup::connect(&config).await?;
+    let slot = setup::prepare(&control, &config).await?;
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
     let in_flight = config.flags.max_in_flight_events;
     let tails = (config.flags.delivery == Delivery::ExactlyOnce)

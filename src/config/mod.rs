@@ -152,7 +152,8 @@ pub struct RelayFlags {
     /// How often the acknowledged position is reported to Postgres.
     #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL", default_value = "100ms", value_parser = positive_duration)]
     pub status_interval: Duration,
-    /// Most events sent to Kafka but not yet acknowledged; reading the WAL pauses there.
+    /// Most events sent to Kafka but not yet acknowledged (under `--cleanup delete`, also most
+    /// outbox rows waiting to be deleted); reading the WAL pauses there.
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = 50_000, value_parser = at_least(1))]
     pub max_in_flight_events: usize,
     /// Most payload+key bytes sent to Kafka but not yet acknowledged.
@@ -229,7 +230,8 @@ pub enum ExactlyOnceFallback {
 pub enum Cleanup {
     /// Leave them; the application deletes them (see docs/operations.md, Cleaning the outbox).
     None,
-    /// Delete them by primary key once the broker has acknowledged their events.
+    /// Delete them by primary key once the broker has acknowledged their events; a row whose
+    /// event was dead-lettered without its payload stays.
     Delete,
 }
 

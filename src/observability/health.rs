@@ -114,6 +114,38 @@ pub struct HealthSnapshot {
     pub ack_staleness: Duration,
     /// The slot.
     pub slot: SlotObservation,
+    /// `--cleanup delete`'s backlog.
+    pub cleanup: CleanupBacklog,
+    /// Since the first row a delete left in place waits; zero when none.
+    pub cleanup_held_for: Duration,
+}
+
+/// `--cleanup delete`'s backlog, as the pipeline last published it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CleanupBacklog {
+    /// Rows from the oldest one not yet deleted on.
+    pub rows: usize,
+    /// Reading is paused: `rows` reached the limit.
+    pub full: bool,
+    /// Rows a delete left in place, to be tried again.
+    pub held: usize,
+    /// When the first of them was left in place.
+    pub held_since: Option<Instant>,
+    /// Whether the last delete failed (else the held rows are locked by another session).
+    pub failing: bool,
+}
+
+impl CleanupBacklog {
+    /// Why rows are left in place.
+    fn why_held(&self) -> &'static str {
+        match self.failing {
+            true => "the deletes fail (the log says why, under \"--cleanup delete\")",
+            false => {
+                "another session holds them (an open transaction that locked, updated or \
+                 deleted them: find it in pg_locks and pg_stat_activity and end it)"
+            }
+        }
+    }
 }
 
 /// `/readyz`'s answer.
@@ -150,6 +182,28 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
              (limit --ready-max-ack-staleness {}s); check the brokers, topic ACLs and the log",
             state.ack_staleness.as_secs(),
             limits.max_ack_staleness.as_secs()
+        ));
+    }
+    let cleanup = &state.cleanup;
+    if cleanup.full {
+        reasons.push(format!(
+            "--cleanup delete: {} outbox rows from the oldest one not yet deleted on, the limit \
+             (--max-in-flight-events): reading the WAL is paused until it is deleted; {} rows \
+             are left in place: {}",
+            cleanup.rows,
+            cleanup.held,
+            cleanup.why_held()
+        ));
+    }
+    if cleanup.held > 0 && state.cleanup_held_for > limits.max_ack_staleness {
+        reasons.push(format!(
+            "--cleanup delete: {} outbox rows could not be deleted for {}s (limit \
+             --ready-max-ack-staleness {}s): {}. The slot's confirmed position stays before \
+             their transactions, so Postgres keeps the WAL from there",
+            cleanup.held,
+            state.cleanup_held_for.as_secs(),
+            limits.max_ack_staleness.as_secs(),
+            cleanup.why_held()
         ));
     }
     let mut warnings = Vec::new();
@@ -265,6 +319,8 @@ pub struct Progress {
     pub received: Lsn,
     /// Ack frontier.
     pub frontier: Lsn,
+    /// `--cleanup delete`'s backlog.
+    pub cleanup: CleanupBacklog,
 }
 
 /// The relay's one readiness and progress state, shared by the HTTP server, the producer, the
@@ -330,12 +386,16 @@ impl Health {
 
     /// The state at `now`.
     pub fn snapshot(&self, now: Instant) -> HealthSnapshot {
-        let oldest = self.progress().oldest_in_flight;
+        let progress = self.progress();
+        let since =
+            |t: Option<Instant>| t.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         HealthSnapshot {
             streaming: self.streaming.load(Relaxed),
             producer_connected: self.producer_connected.load(Relaxed),
-            ack_staleness: oldest.map_or(Duration::ZERO, |t| now.saturating_duration_since(t)),
+            ack_staleness: since(progress.oldest_in_flight),
             slot: self.slot(),
+            cleanup: progress.cleanup,
+            cleanup_held_for: since(progress.cleanup.held_since),
         }
     }
 }
@@ -357,6 +417,8 @@ mod tests {
                 synchronized_standby_slots_set: None,
                 ..SlotStatus::default()
             }),
+            cleanup: CleanupBacklog::default(),
+            cleanup_held_for: Duration::ZERO,
         }
     }
 
@@ -520,6 +582,30 @@ mod tests {
                 },
                 "does not exist",
             ),
+            (
+                HealthSnapshot {
+                    cleanup: CleanupBacklog {
+                        rows: 20,
+                        full: true,
+                        held: 1,
+                        ..CleanupBacklog::default()
+                    },
+                    ..good()
+                },
+                "reading the WAL is paused",
+            ),
+            (
+                HealthSnapshot {
+                    cleanup: CleanupBacklog {
+                        held: 1,
+                        failing: true,
+                        ..CleanupBacklog::default()
+                    },
+                    cleanup_held_for: Duration::from_secs(61),
+                    ..good()
+                },
+                "the deletes fail",
+            ),
         ];
         for (state, needle) in cases {
             let r = evaluate(&state, &limits);
@@ -532,8 +618,24 @@ mod tests {
             producer_connected: false,
             ack_staleness: Duration::from_secs(3600),
             slot: slot(u64::MAX, WalStatus::Lost, None),
+            cleanup: CleanupBacklog {
+                full: true,
+                held: 1,
+                ..CleanupBacklog::default()
+            },
+            cleanup_held_for: Duration::from_secs(3600),
         };
-        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 5);
+        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 7);
+        // Rows held back for less than the limit are not yet a reason.
+        let held = HealthSnapshot {
+            cleanup: CleanupBacklog {
+                held: 1,
+                ..CleanupBacklog::default()
+            },
+            cleanup_held_for: Duration::from_secs(60),
+            ..good()
+        };
+        assert!(evaluate(&held, &limits).ready);
     }
 
     #[test]

@@ -57,6 +57,12 @@ metrics! {
         "Records read back from a partition's end after a (re)connect (--delivery exactly-once), by topic and partition.";
     describe_counter CLEANUP_DELETED_ROWS_TOTAL = "outbox_relay_cleanup_deleted_rows_total",
         "Outbox rows deleted by --cleanup delete after the broker acknowledged their events.";
+    describe_counter CLEANUP_KEPT_ROWS_TOTAL = "outbox_relay_cleanup_kept_rows_total",
+        "Outbox rows --cleanup delete leaves in the table because not all they held reached Kafka (dead-lettered without the payload).";
+    describe_gauge CLEANUP_BACKLOG_ROWS = "outbox_relay_cleanup_backlog_rows",
+        "Outbox rows from the oldest one --cleanup delete has not deleted yet on; the slot waits for that one, and reading pauses at --max-in-flight-events.";
+    describe_gauge CLEANUP_HELD_ROWS = "outbox_relay_cleanup_held_rows",
+        "Outbox rows a delete left in place (another session holds them, or the delete failed), to be tried again.";
     describe_gauge SLOT_FAILOVER = "outbox_relay_slot_failover",
         "1 when the slot is marked for failover (PostgreSQL 17+), else 0.";
     describe_gauge SLOT_FAILOVER_READY = "outbox_relay_slot_failover_ready",
@@ -168,6 +174,7 @@ mod tests {
             DEAD_LETTERED_TOTAL,
             RECONNECTS_TOTAL,
             CLEANUP_DELETED_ROWS_TOTAL,
+            CLEANUP_KEPT_ROWS_TOTAL,
         ] {
             assert!(counter.ends_with("_total"), "{counter}");
         }

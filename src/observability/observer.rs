@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ::metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
-use super::health::{Health, Progress};
+use super::health::{CleanupBacklog, Health, Progress};
 use super::metrics as m;
 use crate::lsn::Lsn;
 
@@ -37,6 +37,8 @@ pub struct PipelineObserver {
     in_flight_bytes: Gauge,
     received_lsn: Gauge,
     ack_frontier: Gauge,
+    cleanup_backlog: Gauge,
+    cleanup_held: Gauge,
 }
 
 impl PipelineObserver {
@@ -53,6 +55,8 @@ impl PipelineObserver {
             in_flight_bytes: gauge!(m::IN_FLIGHT_BYTES),
             received_lsn: gauge!(m::RECEIVED_LSN),
             ack_frontier: gauge!(m::ACK_FRONTIER_LSN),
+            cleanup_backlog: gauge!(m::CLEANUP_BACKLOG_ROWS),
+            cleanup_held: gauge!(m::CLEANUP_HELD_ROWS),
         }
     }
 
@@ -115,6 +119,13 @@ impl PipelineObserver {
     /// A delivery failed, Kafka's error `code` (snake case) saying why.
     pub fn delivery_failed(&mut self, code: &str) {
         counter!(m::DELIVERY_ERRORS_TOTAL, "kind" => code.to_owned()).increment(1);
+    }
+
+    /// `--cleanup delete`'s backlog, published with the next [`Self::step`].
+    pub fn cleanup(&mut self, backlog: CleanupBacklog) {
+        self.cleanup_backlog.set(backlog.rows as f64);
+        self.cleanup_held.set(backlog.held as f64);
+        self.progress.cleanup = backlog;
     }
 
     /// After a step: the ack frontier, and the events and bytes in flight with when the oldest

@@ -98,6 +98,16 @@ impl<T> AckTracker<T> {
         self.base + self.window.len() as u64
     }
 
+    /// The ticket the next event takes.
+    pub fn next_ticket(&self) -> Ticket {
+        Ticket(self.next_seq())
+    }
+
+    /// Every ticket below this one is acknowledged.
+    pub fn acked_below(&self) -> Ticket {
+        Ticket(self.base)
+    }
+
     /// A transaction begins; `commit_lsn` is pgoutput's `final_lsn`.
     pub fn begin(&mut self, commit_lsn: Lsn) -> Result<(), AckError> {
         if let Some(open) = self.open {

@@ -7,6 +7,7 @@ use crate::pgoutput::DecodeError;
 use crate::sink::exactly_once::TailError;
 use crate::sink::{Refusal, SinkError};
 use crate::source::SourceError;
+use crate::source::cleanup::DeleteFailure;
 
 /// Process exit codes, one per failure class (docs/operations.md's Exit codes table).
 pub mod exit_code {
@@ -150,6 +151,22 @@ pub enum RelayError {
         #[source]
         source: DecodeError,
     },
+    /// `--cleanup delete` failed in a way retrying cannot fix.
+    #[error(
+        "--cleanup delete cannot delete relayed rows, and retrying will not help. Fix the \
+         cause given at the end of this message (GRANT DELETE on the table to the relay's role; \
+         a trigger, rule or foreign key refusing the delete), then restart; or restart with \
+         --cleanup none and delete relayed rows yourself. The slot was not moved past the rows \
+         (it stays at {frontier}), so after a restart their events are sent again and the rows \
+         deleted"
+    )]
+    Cleanup {
+        /// The position reported to Postgres.
+        frontier: Lsn,
+        /// Which table, and what Postgres said.
+        #[source]
+        source: DeleteFailure,
+    },
     /// The stream violated transaction framing.
     #[error("replication stream out of order")]
     Protocol(#[from] AckError),
@@ -190,7 +207,7 @@ impl RelayError {
             }
             E::Source(SourceError::SlotLost { .. }) | E::SlotDropped { .. } => exit_code::SLOT_LOST,
             E::Source(SourceError::Lineage(_)) => exit_code::KAFKA,
-            E::Source(_) | E::Decode { .. } => exit_code::POSTGRES,
+            E::Source(_) | E::Decode { .. } | E::Cleanup { .. } => exit_code::POSTGRES,
             E::Sink { .. } | E::Delivery { .. } | E::ExactlyOnce { .. } => exit_code::KAFKA,
             E::Bind { .. } | E::Poison { .. } => exit_code::POISON,
             E::DeadLetter { .. } => exit_code::DEAD_LETTER,

@@ -42,7 +42,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             SourceEvent::Commit(end_lsn) => {
                 self.tracker.commit(end_lsn)?;
                 if let Some(cleanup) = self.cleanup.as_mut() {
-                    cleanup.commit(end_lsn);
+                    cleanup.ledger.commit(end_lsn);
                 }
             }
             SourceEvent::KeepAlive(wal_end) => self.tracker.keepalive(wal_end),
@@ -83,7 +83,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 };
                 let bind_error = |source| RelayError::Bind { lsn, source };
                 if let Some(cleanup) = self.cleanup.as_mut() {
-                    let bound = cleanup.relation(&relation, root.as_ref());
+                    let bound = cleanup.tables.relation(&relation, root.as_ref());
                     bound.map_err(bind_error)?;
                 }
                 let facts = match self.routing.mapper.reads_catalog(&relation, root.as_ref()) {
@@ -101,8 +101,12 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 }
             }
             Message::Insert { relation_id, new } => {
-                if let Some(cleanup) = self.cleanup.as_mut() {
-                    cleanup.row(relation_id, &new);
+                if let Some(cleanup) = self.cleanup.as_mut()
+                    && let Some(row) = cleanup.tables.row(relation_id, &new)
+                {
+                    // The ticket its event takes below, mapped or not.
+                    let ticket = self.tracker.next_ticket().0;
+                    cleanup.ledger.row(ticket, row, self.tracker.resume_lsn());
                 }
                 let time = self.tx.commit_time_ms();
                 match self.routing.mapper.insert(relation_id, &new, time) {
@@ -258,6 +262,9 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                         dead_letter_topic = %record.topic,
                         "event cannot be delivered; dead-lettering it"
                     );
+                    if info.payload_omitted.is_some() {
+                        self.keep_row(ticket, &record, &info);
+                    }
                     self.summary.dead_lettered += 1;
                     metrics::counter!(crate::observability::metrics::DEAD_LETTERED_TOTAL)
                         .increment(1);

@@ -12,13 +12,15 @@
 //!    byte cap).
 //! 4. A delivery that fails for good is never acknowledged: the relay stops, and a restart
 //!    replays from the confirmed position (at-least-once).
-//! 5. Under `--cleanup delete`, the rows a frontier covers are deleted before it is reported.
+//! 5. Under `--cleanup delete`, the rows a frontier covers are deleted before it is reported;
+//!    a row is deleted only once everything it held reached Kafka ([`cleanup`]).
 //!
 //! Records are enqueued in stream order, commit order for pgoutput, so with the idempotent
 //! producer each partition, and so each aggregate (one key), receives events in commit order.
 
 pub mod ack;
 
+mod cleanup;
 mod decide;
 mod error;
 mod events;
@@ -46,6 +48,7 @@ use crate::source::cleanup::Cleanup;
 use crate::source::setup::SlotState;
 use crate::source::{ServerId, Source, Stream};
 use ack::{AckError, AckTracker};
+use cleanup::{Cleaning, Ledger};
 use decide::ReadGate;
 
 pub use error::{RelayError, exit_code};
@@ -89,7 +92,7 @@ pub struct Pipeline<S: Source, K: Sink + ReadBack> {
     summary: Summary,
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
-    cleanup: Option<Cleanup>,
+    cleanup: Option<Cleaning>,
     observer: PipelineObserver,
 }
 
@@ -164,6 +167,10 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         cleanup: Option<Cleanup>,
     ) -> Self {
         let confirmed = slot.confirmed_flush;
+        let (limit, interval) = (
+            config.flags.max_in_flight_events,
+            config.flags.status_interval,
+        );
         Pipeline {
             routing: Routing {
                 mapper: config.event_mapper(),
@@ -202,7 +209,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             stop_by: None,
             tx: OpenTx::default(),
             summary: Summary::default(),
-            cleanup,
+            cleanup: cleanup
+                .map(|tables| Cleaning::new(tables, Ledger::new(confirmed, limit, interval))),
             observer: PipelineObserver::with_health(health),
         }
     }
@@ -232,7 +240,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
 
     /// The frontier held back for cleanup only: what a publication check would cover.
     fn unverified(&self) -> Lsn {
-        let cleared = self.cleanup.as_ref().map(Cleanup::cleared);
+        let cleared = self.cleanup.as_ref().and_then(|c| c.ledger.cleared());
         decide::reportable(self.tracker.frontier(), cleared, None)
     }
 
@@ -248,12 +256,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         Ok(true)
     }
 
-    /// Reports the frontier, first deleting the rows it covers under `--cleanup delete`
-    /// (`force`: now, else when a batch is full or due).
-    async fn report_frontier(&mut self, force: bool) {
-        if let Some(cleanup) = self.cleanup.as_mut() {
-            cleanup.clear(self.tracker.frontier(), force).await;
-        }
+    /// Reports the frontier, as far as the deletes allow.
+    fn report_frontier(&mut self) {
         let frontier = self.observe();
         if frontier > self.reported
             && let Some(stream) = &self.stream
@@ -266,6 +270,9 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     /// Publishes the step's progress (metrics, [`Health`]); returns the reportable frontier.
     fn observe(&mut self) -> Lsn {
         let frontier = self.reportable();
+        if let Some(backlog) = self.cleanup_backlog() {
+            self.observer.cleanup(backlog);
+        }
         self.observer.step(
             frontier,
             self.tracker.in_flight_events(),
@@ -320,12 +327,16 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 Err(_) => {}
             }
         }
+        // Deletes what may go now, within the deadline; the rest is replayed after restart.
+        if let Err(error) = self.drain_cleanup(deadline).await {
+            tracing::error!(error = %Chain(&error), "--cleanup delete: stopping without deleting all relayed rows");
+        }
         // A last check, so a clean stop confirms what it delivered.
         let check = tokio::time::timeout(Duration::from_secs(5), self.check_publication());
         if let Ok(Err(error)) = check.await {
             tracing::warn!(error = %Chain(&error), "not confirming the final frontier");
         }
-        self.report_frontier(true).await;
+        self.report_frontier();
         let mut frontier = self.reportable();
         let close_timeout = self.config.flags.status_interval * 2 + Duration::from_secs(1);
         // Only a relay that streamed has anything to confirm (not a standby, say).

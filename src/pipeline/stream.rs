@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::time::Instant;
 
-use super::{Pipeline, RelayError};
+use super::{Pipeline, RelayError, cleanup};
 use crate::lsn::Lsn;
 use crate::observability::Chain;
 use crate::sink::Sink;
@@ -105,7 +105,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             metrics::counter!(crate::observability::metrics::RECONNECTS_TOTAL).increment(1);
             self.tracker.abandon_open();
             if let Some(cleanup) = self.cleanup.as_mut() {
-                cleanup.abandon_open();
+                cleanup.ledger.abandon_open();
             }
             if self.exactly_once.is_some() {
                 // The replay must be checked against tails with everything sent before the break.
@@ -142,6 +142,9 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                  from the old one"
             );
             self.tracker.rewind(at);
+            if let Some(cleanup) = self.cleanup.as_mut() {
+                cleanup.ledger.rewind(at);
+            }
             self.reported = self.reported.min(at);
             self.guard.checked = self.guard.checked.min(at);
         }
@@ -202,11 +205,9 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             if self.stop_by.is_some() && !self.tracker.in_transaction() {
                 return Ok(());
             }
-            let (window, bytes) = (self.tracker.window_len(), self.tracker.in_flight_bytes());
-            let can_read = self.gate.open(window, bytes);
+            let can_read = self.can_read();
             let stop_by = self.stop_by;
-            let frontier = self.tracker.frontier();
-            let cleanup_due = self.cleanup.as_ref().and_then(|c| c.due(frontier));
+            let cleanup_due = self.cleanup.as_ref().and_then(|c| c.ledger.wake());
             // Checked at the status interval while there is something new to confirm.
             let check_at =
                 (self.unverified() > self.guard.checked).then_some(self.guard.next_check);
@@ -221,6 +222,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 }
                 self.pacer.waiting(std::time::Instant::now());
             }
+            let deleting = self.cleanup.as_mut();
             tokio::select! {
                 biased;
                 () = &mut self.shutdown, if self.stop_by.is_none() => {
@@ -256,6 +258,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                         self.on_delivery(delivery).await?;
                     }
                 }
+                done = cleanup::deleted(deleting) => self.on_deleted(done)?,
                 event = stream.recv(), if can_read => {
                     if pace {
                         self.pacer.woke(std::time::Instant::now());
@@ -273,8 +276,16 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                     self.guard.next_check = Instant::now() + wait;
                 }
             }
-            self.report_frontier(false).await;
+            self.hand_over(false);
+            self.report_frontier();
         }
+    }
+
+    /// Whether to read on: room under the in-flight caps, and (`--cleanup delete`) in the
+    /// ledger of rows to delete.
+    fn can_read(&self) -> bool {
+        let (window, bytes) = (self.tracker.window_len(), self.tracker.in_flight_bytes());
+        self.gate.open(window, bytes) && !self.cleanup.as_ref().is_some_and(|c| c.ledger.full())
     }
 
     /// Takes the events already waiting in the stream's channel (a step's worth at most) without
@@ -282,8 +293,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     /// the event.
     async fn on_buffered_events(&mut self) -> Result<(), RelayError> {
         for _ in 0..BUFFERED_EVENTS_PER_STEP {
-            let (window, bytes) = (self.tracker.window_len(), self.tracker.in_flight_bytes());
-            if self.stop_by.is_some() || !self.gate.open(window, bytes) {
+            if self.stop_by.is_some() || !self.can_read() {
                 break;
             }
             let Some(Some(event)) = self.stream.as_mut().map(|s| s.recv().now_or_never()) else {

@@ -1,75 +1,129 @@
-//! `--cleanup delete`: relayed outbox rows are deleted, in batches, before the slot moves past
-//! them. A row waits under its transaction's end LSN until the ack frontier covers it, so an
-//! unacknowledged row is never deleted, and a crash replays only rows whose deletes are no-ops;
-//! a failed delete holds the frontier back and is retried.
+//! `--cleanup delete`, the Postgres side: the start-up checks, each outbox table's primary key
+//! and how a row's key is read from its insert, and the [`Deleter`] that deletes relayed rows.
+//! Which rows may go, and when, is the pipeline's (`pipeline/cleanup.rs`).
+//!
+//! A delete never waits for a row another session holds: the DELETE takes its rows `FOR UPDATE
+//! SKIP LOCKED` and reports those it left in place, to be tried again later; `lock_timeout` and
+//! `statement_timeout` bound what else it could wait for (a table lock, a slow server).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
 
-use crate::config::Config;
-use crate::lsn::Lsn;
-use crate::observability::Chain;
+use crate::config::{Config, TargetSessionAttrs};
 use crate::outbox::{BindError, TableName, column_index, quote_ident};
 use crate::pgoutput::{Relation, TupleData, Value};
-use crate::source::setup::query_err;
-use crate::source::{SourceError, control};
+use crate::source::SourceError;
+use crate::source::setup::{self, query_err};
 
-/// Rows per DELETE statement, and the backlog that triggers a delete at once.
-const BATCH: usize = 1000;
-/// Wait before retrying a failed delete.
-const RETRY: Duration = Duration::from_secs(1);
+/// The delete connection's limits: a DELETE never waits long for a lock (rows another session
+/// holds are skipped anyway) nor runs long; either is retried later.
+const SESSION: &str = "SET lock_timeout = '2s'; SET statement_timeout = '30s'";
 
-/// One outbox table's primary key columns and DELETE statement.
-struct Table {
+/// One outbox table: its name, primary key columns and DELETE statement.
+#[derive(Debug)]
+pub struct Table {
     name: String,
     columns: Vec<String>,
     sql: String,
 }
 
-/// A row to delete: its table and its primary key as a JSON object of text values.
-type Row = (Arc<Table>, String);
+impl Table {
+    /// `table` deleted from by its primary key `columns`.
+    pub fn new(table: &TableName, columns: Vec<String>) -> Self {
+        let sql = delete_sql(table, &columns);
+        Table {
+            name: table.to_string(),
+            columns,
+            sql,
+        }
+    }
 
-/// The rows of relayed transactions, and the connection that deletes them.
+    /// `schema.name`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// A row to delete: its table and its primary key as a JSON object of text values.
+pub type Row = (Arc<Table>, String);
+
+/// Deletes the rows it is given unless another session holds them.
+pub trait Deleter: Send {
+    /// Deletes the rows of `table` whose keys are `keys`, skipping those another session holds;
+    /// returns the positions in `keys` of the rows it left in place (they still exist).
+    fn delete<'a>(
+        &'a mut self,
+        table: &'a Table,
+        keys: &'a [&'a str],
+    ) -> BoxFuture<'a, Result<Vec<usize>, DeleteFailure>>;
+}
+
+/// A delete that failed, classified where the error is known (as the sink classifies a refusal).
+#[derive(Debug, thiserror::Error)]
+#[error("table {table}")]
+pub struct DeleteFailure {
+    /// The table, as `schema.name`.
+    pub table: String,
+    /// Retrying cannot help: a privilege, a trigger or a foreign key refuses, the table is gone.
+    pub permanent: bool,
+    /// What Postgres said.
+    #[source]
+    pub source: SourceError,
+}
+
+/// The outbox tables' keys, and the deleter: what `--cleanup delete` hands the pipeline.
 pub struct Cleanup {
-    config: Config,
-    client: Option<Client>,
     tables: Vec<Arc<Table>>,
     /// Relation id → its table and the key columns' positions in its tuples.
     bound: HashMap<u32, (Arc<Table>, Vec<usize>)>,
-    /// The open transaction's rows.
-    open: Vec<Row>,
-    /// Committed rows with their transaction's end LSN, in commit order.
-    done: VecDeque<(Lsn, Row)>,
-    /// Every row of a transaction ending at or before this is deleted.
-    cleared: Lsn,
-    /// When the waiting rows must be deleted even if few.
-    due: Option<Instant>,
+    /// Taken while a batch is being deleted.
+    pub deleter: Option<Box<dyn Deleter>>,
 }
 
-/// One statement for any key shape: the keys arrive as one JSON array of objects, whose text
-/// values the table's own row type converts.
+/// The statement for any key shape: the keys arrive as one JSON array of objects, whose text
+/// values the table's own row type converts. It deletes the rows no other session holds and
+/// returns the (1-based) positions of those that still exist, held by another session.
 fn delete_sql(table: &TableName, columns: &[String]) -> String {
     let table = table.quoted();
     let columns: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
-    let columns = columns.join(", ");
+    let key = columns.join(", ");
+    let typed: Vec<String> = columns.iter().map(|c| format!("r.{c}")).collect();
+    let typed = typed.join(", ");
     format!(
-        "DELETE FROM {table} WHERE ({columns}) IN \
-         (SELECT {columns} FROM jsonb_populate_recordset(NULL::{table}, $1::text::jsonb))"
+        "WITH keys AS (SELECT k.outbox_relay_n, {typed} \
+           FROM jsonb_array_elements($1::text::jsonb) WITH ORDINALITY AS k(v, outbox_relay_n), \
+             jsonb_populate_record(NULL::{table}, k.v) AS r), \
+         gone AS (DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} \
+           WHERE ({key}) IN (SELECT {key} FROM keys) FOR UPDATE SKIP LOCKED) RETURNING {key}) \
+         SELECT outbox_relay_n FROM keys \
+         WHERE ({key}) IN (SELECT {key} FROM {table}) AND ({key}) NOT IN (SELECT {key} FROM gone)"
     )
 }
 
 impl Cleanup {
-    /// Refuses unless every outbox table has a primary key the role may DELETE by and the
-    /// publication does not publish deletes; `client` is reopened if it breaks.
-    pub async fn new(client: Client, config: &Config, confirmed: Lsn) -> Result<Self, SourceError> {
+    /// Refuses unless the server is a primary, every outbox table has a primary key the role may
+    /// DELETE by and the publication (if it exists yet) does not publish deletes.
+    pub async fn new(client: Client, config: &Config) -> Result<Self, SourceError> {
         let refused = |problem| {
             let message = format!("--cleanup delete: {problem}, or use --cleanup none");
             Err(SourceError::Misconfigured(message))
         };
+        let row = client
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .map_err(query_err("probe the server's role"))?;
+        if row.get::<_, bool>(0) {
+            return refused(format!(
+                "the server at {} is a standby (in recovery), where rows cannot be deleted; \
+                 point --postgres-url at the primary (or add target_session_attrs=read-write)",
+                config.postgres.redacted()
+            ));
+        }
         let publication = &config.flags.publication;
         let row = client
             .query_opt(
@@ -112,21 +166,31 @@ impl Cleanup {
                      {user}"
                 ));
             }
-            let columns: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-            let sql = delete_sql(table, &columns);
-            let name = table.to_string();
-            tables.push(Arc::new(Table { name, columns, sql }));
+            tables.push(Table::new(table, rows.iter().map(|r| r.get(0)).collect()));
         }
-        Ok(Cleanup {
-            config: config.clone(),
+        let mut config = config.clone();
+        // On a reconnect after a failover, the deletes go to the new primary.
+        if config.postgres.hosts.len() > 1 {
+            config.postgres.target_session_attrs = TargetSessionAttrs::ReadWrite;
+        }
+        client
+            .batch_execute(SESSION)
+            .await
+            .map_err(query_err("set the delete session's timeouts"))?;
+        let deleter = PgDeleter {
             client: Some(client),
-            tables,
+            config,
+        };
+        Ok(Cleanup::with(tables, Box::new(deleter)))
+    }
+
+    /// `tables` deleted from by `deleter`.
+    pub fn with(tables: Vec<Table>, deleter: Box<dyn Deleter>) -> Self {
+        Cleanup {
+            tables: tables.into_iter().map(Arc::new).collect(),
             bound: HashMap::new(),
-            open: Vec::new(),
-            done: VecDeque::new(),
-            cleared: confirmed,
-            due: None,
-        })
+            deleter: Some(deleter),
+        }
     }
 
     /// A Relation message: where an outbox table's (or its partition's) key columns are; rows of a
@@ -153,11 +217,9 @@ impl Cleanup {
         Ok(())
     }
 
-    /// An inserted outbox row of the open transaction.
-    pub fn row(&mut self, relation_id: u32, tuple: &TupleData) {
-        let Some((table, positions)) = self.bound.get(&relation_id) else {
-            return;
-        };
+    /// The row an insert into an outbox table wrote (none for other tables).
+    pub fn row(&self, relation_id: u32, tuple: &TupleData) -> Option<Row> {
+        let (table, positions) = self.bound.get(&relation_id)?;
         let key = table
             .columns
             .iter()
@@ -166,95 +228,107 @@ impl Cleanup {
                 Some(Value::Text(b)) => Some((column.clone(), String::from_utf8_lossy(b).into())),
                 _ => None,
             });
-        if let Some(key) = key.collect::<Option<serde_json::Map<_, _>>>() {
-            let key = serde_json::Value::Object(key).to_string();
-            self.open.push((Arc::clone(table), key));
-        }
+        let key = key.collect::<Option<serde_json::Map<_, _>>>()?;
+        Some((
+            Arc::clone(table),
+            serde_json::Value::Object(key).to_string(),
+        ))
     }
+}
 
-    /// The open transaction committed, ending at `end_lsn`.
-    pub fn commit(&mut self, end_lsn: Lsn) {
-        if !self.open.is_empty() {
-            let due = Instant::now() + self.config.flags.status_interval;
-            self.due.get_or_insert(due);
-        }
-        let rows = self.open.drain(..).map(|row| (end_lsn, row));
-        self.done.extend(rows);
+/// Deletes `rows` with `deleter`, one statement per table; returns the positions in `rows` of
+/// those left in place.
+pub async fn delete(
+    deleter: &mut dyn Deleter,
+    rows: &[(u64, Row)],
+) -> Result<Vec<usize>, DeleteFailure> {
+    let mut by_table: HashMap<&str, (&Table, Vec<usize>)> = HashMap::new();
+    for (n, (_, (table, _))) in rows.iter().enumerate() {
+        let entry = by_table.entry(&table.name).or_insert((table, Vec::new()));
+        entry.1.push(n);
     }
-
-    /// The open transaction will be replayed from its start.
-    pub fn abandon_open(&mut self) {
-        self.open.clear();
+    let mut held = Vec::new();
+    for (table, positions) in by_table.into_values() {
+        let keys: Vec<&str> = positions.iter().map(|&n| rows[n].1.1.as_str()).collect();
+        let left = deleter.delete(table, &keys).await?;
+        held.extend(left.into_iter().filter_map(|i| positions.get(i).copied()));
     }
+    Ok(held)
+}
 
-    /// When rows that `frontier` covers must be deleted, if any wait (rows in flight wait for
-    /// their acks, not for a timer).
-    pub fn due(&self, frontier: Lsn) -> Option<Instant> {
-        let front = self.done.front();
-        front.filter(|(end, _)| *end <= frontier).and(self.due)
-    }
+/// Deletes on a control connection of its own, reopened after any error.
+struct PgDeleter {
+    client: Option<Client>,
+    config: Config,
+}
 
-    /// The highest position that may be reported: every row it covers is deleted.
-    pub fn cleared(&self) -> Lsn {
-        self.cleared
-    }
-
-    /// Deletes the rows `frontier` covers (now when `force`, else when a batch is full or due),
-    /// moving [`Self::cleared`].
-    pub async fn clear(&mut self, frontier: Lsn, force: bool) {
-        let covered = self.done.iter().take_while(|(end, _)| *end <= frontier);
-        let rows = covered.count();
-        let (now, interval) = (Instant::now(), self.config.flags.status_interval);
-        if rows == 0 {
-            self.cleared = self.cleared.max(frontier);
-            return;
-        }
-        if !force && rows < BATCH && self.due.is_some_and(|due| now < due) {
-            return;
-        }
-        match self.delete(rows).await {
-            Ok(deleted) => {
-                let total = crate::observability::metrics::CLEANUP_DELETED_ROWS_TOTAL;
-                metrics::counter!(total).increment(deleted);
-                self.done.drain(..rows);
-                self.cleared = self.cleared.max(frontier);
-                self.due = (!self.done.is_empty()).then(|| now + interval);
+impl PgDeleter {
+    async fn try_delete(
+        &mut self,
+        table: &Table,
+        keys: &[&str],
+    ) -> Result<Vec<usize>, SourceError> {
+        let client = match self.client.take() {
+            Some(client) if !client.is_closed() => client,
+            _ => {
+                let client = setup::connect(&self.config).await?;
+                let timeouts = client.batch_execute(SESSION).await;
+                timeouts.map_err(query_err("set the delete session's timeouts"))?;
+                client
             }
-            Err(error) => {
-                tracing::warn!(
-                    error = %Chain(&error),
-                    frontier = %self.cleared,
-                    rows,
-                    "--cleanup delete: cannot delete relayed rows; the slot is not moved past \
-                     them until a retry succeeds"
-                );
-                self.client = None;
-                self.due = Some(now + RETRY.max(interval));
-            }
-        }
-    }
-
-    /// Deletes the first `rows` waiting rows; returns how many went.
-    async fn delete(&mut self, rows: usize) -> Result<u64, SourceError> {
-        let client = control(&mut self.client, &self.config).await?;
-        let mut by_table: HashMap<&str, (&Table, Vec<&str>)> = HashMap::new();
-        for (_, (table, key)) in self.done.iter().take(rows) {
-            let entry = by_table.entry(&table.name);
-            entry.or_insert_with(|| (table, Vec::new())).1.push(key);
-        }
-        let mut deleted = 0;
-        for (table, keys) in by_table.into_values() {
-            for chunk in keys.chunks(BATCH) {
-                let keys = format!("[{}]", chunk.join(","));
-                let result = client.execute(&table.sql, &[&keys]).await;
-                deleted += result.map_err(|source| SourceError::Query {
-                    what: format!("delete relayed rows from {}", table.name),
+        };
+        let keys = format!("[{}]", keys.join(","));
+        let rows =
+            client
+                .query(&table.sql, &[&keys])
+                .await
+                .map_err(|source| SourceError::Query {
+                    what: "delete relayed rows".to_owned(),
                     source: source.into(),
                 })?;
-            }
-        }
-        Ok(deleted)
+        self.client = Some(client);
+        let held = rows.iter().map(|r| r.get::<_, i64>(0));
+        Ok(held.filter_map(|n| usize::try_from(n - 1).ok()).collect())
     }
+}
+
+impl Deleter for PgDeleter {
+    fn delete<'a>(
+        &'a mut self,
+        table: &'a Table,
+        keys: &'a [&'a str],
+    ) -> BoxFuture<'a, Result<Vec<usize>, DeleteFailure>> {
+        async move {
+            self.try_delete(table, keys)
+                .await
+                .map_err(|source| DeleteFailure {
+                    table: table.name.clone(),
+                    permanent: permanent(&source),
+                    source,
+                })
+        }
+        .boxed()
+    }
+}
+
+/// Whether retrying cannot help: the server refused for a reason of the statement, the table,
+/// the role or the data (SQLSTATE classes other than connection, transaction rollback,
+/// resources, locks and timeouts, operator intervention, read-only after a failover).
+fn permanent(error: &SourceError) -> bool {
+    let (SourceError::Query { source, .. } | SourceError::Connect { source, .. }) = error else {
+        return false;
+    };
+    let Some(db) = source.0.as_db_error() else {
+        return false;
+    };
+    let class = db.code().code().get(..2).unwrap_or_default();
+    !matches!(class, "08" | "25" | "40" | "53" | "55" | "57" | "58")
+}
+
+/// How long a held or failed row waits before it is tried again: a second, doubling after
+/// each failed delete in a row, up to 30 s.
+pub fn retry_after(failures: u32) -> Duration {
+    Duration::from_secs(1 << failures.min(5)).min(Duration::from_secs(30))
 }
 
 #[cfg(test)]
@@ -267,11 +341,21 @@ mod tests {
             schema: "public".into(),
             name: "outbox".into(),
         };
-        assert_eq!(
-            delete_sql(&table, &["id".into(), "created_on".into()]),
-            "DELETE FROM \"public\".\"outbox\" WHERE (\"id\", \"created_on\") IN \
-             (SELECT \"id\", \"created_on\" FROM \
-             jsonb_populate_recordset(NULL::\"public\".\"outbox\", $1::text::jsonb))"
-        );
+        let sql = delete_sql(&table, &["id".into(), "created_on".into()]);
+        for part in [
+            "SELECT k.outbox_relay_n, r.\"id\", r.\"created_on\"",
+            "jsonb_populate_record(NULL::\"public\".\"outbox\", k.v)",
+            "DELETE FROM \"public\".\"outbox\" WHERE (\"id\", \"created_on\") IN",
+            "FOR UPDATE SKIP LOCKED) RETURNING \"id\", \"created_on\"",
+            "NOT IN (SELECT \"id\", \"created_on\" FROM gone)",
+        ] {
+            assert!(sql.contains(part), "{part}: {sql}");
+        }
+    }
+
+    #[test]
+    fn retries_back_off_to_thirty_seconds() {
+        let waits: Vec<u64> = (0..8).map(|n| retry_after(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
     }
 }

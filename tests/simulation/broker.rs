@@ -1,7 +1,8 @@
 //! The simulated Kafka side: topics with partition logs, a producer queue
 //! whose acknowledgements arrive in any order across partitions (in order
 //! within one, as the idempotent producer guarantees), delays, outages,
-//! permanent errors, and the tail reads exactly-once relies on.
+//! permanent errors, refusals at hand-over, of a whole batch and of a
+//! dead-letter record, and the tail reads exactly-once relies on.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -10,7 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use outbox_relay::outbox::{ID_HEADER, OutboxRecord};
 use outbox_relay::sink::exactly_once::window::PartitionLog;
-use outbox_relay::sink::exactly_once::{Seen, TailError, partition_for};
+use outbox_relay::sink::exactly_once::{
+    CHANGE_HEADER, LSN_HEADER, Position, SOURCE_HEADER, Seen, TailError, partition_for,
+};
 use outbox_relay::sink::{Blame, Refusal};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -21,6 +24,7 @@ use tokio::time::Instant;
 pub struct Logged {
     pub id: String,
     pub key: Option<Bytes>,
+    pub payload: Option<Bytes>,
     /// Its headers but `id`.
     pub headers: Vec<(Arc<str>, Option<Bytes>)>,
 }
@@ -32,6 +36,21 @@ impl Logged {
         let headers = self.headers.iter().map(|(k, v)| (&**k, v.as_deref()));
         Seen::classify(source, headers.chain([id]), self.key.as_deref())
     }
+
+    /// Its `outbox.source` header.
+    pub fn source(&self) -> Option<&[u8]> {
+        self.header(SOURCE_HEADER)
+    }
+
+    /// Its position, from the `outbox.lsn` and `outbox.change` headers.
+    pub fn position(&self) -> Option<Position> {
+        Position::from_headers(self.header(LSN_HEADER)?, self.header(CHANGE_HEADER)?)
+    }
+
+    fn header(&self, name: &str) -> Option<&[u8]> {
+        let value = self.headers.iter().find(|(k, _)| &**k == name);
+        value.and_then(|(_, v)| v.as_deref())
+    }
 }
 
 /// A record handed to the producer, not yet appended.
@@ -42,6 +61,8 @@ pub struct Pending {
     pub partition: i32,
     pub due: Instant,
     pub alone: bool,
+    /// Refused with its batch (another record's fault).
+    pub with_batch: bool,
 }
 
 /// How one delivery ends.
@@ -54,6 +75,8 @@ pub enum Outcome {
 pub struct Broker {
     pub partitions: BTreeMap<String, i32>,
     pub logs: BTreeMap<(String, i32), Vec<Logged>>,
+    /// Records appended by another writer ([`Broker::append`]), not through the producer.
+    pub appended_directly: usize,
     /// Per partition, in send order.
     pub queue: BTreeMap<(String, i32), VecDeque<Pending>>,
     pub outage_until: Option<Instant>,
@@ -63,6 +86,15 @@ pub struct Broker {
     pub fail_next: bool,
     /// Partitions failing so (authorization): what is queued there fails too.
     pub failing: BTreeSet<(String, i32)>,
+    /// The next batch of a partition is refused whole (KIP-467: one invalid record fails
+    /// its healthy neighbours): they are to be sent again alone.
+    pub fail_batch: bool,
+    /// The producer refuses the next record at hand-over, for a reason not the record's.
+    pub refuse_enqueue: bool,
+    /// Event ids the producer refuses at hand-over as larger than `message.max.bytes`.
+    pub too_large: BTreeSet<String>,
+    /// The next dead-letter record is refused so (`Fatal`, or the record's fault).
+    pub refuse_dead_letter: Option<Blame>,
     pub max_delay_ms: u64,
 }
 
@@ -76,11 +108,16 @@ impl Broker {
         Broker {
             partitions,
             logs: BTreeMap::new(),
+            appended_directly: 0,
             queue: BTreeMap::new(),
             outage_until: None,
             poison: BTreeMap::new(),
             fail_next: false,
             failing: BTreeSet::new(),
+            fail_batch: false,
+            refuse_enqueue: false,
+            too_large: BTreeSet::new(),
+            refuse_dead_letter: None,
             max_delay_ms: rng.random_range(1..=50),
         }
     }
@@ -125,7 +162,25 @@ impl Broker {
             partition,
             due: after.max(Instant::now() + delay),
             alone,
+            with_batch: false,
         });
+    }
+
+    /// Whether the producer refuses `record` at hand-over, as librdkafka's `produce()` does.
+    pub fn refuse_at_enqueue(&mut self, record: &OutboxRecord) -> Option<Refusal> {
+        if std::mem::take(&mut self.refuse_enqueue) {
+            return Some(refusal(Blame::Fatal, "unknown_topic"));
+        }
+        let id = String::from_utf8_lossy(&record.id);
+        (record.topic != super::DLQ && self.too_large.contains(id.as_ref()))
+            .then(|| refusal(Blame::Record { too_large: true }, "msg_size_too_large"))
+    }
+
+    /// Appends a record another writer produced.
+    pub fn append(&mut self, topic: &str, partition: i32, record: Logged) {
+        self.appended_directly += 1;
+        let key = (topic.to_owned(), partition);
+        self.logs.entry(key).or_default().push(record);
     }
 
     /// When the next queued record is due (heads of each partition only).
@@ -151,7 +206,29 @@ impl Broker {
             .filter(|(due, _)| *due <= now)
             .min()?
             .1;
-        let pending = self.queue.get_mut(&key)?.pop_front()?;
+        let queue = self.queue.get_mut(&key)?;
+        let mut pending = queue.pop_front()?;
+        if !pending.alone && std::mem::take(&mut self.fail_batch) {
+            // The records batched with it (up to three) fail with it.
+            pending.with_batch = true;
+            for next in queue.iter_mut().take(3).take_while(|p| !p.alone) {
+                next.with_batch = true;
+            }
+        }
+        if pending.with_batch {
+            let error = refusal(Blame::Batch, "invalid_record");
+            return Some((pending, Outcome::Failed(error)));
+        }
+        if pending.record.topic == super::DLQ
+            && let Some(blame) = self.refuse_dead_letter.take()
+        {
+            let code = match blame {
+                Blame::Fatal => "topic_authorization_failed",
+                _ => "policy_violation",
+            };
+            let error = refusal(blame, code);
+            return Some((pending, Outcome::Failed(error)));
+        }
         let id = String::from_utf8_lossy(&pending.record.id).into_owned();
         if pending.record.topic != super::DLQ
             && let Some(left) = self.poison.get_mut(&id).filter(|left| **left > 0)
@@ -179,6 +256,7 @@ impl Broker {
         self.logs.entry(key).or_default().push(Logged {
             id,
             key: record.key.clone(),
+            payload: record.payload.clone(),
             headers: record.headers.clone(),
         });
         Some((pending, Outcome::Appended))

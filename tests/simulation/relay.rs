@@ -10,9 +10,9 @@ use outbox_relay::lsn::Lsn;
 use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
 use outbox_relay::sink::exactly_once::{ReadBack, Tail, TailError, window};
-use outbox_relay::sink::{Delivery, DeliveryFailure, Sink, SinkError, Ticket};
+use outbox_relay::sink::{Blame, Delivery, DeliveryFailure, Sink, SinkError, Ticket};
 use outbox_relay::source::setup::{Publication, SlotState};
-use outbox_relay::source::{ServerId, Source, SourceError, SourceEvent, Stream};
+use outbox_relay::source::{ServerId, Source, SourceError, SourceEvent, Stream, resume_point};
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -72,7 +72,11 @@ fn config(plan: &super::Plan) -> Config {
 }
 
 /// Postgres: sessions over the simulated WAL.
-pub struct SimSource(pub Shared);
+pub struct SimSource {
+    shared: Shared,
+    /// The server and timeline of the last session (a promotion changes it).
+    previous: Option<ServerId>,
+}
 
 /// One replication session.
 pub struct SimStream {
@@ -91,23 +95,41 @@ fn broken() -> SourceError {
 impl Source for SimSource {
     type Stream = SimStream;
 
+    /// As the real source: on another timeline, from no later than the slot's position
+    /// there; the session confirms `acked` up to where it starts.
     async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<SimStream, SourceError> {
-        let mut world = self.0.lock();
-        world.on_ack(acked.0, true);
+        let mut world = self.shared.lock();
+        if world.held > 0 {
+            // The standby relay holding the slot relays while this one waits.
+            world.rival();
+            world.held -= 1;
+            return Err(SourceError::Stream {
+                slot: "outbox_relay".to_owned(),
+                source: pgwire_replication::PgWireError::Server(
+                    "replication slot \"outbox_relay\" is active for PID 42 (SQLSTATE 55006)"
+                        .to_owned(),
+                ),
+            });
+        }
         if world.fault_now() {
             world.note("fault: connect refused".into());
             return Err(broken());
         }
+        let server = ServerId {
+            addr: "127.0.0.1:9".to_owned(),
+            system_id: super::SYSTEM_ID.to_owned(),
+            timeline: world.timeline,
+        };
+        let confirmed = Some(Lsn(world.confirmed));
+        let from = resume_point(self.previous.as_ref(), &server, from, confirmed);
         let (id, start) = world.start_session(from.0);
+        world.on_ack(acked.0.min(start), true, server.timeline);
+        self.previous = Some(server.clone());
         Ok(SimStream {
-            shared: self.0.clone(),
+            shared: self.shared.clone(),
             id,
             start: Lsn(start),
-            server: ServerId {
-                addr: "127.0.0.1:9".to_owned(),
-                system_id: "7000000000000000001".to_owned(),
-                timeline: 1,
-            },
+            server,
         })
     }
 
@@ -123,7 +145,7 @@ impl Source for SimSource {
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        Lsn(self.0.lock().wal.end())
+        Lsn(self.shared.lock().wal.end())
     }
 }
 
@@ -162,7 +184,7 @@ impl Stream for SimStream {
     fn ack(&self, lsn: Lsn) {
         let mut world = self.shared.lock();
         let live = world.session.as_ref().is_some_and(|(id, _)| *id == self.id);
-        world.on_ack(lsn.0, live);
+        world.on_ack(lsn.0, live, self.server.timeline);
         self.shared.progress.notify_one();
     }
 
@@ -179,26 +201,36 @@ impl Stream for SimStream {
 pub struct SimSink(pub Shared);
 
 impl SimSink {
-    fn enqueue(&self, ticket: u64, record: &OutboxRecord, alone: bool) {
+    fn enqueue(&self, ticket: u64, record: &OutboxRecord, alone: bool) -> Result<(), SinkError> {
         let mut world = self.0.lock();
         let world = &mut *world;
+        if let Some(source) = world.broker.refuse_at_enqueue(record) {
+            let id = record.id_text();
+            world.note(format!("refused {id} at hand-over ({})", source.code));
+            let topic = record.topic.clone();
+            return Err(SinkError::Enqueue { topic, id, source });
+        }
         world
             .broker
             .enqueue(&mut world.rng, ticket, record.clone(), alone);
+        if record.topic != super::DLQ {
+            world
+                .sent
+                .insert(String::from_utf8_lossy(&record.id).into_owned());
+        }
         world.on_send();
         self.0.broker_wake.notify_one();
+        Ok(())
     }
 }
 
 impl Sink for SimSink {
     async fn send(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
-        self.enqueue(ticket.0, record, false);
-        Ok(())
+        self.enqueue(ticket.0, record, false)
     }
 
     async fn send_alone(&self, ticket: Ticket, record: &OutboxRecord) -> Result<(), SinkError> {
-        self.enqueue(ticket.0, record, true);
-        Ok(())
+        self.enqueue(ticket.0, record, true)
     }
 
     fn in_flight(&self) -> usize {
@@ -259,7 +291,9 @@ async fn broker(shared: Shared) {
                 Outcome::Failed(error) => {
                     let id = String::from_utf8_lossy(&pending.record.id).into_owned();
                     world.note(format!("refused {id} ({})", error.code));
-                    world.refused.insert(id);
+                    if error.blame == Blame::Batch {
+                        world.batch_refused.insert(id);
+                    }
                     Err(DeliveryFailure {
                         refusal: error,
                         record: OutboxRecord {
@@ -302,6 +336,9 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
         {
             let mut world = shared.lock();
             world.note(format!("run {run}"));
+            world.runs = run;
+            world.sigterm_at = None;
+            world.sent.clear();
             world.deliveries = Some(deliveries_tx);
             world.sigterm = Some(sigterm);
             world.crash = false;
@@ -313,9 +350,10 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
         let health = Arc::new(outbox_relay::observability::health::Health::new(
             Default::default(),
         ));
-        let (confirmed, all_tables) = {
+        shared.lock().health = Some(health.clone());
+        let (confirmed, all_tables, cleaning) = {
             let world = shared.lock();
-            (world.confirmed, world.plan.all_tables)
+            (world.confirmed, world.plan.all_tables, world.plan.cleanup)
         };
         let slot = SlotState {
             confirmed_flush: Lsn(confirmed),
@@ -327,14 +365,18 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
                 members: Vec::new(),
             },
         };
+        let source = SimSource {
+            shared: shared.clone(),
+            previous: None,
+        };
         let pipeline = Pipeline::new(
             config.clone(),
-            SimSource(shared.clone()),
+            source,
             Arc::new(SimSink(shared.clone())),
             deliveries,
             health,
             &slot,
-            None,
+            cleaning.then(|| super::cleanup::cleanup(&shared)),
         );
         let shutdown = async move {
             if shutdown.await.is_err() {
@@ -354,14 +396,39 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
         match outcome {
             None => world.note("crashed".into()),
             Some(Err(_)) => return Err("a run made no progress for an hour (virtual)".into()),
-            Some(Ok(Ok(summary))) => world.note(format!("stopped at {}", summary.frontier)),
+            Some(Ok(Ok(summary))) => {
+                world.note(format!("stopped at {}", summary.frontier));
+                let bound = super::cleanup::stop_bound(config.flags.shutdown_timeout);
+                if let Some(at) = world.sigterm_at
+                    && at.elapsed() > bound
+                {
+                    return Err(format!(
+                        "stopped {:?} after SIGTERM (--shutdown-timeout {:?})",
+                        at.elapsed(),
+                        config.flags.shutdown_timeout
+                    ));
+                }
+            }
             Some(Ok(Err(e))) => match e {
                 // The operator fixes the cause (e.g. message.max.bytes) and restarts.
                 RelayError::Poison { .. } if !world.plan.dead_letter => {
                     world.note(format!("stop: poison ({e})"));
                     world.broker.poison.clear();
+                    world.broker.too_large.clear();
                 }
                 RelayError::Delivery { .. } => world.note(format!("stop: delivery ({e})")),
+                // The operator fixes the cause (a trigger refusing deletes) and restarts.
+                RelayError::Cleanup { .. }
+                    if world.cleanup.as_ref().is_some_and(|c| c.refusing) =>
+                {
+                    world.note(format!("stop: cleanup ({e})"));
+                    if let Some(rows) = world.cleanup.as_mut() {
+                        rows.refusing = false;
+                    }
+                }
+                RelayError::Sink { .. } => world.note(format!("stop: enqueue ({e})")),
+                // Exit 6: the operator fixes the dead-letter topic and restarts.
+                RelayError::DeadLetter { .. } => world.note(format!("stop: dead-letter ({e})")),
                 e => return Err(format!("unexpected failure: {e}")),
             },
         }
@@ -380,9 +447,7 @@ async fn caught_up(shared: Shared) {
             let mut world = shared.lock();
             if world.finished() {
                 world.faults_on = false;
-                if let Some(tx) = world.sigterm.take() {
-                    let _ = tx.send(());
-                }
+                world.sigterm();
             }
         }
         shared.progress.notified().await;

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use outbox_relay::lsn::Lsn;
+use outbox_relay::sink::exactly_once::Position;
 use outbox_relay::source::SourceEvent;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -19,6 +20,8 @@ pub const PREFIX: &str = "outbox";
 pub const EVENT_TYPES: [&str; 2] = ["a", "b"];
 /// Keys: few, so per-key order is checked across many events.
 pub const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+/// The prefix of the relay's own heartbeat messages (never relayed).
+const HEARTBEAT: &str = "outbox-relay-heartbeat";
 
 const TEXT: u32 = 25;
 const JSONB: u32 = 3802;
@@ -66,6 +69,8 @@ pub struct Tx {
     pub end_lsn: u64,
     /// The first WAL position after the transaction's end that the next one may use.
     pub next_free: u64,
+    /// A heartbeat (a non-transactional message) follows at `next_free`.
+    pub heartbeat: bool,
 }
 
 impl Tx {
@@ -79,6 +84,9 @@ impl Tx {
 pub struct Wal {
     pub start: u64,
     pub txs: Vec<Tx>,
+    /// The next event's number, for events a promotion makes up.
+    next_event: u32,
+    max_row: usize,
 }
 
 impl Wal {
@@ -117,9 +125,40 @@ impl Wal {
                 final_lsn,
                 end_lsn,
                 next_free: at,
+                heartbeat: rng.random_range(0..3) == 0,
             });
         }
-        Wal { start, txs }
+        Wal {
+            start,
+            txs,
+            next_event,
+            max_row,
+        }
+    }
+
+    /// A promoted standby's WAL: the transactions committing after `switch` are other ones
+    /// (the old primary's never reached it) at the same positions. Returns the old events
+    /// with their positions.
+    pub fn diverge(&mut self, rng: &mut ChaCha8Rng, switch: u64) -> Vec<(Event, Position)> {
+        let mut replaced = Vec::new();
+        for tx in self.txs.iter_mut().filter(|tx| tx.final_lsn > switch) {
+            for (change, &at) in tx.changes.iter_mut().zip(&tx.lsns) {
+                if let Change::Row(e) | Change::Message(e) = change {
+                    let new = event(rng, &mut self.next_event, self.max_row);
+                    let position = position(tx.final_lsn, at);
+                    replaced.push((std::mem::replace(e, new), position));
+                }
+            }
+        }
+        replaced
+    }
+
+    /// Every event with the position exactly-once gives it (`outbox.lsn`, `outbox.change`).
+    pub fn positions(&self) -> impl Iterator<Item = (&Event, Position)> {
+        self.txs.iter().flat_map(|tx| {
+            let changes = tx.changes.iter().zip(&tx.lsns);
+            changes.filter_map(|(c, &at)| Some((c.event()?, position(tx.final_lsn, at))))
+        })
     }
 
     /// Where the server's WAL ends (past the last transaction: other writes).
@@ -132,6 +171,15 @@ impl Wal {
             .iter()
             .enumerate()
             .flat_map(|(i, tx)| tx.events().map(move |e| (i, e)))
+    }
+}
+
+/// The position of the one event at change `at` of the transaction committing at `commit`.
+fn position(commit: u64, at: u64) -> Position {
+    Position {
+        lsn: Lsn(commit),
+        change: Lsn(at),
+        index: 0,
     }
 }
 
@@ -291,6 +339,14 @@ pub fn session(wal: &Wal, start: u64) -> Vec<Item> {
         }
         items.push(Item::Event(SourceEvent::Commit(Lsn(tx.end_lsn))));
         before = tx.end_lsn;
+        if tx.heartbeat {
+            items.push(Item::Event(SourceEvent::Message {
+                transactional: false,
+                lsn: Lsn(tx.next_free),
+                prefix: HEARTBEAT.to_owned(),
+                content: Bytes::new(),
+            }));
+        }
     }
     items.push(Item::KeepAlive {
         low: before.max(start),
