@@ -1534,6 +1534,8 @@ impl Bench {
                 .args(["setup", "--postgres-url", &self.pg.url()])
                 .args(["--slot", SLOT_RELAY, "--publication", PUBLICATION])
                 .args(["--shard", &shard.to_string(), "--log-level", "warn"])
+                // setup records the slot in the Kafka lineage topic.
+                .args(["--kafka-brokers", &self.broker.bootstrap_servers()])
                 .stdout(Stdio::null())
                 .status()
                 .context("run outbox-relay setup")?;
