@@ -565,6 +565,16 @@ fn insert_sql(id_prefix: &str) -> String {
     )
 }
 
+/// The end of a round's WAL, after a `CHECKPOINT` that logs the running transactions there.
+/// A slot's `restart_lsn` moves only to such a record once it is confirmed past it; without
+/// one (the bench's rounds are shorter than the 15 s between the ones the background writer
+/// logs) every walsender would decode all earlier rounds' WAL again, skipping it, before
+/// this round's: round N would cost the walsenders N rounds of decoding.
+async fn end_of_load(client: &tokio_postgres::Client) -> Result<Lsn> {
+    client.batch_execute("CHECKPOINT").await?;
+    current_lsn(client).await
+}
+
 /// Loads rows `offset+1..=offset+events` in transactions of `BACKLOG_TX_ROWS`,
 /// on two connections.
 async fn load_backlog(pg: &PgCluster, offset: u64, events: u64) -> Result<()> {
@@ -1139,8 +1149,8 @@ impl Bench {
         }
         let t = Instant::now();
         load_backlog(&self.pg, index * n, n).await?;
-        let end = current_lsn(&self.control).await?;
         let load = t.elapsed();
+        let end = end_of_load(&self.control).await?;
         let avg_payload = query_text(
             &self.control,
             "SELECT round(avg(octet_length(payload::text)))::text FROM public.outbox",
@@ -1546,7 +1556,7 @@ impl Bench {
         let mut rounds = Vec::new();
         for round in 0..self.args.rounds {
             load_backlog(&self.pg, round * n, n).await?;
-            let end = current_lsn(&self.control).await?;
+            let end = end_of_load(&self.control).await?;
             let limit = Duration::from_secs(120 + n / 2_000);
             let mut drains = Vec::new();
             for &shard in &shards {

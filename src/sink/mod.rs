@@ -1,13 +1,15 @@
 //! I/O: the Kafka producer.
 //!
 //! One idempotent librdkafka producer (`acks=all`) whose delivery reports
-//! become [`Delivery`] messages on a channel only the pipeline reads. A full
+//! become [`Delivery`] messages on a channel only the pipeline reads, polled on
+//! the pipeline's own thread ([`reports`]). A full
 //! local queue is backpressure ([`Sink::send`] waits). A broker judges sizes
 //! per batch, so the records of a batch refused for its size are sent again
 //! one per batch ([`Sink::send_alone`]): only a record refused alone is poison.
 
 pub mod exactly_once;
 pub mod lineage;
+mod reports;
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -18,13 +20,15 @@ use heck::ToSnakeCase;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
 use exactly_once::TailReader;
+use reports::Served;
 
 /// The Kafka side as the pipeline sees it: [`KafkaSink`], or the simulation's
 /// in-memory broker. Deliveries arrive on the channel made with the sink.
@@ -260,13 +264,28 @@ impl ProducerContext for DeliveryContext {
 /// The Kafka side of the relay.
 pub struct KafkaSink {
     /// Shared with blocking-pool metadata reads.
-    producer: Arc<ThreadedProducer<DeliveryContext>>,
+    producer: Arc<Served<DeliveryContext>>,
     tails: Option<Arc<Mutex<TailReader>>>,
     /// For the one-record-batch producer, made on first use.
     config: ClientConfig,
     properties: Vec<(String, String)>,
     deliveries: mpsc::UnboundedSender<Delivery>,
-    alone: OnceLock<ThreadedProducer<DeliveryContext>>,
+    alone: OnceLock<Arc<Served<DeliveryContext>>>,
+    /// The tasks serving the producers' delivery reports.
+    reports: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for KafkaSink {
+    fn drop(&mut self) {
+        for task in self
+            .reports
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+        {
+            task.abort();
+        }
+    }
 }
 
 impl KafkaSink {
@@ -297,22 +316,24 @@ impl KafkaSink {
             alone: false,
             health,
         };
-        let producer = config
+        let producer: BaseProducer<_> = config
             .create_with_context(context)
             .map_err(|error| SinkError::create(error, properties))?;
+        let (producer, task) = reports::serve(producer);
         let sink = KafkaSink {
-            producer: Arc::new(producer),
+            producer,
             tails: tails.map(|reader| Arc::new(Mutex::new(reader))),
             config,
             properties: properties.to_vec(),
             deliveries: tx,
             alone: OnceLock::new(),
+            reports: Mutex::new(vec![task]),
         };
         Ok((sink, rx))
     }
 
     async fn send_with(
-        producer: &ThreadedProducer<DeliveryContext>,
+        producer: &BaseProducer<DeliveryContext>,
         ticket: Ticket,
         record: &OutboxRecord,
     ) -> Result<(), SinkError> {
@@ -385,9 +406,13 @@ impl Sink for KafkaSink {
                     alone: true,
                     health: None,
                 };
-                let producer = config
+                let producer: BaseProducer<_> = config
                     .create_with_context(context)
                     .map_err(|error| SinkError::create(error, &self.properties))?;
+                let (producer, task) = reports::serve(producer);
+                if let Ok(mut tasks) = self.reports.lock() {
+                    tasks.push(task);
+                }
                 self.alone.get_or_init(|| producer)
             }
         };
@@ -474,6 +499,52 @@ mod tests {
             assert!(err.contains(key), "{key}: {err}");
             assert!(!err.contains("hunter2"), "{err}");
         }
+    }
+
+    /// The reports are polled by a task on the runtime: on one thread that also runs the
+    /// sender, every record is reported, the alone producer's too, and a sink dropped with
+    /// records in flight unhooks its queue (librdkafka would otherwise call into freed memory).
+    #[tokio::test(flavor = "current_thread")]
+    async fn deliveries_are_served_on_the_runtimes_thread() {
+        let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
+        cluster.create_topic("t", 4, 1).unwrap();
+        let brokers = cluster.bootstrap_servers();
+        let (sink, mut deliveries) = KafkaSink::new(&brokers, &[], 1_000, None, None).unwrap();
+        let record = |n: u64| OutboxRecord {
+            topic: "t".to_owned(),
+            key: Some(Bytes::from(n.to_string())),
+            payload: Some(Bytes::from_static(b"{}")),
+            id: Bytes::from(format!("id-{n}")),
+            headers: Vec::new(),
+            headers_before_id: 0,
+            timestamp_ms: 0,
+            partition: None,
+        };
+        for n in 0..1_000 {
+            sink.send(Ticket(n), &record(n)).await.unwrap();
+        }
+        sink.send_alone(Ticket(1_000), &record(1_000))
+            .await
+            .unwrap();
+        let mut acked = std::collections::BTreeSet::new();
+        while acked.len() < 1_001 {
+            let delivery = tokio::time::timeout(Duration::from_secs(30), deliveries.recv())
+                .await
+                .expect("every record is reported within 30 s")
+                .expect("the channel is open while the sink lives");
+            assert!(delivery.outcome.is_ok(), "{delivery:?}");
+            assert!(
+                acked.insert(delivery.ticket.0),
+                "reported twice: {delivery:?}"
+            );
+        }
+        assert_eq!(sink.in_flight(), 0);
+        for n in 0..1_000 {
+            sink.send(Ticket(2_000 + n), &record(n)).await.unwrap();
+        }
+        drop(sink);
+        // Later reports go nowhere (the pending ones were purged by the producer's drop).
+        tokio::task::yield_now().await;
     }
 
     #[test]
