@@ -359,20 +359,17 @@ impl ConnectPlan {
         let mut headers = Vec::new();
         if let Some(run_id) = &self.config.context_headers {
             let prefix = self.config.topic_prefix.as_str();
-            headers.extend(
-                [
-                    ("__debezium.context.connectorLogicalName", prefix),
-                    ("__debezium.context.taskId", "0"),
-                    ("__debezium.context.connectorName", CONNECTOR_NAME),
-                    ("__debezium.context.runId", run_id),
-                ]
-                .map(|(name, value)| {
-                    (
-                        Arc::from(name),
-                        Some(Bytes::copy_from_slice(value.as_bytes())),
-                    )
-                }),
-            );
+            for (name, value) in [
+                ("__debezium.context.connectorLogicalName", prefix),
+                ("__debezium.context.taskId", "0"),
+                ("__debezium.context.connectorName", CONNECTOR_NAME),
+                ("__debezium.context.runId", run_id),
+            ] {
+                headers.push((
+                    Arc::from(name),
+                    Some(Bytes::copy_from_slice(value.as_bytes())),
+                ));
+            }
         }
         if let Some(Value::Text(context)) = self.trace.and_then(|i| row.0.get(i)) {
             headers.extend(trace_headers(context));
