@@ -18,7 +18,7 @@ use bytes::Bytes;
 use tokio_postgres::types::Type;
 
 use super::{
-    BindError, EventError, HeaderColumn, MappingConfig, OutboxRecord, column_index, values,
+    BindError, EventError, HeaderColumn, MappingConfig, OutboxRecord, column_index, invalid, values,
 };
 use crate::pgoutput::{Relation, TupleData, Value};
 use data::{Data, Kind, Schema};
@@ -166,10 +166,7 @@ impl Col {
 
     /// The column's Connect value in `row`.
     fn data(&self, row: &TupleData, name: &str) -> Result<Data, EventError> {
-        let invalid = |reason: &str| EventError::InvalidValue {
-            column: name.to_owned(),
-            reason: reason.to_owned(),
-        };
+        let invalid = |reason: &str| invalid(name.to_owned(), reason);
         let text = match row.0.get(self.index) {
             Some(Value::Text(text)) => text,
             Some(Value::Null) => return Ok(Data::Null),
