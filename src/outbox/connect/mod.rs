@@ -266,32 +266,24 @@ impl ConnectPlan {
             Ok(col)
         };
         let route = typed("--route-by", &mapping.route_by, Kind::String, "a string")?;
-        let key = col("--key-column", &mapping.key_column)?;
+        let (key_column, payload_column) = (&mapping.key_column, &mapping.payload_column);
+        let key = col("--key-column", key_column)?;
         let id = col("--id-column", &mapping.id_column)?;
-        let payload = col("--payload-column", &mapping.payload_column)?;
+        let payload = col("--payload-column", payload_column)?;
         for (converter, col, flag, name) in [
-            (config.key, &key, "--key-converter", &mapping.key_column),
-            (
-                config.value,
-                &payload,
-                "--value-converter",
-                &mapping.payload_column,
-            ),
+            (config.key, &key, "--key-converter", key_column),
+            (config.value, &payload, "--value-converter", payload_column),
         ] {
             if converter == Converter::Bytearray && col.schema.kind != Kind::Bytes {
                 let why = "ByteArrayConverter takes only bytea; Debezium stops at the first event";
                 return Err(refusal(flag, name, why));
             }
         }
-        let headers = (mapping.header_columns.iter())
-            .map(|h| {
-                Ok((
-                    col("--header-column", &h.column)?,
-                    h.column.clone(),
-                    h.header.as_str().into(),
-                ))
-            })
-            .collect::<Result<Vec<(Col, String, Arc<str>)>, BindError>>()?;
+        let mut headers = Vec::new();
+        for h in &mapping.header_columns {
+            let c = col("--header-column", &h.column)?;
+            headers.push((c, h.column.clone(), Arc::from(h.header.as_str())));
+        }
         for (c, name) in
             std::iter::once((&id, &mapping.id_column)).chain(headers.iter().map(|(c, n, _)| (c, n)))
         {
@@ -305,11 +297,8 @@ impl ConnectPlan {
             .collect::<Result<Vec<_>, BindError>>()?;
         if !envelope.is_empty() && !config.value.reads_catalog() {
             let why = "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop";
-            return Err(refusal(
-                "--envelope-column",
-                &config.envelope[0].column,
-                why,
-            ));
+            let first = &config.envelope[0].column;
+            return Err(refusal("--envelope-column", first, why));
         }
         if config.expand_json_payload && !config.value.reads_catalog() {
             let why = "expanded payloads are structs, written only by JsonConverter";
@@ -330,7 +319,7 @@ impl ConnectPlan {
             key,
             id,
             payload,
-            payload_name: mapping.payload_column.clone(),
+            payload_name: payload_column.clone(),
             headers,
             envelope,
             partition,
