@@ -544,15 +544,8 @@ impl TableMapping {
                 });
             }
         }
-        let columns = connect::Columns {
-            route: &config.route_by,
-            key: &config.key_column,
-            id: &config.id_column,
-            payload: &config.payload_column,
-            headers: &config.header_columns,
-        };
         let connect = (config.connect.as_ref())
-            .map(|c| connect::ConnectPlan::bind(c, relation, facts, &columns))
+            .map(|c| connect::ConnectPlan::bind(c, relation, facts, config))
             .transpose()?;
         Ok(TableMapping {
             table: Arc::from(table.as_str()),
@@ -573,19 +566,12 @@ impl TableMapping {
             relation: &self.relation,
             row,
         };
-        let mut mapped = self.plan.map(&row, commit_time_ms);
-        if let (Some(connect), Ok(record)) = (&self.connect, &mut mapped) {
-            let (key, value) = (record.key.take(), record.payload.take());
-            match connect.convert(row.row, key, value) {
-                Ok(c) => {
-                    (record.key, record.payload, record.id) = (c.key, c.value, c.id);
-                    record.headers_before_id = c.leading.len();
-                    record.headers = c.leading.into_iter().chain(c.trailing).collect();
-                    record.partition = c.partition;
-                }
-                Err(error) => mapped = Err(error),
+        let mapped = self.plan.map(&row, commit_time_ms).and_then(|mut record| {
+            if let Some(connect) = &self.connect {
+                connect.convert(row.row, &mut record)?;
             }
-        }
+            Ok(record)
+        });
         mapped.map_err(|error| (error, self.plan.raw_parts(&row)))
     }
 }

@@ -122,29 +122,21 @@ pub fn hash_text(bytes: &[u8]) -> i64 {
     hash_bytes_extended(bytes, SEED) as i64
 }
 
-fn mix(a: &mut u32, b: &mut u32, c: &mut u32) {
-    *a = a.wrapping_sub(*c) ^ c.rotate_left(4);
-    *c = c.wrapping_add(*b);
-    *b = b.wrapping_sub(*a) ^ a.rotate_left(6);
-    *a = a.wrapping_add(*c);
-    *c = c.wrapping_sub(*b) ^ b.rotate_left(8);
-    *b = b.wrapping_add(*a);
-    *a = a.wrapping_sub(*c) ^ c.rotate_left(16);
-    *c = c.wrapping_add(*b);
-    *b = b.wrapping_sub(*a) ^ a.rotate_left(19);
-    *a = a.wrapping_add(*c);
-    *c = c.wrapping_sub(*b) ^ b.rotate_left(4);
-    *b = b.wrapping_add(*a);
+/// lookup3's `mix`: six rounds of `x -= z; x ^= rot(z, r); z += y`, the roles rotating.
+fn mix(s: &mut [u32; 3]) {
+    for (round, r) in [4, 6, 8, 16, 19, 4].into_iter().enumerate() {
+        let (x, y, z) = [(0, 1, 2), (1, 2, 0), (2, 0, 1)][round % 3];
+        s[x] = s[x].wrapping_sub(s[z]) ^ s[z].rotate_left(r);
+        s[z] = s[z].wrapping_add(s[y]);
+    }
 }
 
-fn finish(a: &mut u32, b: &mut u32, c: &mut u32) {
-    *c = (*c ^ *b).wrapping_sub(b.rotate_left(14));
-    *a = (*a ^ *c).wrapping_sub(c.rotate_left(11));
-    *b = (*b ^ *a).wrapping_sub(a.rotate_left(25));
-    *c = (*c ^ *b).wrapping_sub(b.rotate_left(16));
-    *a = (*a ^ *c).wrapping_sub(c.rotate_left(4));
-    *b = (*b ^ *a).wrapping_sub(a.rotate_left(14));
-    *c = (*c ^ *b).wrapping_sub(b.rotate_left(24));
+/// lookup3's `final`: seven rounds of `x ^= y; x -= rot(y, r)`, the roles rotating.
+fn finish(s: &mut [u32; 3]) {
+    for (round, r) in [14, 11, 25, 16, 4, 14, 24].into_iter().enumerate() {
+        let (x, y) = [(2, 1), (0, 2), (1, 0)][round % 3];
+        s[x] = (s[x] ^ s[y]).wrapping_sub(s[y].rotate_left(r));
+    }
 }
 
 /// lookup3 as PostgreSQL has it: 12-byte blocks as three little-endian words, the tail's
@@ -154,29 +146,28 @@ fn hash_bytes_extended(key: &[u8], seed: u64) -> u64 {
     let init = 0x9e37_79b9_u32
         .wrapping_add(key.len() as u32)
         .wrapping_add(3_923_095);
-    let (mut a, mut b, mut c) = (init, init, init);
+    let mut s = [init; 3];
     if seed != 0 {
-        a = a.wrapping_add((seed >> 32) as u32);
-        b = b.wrapping_add(seed as u32);
-        mix(&mut a, &mut b, &mut c);
+        s[0] = s[0].wrapping_add((seed >> 32) as u32);
+        s[1] = s[1].wrapping_add(seed as u32);
+        mix(&mut s);
     }
     let word = |bytes: &[u8]| {
         (bytes.iter().enumerate()).fold(0u32, |w, (i, &byte)| w | u32::from(byte) << (8 * i))
     };
     let mut blocks = key.chunks_exact(12);
     for block in &mut blocks {
-        a = a.wrapping_add(word(&block[..4]));
-        b = b.wrapping_add(word(&block[4..8]));
-        c = c.wrapping_add(word(&block[8..]));
-        mix(&mut a, &mut b, &mut c);
+        for (v, bytes) in s.iter_mut().zip(block.chunks(4)) {
+            *v = v.wrapping_add(word(bytes));
+        }
+        mix(&mut s);
     }
-    let tail = blocks.remainder();
-    a = a.wrapping_add(word(&tail[..tail.len().min(4)]));
-    b = b.wrapping_add(word(tail.get(4..tail.len().min(8)).unwrap_or_default()));
-    // The lowest byte of `c` is left for the length.
-    c = c.wrapping_add(word(tail.get(8..).unwrap_or_default()) << 8);
-    finish(&mut a, &mut b, &mut c);
-    (u64::from(b) << 32) | u64::from(c)
+    // The tail's words; the lowest byte of `c` is left for the length.
+    for (i, bytes) in blocks.remainder().chunks(4).enumerate() {
+        s[i] = s[i].wrapping_add(word(bytes) << if i == 2 { 8 } else { 0 });
+    }
+    finish(&mut s);
+    (u64::from(s[1]) << 32) | u64::from(s[2])
 }
 
 #[cfg(test)]

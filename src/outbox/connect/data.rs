@@ -273,16 +273,13 @@ pub fn write_double(out: &mut String, f: f64) {
         write!(out, "\"{text}\"").unwrap_or_default();
         return;
     }
-    if f == 0.0 {
-        out.push_str(if f.is_sign_negative() { "-0.0" } else { "0.0" });
-        return;
-    }
     // Rust's `{:e}` prints the shortest round-trip digits: `d[.ddd]e[-]n`.
     let scientific = format!("{:e}", f.abs());
     let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
     let exponent: i32 = exponent.parse().unwrap_or_default();
     let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    if f < 0.0 {
+    // `-0.0` included.
+    if f.is_sign_negative() {
         out.push('-');
     }
     if (-3..7).contains(&exponent) {

@@ -48,8 +48,7 @@ pub fn expand(payload: &str, field: &str, nulls_as_bytes: bool) -> Expanded {
     let Some(node) = Parser::new(payload).value(0) else {
         return Expanded::Unchanged;
     };
-    let infer = Infer { nulls_as_bytes };
-    let schema = match infer.schema(Some(field), &node) {
+    let schema = match infer(Some(field), &node, nulls_as_bytes) {
         Err(()) => return Expanded::Unchanged,
         Ok(None) => return Expanded::NoSchema,
         Ok(Some(schema)) => schema,
@@ -69,83 +68,79 @@ pub fn expand(payload: &str, field: &str, nulls_as_bytes: bool) -> Expanded {
 
 /// `JsonSchemaData.toConnectSchema`: `Err` where Debezium's inference throws (and the payload
 /// stays unchanged), `Ok(None)` for what it drops.
-struct Infer {
-    nulls_as_bytes: bool,
+fn infer(key: Option<&str>, node: &Node, nulls_as_bytes: bool) -> Result<Option<Schema>, ()> {
+    let kind = match node {
+        Node::Str(_) => Kind::String,
+        Node::Bool(_) => Kind::Boolean,
+        Node::Int(_) => Kind::Int32,
+        Node::Long(_) => Kind::Int64,
+        Node::Big | Node::Double(_) => Kind::Float64,
+        Node::Null if nulls_as_bytes => Kind::Bytes,
+        Node::Null => return Ok(None),
+        Node::Array(items) if items.is_empty() => return Ok(None),
+        Node::Array(items) => Kind::Array(Box::new(items_schema(key, items, nulls_as_bytes)?)),
+        Node::Object(fields) => {
+            let mut schemas: Vec<(String, Schema)> = Vec::new();
+            for (name, value) in fields {
+                let path = match key {
+                    Some(key) if !key.trim().is_empty() => format!("{key}.{name}"),
+                    _ => name.clone(),
+                };
+                if let Some(schema) = infer(Some(&path), value, nulls_as_bytes)?
+                    && !schemas.iter().any(|(n, _)| n == name)
+                {
+                    schemas.push((name.clone(), schema));
+                }
+            }
+            let mut schema = Schema::optional(Kind::Struct(schemas));
+            schema.name = key.map(str::to_owned);
+            return Ok(Some(schema));
+        }
+    };
+    Ok(Some(Schema::optional(kind)))
 }
 
-impl Infer {
-    fn schema(&self, key: Option<&str>, node: &Node) -> Result<Option<Schema>, ()> {
-        let kind = match node {
-            Node::Str(_) => Kind::String,
-            Node::Bool(_) => Kind::Boolean,
-            Node::Int(_) => Kind::Int32,
-            Node::Long(_) => Kind::Int64,
-            Node::Big | Node::Double(_) => Kind::Float64,
-            Node::Null if self.nulls_as_bytes => Kind::Bytes,
-            Node::Null => return Ok(None),
-            Node::Array(items) if items.is_empty() => return Ok(None),
-            Node::Array(items) => Kind::Array(Box::new(self.items(key, items)?)),
-            Node::Object(fields) => {
-                let mut schemas: Vec<(String, Schema)> = Vec::new();
-                for (name, value) in fields {
-                    let path = match key {
-                        Some(key) if !key.trim().is_empty() => format!("{key}.{name}"),
-                        _ => name.clone(),
-                    };
-                    if let Some(schema) = self.schema(Some(&path), value)?
-                        && !schemas.iter().any(|(n, _)| n == name)
-                    {
-                        schemas.push((name.clone(), schema));
-                    }
-                }
-                let mut schema = Schema::optional(Kind::Struct(schemas));
-                schema.name = key.map(str::to_owned);
-                return Ok(Some(schema));
-            }
+/// An array's item schema: from its first non-null item, all items of one JSON type (and
+/// numbers of one schema); objects' schemas merged, fields in first-seen order.
+fn items_schema(key: Option<&str>, items: &[Node], nulls_as_bytes: bool) -> Result<Schema, ()> {
+    let mut sample: Option<&Node> = None;
+    for item in items.iter().filter(|i| **i != Node::Null) {
+        let first = *sample.get_or_insert(item);
+        let number = |n: &Node| {
+            matches!(
+                n,
+                Node::Int(_) | Node::Long(_) | Node::Big | Node::Double(_)
+            )
         };
-        Ok(Some(Schema::optional(kind)))
+        if std::mem::discriminant(first) != std::mem::discriminant(item)
+            && !(number(first) && number(item))
+        {
+            return Err(());
+        }
+        if number(first)
+            && infer(None, first, nulls_as_bytes)? != infer(None, item, nulls_as_bytes)?
+        {
+            return Err(());
+        }
     }
-
-    /// An array's item schema: from its first non-null item, all items of one JSON type (and
-    /// numbers of one schema); objects' schemas merged, fields in first-seen order.
-    fn items(&self, key: Option<&str>, items: &[Node]) -> Result<Schema, ()> {
-        let mut sample: Option<&Node> = None;
-        for item in items.iter().filter(|i| **i != Node::Null) {
-            let first = *sample.get_or_insert(item);
-            let number = |n: &Node| {
-                matches!(
-                    n,
-                    Node::Int(_) | Node::Long(_) | Node::Big | Node::Double(_)
-                )
-            };
-            if std::mem::discriminant(first) != std::mem::discriminant(item)
-                && !(number(first) && number(item))
-            {
-                return Err(());
-            }
-            if number(first) && self.schema(None, first)? != self.schema(None, item)? {
-                return Err(());
-            }
+    let Some(Node::Object(_)) = sample else {
+        return infer(None, sample.unwrap_or(&Node::Null), nulls_as_bytes)?.ok_or(());
+    };
+    // Debezium merges the distinct item schemas in a HashSet's order, which follows JVM
+    // identity hashes: field order varies between its runs. First-seen order is one of them.
+    let mut distinct: Vec<Schema> = Vec::new();
+    for item in items.iter().filter(|i| matches!(i, Node::Object(_))) {
+        if let Some(schema) = infer(key, item, nulls_as_bytes)?
+            && !distinct.contains(&schema)
+        {
+            distinct.push(schema);
         }
-        let Some(Node::Object(_)) = sample else {
-            return self.schema(None, sample.unwrap_or(&Node::Null))?.ok_or(());
-        };
-        // Debezium merges the distinct item schemas in a HashSet's order, which follows JVM
-        // identity hashes: field order varies between its runs. First-seen order is one of them.
-        let mut distinct: Vec<Schema> = Vec::new();
-        for item in items.iter().filter(|i| matches!(i, Node::Object(_))) {
-            if let Some(schema) = self.schema(key, item)?
-                && !distinct.contains(&schema)
-            {
-                distinct.push(schema);
-            }
-        }
-        let mut merged = distinct.first().cloned().ok_or(())?;
-        for right in &distinct[1..] {
-            merged = merge(&merged, right);
-        }
-        Ok(merged)
     }
+    let mut merged = distinct.first().cloned().ok_or(())?;
+    for right in &distinct[1..] {
+        merged = merge(&merged, right);
+    }
+    Ok(merged)
 }
 
 /// `JsonSchemaData.mergeSchema`: left's fields, then right's new ones; a bytes field (from a
@@ -238,45 +233,44 @@ impl<'a> Parser<'a> {
         }
         match self.peek()? {
             b'{' => {
-                self.at += 1;
                 let mut fields: Vec<(String, Node)> = Vec::new();
-                if self.eat(b'}').is_some() {
-                    return Some(Node::Object(fields));
-                }
-                loop {
-                    self.peek()?;
-                    let name = self.string()?;
-                    self.eat(b':')?;
-                    let value = self.value(depth + 1)?;
+                self.sequence(b'}', |p| {
+                    p.peek()?;
+                    let name = p.string()?;
+                    p.eat(b':')?;
+                    let value = p.value(depth + 1)?;
                     match fields.iter_mut().find(|(n, _)| *n == name) {
                         Some((_, old)) => *old = value,
                         None => fields.push((name, value)),
                     }
-                    if self.eat(b',').is_none() {
-                        self.eat(b'}')?;
-                        return Some(Node::Object(fields));
-                    }
-                }
+                    Some(())
+                })?;
+                Some(Node::Object(fields))
             }
             b'[' => {
-                self.at += 1;
                 let mut items = Vec::new();
-                if self.eat(b']').is_some() {
-                    return Some(Node::Array(items));
-                }
-                loop {
-                    items.push(self.value(depth + 1)?);
-                    if self.eat(b',').is_none() {
-                        self.eat(b']')?;
-                        return Some(Node::Array(items));
-                    }
-                }
+                self.sequence(b']', |p| p.value(depth + 1).map(|v| items.push(v)))?;
+                Some(Node::Array(items))
             }
             b'"' => self.string().map(Node::Str),
             b't' => self.literal("true", Node::Bool(true)),
             b'f' => self.literal("false", Node::Bool(false)),
             b'n' => self.literal("null", Node::Null),
             _ => self.number(),
+        }
+    }
+
+    /// After an opening bracket: comma-separated items, each read by `item`, up to `close`.
+    fn sequence(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.at += 1;
+        if self.eat(close).is_some() {
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            if self.eat(b',').is_none() {
+                return self.eat(close);
+            }
         }
     }
 

@@ -17,7 +17,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use bytes::Bytes;
 use tokio_postgres::types::Type;
 
-use super::{BindError, EventError, HeaderColumn, column_index, values};
+use super::{
+    BindError, EventError, HeaderColumn, MappingConfig, OutboxRecord, column_index, invalid, values,
+};
 use crate::pgoutput::{Relation, TupleData, Value};
 use data::{Data, Kind, Schema};
 use expand::Expanded;
@@ -115,24 +117,10 @@ pub struct ColumnFacts {
     pub default: Option<String>,
 }
 
-/// The column types whose Connect encoding the relay reproduces (Debezium's default modes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ColType {
-    Text,
-    Uuid,
-    Json,
-    Int16,
-    Int32,
-    Int64,
-    Bool,
-    Bytea,
-}
-
 /// A bound column: its index and Connect schema.
 #[derive(Clone, Debug)]
 struct Col {
     index: usize,
-    ty: ColType,
     schema: Schema,
 }
 
@@ -145,75 +133,57 @@ impl Col {
         name: &str,
     ) -> Result<Col, BindError> {
         let index = column_index(relation, table, flag, name)?;
-        let column = &relation.columns[index];
-        let ty = match Type::from_oid(column.type_oid) {
-            Some(Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME) => ColType::Text,
-            Some(Type::UUID) => ColType::Uuid,
-            Some(Type::JSON | Type::JSONB) => ColType::Json,
-            Some(Type::INT2) => ColType::Int16,
-            Some(Type::INT4) => ColType::Int32,
-            Some(Type::INT8) => ColType::Int64,
-            Some(Type::BOOL) => ColType::Bool,
-            Some(Type::BYTEA) => ColType::Bytea,
+        let oid = relation.columns[index].type_oid;
+        // The types whose Connect encoding the relay reproduces (Debezium's default modes).
+        let (kind, logical) = match Type::from_oid(oid) {
+            Some(Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME) => (Kind::String, None),
+            Some(Type::UUID) => (Kind::String, Some("io.debezium.data.Uuid")),
+            Some(Type::JSON | Type::JSONB) => (Kind::String, Some("io.debezium.data.Json")),
+            Some(Type::INT2) => (Kind::Int16, None),
+            Some(Type::INT4) => (Kind::Int32, None),
+            Some(Type::INT8) => (Kind::Int64, None),
+            Some(Type::BOOL) => (Kind::Boolean, None),
+            Some(Type::BYTEA) => (Kind::Bytes, None),
             other => {
-                let ty =
-                    other.map_or_else(|| format!("oid {}", column.type_oid), |t| t.to_string());
-                return Err(refuse(
-                    table,
-                    flag,
-                    name,
-                    format!(
-                        "its type {ty} is not one whose Debezium encoding the relay reproduces (text, varchar, char, uuid, json, jsonb, smallint, integer, bigint, boolean, bytea)"
-                    ),
-                ));
+                let ty = other.map_or_else(|| format!("oid {oid}"), |t| t.to_string());
+                let why = format!(
+                    "its type {ty} is not one whose Debezium encoding the relay reproduces (text, varchar, char, uuid, json, jsonb, smallint, integer, bigint, boolean, bytea)"
+                );
+                return Err(refuse(table, flag, name, why));
             }
         };
-        let (kind, logical) = match ty {
-            ColType::Text => (Kind::String, None),
-            ColType::Uuid => (Kind::String, Some("io.debezium.data.Uuid")),
-            ColType::Json => (Kind::String, Some("io.debezium.data.Json")),
-            ColType::Int16 => (Kind::Int16, None),
-            ColType::Int32 => (Kind::Int32, None),
-            ColType::Int64 => (Kind::Int64, None),
-            ColType::Bool => (Kind::Boolean, None),
-            ColType::Bytea => (Kind::Bytes, None),
-        };
         let facts = facts.iter().find(|f| f.name == name);
+        let default = facts.and_then(|f| parse_default(f.default.as_deref()?, &kind));
         let schema = Schema {
             kind,
             optional: !facts.is_some_and(|f| f.not_null),
             name: logical.map(str::to_owned),
             version: logical.map(|_| 1),
-            default: facts
-                .and_then(|f| f.default.as_deref())
-                .and_then(|expr| parse_default(expr, ty)),
+            default,
         };
-        Ok(Col { index, ty, schema })
+        Ok(Col { index, schema })
     }
 
     /// The column's Connect value in `row`.
     fn data(&self, row: &TupleData, name: &str) -> Result<Data, EventError> {
-        let invalid = |reason: &str| EventError::InvalidValue {
-            column: name.to_owned(),
-            reason: reason.to_owned(),
-        };
+        let invalid = |reason: &str| invalid(name.to_owned(), reason);
         let text = match row.0.get(self.index) {
             Some(Value::Text(text)) => text,
             Some(Value::Null) => return Ok(Data::Null),
             _ => return Err(invalid("not a text-format value")),
         };
         let utf8 = || std::str::from_utf8(text).map_err(|_| invalid("not UTF-8"));
-        Ok(match self.ty {
-            ColType::Text | ColType::Uuid | ColType::Json => Data::Str(utf8()?.to_owned()),
-            ColType::Int16 | ColType::Int32 | ColType::Int64 => {
+        Ok(match self.schema.kind {
+            Kind::Int16 | Kind::Int32 | Kind::Int64 => {
                 Data::Int(utf8()?.parse().map_err(|_| invalid("not an integer"))?)
             }
-            ColType::Bool => Data::Bool(text.as_ref() == b"t"),
-            ColType::Bytea => Data::Bytes(
+            Kind::Boolean => Data::Bool(text.as_ref() == b"t"),
+            Kind::Bytes => Data::Bytes(
                 values::decode_bytea_hex(text)
                     .ok_or_else(|| invalid("bytea text is not in hex format"))?
                     .to_vec(),
             ),
+            _ => Data::Str(utf8()?.to_owned()),
         })
     }
 }
@@ -229,7 +199,7 @@ fn refuse(table: &str, option: &str, column: &str, why: impl Into<String>) -> Bi
 
 /// Debezium's reading of a column default: a literal (`'Event'::character varying`, `42`,
 /// `true`); anything computed (`now()`, `gen_random_uuid()`) is no default.
-fn parse_default(expr: &str, ty: ColType) -> Option<Data> {
+fn parse_default(expr: &str, kind: &Kind) -> Option<Data> {
     let (literal, cast) = match expr.strip_prefix('\'') {
         Some(rest) => {
             let (inner, cast) = rest.rsplit_once('\'')?;
@@ -241,16 +211,13 @@ fn parse_default(expr: &str, ty: ColType) -> Option<Data> {
     if !(cast.is_empty() || cast.starts_with("::") && cast.chars().all(type_name)) {
         return None;
     }
-    match (ty, literal) {
-        (ColType::Text | ColType::Uuid | ColType::Json, Some(text)) => Some(Data::Str(text)),
-        (ColType::Int16 | ColType::Int32 | ColType::Int64, text) => {
+    match (kind, literal) {
+        (Kind::String, Some(text)) => Some(Data::Str(text)),
+        (Kind::Int16 | Kind::Int32 | Kind::Int64, text) => {
             text.as_deref().unwrap_or(expr).parse().ok().map(Data::Int)
         }
-        (ColType::Bool, None) => match expr {
-            "true" => Some(Data::Bool(true)),
-            "false" => Some(Data::Bool(false)),
-            _ => None,
-        },
+        // Only `true` and `false` parse.
+        (Kind::Boolean, None) => expr.parse().ok().map(Data::Bool),
         _ => None,
     }
 }
@@ -273,222 +240,134 @@ pub struct ConnectPlan {
     trace: Option<usize>,
 }
 
-/// What the plan adds to the relay's record.
-#[derive(Debug)]
-pub struct Converted {
-    /// The key's bytes.
-    pub key: Option<Bytes>,
-    /// The value's bytes; `None` is a tombstone.
-    pub value: Option<Bytes>,
-    /// Headers before `id`: the context and trace headers.
-    pub leading: Vec<(Arc<str>, Option<Bytes>)>,
-    /// The `id` header's bytes.
-    pub id: Bytes,
-    /// Headers after `id`.
-    pub trailing: Vec<(Arc<str>, Option<Bytes>)>,
-    /// The partition from the partition column.
-    pub partition: Option<i32>,
-}
-
-/// The columns the relay's own flags name, as [`ConnectPlan::bind`] takes them.
-pub struct Columns<'a> {
-    /// `--route-by`
-    pub route: &'a str,
-    /// `--key-column`
-    pub key: &'a str,
-    /// `--id-column`
-    pub id: &'a str,
-    /// `--payload-column`
-    pub payload: &'a str,
-    /// `--header-column`
-    pub headers: &'a [HeaderColumn],
-}
-
 impl ConnectPlan {
-    /// Binds `config` to the table's columns, or refuses what would not match Debezium.
+    /// Binds `config` to the table's columns (those `mapping`'s flags name), or refuses what
+    /// would not match Debezium.
     pub fn bind(
         config: &ConnectConfig,
         relation: &Relation,
         facts: &[ColumnFacts],
-        columns: &Columns<'_>,
+        mapping: &MappingConfig,
     ) -> Result<Self, BindError> {
         let table = format!("{}.{}", relation.namespace, relation.name);
+        let refusal = |flag: &str, name: &str, why: &str| refuse(&table, flag, name, why);
         if config.reads_catalog() && facts.is_empty() {
             let why = "the catalog's NOT NULL and DEFAULT of its columns were not read";
-            return Err(refuse(
-                &table,
-                "--key-converter/--value-converter",
-                "json",
-                why,
-            ));
+            return Err(refusal("--key-converter/--value-converter", "json", why));
         }
         let col = |flag, name: &str| Col::bind(relation, &table, facts, flag, name);
-        let string = |col: Col, flag: &str, name: &str| match col.schema.kind {
-            Kind::String => Ok(col),
-            _ => Err(refuse(
-                &table,
-                flag,
-                name,
-                "Debezium reads it as a string and stops on any other type",
-            )),
+        // A column Debezium reads as `kind` (`named`), stopping on any other type.
+        let typed = |flag, name: &str, kind: Kind, named: &str| {
+            let col = col(flag, name)?;
+            if col.schema.kind != kind {
+                let why = format!("Debezium reads it as {named} and stops on any other type");
+                return Err(refusal(flag, name, &why));
+            }
+            Ok(col)
         };
-        let int32 = |col: Col, flag: &str, name: &str| match col.ty {
-            ColType::Int32 => Ok(col),
-            _ => Err(refuse(
-                &table,
-                flag,
-                name,
-                "Debezium reads it as an int32 (integer) and stops on any other type",
-            )),
-        };
-        let route = string(
-            col("--route-by", columns.route)?,
-            "--route-by",
-            columns.route,
-        )?;
-        let key = col("--key-column", columns.key)?;
-        let id = col("--id-column", columns.id)?;
-        let payload = col("--payload-column", columns.payload)?;
+        let route = typed("--route-by", &mapping.route_by, Kind::String, "a string")?;
+        let (key_column, payload_column) = (&mapping.key_column, &mapping.payload_column);
+        let key = col("--key-column", key_column)?;
+        let id = col("--id-column", &mapping.id_column)?;
+        let payload = col("--payload-column", payload_column)?;
         for (converter, col, flag, name) in [
-            (config.key, &key, "--key-converter", columns.key),
-            (config.value, &payload, "--value-converter", columns.payload),
+            (config.key, &key, "--key-converter", key_column),
+            (config.value, &payload, "--value-converter", payload_column),
         ] {
-            if converter == Converter::Bytearray && col.ty != ColType::Bytea {
-                return Err(refuse(
-                    &table,
-                    flag,
-                    name,
-                    "ByteArrayConverter takes only bytea; Debezium stops at the first event",
-                ));
+            if converter == Converter::Bytearray && col.schema.kind != Kind::Bytes {
+                let why = "ByteArrayConverter takes only bytea; Debezium stops at the first event";
+                return Err(refusal(flag, name, why));
             }
         }
         let mut headers = Vec::new();
-        for h in columns.headers {
+        for h in &mapping.header_columns {
             let c = col("--header-column", &h.column)?;
             headers.push((c, h.column.clone(), Arc::from(h.header.as_str())));
         }
-        for (c, name) in std::iter::once((&id, columns.id))
-            .chain(headers.iter().map(|(c, n, _)| (c, n.as_str())))
+        for (c, name) in
+            std::iter::once((&id, &mapping.id_column)).chain(headers.iter().map(|(c, n, _)| (c, n)))
         {
-            if c.ty == ColType::Bytea {
-                return Err(refuse(
-                    &table,
-                    "header",
-                    name,
-                    "SimpleHeaderConverter's text for bytes is not reproduced",
-                ));
+            if c.schema.kind == Kind::Bytes {
+                let why = "SimpleHeaderConverter's text for bytes is not reproduced";
+                return Err(refusal("header", name, why));
             }
         }
-        let mut envelope = Vec::new();
-        for e in &config.envelope {
-            envelope.push((col("--envelope-column", &e.column)?, e.header.clone()));
-        }
+        let envelope = (config.envelope.iter())
+            .map(|e| Ok((col("--envelope-column", &e.column)?, e.header.clone())))
+            .collect::<Result<Vec<_>, BindError>>()?;
         if !envelope.is_empty() && !config.value.reads_catalog() {
-            return Err(refuse(
-                &table,
-                "--envelope-column",
-                &config.envelope[0].column,
-                "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop",
-            ));
+            let why = "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop";
+            let first = &config.envelope[0].column;
+            return Err(refusal("--envelope-column", first, why));
         }
         if config.expand_json_payload && !config.value.reads_catalog() {
-            return Err(refuse(
-                &table,
-                "--expand-json-payload",
-                "",
-                "expanded payloads are structs, written only by JsonConverter",
-            ));
+            let why = "expanded payloads are structs, written only by JsonConverter";
+            return Err(refusal("--expand-json-payload", "", why));
         }
-        let partition = (config.partition_column.as_deref())
-            .map(|name| int32(col("--partition-column", name)?, "--partition-column", name))
-            .transpose()?;
-        let version = (config.schema_version_column.as_deref())
-            .map(|name| {
-                int32(
-                    col("--schema-version-column", name)?,
-                    "--schema-version-column",
-                    name,
-                )
-            })
-            .transpose()?;
+        let int32 = |flag, name: &Option<String>| {
+            let name = name.as_deref()?;
+            Some(typed(flag, name, Kind::Int32, "an int32 (integer)"))
+        };
+        let partition = int32("--partition-column", &config.partition_column).transpose()?;
+        let version = int32("--schema-version-column", &config.schema_version_column);
         // Debezium traces only rows of tables that have the column.
         let trace = (config.trace_column.as_deref()).and_then(|name| relation.column_index(name));
         Ok(ConnectPlan {
             config: config.clone(),
-            record_name: format!(
-                "{}.{}.{}",
-                config.topic_prefix, relation.namespace, relation.name
-            ),
+            record_name: format!("{}.{table}", config.topic_prefix),
             route,
             key,
             id,
             payload,
-            payload_name: columns.payload.to_owned(),
+            payload_name: payload_column.clone(),
             headers,
             envelope,
             partition,
-            version,
+            version: version.transpose()?,
             trace,
         })
     }
 
-    /// The record's key, value, headers and partition for `row`; a [`Converter::Relay`] key
-    /// or value stays the relay's own (`key`, `value`).
-    pub fn convert(
-        &self,
-        row: &TupleData,
-        mut key: Option<Bytes>,
-        mut value: Option<Bytes>,
-    ) -> Result<Converted, EventError> {
+    /// Makes `record` (mapped from `row`) Debezium's: its key, value, headers and partition; a
+    /// [`Converter::Relay`] key or value stays the relay's own.
+    pub fn convert(&self, row: &TupleData, record: &mut OutboxRecord) -> Result<(), EventError> {
         let stops = |reason: String| EventError::DebeziumStops { reason };
         if self.config.key != Converter::Relay {
             let data = self.key.data(row, "key")?;
-            key = convert(self.config.key, Some(&self.key.schema), &data).map_err(stops)?;
+            record.key = convert(self.config.key, Some(&self.key.schema), &data).map_err(stops)?;
         }
         if self.config.value != Converter::Relay {
             let (schema, data) = self.value(row)?;
-            value = convert(self.config.value, schema.as_ref(), &data).map_err(stops)?;
+            record.payload = convert(self.config.value, schema.as_ref(), &data).map_err(stops)?;
         }
-        let id = header_bytes(&self.id.data(row, "id")?).unwrap_or_default();
-        let mut leading = Vec::new();
+        record.id = header_bytes(&self.id.data(row, "id")?).unwrap_or_default();
+        // The context and trace headers come before `id`, the header columns after it.
+        let mut headers = Vec::new();
         if let Some(run_id) = &self.config.context_headers {
+            let prefix = self.config.topic_prefix.as_str();
             for (name, value) in [
-                (
-                    "__debezium.context.connectorLogicalName",
-                    self.config.topic_prefix.as_str(),
-                ),
+                ("__debezium.context.connectorLogicalName", prefix),
                 ("__debezium.context.taskId", "0"),
                 ("__debezium.context.connectorName", CONNECTOR_NAME),
                 ("__debezium.context.runId", run_id),
             ] {
-                leading.push((
+                headers.push((
                     Arc::from(name),
                     Some(Bytes::copy_from_slice(value.as_bytes())),
                 ));
             }
         }
         if let Some(Value::Text(context)) = self.trace.and_then(|i| row.0.get(i)) {
-            leading.extend(trace_headers(context));
+            headers.extend(trace_headers(context));
         }
-        let mut trailing = Vec::with_capacity(self.headers.len());
+        record.headers_before_id = headers.len();
         for (col, name, header) in &self.headers {
-            trailing.push((Arc::clone(header), header_bytes(&col.data(row, name)?)));
+            headers.push((Arc::clone(header), header_bytes(&col.data(row, name)?)));
         }
-        let partition = match &self.partition {
-            Some(col) => match col.data(row, "partition")? {
-                Data::Int(p) => i32::try_from(p).ok(),
-                _ => None,
-            },
-            None => None,
-        };
-        Ok(Converted {
-            key,
-            value,
-            leading,
-            id,
-            trailing,
-            partition,
-        })
+        record.headers = headers;
+        record.partition =
+            int(self.partition.as_ref(), row, "partition")?.and_then(|p| i32::try_from(p).ok());
+        Ok(())
     }
 
     /// The value's schema and data, as the router leaves them for the value converter.
@@ -525,13 +404,8 @@ impl ConnectPlan {
             fields.push((field.clone(), col.schema.clone()));
             values.push(col.data(row, field)?);
         }
-        let version = match &self.version {
-            Some(col) => match col.data(row, "version")? {
-                Data::Int(v) => Some(i32::try_from(v).unwrap_or_default()),
-                _ => None,
-            },
-            None => None,
-        };
+        let version = int(self.version.as_ref(), row, "version")?
+            .map(|v| i32::try_from(v).unwrap_or_default());
         let route = match self.route.data(row, "route")? {
             Data::Str(route) => route,
             _ => String::new(),
@@ -588,28 +462,34 @@ impl ConnectPlan {
     }
 }
 
+/// The integer in an optional column; `None` without the column, or when NULL.
+fn int(col: Option<&Col>, row: &TupleData, name: &str) -> Result<Option<i64>, EventError> {
+    match col.map(|col| col.data(row, name)).transpose()? {
+        Some(Data::Int(i)) => Ok(Some(i)),
+        _ => Ok(None),
+    }
+}
+
 /// Bytes of `data` as a Connect `converter` writes them (`Err`: Debezium stops).
 fn convert(
     converter: Converter,
     schema: Option<&Schema>,
     data: &Data,
 ) -> Result<Option<Bytes>, String> {
-    let bytes = match (converter, data) {
+    match (converter, data) {
         (Converter::Json | Converter::JsonWithSchemas, data) => {
             let schemas = converter == Converter::JsonWithSchemas;
-            return data::to_json(schema, data, schemas)
-                .map(|json| json.map(Bytes::from))
-                .map_err(|refused| refused.0);
+            let json = data::to_json(schema, data, schemas).map_err(|refused| refused.0)?;
+            Ok(json.map(Bytes::from))
         }
-        (_, Data::Null) => return Ok(None),
         // ByteArrayConverter takes bytes only (checked at bind); StringConverter prints the
         // Java object: a ByteBuffer's description rather than its bytes.
-        (_, Data::Bytes(b)) if converter == Converter::String => {
-            format!("java.nio.HeapByteBuffer[pos=0 lim={0} cap={0}]", b.len()).into_bytes()
-        }
-        (_, data) => return Ok(header_bytes(data)),
-    };
-    Ok(Some(Bytes::from(bytes)))
+        (Converter::String, Data::Bytes(b)) => Ok(Some(Bytes::from(format!(
+            "java.nio.HeapByteBuffer[pos=0 lim={0} cap={0}]",
+            b.len()
+        )))),
+        (_, data) => Ok(header_bytes(data)),
+    }
 }
 
 /// `SimpleHeaderConverter` (and `StringConverter`): a value's text.
@@ -632,45 +512,37 @@ fn trace_headers(context: &[u8]) -> Vec<(Arc<str>, Option<Bytes>)> {
     let mut properties = HashMap::new();
     let mut parsed = java_properties::PropertiesIter::new(text.as_bytes());
     let _ = parsed.read_into(|k, v| drop(properties.insert(k, v)));
-    let random = |len: usize| {
-        let bytes = uuid::Uuid::new_v4();
-        hex::encode(&bytes.as_bytes()[..len])
+    let random = |len: usize| hex::encode(&uuid::Uuid::new_v4().as_bytes()[..len]);
+    // Lower-case hex of `n` digits, not all zero.
+    let hex = |s: &str, n: usize| {
+        s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
     };
-    let parent = properties.get("traceparent").and_then(|p| {
-        let parts: Vec<&str> = p.split('-').collect();
-        let hex = |s: &str, n: usize| {
-            s.len() == n
-                && s.bytes()
-                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-        };
-        match parts[..] {
-            [version, trace, span, flags]
-                if version == "00"
-                    && hex(trace, 32)
-                    && hex(span, 16)
-                    && hex(flags, 2)
-                    && trace.bytes().any(|b| b != b'0')
-                    && span.bytes().any(|b| b != b'0') =>
-            {
-                Some((
-                    trace.to_owned(),
-                    u8::from_str_radix(flags, 16).unwrap_or(0) & 1,
-                ))
-            }
-            _ => None,
-        }
-    });
-    let state = parent
-        .as_ref()
-        .and(properties.get("tracestate"))
-        .filter(|s| !s.is_empty());
-    let (trace, sampled) = parent.clone().unwrap_or_else(|| (random(16), 1));
+    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
+    let parent =
+        properties
+            .get("traceparent")
+            .and_then(|p| match p.split('-').collect::<Vec<_>>()[..] {
+                ["00", trace, span, flags]
+                    if hex(trace, 32)
+                        && hex(span, 16)
+                        && hex(flags, 2)
+                        && nonzero(trace)
+                        && nonzero(span) =>
+                {
+                    Some((
+                        trace.to_owned(),
+                        u8::from_str_radix(flags, 16).unwrap_or(0) & 1,
+                    ))
+                }
+                _ => None,
+            });
+    let state = (parent.as_ref().and(properties.get("tracestate"))).filter(|s| !s.is_empty());
+    let (trace, sampled) = parent.unwrap_or_else(|| (random(16), 1));
     let traceparent = format!("00-{trace}-{}-{sampled:02x}", random(8));
-    let mut headers = vec![(Arc::from("traceparent"), Some(Bytes::from(traceparent)))];
-    if let Some(state) = state {
-        headers.push((Arc::from("tracestate"), Some(Bytes::from(state.clone()))));
-    }
-    headers
+    let state = state.map(|state| ("tracestate", state.clone()));
+    (std::iter::once(("traceparent", traceparent)).chain(state))
+        .map(|(name, value)| (Arc::from(name), Some(Bytes::from(value))))
+        .collect()
 }
 
 #[cfg(test)]

@@ -272,23 +272,26 @@ fn trace_headers_continue_the_parent_trace() {
 #[test]
 fn defaults_are_literals_only() {
     assert_eq!(
-        parse_default("'Event'::character varying", ColType::Text),
+        parse_default("'Event'::character varying", &Kind::String),
         Some(Data::Str("Event".into()))
     );
     assert_eq!(
-        parse_default("'it''s'::text", ColType::Text),
+        parse_default("'it''s'::text", &Kind::String),
         Some(Data::Str("it's".into()))
     );
-    assert_eq!(parse_default("42", ColType::Int32), Some(Data::Int(42)));
+    assert_eq!(parse_default("42", &Kind::Int32), Some(Data::Int(42)));
     assert_eq!(
-        parse_default("'-1'::integer", ColType::Int32),
+        parse_default("'-1'::integer", &Kind::Int32),
         Some(Data::Int(-1))
     );
-    assert_eq!(parse_default("true", ColType::Bool), Some(Data::Bool(true)));
-    assert_eq!(parse_default("gen_random_uuid()", ColType::Uuid), None);
-    assert_eq!(parse_default("now()", ColType::Text), None);
     assert_eq!(
-        parse_default("('a'::text || 'b'::text)", ColType::Text),
+        parse_default("true", &Kind::Boolean),
+        Some(Data::Bool(true))
+    );
+    assert_eq!(parse_default("gen_random_uuid()", &Kind::String), None);
+    assert_eq!(parse_default("now()", &Kind::String), None);
+    assert_eq!(
+        parse_default("('a'::text || 'b'::text)", &Kind::String),
         None
     );
 }
