@@ -15,7 +15,7 @@ use rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition;
 use tokio::sync::mpsc;
 use tokio_postgres::Client;
 
-use super::CommandError;
+use super::{CommandError, execute};
 use crate::config::{BackfillArgs, Config, Delivery};
 use crate::lsn::Lsn;
 use crate::outbox::{
@@ -24,6 +24,7 @@ use crate::outbox::{
 use crate::pgoutput::{TupleData, Value};
 use crate::sink::exactly_once::{TailError, TailReader};
 use crate::sink::{self, Blame, KafkaSink, Refusal, Sink, SinkError, Ticket};
+use crate::source::SESSION_FORMATS;
 use crate::source::setup::{self, query_err};
 
 /// How far before `--since` a topic is read back: Kafka timestamps are commit
@@ -62,34 +63,29 @@ impl Delivered {
         topic: &str,
         id: &[u8],
     ) -> Result<bool, CommandError> {
-        if let Some(ids) = self.ids.get(topic) {
-            return Ok(ids.contains(id));
+        if !self.ids.contains_key(topic) {
+            let (reader, since) = (&self.reader, self.since_ms);
+            let ids = match sink.fetch_partition_count(topic).await {
+                Ok(partitions) => reader.event_ids_since(topic, partitions, since)?,
+                // Not created yet: nothing was delivered to it.
+                Err(e) if e.rdkafka_error_code() == Some(UnknownTopicOrPartition) => HashSet::new(),
+                Err(e) => {
+                    let reason = format!("cannot read the topic's partition count: {e}");
+                    return Err(TailError::read(topic, -1, &reason).into());
+                }
+            };
+            let events = ids.len();
+            tracing::info!(topic, events, "read the events already in the topic");
+            self.ids.insert(topic.to_owned(), ids);
         }
-        let (reader, since) = (&self.reader, self.since_ms);
-        let ids = match sink.fetch_partition_count(topic).await {
-            Ok(partitions) => reader.event_ids_since(topic, partitions, since)?,
-            // Not created yet: nothing was delivered to it.
-            Err(e) if e.rdkafka_error_code() == Some(UnknownTopicOrPartition) => HashSet::new(),
-            Err(e) => {
-                let reason = format!("cannot read the topic's partition count: {e}");
-                return Err(TailError::read(topic, -1, &reason).into());
-            }
-        };
-        let events = ids.len();
-        tracing::info!(topic, events, "read the events already in the topic");
-        let found = ids.contains(id);
-        self.ids.insert(topic.to_owned(), ids);
-        Ok(found)
+        Ok(self.ids[topic].contains(id))
     }
 }
 
 pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), CommandError> {
     let client = setup::connect(config).await?;
     // Rows read as text in pgoutput's session formats bind like streamed inserts.
-    client
-        .batch_execute(crate::source::SESSION_FORMATS)
-        .await
-        .map_err(query_err("set the session's formats"))?;
+    execute(&client, SESSION_FORMATS, "set the session's formats").await?;
     let in_flight = config.flags.max_in_flight_events;
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
     let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, None, None)?;
@@ -105,12 +101,12 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
         sink,
         deliveries,
         table: String::new(),
-        cap: in_flight as u64,
         sent: 0,
         acked: 0,
         dead_lettered: 0,
     };
     let (quoted, mut skipped) = (quote_ident(&args.column), 0u64);
+    let shard = config.flags.shard;
     for table in &config.tables {
         let relation = setup::relation(&client, table).await?;
         let facts = setup::column_facts(&client, &table.quoted()).await?;
@@ -145,11 +141,7 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
             let values = TupleData((0..row.len()).map(value).collect());
             let mapped = mapping.map(&values, now_ms);
             // A shard re-publishes the rows its publication's filter would have sent it.
-            if config
-                .flags
-                .shard
-                .is_some_and(|shard| !shard.owns_event(&mapped))
-            {
+            if shard.is_some_and(|shard| !shard.owns_event(&mapped)) {
                 continue;
             }
             let record = match mapped {
@@ -171,10 +163,8 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
         // A failure names the table it came from.
         run.drain(0).await?;
     }
-    let skipped = match exactly_once {
-        Some(_) => format!(" ({skipped} already in Kafka skipped)"),
-        None => String::new(),
-    };
+    let skipped = exactly_once.map(|_| format!(" ({skipped} already in Kafka skipped)"));
+    let skipped = skipped.unwrap_or_default();
     let dead = match (run.dead_lettered, &config.dead_letter_topic) {
         (0, _) | (_, None) => String::new(),
         (n, Some(topic)) => format!("; {n} dead-lettered to {topic:?}"),
@@ -195,8 +185,6 @@ struct Run<'a> {
     deliveries: mpsc::UnboundedReceiver<sink::Delivery>,
     /// The table being read, for dead letters and errors.
     table: String,
-    /// `--max-in-flight-events`.
-    cap: u64,
     sent: u64,
     acked: u64,
     dead_lettered: u64,
@@ -214,7 +202,8 @@ impl Run<'_> {
             }
             Err(e) => return Err(e.into()),
         }
-        self.drain(self.cap.saturating_sub(1)).await
+        let cap = self.config.flags.max_in_flight_events as u64;
+        self.drain(cap.saturating_sub(1)).await
     }
 
     /// Takes delivery reports until at most `left` records are in flight.
@@ -272,11 +261,8 @@ impl Run<'_> {
             payload: record.payload,
             intended_topic: Some(record.topic),
         };
-        let (headers, at, error) = (
-            record.headers,
-            record.timestamp_ms,
-            refusal.source.to_string(),
-        );
+        let (headers, at, error) = (record.headers, record.timestamp_ms, refusal.source);
+        let error = error.to_string();
         self.poison(Some(ticket), parts, headers, at, error, omitted)
             .await
     }

@@ -3,10 +3,10 @@
 
 use std::io::Write;
 
-use super::CommandError;
+use super::{CommandError, execute};
 use crate::config::{Config, DropSlotArgs};
 use crate::source::lineage::Lineage;
-use crate::source::setup::{self, query_err};
+use crate::source::setup;
 use crate::source::sql;
 
 /// What dropping the slot loses, said before refusing.
@@ -36,10 +36,7 @@ pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), Comm
          start creates a fresh one"
     )?;
     if info.exists {
-        client
-            .batch_execute(&sql::drop_slot(slot))
-            .await
-            .map_err(query_err("drop the replication slot"))?;
+        execute(&client, &sql::drop_slot(slot), "drop the replication slot").await?;
         let confirmed = info.confirmed_flush_lsn.as_deref().unwrap_or("nothing");
         writeln!(
             out,
@@ -50,10 +47,8 @@ pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), Comm
     }
     if args.drop_publication {
         let publication = &config.flags.publication;
-        client
-            .batch_execute(&sql::drop_publication(publication))
-            .await
-            .map_err(query_err("drop the publication"))?;
+        let drop = sql::drop_publication(publication);
+        execute(&client, &drop, "drop the publication").await?;
         writeln!(out, "dropped publication {publication:?} (if it existed)")?;
     }
     Ok(())

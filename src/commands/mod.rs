@@ -19,6 +19,7 @@ use crate::config::{Cli, Command, Config, ConfigError};
 use crate::observability::Chain;
 use crate::pipeline::{RelayError, exit_code};
 use crate::source::SourceError;
+use crate::source::setup::query_err;
 
 /// Why a subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +142,15 @@ fn block_on<F: std::future::Future>(future: F) -> Result<F::Output, CommandError
         .build()
         .map_err(CommandError::Runtime)?;
     Ok(runtime.block_on(future))
+}
+
+/// Runs `sql` (one or more statements); a failure says it was trying to `what`.
+async fn execute(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    what: &'static str,
+) -> Result<(), SourceError> {
+    client.batch_execute(sql).await.map_err(query_err(what))
 }
 
 /// `1536` → `1.5 KiB`.

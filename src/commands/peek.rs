@@ -8,8 +8,8 @@ use std::io::Write;
 use bytes::Bytes;
 use futures_util::{TryStreamExt, pin_mut};
 
-use super::CommandError;
 use super::print::{Position, RecordLine, text};
+use super::{CommandError, execute};
 use crate::config::{Config, PeekArgs};
 use crate::lsn::Lsn;
 use crate::outbox::{ID_HEADER, OutboxRecord, values};
@@ -45,10 +45,8 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
              creates it)"
         )));
     }
-    client
-        .batch_execute(crate::source::SESSION_FORMATS)
-        .await
-        .map_err(query_err("set the session's date and time format"))?;
+    let formats = crate::source::SESSION_FORMATS;
+    execute(&client, formats, "set the session's date and time format").await?;
     let mut out = std::io::stdout().lock();
     // Decoding stops after the transaction in which `upto_nchanges` rows (Begin, Relation and
     // Commit count too) were reached: a pass that reaches it without enough records is
@@ -63,10 +61,8 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
             _ => break,
         }
     }
-    let limit_reached = match args.limit == Some(shown) {
-        true => " (--limit reached)",
-        false => "",
-    };
+    let limit_reached = (args.limit == Some(shown)).then_some(" (--limit reached)");
+    let limit_reached = limit_reached.unwrap_or_default();
     let confirmed = info.confirmed_flush_lsn.as_deref().unwrap_or("?");
     let summary = format!(
         "{shown} record(s) pending after the slot's confirmed position {confirmed}\

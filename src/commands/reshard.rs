@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::CommandError;
 use super::status::idle_slot;
+use super::{CommandError, execute};
 use crate::config::{Config, ReshardArgs};
 use crate::lsn::Lsn;
 use crate::outbox::Shard;
@@ -56,10 +56,6 @@ fn shards(config: &Config, count: u32) -> Result<Vec<Config>, CommandError> {
     let shard = |index| (count > 1).then_some(Shard { index, count });
     let configs = (0..count).map(|index| config.with_shard(shard(index)));
     Ok(configs.collect::<Result<_, _>>()?)
-}
-
-fn names(configs: &[Config]) -> Vec<String> {
-    configs.iter().map(|c| c.flags.slot.clone()).collect()
 }
 
 /// The first step: the new slots, then the wait for the old ones to pass their start.
@@ -116,11 +112,12 @@ async fn positions(
     client: &Client,
     configs: &[Config],
 ) -> Result<Vec<(String, Lsn)>, CommandError> {
+    let names: Vec<_> = configs.iter().map(|c| &c.flags.slot).collect();
     let rows = client
         .query(
             "SELECT s, (SELECT confirmed_flush_lsn::text FROM pg_replication_slots \
                         WHERE slot_name = s) FROM unnest($1::text[]) s",
-            &[&names(configs)],
+            &[&names],
         )
         .await
         .map_err(query_err("read the old slots' positions"))?;
@@ -147,13 +144,15 @@ async fn finish(
 ) -> Result<(), CommandError> {
     let mut out = std::io::stdout().lock();
     let stop = "stop every relay of the old shards (standbys too), then run --finish again";
-    let mut stopped_at = Lsn(u64::MAX);
     for config in old {
         idle_slot(client, &config.flags.slot, stop).await?;
     }
-    for (_, at) in positions(client, old).await? {
-        stopped_at = stopped_at.min(at);
-    }
+    let stopped_at = positions(client, old)
+        .await?
+        .into_iter()
+        .map(|(_, at)| at)
+        .min();
+    let stopped_at = stopped_at.unwrap_or(Lsn(u64::MAX));
     let first = format!(
         "run `outbox-relay reshard --from {} --to {}` first",
         args.from, args.to
@@ -180,15 +179,12 @@ async fn finish(
     }
     for (slot, at) in &new_slots {
         if *at < stopped_at {
-            client
-                .query_one(
-                    "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
-                    &[slot, &stopped_at.to_string()],
-                )
-                .await
-                .map_err(query_err(
-                    "advance a new slot to where the old ones stopped",
-                ))?;
+            let advance = format!(
+                "SELECT pg_replication_slot_advance({}, '{stopped_at}')",
+                sql::quote_literal(slot)
+            );
+            let what = "advance a new slot to where the old ones stopped";
+            execute(client, &advance, what).await?;
         }
         writeln!(out, "new slot {slot:?} starts at {stopped_at}")?;
     }
@@ -196,17 +192,12 @@ async fn finish(
         let (slot, publication) = (&config.flags.slot, &config.flags.publication);
         // So that a later resharding may use the name again (2 → 4 → 2): dropped, not lost.
         Lineage::open(config).await?.dropped().await?;
-        client
-            .batch_execute(&sql::drop_slot(slot))
-            .await
-            .map_err(query_err("drop an old shard's slot"))?;
+        execute(client, &sql::drop_slot(slot), "drop an old shard's slot").await?;
         writeln!(out, "dropped old slot {slot:?}")?;
         // One unsharded relay's publication may be the operator's own (sql/): it stays.
         if config.flags.shard.is_some() {
-            client
-                .batch_execute(&sql::drop_publication(publication))
-                .await
-                .map_err(query_err("drop an old shard's publication"))?;
+            let drop = sql::drop_publication(publication);
+            execute(client, &drop, "drop an old shard's publication").await?;
             writeln!(out, "dropped old publication {publication:?}")?;
         }
     }

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
+use tokio_postgres::types::Json;
 
 use super::{CommandError, human_bytes};
 use crate::config::{Config, StatusArgs};
@@ -34,7 +35,8 @@ struct Status {
 }
 
 /// The slot's row of `pg_replication_slots`; all `null` when it does not exist.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub(super) struct SlotInfo {
     name: String,
     pub(super) exists: bool,
@@ -46,12 +48,13 @@ pub(super) struct SlotInfo {
     pub(super) confirmed_flush_lsn: Option<String>,
     restart_lsn: Option<String>,
     /// Lag, WAL retention and newer servers' facts, read as the slot poller reads them.
-    #[serde(flatten)]
+    #[serde(flatten, skip_deserializing)]
     status: Option<SlotStatus>,
 }
 
 /// The publication, the operations it publishes and its tables (`schema.table`).
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 struct PublicationInfo {
     name: String,
     exists: bool,
@@ -66,32 +69,28 @@ struct PublicationInfo {
 
 pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), CommandError> {
     let client = setup::connect(config).await?;
+    let failed = query_err("read the server's WAL position and settings");
     let server = client
         .query_one(
             "SELECT current_setting('server_version'), \
                     (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                          ELSE pg_current_wal_lsn() END)::text",
+                          ELSE pg_current_wal_lsn() END)::text, \
+                    (SELECT jsonb_object_agg(s, current_setting(s, true)) FROM unnest(ARRAY[\
+                       'wal_level', 'max_slot_wal_keep_size', 'max_replication_slots', \
+                       'wal_sender_timeout', 'synchronized_standby_slots', \
+                       'sync_replication_slots', 'idle_replication_slot_timeout']) AS s)",
             &[],
         )
         .await
-        .map_err(query_err("read the server's WAL position"))?;
-    let settings = client
-        .query(
-            "SELECT s, current_setting(s, true) FROM unnest(ARRAY['wal_level', \
-             'max_slot_wal_keep_size', 'max_replication_slots', 'wal_sender_timeout', \
-             'synchronized_standby_slots', 'sync_replication_slots', \
-             'idle_replication_slot_timeout']) AS s",
-            &[],
-        )
-        .await
-        .map_err(query_err("read the server settings"))?;
+        .map_err(&failed)?;
+    let Json(settings) = server.try_get(2).map_err(&failed)?;
     let mut status = Status {
         server_version: server.get(0),
         shard: config.flags.shard.map(|shard| shard.to_string()),
         current_wal_lsn: server.get(1),
         slot: read_slot(&client, &config.flags.slot).await?,
         publication: read_publication(&client, config).await?,
-        settings: settings.iter().map(|r| (r.get(0), r.get(1))).collect(),
+        settings,
         warnings: Vec::new(),
     };
     if let Some(slot) = status.slot.status.as_mut() {
@@ -115,37 +114,23 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
 async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
     let failed = query_err("read the replication slot");
     let row = client
-        .query_opt(
-            "SELECT plugin::text, slot_type::text, database::text, active, active_pid, \
-                    confirmed_flush_lsn::text, restart_lsn::text \
-             FROM pg_replication_slots WHERE slot_name = $1",
+        .query_one(
+            "SELECT jsonb_build_object('name', $1::text) || coalesce((SELECT to_jsonb(s) FROM \
+               (SELECT true AS exists, plugin, slot_type, database, active, active_pid, \
+                       confirmed_flush_lsn::text, restart_lsn::text \
+                FROM pg_replication_slots WHERE slot_name = $1) s), '{}')",
             &[&name],
         )
         .await
         .map_err(&failed)?;
-    let name = name.to_owned();
-    let Some(r) = row else {
-        return Ok(SlotInfo {
-            name,
-            ..SlotInfo::default()
-        });
-    };
-    let status = match slot_monitor::poll(client, &name).await.map_err(&failed)? {
-        SlotObservation::Seen(status) => Some(status),
-        SlotObservation::Missing | SlotObservation::Unknown => None,
-    };
-    Ok(SlotInfo {
-        name,
-        exists: true,
-        plugin: r.get(0),
-        slot_type: r.get(1),
-        database: r.get(2),
-        active: r.get(3),
-        active_pid: r.get(4),
-        confirmed_flush_lsn: r.get(5),
-        restart_lsn: r.get(6),
-        status,
-    })
+    let Json(mut slot): Json<SlotInfo> = row.try_get(0).map_err(&failed)?;
+    if slot.exists
+        && let SlotObservation::Seen(status) =
+            slot_monitor::poll(client, name).await.map_err(&failed)?
+    {
+        slot.status = Some(status);
+    }
+    Ok(slot)
 }
 
 /// The slot's row, refused while a server process streams from it (`remedy` says what to do).
@@ -168,42 +153,29 @@ async fn read_publication(
     client: &Client,
     config: &Config,
 ) -> Result<PublicationInfo, SourceError> {
+    // Row filters (PostgreSQL 15+) read through to_jsonb, which older servers' rows lack.
+    let failed = query_err("read the publication");
     let row = client
-        .query_opt(
-            "SELECT puballtables, \
-                    array_remove(ARRAY[CASE WHEN pubinsert THEN 'insert' END, \
-                                       CASE WHEN pubupdate THEN 'update' END, \
-                                       CASE WHEN pubdelete THEN 'delete' END, \
-                                       CASE WHEN pubtruncate THEN 'truncate' END], NULL), \
-                    ARRAY(SELECT schemaname::text || '.' || tablename::text \
-                          FROM pg_publication_tables t WHERE t.pubname = p.pubname ORDER BY 1), \
-                    current_setting('server_version_num')::int \
-             FROM pg_publication p WHERE pubname = $1",
+        .query_one(
+            "SELECT jsonb_build_object('name', $1::text) || coalesce((SELECT jsonb_build_object( \
+               'exists', true, 'all_tables', puballtables, \
+               'publishes', array_remove(ARRAY[CASE WHEN pubinsert THEN 'insert' END, \
+                                               CASE WHEN pubupdate THEN 'update' END, \
+                                               CASE WHEN pubdelete THEN 'delete' END, \
+                                               CASE WHEN pubtruncate THEN 'truncate' END], NULL), \
+               'tables', ARRAY(SELECT schemaname::text || '.' || tablename::text \
+                               FROM pg_publication_tables t WHERE t.pubname = p.pubname \
+                               ORDER BY 1), \
+               'row_filters', coalesce((SELECT jsonb_object_agg(schemaname::text || '.' || \
+                                                                tablename::text, to_jsonb(t) -> 'rowfilter') \
+                                        FROM pg_publication_tables t WHERE t.pubname = p.pubname \
+                                          AND to_jsonb(t) ->> 'rowfilter' IS NOT NULL), '{}')) \
+             FROM pg_publication p WHERE pubname = $1), '{}')",
             &[&config.flags.publication],
         )
         .await
-        .map_err(query_err("read the publication"))?;
-    let mut publication = PublicationInfo {
-        name: config.flags.publication.clone(),
-        ..PublicationInfo::default()
-    };
-    if let Some(r) = row {
-        publication.exists = true;
-        publication.all_tables = r.get(0);
-        publication.publishes = r.get(1);
-        publication.tables = r.get(2);
-        if r.get::<_, i32>(3) >= 150_000 {
-            let filters = client
-                .query(
-                    "SELECT schemaname::text || '.' || tablename::text, rowfilter \
-                     FROM pg_publication_tables WHERE pubname = $1 AND rowfilter IS NOT NULL",
-                    &[&config.flags.publication],
-                )
-                .await
-                .map_err(query_err("read the publication's row filters"))?;
-            publication.row_filters = filters.iter().map(|r| (r.get(0), r.get(1))).collect();
-        }
-    }
+        .map_err(&failed)?;
+    let Json(mut publication): Json<PublicationInfo> = row.try_get(0).map_err(&failed)?;
     let wanted = config.tables.iter().map(ToString::to_string);
     publication.missing_tables = wanted.filter(|t| !publication.tables.contains(t)).collect();
     Ok(publication)

@@ -125,10 +125,7 @@ async fn run_demo(
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
 ) -> Result<(), CommandError> {
     let client = Arc::new(setup::connect(config).await?);
-    client
-        .batch_execute(&writer::schema_sql())
-        .await
-        .map_err(setup::query_err("create the demo tables"))?;
+    super::execute(&client, &writer::schema_sql(), "create the demo tables").await?;
     // The slot before the first write: nothing committed before it is relayed.
     setup::prepare(&client, config).await?;
     let consumer = consumer::subscribe(config, mock).map_err(DemoError::Kafka)?;
