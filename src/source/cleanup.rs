@@ -92,8 +92,7 @@ fn delete_sql(table: &TableName, columns: &[String]) -> String {
     let table = table.quoted();
     let columns: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
     let key = columns.join(", ");
-    let typed: Vec<String> = columns.iter().map(|c| format!("r.{c}")).collect();
-    let typed = typed.join(", ");
+    let typed = format!("r.{}", columns.join(", r."));
     format!(
         "WITH keys AS (SELECT k.outbox_relay_n, {typed} \
            FROM jsonb_array_elements($1::text::jsonb) WITH ORDINALITY AS k(v, outbox_relay_n), \
@@ -173,12 +172,8 @@ impl Cleanup {
         if config.postgres.hosts.len() > 1 {
             config.postgres.target_session_attrs = TargetSessionAttrs::ReadWrite;
         }
-        client
-            .batch_execute(SESSION)
-            .await
-            .map_err(query_err("set the delete session's timeouts"))?;
         let deleter = PgDeleter {
-            client: Some(client),
+            client: Some(limited(client).await?),
             config,
         };
         Ok(Cleanup::with(tables, Box::new(deleter)))
@@ -220,19 +215,13 @@ impl Cleanup {
     /// The row an insert into an outbox table wrote (none for other tables).
     pub fn row(&self, relation_id: u32, tuple: &TupleData) -> Option<Row> {
         let (table, positions) = self.bound.get(&relation_id)?;
-        let key = table
-            .columns
-            .iter()
-            .zip(positions)
-            .map(|(column, &i)| match tuple.0.get(i) {
-                Some(Value::Text(b)) => Some((column.clone(), String::from_utf8_lossy(b).into())),
-                _ => None,
-            });
-        let key = key.collect::<Option<serde_json::Map<_, _>>>()?;
-        Some((
-            Arc::clone(table),
-            serde_json::Value::Object(key).to_string(),
-        ))
+        let text = |(column, &i): (&String, &usize)| match tuple.0.get(i) {
+            Some(Value::Text(b)) => Some((column.clone(), String::from_utf8_lossy(b).into())),
+            _ => None,
+        };
+        let key = table.columns.iter().zip(positions).map(text);
+        let key = serde_json::Value::Object(key.collect::<Option<_>>()?);
+        Some((Arc::clone(table), key.to_string()))
     }
 }
 
@@ -244,8 +233,11 @@ pub async fn delete(
 ) -> Result<Vec<usize>, DeleteFailure> {
     let mut by_table: HashMap<&str, (&Table, Vec<usize>)> = HashMap::new();
     for (n, (_, (table, _))) in rows.iter().enumerate() {
-        let entry = by_table.entry(&table.name).or_insert((table, Vec::new()));
-        entry.1.push(n);
+        by_table
+            .entry(&table.name)
+            .or_insert((table, Vec::new()))
+            .1
+            .push(n);
     }
     let mut held = Vec::new();
     for (table, positions) in by_table.into_values() {
@@ -262,34 +254,11 @@ struct PgDeleter {
     config: Config,
 }
 
-impl PgDeleter {
-    async fn try_delete(
-        &mut self,
-        table: &Table,
-        keys: &[&str],
-    ) -> Result<Vec<usize>, SourceError> {
-        let client = match self.client.take() {
-            Some(client) if !client.is_closed() => client,
-            _ => {
-                let client = setup::connect(&self.config).await?;
-                let timeouts = client.batch_execute(SESSION).await;
-                timeouts.map_err(query_err("set the delete session's timeouts"))?;
-                client
-            }
-        };
-        let keys = format!("[{}]", keys.join(","));
-        let rows =
-            client
-                .query(&table.sql, &[&keys])
-                .await
-                .map_err(|source| SourceError::Query {
-                    what: "delete relayed rows".to_owned(),
-                    source: source.into(),
-                })?;
-        self.client = Some(client);
-        let held = rows.iter().map(|r| r.get::<_, i64>(0));
-        Ok(held.filter_map(|n| usize::try_from(n - 1).ok()).collect())
-    }
+/// `client` with the delete session's limits.
+async fn limited(client: Client) -> Result<Client, SourceError> {
+    let timeouts = client.batch_execute(SESSION).await;
+    timeouts.map_err(query_err("set the delete session's timeouts"))?;
+    Ok(client)
 }
 
 impl Deleter for PgDeleter {
@@ -299,14 +268,24 @@ impl Deleter for PgDeleter {
         keys: &'a [&'a str],
     ) -> BoxFuture<'a, Result<Vec<usize>, DeleteFailure>> {
         async move {
-            self.try_delete(table, keys)
-                .await
-                .map_err(|source| DeleteFailure {
-                    table: table.name.clone(),
-                    permanent: permanent(&source),
-                    source,
-                })
+            let client = match self.client.take() {
+                Some(client) if !client.is_closed() => client,
+                _ => limited(setup::connect(&self.config).await?).await?,
+            };
+            let keys = format!("[{}]", keys.join(","));
+            let rows = client.query(&table.sql, &[&keys]).await;
+            let rows = rows.map_err(query_err("delete relayed rows"))?;
+            self.client = Some(client);
+            let held = rows.iter().map(|r| r.get::<_, i64>(0));
+            Ok::<_, SourceError>(held.filter_map(|n| usize::try_from(n - 1).ok()).collect())
         }
+        .map(|deleted| {
+            deleted.map_err(|source| DeleteFailure {
+                table: table.name.clone(),
+                permanent: permanent(&source),
+                source,
+            })
+        })
         .boxed()
     }
 }

@@ -8,8 +8,9 @@
 use tokio_postgres::Client;
 
 use super::setup::{connect_to, query_err};
-use super::{SourceError, pg_error_text, stream_err};
+use super::{PgError, SourceError, stream_err};
 use crate::config::Config;
+use crate::observability::Chain;
 use crate::observability::health::SlotStatus;
 
 /// With `--slot-failover`: warns when `synchronized_standby_slots` is empty; returns whether the
@@ -38,15 +39,10 @@ pub(super) async fn check(client: &Client, config: &Config) -> Result<bool, Sour
 /// Sets `FAILOVER true` on the slot (a replication command, so on a replication connection).
 pub(super) async fn mark(client: &Client, config: &Config) -> Result<(), SourceError> {
     let mut session = super::command_session(config).await?;
-    let sql = format!(
-        "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
-        config.flags.slot
-    );
-    session
-        .simple_query(&sql)
-        .await
-        .map_err(stream_err(&config.flags.slot))?;
-    tracing::info!(slot = %config.flags.slot, "marked the slot for failover (FAILOVER true)");
+    let slot = &config.flags.slot;
+    let sql = format!("ALTER_REPLICATION_SLOT {slot} (FAILOVER true)");
+    session.simple_query(&sql).await.map_err(stream_err(slot))?;
+    tracing::info!(slot = %slot, "marked the slot for failover (FAILOVER true)");
     log_standby_snapshot(client).await;
     Ok(())
 }
@@ -56,7 +52,7 @@ pub(super) async fn mark(client: &Client, config: &Config) -> Result<(), SourceE
 pub(super) async fn log_standby_snapshot(client: &Client) {
     if let Err(e) = snapshot(client).await {
         tracing::warn!(
-            error = %pg_error_text(&e),
+            error = %Chain(&PgError(e)),
             "cannot call pg_log_standby_snapshot(): the standbys' copies of the failover slot \
              become persistent only after the primary's next standby snapshot (up to 15 s when \
              busy, later when idle). GRANT EXECUTE ON FUNCTION pg_log_standby_snapshot() TO the \

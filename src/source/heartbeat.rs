@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use super::{control, pg_error_text};
+use super::{PgError, control};
 use crate::config::Config;
+use crate::observability::Chain;
 
 /// The prefix `outbox-relay-heartbeat` is no outbox prefix: never relayed.
 const HEARTBEAT: &str = "SELECT pg_logical_emit_message(false, 'outbox-relay-heartbeat', '')";
@@ -36,7 +37,7 @@ pub async fn run(config: Config, interval: Duration) {
              REPLICATION). Retrying every interval"
         };
         if !std::mem::replace(&mut warned, true) {
-            tracing::warn!(error = %pg_error_text(&e), "{why}");
+            tracing::warn!(error = %Chain(&PgError(e)), "{why}");
         }
         client = None;
     }

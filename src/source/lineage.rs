@@ -108,10 +108,8 @@ impl<'a> Lineage<'a> {
             true => None,
             false => legacy(client, &self.config.flags.slot, &self.system_identifier).await?,
         };
-        let (allow, topic) = (
-            self.config.flags.allow_new_slot,
-            &self.config.flags.lineage_topic,
-        );
+        let flags = &self.config.flags;
+        let (allow, topic) = (flags.allow_new_slot, &flags.lineage_topic);
         Ok(judge(exists, record.as_ref(), legacy, allow, topic))
     }
 

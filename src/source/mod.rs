@@ -159,19 +159,13 @@ pub enum SourceError {
         /// Each `host:port` tried and why it was passed over, `; `-separated.
         tried: String,
     },
-    /// A partition root could not be looked up mid-stream: the stream restarts.
-    #[error("cannot look up the partition root of relation OID {relation_id}")]
-    PartitionLookup {
-        /// OID of the partition whose root was looked up.
-        relation_id: u32,
-        /// The lookup's error.
-        #[source]
-        source: Box<SourceError>,
-    },
-    /// An outbox table's NOT NULL and DEFAULT could not be read mid-stream: the stream restarts.
-    #[error("cannot read the columns of relation OID {relation_id}")]
-    ColumnLookup {
-        /// OID of the table.
+    /// A relation's partition root or an outbox table's NOT NULL and DEFAULT could not be
+    /// looked up mid-stream: the stream restarts.
+    #[error("cannot {what} of relation OID {relation_id}")]
+    Lookup {
+        /// What was looked up, e.g. "look up the partition root".
+        what: &'static str,
+        /// OID of the relation.
         relation_id: u32,
         /// The lookup's error.
         #[source]
@@ -211,8 +205,7 @@ impl SourceError {
             SourceError::StartTimeout { .. }
             | SourceError::StreamEnded { .. }
             | SourceError::NoSuitableHost { .. }
-            | SourceError::PartitionLookup { .. }
-            | SourceError::ColumnLookup { .. } => Recovery::Reconnect,
+            | SourceError::Lookup { .. } => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
     }
@@ -239,23 +232,16 @@ pub struct PgError(pub tokio_postgres::Error);
 
 impl std::fmt::Display for PgError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.0.as_db_error() {
-            Some(db) => f.write_str(&PgError::db_text(db)),
-            None => write!(f, "{}", self.0),
+        let Some(db) = self.0.as_db_error() else {
+            return write!(f, "{}", self.0);
+        };
+        write!(f, "{} (SQLSTATE {})", db.message(), db.code().code())?;
+        for (label, text) in [("detail", db.detail()), ("hint", db.hint())] {
+            if let Some(text) = text {
+                write!(f, "; {label}: {text}")?;
+            }
         }
-    }
-}
-
-impl PgError {
-    fn db_text(db: &tokio_postgres::error::DbError) -> String {
-        let mut text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
-        if let Some(detail) = db.detail() {
-            text += &format!("; detail: {detail}");
-        }
-        if let Some(hint) = db.hint() {
-            text += &format!("; hint: {hint}");
-        }
-        text
+        Ok(())
     }
 }
 
@@ -272,15 +258,6 @@ impl std::error::Error for PgError {
 impl From<tokio_postgres::Error> for PgError {
     fn from(error: tokio_postgres::Error) -> Self {
         PgError(error)
-    }
-}
-
-/// A tokio-postgres error and its causes on one line, for logs.
-pub(crate) fn pg_error_text(error: &tokio_postgres::Error) -> String {
-    let causes = std::iter::successors(std::error::Error::source(error), |e| e.source());
-    match error.as_db_error() {
-        Some(db) => PgError::db_text(db),
-        None => causes.fold(error.to_string(), |text, cause| format!("{text}: {cause}")),
     }
 }
 
@@ -456,6 +433,15 @@ impl PgSource {
     }
 }
 
+/// A failed mid-stream look-up of relation `relation_id`, which restarts the stream.
+fn lookup_err(what: &'static str, relation_id: u32) -> impl Fn(SourceError) -> SourceError {
+    move |source| SourceError::Lookup {
+        what,
+        relation_id,
+        source: Box::new(source),
+    }
+}
+
 /// The control connection in `slot`, opened (again) when needed.
 async fn control<'a>(
     slot: &'a mut Option<Client>,
@@ -477,7 +463,7 @@ impl Source for PgSource {
         let config = &setup::pin(&self.config).await.map_err(|e| match e {
             SourceError::Connect { url, source } => SourceError::NoSuitableHost {
                 attrs: self.config.postgres.target_session_attrs.as_str(),
-                tried: format!("{url}: {}", pg_error_text(&source.0)),
+                tried: format!("{url}: {}", Chain(&source)),
             },
             e => e,
         })?;
@@ -504,10 +490,9 @@ impl Source for PgSource {
                 .await
                 .map_err(setup::query_err("look up a relation's partition root"))
         };
-        let row = lookup.await.map_err(|e| SourceError::PartitionLookup {
-            relation_id,
-            source: Box::new(e),
-        })?;
+        let row = lookup
+            .await
+            .map_err(lookup_err("look up the partition root", relation_id))?;
         Ok(row.map(|r| TableName {
             schema: r.get(0),
             name: r.get(1),
@@ -515,15 +500,13 @@ impl Source for PgSource {
     }
 
     async fn column_facts(&mut self, relation_id: u32) -> Result<Vec<ColumnFacts>, SourceError> {
-        let client = control(&mut self.control, &self.config).await;
-        let facts = match client {
-            Ok(client) => setup::column_facts(client, &relation_id.to_string()).await,
-            Err(e) => Err(e),
+        let lookup = async {
+            let client = control(&mut self.control, &self.config).await?;
+            setup::column_facts(client, &relation_id.to_string()).await
         };
-        facts.map_err(|e| SourceError::ColumnLookup {
-            relation_id,
-            source: Box::new(e),
-        })
+        lookup
+            .await
+            .map_err(lookup_err("read the columns", relation_id))
     }
 
     async fn check_publication(&mut self) -> Result<bool, SourceError> {

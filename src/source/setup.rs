@@ -2,15 +2,16 @@
 //! picks) and what runs over it: the start-up checks, each stopping a misconfigured
 //! relay with the fix, the publication and slot, and the look-ups later checks repeat.
 
+use std::io;
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
 use super::lineage::{Guard, Lineage};
-use super::{SourceError, failover, pg_error_text, slot_monitor, tls};
+use super::{PgError, SourceError, failover, slot_monitor, tls};
 use crate::config::{Config, PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
-use crate::observability::health;
+use crate::observability::{Chain, health};
 use crate::outbox::connect::ColumnFacts;
 use crate::outbox::{TableName, quote_ident};
 use crate::pgoutput::{Column, Relation};
@@ -95,27 +96,16 @@ async fn locate(pg: &PostgresConnInfo) -> Result<(Client, PostgresConnInfo), Sou
             };
             let probe =
                 "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'";
-            // A server that goes away right after the login (mid-failover) is passed over too.
-            let row = match client.query_one(probe, &[]).await {
-                Ok(row) => row,
-                Err(e) => {
-                    tried.push(format!(
-                        "{host}:{port}: probing its role: {}",
-                        pg_error_text(&e)
-                    ));
-                    continue;
+            let passed_over = match client.query_one(probe, &[]).await {
+                Ok(row) if attrs.accepts(row.get(0), row.get(1), strict) => {
+                    return Ok((client, pinned));
                 }
+                Ok(row) if row.get::<_, bool>(0) => "a standby".to_owned(),
+                Ok(_) => "read-only".to_owned(),
+                // A server that goes away right after the login (mid-failover) is passed over too.
+                Err(e) => format!("probing its role: {}", Chain(&PgError(e))),
             };
-            let in_recovery = row.get(0);
-            if attrs.accepts(in_recovery, row.get(1), strict) {
-                return Ok((client, pinned));
-            }
-            let state = if in_recovery {
-                "a standby"
-            } else {
-                "read-only"
-            };
-            tried.push(format!("{host}:{port}: {state}"));
+            tried.push(format!("{host}:{port}: {passed_over}"));
         }
     }
     Err(SourceError::NoSuitableHost {
@@ -140,7 +130,10 @@ pub(super) async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceEr
     let connecting = cfg.ssl_mode(ssl_mode).connect(connector);
     let (client, connection) = connecting.await.map_err(|source| {
         let url = pg.redacted();
-        match rustls_error(&source).map(tls::handshake_hint) {
+        // tokio-rustls wraps a failed handshake's rustls error in an `io::Error`.
+        let io = std::error::Error::source(&source).and_then(|e| e.downcast_ref::<io::Error>());
+        let rustls = io.and_then(|io| io.get_ref()?.downcast_ref::<rustls::Error>());
+        match rustls.map(tls::handshake_hint) {
             Some(hint) => SourceError::TlsHandshake {
                 url,
                 hint,
@@ -158,12 +151,6 @@ pub(super) async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceEr
         }
     });
     Ok(client)
-}
-
-/// The rustls error behind a failed TLS handshake (tokio-rustls wraps it in an `io::Error`).
-fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
-    let io = std::error::Error::source(error)?.downcast_ref::<std::io::Error>()?;
-    io.get_ref()?.downcast_ref::<rustls::Error>()
 }
 
 /// Names a failed control-connection query by what it was for.
@@ -437,11 +424,8 @@ pub async fn verify_publication(
         true => Vec::new(),
         false => members(client, config, oid, server_version).await?,
     };
-    let missing: Vec<&TableName> = config
-        .tables
-        .iter()
-        .filter(|t| members.contains(&(t.quoted(), Vec::new())))
-        .collect();
+    let uncovered = |t: &&TableName| members.contains(&(t.quoted(), Vec::new()));
+    let missing: Vec<&TableName> = config.tables.iter().filter(uncovered).collect();
     if !missing.is_empty() {
         return Err(unusable(format!(
             "does not include {}; run ALTER PUBLICATION {} ADD TABLE {};",
@@ -516,8 +500,7 @@ async fn ensure_slot(client: &Client, config: &Config) -> Result<(Lsn, bool), So
     let Some(row) = row else {
         match lineage.judge(client, false).await? {
             Guard::Refuse(recorded) => {
-                let url = config.postgres.redacted();
-                let slot = slot.clone();
+                let (slot, url) = (slot.clone(), config.postgres.redacted());
                 return Err(SourceError::SlotLost {
                     slot,
                     url,

@@ -108,18 +108,12 @@ pub async fn verify(
             fix()
         )));
     }
+    let tables: Vec<String> = config.tables.iter().map(TableName::quoted).collect();
     let rows = client
         .query(
             "SELECT t, r.oid, pg_get_expr(r.prqual, r.prrelid) FROM unnest($2::text[]) t \
              LEFT JOIN pg_publication_rel r ON r.prpubid = $1 AND r.prrelid = to_regclass(t)",
-            &[
-                &publication.oid,
-                &config
-                    .tables
-                    .iter()
-                    .map(TableName::quoted)
-                    .collect::<Vec<_>>(),
-            ],
+            &[&publication.oid, &tables],
         )
         .await
         .map_err(query_err("read the publication's row filters"))?;
@@ -168,11 +162,12 @@ async fn check_hash(client: &Client, shard: Shard) -> Result<(), SourceError> {
 
 /// Sets the publication's tables to the outbox tables with the shard's filters.
 fn alter_publication(publication: &str, tables: &[TableName], filters: &[String]) -> String {
-    let tables = super::sql::filtered_tables(tables, filters);
-    format!(
-        "ALTER PUBLICATION {} SET TABLE {tables}; ALTER PUBLICATION {} SET \
-         (publish = 'insert', publish_via_partition_root = true)",
+    let (name, tables) = (
         quote_ident(publication),
-        quote_ident(publication)
+        super::sql::filtered_tables(tables, filters),
+    );
+    format!(
+        "ALTER PUBLICATION {name} SET TABLE {tables}; ALTER PUBLICATION {name} SET \
+         (publish = 'insert', publish_via_partition_root = true)"
     )
 }
