@@ -4,8 +4,7 @@
 
 use clap::{ArgAction, Args};
 
-use super::{ConfigError, invalid};
-use crate::outbox::HeaderColumn;
+use super::{ConfigError, columns, invalid};
 use crate::outbox::connect::{ConnectConfig, Converter, SchemaCache};
 
 /// Debezium record-format flags.
@@ -101,9 +100,6 @@ impl FormatArgs {
             let reason = "required with --debezium-context-headers and --envelope-column (Debezium's topic.prefix)";
             return Err(invalid("--debezium-topic-prefix", "", reason));
         }
-        let envelope = self.envelope_columns.iter().map(|raw| {
-            HeaderColumn::parse(raw).map_err(|reason| invalid("--envelope-column", raw, reason))
-        });
         let run_id = uuid::Uuid::now_v7().to_string();
         Ok(Some(ConnectConfig {
             key: self.key_converter,
@@ -112,7 +108,7 @@ impl FormatArgs {
             context_headers: self.debezium_context_headers.then(|| run_id.into()),
             expand_json_payload: self.expand_json_payload,
             json_nulls_as_bytes: self.keep_json_payload_nulls,
-            envelope: envelope.collect::<Result<_, _>>()?,
+            envelope: columns("--envelope-column", &self.envelope_columns)?,
             partition_column: self.partition_column.clone(),
             schema_version_column: self.schema_version_column.clone(),
             tombstone_on_empty: self.tombstone_on_empty_payload,

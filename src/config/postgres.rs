@@ -198,13 +198,11 @@ impl PostgresConnInfo {
     /// the chosen server.
     pub fn redacted(&self) -> String {
         let password = if self.password.is_some() { ":***" } else { "" };
-        let hosts = self
-            .hosts
-            .iter()
-            .map(|(host, port)| match host.contains(':') {
-                true => format!("[{host}]:{port}"),
-                false => format!("{host}:{port}"),
-            });
+        let hosts = self.hosts.iter();
+        let hosts = hosts.map(|(host, port)| match host.contains(':') {
+            true => format!("[{host}]:{port}"),
+            false => format!("{host}:{port}"),
+        });
         let hosts = hosts.collect::<Vec<_>>().join(",");
         format!("postgres://{}{password}@{hosts}/{}", self.user, self.dbname)
     }
@@ -273,12 +271,11 @@ fn host_name(url: &url::Url) -> Result<String, PostgresUrlError> {
 }
 
 fn decode(part: &'static str, s: &str) -> Result<String, PostgresUrlError> {
-    match percent_encoding::percent_decode_str(s).decode_utf8() {
-        Ok(decoded) => Ok(decoded.into_owned()),
-        Err(_) => Err(PostgresUrlError(format!(
-            "--postgres-url: the {part} is not valid UTF-8 after percent-decoding"
-        ))),
-    }
+    let decoded = percent_encoding::percent_decode_str(s).decode_utf8();
+    let err = format!("--postgres-url: the {part} is not valid UTF-8 after percent-decoding");
+    decoded
+        .map(|d| d.into_owned())
+        .map_err(|_| PostgresUrlError(err))
 }
 
 /// Where credentials may stand in `raw`: from after `://` to the last `@`. Found textually, as
