@@ -127,22 +127,6 @@ pub fn import_file(path: &Path, worker: Option<&Path>) -> Result<Imported, Impor
     import_with(&read(path)?, worker.as_ref()).map_err(at(path))
 }
 
-/// `command` with the imported values as its flags' defaults, below the command line and the
-/// environment; a repeatable flag given explicitly replaces every imported value.
-pub fn with_defaults(command: clap::Command, imported: &Imported) -> clap::Command {
-    command.mut_args(|mut arg| {
-        let named = |(flag, _): &&(String, String)| {
-            let name = flag.trim_start_matches('-');
-            arg.get_long() == Some(name) || arg.get_short().is_some_and(|s| name == s.to_string())
-        };
-        let values: Vec<&String> = imported.args.iter().filter(named).map(|(_, v)| v).collect();
-        if !values.is_empty() {
-            arg = arg.default_values(values);
-        }
-        arg
-    })
-}
-
 /// Reads a connector config into a flat map (JSON `null` is unset; properties are read as UTF-8).
 pub fn parse(text: &str, format: SourceFormat) -> Result<BTreeMap<String, String>, Error> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
@@ -787,10 +771,9 @@ fn convert_replacement(replacement: &str, (groups, named): (u32, bool)) -> Resul
 
 /// `${provider:path:key}`, Kafka Connect's config-provider syntax.
 fn is_config_provider(value: &str) -> bool {
-    let inner = value
-        .split_once("${")
-        .and_then(|(_, rest)| rest.split_once('}'));
-    inner.is_some_and(|(inner, _)| inner.contains(':'))
+    let rest = value.split_once("${").map_or("", |(_, rest)| rest);
+    rest.split_once('}')
+        .is_some_and(|(inner, _)| inner.contains(':'))
 }
 
 #[cfg(test)]

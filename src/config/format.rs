@@ -59,17 +59,14 @@ impl FormatArgs {
     /// The Debezium format, or `None` when no flag asks for it.
     pub fn connect(&self, message_prefixes: bool) -> Result<Option<ConnectConfig>, ConfigError> {
         let relay = self.value_converter == Converter::Relay;
+        let tombstone = self.tombstone_on_empty_payload;
+        let envelope = !self.envelope_columns.is_empty();
+        let version = self.schema_version_column.is_some();
         let value_only = [
             ("--expand-json-payload", self.expand_json_payload),
-            (
-                "--tombstone-on-empty-payload",
-                self.tombstone_on_empty_payload,
-            ),
-            ("--envelope-column", !self.envelope_columns.is_empty()),
-            (
-                "--schema-version-column",
-                self.schema_version_column.is_some(),
-            ),
+            ("--tombstone-on-empty-payload", tombstone),
+            ("--envelope-column", envelope),
+            ("--schema-version-column", version),
             ("--keep-json-payload-nulls", self.keep_json_payload_nulls),
         ];
         if self.keep_json_payload_nulls && !self.expand_json_payload {
@@ -90,13 +87,8 @@ impl FormatArgs {
             let reason = "Debezium's record format applies to outbox tables only; relay messages with another relay";
             return Err(invalid("--message-prefix", "", reason));
         }
-        let prefix = self
-            .debezium_topic_prefix
-            .as_deref()
-            .unwrap_or_default()
-            .trim();
-        if prefix.is_empty() && (self.debezium_context_headers || !self.envelope_columns.is_empty())
-        {
+        let prefix = self.debezium_topic_prefix.as_deref().map_or("", str::trim);
+        if prefix.is_empty() && (self.debezium_context_headers || envelope) {
             let reason = "required with --debezium-context-headers and --envelope-column (Debezium's topic.prefix)";
             return Err(invalid("--debezium-topic-prefix", "", reason));
         }

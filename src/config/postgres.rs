@@ -134,9 +134,8 @@ impl PostgresConnInfo {
         for extra in extra_hosts {
             let url = url::Url::parse(&format!("postgres://{extra}")).ok();
             let reason = format!("host {extra:?} is not HOST or HOST:PORT");
-            let url = url
-                .filter(|url| url.host().is_some())
-                .ok_or_else(|| malformed(&reason))?;
+            let url = url.filter(|url| url.host().is_some());
+            let url = url.ok_or_else(|| malformed(&reason))?;
             hosts.push(host_name(&url)?);
             ports.push(url.port().unwrap_or(5432));
         }
@@ -209,12 +208,10 @@ impl PostgresConnInfo {
 
     /// The same settings, pinned to one server of [`Self::hosts`].
     pub fn pinned(&self, host: &str, port: u16) -> PostgresConnInfo {
-        PostgresConnInfo {
-            host: host.to_owned(),
-            port,
-            hosts: vec![(host.to_owned(), port)],
-            ..self.clone()
-        }
+        let mut pinned = self.clone();
+        (pinned.host, pinned.port) = (host.to_owned(), port);
+        pinned.hosts = vec![(host.to_owned(), port)];
+        pinned
     }
 }
 
