@@ -154,13 +154,27 @@ impl Cli {
         Self::try_parse_with(&Imported::default(), args)
     }
 
-    /// Parses with every top-level flag made global and `imported`'s values as defaults.
+    /// Parses with every top-level flag made global and `imported`'s values as its defaults,
+    /// below the command line and the environment; a repeatable flag given explicitly replaces
+    /// every imported value.
     pub(super) fn try_parse_with(
         imported: &Imported,
         args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
     ) -> Result<Cli, clap::Error> {
-        let global = Cli::command().mut_args(|arg| arg.global(true));
-        let mut cmd = debezium::with_defaults(global, imported);
+        let mut cmd = Cli::command().mut_args(|arg| {
+            let named = |(flag, _): &&(String, String)| {
+                let name = flag.trim_start_matches('-');
+                arg.get_long() == Some(name)
+                    || arg.get_short().is_some_and(|s| name == s.to_string())
+            };
+            let values: Vec<&String> = imported.args.iter().filter(named).map(|(_, v)| v).collect();
+            let arg = arg.global(true);
+            if values.is_empty() {
+                arg
+            } else {
+                arg.default_values(values)
+            }
+        });
         let matches = cmd.try_get_matches_from_mut(args)?;
         Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
     }

@@ -3,6 +3,7 @@
 //! is mapped, warned about (what consumers will see change) or refused with a remedy; warnings
 //! never show `database.*` values.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -113,36 +114,17 @@ pub struct Imported {
 /// Reads and translates a connector config file, with the Connect worker's properties
 /// (`worker`: its converters apply where the connector names none).
 pub fn import_file(path: &Path, worker: Option<&Path>) -> Result<Imported, ImportError> {
+    let at = |path: &Path| {
+        let path = path.to_owned();
+        move |source| ImportError { path, source }
+    };
     let read = |path: &Path| {
         let text = std::fs::read_to_string(path).map_err(Error::Read);
-        let parsed = text.and_then(|text| parse(&text, detect_format(path, &text)));
-        parsed.map_err(|source| ImportError {
-            path: path.to_owned(),
-            source,
-        })
+        text.and_then(|text| parse(&text, detect_format(path, &text)))
+            .map_err(at(path))
     };
     let worker = worker.map(read).transpose()?;
-    let config = read(path)?;
-    import_with(&config, worker.as_ref()).map_err(|source| ImportError {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-/// `command` with the imported values as its flags' defaults, below the command line and the
-/// environment; a repeatable flag given explicitly replaces every imported value.
-pub fn with_defaults(command: clap::Command, imported: &Imported) -> clap::Command {
-    command.mut_args(|mut arg| {
-        let named = |(flag, _): &&(String, String)| {
-            let name = flag.trim_start_matches('-');
-            arg.get_long() == Some(name) || arg.get_short().is_some_and(|s| name == s.to_string())
-        };
-        let values: Vec<&String> = imported.args.iter().filter(named).map(|(_, v)| v).collect();
-        if !values.is_empty() {
-            arg = arg.default_values(values);
-        }
-        arg
-    })
+    import_with(&read(path)?, worker.as_ref()).map_err(at(path))
 }
 
 /// Reads a connector config into a flat map (JSON `null` is unset; properties are read as UTF-8).
@@ -183,13 +165,9 @@ pub fn detect_format(path: &Path, text: &str) -> SourceFormat {
     }
 }
 
-/// Maps a Debezium Postgres connector config onto the relay's flags.
-pub fn import(config: &BTreeMap<String, String>) -> Result<Imported, Error> {
-    import_with(config, None)
-}
-
-/// [`import`] with the Connect worker's properties, whose converters apply where the connector
-/// names none (without them: Kafka's sample worker config, JsonConverter with schemas).
+/// Maps a Debezium Postgres connector config onto the relay's flags, with the Connect worker's
+/// properties, whose converters apply where the connector names none (without them: Kafka's
+/// sample worker config, JsonConverter with schemas).
 pub fn import_with(
     config: &BTreeMap<String, String>,
     worker: Option<&BTreeMap<String, String>>,
@@ -227,11 +205,14 @@ pub fn explain(imported: &Imported) -> String {
 }
 
 const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
+const HEADER_CONVERTER: &str =
+    "the relay writes header values as SimpleHeaderConverter, Kafka Connect's default, does";
+const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter and JsonConverter; a schema-registry format (Avro, Protobuf, JSON Schema) is not written";
 const WORKER_DEFAULT: &str = "Kafka's sample worker config (JsonConverter, schemas.enable=true), as neither the connector config nor --debezium-worker-config names one";
 
-/// Why a connector key has no equivalent, for the "ignored" warning.
-fn ignored_note(key: &str) -> Option<&'static str> {
-    Some(match key {
+/// A connector key without an equivalent, with why, for the "ignored" warning.
+fn ignored_note(key: &str) -> String {
+    let note = match key {
         "snapshot.mode" => "the relay never snapshots",
         "topic.prefix" | "database.server.name" => "topics come from --topic-template",
         "tasks.max" => "run one relay per slot",
@@ -241,8 +222,9 @@ fn ignored_note(key: &str) -> Option<&'static str> {
         "tombstones.on.delete" => "deletes on the outbox table are ignored",
         "skipped.operations" => "the relay relays inserts only",
         "schema.include.list" | "table.exclude.list" => "the relay reads the --table tables",
-        _ => return None,
-    })
+        _ => return key.to_owned(),
+    };
+    format!("{key} ({note})")
 }
 
 /// What becomes of a producer property: passed on with a note (`""`: none), or refused by
@@ -321,12 +303,8 @@ impl<'a> Importer<'a> {
 
     /// Every `(key, trimmed value)` under `prefix` not yet handled, now marked.
     fn take_prefixed(&mut self, prefix: &str) -> Vec<(&'a str, &'a str)> {
-        let config = self.config;
-        let found: Vec<(&'a str, &'a str)> = config
-            .iter()
-            .filter(|(k, _)| k.starts_with(prefix) && !self.used.contains(k.as_str()))
-            .map(|(k, v)| (k.as_str(), v.trim()))
-            .collect();
+        let found = prefixed(self.config, prefix).filter(|(k, _)| !self.used.contains(k));
+        let found: Vec<_> = found.collect();
         self.used.extend(found.iter().map(|(k, _)| *k));
         found
     }
@@ -356,8 +334,7 @@ impl<'a> Importer<'a> {
     }
 
     /// One warning about all of `items` (none without any), given their list.
-    fn warn_all(&mut self, items: &[impl AsRef<str>], warning: impl FnOnce(&str) -> String) {
-        let items: Vec<&str> = items.iter().map(AsRef::as_ref).collect();
+    fn warn_all<S: Borrow<str>>(&mut self, items: &[S], warning: impl FnOnce(&str) -> String) {
         if !items.is_empty() {
             self.warn(warning(&items.join(", ")));
         }
@@ -412,9 +389,8 @@ impl<'a> Importer<'a> {
         let user = self.required("database.user", "add a role with REPLICATION and SELECT")?;
         let dbname = self.required("database.dbname", "add the database of the outbox tables")?;
         let raw = self.literal("database.port")?.unwrap_or("5432");
-        let port = raw.parse::<u16>().ok().filter(|p| *p != 0);
-        let port =
-            port.ok_or_else(|| invalid("database.port", raw, "expected a TCP port number"))?;
+        let bad_port = |_| invalid("database.port", raw, "expected a TCP port number");
+        let port: std::num::NonZeroU16 = raw.parse().map_err(bad_port)?;
         // Marks the password handled; it is used as written, as Connect does not trim it.
         self.take("database.password");
         let password = match self.config.get("database.password").map(String::as_str) {
@@ -429,16 +405,14 @@ impl<'a> Importer<'a> {
         let (open, close) = if ipv6 { ("[", "]") } else { ("", "") };
         let user = utf8_percent_encode(user, URL_PART);
         let dbname = utf8_percent_encode(dbname, URL_PART);
-        let mut query = url::form_urlencoded::Serializer::new(String::new());
+        let url = format!("postgres://{user}{password}@{open}{host}{close}:{port}/{dbname}?");
+        let mut query = url::form_urlencoded::Serializer::for_suffix(url.clone(), url.len());
         for param in ["sslmode", "sslrootcert", "sslcert", "sslkey"] {
             if let Some(value) = self.take(&format!("database.{param}")) {
                 query.append_pair(param, value);
             }
         }
-        let query = query.finish();
-        let separator = if query.is_empty() { "" } else { "?" };
-        let url = format!("postgres://{user}{password}@{open}{host}{close}:{port}/{dbname}");
-        let url = format!("{url}{separator}{query}");
+        let url = query.finish().trim_end_matches('?').to_owned();
         PostgresConnInfo::parse(&url).map_err(Error::PostgresUrl)?;
         Ok(url)
     }
@@ -479,13 +453,11 @@ impl<'a> Importer<'a> {
         let prefix = format!("{key}.");
         let connector = self.take(&key);
         let connector_settings = self.take_prefixed(&prefix);
-        let worker = self.worker.and_then(|w| w.get(&key)).map(|c| c.trim());
+        let worker = self.worker.and_then(|w| Some((w.get(&key)?.trim(), w)));
         let (class, settings, origin) = match (connector, worker) {
             (Some(class), _) => (class, connector_settings, "the connector config"),
-            (None, Some(class)) => {
-                let settings = self.worker.into_iter().flatten();
-                let settings = settings.filter(|(k, _)| k.starts_with(&prefix));
-                let settings = settings.map(|(k, v)| (k.as_str(), v.trim())).collect();
+            (None, Some((class, worker))) => {
+                let settings = prefixed(worker, &prefix).collect();
                 (class, settings, "the worker config")
             }
             (None, None) if role == "header" => return Ok("simple"),
@@ -496,34 +468,22 @@ impl<'a> Importer<'a> {
         };
         let short = class.rsplit('.').next().unwrap_or_default();
         let kafka = class == short || class.starts_with("org.apache.kafka.connect.");
-        let flag = match (short, kafka) {
-            ("StringConverter", true) => "string",
-            ("ByteArrayConverter", true) => "bytearray",
-            ("JsonConverter", true) if role == "header" => "json",
-            ("JsonConverter", true) => "json-with-schemas",
-            ("SimpleHeaderConverter", true) if role == "header" => "simple",
-            _ => "",
+        let flag = match (short, role) {
+            ("SimpleHeaderConverter", "header") if kafka => Ok("simple"),
+            (_, "header") => Err(HEADER_CONVERTER),
+            ("StringConverter", _) if kafka => Ok("string"),
+            ("ByteArrayConverter", _) if kafka => Ok("bytearray"),
+            ("JsonConverter", _) if kafka => Ok("json-with-schemas"),
+            _ => Err(CONVERTERS),
         };
-        if flag.is_empty() || (role == "header" && flag != "simple") {
-            let why = match role {
-                "header" => {
-                    "the relay writes header values as SimpleHeaderConverter, Kafka Connect's default, does"
-                }
-                _ => {
-                    "the relay reproduces StringConverter, ByteArrayConverter and JsonConverter; a schema-registry format (Avro, Protobuf, JSON Schema) is not written"
-                }
-            };
-            return Err(invalid(key, class, why));
-        }
-        let mut flag = flag;
+        let mut flag = flag.map_err(|why| invalid(&key, class, why))?;
         for (setting, value) in settings {
             match (
                 &setting[prefix.len()..],
                 value.to_ascii_lowercase().as_str(),
             ) {
                 ("schemas.enable", "false") if flag == "json-with-schemas" => flag = "json",
-                ("schemas.enable", _) => {}
-                ("schemas.cache.size" | "decimal.format", _) => {}
+                ("schemas.enable" | "schemas.cache.size" | "decimal.format", _) => {}
                 ("replace.null.with.default", "true") => {}
                 _ => {
                     let why = format!(
@@ -611,15 +571,13 @@ impl<'a> Importer<'a> {
             let Some(value) = option(self, name) else {
                 continue;
             };
-            let on = ["true", "optional_bytes"].contains(&value.to_ascii_lowercase().as_str());
-            if on {
-                self.arg(flag, "true");
+            let key = format!("{prefix}{name}");
+            match value.to_ascii_lowercase().as_str() {
+                "true" | "optional_bytes" => self.arg(flag, "true"),
+                _ if router_note(name, value) == Some(Ok("")) => {}
+                _ => return Err(invalid(key, value, "not a value Debezium accepts")),
             }
-            if !on && router_note(name, value) != Some(Ok("")) {
-                let why = "not a value Debezium accepts";
-                return Err(invalid(format!("{prefix}{name}"), value, why));
-            }
-            self.identical(&format!("{prefix}{name}"), value);
+            self.identical(&key, value);
         }
         if let Some(column) = option(self, "table.field.event.schema.version") {
             self.arg("--schema-version-column", column);
@@ -630,25 +588,17 @@ impl<'a> Importer<'a> {
             Some(column) => self.arg("--trace-context-column", column),
             None => self.warn(format!("{prefix}tracing.span.context.field: if the Connect worker ran an OpenTelemetry agent, Debezium wrote a traceparent header from the tracingspancontext column; add --trace-context-column tracingspancontext to do the same")),
         }
-        let mut unknown = Vec::new();
+        let mut unknown = None;
         for (key, value) in self.take_prefixed(&prefix) {
             match router_note(&key[prefix.len()..], value) {
                 Some(Ok("")) => self.identical(key, value),
                 Some(Ok(why)) => self.warn(format!("{key}={value}: {why}")),
                 Some(Err(why)) => return Err(invalid(key, value, why)),
-                None => unknown.push(key),
+                None => unknown = unknown.or(Some(key)),
             }
         }
-        if let Some(key) = unknown.first() {
-            let why =
-                "not an Outbox Event Router option of Debezium 3.6; remove it or fix its name";
-            return Err(invalid(
-                *key,
-                self.config.get(*key).map_or("", String::as_str),
-                why,
-            ));
-        }
-        Ok(())
+        let why = "not an Outbox Event Router option of Debezium 3.6; remove it or fix its name";
+        unknown.map_or(Ok(()), |key| Err(invalid(key, &self.config[key], why)))
     }
 
     fn topic_template(&mut self, prefix: &str) -> Result<String, Error> {
@@ -733,32 +683,33 @@ impl<'a> Importer<'a> {
             let topic = dlq.unwrap_or("TOPIC");
             self.warn(format!("errors.tolerance / errors.deadletterqueue.*: a source connector skipped records that failed conversion (Connect's dead-letter queue is for sink connectors only); the relay never skips an event silently but stops before acknowledging one it cannot deliver. To divert such events instead, add --on-poison dead-letter --dead-letter-topic {topic}"));
         }
-        let heartbeat = self.take_prefixed("heartbeat.");
-        let interval = heartbeat
-            .iter()
-            .find(|(k, _)| *k == "heartbeat.interval.ms");
-        if let Some(Ok(ms @ 1..)) = interval.map(|(_, v)| v.parse::<u64>()) {
+        let interval = self.config.get("heartbeat.interval.ms");
+        if let Some(Ok(ms @ 1..)) = interval.map(|v| v.trim().parse::<u64>()) {
             self.arg("--heartbeat-interval", format!("{ms}ms"));
         }
-        let keys: Vec<&str> = heartbeat.iter().map(|(k, _)| *k).collect();
+        let heartbeat = self.take_prefixed("heartbeat.");
+        let keys: Vec<_> = heartbeat.iter().map(|(k, _)| *k).collect();
         self.warn_all(&keys, |keys| {
             format!("{keys}: the relay maps heartbeat.interval.ms to --heartbeat-interval, which writes a logical decoding message (no heartbeat.action.query, no heartbeat topic); when nothing is in flight it also acknowledges keepalive positions, so a quiet outbox does not pin WAL")
         });
         // Other transforms and predicates were warned about by name.
         self.take_prefixed("transforms.");
         self.take_prefixed("predicates");
-        let ignored: Vec<String> = self
-            .take_prefixed("")
-            .into_iter()
-            .map(|(key, _)| match ignored_note(key) {
-                Some(note) => format!("{key} ({note})"),
-                None => key.to_owned(),
-            })
-            .collect();
+        let ignored = self.take_prefixed("");
+        let ignored: Vec<_> = ignored.iter().map(|(key, _)| ignored_note(key)).collect();
         self.warn_all(&ignored, |list| {
             format!("ignored (no equivalent in the relay): {list}")
         });
     }
+}
+
+/// Every `(key, trimmed value)` of `map` under `prefix`.
+fn prefixed<'m>(
+    map: &'m BTreeMap<String, String>,
+    prefix: &str,
+) -> impl Iterator<Item = (&'m str, &'m str)> {
+    let under = map.iter().filter(move |(k, _)| k.starts_with(prefix));
+    under.map(|(k, v)| (k.as_str(), v.trim()))
 }
 
 /// Recognises the regexes equivalent to the default: an optional `^`/`$` around `.*` or
@@ -820,10 +771,9 @@ fn convert_replacement(replacement: &str, (groups, named): (u32, bool)) -> Resul
 
 /// `${provider:path:key}`, Kafka Connect's config-provider syntax.
 fn is_config_provider(value: &str) -> bool {
-    let inner = value
-        .split_once("${")
-        .and_then(|(_, rest)| rest.split_once('}'));
-    inner.is_some_and(|(inner, _)| inner.contains(':'))
+    let rest = value.split_once("${").map_or("", |(_, rest)| rest);
+    rest.split_once('}')
+        .is_some_and(|(inner, _)| inner.contains(':'))
 }
 
 #[cfg(test)]

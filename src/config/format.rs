@@ -4,8 +4,7 @@
 
 use clap::{ArgAction, Args};
 
-use super::{ConfigError, invalid};
-use crate::outbox::HeaderColumn;
+use super::{ConfigError, columns, invalid};
 use crate::outbox::connect::{ConnectConfig, Converter, SchemaCache};
 
 /// Debezium record-format flags.
@@ -60,17 +59,14 @@ impl FormatArgs {
     /// The Debezium format, or `None` when no flag asks for it.
     pub fn connect(&self, message_prefixes: bool) -> Result<Option<ConnectConfig>, ConfigError> {
         let relay = self.value_converter == Converter::Relay;
+        let tombstone = self.tombstone_on_empty_payload;
+        let envelope = !self.envelope_columns.is_empty();
+        let version = self.schema_version_column.is_some();
         let value_only = [
             ("--expand-json-payload", self.expand_json_payload),
-            (
-                "--tombstone-on-empty-payload",
-                self.tombstone_on_empty_payload,
-            ),
-            ("--envelope-column", !self.envelope_columns.is_empty()),
-            (
-                "--schema-version-column",
-                self.schema_version_column.is_some(),
-            ),
+            ("--tombstone-on-empty-payload", tombstone),
+            ("--envelope-column", envelope),
+            ("--schema-version-column", version),
             ("--keep-json-payload-nulls", self.keep_json_payload_nulls),
         ];
         if self.keep_json_payload_nulls && !self.expand_json_payload {
@@ -91,19 +87,11 @@ impl FormatArgs {
             let reason = "Debezium's record format applies to outbox tables only; relay messages with another relay";
             return Err(invalid("--message-prefix", "", reason));
         }
-        let prefix = self
-            .debezium_topic_prefix
-            .as_deref()
-            .unwrap_or_default()
-            .trim();
-        if prefix.is_empty() && (self.debezium_context_headers || !self.envelope_columns.is_empty())
-        {
+        let prefix = self.debezium_topic_prefix.as_deref().map_or("", str::trim);
+        if prefix.is_empty() && (self.debezium_context_headers || envelope) {
             let reason = "required with --debezium-context-headers and --envelope-column (Debezium's topic.prefix)";
             return Err(invalid("--debezium-topic-prefix", "", reason));
         }
-        let envelope = self.envelope_columns.iter().map(|raw| {
-            HeaderColumn::parse(raw).map_err(|reason| invalid("--envelope-column", raw, reason))
-        });
         let run_id = uuid::Uuid::now_v7().to_string();
         Ok(Some(ConnectConfig {
             key: self.key_converter,
@@ -112,7 +100,7 @@ impl FormatArgs {
             context_headers: self.debezium_context_headers.then(|| run_id.into()),
             expand_json_payload: self.expand_json_payload,
             json_nulls_as_bytes: self.keep_json_payload_nulls,
-            envelope: envelope.collect::<Result<_, _>>()?,
+            envelope: columns("--envelope-column", &self.envelope_columns)?,
             partition_column: self.partition_column.clone(),
             schema_version_column: self.schema_version_column.clone(),
             tombstone_on_empty: self.tombstone_on_empty_payload,

@@ -199,11 +199,10 @@ impl RelayFlags {
                 invalid("--shard", shard.to_string(), reason)
             })
         };
-        Ok(RelayFlags {
-            slot: name("--slot", &self.slot, slot_name)?,
-            publication: name("--publication", &self.publication, publication_name)?,
-            ..self.clone()
-        })
+        let mut flags = self.clone();
+        flags.slot = name("--slot", &self.slot, slot_name)?;
+        flags.publication = name("--publication", &self.publication, publication_name)?;
+        Ok(flags)
     }
 }
 
@@ -263,10 +262,8 @@ pub fn is_sensitive_property(key: &str) -> bool {
 
 /// `value`, or `***` when `key` may hold a secret.
 fn redacted<'a>(key: &str, value: &'a str) -> &'a str {
-    match is_sensitive_property(key) {
-        true => "***",
-        false => value,
-    }
+    let secret = is_sensitive_property(key);
+    if secret { "***" } else { value }
 }
 
 /// One raw `-X KEY=VALUE`; `Debug` hides the value of a key that may hold a secret.
@@ -277,16 +274,10 @@ impl KafkaProperty {
     /// The key and value. The error never quotes the text: without '=', it may be a secret cut
     /// at a ';' (the delimiter).
     fn pair(&self) -> Result<(String, String), ConfigError> {
-        match self.0.split_once('=') {
-            Some((key, value)) if !key.trim().is_empty() => {
-                Ok((key.trim().to_owned(), value.to_owned()))
-            }
-            _ => {
-                let reason =
-                    "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split at ';')";
-                Err(invalid("--kafka-property", "", reason))
-            }
-        }
+        let reason = "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split at ';')";
+        let pair = self.0.split_once('=').filter(|(k, _)| !k.trim().is_empty());
+        let (key, value) = pair.ok_or_else(|| invalid("--kafka-property", "", reason))?;
+        Ok((key.trim().to_owned(), value.to_owned()))
     }
 }
 
@@ -330,11 +321,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// A duration where zero would spin.
 fn positive_duration(s: &str) -> Result<Duration, String> {
-    let duration = parse_duration(s)?;
-    match duration.is_zero() {
-        true => Err("must be positive".to_owned()),
-        false => Ok(duration),
-    }
+    let positive = Some(parse_duration(s)?).filter(|d| !d.is_zero());
+    positive.ok_or_else(|| "must be positive".to_owned())
 }
 
 fn at_least(min: u64) -> RangedU64ValueParser<usize> {
@@ -443,13 +431,10 @@ impl Config {
         let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
         // `setup`, `drop-slot` and `reshard` record slots in the lineage topic.
         let uses_kafka = match &cli.command {
-            None => true,
+            None | Some(Command::DropSlot(_) | Command::Backfill(_) | Command::Reshard(_)) => true,
             // `setup --print` connects only to read a shard's column types.
             Some(Command::Setup(args)) => !args.print,
-            Some(command) => matches!(
-                command,
-                Command::DropSlot(_) | Command::Backfill(_) | Command::Reshard(_)
-            ),
+            Some(_) => false,
         };
         if kafka_brokers.is_empty() && uses_kafka {
             let reason = "give at least one host:port (the relay, setup, drop-slot, reshard and \
@@ -468,9 +453,6 @@ impl Config {
             let reason = "required with --on-poison dead-letter";
             return Err(invalid("--dead-letter-topic", "", reason));
         }
-        let header_columns = cli.header_columns.iter().map(|raw| {
-            HeaderColumn::parse(raw).map_err(|reason| invalid("--header-column", raw, reason))
-        });
         let mapping = MappingConfig {
             route_by: cli.route_by.clone(),
             topic_template: cli.topic_template.clone(),
@@ -478,7 +460,7 @@ impl Config {
             id_column: cli.id_column.clone(),
             payload_column: cli.payload_column.clone(),
             timestamp_column: cli.timestamp_column.clone().filter(|c| !c.is_empty()),
-            header_columns: header_columns.collect::<Result<_, _>>()?,
+            header_columns: columns("--header-column", &cli.header_columns)?,
             cloudevents: cli.cloudevents.then(|| CloudEventsConfig {
                 source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
                 database: postgres.dbname.clone(),
@@ -486,12 +468,9 @@ impl Config {
             connect: cli.format.connect(!cli.message_prefixes.is_empty())?,
         };
         let (tables, overridden) = parse_tables(cli)?;
-        let mut table_mappings = Vec::new();
-        for (table, overrides) in overridden {
-            let mapping = apply_overrides(&mapping, overrides);
-            let mapping = mapping.map_err(|reason| invalid("--table", overrides, reason))?;
-            table_mappings.push((table, mapping));
-        }
+        let overridden = overridden.into_iter();
+        let table_mappings = overridden.map(|(t, raw)| Ok((t, apply_overrides(&mapping, raw)?)));
+        let table_mappings = table_mappings.collect::<Result<_, ConfigError>>()?;
         let kafka_properties = cli.kafka_properties.iter().map(KafkaProperty::pair);
         let message_prefixes = cli.message_prefixes.iter().filter(|p| !p.is_empty());
         Ok(Config {
@@ -524,14 +503,10 @@ impl Config {
             let reason = "names a relay; this command addresses every shard itself: drop --shard";
             return Err(invalid("--shard", given.to_string(), reason));
         }
-        let flags = RelayFlags {
-            shard,
-            ..self.flags.clone()
-        };
-        Ok(Config {
-            flags: flags.sharded()?,
-            ..self.clone()
-        })
+        let (mut config, mut flags) = (self.clone(), self.flags.clone());
+        flags.shard = shard;
+        config.flags = flags.sharded()?;
+        Ok(config)
     }
 
     /// The mapping for one outbox table: its overrides, else the global flags.
@@ -571,31 +546,38 @@ fn parse_tables(cli: &Cli) -> Result<(Vec<TableName>, Overrides<'_>), ConfigErro
 /// Per-table overrides as written: each table and its `key=value;...` text.
 type Overrides<'a> = Vec<(TableName, &'a str)>;
 
-/// Applies `key=value;key=value` per-table overrides to the global mapping.
-fn apply_overrides(base: &MappingConfig, overrides: &str) -> Result<MappingConfig, String> {
+/// Applies one table's `key=value;key=value` overrides (as written) to the global mapping.
+fn apply_overrides(base: &MappingConfig, overrides: &str) -> Result<MappingConfig, ConfigError> {
     let mut m = base.clone();
+    let bad = |reason| invalid("--table", overrides, reason);
     let pairs = overrides.split(';').map(str::trim);
     for pair in pairs.filter(|p| !p.is_empty()) {
         let Some((key, value)) = pair.split_once('=').filter(|(_, v)| !v.trim().is_empty()) else {
-            return Err(format!("override {pair:?} is not KEY=VALUE"));
+            return Err(bad(format!("override {pair:?} is not KEY=VALUE")));
         };
         let value = value.trim().to_owned();
         match key.trim() {
             "route-by" => m.route_by = value,
-            "topic-template" => m.topic_template = TopicTemplate::parse(&value)?,
+            "topic-template" => m.topic_template = TopicTemplate::parse(&value).map_err(bad)?,
             "key-column" => m.key_column = value,
             "id-column" => m.id_column = value,
             "payload-column" => m.payload_column = value,
             "timestamp-column" => m.timestamp_column = Some(value),
             other => {
-                return Err(format!(
+                return Err(bad(format!(
                     "unknown override {other:?}; use route-by, topic-template, key-column, \
                      id-column, payload-column or timestamp-column"
-                ));
+                )));
             }
         }
     }
     Ok(m)
+}
+
+/// The `--header-column` or `--envelope-column` values.
+fn columns(flag: &'static str, raw: &[String]) -> Result<Vec<HeaderColumn>, ConfigError> {
+    let parse = |raw: &String| HeaderColumn::parse(raw).map_err(|why| invalid(flag, raw, why));
+    raw.iter().map(parse).collect()
 }
 
 /// The password in `path`, without one trailing newline (`\n` or `\r\n`), as
@@ -605,10 +587,8 @@ fn read_password_file(path: &Path) -> Result<String, ConfigError> {
         path: path.to_owned(),
         source,
     })?;
-    let password = match text.strip_suffix('\n') {
-        Some(line) => line.strip_suffix('\r').unwrap_or(line),
-        None => &text,
-    };
+    let line = text.strip_suffix('\n');
+    let password = line.map_or(&*text, |line| line.strip_suffix('\r').unwrap_or(line));
     if password.is_empty() {
         let reason = "the file is empty; write the password into it";
         let shown = path.display().to_string();

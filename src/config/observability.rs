@@ -52,12 +52,10 @@ impl Default for ReadinessThresholds {
 }
 
 fn http_addr(s: &str) -> Result<Option<SocketAddr>, &'static str> {
+    let expected = "expected IP:PORT (e.g. 127.0.0.1:9187 or 0.0.0.0:9187) or none";
     match s.trim() {
         none if none.is_empty() || none.eq_ignore_ascii_case("none") => Ok(None),
-        addr => addr
-            .parse()
-            .map(Some)
-            .map_err(|_| "expected IP:PORT (e.g. 127.0.0.1:9187 or 0.0.0.0:9187) or none"),
+        addr => addr.parse().map(Some).map_err(|_| expected),
     }
 }
 

@@ -134,9 +134,8 @@ impl PostgresConnInfo {
         for extra in extra_hosts {
             let url = url::Url::parse(&format!("postgres://{extra}")).ok();
             let reason = format!("host {extra:?} is not HOST or HOST:PORT");
-            let url = url
-                .filter(|url| url.host().is_some())
-                .ok_or_else(|| malformed(&reason))?;
+            let url = url.filter(|url| url.host().is_some());
+            let url = url.ok_or_else(|| malformed(&reason))?;
             hosts.push(host_name(&url)?);
             ports.push(url.port().unwrap_or(5432));
         }
@@ -198,25 +197,21 @@ impl PostgresConnInfo {
     /// the chosen server.
     pub fn redacted(&self) -> String {
         let password = if self.password.is_some() { ":***" } else { "" };
-        let hosts = self
-            .hosts
-            .iter()
-            .map(|(host, port)| match host.contains(':') {
-                true => format!("[{host}]:{port}"),
-                false => format!("{host}:{port}"),
-            });
+        let hosts = self.hosts.iter();
+        let hosts = hosts.map(|(host, port)| match host.contains(':') {
+            true => format!("[{host}]:{port}"),
+            false => format!("{host}:{port}"),
+        });
         let hosts = hosts.collect::<Vec<_>>().join(",");
         format!("postgres://{}{password}@{hosts}/{}", self.user, self.dbname)
     }
 
     /// The same settings, pinned to one server of [`Self::hosts`].
     pub fn pinned(&self, host: &str, port: u16) -> PostgresConnInfo {
-        PostgresConnInfo {
-            host: host.to_owned(),
-            port,
-            hosts: vec![(host.to_owned(), port)],
-            ..self.clone()
-        }
+        let mut pinned = self.clone();
+        (pinned.host, pinned.port) = (host.to_owned(), port);
+        pinned.hosts = vec![(host.to_owned(), port)];
+        pinned
     }
 }
 
@@ -273,12 +268,11 @@ fn host_name(url: &url::Url) -> Result<String, PostgresUrlError> {
 }
 
 fn decode(part: &'static str, s: &str) -> Result<String, PostgresUrlError> {
-    match percent_encoding::percent_decode_str(s).decode_utf8() {
-        Ok(decoded) => Ok(decoded.into_owned()),
-        Err(_) => Err(PostgresUrlError(format!(
-            "--postgres-url: the {part} is not valid UTF-8 after percent-decoding"
-        ))),
-    }
+    let decoded = percent_encoding::percent_decode_str(s).decode_utf8();
+    let err = format!("--postgres-url: the {part} is not valid UTF-8 after percent-decoding");
+    decoded
+        .map(|d| d.into_owned())
+        .map_err(|_| PostgresUrlError(err))
 }
 
 /// Where credentials may stand in `raw`: from after `://` to the last `@`. Found textually, as

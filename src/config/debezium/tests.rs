@@ -19,6 +19,10 @@ const SECRETS: &str = include_str!(concat!(
     "/tests/fixtures/debezium/secrets-zstd.properties"
 ));
 
+fn import(config: &BTreeMap<String, String>) -> Result<Imported, DebeziumError> {
+    import_with(config, None)
+}
+
 fn import_fixture(path: &str, text: &str) -> Imported {
     let format = detect_format(Path::new(path), text);
     import(&parse(text, format).unwrap()).unwrap()
