@@ -33,6 +33,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -79,6 +80,7 @@ pub struct Pipeline<S: Source, K: Sink + ReadBack> {
     tx: OpenTx,
     routing: Routing,
     guard: PublicationGuard,
+    checking: Checking<S::Check>,
     gate: ReadGate,
     /// Naps between reads while the stream is behind, so the socket wakes the thread less.
     pacer: pace::Pacer,
@@ -154,6 +156,9 @@ struct PublicationGuard {
     next_check: Instant,
 }
 
+/// A publication check in flight beside the stream: the frontier it covers, and the check.
+type Checking<C> = Option<(Lsn, BoxFuture<'static, C>)>;
+
 impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     /// A pipeline resuming from `slot`'s confirmed position. Make it after the metrics
     /// recorder is installed: its metric handles bind when it is made.
@@ -199,6 +204,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 checked_only: slot.publication.server_version >= 180_000,
                 next_check: Instant::now(),
             },
+            checking: None,
             server: None,
             config,
             source,
@@ -249,7 +255,13 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     /// before any drop committed. False (confirming nothing) when the check cannot run.
     async fn check_publication(&mut self) -> Result<bool, RelayError> {
         let candidate = self.unverified();
-        if !self.source.check_publication().await? {
+        let check = self.source.check_publication().await;
+        self.publication_checked(candidate, check)
+    }
+
+    /// A check that began with `candidate` as the frontier came back.
+    fn publication_checked(&mut self, candidate: Lsn, check: S::Check) -> Result<bool, RelayError> {
+        if !self.source.publication_checked(check)? {
             return Ok(false);
         }
         self.guard.checked = self.guard.checked.max(candidate);
@@ -332,6 +344,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             tracing::error!(error = %Chain(&error), "--cleanup delete: stopping without deleting all relayed rows");
         }
         // A last check, so a clean stop confirms what it delivered.
+        // A fresh check, covering all that was acknowledged (one in flight covers less).
+        self.checking = None;
         let check = tokio::time::timeout(Duration::from_secs(5), self.check_publication());
         if let Ok(Err(error)) = check.await {
             tracing::warn!(error = %Chain(&error), "not confirming the final frontier");

@@ -209,8 +209,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             let stop_by = self.stop_by;
             let cleanup_due = self.cleanup.as_ref().and_then(|c| c.ledger.wake());
             // Checked at the status interval while there is something new to confirm.
-            let check_at =
-                (self.unverified() > self.guard.checked).then_some(self.guard.next_check);
+            let check_at = (self.checking.is_none() && self.unverified() > self.guard.checked)
+                .then_some(self.guard.next_check);
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(());
             };
@@ -268,8 +268,13 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 }
                 () = sleep_until_some(cleanup_due) => {}
                 () = sleep_until_some(check_at) => {
+                    let candidate = self.unverified();
+                    self.checking = Some((candidate, self.source.check_publication()));
+                }
+                (candidate, check) = checked(&mut self.checking) => {
+                    self.checking = None;
                     // A check that could not run is retried less often.
-                    let wait = match self.check_publication().await? {
+                    let wait = match self.publication_checked(candidate, check)? {
                         true => self.config.flags.status_interval,
                         false => self.config.flags.status_interval.max(Duration::from_secs(1)),
                     };
@@ -330,6 +335,15 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
 async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The publication check in flight, when there is one (it runs beside the stream, like a
+/// delete: a round trip to the server holds up neither reading nor acknowledgements).
+async fn checked<C>(checking: &mut super::Checking<C>) -> (Lsn, C) {
+    match checking {
+        Some((candidate, check)) => (*candidate, check.await),
         None => std::future::pending().await,
     }
 }

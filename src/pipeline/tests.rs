@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Parser;
+use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use super::{Pipeline, RelayError, Summary};
@@ -36,6 +37,8 @@ struct FakeSource {
     acks: Arc<Mutex<Vec<Lsn>>>,
     /// Sessions that open; later attempts never answer (an unreachable host).
     answered: Option<usize>,
+    /// Publication checks never answer (a control connection gone silent).
+    check_hangs: bool,
 }
 
 struct FakeStream {
@@ -47,6 +50,7 @@ struct FakeStream {
 
 impl Source for FakeSource {
     type Stream = FakeStream;
+    type Check = ();
 
     async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<FakeStream, SourceError> {
         let attempts = {
@@ -76,7 +80,14 @@ impl Source for FakeSource {
         Ok(None)
     }
 
-    async fn check_publication(&mut self) -> Result<bool, SourceError> {
+    fn check_publication(&mut self) -> BoxFuture<'static, ()> {
+        match self.check_hangs {
+            true => Box::pin(std::future::pending()),
+            false => Box::pin(std::future::ready(())),
+        }
+    }
+
+    fn publication_checked(&mut self, (): ()) -> Result<bool, SourceError> {
         Ok(true)
     }
 
@@ -223,17 +234,17 @@ async fn run(
     FakeSource,
     Vec<(Ticket, OutboxRecord)>,
 ) {
-    run_with(script, auto_ack, Duration::ZERO, &[], None).await
+    run_with(script, auto_ack, Duration::ZERO, &[], FakeSource::default()).await
 }
 
-/// [`run`] with acknowledgements after `ack_delay`, more flags, and only the first
-/// `answered` sessions opening.
+/// [`run`] with acknowledgements after `ack_delay`, more flags, and the faults of `source`
+/// (sessions that never open, checks that never answer).
 async fn run_with(
     script: Vec<Result<SourceEvent, SourceError>>,
     auto_ack: bool,
     ack_delay: Duration,
     flags: &[&str],
-    answered: Option<usize>,
+    source: FakeSource,
 ) -> (
     Result<Summary, RelayError>,
     FakeSource,
@@ -241,14 +252,13 @@ async fn run_with(
 ) {
     let source = FakeSource {
         script: Arc::new(Mutex::new(script.into())),
-        answered,
-        ..FakeSource::default()
+        ..source
     };
     let observed = FakeSource {
         script: Arc::clone(&source.script),
         starts: Arc::clone(&source.starts),
         acks: Arc::clone(&source.acks),
-        answered: None,
+        ..FakeSource::default()
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let sink = Arc::new(FakeSink {
@@ -299,6 +309,33 @@ async fn the_slot_moves_to_a_transactions_end_once_the_broker_acknowledged_it() 
     assert_eq!(sent.len(), 1);
     assert_eq!(summary.frontier, Lsn(0x110));
     assert_eq!(lock(&source.acks).last(), Some(&Lsn(0x110)));
+}
+
+/// A publication check the server never answers (a control connection gone silent) holds up
+/// neither the acknowledgements nor a stop: the check runs beside the stream.
+#[tokio::test(start_paused = true)]
+async fn a_publication_check_that_never_answers_holds_up_nothing() {
+    let script = vec![
+        begin(0x100),
+        event(0x90, "e1"),
+        commit(0x110),
+        begin(0x200),
+        event(0x190, "e2"),
+        commit(0x210),
+    ];
+    let silent = FakeSource {
+        check_hangs: true,
+        ..FakeSource::default()
+    };
+    // Each acknowledgement comes a second after its event was sent: the check for the first
+    // starts before the second is acknowledged.
+    let running = run_with(script, true, Duration::from_secs(1), &[], silent);
+    let (outcome, _, sent) = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the relay stops at the shutdown, not held by the check");
+    let summary = summary(outcome);
+    assert_eq!(sent.len(), 2);
+    assert_eq!(summary.events_acked, 2);
 }
 
 #[tokio::test(start_paused = true)]
@@ -374,7 +411,14 @@ async fn a_stop_while_reconnecting_confirms_the_frontier_acknowledged_meanwhile(
         "--reconnect-backoff-max",
         "60s",
     ];
-    let (outcome, source, _) = run_with(script, true, Duration::from_secs(1), &backoff, None).await;
+    let (outcome, source, _) = run_with(
+        script,
+        true,
+        Duration::from_secs(1),
+        &backoff,
+        FakeSource::default(),
+    )
+    .await;
     assert_eq!(summary(outcome).frontier, Lsn(0x110));
     assert_eq!(lock(&source.acks).last(), Some(&Lsn(0x110)));
     let starts = lock(&source.starts).clone();
@@ -389,7 +433,16 @@ async fn a_stop_does_not_wait_for_a_hanging_connection_attempt() {
     });
     let script = vec![begin(0x100), event(0x90, "e1"), commit(0x110), ended];
     let backoff = ["--reconnect-backoff-min", "1s"];
-    let run = run_with(script, true, Duration::ZERO, &backoff, Some(1));
+    let run = run_with(
+        script,
+        true,
+        Duration::ZERO,
+        &backoff,
+        FakeSource {
+            answered: Some(1),
+            ..FakeSource::default()
+        },
+    );
     // The stop comes at 10 s; without it the attempt never ends.
     let outcome = tokio::time::timeout(Duration::from_secs(600), run).await;
     let (outcome, _, sent) = outcome.expect("the stop waited for the connection attempt");

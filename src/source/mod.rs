@@ -15,8 +15,10 @@ pub mod sql;
 mod tls;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig};
 use tokio_postgres::Client;
 
@@ -96,6 +98,14 @@ pub enum SourceError {
         publication: String,
         /// What happened to it, e.g. "was dropped and re-created".
         change: String,
+    },
+    /// The control connection did not answer a publication check in time.
+    #[error(
+        "Postgres did not answer the publication check within {timeout:?} on the control connection"
+    )]
+    ControlTimeout {
+        /// How long the check waited.
+        timeout: Duration,
     },
     /// The slot is missing where this relay streamed from it before.
     #[error(
@@ -384,9 +394,16 @@ pub trait Source: Send {
         async { Ok(Vec::new()) }
     }
 
-    /// Whether positions decoded so far may be confirmed: `Ok(false)` when the
-    /// publication could not be checked, `Err` when it changed (rows were skipped).
-    fn check_publication(&mut self) -> impl Future<Output = Result<bool, SourceError>> + Send;
+    /// What a publication check brings back to [`Source::publication_checked`].
+    type Check: Send + 'static;
+
+    /// A check that the publication is still the one found at start-up, as a future that
+    /// borrows nothing: the stream and the deliveries go on while it waits on the server.
+    fn check_publication(&mut self) -> BoxFuture<'static, Self::Check>;
+
+    /// Whether positions decoded before `check` began may be confirmed: `Ok(false)` when
+    /// the publication could not be checked, `Err` when it changed (rows were skipped).
+    fn publication_checked(&mut self, check: Self::Check) -> Result<bool, SourceError>;
 
     /// The WAL's end (`Lsn(u64::MAX)` when unknown), for exactly-once's foreign-writer check.
     fn wal_end(&mut self) -> impl Future<Output = Lsn> + Send;
@@ -413,7 +430,8 @@ pub trait Stream: Send {
 
 /// The real [`Source`], with a control connection reopened when it breaks.
 pub struct PgSource {
-    config: Config,
+    /// Shared with the publication checks in flight.
+    config: Arc<Config>,
     control: Option<Client>,
     /// The server and timeline the last session ran on.
     server: Option<ServerId>,
@@ -425,7 +443,7 @@ impl PgSource {
     /// A source for `config`, with `publication` as found at start-up.
     pub fn new(config: Config, publication: setup::Publication) -> Self {
         PgSource {
-            config,
+            config: Arc::new(config),
             control: None,
             server: None,
             publication,
@@ -442,6 +460,56 @@ fn lookup_err(what: &'static str, relation_id: u32) -> impl Fn(SourceError) -> S
     }
 }
 
+/// A publication check's findings, with the control connection it took along.
+pub struct PublicationCheck {
+    client: Option<Client>,
+    found: Result<Found, SourceError>,
+}
+
+/// What a publication check found.
+enum Found {
+    Publication(setup::Publication),
+    /// The server is shutting down: it commits nothing more, and waits for its walsender's
+    /// last position to be confirmed; only a drop in the last status interval goes unnoticed.
+    ShuttingDown,
+    /// The check could not run (the error); nothing is confirmed until one can.
+    Unchecked(SourceError),
+}
+
+/// How long a publication check may wait on the server before it counts as not run (and its
+/// connection is dropped, so the next check opens a new one): a control connection that went
+/// silent (a host gone without a reset) must not pin the checks for the kernel's TCP timeout.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn check(mut client: Option<Client>, config: Arc<Config>) -> PublicationCheck {
+    let checking = async {
+        let client = match control(&mut client, &config).await {
+            Ok(client) => client,
+            Err(SourceError::Connect { source, .. })
+                if source.0.code()
+                    == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
+            {
+                return Ok(Found::ShuttingDown);
+            }
+            Err(error) => return Ok(Found::Unchecked(error)),
+        };
+        match setup::verify_publication(client, &config, &[]).await {
+            Ok(publication) => Ok(Found::Publication(publication)),
+            Err(error @ SourceError::Query { .. }) => Ok(Found::Unchecked(error)),
+            Err(error) => Err(error),
+        }
+    };
+    let found = match tokio::time::timeout(CHECK_TIMEOUT, checking).await {
+        Ok(found) => found,
+        Err(_) => {
+            client = None;
+            let timeout = CHECK_TIMEOUT;
+            Ok(Found::Unchecked(SourceError::ControlTimeout { timeout }))
+        }
+    };
+    PublicationCheck { client, found }
+}
+
 /// The control connection in `slot`, opened (again) when needed.
 async fn control<'a>(
     slot: &'a mut Option<Client>,
@@ -456,6 +524,7 @@ async fn control<'a>(
 
 impl Source for PgSource {
     type Stream = ReplicationStream;
+    type Check = PublicationCheck;
 
     /// On another server or timeline, the start moves back as [`resume_point`] says.
     async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<ReplicationStream, SourceError> {
@@ -509,27 +578,22 @@ impl Source for PgSource {
             .map_err(lookup_err("read the columns", relation_id))
     }
 
-    async fn check_publication(&mut self) -> Result<bool, SourceError> {
-        let unchecked = |error: &SourceError| {
-            tracing::warn!(error = %Chain(error), "cannot check the publication; confirming nothing until it can be checked");
-            Ok(false)
-        };
-        let client = match control(&mut self.control, &self.config).await {
-            Ok(client) => client,
-            // A server shutting down commits nothing more but waits for its walsender's last
-            // position to be confirmed: only a drop in the last status interval goes unnoticed.
-            Err(SourceError::Connect { source, .. })
-                if source.0.code()
-                    == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
-            {
-                return Ok(true);
+    fn check_publication(&mut self) -> BoxFuture<'static, PublicationCheck> {
+        Box::pin(check(self.control.take(), Arc::clone(&self.config)))
+    }
+
+    fn publication_checked(&mut self, check: PublicationCheck) -> Result<bool, SourceError> {
+        // A look-up while the check ran may have opened another connection: keep that one.
+        if self.control.is_none() {
+            self.control = check.client;
+        }
+        let found = match check.found? {
+            Found::Publication(found) => found,
+            Found::ShuttingDown => return Ok(true),
+            Found::Unchecked(error) => {
+                tracing::warn!(error = %Chain(&error), "cannot check the publication; confirming nothing until it can be checked");
+                return Ok(false);
             }
-            Err(error) => return unchecked(&error),
-        };
-        let found = match setup::verify_publication(client, &self.config, &[]).await {
-            Ok(found) => found,
-            Err(error @ SourceError::Query { .. }) => return unchecked(&error),
-            Err(error) => return Err(error),
         };
         // A new OID, or a new catalog row for a table: rows in between were never decoded.
         let earlier = &self.publication.members;

@@ -5,6 +5,7 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use outbox_relay::config::{Cli, Config};
 use outbox_relay::lsn::Lsn;
 use outbox_relay::outbox::{OutboxRecord, TableName};
@@ -94,6 +95,7 @@ fn broken() -> SourceError {
 
 impl Source for SimSource {
     type Stream = SimStream;
+    type Check = ();
 
     /// As the real source: on another timeline, from no later than the slot's position
     /// there; the session confirms `acked` up to where it starts.
@@ -140,7 +142,11 @@ impl Source for SimSource {
         Ok(None)
     }
 
-    async fn check_publication(&mut self) -> Result<bool, SourceError> {
+    fn check_publication(&mut self) -> BoxFuture<'static, ()> {
+        Box::pin(std::future::ready(()))
+    }
+
+    fn publication_checked(&mut self, (): ()) -> Result<bool, SourceError> {
         Ok(true)
     }
 
