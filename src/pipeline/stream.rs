@@ -147,6 +147,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             }
             self.reported = self.reported.min(at);
             self.guard.checked = self.guard.checked.min(at);
+            // A check begun on the old server covers positions of its timeline.
+            self.checking = None;
         }
         let new_source = self
             .exactly_once
