@@ -327,8 +327,8 @@ async fn a_publication_check_that_never_answers_holds_up_nothing() {
         check_hangs: true,
         ..FakeSource::default()
     };
-    // Each acknowledgement comes a second after its event was sent: the check for the first
-    // starts before the second is acknowledged.
+    // Acknowledgements come a second after each send: the check starts while the stream is
+    // open, and never answers through the shutdown at ten seconds.
     let running = run_with(script, true, Duration::from_secs(1), &[], silent);
     let (outcome, _, sent) = tokio::time::timeout(Duration::from_secs(60), running)
         .await

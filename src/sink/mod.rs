@@ -23,7 +23,6 @@ use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
@@ -271,21 +270,6 @@ pub struct KafkaSink {
     properties: Vec<(String, String)>,
     deliveries: mpsc::UnboundedSender<Delivery>,
     alone: OnceLock<Arc<Served<DeliveryContext>>>,
-    /// The tasks serving the producers' delivery reports.
-    reports: Mutex<Vec<JoinHandle<()>>>,
-}
-
-impl Drop for KafkaSink {
-    fn drop(&mut self) {
-        for task in self
-            .reports
-            .get_mut()
-            .map(std::mem::take)
-            .unwrap_or_default()
-        {
-            task.abort();
-        }
-    }
 }
 
 impl KafkaSink {
@@ -319,15 +303,13 @@ impl KafkaSink {
         let producer: BaseProducer<_> = config
             .create_with_context(context)
             .map_err(|error| SinkError::create(error, properties))?;
-        let (producer, task) = reports::serve(producer);
         let sink = KafkaSink {
-            producer,
+            producer: reports::serve(producer),
             tails: tails.map(|reader| Arc::new(Mutex::new(reader))),
             config,
             properties: properties.to_vec(),
             deliveries: tx,
             alone: OnceLock::new(),
-            reports: Mutex::new(vec![task]),
         };
         Ok((sink, rx))
     }
@@ -409,11 +391,7 @@ impl Sink for KafkaSink {
                 let producer: BaseProducer<_> = config
                     .create_with_context(context)
                     .map_err(|error| SinkError::create(error, &self.properties))?;
-                let (producer, task) = reports::serve(producer);
-                if let Ok(mut tasks) = self.reports.lock() {
-                    tasks.push(task);
-                }
-                self.alone.get_or_init(|| producer)
+                self.alone.get_or_init(|| reports::serve(producer))
             }
         };
         Self::send_with(producer, ticket, record).await

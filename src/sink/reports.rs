@@ -17,16 +17,23 @@ use std::time::Duration;
 use rdkafka::producer::{BaseProducer, Producer, ProducerContext};
 use rdkafka_sys as rdsys;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio::task::AbortHandle;
 
 /// Most events served in one pass before the task yields to the pipeline.
 const EVENTS_PER_PASS: usize = 256;
 
-/// A producer whose reply queue wakes a [`Notify`]; dropped, it unhooks the queue before the
-/// producer itself goes.
+/// A producer whose reply queue wakes a [`Notify`]; dropped, it stops the task serving it
+/// and unhooks the queue before the producer itself goes.
 pub struct Served<C: ProducerContext> {
+    task: AbortHandle,
     wakeup: Wakeup,
     producer: BaseProducer<C>,
+}
+
+impl<C: ProducerContext> Drop for Served<C> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl<C: ProducerContext> Deref for Served<C> {
@@ -76,11 +83,9 @@ impl<C: ProducerContext> Served<C> {
     }
 }
 
-/// Hooks `producer`'s reply queue and spawns the task that serves it on the current runtime;
-/// the task ends when the last `Arc` of the producer is gone (or when aborted).
-pub fn serve<C: ProducerContext + 'static>(
-    producer: BaseProducer<C>,
-) -> (Arc<Served<C>>, JoinHandle<()>) {
+/// Hooks `producer`'s reply queue and spawns the task that serves it on the current runtime,
+/// until the last `Arc` of the producer is gone.
+pub fn serve<C: ProducerContext + 'static>(producer: BaseProducer<C>) -> Arc<Served<C>> {
     let notify = Arc::new(Notify::new());
     // SAFETY: the client outlives the handle: `Served` drops `wakeup` before `producer`.
     let queue = unsafe { rdsys::rd_kafka_queue_get_main(producer.client().native_ptr()) };
@@ -92,17 +97,16 @@ pub fn serve<C: ProducerContext + 'static>(
             Arc::as_ptr(&notify) as *mut c_void,
         );
     }
-    let served = Arc::new(Served {
-        wakeup: Wakeup {
-            queue,
-            _notify: Arc::clone(&notify),
-        },
-        producer,
-    });
     // Events queued before the hook fire nothing.
     notify.notify_one();
-    let task = tokio::spawn(poll_reports(Arc::downgrade(&served), notify));
-    (served, task)
+    Arc::new_cyclic(|served| Served {
+        task: tokio::spawn(poll_reports(Weak::clone(served), Arc::clone(&notify))).abort_handle(),
+        wakeup: Wakeup {
+            queue,
+            _notify: notify,
+        },
+        producer,
+    })
 }
 
 async fn poll_reports<C: ProducerContext>(producer: Weak<Served<C>>, notify: Arc<Notify>) {
