@@ -1597,12 +1597,13 @@ impl Bench {
         }
         let median = &ShardRound::typical(&rounds);
         println!(
-            "projected drain on {} cores from each process's median CPU: {:.0} events/s. The \
-             shards drained one after the other: this machine's {} cores cannot show the wall \
-             time of K relays and K walsenders running at once, so the figure is the CPU each \
-             needs",
+            "projected drain on {} cores from each process's median CPU: {:.0} events/s \
+             ({:.0} by the busiest process alone). The shards drained one after the other: this \
+             machine's {} cores cannot show the wall time of K relays and K walsenders running \
+             at once, so the figure is the CPU each needs",
             count + 1,
             median.projected(n),
+            n as f64 / median.busiest_s(),
             thread::available_parallelism().map_or(0, |n| n.get())
         );
         let r = &mut self.report;
@@ -1620,6 +1621,11 @@ impl Bench {
             let walsender = per_million(d.walsender_s, n);
             r.add_f(&format!("shard{index}_walsender_cpu_per_m_s"), walsender, 3);
         }
+        r.add_f(
+            "shard_projected_busiest_events_per_s",
+            n as f64 / median.busiest_s(),
+            0,
+        );
         r.add_f(
             "shard_busiest_cpu_per_m_s",
             per_million(median.busiest_s(), n),
