@@ -1513,6 +1513,12 @@ impl ShardRound {
         let cores = (self.drains.len() + 1) as f64;
         events as f64 / self.busiest_s().max(self.total_s() / cores)
     }
+
+    /// The drain rate by the busiest process alone (the issue's projection): each process
+    /// on a core of its own.
+    fn projected_by_busiest(&self, events: u64) -> f64 {
+        events as f64 / self.busiest_s()
+    }
 }
 
 /// The record key of backlog row `g` (`insert_sql`'s `aggregate_id`).
@@ -1603,7 +1609,7 @@ impl Bench {
              at once, so the figure is the CPU each needs",
             count + 1,
             median.projected(n),
-            n as f64 / median.busiest_s(),
+            median.projected_by_busiest(n),
             thread::available_parallelism().map_or(0, |n| n.get())
         );
         let r = &mut self.report;
@@ -1623,7 +1629,7 @@ impl Bench {
         }
         r.add_f(
             "shard_projected_busiest_events_per_s",
-            n as f64 / median.busiest_s(),
+            median.projected_by_busiest(n),
             0,
         );
         r.add_f(
