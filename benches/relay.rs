@@ -1470,6 +1470,8 @@ struct ShardDrain {
     owned: u64,
     relay_s: f64,
     walsender_s: f64,
+    /// Wall time of the drain: the walsender's pace, unless the relay held it back.
+    wall_s: f64,
 }
 
 /// One `--shards` round: each shard drained the same backlog.
@@ -1500,6 +1502,7 @@ impl ShardRound {
         let drains = first.iter().enumerate().map(|(i, d)| ShardDrain {
             relay_s: median(rounds.iter().map(|r| r.drains[i].relay_s).collect()),
             walsender_s: median(rounds.iter().map(|r| r.drains[i].walsender_s).collect()),
+            wall_s: median(rounds.iter().map(|r| r.drains[i].wall_s).collect()),
             ..*d
         });
         ShardRound {
@@ -1577,17 +1580,19 @@ impl Bench {
                     .await?;
                 println!(
                     "round {} shard {}: {owned} events; CPU per M events of the outbox: relay \
-                     {:.2} s, its walsender {:.2} s",
+                     {:.2} s, its walsender {:.2} s; drained in {:.2} s",
                     round + 1,
                     shard.map_or("0/1".to_owned(), |s| s.to_string()),
                     per_million(drain.cpu_s, n),
-                    per_million(drain.walsender_cpu_s, n)
+                    per_million(drain.walsender_cpu_s, n),
+                    drain.wall.as_secs_f64()
                 );
                 drains.push(ShardDrain {
                     shard,
                     owned,
                     relay_s: drain.cpu_s,
                     walsender_s: drain.walsender_cpu_s,
+                    wall_s: drain.wall.as_secs_f64(),
                 });
             }
             let round = ShardRound { drains };
@@ -1626,6 +1631,7 @@ impl Bench {
             );
             let walsender = per_million(d.walsender_s, n);
             r.add_f(&format!("shard{index}_walsender_cpu_per_m_s"), walsender, 3);
+            r.add_f(&format!("shard{index}_wall_s"), d.wall_s, 3);
         }
         r.add_f(
             "shard_projected_busiest_events_per_s",

@@ -16,12 +16,16 @@ Cases (publication, client):
   none-hash    the same hash, compared with a value it never takes: every row rejected
   none-isnull  `aggregate_id IS NULL`: every row rejected by the cheapest filter
 
-Each case runs REPS times, interleaved. Usage: scripts/walsender-cost.py [N] [REPS]
-(default 200000 3). Needs PostgreSQL's server binaries and psql (`pg_config --bindir`, else
+Each case runs REPS times, interleaved; each line splits the walsender's CPU into user and
+kernel (sys) time. Usage: scripts/walsender-cost.py [N] [REPS] (default 200000 3). With
+PERF_DIR=DIR set, `perf record -e cpu-clock -g` samples each case's walsender into
+DIR/CASE-REP.data (`perf report -i ... --no-children --sort dso,sym`); the software clock
+event samples where the hardware counters are not available, as on a VM. Needs PostgreSQL's server binaries and psql (`pg_config --bindir`, else
 Debian's PostgreSQL 15); run as root, it starts PostgreSQL as the postgres user.
 """
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -138,26 +142,39 @@ def main():
                                           stdin=client.stdout)
                 client.stdout.close()
             pid, ticks, started = None, 0, time.monotonic()
+            user = system = 0
+            perf = None
             # Bounded: a drain takes seconds; give up after 10 minutes.
             while client.poll() is None and time.monotonic() - started < 600:
                 if pid is None:
                     found = psql(f"SELECT pid FROM pg_stat_activity WHERE application_name = "
                                  f"'{slot}' AND backend_type = 'walsender'")
                     pid = int(found) if found else None
+                    if pid is not None and os.environ.get("PERF_DIR"):
+                        data = f"{os.environ['PERF_DIR']}/{case.replace('/', '_')}-{rep}.data"
+                        perf = subprocess.Popen(
+                            ["perf", "record", "-q", "-e", "cpu-clock", "-F", "4999", "-g",
+                             "-p", str(pid), "-o", data],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 if pid is not None:
                     try:
                         with open(f"/proc/{pid}/stat") as f:
                             fields = f.read().rsplit(")", 1)[1].split()
-                        ticks = int(fields[11]) + int(fields[12])
+                        user, system = int(fields[11]), int(fields[12])
+                        ticks = user + system
                     except OSError:
                         pass
                 time.sleep(0.01)
             client.wait(timeout=30)
+            if perf:
+                perf.send_signal(signal.SIGINT)
+                perf.wait(timeout=60)
             if reader:
                 reader.wait(timeout=30)
             seconds = ticks / tick
             print(f"round {rep + 1} {case:15} {seconds * 1e6 / n:6.2f} µs per row "
-                  f"({seconds:.2f} s, wall {time.monotonic() - started:.2f} s)", flush=True)
+                  f"({seconds:.2f} s: user {user / tick:.2f} s, sys {system / tick:.2f} s; wall "
+                  f"{time.monotonic() - started:.2f} s)", flush=True)
     finally:
         run([f"{BIN}/pg_ctl", "-D", f"{work}/data", "-m", "fast", "-w", "stop"])
         shutil.rmtree(work, ignore_errors=True)
