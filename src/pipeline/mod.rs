@@ -195,7 +195,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 max_bytes: config.flags.max_in_flight_bytes,
                 largest: 0,
             },
-            pacer: pace::Pacer::default(),
+            pacer: pace::Pacer::new(config.flags.shard.is_some()),
             tracker: AckTracker::new(confirmed),
             reported: confirmed,
             guard: PublicationGuard {

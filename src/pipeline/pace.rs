@@ -19,6 +19,14 @@
 //! build) misreads: a hand-over between tasks can take longer than [`PARKED`] there. So a nap
 //! follows at least [`BURST`] messages since the last one: whatever the clock says, the naps
 //! cannot hold the relay below [`BURST`] messages per [`NAP`], faster than a walsender sends.
+//!
+//! A shard's relay (`--shard I/K`) naps after every wait that parked. Its walsender decodes all
+//! of the WAL and sends it a K-th of the rows, so the relay has K times the headroom the floor
+//! protects; with the floor it would read many of a shard's sparser messages one at a time, a
+//! wake-up each, paid in its walsender's kernel time (docs/benchmark.md, "Where a walsender's
+//! CPU goes"). Whatever the clock says, a nap follows a wait for the replication reader, which
+//! then hands over what one read of the socket took (up to 128 KiB): more per [`NAP`] than a
+//! walsender sends a shard (about 20 KB per millisecond at K=4 in the bench).
 
 use std::time::{Duration, Instant};
 
@@ -33,16 +41,29 @@ const PARKED: Duration = Duration::from_micros(20);
 pub(super) const BURST: u32 = 100;
 
 /// When to nap: the decisions, without the clock or the sleep.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Pacer {
     behind: bool,
     waiting_since: Option<Instant>,
     nap_due: bool,
     /// Messages since the last nap.
     since_nap: u32,
+    /// Messages between two naps, at least: [`BURST`], or 1 for a shard.
+    burst: u32,
 }
 
 impl Pacer {
+    /// The pacer of a relay of the whole outbox, or of one shard of it (`sharded`).
+    pub(super) fn new(sharded: bool) -> Self {
+        Pacer {
+            behind: false,
+            waiting_since: None,
+            nap_due: false,
+            since_nap: 0,
+            burst: if sharded { 1 } else { BURST },
+        }
+    }
+
     /// A message of the open transaction was sent `lag_us` after its commit (both on the
     /// server's clock, so no clock skew enters).
     pub(super) fn sent(&mut self, lag_us: i64) {
@@ -58,7 +79,7 @@ impl Pacer {
 
     /// The nap due before the next wait, if the last one parked and a burst came since the last.
     pub(super) fn nap(&mut self) -> Option<Duration> {
-        let due = std::mem::take(&mut self.nap_due) && self.since_nap >= BURST;
+        let due = std::mem::take(&mut self.nap_due) && self.since_nap >= self.burst;
         if due {
             self.since_nap = 0;
         }
@@ -84,7 +105,7 @@ mod tests {
 
     /// A pacer behind, a burst after its last nap.
     fn behind() -> Pacer {
-        let mut pacer = Pacer::default();
+        let mut pacer = Pacer::new(false);
         for _ in 0..BURST {
             pacer.sent(BEHIND.as_micros() as i64);
         }
@@ -120,6 +141,33 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_naps_after_every_wait_that_parked_while_behind() {
+        let t = Instant::now();
+        let park = |pacer: &mut Pacer| {
+            pacer.sent(BEHIND.as_micros() as i64);
+            pacer.waiting(t);
+            pacer.woke(t + Duration::from_millis(1));
+            pacer.nap()
+        };
+        let (mut shard, mut whole) = (Pacer::new(true), Pacer::new(false));
+        for _ in 0..3 {
+            assert_eq!(park(&mut shard), Some(NAP));
+            // The whole outbox's relay waits for a burst first.
+            assert_eq!(park(&mut whole), None);
+        }
+        // A shard's stream that caught up naps no more than any other.
+        shard.sent(0);
+        shard.waiting(t);
+        shard.woke(t + Duration::from_millis(1));
+        assert_eq!(shard.nap(), None);
+        // Nor does a wait that found a message buffered.
+        shard.sent(BEHIND.as_micros() as i64);
+        shard.waiting(t);
+        shard.woke(t + Duration::from_micros(3));
+        assert_eq!(shard.nap(), None);
+    }
+
+    #[test]
     fn a_message_already_buffered_is_no_reason_to_nap() {
         let mut pacer = behind();
         let t = Instant::now();
@@ -130,7 +178,7 @@ mod tests {
 
     #[test]
     fn a_stream_keeping_up_with_its_commits_never_naps() {
-        let mut pacer = Pacer::default();
+        let mut pacer = Pacer::new(false);
         pacer.sent(BEHIND.as_micros() as i64 - 1);
         assert!(!pacer.behind());
         let t = Instant::now();
