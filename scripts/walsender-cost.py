@@ -20,8 +20,9 @@ Each case runs REPS times, interleaved; each line splits the walsender's CPU int
 kernel (sys) time. Usage: scripts/walsender-cost.py [N] [REPS] (default 200000 3). With
 PERF_DIR=DIR set, `perf record -e cpu-clock -g` samples each case's walsender into
 DIR/CASE-REP.data (`perf report -i ... --no-children --sort dso,sym`); the software clock
-event samples where the hardware counters are not available, as on a VM. Needs PostgreSQL's server binaries and psql (`pg_config --bindir`, else
-Debian's PostgreSQL 15); run as root, it starts PostgreSQL as the postgres user.
+event samples where the hardware counters are not available, as on a VM. Needs PostgreSQL's
+server binaries and psql (`pg_config --bindir`, else Debian's PostgreSQL 15); run as root, it
+starts PostgreSQL as the postgres user.
 """
 import os
 import shutil
@@ -141,7 +142,7 @@ def main():
                 reader = subprocess.Popen([sys.executable, f"{work}/bursts.py"],
                                           stdin=client.stdout)
                 client.stdout.close()
-            pid, ticks, started = None, 0, time.monotonic()
+            pid, started = None, time.monotonic()
             user = system = 0
             perf = None
             # Bounded: a drain takes seconds; give up after 10 minutes.
@@ -161,7 +162,6 @@ def main():
                         with open(f"/proc/{pid}/stat") as f:
                             fields = f.read().rsplit(")", 1)[1].split()
                         user, system = int(fields[11]), int(fields[12])
-                        ticks = user + system
                     except OSError:
                         pass
                 time.sleep(0.01)
@@ -171,7 +171,7 @@ def main():
                 perf.wait(timeout=60)
             if reader:
                 reader.wait(timeout=30)
-            seconds = ticks / tick
+            seconds = (user + system) / tick
             print(f"round {rep + 1} {case:15} {seconds * 1e6 / n:6.2f} µs per row "
                   f"({seconds:.2f} s: user {user / tick:.2f} s, sys {system / tick:.2f} s; wall "
                   f"{time.monotonic() - started:.2f} s)", flush=True)
