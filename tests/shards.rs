@@ -486,6 +486,26 @@ async fn a_shard_refuses_a_publication_that_would_not_shard_it() {
     assert_eq!(code, POSTGRES_EXIT, "{log}");
     assert!(log.contains("has type timestamp with time zone"), "{log}");
     assert!(log.contains("is not immutable"), "{log}");
+    // Nor a key with a user-defined collation, which Postgres refuses in a row filter (the
+    // relay names the column; before, Postgres's refusal of the CREATE PUBLICATION did not).
+    world
+        .pg
+        .execute(
+            "CREATE COLLATION nocase (provider = icu, locale = 'und-u-ks-level2', \
+             deterministic = false); \
+             ALTER TABLE outbox ALTER COLUMN event_type TYPE text COLLATE nocase",
+        )
+        .await;
+    let (code, log) = run_to_exit(
+        &url,
+        &brokers,
+        &["--shard", "0/2", "--key-column", "event_type"],
+    );
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
+    assert!(
+        log.contains("\"event_type\" of public.outbox has the user-defined collation nocase"),
+        "{log}"
+    );
     // Without --postgres-url, setup --print cannot know the columns' types.
     let (code, _, err) = run_command(&["setup", "--print", "--shard", "0/2"]);
     assert_eq!(code, CONFIG_EXIT, "{err}");

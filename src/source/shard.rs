@@ -46,7 +46,8 @@ async fn column_text(
     let row = client
         .query_opt(
             "SELECT format_type(a.atttypid, a.atttypmod), p.proname::text, p.oid, \
-                    p.provolatile = 'i', t.typoutput = 'textout'::regproc \
+                    p.provolatile = 'i', t.typoutput = 'textout'::regproc, \
+                    a.attcollation::regcollation::text, a.attcollation \
              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
              JOIN pg_proc p ON p.oid = t.typoutput \
              WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped",
@@ -60,6 +61,15 @@ async fn column_text(
         )));
     };
     let (type_name, output, oid): (String, String, u32) = (row.get(0), row.get(1), row.get(2));
+    let (collation, collation_oid): (String, u32) = (row.get(5), row.get(6));
+    if collation_oid >= FIRST_NORMAL_OID {
+        return Err(SourceError::Misconfigured(format!(
+            "--shard: {flag} {column:?} of {table} has the user-defined collation {collation}, \
+             which Postgres does not allow in a publication row filter, so no filter can hash \
+             it. Shard on a column with a built-in collation (set {flag}, or a per-table \
+             override), or give this one a built-in collation"
+        )));
+    }
     let quoted = quote_ident(column);
     if row.get::<_, bool>(4) {
         return Ok(quoted);
