@@ -506,6 +506,26 @@ async fn a_shard_refuses_a_publication_that_would_not_shard_it() {
         log.contains("\"event_type\" of public.outbox has the user-defined collation nocase"),
         "{log}"
     );
+    // Nor one of a user-defined type, such as a domain over text.
+    world
+        .pg
+        .execute(
+            "CREATE DOMAIN aggregate_kind AS text; \
+             ALTER TABLE outbox ALTER COLUMN aggregate_type TYPE aggregate_kind",
+        )
+        .await;
+    let (code, log) = run_to_exit(
+        &url,
+        &brokers,
+        &["--shard", "0/2", "--key-column", "aggregate_type"],
+    );
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
+    assert!(
+        log.contains(
+            "\"aggregate_type\" of public.outbox has the user-defined type aggregate_kind"
+        ),
+        "{log}"
+    );
     // Without --postgres-url, setup --print cannot know the columns' types.
     let (code, _, err) = run_command(&["setup", "--print", "--shard", "0/2"]);
     assert_eq!(code, CONFIG_EXIT, "{err}");

@@ -36,7 +36,8 @@ pub async fn row_filters(client: &Client, config: &Config) -> Result<Vec<String>
 
 /// An SQL expression for `column`'s text as pgoutput sends it: the column itself when it is
 /// text, else its type's output function in `textin` (a row filter may not cast to text: that
-/// is an I/O conversion, which Postgres refuses there).
+/// is an I/O conversion, which Postgres refuses there). A column Postgres would refuse in a row
+/// filter (a user-defined type or collation, a mutable output function) is refused here, by name.
 async fn column_text(
     client: &Client,
     table: &TableName,
@@ -45,7 +46,7 @@ async fn column_text(
 ) -> Result<String, SourceError> {
     let row = client
         .query_opt(
-            "SELECT format_type(a.atttypid, a.atttypmod), p.proname::text, p.oid, \
+            "SELECT format_type(a.atttypid, a.atttypmod), p.proname::text, a.atttypid, \
                     p.provolatile = 'i', t.typoutput = 'textout'::regproc, \
                     a.attcollation::regcollation::text, a.attcollation \
              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
@@ -60,29 +61,35 @@ async fn column_text(
             "outbox table {table} has no column {column:?} (named by {flag})"
         )));
     };
-    let (type_name, output, oid): (String, String, u32) = (row.get(0), row.get(1), row.get(2));
+    let (type_name, output, type_oid): (String, String, u32) = (row.get(0), row.get(1), row.get(2));
     let (collation, collation_oid): (String, u32) = (row.get(5), row.get(6));
-    if collation_oid >= FIRST_NORMAL_OID {
+    // Postgres refuses a row filter on either, without naming the column.
+    let user_defined = match (type_oid, collation_oid) {
+        (t, _) if t >= FIRST_NORMAL_OID => format!("type {type_name} (a domain or an extension's)"),
+        (_, c) if c >= FIRST_NORMAL_OID => format!("collation {collation}"),
+        _ => String::new(),
+    };
+    if !user_defined.is_empty() {
         return Err(SourceError::Misconfigured(format!(
-            "--shard: {flag} {column:?} of {table} has the user-defined collation {collation}, \
-             which Postgres does not allow in a publication row filter, so no filter can hash \
-             it. Shard on a column with a built-in collation (set {flag}, or a per-table \
-             override), or give this one a built-in collation"
+            "--shard: {flag} {column:?} of {table} has the user-defined {user_defined}, which \
+             Postgres does not allow in a publication row filter, so no filter can hash it. \
+             Shard on a column of a built-in type and collation (set {flag}, or a per-table \
+             override)"
         )));
     }
     let quoted = quote_ident(column);
-    if row.get::<_, bool>(4) {
+    let (is_text, immutable): (bool, bool) = (row.get(4), row.get(3));
+    if is_text {
         return Ok(quoted);
     }
-    let why = match (oid < FIRST_NORMAL_OID, row.get::<_, bool>(3)) {
-        (true, true) => return Ok(format!("textin({output}({quoted}))")),
-        (false, _) => "is user-defined",
-        (true, false) => "is not immutable (its text depends on settings such as TimeZone)",
-    };
+    if immutable {
+        return Ok(format!("textin({output}({quoted}))"));
+    }
     Err(SourceError::Misconfigured(format!(
         "--shard: {flag} {column:?} of {table} has type {type_name}, whose output function \
-         {output} {why}, so a publication row filter cannot hash its text. Shard on a column of \
-         type text, varchar, uuid, an integer or jsonb (set {flag}, or a per-table override)"
+         {output} is not immutable (its text depends on settings such as TimeZone), so a \
+         publication row filter cannot hash its text. Shard on a column of type text, varchar, \
+         uuid, an integer or jsonb (set {flag}, or a per-table override)"
     )))
 }
 
