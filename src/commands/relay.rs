@@ -16,7 +16,7 @@ use crate::observability::{Chain, http, metrics, progress};
 use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
-use crate::source::{PgSource, cleanup, heartbeat, lineage, setup, slot_monitor};
+use crate::source::{PgSource, cleanup, heartbeat, lineage, setup, shard, slot_monitor};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -109,6 +109,9 @@ async fn relay(
     };
     let control = setup::connect(&config).await?;
     let slot = setup::prepare(&control, &config).await?;
+    if slot.created {
+        shard::warn_if_late(&control, &config, slot.confirmed_flush).await;
+    }
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
     let in_flight = config.flags.max_in_flight_events;
     let tails = (config.flags.delivery == Delivery::ExactlyOnce)

@@ -3,13 +3,16 @@
 //! that shard. Start-up refuses a publication that would not shard so: an unfiltered table (a
 //! relay would send every shard's rows) or a partitioned table published under its partitions'
 //! names (their filters, none, would apply). It also checks that the server's hash is the
-//! relay's, which places the events Postgres cannot filter (messages, `backfill`'s rows).
+//! relay's, which places the events Postgres cannot filter (messages, `backfill`'s rows), and
+//! warns when this shard's slot is created after other shards' (the rows in between are in no
+//! slot).
 
 use tokio_postgres::Client;
 
 use super::SourceError;
 use super::setup::{Publication, query_err};
 use crate::config::Config;
+use crate::lsn::Lsn;
 use crate::outbox::shard::{hash_text, same_filter};
 use crate::outbox::{Shard, TableName, quote_ident};
 
@@ -156,6 +159,55 @@ pub async fn verify(
         )));
     }
     Ok(())
+}
+
+/// Warns, after this shard's relay created its slot at `created`, of the slots other shards of
+/// the same K already have on this server. They started first, so the rows this shard owns that
+/// committed in between are in no slot: a moment's worth when the shards start together, more
+/// when one starts late (its pod pending, say), and only `backfill` relays them. A warning,
+/// not a refusal: at every first start all but one shard find a sibling.
+pub async fn warn_if_late(client: &Client, config: &Config, created: Lsn) {
+    let (Some(shard), slot) = (config.flags.shard, &config.flags.slot) else {
+        return;
+    };
+    let Some(base) = slot.strip_suffix(&shard.name("")) else {
+        return;
+    };
+    let count = shard.count;
+    let siblings: Vec<String> = (0..count)
+        .filter(|&index| index != shard.index)
+        .map(|index| Shard { index, count }.name(base))
+        .collect();
+    let found = client
+        .query(
+            "SELECT slot_name::text FROM pg_replication_slots \
+             WHERE slot_name::text = ANY($1) ORDER BY 1",
+            &[&siblings],
+        )
+        .await;
+    // Only the warning depends on it: a failed read is not worth a refusal.
+    let older: Vec<String> = match found {
+        Ok(rows) => rows.iter().map(|row| row.get(0)).collect(),
+        Err(error) => {
+            tracing::debug!(error = %error, "cannot list the other shards' slots");
+            return;
+        }
+    };
+    if older.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        slot,
+        %created,
+        others = ?older,
+        "shard {shard}'s slot was created at {created}, after {} other shards' slots on this \
+         server: the outbox rows shard {shard} owns that committed between their creation and \
+         {created} are in no slot and are not relayed (a moment's worth if the shards started \
+         together). Re-publish them with `outbox-relay backfill --shard {shard} --since <when \
+         the first shard started>`; creating every shard's slot before the outbox is written \
+         (`outbox-relay setup --shard I/{count}` for each I) avoids the gap",
+        older.len()
+    );
 }
 
 /// Refuses a server whose `hashtextextended` is not the relay's (a big-endian one).
