@@ -751,6 +751,18 @@ async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() 
         err.contains("\"outbox_relay_shard_0_of_2\" is in use"),
         "{err}"
     );
+    // Old shards whose slots are not on this server (a wrong --from, or shards decoding on
+    // other standbys) are refused before anything is created.
+    let mut wrong = finish.to_vec();
+    wrong[6] = "3";
+    wrong.pop();
+    let (code, _, err) = run_command(&wrong);
+    assert_eq!(code, CONFIG_EXIT, "{err}");
+    assert!(
+        err.contains("\"outbox_relay_shard_0_of_3\" of the old shards does not exist")
+            && err.contains("every old and new slot on that one server"),
+        "{err}"
+    );
 
     let out = reshard(&url, &brokers, &["--from", "2", "--to", "4"]).await;
     assert!(out.contains("ready: every old slot is past"), "{out}");

@@ -126,8 +126,10 @@ async fn positions(
         match at.and_then(|at| at.parse().ok()) {
             Some(at) => Ok((slot, at)),
             None => Err(CommandError::Refused(format!(
-                "slot {slot:?} of the old shards does not exist (or has no position): check \
-                 --from and --slot, which name the old shards' slots"
+                "slot {slot:?} of the old shards does not exist (or has no position) on \
+                 --postgres-url's server: check --from and --slot, which name the old shards' \
+                 slots. reshard needs every old and new slot on that one server, so shards that \
+                 decode on different standbys cannot be resharded by it"
             ))),
         }
     };
