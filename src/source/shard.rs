@@ -68,11 +68,13 @@ async fn column_text(
     let (collation, collation_oid): (String, u32) = (row.get(5), row.get(6));
     // Postgres refuses a row filter on either, without naming the column.
     let user_defined = match (type_oid, collation_oid) {
-        (t, _) if t >= FIRST_NORMAL_OID => format!("type {type_name} (a domain or an extension's)"),
-        (_, c) if c >= FIRST_NORMAL_OID => format!("collation {collation}"),
-        _ => String::new(),
+        (t, _) if t >= FIRST_NORMAL_OID => {
+            Some(format!("type {type_name} (a domain or an extension's)"))
+        }
+        (_, c) if c >= FIRST_NORMAL_OID => Some(format!("collation {collation}")),
+        _ => None,
     };
-    if !user_defined.is_empty() {
+    if let Some(user_defined) = user_defined {
         return Err(SourceError::Misconfigured(format!(
             "--shard: {flag} {column:?} of {table} has the user-defined {user_defined}, which \
              Postgres does not allow in a publication row filter, so no filter can hash it. \
@@ -199,14 +201,13 @@ pub async fn warn_if_late(client: &Client, config: &Config, created: Lsn) {
     tracing::warn!(
         slot,
         %created,
-        others = ?older,
-        "shard {shard}'s slot was created at {created}, after {} other shards' slots on this \
-         server: the outbox rows shard {shard} owns that committed between their creation and \
+        "shard {shard}'s slot was created at {created}, after other shards' slots on this server \
+         ({}): the outbox rows shard {shard} owns that committed between their creation and \
          {created} are in no slot and are not relayed (a moment's worth if the shards started \
          together). Re-publish them with `outbox-relay backfill --shard {shard} --since <when \
          the first shard started>`; creating every shard's slot before the outbox is written \
          (`outbox-relay setup --shard I/{count}` for each I) avoids the gap",
-        older.len()
+        older.join(", ")
     );
 }
 
