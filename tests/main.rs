@@ -9,6 +9,7 @@ mod support;
 
 mod backfill;
 mod cleanup;
+mod cloud;
 mod cloudevents;
 mod debezium_records;
 mod demo;

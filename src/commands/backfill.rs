@@ -48,7 +48,8 @@ impl Delivered {
             .await
             .map_err(query_err("read --since as a time"))?
             .get(0);
-        let reader = TailReader::new(&config.kafka_brokers, &config.kafka_properties)?;
+        let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
+        let reader = TailReader::new(brokers, properties, &config.kafka_auth)?;
         Ok(Delivered {
             reader,
             since_ms: since_ms.saturating_sub(SINCE_MARGIN_MS),
@@ -88,7 +89,8 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
     execute(&client, SESSION_FORMATS, "set the session's formats").await?;
     let in_flight = config.flags.max_in_flight_events;
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
-    let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, None, None)?;
+    let auth = &config.kafka_auth;
+    let (sink, deliveries) = KafkaSink::new(brokers, properties, auth, in_flight, None, None)?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));

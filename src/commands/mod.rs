@@ -70,6 +70,10 @@ pub enum CommandError {
     /// The demo could not set up its cluster or broker.
     #[error(transparent)]
     Demo(#[from] demo::DemoError),
+    /// The AWS identity (`--kafka-auth aws-msk-iam`, `--postgres-auth aws-rds-iam`) has no
+    /// credentials or region.
+    #[error(transparent)]
+    Cloud(#[from] crate::cloud::CloudError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
@@ -82,9 +86,10 @@ impl CommandError {
     /// The process exit code, shared with the relay's.
     pub fn exit_code(self) -> u8 {
         match self {
-            CommandError::Config(_) | CommandError::Refused(_) | CommandError::Http { .. } => {
-                exit_code::CONFIG
-            }
+            CommandError::Config(_)
+            | CommandError::Refused(_)
+            | CommandError::Http { .. }
+            | CommandError::Cloud(_) => exit_code::CONFIG,
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
             CommandError::Relay(e) => e.exit_code(),
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
@@ -125,13 +130,17 @@ pub fn run(cli: &Cli) -> ExitCode {
     }
 }
 
-/// Runs `command` with the validated flags, on a [`block_on`] runtime.
+/// Runs `command` with the validated flags, on a [`block_on`] runtime, once the AWS
+/// identity (if any) has its credentials.
 fn connected(
     cli: &Cli,
     command: impl AsyncFnOnce(&Config) -> Result<(), CommandError>,
 ) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)?;
-    block_on(command(&config))?
+    block_on(async {
+        crate::cloud::start(&config.kafka_auth, &config.postgres.auth, None).await?;
+        command(&config).await
+    })?
 }
 
 /// A single-threaded runtime, the relay's too: its parts hand each other every

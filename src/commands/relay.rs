@@ -37,6 +37,19 @@ pub(super) async fn run_with(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, CommandError> {
+    // Before any connection (the slot poller's too): each logs in with a token signed from
+    // these credentials.
+    let auth = crate::cloud::start(
+        &config.kafka_auth,
+        &config.postgres.auth,
+        Some(health.clone()),
+    );
+    if let Err(error) = auth.await {
+        let error = RelayError::Cloud(error);
+        let code = error.exit_code();
+        tracing::error!(error = %Chain(&error), exit_code = code, "outbox-relay stopped");
+        return Err(error.into());
+    }
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let http = match config.flags.observability.http_addr {
         // Bound here, so a taken port fails start-up rather than a background task.
@@ -113,14 +126,16 @@ async fn relay(
         shard::warn_if_late(&control, &config, slot.confirmed_flush).await;
     }
     let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
+    let auth = &config.kafka_auth;
     let in_flight = config.flags.max_in_flight_events;
     let tails = (config.flags.delivery == Delivery::ExactlyOnce)
-        .then(|| TailReader::new(brokers, properties))
+        .then(|| TailReader::new(brokers, properties, auth))
         .transpose()
         .map_err(RelayError::Producer)?;
     let producer_health = Some(health.clone());
-    let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, producer_health, tails)
-        .map_err(RelayError::Producer)?;
+    let (sink, deliveries) =
+        KafkaSink::new(brokers, properties, auth, in_flight, producer_health, tails)
+            .map_err(RelayError::Producer)?;
     if config.flags.observability.http_addr.is_some() {
         // The pipeline's metric handles bind to the recorder in place now.
         install_metrics().await;

@@ -66,6 +66,9 @@ pub enum RelayError {
     /// The producer could not be created.
     #[error(transparent)]
     Producer(SinkError),
+    /// The AWS identity has no credentials or region at start-up.
+    #[error(transparent)]
+    Cloud(#[from] crate::cloud::CloudError),
     /// The broker did not accept an event, not for the event's fault.
     #[error(
         "delivery of event id {id} (commit LSN {lsn}) to topic {topic:?} failed; the slot was \
@@ -193,8 +196,11 @@ impl RelayError {
         use RelayError as E;
         match self {
             E::Producer(_)
+            | E::Cloud(_)
             | E::UnmappedRelation { .. }
             | E::Source(SourceError::Tls(_))
+            | E::Source(SourceError::Credentials(_))
+            | E::Source(SourceError::IamRefused { .. })
             | E::Source(SourceError::TlsHandshake { .. })
             | E::Source(SourceError::ReplicationConnect { .. }) => exit_code::CONFIG,
             E::Source(SourceError::Connect { source, .. })

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::SinkError;
 use super::exactly_once::TailReader;
+use crate::cloud::kafka::AuthContext;
 use crate::config::Config;
 
 /// How long one write may wait for the broker's acknowledgement.
@@ -151,7 +152,11 @@ pub async fn read(config: &Config, key: &str) -> Result<Option<SlotRecord>, Line
     let failed = |reason: String| LineageError::new("read", &config.flags.lineage_topic, reason);
     let (owned, wanted) = (config.clone(), key.as_bytes().to_vec());
     let read = tokio::task::spawn_blocking(move || {
-        let reader = TailReader::new(&owned.kafka_brokers, &owned.kafka_properties);
+        let reader = TailReader::new(
+            &owned.kafka_brokers,
+            &owned.kafka_properties,
+            &owned.kafka_auth,
+        );
         let reader = reader.map_err(|e| e.to_string())?;
         // Several partitions: a key moves when their count changes; the newest write wins.
         let records = reader.read_all(&owned.flags.lineage_topic, |msg| {
@@ -186,13 +191,14 @@ pub async fn write(
     let mut client = ClientConfig::new();
     client.set("bootstrap.servers", &config.kafka_brokers);
     client.set("acks", "all");
+    config.kafka_auth.configure(&mut client);
     for (k, v) in config.kafka_properties.iter() {
         client.set(k, v);
     }
     // Bounded, whatever the relay's own producer waits.
     client.set("message.timeout.ms", WRITE_TIMEOUT.as_millis().to_string());
-    let producer: FutureProducer = client
-        .create()
+    let producer: FutureProducer<AuthContext> = client
+        .create_with_context(AuthContext::new(&config.kafka_auth))
         .map_err(|e| failed(SinkError::create(e, &config.kafka_properties).to_string()))?;
     // A record of plain strings always serialises.
     let value = record.map(|r| serde_json::to_vec(r).unwrap_or_default());

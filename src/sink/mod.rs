@@ -24,6 +24,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
 
+use crate::cloud::KafkaAuth;
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
 use exactly_once::TailReader;
@@ -202,9 +203,20 @@ struct DeliveryContext {
     alone: bool,
     /// `None` where the producer's state is not readiness (`send_alone`, `backfill`).
     health: Option<Arc<Health>>,
+    /// Mints the OAUTHBEARER token librdkafka asks for (`--kafka-auth`).
+    auth: KafkaAuth,
 }
 
 impl ClientContext for DeliveryContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.auth.oauth_token(std::time::SystemTime::now())
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka retries these; deliveries that finally fail are reported.
         tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
@@ -268,16 +280,19 @@ pub struct KafkaSink {
     /// For the one-record-batch producer, made on first use.
     config: ClientConfig,
     properties: Vec<(String, String)>,
+    auth: KafkaAuth,
     deliveries: mpsc::UnboundedSender<Delivery>,
     alone: OnceLock<Arc<Served<DeliveryContext>>>,
 }
 
 impl KafkaSink {
-    /// Builds the producer; delivery reports arrive on the returned channel.
-    /// `tails` reads partitions back under `--delivery exactly-once`.
+    /// Builds the producer, authenticating as `auth` (and `properties`) say; delivery
+    /// reports arrive on the returned channel. `tails` reads partitions back under
+    /// `--delivery exactly-once`.
     pub fn new(
         brokers: &str,
         properties: &[(String, String)],
+        auth: &KafkaAuth,
         max_in_flight_events: usize,
         health: Option<Arc<Health>>,
         tails: Option<TailReader>,
@@ -291,6 +306,7 @@ impl KafkaSink {
         // least that much or every send would hit QueueFull.
         let queue = (max_in_flight_events.saturating_mul(2)).max(100_000);
         config.set("queue.buffering.max.messages", queue.to_string());
+        auth.configure(&mut config);
         for (k, v) in properties {
             config.set(k, v);
         }
@@ -299,6 +315,7 @@ impl KafkaSink {
             deliveries: tx.clone(),
             alone: false,
             health,
+            auth: auth.clone(),
         };
         let producer: BaseProducer<_> = config
             .create_with_context(context)
@@ -308,6 +325,7 @@ impl KafkaSink {
             tails: tails.map(|reader| Arc::new(Mutex::new(reader))),
             config,
             properties: properties.to_vec(),
+            auth: auth.clone(),
             deliveries: tx,
             alone: OnceLock::new(),
         };
@@ -387,6 +405,7 @@ impl Sink for KafkaSink {
                     deliveries: self.deliveries.clone(),
                     alone: true,
                     health: None,
+                    auth: self.auth.clone(),
                 };
                 let producer: BaseProducer<_> = config
                     .create_with_context(context)
@@ -426,6 +445,7 @@ mod tests {
                     ("sasl.username", "relay"),
                     ("sasl.password", "secret"),
                 ]),
+                &KafkaAuth::default(),
                 10,
                 None,
                 None,
@@ -436,6 +456,7 @@ mod tests {
             KafkaSink::new(
                 "127.0.0.1:1",
                 &props(&[("security.protocol", "SSL")]),
+                &KafkaAuth::default(),
                 10,
                 None,
                 None
@@ -449,6 +470,7 @@ mod tests {
         let err = KafkaSink::new(
             "127.0.0.1:1",
             &props(&[("no.such.property", "1")]),
+            &KafkaAuth::default(),
             10,
             None,
             None,
@@ -470,10 +492,18 @@ mod tests {
             ("acks", "hunter2"),
             ("security.protocol", "hunter2"),
         ] {
-            let err = KafkaSink::new("127.0.0.1:1", &props(&[(key, value)]), 10, None, None)
-                .err()
-                .map(|e| format!("{e} {e:?}"))
-                .unwrap_or_default();
+            let auth = KafkaAuth::default();
+            let err = KafkaSink::new(
+                "127.0.0.1:1",
+                &props(&[(key, value)]),
+                &auth,
+                10,
+                None,
+                None,
+            )
+            .err()
+            .map(|e| format!("{e} {e:?}"))
+            .unwrap_or_default();
             assert!(err.contains(key), "{key}: {err}");
             assert!(!err.contains("hunter2"), "{err}");
         }
@@ -487,7 +517,8 @@ mod tests {
         let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
         cluster.create_topic("t", 4, 1).unwrap();
         let brokers = cluster.bootstrap_servers();
-        let (sink, mut deliveries) = KafkaSink::new(&brokers, &[], 1_000, None, None).unwrap();
+        let (sink, mut deliveries) =
+            KafkaSink::new(&brokers, &[], &KafkaAuth::default(), 1_000, None, None).unwrap();
         let record = |n: u64| OutboxRecord {
             topic: "t".to_owned(),
             key: Some(Bytes::from(n.to_string())),
@@ -570,6 +601,7 @@ mod tests {
             deliveries: mpsc::unbounded_channel().0,
             alone: false,
             health: Some(Arc::clone(&health)),
+            auth: KafkaAuth::default(),
         };
         let stats = |states: &[&str]| {
             let mut stats = Statistics::default();

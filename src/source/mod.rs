@@ -123,6 +123,27 @@ pub enum SourceError {
         /// Where and when the slot's creation was recorded.
         recorded: String,
     },
+    /// The server refused the RDS IAM token (`--postgres-auth aws-rds-iam`): at start-up a
+    /// configuration problem (a missing grant or policy); while running, retried (RDS also
+    /// refuses IAM logins it throttles).
+    #[error(
+        "Postgres at {url} refused the RDS IAM token of user {user:?}: the AWS identity needs \
+         rds-db:connect on arn:aws:rds-db:REGION:ACCOUNT:dbuser:RESOURCE_ID/{user}, the database \
+         IAM authentication on, and the role GRANT rds_iam (docs/operations.md, AWS IAM)"
+    )]
+    IamRefused {
+        /// The server's URL.
+        url: String,
+        /// The role logged in as.
+        user: String,
+        /// The server's refusal.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// No AWS IAM token for a connection (`--postgres-auth aws-rds-iam`): at start-up a
+    /// configuration problem; while running, retried like a broken stream.
+    #[error("cannot sign the RDS IAM token to log in to Postgres")]
+    Credentials(#[from] crate::cloud::CloudError),
     /// The lineage topic cannot be read or written: the relay does not stream.
     #[error(transparent)]
     Lineage(#[from] crate::sink::lineage::LineageError),
@@ -215,7 +236,9 @@ impl SourceError {
             SourceError::StartTimeout { .. }
             | SourceError::StreamEnded { .. }
             | SourceError::NoSuitableHost { .. }
-            | SourceError::Lookup { .. } => Recovery::Reconnect,
+            | SourceError::Lookup { .. }
+            | SourceError::IamRefused { .. }
+            | SourceError::Credentials(_) => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
     }
@@ -277,8 +300,9 @@ fn sqlstate(message: &str) -> Option<&str> {
     message.get(at..at + 5)
 }
 
-/// The replication session's settings: from `start`, confirming `acked` until told more.
-fn replication_config(
+/// The replication session's settings: from `start`, confirming `acked` until told more;
+/// with `--postgres-auth aws-rds-iam`, logging in with a token signed now.
+async fn replication_config(
     config: &Config,
     start: Lsn,
     acked: Lsn,
@@ -286,10 +310,11 @@ fn replication_config(
     let pg = &config.postgres;
     let tls = tls::replication_tls(pg)?;
     let name = pg.application_name.as_deref().unwrap_or("outbox-relay");
+    let password = setup::password(pg).await?;
     Ok(ReplicationConfig::new(
         pg.host.clone(),
         pg.user.clone(),
-        pg.password.clone().unwrap_or_default(),
+        password.unwrap_or_default(),
         pg.dbname.clone(),
         config.flags.slot.clone(),
         config.flags.publication.clone(),
@@ -308,7 +333,7 @@ fn replication_config(
 /// A replication session for commands (IDENTIFY_SYSTEM, ALTER_REPLICATION_SLOT).
 async fn command_session(config: &Config) -> Result<ReplicationClient, SourceError> {
     let config = &setup::pin(config).await?;
-    let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO)?;
+    let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO).await?;
     ReplicationClient::connect_gated(repl)
         .await
         .map_err(replication_err(config))
@@ -317,13 +342,30 @@ async fn command_session(config: &Config) -> Result<ReplicationClient, SourceErr
 /// A replication connection's error: TLS and authentication failures are configuration
 /// problems, with what to check.
 fn replication_err(config: &Config) -> impl Fn(PgWireError) -> SourceError + '_ {
+    let iam = matches!(
+        config.postgres.auth,
+        crate::cloud::PostgresAuth::AwsRdsIam(_)
+    );
     move |source| match source.is_tls() || source.is_auth() {
+        _ if iam && login_refused(&source) => SourceError::IamRefused {
+            url: config.postgres.redacted(),
+            user: config.postgres.user.clone(),
+            source: Box::new(source),
+        },
         true => SourceError::ReplicationConnect {
             url: config.postgres.redacted(),
             hint: tls::replication_hint(&source),
             source,
         },
         false => stream_err(&config.flags.slot)(source),
+    }
+}
+
+/// Whether the server refused the login (SQLSTATE class 28) or the client could not log in.
+fn login_refused(error: &PgWireError) -> bool {
+    match error {
+        PgWireError::Server(message) => sqlstate(message).is_some_and(|c| c.starts_with("28")),
+        other => other.is_auth(),
     }
 }
 
@@ -655,7 +697,7 @@ async fn open(
     previous: Option<&ServerId>,
 ) -> Result<ReplicationStream, SourceError> {
     let failed = replication_err(config);
-    let repl = replication_config(config, start, acked)?;
+    let repl = replication_config(config, start, acked).await?;
     let mut client = ReplicationClient::connect_gated(repl)
         .await
         .map_err(&failed)?;
@@ -670,7 +712,7 @@ async fn open(
         start = resume_point(previous, &server, start, confirmed);
         // A gated session's start position is fixed: end it, start another.
         drop(client);
-        let repl = replication_config(config, start, acked)?;
+        let repl = replication_config(config, start, acked).await?;
         client = ReplicationClient::connect(repl).await.map_err(&failed)?;
     } else {
         client.start().await.map_err(&failed)?;

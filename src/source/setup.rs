@@ -123,13 +123,21 @@ pub(super) async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceEr
         .dbname(&pg.dbname)
         .application_name(pg.application_name.as_deref().unwrap_or("outbox-relay"))
         .connect_timeout(Duration::from_secs(10));
-    if let Some(password) = &pg.password {
+    if let Some(password) = password(pg).await? {
         cfg.password(password);
     }
     let (ssl_mode, connector) = tls::control_tls(pg)?;
     let connecting = cfg.ssl_mode(ssl_mode).connect(connector);
     let (client, connection) = connecting.await.map_err(|source| {
         let url = pg.redacted();
+        let refused = source
+            .as_db_error()
+            .is_some_and(|db| db.code().code().starts_with("28"));
+        if refused && matches!(pg.auth, crate::cloud::PostgresAuth::AwsRdsIam(_)) {
+            let user = pg.user.clone();
+            let source = Box::new(PgError(source));
+            return SourceError::IamRefused { url, user, source };
+        }
         // tokio-rustls wraps a failed handshake's rustls error in an `io::Error`.
         let io = std::error::Error::source(&source).and_then(|e| e.downcast_ref::<io::Error>());
         let rustls = io.and_then(|io| io.get_ref()?.downcast_ref::<rustls::Error>());
@@ -151,6 +159,14 @@ pub(super) async fn connect_to(pg: &PostgresConnInfo) -> Result<Client, SourceEr
         }
     });
     Ok(client)
+}
+
+/// The password of a connection to `pg`'s server: the configured one, or (with
+/// `--postgres-auth aws-rds-iam`) an RDS IAM token signed now, as every connection needs.
+pub(super) async fn password(pg: &PostgresConnInfo) -> Result<Option<String>, SourceError> {
+    let configured = pg.password.as_deref();
+    let password = pg.auth.password(configured, &pg.host, pg.port, &pg.user);
+    Ok(password.await?)
 }
 
 /// Names a failed control-connection query by what it was for.

@@ -12,6 +12,7 @@ use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use super::writer::EVENT_TYPES;
+use crate::cloud::kafka::AuthContext;
 use crate::commands::print::{Position, RecordLine, text};
 use crate::config::Config;
 use crate::outbox::{MappingConfig, Segment};
@@ -25,11 +26,16 @@ const MOCK_PARTITIONS: i32 = 3;
 pub(super) fn subscribe(
     config: &Config,
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
-) -> Result<StreamConsumer, KafkaError> {
-    // The relay's -X settings (security, say) apply to the broker, so to this client too.
-    let mut client: ClientConfig = config.kafka_properties.iter().cloned().collect();
+) -> Result<StreamConsumer<AuthContext>, KafkaError> {
+    // The relay's -X settings and --kafka-auth (security, say) apply to the broker, so to
+    // this client too.
+    let mut client = ClientConfig::new();
+    config.kafka_auth.configure(&mut client);
+    for (key, value) in config.kafka_properties.iter() {
+        client.set(key, value);
+    }
     let group = format!("outbox-relay-demo-{}", std::process::id());
-    let consumer: StreamConsumer = client
+    let consumer: StreamConsumer<AuthContext> = client
         .set("bootstrap.servers", &config.kafka_brokers)
         .set("group.id", group)
         .set("auto.offset.reset", "earliest")
@@ -37,7 +43,7 @@ pub(super) fn subscribe(
         // New topics (the relay's first record to each) are seen within a second.
         .set("topic.metadata.refresh.interval.ms", "1000")
         .set("log_level", "3")
-        .create()?;
+        .create_with_context(AuthContext::new(&config.kafka_auth))?;
     match (mock, demo_topics(&config.mapping)) {
         (Some(mock), Ok(topics)) => {
             let mut assignment = TopicPartitionList::new();
@@ -59,7 +65,7 @@ pub(super) fn subscribe(
 }
 
 /// Prints records until dropped; `consumed` counts them.
-pub(super) async fn run(consumer: StreamConsumer, consumed: Arc<AtomicU64>) {
+pub(super) async fn run(consumer: StreamConsumer<AuthContext>, consumed: Arc<AtomicU64>) {
     loop {
         let message = match consumer.recv().await {
             Ok(message) => message,

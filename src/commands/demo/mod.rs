@@ -124,6 +124,7 @@ async fn run_demo(
     args: &DemoArgs,
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
 ) -> Result<(), CommandError> {
+    crate::cloud::start(&config.kafka_auth, &config.postgres.auth, None).await?;
     let client = Arc::new(setup::connect(config).await?);
     super::execute(&client, &writer::schema_sql(), "create the demo tables").await?;
     // The slot before the first write: nothing committed before it is relayed.

@@ -13,6 +13,8 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use super::window::{self, PartitionLog};
 use super::{ReadBack, Seen, Tail, TailError};
+use crate::cloud::KafkaAuth;
+use crate::cloud::kafka::AuthContext;
 use crate::lsn::Lsn;
 use crate::outbox::ID_HEADER;
 use crate::sink::{KafkaSink, SinkError};
@@ -26,20 +28,42 @@ const TOPIC_ATTEMPTS: u32 = 20;
 /// How long `backfill` may spend reading back the records of one topic.
 const BACKFILL_READ_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// Events [`TailReader::serve_events`] serves at most.
+const SERVED_EVENTS: usize = 4;
+
 /// Reads partitions back to find the records this relay wrote there.
 pub struct TailReader {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<AuthContext>,
 }
 
 impl TailReader {
-    /// A reader with the relay's brokers and every `-X` property the producer has: what
-    /// reaches the brokers (security, TLS verification, SASL, DNS, message sizes) must
+    /// A reader with the relay's brokers, `auth` and every `-X` property the producer has:
+    /// what reaches the brokers (security, TLS verification, SASL, DNS, message sizes) must
     /// reach them the same way; producer-only properties are ignored by a consumer.
-    pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, SinkError> {
-        let consumer = reader_config(brokers, properties)
-            .create()
+    pub fn new(
+        brokers: &str,
+        properties: &[(String, String)],
+        auth: &KafkaAuth,
+    ) -> Result<Self, SinkError> {
+        let mut config = ClientConfig::new();
+        auth.configure(&mut config);
+        let consumer = reader_config(config, brokers, properties)
+            .create_with_context(AuthContext::new(auth))
             .map_err(|e| SinkError::create(e, properties))?;
-        Ok(TailReader { consumer })
+        let reader = TailReader { consumer };
+        reader.serve_events();
+        Ok(reader)
+    }
+
+    /// Serves what waits on the consumer's queue between reads: the OAUTHBEARER token
+    /// librdkafka asks for (its brokers wait for it) is minted only while the queue is
+    /// polled, and a metadata or watermark request does not poll it.
+    fn serve_events(&self) {
+        // Nothing is assigned between reads: a message left from an earlier read is skipped
+        // by the next one anyway. A poll serves one event; a token ask rarely has company.
+        for _ in 0..SERVED_EVENTS {
+            let _ = self.consumer.poll(Duration::ZERO);
+        }
     }
 
     /// The event ids of the records of `topic` from `since_ms` (Kafka timestamps) on:
@@ -52,6 +76,7 @@ impl TailReader {
         partitions: i32,
         since_ms: i64,
     ) -> Result<HashSet<Vec<u8>>, TailError> {
+        self.serve_events();
         let mut query = TopicPartitionList::new();
         for partition in 0..partitions {
             query
@@ -96,6 +121,7 @@ impl TailReader {
         topic: &str,
         keep: impl Fn(&BorrowedMessage<'_>) -> Option<T>,
     ) -> Result<Vec<T>, TailError> {
+        self.serve_events();
         let metadata = self
             .consumer
             .fetch_metadata(Some(topic), READ_TIMEOUT)
@@ -186,8 +212,11 @@ impl TailReader {
 /// The reader's configuration: the producer's brokers and properties, then what a tail read
 /// needs (no group offsets, an end-of-partition signal, no held fetches, no warnings about
 /// the producer-only properties).
-fn reader_config(brokers: &str, properties: &[(String, String)]) -> ClientConfig {
-    let mut config = ClientConfig::new();
+fn reader_config(
+    mut config: ClientConfig,
+    brokers: &str,
+    properties: &[(String, String)],
+) -> ClientConfig {
     config.set("bootstrap.servers", brokers);
     for (k, v) in properties {
         config.set(k, v);
@@ -303,6 +332,7 @@ impl ReadBack for KafkaSink {
         let (owned, source) = (topic.to_owned(), source.to_owned());
         let read = tokio::task::spawn_blocking(move || {
             let reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            reader.serve_events();
             let topic = Topic(&reader, &owned);
             window::tails(&topic, &owned, &source, partitions, floor, wal_end)
         });
@@ -332,14 +362,14 @@ mod tests {
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .into();
-        let config = reader_config("broker:9092", &properties);
+        let config = reader_config(ClientConfig::new(), "broker:9092", &properties);
         for (k, v) in &properties {
             assert_eq!(config.get(k), Some(v.as_str()), "{k}");
         }
         // What a tail read needs is not the user's to change.
         let own = [("enable.partition.eof".to_owned(), "false".to_owned())];
         assert_eq!(
-            reader_config("b", &own).get("enable.partition.eof"),
+            reader_config(ClientConfig::new(), "b", &own).get("enable.partition.eof"),
             Some("true")
         );
         // A producer's properties make a working reader: librdkafka ignores its own.
@@ -349,13 +379,13 @@ mod tests {
             ("acks", "all"),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
-        assert!(TailReader::new("127.0.0.1:1", &producer).is_ok());
+        assert!(TailReader::new("127.0.0.1:1", &producer, &KafkaAuth::default()).is_ok());
     }
 
     #[test]
     fn a_refused_reader_property_shows_the_key_never_the_value() {
         let properties = [("sasl.pasword".to_owned(), "hunter2".to_owned())];
-        let err = TailReader::new("127.0.0.1:1", &properties)
+        let err = TailReader::new("127.0.0.1:1", &properties, &KafkaAuth::default())
             .err()
             .map(|e| format!("{e} {e:?}"))
             .unwrap_or_default();

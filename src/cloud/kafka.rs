@@ -1,0 +1,156 @@
+//! SASL/OAUTHBEARER for the relay's Kafka clients: the MSK IAM token, handed to librdkafka
+//! whenever it asks (at start and at 80% of the last token's lifetime) through rdkafka's
+//! [`ClientContext::generate_oauth_token`].
+//!
+//! Every client the relay makes (the producer, the lineage reader and writer, exactly-once's
+//! tail reader, the subcommands' clients) has a context that answers the ask, so `--kafka-auth`
+//! reaches them all. librdkafka asks only under `sasl.mechanism=OAUTHBEARER` without its own
+//! OIDC client (`sasl.oauthbearer.method=oidc` refreshes inside librdkafka): for other setups
+//! the callback is never called. librdkafka serves the ask on the thread that polls the
+//! client's queue, so the token is signed from credentials already at hand, never fetched.
+
+use std::error::Error;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rdkafka::ClientContext;
+use rdkafka::client::OAuthToken;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::ConsumerContext;
+
+use super::aws::Aws;
+use crate::observability::metrics::{AUTH_TOKEN_FAILURES, AUTH_TOKENS};
+
+/// librdkafka's principal for the token: only named in its own logs.
+const PRINCIPAL: &str = "outbox-relay";
+
+/// How the relay's Kafka clients authenticate, beyond what `-X` sets.
+#[derive(Clone, Debug, Default)]
+pub enum KafkaAuth {
+    /// As the `-X` properties say (none, PLAIN, SCRAM, mTLS, librdkafka's OIDC client).
+    #[default]
+    Properties,
+    /// `--kafka-auth aws-msk-iam`: SASL/OAUTHBEARER with MSK IAM tokens from this identity.
+    AwsMskIam(Arc<Aws>),
+}
+
+impl KafkaAuth {
+    /// The properties this authentication needs, set before the `-X` ones (which may change
+    /// them: `security.protocol=SASL_PLAINTEXT` for a broker without TLS, say).
+    pub fn properties(&self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            KafkaAuth::Properties => &[],
+            KafkaAuth::AwsMskIam(_) => &[
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanism", "OAUTHBEARER"),
+            ],
+        }
+    }
+
+    /// Sets [`KafkaAuth::properties`] on `config`.
+    pub fn configure(&self, config: &mut ClientConfig) {
+        for (key, value) in self.properties() {
+            config.set(*key, *value);
+        }
+    }
+
+    /// The OAUTHBEARER token librdkafka asked for, signed at `now`.
+    pub fn oauth_token(&self, now: SystemTime) -> Result<OAuthToken, Box<dyn Error>> {
+        let KafkaAuth::AwsMskIam(aws) = self else {
+            return Err(
+                "librdkafka asked for an OAUTHBEARER token, but the relay mints none: \
+                        use --kafka-auth aws-msk-iam for Amazon MSK, or librdkafka's OIDC \
+                        client (-X sasl.oauthbearer.method=oidc and its properties)"
+                    .into(),
+            );
+        };
+        match aws.msk_token(now) {
+            Ok((token, expiry)) => {
+                metrics::counter!(AUTH_TOKENS, "target" => "kafka").increment(1);
+                let expiry = expiry.duration_since(UNIX_EPOCH).unwrap_or_default();
+                Ok(OAuthToken {
+                    token,
+                    principal_name: PRINCIPAL.to_owned(),
+                    lifetime_ms: i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX),
+                })
+            }
+            Err(error) => {
+                metrics::counter!(AUTH_TOKEN_FAILURES, "target" => "kafka").increment(1);
+                let text = crate::observability::Chain(&error).to_string();
+                tracing::warn!(
+                    error = %text,
+                    "cannot sign the MSK IAM token; librdkafka asks again in 10 s, and deliveries \
+                     wait meanwhile"
+                );
+                Err(text.into())
+            }
+        }
+    }
+}
+
+/// The context of the relay's Kafka clients but the producer (which has its own): rdkafka's
+/// default logging and error reporting, and OAUTHBEARER tokens from [`KafkaAuth`].
+pub struct AuthContext {
+    auth: KafkaAuth,
+}
+
+impl AuthContext {
+    /// A context minting tokens for `auth`.
+    pub fn new(auth: &KafkaAuth) -> AuthContext {
+        AuthContext { auth: auth.clone() }
+    }
+}
+
+impl ClientContext for AuthContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(&self, _config: Option<&str>) -> Result<OAuthToken, Box<dyn Error>> {
+        self.auth.oauth_token(SystemTime::now())
+    }
+}
+
+impl ConsumerContext for AuthContext {}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::cloud::aws::tests::started;
+    use crate::sink::KafkaSink;
+    use crate::sink::exactly_once::TailReader;
+
+    /// No broker speaks SASL/OAUTHBEARER here (librdkafka's mock cluster has no SASL, and
+    /// tansu's refuses every OAUTHBEARER token), so this shows librdkafka's side: the clients
+    /// ask their context for a token, and ask again before it expires.
+    #[tokio::test(flavor = "current_thread")]
+    async fn clients_ask_for_the_msk_token_and_again_before_it_expires() {
+        let (aws, _) = started(Duration::from_secs(6), u32::MAX).await;
+        let auth = KafkaAuth::AwsMskIam(aws.clone());
+        // SASL without TLS, to a port where nothing listens: the asks need no broker.
+        let properties = [("security.protocol".to_owned(), "SASL_PLAINTEXT".to_owned())];
+        // The tail reader (the lineage reader is one) has its token as it is made, before
+        // any metadata request could wait for it.
+        let reader = TailReader::new("127.0.0.1:1", &properties, &auth).unwrap();
+        assert_eq!(aws.msk_tokens_signed(), 1);
+        // The producer asks when its queue is served, then at 80% of the token's life: a
+        // lifetime in the wrong unit would be refused or never renewed.
+        let (sink, _deliveries) =
+            KafkaSink::new("127.0.0.1:1", &properties, &auth, 10, None, None).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while aws.msk_tokens_signed() < 3 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(aws.msk_tokens_signed() >= 3, "{}", aws.msk_tokens_signed());
+        drop((reader, sink));
+    }
+
+    #[test]
+    fn without_msk_iam_the_ask_is_refused_with_the_remedy() {
+        let err = KafkaAuth::Properties.oauth_token(SystemTime::now()).err();
+        let text = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(text.contains("--kafka-auth aws-msk-iam"), "{text}");
+        assert!(text.contains("sasl.oauthbearer.method=oidc"), "{text}");
+        assert!(KafkaAuth::Properties.properties().is_empty());
+    }
+}

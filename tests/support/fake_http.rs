@@ -1,0 +1,153 @@
+//! A loopback HTTP/1.1 server answering each request with the test's handler and recording
+//! them: an OIDC token endpoint, STS. One request per connection (`Connection: close`);
+//! bounded by read timeouts, stopped on drop.
+
+#![allow(dead_code)]
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+/// One request received.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// `GET`, `POST`...
+    pub method: String,
+    /// The path and query.
+    pub path: String,
+    /// Header names lower-cased, with their values.
+    pub headers: Vec<(String, String)>,
+    /// The body, as text.
+    pub body: String,
+}
+
+impl Request {
+    /// The value of header `name` (lower-case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let found = self.headers.iter().find(|(n, _)| n == name);
+        found.map(|(_, v)| v.as_str())
+    }
+}
+
+/// The handler's answer: status, content type, body.
+pub type Answer = (u16, &'static str, String);
+
+/// The server.
+pub struct FakeHttp {
+    port: u16,
+    requests: Arc<Mutex<Vec<Request>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl FakeHttp {
+    /// Serves on a free loopback port.
+    pub fn start(handler: impl Fn(&Request) -> Answer + Send + Sync + 'static) -> FakeHttp {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake HTTP server");
+        let port = listener.local_addr().expect("its address").port();
+        listener.set_nonblocking(true).expect("non-blocking");
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (seen, stopped) = (requests.clone(), stop.clone());
+        let thread = thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        if let Some(request) = serve(stream, &handler) {
+                            seen.lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .push(request);
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                        thread::sleep(Duration::from_millis(10));
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        FakeHttp {
+            port,
+            requests,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Every request so far.
+    pub fn requests(&self) -> Vec<Request> {
+        self.requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for FakeHttp {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve(mut stream: TcpStream, handler: &dyn Fn(&Request) -> Answer) -> Option<Request> {
+    stream.set_nonblocking(false).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut data = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        let n = stream.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        data.extend_from_slice(&chunk[..n]);
+        if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at;
+        }
+        if data.len() > 1 << 20 {
+            return None;
+        }
+    };
+    let head = String::from_utf8_lossy(&data[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next()?.split_whitespace();
+    let (method, path) = (first.next()?.to_owned(), first.next()?.to_owned());
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let length = headers.iter().find(|(n, _)| n == "content-length");
+    let length: usize = length.and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+    let mut body = data[head_end + 4..].to_vec();
+    while body.len() < length.min(1 << 20) {
+        let n = stream.read(&mut chunk).ok()?;
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    let request = Request {
+        method,
+        path,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    };
+    let (status, content_type, text) = handler(&request);
+    let response = format!(
+        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{text}",
+        text.len()
+    );
+    let _ = stream.write_all(response.as_bytes());
+    Some(request)
+}
