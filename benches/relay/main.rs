@@ -23,15 +23,15 @@
 //! Output: human-readable lines, then one `bench: key=value ...` line with
 //! every figure. The method and a sample run are in docs/benchmark.md.
 //!
-//! Flags (unknown ones, like cargo's `--bench`, are ignored): `--events N`,
-//! `--rounds N` (backlog drains; the median is reported), `--brokers N` and
-//! `--partitions N` (mock cluster shape), `--rate R`, `--duration S`, `--large-tx N`, `--skip-large`,
-//! `--status-interval D`, `--cleanup none|delete` and `-X KEY=VALUE` (passed to the relay), `--quick`,
-//! and `--shards K`: instead of the three parts, K shard relays (`--shard I/K`; 1: one relay
+//! `--shards K` runs none of the three parts: K shard relays (`--shard I/K`; 1: one relay
 //! without it) drain each round's backlog one after the other, and the bench reports each
 //! relay's and walsender's CPU per event of the whole outbox and the drain K+1 cores would
 //! reach (events / the larger of the busiest process's CPU seconds and all their CPU seconds
 //! over K+1).
+//!
+//! Flags: `cargo bench --bench relay -- --help` (flags.rs). cargo passes `--bench` to a
+//! bench it runs as a benchmark; without it (`cargo test --benches` runs bench targets
+//! too) the bench runs nothing.
 
 // Test support: its `expect`s are on loopback set-up, not on relay output.
 #[allow(clippy::expect_used)]
@@ -52,16 +52,21 @@ mod workload;
 
 use std::process::ExitCode;
 
-use flags::Args;
+use clap::Parser;
+
+use flags::Flags;
 
 fn main() -> ExitCode {
-    let args = match Args::parse() {
-        Ok(args) => args,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
+    // Prints clap's refusal (or --help) and exits.
+    let flags = Flags::parse();
+    if !flags.is_bench_run() {
+        println!(
+            "outbox-relay benchmark: not run without cargo's --bench (`cargo test` runs bench \
+             targets too); run it with `cargo bench --bench relay [-- FLAGS]`"
+        );
+        return ExitCode::SUCCESS;
+    }
+    let args = flags.into_args();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
