@@ -26,17 +26,39 @@ pub(crate) fn clock_tick() -> f64 {
         .map_or(0.01, |t| 1.0 / t)
 }
 
-/// State and user+system CPU ticks of a process (or "self").
-pub(crate) fn proc_stat(pid: &str) -> Option<(char, u64)> {
+/// What the bench reads of `/proc/<pid>/stat`.
+pub(crate) struct ProcStat {
+    /// `R`, `S`, ... `Z` (zombie), `X` (dead).
+    pub(crate) state: char,
+    /// User plus system time, in clock ticks.
+    pub(crate) cpu_ticks: u64,
+}
+
+impl ProcStat {
+    pub(crate) fn parse(stat: &str) -> Option<ProcStat> {
+        // The command name is in parentheses and may contain anything: split after the last ')'.
+        let rest = stat.get(stat.rfind(')')? + 1..)?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let state = fields.first()?.chars().next()?;
+        // Fields 14 (utime) and 15 (stime) of proc(5); `fields[0]` is field 3.
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        Some(ProcStat {
+            state,
+            cpu_ticks: utime + stime,
+        })
+    }
+
+    /// Exited (a zombie not yet reaped, or being reaped): its CPU times are final.
+    pub(crate) fn exited(&self) -> bool {
+        self.state == 'Z' || self.state == 'X'
+    }
+}
+
+/// A process's stat (or the bench's own, for `"self"`); `None` once it is gone.
+pub(crate) fn proc_stat(pid: &str) -> Option<ProcStat> {
     let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name is in parentheses and may contain anything: split after the last ')'.
-    let rest = text.get(text.rfind(')')? + 1..)?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
-    // Fields 14 (utime) and 15 (stime) of proc(5); `fields[0]` is field 3.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((state, utime + stime))
+    ProcStat::parse(&text)
 }
 
 /// The 1-minute load average: other work on the machine skews every figure.
@@ -48,16 +70,21 @@ pub(crate) fn load_average() -> String {
 }
 
 pub(crate) fn cpu_ticks(pid: u32) -> Option<u64> {
-    proc_stat(&pid.to_string()).map(|(_, t)| t)
+    proc_stat(&pid.to_string()).map(|stat| stat.cpu_ticks)
 }
 
 pub(crate) fn self_cpu_ticks() -> u64 {
-    proc_stat("self").map_or(0, |(_, t)| t)
+    proc_stat("self").map_or(0, |stat| stat.cpu_ticks)
 }
 
 /// Peak resident set size (`VmHWM`), in MiB.
 pub(crate) fn vm_hwm_mib(pid: u32) -> Option<f64> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vm_hwm_mib(&status)
+}
+
+/// `VmHWM` of a `/proc/<pid>/status` text (in kB there), in MiB.
+pub(crate) fn parse_vm_hwm_mib(status: &str) -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)

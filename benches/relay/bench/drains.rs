@@ -70,9 +70,9 @@ impl Bench {
         let mut wall = None;
         for _ in 0..(limit.as_millis() / PROC_POLL.as_millis() + 1) {
             match proc_stat(&pid.to_string()) {
-                Some((state, ticks)) => {
-                    client_ticks = ticks;
-                    if state == 'Z' || state == 'X' {
+                Some(stat) => {
+                    client_ticks = stat.cpu_ticks;
+                    if stat.exited() {
                         wall = Some(started.elapsed());
                         break;
                     }

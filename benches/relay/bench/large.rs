@@ -30,7 +30,7 @@ impl Bench {
         println!(
             "pg_recvlogical: {:.2} s ({:.0} events/s); CPU pg_recvlogical {:.2} s, walsender {:.2} s",
             reference.wall.as_secs_f64(),
-            n as f64 / reference.wall.as_secs_f64(),
+            reference.events_per_s(n),
             reference.client_cpu_s,
             reference.walsender_cpu_s
         );
@@ -42,8 +42,8 @@ impl Bench {
             "relay: {:.2} s from spawn to slot confirmed ({:.0} events/s; broker had all after {:.2} s); \
              CPU relay {:.2} s, walsender {:.2} s; peak RSS (VmHWM) {:.1} MiB",
             relay.wall.as_secs_f64(),
-            n as f64 / relay.wall.as_secs_f64(),
-            relay.broker_wall.map_or(f64::NAN, |w| w.as_secs_f64()),
+            relay.events_per_s(n),
+            relay.broker_s(),
             relay.cpu_s,
             relay.walsender_cpu_s,
             relay.rss_mib
@@ -55,11 +55,7 @@ impl Bench {
         r.add_f("large_ref_s", reference.wall.as_secs_f64(), 2);
         r.add_f("large_ref_walsender_cpu_s", reference.walsender_cpu_s, 2);
         r.add_f("large_relay_s", relay.wall.as_secs_f64(), 2);
-        r.add_f(
-            "large_relay_broker_s",
-            relay.broker_wall.map_or(f64::NAN, |w| w.as_secs_f64()),
-            2,
-        );
+        r.add_f("large_relay_broker_s", relay.broker_s(), 2);
         r.add_f("large_relay_cpu_s", relay.cpu_s, 2);
         r.add_f("large_relay_walsender_cpu_s", relay.walsender_cpu_s, 2);
         r.add_f("large_relay_rss_mib", relay.rss_mib, 1);

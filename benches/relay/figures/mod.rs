@@ -5,3 +5,4 @@ pub(crate) mod histogram;
 pub(crate) mod projection;
 pub(crate) mod report;
 pub(crate) mod rounds;
+pub(crate) mod schedule;
