@@ -9,6 +9,7 @@ use super::Bench;
 use crate::figures::report::{Report, per_million};
 use crate::figures::rounds::{Round, each_round, events_per_s};
 use crate::pg::{end_of_load, query_text};
+use crate::relay_process::RelayRun;
 use crate::workload::{BACKLOG_TX_ROWS, load_backlog};
 
 impl Bench {
@@ -72,7 +73,7 @@ impl Bench {
 
         let before = self.broker_records().await?;
         let relay = self
-            .drain_relay(end, before + n as i64, limit, None)
+            .drain_relay(end, before + n as i64, limit, &RelayRun::plain(None))
             .await?;
         let round = Round {
             index,

@@ -2,7 +2,7 @@
 //! process used.
 
 use std::fs;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use outbox_relay::lsn::Lsn;
-use outbox_relay::outbox::Shard;
+use tempfile::NamedTempFile;
 
 use super::Bench;
 use crate::figures::rounds::{RefDrain, RelayDrain};
@@ -22,14 +22,48 @@ use crate::postgres::PgCluster;
 use crate::procfs::{
     PROC_POLL, cpu_ticks, proc_stat, sample_cpu_until_exit, self_cpu_ticks, vm_hwm_mib,
 };
-use crate::relay_process::RelayProcess;
+use crate::relay_process::{RelayProcess, RelayRun};
 
 impl Bench {
     /// `pg_recvlogical --start --endpos=<end>` on the reference slot, to /dev/null.
     pub(super) async fn drain_reference(&self, end: Lsn, limit: Duration) -> Result<RefDrain> {
         let stderr = tempfile::NamedTempFile::new().context("temp file")?;
         let started = Instant::now();
-        let mut child = Command::new(&self.recvlogical)
+        let mut child = self.spawn_recvlogical(end, &stderr)?;
+        let ws_stop = Arc::new(AtomicBool::new(false));
+        let walsender = walsender_pid(&self.control, SLOT_REF, Duration::from_secs(10))
+            .await?
+            .map(|ws_pid| {
+                let stop = Arc::clone(&ws_stop);
+                thread::spawn(move || sample_cpu_until_exit(ws_pid, stop, limit))
+            });
+        let client = sample_until_exit(child.id(), started, limit);
+        let status = child.wait().context("wait for pg_recvlogical")?;
+        ws_stop.store(true, Ordering::Relaxed);
+        let ws_ticks = match walsender {
+            Some(handle) => handle.join().ok().flatten().unwrap_or(0),
+            None => 0,
+        };
+        let Some(wall) = client.wall else {
+            bail!("pg_recvlogical did not reach {end} within {limit:?}");
+        };
+        if !status.success() {
+            bail!(
+                "pg_recvlogical failed ({status}): {}",
+                fs::read_to_string(stderr.path()).unwrap_or_default()
+            );
+        }
+        Ok(RefDrain {
+            wall,
+            client_cpu_s: self.cpu_s(client.ticks),
+            walsender_cpu_s: self.cpu_s(ws_ticks),
+        })
+    }
+
+    /// `pg_recvlogical` on the reference slot up to `end`, over TCP with a password, its
+    /// output to /dev/null and its errors to `stderr`.
+    fn spawn_recvlogical(&self, end: Lsn, stderr: &NamedTempFile) -> Result<Child> {
+        Command::new(&self.recvlogical)
             .arg("-d")
             .arg(format!(
                 "host=127.0.0.1 port={} user=postgres dbname=postgres",
@@ -54,59 +88,7 @@ impl Bench {
             .stdout(Stdio::null())
             .stderr(stderr.reopen().context("reopen")?)
             .spawn()
-            .context("spawn pg_recvlogical")?;
-        let pid = child.id();
-        let ws_stop = Arc::new(AtomicBool::new(false));
-        let ws = walsender_pid(&self.control, SLOT_REF, Duration::from_secs(10))
-            .await?
-            .map(|ws_pid| {
-                let stop = Arc::clone(&ws_stop);
-                thread::spawn(move || sample_cpu_until_exit(ws_pid, stop, limit))
-            });
-        // Sample the client until it is a zombie (exited, not yet reaped): its
-        // /proc entry still holds the final CPU times.
-        let deadline = started + limit;
-        let mut client_ticks = 0;
-        let mut wall = None;
-        for _ in 0..(limit.as_millis() / PROC_POLL.as_millis() + 1) {
-            match proc_stat(&pid.to_string()) {
-                Some(stat) => {
-                    client_ticks = stat.cpu_ticks;
-                    if stat.exited() {
-                        wall = Some(started.elapsed());
-                        break;
-                    }
-                }
-                None => {
-                    wall = Some(started.elapsed());
-                    break;
-                }
-            }
-            if Instant::now() >= deadline {
-                break;
-            }
-            thread::sleep(PROC_POLL);
-        }
-        let status = child.wait().context("wait for pg_recvlogical")?;
-        ws_stop.store(true, Ordering::Relaxed);
-        let ws_ticks = match ws {
-            Some(handle) => handle.join().ok().flatten().unwrap_or(0),
-            None => 0,
-        };
-        let Some(wall) = wall else {
-            bail!("pg_recvlogical did not reach {end} within {limit:?}");
-        };
-        if !status.success() {
-            bail!(
-                "pg_recvlogical failed ({status}): {}",
-                fs::read_to_string(stderr.path()).unwrap_or_default()
-            );
-        }
-        Ok(RefDrain {
-            wall,
-            client_cpu_s: client_ticks as f64 * self.tick,
-            walsender_cpu_s: ws_ticks as f64 * self.tick,
-        })
+            .context("spawn pg_recvlogical")
     }
 
     /// Polls every 10 ms until the relay's slot is confirmed at or past `lsn`
@@ -132,25 +114,29 @@ impl Bench {
         Ok(false)
     }
 
-    /// Spawns the relay (of `shard`) and waits until its slot is confirmed at `end` and the
+    pub(super) fn spawn_relay(&self, run: &RelayRun) -> Result<RelayProcess> {
+        RelayProcess::spawn(
+            &self.relay_bin,
+            run,
+            &self.args,
+            &self.pg.url(),
+            &self.broker.bootstrap_servers(),
+        )
+    }
+
+    /// Spawns a relay for `run` and waits until its slot is confirmed at `end` and the
     /// broker holds `broker_target` records.
     pub(super) async fn drain_relay(
         &mut self,
         end: Lsn,
         broker_target: i64,
         limit: Duration,
-        shard: Option<Shard>,
+        run: &RelayRun,
     ) -> Result<RelayDrain> {
-        let slot = &shard.map_or(SLOT_RELAY.to_owned(), |s| s.name(SLOT_RELAY));
+        let slot = run.streamed_slot();
         let bench_cpu_before = self_cpu_ticks();
         let stop = Arc::new(AtomicBool::new(false));
-        let mut relay = RelayProcess::spawn(
-            &self.relay_bin,
-            &self.pg,
-            &self.broker.bootstrap_servers(),
-            &self.args,
-            shard,
-        )?;
+        let mut relay = self.spawn_relay(run)?;
         let watcher = watch_broker(
             self.broker.bootstrap_servers(),
             self.args.partitions,
@@ -160,22 +146,8 @@ impl Bench {
         );
         let startup = relay.wait_streaming().await?;
         self.startups.push(startup);
-        let ws_pid = walsender_pid(&self.control, slot, Duration::from_secs(10)).await?;
-        let deadline = relay.spawned + limit;
-        let mut done = None;
-        for i in 0..(limit.as_millis() / CONFIRMED_POLL.as_millis() + 1) {
-            if confirmed_flush(&self.control, slot).await? >= end {
-                done = Some(Instant::now());
-                break;
-            }
-            if i % 64 == 0 {
-                relay.exited()?;
-            }
-            if Instant::now() >= deadline {
-                break;
-            }
-            tokio::time::sleep(CONFIRMED_POLL).await;
-        }
+        let ws_pid = walsender_pid(&self.control, &slot, Duration::from_secs(10)).await?;
+        let done = self.confirmed_at(&mut relay, &slot, end, limit).await?;
         let relay_ticks = cpu_ticks(relay.pid()).unwrap_or(0);
         let ws_ticks = ws_pid.and_then(cpu_ticks).unwrap_or(0);
         let bench_ticks = self_cpu_ticks().saturating_sub(bench_cpu_before);
@@ -198,11 +170,37 @@ impl Bench {
             wall: done - spawned,
             broker_wall: broker_done.map(|t| t.min(done) - spawned),
             startup,
-            cpu_s: relay_ticks as f64 * self.tick,
-            walsender_cpu_s: ws_ticks as f64 * self.tick,
+            cpu_s: self.cpu_s(relay_ticks),
+            walsender_cpu_s: self.cpu_s(ws_ticks),
             rss_mib,
-            bench_cpu_s: bench_ticks as f64 * self.tick,
+            bench_cpu_s: self.cpu_s(bench_ticks),
         })
+    }
+
+    /// Polls `slot` every `CONFIRMED_POLL` until it is confirmed at `end`: when that was
+    /// seen, or `None` once `limit` from the relay's spawn has passed.
+    async fn confirmed_at(
+        &self,
+        relay: &mut RelayProcess,
+        slot: &str,
+        end: Lsn,
+        limit: Duration,
+    ) -> Result<Option<Instant>> {
+        let deadline = relay.spawned + limit;
+        for i in 0..(limit.as_millis() / CONFIRMED_POLL.as_millis() + 1) {
+            if confirmed_flush(&self.control, slot).await? >= end {
+                return Ok(Some(Instant::now()));
+            }
+            // An exited relay is an error; its /proc entry is not read every 2 ms.
+            if i % 64 == 0 {
+                relay.exited()?;
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(CONFIRMED_POLL).await;
+        }
+        Ok(None)
     }
 
     pub(super) async fn broker_records(&self) -> Result<i64> {
@@ -216,4 +214,42 @@ impl Bench {
         .await
         .context("watermark task")?
     }
+}
+
+/// A client sampled until it exited.
+struct ClientSample {
+    /// Its CPU ticks at the last reading.
+    ticks: u64,
+    /// From `started` to when it was seen exited (`None`: still running at the limit).
+    wall: Option<Duration>,
+}
+
+/// Samples a client until it is a zombie (exited, not yet reaped): its /proc entry still
+/// holds the final CPU times.
+fn sample_until_exit(pid: u32, started: Instant, limit: Duration) -> ClientSample {
+    let deadline = started + limit;
+    let mut sample = ClientSample {
+        ticks: 0,
+        wall: None,
+    };
+    for _ in 0..(limit.as_millis() / PROC_POLL.as_millis() + 1) {
+        match proc_stat(&pid.to_string()) {
+            Some(stat) => {
+                sample.ticks = stat.cpu_ticks;
+                if stat.exited() {
+                    sample.wall = Some(started.elapsed());
+                    break;
+                }
+            }
+            None => {
+                sample.wall = Some(started.elapsed());
+                break;
+            }
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        thread::sleep(PROC_POLL);
+    }
+    sample
 }

@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 
 use super::Bench;
 use crate::pg::{advance_reference, current_lsn};
+use crate::relay_process::RelayRun;
 use crate::workload::{ID_LARGE, insert_sql};
 
 impl Bench {
@@ -36,7 +37,7 @@ impl Bench {
         );
         let before = self.broker_records().await?;
         let relay = self
-            .drain_relay(end, before + n as i64, limit, None)
+            .drain_relay(end, before + n as i64, limit, &RelayRun::plain(None))
             .await?;
         println!(
             "relay: {:.2} s from spawn to slot confirmed ({:.0} events/s; broker had all after {:.2} s); \

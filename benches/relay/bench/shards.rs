@@ -12,6 +12,7 @@ use super::Bench;
 use crate::figures::projection::{ShardDrain, ShardRound};
 use crate::figures::report::{Report, per_million};
 use crate::pg::{PUBLICATION, SLOT_RELAY, end_of_load};
+use crate::relay_process::RelayRun;
 use crate::workload::{BACKLOG_TX_ROWS, backlog_key, load_backlog};
 
 impl Bench {
@@ -77,7 +78,7 @@ impl Bench {
             let owned = owned_events(shard, round * n + 1..=(round + 1) * n);
             let before = self.broker_records().await?;
             let drain = self
-                .drain_relay(end, before + owned as i64, limit, shard)
+                .drain_relay(end, before + owned as i64, limit, &RelayRun::plain(shard))
                 .await?;
             println!(
                 "round {} shard {}: {owned} events; CPU per M events of the outbox: relay \

@@ -18,7 +18,7 @@ use crate::figures::schedule::{
 };
 use crate::pg::{CONFIRMED_POLL, SLOT_RELAY, advance_reference, confirmed_flush, current_lsn};
 use crate::procfs::vm_hwm_mib;
-use crate::relay_process::RelayProcess;
+use crate::relay_process::{RelayProcess, RelayRun};
 use crate::workload::{EVENT_TYPES, ID_STEADY, insert_sql};
 
 /// What the writer did.
@@ -55,13 +55,7 @@ impl Bench {
         // Move the reference slot along too, so it does not hold the WAL.
         advance_reference(&self.control).await?;
 
-        let mut relay = RelayProcess::spawn(
-            &self.relay_bin,
-            &self.pg,
-            &self.broker.bootstrap_servers(),
-            &self.args,
-            None,
-        )?;
+        let mut relay = self.spawn_relay(&RelayRun::plain(None))?;
         let startup = relay.wait_streaming().await?;
         self.startups.push(startup);
 
