@@ -29,6 +29,12 @@
 //! reach (events / the larger of the busiest process's CPU seconds and all their CPU seconds
 //! over K+1).
 //!
+//! The modules: `flags` (the command line), `figures` (the arithmetic behind every figure,
+//! pure and unit-tested in tests/bench.rs), `procfs` (CPU and memory from /proc),
+//! `binaries`, `pg` (the slots and the queries that watch them), `workload` (the rows),
+//! `kafka` (the mock cluster), `relay_process` (a relay run and its process), and `bench`
+//! (the drains and the parts that run them).
+//!
 //! Flags: `cargo bench --bench relay -- --help` (flags.rs). cargo passes `--bench` to a
 //! bench it runs as a benchmark; without it (`cargo test --benches` runs bench targets
 //! too) the bench runs nothing.

@@ -27,7 +27,7 @@ use crate::relay_process::{RelayProcess, RelayRun};
 impl Bench {
     /// `pg_recvlogical --start --endpos=<end>` on the reference slot, to /dev/null.
     pub(super) async fn drain_reference(&self, end: Lsn, limit: Duration) -> Result<RefDrain> {
-        let stderr = tempfile::NamedTempFile::new().context("temp file")?;
+        let stderr = NamedTempFile::new().context("temp file")?;
         let started = Instant::now();
         let mut child = self.spawn_recvlogical(end, &stderr)?;
         let ws_stop = Arc::new(AtomicBool::new(false));

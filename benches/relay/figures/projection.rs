@@ -31,19 +31,21 @@ impl ShardRound {
         self.drains.iter().map(|d| d.relay_s + d.walsender_s).sum()
     }
 
-    /// Each process's median over `rounds`: a drain in the slow regime (docs/benchmark.md) moves a
-    /// round's busiest process, not this.
+    /// Each process's median over `rounds`: a drain in the slow regime (docs/benchmark.md)
+    /// moves a round's busiest process, not this. The shards and their events are the first
+    /// round's (every round drains the same shards).
     pub(crate) fn typical(rounds: &[ShardRound]) -> ShardRound {
-        let median = |mut values: Vec<f64>| {
-            values.sort_by(f64::total_cmp);
-            values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+        let Some(first) = rounds.first() else {
+            return ShardRound { drains: Vec::new() };
         };
-        let first = rounds.first().map_or(&[][..], |r| &r.drains[..]);
-        let drains = first.iter().enumerate().map(|(i, d)| ShardDrain {
-            relay_s: median(rounds.iter().map(|r| r.drains[i].relay_s).collect()),
-            walsender_s: median(rounds.iter().map(|r| r.drains[i].walsender_s).collect()),
-            wall_s: median(rounds.iter().map(|r| r.drains[i].wall_s).collect()),
-            ..*d
+        let drains = first.drains.iter().enumerate().map(|(i, drain)| {
+            let this_process = || rounds.iter().map(move |round| &round.drains[i]);
+            ShardDrain {
+                relay_s: median(this_process().map(|d| d.relay_s)),
+                walsender_s: median(this_process().map(|d| d.walsender_s)),
+                wall_s: median(this_process().map(|d| d.wall_s)),
+                ..*drain
+            }
         });
         ShardRound {
             drains: drains.collect(),
@@ -62,4 +64,11 @@ impl ShardRound {
     pub(crate) fn projected_by_busiest(&self, events: u64) -> f64 {
         events as f64 / self.busiest_s()
     }
+}
+
+/// The middle value (the upper of the two middle ones for an even count); NaN of none.
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
