@@ -170,6 +170,45 @@ async fn msk_iam_tokens_are_renewed_while_events_flow_and_a_failing_fetch_only_d
     );
 }
 
+/// Brokers that refuse the relay's token (its identity lacks `kafka-cluster:Connect`, say)
+/// stop it at start-up as a configuration problem naming what to grant, not as an outage.
+#[tokio::test]
+async fn a_broker_refusing_the_msk_token_at_start_up_is_a_configuration_error() {
+    let world = World::start().await;
+    let refusing: Validator = Arc::new(|token: &str| match token.starts_with("eyJ") {
+        true => Ok(Duration::from_secs(3600)),
+        false => Err("Access denied".to_owned()),
+    });
+    let broker = SaslBroker::start(refusing);
+    let home = tempfile::tempdir().expect("empty HOME");
+    let env = env_credentials(&home.path().display().to_string());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let args = [
+        "--kafka-auth",
+        "aws-msk-iam",
+        "-X",
+        "security.protocol=SASL_PLAINTEXT",
+        "--aws-region",
+        REGION,
+    ];
+    let mut relay = Relay::spawn_env(&world.pg.url(), &broker.bootstrap(), &args, &env);
+    let status = relay.wait_exit(Duration::from_secs(120));
+    let log = relay.log();
+    assert_eq!(status.and_then(|s| s.code()), Some(EXIT_CONFIG), "{log}");
+    for says in [
+        "refused the MSK IAM token",
+        "Access denied",
+        "kafka-cluster:Connect",
+    ] {
+        assert!(log.contains(says), "{says}: {log}");
+    }
+    assert!(
+        !log.contains("env-secret-key") && !log.contains("env-session"),
+        "{log}"
+    );
+    assert!(broker.logins().iter().any(|l| l.verdict.is_err()));
+}
+
 /// The relay's distinct MSK tokens the broker took.
 fn relay_tokens(logins: &[Login]) -> usize {
     let mut tokens: Vec<&str> = logins
@@ -316,9 +355,7 @@ struct RdsWorld {
 impl RdsWorld {
     /// Tokens must be signed for `postgres` on this server, with one of `keys` (access key
     /// id, secret, session token).
-    async fn start(
-        keys: &'static [(&'static str, &'static str, Option<&'static str>)],
-    ) -> RdsWorld {
+    async fn start(keys: &'static [Keys]) -> RdsWorld {
         let certs = tempfile::Builder::new()
             .prefix("rds-tls-")
             .tempdir_in("/tmp")
@@ -377,11 +414,7 @@ impl RdsWorld {
 
 /// Whether `password` is an RDS IAM token for `postgres` on `127.0.0.1:port`, signed within
 /// the last minute with one of `keys`, and still valid.
-fn rds_token_ok(
-    password: &str,
-    port: u16,
-    keys: &[(&str, &str, Option<&str>)],
-) -> Result<SystemTime, String> {
+fn rds_token_ok(password: &str, port: u16, keys: &[Keys]) -> Result<SystemTime, String> {
     let parsed = url::Url::parse(&format!("https://{password}")).map_err(|e| e.to_string())?;
     let query = |name: &str| {
         parsed
@@ -392,11 +425,12 @@ fn rds_token_ok(
     let signed = signing_time(&query("X-Amz-Date").ok_or("no date")?)?;
     let credential = query("X-Amz-Credential").ok_or("no credential")?;
     let access_key = credential.split('/').next().unwrap_or_default();
-    let (id, secret, session) = keys
+    let keys = keys
         .iter()
-        .find(|(id, _, _)| *id == access_key)
+        .find(|keys| keys.id == access_key)
         .ok_or_else(|| format!("unknown access key {access_key}"))?;
-    let credentials = Credentials::new(*id, *secret, session.map(str::to_owned), None, "test");
+    let session = keys.session.map(str::to_owned);
+    let credentials = Credentials::new(keys.id, keys.secret, session, None, "test");
     let expected = sign::rds_token(&credentials, REGION, "127.0.0.1", port, "postgres", signed)
         .map_err(|e| e.to_string())?;
     if expected != password {
@@ -409,8 +443,18 @@ fn rds_token_ok(
     }
 }
 
-const ENV_KEYS: &[(&str, &str, Option<&str>)] =
-    &[("AKIDENVIRONMENT", "env-secret-key", Some("env-session"))];
+/// Credentials the test hands the relay, as the fake servers know them.
+struct Keys {
+    id: &'static str,
+    secret: &'static str,
+    session: Option<&'static str>,
+}
+
+const ENV_KEYS: &[Keys] = &[Keys {
+    id: "AKIDENVIRONMENT",
+    secret: "env-secret-key",
+    session: Some("env-session"),
+}];
 
 fn env_credentials(home: &str) -> Vec<(&'static str, String)> {
     vec![
@@ -500,19 +544,27 @@ async fn rds_iam_signs_a_token_for_every_connection_and_reconnect() {
 /// `--aws-role-arn` assumed on top; each signs the token `status` logs in with.
 #[tokio::test]
 async fn credentials_come_from_each_source_of_the_chain() {
-    const KEYS: &[(&str, &str, Option<&str>)] = &[
-        ("AKIDENVIRONMENT", "env-secret-key", Some("env-session")),
-        ("AKIDPROFILE", "profile-secret-key", None),
-        (
-            "AKIDWEBIDENTITY",
-            "web-identity-secret",
-            Some("web-identity-session"),
-        ),
-        (
-            "AKIDASSUMEDROLE",
-            "assumed-role-secret",
-            Some("assumed-role-session"),
-        ),
+    const KEYS: &[Keys] = &[
+        Keys {
+            id: "AKIDENVIRONMENT",
+            secret: "env-secret-key",
+            session: Some("env-session"),
+        },
+        Keys {
+            id: "AKIDPROFILE",
+            secret: "profile-secret-key",
+            session: None,
+        },
+        Keys {
+            id: "AKIDWEBIDENTITY",
+            secret: "web-identity-secret",
+            session: Some("web-identity-session"),
+        },
+        Keys {
+            id: "AKIDASSUMEDROLE",
+            secret: "assumed-role-secret",
+            session: Some("assumed-role-session"),
+        },
     ];
     let rds = RdsWorld::start(KEYS).await;
     let sts = FakeHttp::start(fake_sts);
@@ -600,7 +652,8 @@ async fn credentials_come_from_each_source_of_the_chain() {
             last.accepted && last.password.contains(access_key),
             "{source}: {last:?}"
         );
-        for (_, secret, _) in KEYS {
+        for keys in KEYS {
+            let secret = keys.secret;
             assert!(!log.contains(secret), "{source}: {secret} in the log");
         }
     }
@@ -670,32 +723,32 @@ struct Source {
 /// a web identity token other than the pod's is refused as STS does.
 fn fake_sts(request: &Request) -> (u16, &'static str, String) {
     let expiry = humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(3600));
-    let (action, keys) = if request.body.contains("Action=AssumeRoleWithWebIdentity") {
-        if !request.body.contains("eyJ.web-identity-of-the-pod.sig") {
-            let error = "<ErrorResponse><Error><Type>Sender</Type><Code>AccessDenied</Code>\
-                         <Message>Not authorized to perform sts:AssumeRoleWithWebIdentity</Message>\
-                         </Error><RequestId>1</RequestId></ErrorResponse>";
-            return (403, "text/xml", error.to_owned());
-        }
-        (
-            "AssumeRoleWithWebIdentity",
-            (
-                "AKIDWEBIDENTITY",
-                "web-identity-secret",
-                "web-identity-session",
-            ),
-        )
-    } else {
-        (
-            "AssumeRole",
-            (
-                "AKIDASSUMEDROLE",
-                "assumed-role-secret",
-                "assumed-role-session",
-            ),
-        )
+    let web_identity = request.body.contains("Action=AssumeRoleWithWebIdentity");
+    if web_identity && !request.body.contains("eyJ.web-identity-of-the-pod.sig") {
+        let error = "<ErrorResponse><Error><Type>Sender</Type><Code>AccessDenied</Code>\
+                     <Message>Not authorized to perform sts:AssumeRoleWithWebIdentity</Message>\
+                     </Error><RequestId>1</RequestId></ErrorResponse>";
+        return (403, "text/xml", error.to_owned());
+    }
+    let action = match web_identity {
+        true => "AssumeRoleWithWebIdentity",
+        false => "AssumeRole",
     };
-    let (id, secret, session) = keys;
+    let keys = match web_identity {
+        true => Keys {
+            id: "AKIDWEBIDENTITY",
+            secret: "web-identity-secret",
+            session: Some("web-identity-session"),
+        },
+        false => Keys {
+            id: "AKIDASSUMEDROLE",
+            secret: "assumed-role-secret",
+            session: Some("assumed-role-session"),
+        },
+    };
+    let id = keys.id;
+    let secret = keys.secret;
+    let session = keys.session.unwrap_or_default();
     let body = format!(
         "<{action}Response xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\"><{action}Result>\
          <Credentials><AccessKeyId>{id}</AccessKeyId><SecretAccessKey>{secret}</SecretAccessKey>\

@@ -17,6 +17,7 @@ use rdkafka::ClientContext;
 use rdkafka::client::OAuthToken;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::aws::Aws;
 use crate::observability::metrics::{AUTH_TOKEN_FAILURES, AUTH_TOKENS};
@@ -54,6 +55,27 @@ impl KafkaAuth {
         }
     }
 
+    /// Notes what librdkafka reports (an error event): a broker refusing the MSK IAM token.
+    pub fn observe(&self, error: &KafkaError, reason: &str) {
+        let KafkaAuth::AwsMskIam(aws) = self else {
+            return;
+        };
+        // librdkafka's own failures to get a token say "Failed to acquire": not a refusal.
+        let refused = error.rdkafka_error_code() == Some(RDKafkaErrorCode::Authentication)
+            && reason.contains("SASL authentication error");
+        if refused {
+            aws.kafka_refused(reason);
+        }
+    }
+
+    /// What a broker said when it last refused the MSK IAM token, if one did.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            KafkaAuth::Properties => None,
+            KafkaAuth::AwsMskIam(aws) => aws.kafka_refusal(),
+        }
+    }
+
     /// The OAUTHBEARER token librdkafka asked for, signed at `now`.
     pub fn oauth_token(&self, now: SystemTime) -> Result<OAuthToken, Box<dyn Error>> {
         let KafkaAuth::AwsMskIam(aws) = self else {
@@ -65,11 +87,11 @@ impl KafkaAuth {
             );
         };
         match aws.msk_token(now) {
-            Ok((token, expiry)) => {
+            Ok(token) => {
                 metrics::counter!(AUTH_TOKENS, "target" => "kafka").increment(1);
-                let expiry = expiry.duration_since(UNIX_EPOCH).unwrap_or_default();
+                let expiry = token.expires.duration_since(UNIX_EPOCH).unwrap_or_default();
                 Ok(OAuthToken {
-                    token,
+                    token: token.value,
                     principal_name: PRINCIPAL.to_owned(),
                     lifetime_ms: i64::try_from(expiry.as_millis()).unwrap_or(i64::MAX),
                 })
@@ -104,6 +126,11 @@ impl AuthContext {
 impl ClientContext for AuthContext {
     const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
 
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::error!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
+        self.auth.observe(&error, reason);
+    }
+
     fn generate_oauth_token(&self, _config: Option<&str>) -> Result<OAuthToken, Box<dyn Error>> {
         self.auth.oauth_token(SystemTime::now())
     }
@@ -125,7 +152,7 @@ mod tests {
     /// ask their context for a token, and ask again before it expires.
     #[tokio::test(flavor = "current_thread")]
     async fn clients_ask_for_the_msk_token_and_again_before_it_expires() {
-        let (aws, _) = started(Duration::from_secs(6), u32::MAX).await;
+        let aws = started(Duration::from_secs(6), u32::MAX).await.aws;
         let auth = KafkaAuth::AwsMskIam(aws.clone());
         // SASL without TLS, to a port where nothing listens: the asks need no broker.
         let properties = [("security.protocol".to_owned(), "SASL_PLAINTEXT".to_owned())];

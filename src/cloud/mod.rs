@@ -52,6 +52,17 @@ pub enum CloudError {
         /// Why the last fetch failed.
         failing: String,
     },
+    /// A broker refused the MSK IAM token: the identity's policy or the cluster's settings.
+    #[error(
+        "the Kafka brokers refused the MSK IAM token ({reason}): the AWS identity needs \
+         kafka-cluster:Connect on the cluster and the topic and group actions of \
+         docs/operations.md (AWS IAM), the cluster IAM access control, and --aws-region the \
+         cluster's region"
+    )]
+    KafkaRefused {
+        /// librdkafka's report: the broker and its message.
+        reason: String,
+    },
     /// A token could not be signed.
     #[error("cannot sign the AWS IAM token")]
     Sign(#[from] aws::sign::SignError),

@@ -83,6 +83,19 @@ pub enum CommandError {
 }
 
 impl CommandError {
+    /// This failure as the refusal it comes from: see [`RelayError::blaming`].
+    fn blaming(self, auth: &crate::cloud::KafkaAuth) -> CommandError {
+        match self {
+            CommandError::Source(error) => match RelayError::Source(error).blaming(auth) {
+                RelayError::Cloud(refused) => CommandError::Cloud(refused),
+                RelayError::Source(error) => CommandError::Source(error),
+                other => CommandError::Relay(other),
+            },
+            CommandError::Relay(error) => CommandError::Relay(error.blaming(auth)),
+            other => other,
+        }
+    }
+
     /// The process exit code, shared with the relay's.
     pub fn exit_code(self) -> u8 {
         match self {
@@ -139,7 +152,9 @@ fn connected(
     let config = Config::from_cli(cli)?;
     block_on(async {
         crate::cloud::start(&config.kafka_auth, &config.postgres.auth, None).await?;
-        command(&config).await
+        command(&config)
+            .await
+            .map_err(|error| error.blaming(&config.kafka_auth))
     })?
 }
 

@@ -82,7 +82,9 @@ pub(super) async fn run_with(
         shutdown.await;
         let _ = stop.send(());
     });
+    let kafka_auth = config.kafka_auth.clone();
     let outcome = relay(config, health, stopped.map(|_| ())).await;
+    let outcome = outcome.map_err(|error| error.blaming(&kafka_auth));
 
     drop(background);
     let _ = stop_http.send(());

@@ -130,18 +130,28 @@ pub struct HealthSnapshot {
 pub struct CredentialHealth {
     /// When the credentials in use expire; `None` when they do not (access keys).
     pub expires: Option<SystemTime>,
-    /// Since when fetching them again fails, and why; `None` once a fetch worked.
-    pub failing: Option<(SystemTime, String)>,
+    /// How fetching them again fails; `None` once a fetch worked.
+    pub failing: Option<FetchFailure>,
+}
+
+/// Fetching AWS credentials fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchFailure {
+    /// Since the first failure in a row.
+    pub since: SystemTime,
+    /// The last failure's error.
+    pub why: String,
 }
 
 impl CredentialHealth {
     /// PURE: a readiness reason once the credentials expired while fetching fails (no new
     /// connection can log in), a warning while fetching fails before they expire.
     fn judge(&self, now: SystemTime) -> (Option<String>, Option<String>) {
-        let Some((since, why)) = &self.failing else {
+        let Some(failure) = &self.failing else {
             return (None, None);
         };
-        let since = humantime::format_rfc3339_seconds(*since);
+        let since = humantime::format_rfc3339_seconds(failure.since);
+        let why = &failure.why;
         let failing = format!("fetching AWS credentials fails since {since} ({why})");
         let fix = "Fix the credentials the chain reads (docs/operations.md, AWS IAM)";
         let Some(expires) = self.expires else {
@@ -685,7 +695,10 @@ mod tests {
             cleanup_held_for: Duration::from_secs(3600),
             credentials: Some(CredentialHealth {
                 expires: Some(SystemTime::UNIX_EPOCH),
-                failing: Some((SystemTime::UNIX_EPOCH, "STS unreachable".to_owned())),
+                failing: Some(FetchFailure {
+                    since: SystemTime::UNIX_EPOCH,
+                    why: "STS unreachable".to_owned(),
+                }),
             }),
             wall_clock: SystemTime::UNIX_EPOCH + Duration::from_secs(60),
         };
@@ -706,7 +719,10 @@ mod tests {
     fn failing_aws_credentials_warn_and_are_a_reason_once_expired() {
         let now = good().wall_clock;
         let minute = Duration::from_secs(60);
-        let failing = Some((now - minute, "STS: AccessDenied".to_owned()));
+        let failing = Some(FetchFailure {
+            since: now - minute,
+            why: "STS: AccessDenied".to_owned(),
+        });
         // (expires, failing, a reason, a warning): one row per case.
         let cases = [
             (Some(now + minute), None, false, false),

@@ -191,6 +191,18 @@ pub enum RelayError {
 }
 
 impl RelayError {
+    /// This failure as the refusal it comes from: a lineage read or write at start-up that
+    /// failed because the brokers refused the MSK IAM token is that configuration problem,
+    /// not a Kafka outage.
+    pub fn blaming(self, auth: &crate::cloud::KafkaAuth) -> RelayError {
+        match (&self, auth.refusal()) {
+            (RelayError::Source(SourceError::Lineage(_)), Some(reason)) => {
+                RelayError::Cloud(crate::cloud::CloudError::KafkaRefused { reason })
+            }
+            _ => self,
+        }
+    }
+
     /// The process exit code for this failure.
     pub fn exit_code(&self) -> u8 {
         use RelayError as E;

@@ -220,6 +220,7 @@ impl ClientContext for DeliveryContext {
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka retries these; deliveries that finally fail are reported.
         tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
+        self.auth.observe(&error, reason);
         if let Some(health) = &self.health
             && error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown)
         {

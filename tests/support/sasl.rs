@@ -213,7 +213,9 @@ fn serve(front: &Arc<Front>, client: TcpStream) -> std::io::Result<()> {
         close: false,
     }));
     let answers = {
-        let (front, back, upstream) = (front.clone(), back.clone(), upstream.try_clone()?);
+        let front = front.clone();
+        let back = back.clone();
+        let upstream = upstream.try_clone()?;
         thread::spawn(move || relay_answers(&front, &back, upstream))
     };
     let result = relay_requests(front, connection, client, upstream, &back);
@@ -254,14 +256,14 @@ fn relay_requests(
             }
             SASL_AUTHENTICATE => {
                 let bytes = Cursor::new(&frame[header.body..]).bytes()?;
-                let (token, extensions) = bearer(&bytes).unwrap_or_default();
-                let verdict = (front.validator)(&token);
+                let bearer = bearer(&bytes).unwrap_or_default();
+                let verdict = (front.validator)(&bearer.token);
                 if let Ok(lifetime) = &verdict {
                     session_ends = Instant::now() + *lifetime;
                 }
                 lock(&front.logins).push(Login {
-                    token,
-                    extensions,
+                    token: bearer.token,
+                    extensions: bearer.extensions,
                     verdict: verdict.clone(),
                     connection,
                     again: logged_in,
@@ -380,9 +382,17 @@ fn authenticate_answer(verdict: &Result<Duration, String>, version: i16) -> Vec<
     body
 }
 
+/// What an OAUTHBEARER client-first message carries.
+#[derive(Default)]
+struct Bearer {
+    token: String,
+    /// `key=value`.
+    extensions: Vec<String>,
+}
+
 /// The token and extensions of an OAUTHBEARER client-first message
 /// (`n,,\x01auth=Bearer TOKEN\x01key=value\x01\x01`).
-fn bearer(message: &[u8]) -> Option<(String, Vec<String>)> {
+fn bearer(message: &[u8]) -> Option<Bearer> {
     let text = std::str::from_utf8(message).ok()?;
     let fields = text.split('\x01').skip(1).filter(|f| !f.is_empty());
     let mut token = None;
@@ -393,7 +403,10 @@ fn bearer(message: &[u8]) -> Option<(String, Vec<String>)> {
             None => extensions.push(field.to_owned()),
         }
     }
-    Some((token?, extensions))
+    Some(Bearer {
+        token: token?,
+        extensions,
+    })
 }
 
 /// The mock's `ApiVersions` answer with `SaslHandshake` 0..1 and `SaslAuthenticate` 0..1
@@ -462,7 +475,9 @@ struct RequestHeader {
 impl RequestHeader {
     fn parse(frame: &[u8]) -> std::io::Result<RequestHeader> {
         let mut cursor = Cursor::new(frame);
-        let (api_key, api_version, correlation) = (cursor.i16()?, cursor.i16()?, cursor.i32()?);
+        let api_key = cursor.i16()?;
+        let api_version = cursor.i16()?;
+        let correlation = cursor.i32()?;
         let _client_id = cursor.nullable_string()?;
         if api_key == API_VERSIONS && api_version >= 3 {
             cursor.skip_tags()?;

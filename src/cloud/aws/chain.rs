@@ -57,7 +57,9 @@ pub(super) async fn build(settings: &AwsSettings) -> Result<Chain, CloudError> {
         .tls_provider(Provider::Rustls(CryptoMode::Ring))
         .build_https();
     let providers = ProviderConfig::default().with_http_client(http.clone());
-    let (region, from) = find_region(settings, &providers).await?;
+    let found = find_region(settings, &providers).await?;
+    let region = found.name;
+    let from = found.from;
     if let Some(named) = region::from_hosts(settings.hosts.iter().map(String::as_str))
         && named != region
     {
@@ -89,30 +91,41 @@ pub(super) async fn build(settings: &AwsSettings) -> Result<Chain, CloudError> {
     Ok(Chain { region, provider })
 }
 
-/// The region, and where it came from: `--aws-region`, then `AWS_REGION` or
-/// `AWS_DEFAULT_REGION`, the profile's `region`, the MSK or RDS host names, instance metadata.
+/// A region, and where it came from.
+struct FoundRegion {
+    name: String,
+    from: &'static str,
+}
+
+fn found(name: impl ToString, from: &'static str) -> Result<FoundRegion, CloudError> {
+    let name = name.to_string();
+    Ok(FoundRegion { name, from })
+}
+
+/// The region: `--aws-region`, then `AWS_REGION` or `AWS_DEFAULT_REGION`, the profile's
+/// `region`, the MSK or RDS host names, instance metadata.
 async fn find_region(
     settings: &AwsSettings,
     providers: &ProviderConfig,
-) -> Result<(String, &'static str), CloudError> {
+) -> Result<FoundRegion, CloudError> {
     if let Some(region) = &settings.region {
-        return Ok((region.clone(), "from --aws-region"));
+        return found(region, "from --aws-region");
     }
     if let Some(region) = EnvironmentVariableRegionProvider::new().region().await {
-        return Ok((region.to_string(), "from AWS_REGION or AWS_DEFAULT_REGION"));
+        return found(region, "from AWS_REGION or AWS_DEFAULT_REGION");
     }
     let profile = ProfileFileRegionProvider::builder()
         .configure(providers)
         .build();
     if let Some(region) = profile.region().await {
-        return Ok((region.to_string(), "from the AWS profile"));
+        return found(region, "from the AWS profile");
     }
     if let Some(region) = region::from_hosts(settings.hosts.iter().map(String::as_str)) {
-        return Ok((region, "from the MSK or RDS host names"));
+        return found(region, "from the MSK or RDS host names");
     }
     let imds = ImdsRegionProvider::builder().configure(providers).build();
     if let Some(region) = imds.region().await {
-        return Ok((region.to_string(), "from the instance metadata"));
+        return found(region, "from the instance metadata");
     }
     Err(CloudError::NoRegion)
 }

@@ -26,7 +26,7 @@ use metrics::{counter, gauge};
 use tokio::sync::Notify;
 
 use super::CloudError;
-use crate::observability::health::{CredentialHealth, Health};
+use crate::observability::health::{CredentialHealth, FetchFailure, Health};
 use crate::observability::metrics::{
     AWS_CREDENTIALS_EXPIRY, AWS_CREDENTIALS_FETCHES, AWS_CREDENTIALS_INFO,
 };
@@ -56,9 +56,27 @@ pub struct Aws {
     health: OnceLock<Arc<Health>>,
     /// MSK tokens signed.
     signed: AtomicU64,
+    /// What a broker said when it last refused a token (SASL authentication failed).
+    kafka_refusal: Mutex<Option<String>>,
     /// Wakes the refresher early: librdkafka asked for a token while the credentials were
     /// expired, so a fetch now beats the back-off (librdkafka asks every 10 s at most).
     wake: Arc<Notify>,
+}
+
+/// An MSK IAM token, and when it stops being accepted: 900 s after its signing, or when the
+/// credentials that signed it expire, if sooner.
+#[derive(Clone, Debug)]
+pub struct MskToken {
+    /// SASL/OAUTHBEARER's token value.
+    pub value: String,
+    /// Its end of life, librdkafka's token lifetime.
+    pub expires: SystemTime,
+}
+
+/// Credentials that may sign now, and the region to sign for.
+struct AtHand {
+    credentials: Credentials,
+    region: String,
 }
 
 /// The chain, once [`Aws::start`] built it.
@@ -71,8 +89,10 @@ struct Started {
 #[derive(Default)]
 struct State {
     credentials: Option<Credentials>,
-    /// Since when fetching fails, why, and how many times in a row.
-    failing: Option<(SystemTime, String, u32)>,
+    /// How fetching fails, while it does.
+    failing: Option<FetchFailure>,
+    /// Failed fetches in a row.
+    failures: u32,
     /// The `source` label last set on [`AWS_CREDENTIALS_INFO`].
     source: Option<&'static str>,
 }
@@ -94,6 +114,7 @@ impl Aws {
             state: Mutex::new(State::default()),
             health: OnceLock::new(),
             signed: AtomicU64::new(0),
+            kafka_refusal: Mutex::new(None),
             wake: Arc::new(Notify::new()),
         })
     }
@@ -141,18 +162,38 @@ impl Aws {
         self.chain.get().map(|started| started.region.as_str())
     }
 
-    /// An MSK IAM token signed now from the credentials at hand, and when it stops being
-    /// accepted (its 900 s, or its credentials' expiry if sooner).
-    pub fn msk_token(&self, now: SystemTime) -> Result<(String, SystemTime), CloudError> {
-        let (credentials, region) = self.usable(now).inspect_err(|e| {
+    /// An MSK IAM token signed at `now` from the credentials at hand.
+    pub fn msk_token(&self, now: SystemTime) -> Result<MskToken, CloudError> {
+        let at_hand = self.usable(now).inspect_err(|e| {
             if matches!(e, CloudError::Expired { .. }) {
                 self.wake.notify_one();
             }
         })?;
-        let token = sign::msk_token(&credentials, &region, now, USER_AGENT)?;
-        let expiry = refresh::token_expiry_at(now, credentials.expiry());
+        let credentials = &at_hand.credentials;
+        let token = sign::msk_token(credentials, &at_hand.region, now, USER_AGENT)?;
         self.signed.fetch_add(1, Ordering::Relaxed);
-        Ok((token.value, expiry))
+        Ok(MskToken {
+            value: token.value,
+            expires: refresh::token_expiry_at(now, credentials.expiry()),
+        })
+    }
+
+    /// Notes that a broker refused a token: `reason` is librdkafka's (broker and message).
+    pub fn kafka_refused(&self, reason: &str) {
+        let mut refusal = self
+            .kafka_refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *refusal = Some(reason.to_owned());
+    }
+
+    /// What a broker said when it last refused a token, if one did.
+    pub fn kafka_refusal(&self) -> Option<String> {
+        let refusal = self
+            .kafka_refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        refusal.clone()
     }
 
     /// MSK tokens signed so far.
@@ -164,17 +205,18 @@ impl Aws {
     /// them first when they are expired.
     pub async fn rds_token(&self, host: &str, port: u16, user: &str) -> Result<String, CloudError> {
         let now = SystemTime::now();
-        let (credentials, region) = match self.usable(now) {
-            Ok(usable) => usable,
+        let at_hand = match self.usable(now) {
+            Ok(at_hand) => at_hand,
             Err(CloudError::Expired { .. }) => {
                 self.fetch().await;
                 self.usable(SystemTime::now())?
             }
             Err(other) => return Err(other),
         };
+        let credentials = &at_hand.credentials;
         Ok(sign::rds_token(
-            &credentials,
-            &region,
+            credentials,
+            &at_hand.region,
             host,
             port,
             user,
@@ -183,15 +225,18 @@ impl Aws {
     }
 
     /// The credentials at hand and the region, if they may sign at `now`.
-    fn usable(&self, now: SystemTime) -> Result<(Credentials, String), CloudError> {
+    fn usable(&self, now: SystemTime) -> Result<AtHand, CloudError> {
         let region = self.region().ok_or(CloudError::NotStarted)?.to_owned();
         let state = self.lock();
         let credentials = state.credentials.clone().ok_or(CloudError::NotStarted)?;
         if refresh::usable(credentials.expiry(), now) {
-            return Ok((credentials, region));
+            return Ok(AtHand {
+                credentials,
+                region,
+            });
         }
         let expired = credentials.expiry().map(humantime::format_rfc3339_seconds);
-        let why = state.failing.as_ref().map(|(_, why, _)| why.clone());
+        let why = state.failing.as_ref().map(|failure| failure.why.clone());
         Err(CloudError::Expired {
             expired: expired.map(|t| t.to_string()).unwrap_or_default(),
             failing: why.unwrap_or_else(|| "not fetched again yet".to_owned()),
@@ -215,10 +260,11 @@ impl Aws {
         let source = chain::source(&credentials);
         let expiry = credentials.expiry();
         let mut state = self.lock();
-        if let Some((since, _, count)) = &state.failing {
-            let since = humantime::format_rfc3339_seconds(*since);
+        if let Some(failure) = &state.failing {
+            let since = humantime::format_rfc3339_seconds(failure.since);
+            let failures = state.failures;
             tracing::info!(
-                failures = count,
+                failures,
                 "AWS credentials fetched again (failing since {since})"
             );
         }
@@ -231,6 +277,7 @@ impl Aws {
         gauge!(AWS_CREDENTIALS_EXPIRY).set(unix.map_or(f64::INFINITY, |d| d.as_secs_f64()));
         state.credentials = Some(credentials);
         state.failing = None;
+        state.failures = 0;
         state.source = Some(source);
         self.publish(&state);
         refresh::refresh_at(now, expiry)
@@ -240,14 +287,16 @@ impl Aws {
     fn failed(&self, why: String) -> u32 {
         counter!(AWS_CREDENTIALS_FETCHES, "outcome" => "failed").increment(1);
         let mut state = self.lock();
-        let (since, count) = match &state.failing {
-            Some((since, _, count)) => (*since, count + 1),
-            None => (SystemTime::now(), 1),
-        };
-        tracing::warn!(error = %why, failures = count, "fetching AWS credentials failed; retrying");
-        state.failing = Some((since, why, count));
+        let since = state
+            .failing
+            .as_ref()
+            .map_or_else(SystemTime::now, |f| f.since);
+        state.failures = state.failures.saturating_add(1);
+        let failures = state.failures;
+        tracing::warn!(error = %why, failures, "fetching AWS credentials failed; retrying");
+        state.failing = Some(FetchFailure { since, why });
         self.publish(&state);
-        count
+        failures
     }
 
     /// Tells `/readyz` how fetching goes.
@@ -258,10 +307,7 @@ impl Aws {
         let credentials = state.credentials.as_ref();
         health.set_credentials(CredentialHealth {
             expires: credentials.and_then(Credentials::expiry),
-            failing: state
-                .failing
-                .as_ref()
-                .map(|(since, why, _)| (*since, why.clone())),
+            failing: state.failing.clone(),
         });
     }
 
@@ -323,8 +369,14 @@ pub(crate) mod tests {
         }
     }
 
+    /// An identity started with [`Expiring`] credentials, and the count of their fetches.
+    pub(crate) struct Identity {
+        pub aws: Arc<Aws>,
+        pub fetches: Arc<AtomicU32>,
+    }
+
     /// An identity started with [`Expiring`] credentials.
-    pub(crate) async fn started(lifetime: Duration, fetches_ok: u32) -> (Arc<Aws>, Arc<AtomicU32>) {
+    pub(crate) async fn started(lifetime: Duration, fetches_ok: u32) -> Identity {
         let fetches = Arc::new(AtomicU32::new(0));
         let provider = Expiring {
             lifetime,
@@ -336,20 +388,21 @@ pub(crate) mod tests {
         aws.start_with("us-east-1".to_owned(), provider)
             .await
             .unwrap();
-        (aws, fetches)
+        Identity { aws, fetches }
     }
 
     #[tokio::test]
     async fn a_token_lives_as_long_as_the_credentials_that_signed_it() {
-        let (aws, _) = started(Duration::from_secs(3600), u32::MAX).await;
+        let aws = started(Duration::from_secs(3600), u32::MAX).await.aws;
         let now = SystemTime::now();
-        let (token, expiry) = aws.msk_token(now).unwrap();
+        let token = aws.msk_token(now).unwrap();
+        let expiry = token.expires;
         assert!(
             expiry > now + Duration::from_secs(899) && expiry <= now + Duration::from_secs(900)
         );
-        assert!(!token.contains("secret-key"));
-        let (short, _) = started(Duration::from_secs(60), u32::MAX).await;
-        let (_, expiry) = short.msk_token(now).unwrap();
+        assert!(!token.value.contains("secret-key"));
+        let short = started(Duration::from_secs(60), u32::MAX).await.aws;
+        let expiry = short.msk_token(now).unwrap().expires;
         assert!(expiry <= now + Duration::from_secs(61), "{expiry:?}");
         let rds = aws.rds_token("db.example", 5432, "relay").await.unwrap();
         assert!(
@@ -363,7 +416,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn credentials_are_fetched_again_before_they_expire() {
         // Refreshed half-way through their 4 s; each fetch replaces them.
-        let (aws, fetches) = started(Duration::from_secs(4), u32::MAX).await;
+        let Identity { aws, fetches } = started(Duration::from_secs(4), u32::MAX).await;
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while fetches.load(Ordering::Relaxed) < 3 && std::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -378,7 +431,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn expired_credentials_sign_nothing_and_readiness_says_why() {
         // Usable for less than MIN_REMAINING, and every later fetch is refused.
-        let (aws, _) = started(Duration::from_millis(500), 1).await;
+        let aws = started(Duration::from_millis(500), 1).await.aws;
         let health = Arc::new(Health::default());
         let _ = aws.health.set(health.clone());
         let err = aws
@@ -398,7 +451,7 @@ pub(crate) mod tests {
         assert!(
             credentials
                 .failing
-                .is_some_and(|(_, why)| why.contains("AccessDenied"))
+                .is_some_and(|failure| failure.why.contains("AccessDenied"))
         );
     }
 }

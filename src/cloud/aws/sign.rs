@@ -209,7 +209,8 @@ mod tests {
     #[test]
     fn tokens_are_byte_for_byte_those_of_aws_signers() {
         let fixtures = fixtures();
-        let (mut msk, mut rds) = (0, 0);
+        let mut msk = 0;
+        let mut rds = 0;
         for case in &fixtures.cases {
             let credentials = Credentials::new(
                 &fixtures.access_key,
@@ -228,10 +229,10 @@ mod tests {
                     msk += 1;
                 }
                 "rds" => {
-                    let (host, user) = (case.host.as_deref().unwrap(), case.user.as_deref());
+                    let host = case.host.as_deref().unwrap();
+                    let user = case.user.as_deref().unwrap();
                     let port = case.port.unwrap();
-                    let token =
-                        rds_token(&credentials, &case.region, host, port, user.unwrap(), now);
+                    let token = rds_token(&credentials, &case.region, host, port, user, now);
                     assert_eq!(token.unwrap(), case.token, "{host} at {}", case.time);
                     rds += 1;
                 }

@@ -125,7 +125,11 @@ impl TailReader {
         let metadata = self
             .consumer
             .fetch_metadata(Some(topic), READ_TIMEOUT)
-            .map_err(|e| TailError::read(topic, -1, &e))?;
+            .map_err(|e| {
+                // What the brokers said meanwhile (a refused login, say) waits on the queue.
+                self.serve_events();
+                TailError::read(topic, -1, &e)
+            })?;
         let Some(found) = metadata.topics().first() else {
             return Ok(Vec::new());
         };
