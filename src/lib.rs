@@ -50,6 +50,7 @@ pub mod observability;
 pub mod outbox;
 pub mod pgoutput;
 pub mod pipeline;
+pub mod postgres;
 pub mod remedy;
 pub mod sink;
 pub mod source;

@@ -18,14 +18,14 @@ use tokio_postgres::Client;
 use super::{CommandError, execute};
 use crate::config::{BackfillArgs, Config, Delivery};
 use crate::lsn::Lsn;
-use crate::outbox::{
-    DeadLetterInfo, OutboxRecord, RawParts, TableMapping, dead_letter_record, quote_ident,
-};
+use crate::outbox::{DeadLetterInfo, OutboxRecord, RawParts, TableMapping, dead_letter_record};
 use crate::pgoutput::{TupleData, Value};
+use crate::postgres::Connector;
+use crate::postgres::catalog::{self, tables};
+use crate::postgres::sql::SESSION_FORMATS;
 use crate::sink::exactly_once::{TailError, TailReader};
 use crate::sink::{self, Blame, KafkaSink, Refusal, Sink, SinkError, Ticket};
-use crate::source::SESSION_FORMATS;
-use crate::source::setup::{self, query_err};
+use crate::source::SourceError;
 
 /// How far before `--since` a topic is read back: Kafka timestamps are commit
 /// times, `--column` any time the application sets, and clocks differ.
@@ -40,15 +40,8 @@ struct Delivered {
 
 impl Delivered {
     async fn new(config: &Config, client: &Client, since: &str) -> Result<Self, CommandError> {
-        let since_ms: i64 = client
-            .query_one(
-                "SELECT (extract(epoch FROM $1::text::timestamptz) * 1000)::bigint",
-                &[&since],
-            )
-            .await
-            .map_err(query_err("read --since as a time"))?
-            .get(0);
-        let reader = TailReader::new(&config.kafka_brokers, &config.kafka_properties)?;
+        let since_ms = catalog::unix_millis(client, since).await?;
+        let reader = TailReader::new(&super::kafka(config))?;
         Ok(Delivered {
             reader,
             since_ms: since_ms.saturating_sub(SINCE_MARGIN_MS),
@@ -83,12 +76,11 @@ impl Delivered {
 }
 
 pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), CommandError> {
-    let client = setup::connect(config).await?;
+    let client = Connector::new(config.postgres.clone()).control().await?;
     // Rows read as text in pgoutput's session formats bind like streamed inserts.
     execute(&client, SESSION_FORMATS, "set the session's formats").await?;
     let in_flight = config.flags.max_in_flight_events;
-    let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
-    let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, None, None)?;
+    let (sink, deliveries) = KafkaSink::new(&super::kafka(config), in_flight, None, None)?;
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
@@ -105,11 +97,17 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
         acked: 0,
         dead_lettered: 0,
     };
-    let (quoted, mut skipped) = (quote_ident(&args.column), 0u64);
+    let mut skipped = 0u64;
     let shard = config.flags.shard;
     for table in &config.tables {
-        let relation = setup::relation(&client, table).await?;
-        let facts = setup::column_facts(&client, &table.quoted()).await?;
+        let Some(relation) = tables::relation(&client, table).await? else {
+            return Err(SourceError::Misconfigured(format!(
+                "outbox table {table} does not exist (check --table and the database in \
+                 --postgres-url)"
+            ))
+            .into());
+        };
+        let facts = tables::column_facts(&client, &table.quoted()).await?;
         let mapping = TableMapping::bind_with(config.mapping_for(table), &relation, &facts)
             .map_err(|e| CommandError::Refused(e.to_string()))?;
         if !relation.columns.iter().any(|c| c.name == args.column) {
@@ -118,20 +116,11 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
                 args.column
             )));
         }
-        let columns = relation.columns.iter();
-        let columns: Vec<String> = columns.map(|c| quote_ident(&c.name) + "::text").collect();
-        let sql = format!(
-            "SELECT {} FROM {} WHERE {quoted} >= $1::text::timestamptz ORDER BY {quoted}",
-            columns.join(", "),
-            table.quoted(),
-        );
         // Streamed: the connection reads on only as rows are taken.
-        let failed = query_err("read the outbox rows");
-        let rows = client
-            .query_raw(&sql, [&args.since])
-            .await
-            .map_err(&failed)?;
+        let rows = tables::rows_since(&client, table, &relation, &args.column, &args.since);
+        let rows = rows.await?;
         pin_mut!(rows);
+        let failed = crate::postgres::query_err("read the outbox rows");
         run.table = table.to_string();
         while let Some(row) = rows.try_next().await.map_err(&failed)? {
             let value = |i| match row.get::<_, Option<String>>(i) {

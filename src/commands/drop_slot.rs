@@ -5,9 +5,9 @@ use std::io::Write;
 
 use super::{CommandError, execute};
 use crate::config::{Config, DropSlotArgs};
+use crate::postgres::sql;
 use crate::source::lineage::Lineage;
 use crate::source::setup;
-use crate::source::sql;
 
 /// What dropping the slot loses, said before refusing.
 pub(super) fn refusal(slot: &str) -> String {

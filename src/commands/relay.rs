@@ -14,6 +14,7 @@ use crate::config::{Cleanup, Cli, Config, Delivery};
 use crate::observability::health::Health;
 use crate::observability::{Chain, http, metrics, progress};
 use crate::pipeline::{Pipeline, RelayError, Summary};
+use crate::postgres::Connector;
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
 use crate::source::{PgSource, cleanup, heartbeat, lineage, setup, shard, slot_monitor};
@@ -56,7 +57,9 @@ pub(super) async fn run_with(
     // Aborted when dropped.
     let mut background = JoinSet::new();
     let poll_interval = config.flags.observability.slot_poll_interval;
-    let slot_monitor = slot_monitor::run(config.clone(), health.clone(), poll_interval);
+    let connector = Connector::new(config.postgres.clone());
+    let slot = config.flags.slot.clone();
+    let slot_monitor = slot_monitor::run(connector, slot, health.clone(), poll_interval);
     background.spawn(slot_monitor);
     if let Some(interval) = config.flags.observability.progress_interval {
         background.spawn(progress::run(health.clone(), interval));
@@ -112,15 +115,15 @@ async fn relay(
     if slot.created {
         shard::warn_if_late(&control, &config, slot.confirmed_flush).await;
     }
-    let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
+    let kafka = super::kafka(&config);
     let in_flight = config.flags.max_in_flight_events;
     let tails = (config.flags.delivery == Delivery::ExactlyOnce)
-        .then(|| TailReader::new(brokers, properties))
+        .then(|| TailReader::new(&kafka))
         .transpose()
         .map_err(RelayError::Producer)?;
     let producer_health = Some(health.clone());
-    let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, producer_health, tails)
-        .map_err(RelayError::Producer)?;
+    let (sink, deliveries) =
+        KafkaSink::new(&kafka, in_flight, producer_health, tails).map_err(RelayError::Producer)?;
     if config.flags.observability.http_addr.is_some() {
         // The pipeline's metric handles bind to the recorder in place now.
         install_metrics().await;
@@ -130,7 +133,8 @@ async fn relay(
     // Aborted when dropped, as the pipeline stops.
     let mut heartbeats = JoinSet::new();
     if let Some(interval) = config.flags.heartbeat_interval.filter(|d| !d.is_zero()) {
-        heartbeats.spawn(heartbeat::run(config.clone(), interval));
+        let connector = Connector::new(config.postgres.clone());
+        heartbeats.spawn(heartbeat::run(connector, interval));
     }
     heartbeats.spawn(lineage::keep_fresh(config.clone()));
     let sink = Arc::new(sink);

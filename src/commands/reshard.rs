@@ -30,9 +30,10 @@ use super::{CommandError, execute};
 use crate::config::{Config, ReshardArgs};
 use crate::lsn::Lsn;
 use crate::outbox::Shard;
+use crate::postgres::catalog::slots;
+use crate::postgres::sql;
 use crate::source::lineage::Lineage;
-use crate::source::setup::{self, query_err};
-use crate::source::sql;
+use crate::source::setup;
 
 /// How often the first step reads the old slots' positions.
 const POLL: Duration = Duration::from_millis(500);
@@ -112,28 +113,18 @@ async fn positions(
     client: &Client,
     configs: &[Config],
 ) -> Result<Vec<(String, Lsn)>, CommandError> {
-    let names: Vec<_> = configs.iter().map(|c| &c.flags.slot).collect();
-    let rows = client
-        .query(
-            "SELECT s, (SELECT confirmed_flush_lsn::text FROM pg_replication_slots \
-                        WHERE slot_name = s) FROM unnest($1::text[]) s",
-            &[&names],
-        )
-        .await
-        .map_err(query_err("read the old slots' positions"))?;
-    let position = |row: &tokio_postgres::Row| {
-        let (slot, at): (String, Option<String>) = (row.get(0), row.get(1));
-        match at.and_then(|at| at.parse().ok()) {
-            Some(at) => Ok((slot, at)),
-            None => Err(CommandError::Refused(format!(
-                "slot {slot:?} of the old shards does not exist (or has no position) on \
+    let names: Vec<String> = configs.iter().map(|c| c.flags.slot.clone()).collect();
+    let found = slots::positions(client, &names).await?;
+    let position = |(slot, at): (String, Option<String>)| match at.and_then(|at| at.parse().ok()) {
+        Some(at) => Ok((slot, at)),
+        None => Err(CommandError::Refused(format!(
+            "slot {slot:?} of the old shards does not exist (or has no position) on \
                  --postgres-url's server: check --from and --slot, which name the old shards' \
                  slots. reshard needs every old and new slot on that one server, so shards that \
                  decode on different standbys cannot be resharded by it"
-            ))),
-        }
+        ))),
     };
-    rows.iter().map(position).collect()
+    found.into_iter().map(position).collect()
 }
 
 /// The second step, with the old relays stopped: the new slots move to where the old ones
@@ -181,10 +172,7 @@ async fn finish(
     }
     for (slot, at) in &new_slots {
         if *at < stopped_at {
-            let advance = format!(
-                "SELECT pg_replication_slot_advance({}, '{stopped_at}')",
-                sql::quote_literal(slot)
-            );
+            let advance = sql::advance_slot(slot, stopped_at);
             let what = "advance a new slot to where the old ones stopped";
             execute(client, &advance, what).await?;
         }

@@ -7,8 +7,10 @@ use std::io::Write;
 use super::CommandError;
 use crate::config::{Cli, Config, RelayFlags};
 use crate::outbox::TableName;
+use crate::postgres::catalog::publication;
+use crate::postgres::sql;
 use crate::sink::lineage;
-use crate::source::{setup, shard, sql};
+use crate::source::{setup, shard};
 
 /// `setup --print`: needs only the flags, no connection, but for a shard's row filters, which
 /// call the output functions of the key and id columns' types, read from `--postgres-url`.
@@ -77,13 +79,8 @@ fn script(flags: &RelayFlags, tables: &[TableName], filters: &[String]) -> Strin
 /// Creates what is missing through the relay's own start-up checks.
 pub(super) async fn apply(config: &Config) -> Result<(), CommandError> {
     let client = setup::connect(config).await?;
-    let had_publication = client
-        .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&config.flags.publication],
-        )
-        .await
-        .map_err(setup::query_err("look up the publication"))?
+    let had_publication = publication::options(&client, &config.flags.publication)
+        .await?
         .is_some();
     let slot = setup::prepare(&client, config).await?;
     let filters = shard::row_filters(&client, config).await?;

@@ -6,7 +6,6 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
-use tokio_postgres::types::Json;
 
 use super::{CommandError, human_bytes};
 use crate::config::{Config, StatusArgs};
@@ -14,9 +13,11 @@ use crate::observability::health::{
     ReadinessThresholds, SlotObservation, SlotStatus, failover_unready, idle_timeout_warning,
     slot_warnings,
 };
+use crate::postgres::catalog::{self, publication, slots};
+use crate::postgres::{Connector, PostgresError, query_err};
 use crate::source::SourceError;
-use crate::source::setup::{self, query_err};
-use crate::source::{failover, shard, slot_monitor};
+use crate::source::setup;
+use crate::source::{failover, shard};
 
 /// Everything `status` reports; the field names are `--json`'s contract.
 #[derive(Debug, Serialize)]
@@ -68,33 +69,20 @@ struct PublicationInfo {
 }
 
 pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), CommandError> {
-    let client = setup::connect(config).await?;
-    let failed = query_err("read the server's WAL position and settings");
-    let server = client
-        .query_one(
-            "SELECT current_setting('server_version'), \
-                    (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                          ELSE pg_current_wal_lsn() END)::text, \
-                    (SELECT jsonb_object_agg(s, current_setting(s, true)) FROM unnest(ARRAY[\
-                       'wal_level', 'max_slot_wal_keep_size', 'max_replication_slots', \
-                       'wal_sender_timeout', 'synchronized_standby_slots', \
-                       'sync_replication_slots', 'idle_replication_slot_timeout']) AS s)",
-            &[],
-        )
-        .await
-        .map_err(&failed)?;
-    let Json(settings) = server.try_get(2).map_err(&failed)?;
+    let connector = Connector::new(config.postgres.clone());
+    let client = connector.control().await?;
+    let server = catalog::server_report(&client).await?;
     let mut status = Status {
-        server_version: server.get(0),
+        server_version: server.version,
         shard: config.flags.shard.map(|shard| shard.to_string()),
-        current_wal_lsn: server.get(1),
+        current_wal_lsn: server.wal_lsn,
         slot: read_slot(&client, &config.flags.slot).await?,
         publication: read_publication(&client, config).await?,
-        settings,
+        settings: server.settings,
         warnings: Vec::new(),
     };
     if let Some(slot) = status.slot.status.as_mut() {
-        failover::probe(slot, config).await;
+        failover::probe(slot, &connector, &config.flags.slot).await;
     }
     status.warnings = warnings(&status, &config.flags.observability.readiness);
     if status.publication.exists {
@@ -111,24 +99,14 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
 }
 
 /// The slot's row and, when it exists, its poll.
-async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
-    let failed = query_err("read the replication slot");
-    let row = client
-        .query_one(
-            "SELECT jsonb_build_object('name', $1::text) || coalesce((SELECT to_jsonb(s) FROM \
-               (SELECT true AS exists, plugin, slot_type, database, active, active_pid, \
-                       confirmed_flush_lsn::text, restart_lsn::text \
-                FROM pg_replication_slots WHERE slot_name = $1) s), '{}')",
-            &[&name],
-        )
-        .await
-        .map_err(&failed)?;
-    let Json(mut slot): Json<SlotInfo> = row.try_get(0).map_err(&failed)?;
-    if slot.exists
-        && let SlotObservation::Seen(status) =
-            slot_monitor::poll(client, name).await.map_err(&failed)?
-    {
-        slot.status = Some(status);
+async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, PostgresError> {
+    let mut slot: SlotInfo = slots::report(client, name).await?;
+    if slot.exists {
+        let polled = slots::poll(client, name).await;
+        let polled = polled.map_err(query_err("read the replication slot"))?;
+        if let SlotObservation::Seen(status) = polled {
+            slot.status = Some(status);
+        }
     }
     Ok(slot)
 }
@@ -152,30 +130,9 @@ pub(super) async fn idle_slot(
 async fn read_publication(
     client: &Client,
     config: &Config,
-) -> Result<PublicationInfo, SourceError> {
-    // Row filters (PostgreSQL 15+) read through to_jsonb, which older servers' rows lack.
-    let failed = query_err("read the publication");
-    let row = client
-        .query_one(
-            "SELECT jsonb_build_object('name', $1::text) || coalesce((SELECT jsonb_build_object( \
-               'exists', true, 'all_tables', puballtables, \
-               'publishes', array_remove(ARRAY[CASE WHEN pubinsert THEN 'insert' END, \
-                                               CASE WHEN pubupdate THEN 'update' END, \
-                                               CASE WHEN pubdelete THEN 'delete' END, \
-                                               CASE WHEN pubtruncate THEN 'truncate' END], NULL), \
-               'tables', ARRAY(SELECT schemaname::text || '.' || tablename::text \
-                               FROM pg_publication_tables t WHERE t.pubname = p.pubname \
-                               ORDER BY 1), \
-               'row_filters', coalesce((SELECT jsonb_object_agg(schemaname::text || '.' || \
-                                                                tablename::text, to_jsonb(t) -> 'rowfilter') \
-                                        FROM pg_publication_tables t WHERE t.pubname = p.pubname \
-                                          AND to_jsonb(t) ->> 'rowfilter' IS NOT NULL), '{}')) \
-             FROM pg_publication p WHERE pubname = $1), '{}')",
-            &[&config.flags.publication],
-        )
-        .await
-        .map_err(&failed)?;
-    let Json(mut publication): Json<PublicationInfo> = row.try_get(0).map_err(&failed)?;
+) -> Result<PublicationInfo, PostgresError> {
+    let mut publication: PublicationInfo =
+        publication::report(client, &config.flags.publication).await?;
     let wanted = config.tables.iter().map(ToString::to_string);
     publication.missing_tables = wanted.filter(|t| !publication.tables.contains(t)).collect();
     Ok(publication)

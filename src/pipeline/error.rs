@@ -4,6 +4,7 @@ use super::ack::AckError;
 use crate::lsn::Lsn;
 use crate::outbox::{BindError, DeadLetterInfo};
 use crate::pgoutput::DecodeError;
+use crate::postgres::PostgresError;
 use crate::sink::exactly_once::TailError;
 use crate::sink::{Refusal, SinkError};
 use crate::source::SourceError;
@@ -25,6 +26,17 @@ pub mod exit_code {
     pub const SLOT_LOST: u8 = 7;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
+
+    /// A failed connection or query: TLS settings, a refused replication connection and a
+    /// refused login (SQLSTATE class 28) are configuration; the rest is Postgres.
+    pub fn postgres(error: &super::PostgresError) -> u8 {
+        use super::PostgresError as E;
+        match error {
+            E::Tls(_) | E::TlsHandshake { .. } | E::ReplicationConnect { .. } => CONFIG,
+            E::Connect { .. } if error.sqlstate_class("28") => CONFIG,
+            _ => POSTGRES,
+        }
+    }
 }
 
 /// Why the relay stopped. Events are named by commit LSN, id and topic.
@@ -192,19 +204,8 @@ impl RelayError {
     pub fn exit_code(&self) -> u8 {
         use RelayError as E;
         match self {
-            E::Producer(_)
-            | E::UnmappedRelation { .. }
-            | E::Source(SourceError::Tls(_))
-            | E::Source(SourceError::TlsHandshake { .. })
-            | E::Source(SourceError::ReplicationConnect { .. }) => exit_code::CONFIG,
-            E::Source(SourceError::Connect { source, .. })
-                if source
-                    .0
-                    .as_db_error()
-                    .is_some_and(|db| db.code().code().starts_with("28")) =>
-            {
-                exit_code::CONFIG
-            }
+            E::Producer(_) | E::UnmappedRelation { .. } => exit_code::CONFIG,
+            E::Source(SourceError::Postgres(e)) => exit_code::postgres(e),
             E::Source(SourceError::SlotLost { .. }) | E::SlotDropped { .. } => exit_code::SLOT_LOST,
             E::Source(SourceError::Lineage(_)) => exit_code::KAFKA,
             E::Source(_) | E::Decode { .. } | E::Cleanup { .. } => exit_code::POSTGRES,

@@ -14,9 +14,10 @@ use crate::config::{Cli, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::outbox::OutboxRecord;
+use crate::postgres::catalog::publication::Publication;
 use crate::sink::exactly_once::{ReadBack, Tail, TailError};
 use crate::sink::{Delivery, Sink, SinkError, Ticket};
-use crate::source::setup::{Publication, SlotState};
+use crate::source::setup::SlotState;
 use crate::source::{ServerId, Source, SourceError, SourceEvent, Stream};
 
 const START: Lsn = Lsn(0x10);

@@ -7,11 +7,12 @@
 
 use tokio_postgres::Client;
 
-use super::setup::{connect_to, query_err};
-use super::{PgError, SourceError, stream_err};
+use super::SourceError;
 use crate::config::Config;
 use crate::observability::Chain;
 use crate::observability::health::SlotStatus;
+use crate::postgres::catalog::slots::synced_copy;
+use crate::postgres::{Connector, PgError, query_err, sql};
 
 /// With `--slot-failover`: warns when `synchronized_standby_slots` is empty; returns whether the
 /// existing slot lacks `FAILOVER true`.
@@ -38,10 +39,11 @@ pub(super) async fn check(client: &Client, config: &Config) -> Result<bool, Sour
 
 /// Sets `FAILOVER true` on the slot (a replication command, so on a replication connection).
 pub(super) async fn mark(client: &Client, config: &Config) -> Result<(), SourceError> {
-    let mut session = super::command_session(config).await?;
+    let connector = Connector::new(config.postgres.clone());
     let slot = &config.flags.slot;
-    let sql = format!("ALTER_REPLICATION_SLOT {slot} (FAILOVER true)");
-    session.simple_query(&sql).await.map_err(stream_err(slot))?;
+    let mut session = connector.command_session(slot).await?;
+    let marked = session.simple_query(&sql::mark_failover(slot)).await;
+    marked.map_err(|e| connector.replication_error("mark the slot for failover", slot, e))?;
     tracing::info!(slot = %slot, "marked the slot for failover (FAILOVER true)");
     log_standby_snapshot(client).await;
     Ok(())
@@ -63,38 +65,28 @@ pub(super) async fn log_standby_snapshot(client: &Client) {
 
 /// `pg_log_standby_snapshot()`, refused without EXECUTE on it.
 pub(super) async fn snapshot(client: &Client) -> Result<(), tokio_postgres::Error> {
-    client
-        .batch_execute("SELECT pg_log_standby_snapshot()")
-        .await
+    client.batch_execute(sql::LOG_STANDBY_SNAPSHOT).await
 }
 
 /// For a slot marked for failover, whether the standbys are ready for a promotion.
-pub async fn probe(status: &mut SlotStatus, config: &Config) {
+pub async fn probe(status: &mut SlotStatus, connector: &Connector, slot: &str) {
     if status.failover != Some(true) {
         return;
     }
-    let lacking = standby_copies(config).await;
+    let lacking = standby_copies(connector, slot).await;
     status.failover_ready = lacking.as_ref().map(Vec::is_empty);
     status.failover_lacking = lacking.unwrap_or_default();
 }
 
 /// What each standby `--postgres-url` names lacks, empty when every one holds a persistent
 /// synchronized copy of the slot; `None` when the URL names no standby.
-async fn standby_copies(config: &Config) -> Option<Vec<String>> {
-    let (pg, slot) = (&config.postgres, &config.flags.slot);
-    let (mut standbys, mut lacking) = (0, Vec::new());
-    for (host, port) in &pg.hosts {
+async fn standby_copies(connector: &Connector, slot: &str) -> Option<Vec<String>> {
+    let mut standbys = 0;
+    let mut lacking = Vec::new();
+    for (addr, server) in connector.each_server() {
         let probe = async {
-            let client = connect_to(&pg.pinned(host, *port)).await?;
-            let row = client
-                .query_one(
-                    "SELECT pg_is_in_recovery(), (SELECT (to_jsonb(s) ->> 'synced')::bool \
-                     AND NOT temporary FROM pg_replication_slots s WHERE slot_name = $1)",
-                    &[slot],
-                )
-                .await
-                .map_err(query_err("look for the slot's synchronized copy"))?;
-            Ok::<_, SourceError>((row.get::<_, bool>(0), row.get::<_, Option<bool>>(1)))
+            let client = server.connect_first().await?;
+            synced_copy(&client, slot).await
         };
         let lacks = match probe.await {
             // The primary itself.
@@ -105,7 +97,7 @@ async fn standby_copies(config: &Config) -> Option<Vec<String>> {
             Err(e) => Some(format!("cannot check it: {e}")),
         };
         standbys += 1;
-        lacking.extend(lacks.map(|lack| format!("{host}:{port}: {lack}")));
+        lacking.extend(lacks.map(|lack| format!("{addr}: {lack}")));
     }
     (standbys > 0).then_some(lacking)
 }

@@ -13,11 +13,13 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::setup::query_err;
-use super::{SourceError, replication_err};
+use super::SourceError;
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::observability::Chain;
+use crate::postgres::Connector;
+use crate::postgres::catalog::slots::legacy_record;
+use crate::sink::KafkaClients;
 use crate::sink::lineage::{self, SlotRecord, SlotState};
 
 /// How often a running relay writes its slot's record again: well inside Kafka's default
@@ -74,6 +76,7 @@ pub(crate) fn judge(
 /// The slot's place in the lineage topic: this cluster's key.
 pub struct Lineage<'a> {
     config: &'a Config,
+    kafka: KafkaClients,
     system_identifier: String,
     key: String,
     /// The slot's record as [`Lineage::judge`] last read it.
@@ -84,11 +87,16 @@ impl<'a> Lineage<'a> {
     /// Reads the cluster's system identifier (shared by a primary and its standbys) with
     /// IDENTIFY_SYSTEM, which a role with REPLICATION may run on any server.
     pub async fn open(config: &'a Config) -> Result<Lineage<'a>, SourceError> {
-        let mut session = super::command_session(config).await?;
+        let connector = Connector::new(config.postgres.clone());
+        let slot = &config.flags.slot;
+        let mut session = connector.command_session(slot).await?;
         let system = session.identify_system().await;
-        let system_identifier = system.map_err(replication_err(config))?.system_id;
+        let identified =
+            system.map_err(|e| connector.replication_error("identify the system", slot, e));
+        let system_identifier = identified?.system_id;
         let key = lineage::key(&system_identifier, &config.flags.slot);
         Ok(Lineage {
+            kafka: KafkaClients::new(&config.kafka_brokers, &config.kafka_properties),
             config,
             system_identifier,
             key,
@@ -102,11 +110,14 @@ impl<'a> Lineage<'a> {
         client: &Client,
         exists: bool,
     ) -> Result<Guard, SourceError> {
-        let record = lineage::read(self.config, &self.key).await?;
+        let record =
+            lineage::read(&self.kafka, &self.config.flags.lineage_topic, &self.key).await?;
         self.found = record.clone();
         let legacy = match exists || record.is_some() {
             true => None,
-            false => legacy(client, &self.config.flags.slot, &self.system_identifier).await?,
+            false => {
+                legacy_record(client, &self.config.flags.slot, &self.system_identifier).await?
+            }
         };
         let flags = &self.config.flags;
         let (allow, topic) = (flags.allow_new_slot, &flags.lineage_topic);
@@ -124,7 +135,8 @@ impl<'a> Lineage<'a> {
             return Ok(());
         };
         let record = record.refreshed();
-        Ok(lineage::write(self.config, &self.key, Some(&record)).await?)
+        let topic = &self.config.flags.lineage_topic;
+        Ok(lineage::write(&self.kafka, topic, &self.key, Some(&record)).await?)
     }
 
     /// Records that the slot was dropped on purpose: the next start creates a fresh one.
@@ -134,13 +146,15 @@ impl<'a> Lineage<'a> {
 
     /// Removes the slot's record (a tombstone): the demo leaves nothing behind.
     pub async fn forget(&self) -> Result<(), SourceError> {
-        Ok(lineage::write(self.config, &self.key, None).await?)
+        let topic = &self.config.flags.lineage_topic;
+        Ok(lineage::write(&self.kafka, topic, &self.key, None).await?)
     }
 
     async fn write(&self, state: SlotState, lsn: Option<Lsn>) -> Result<(), SourceError> {
         let (slot, id) = (&self.config.flags.slot, &self.system_identifier);
         let record = SlotRecord::now(slot, id, state, lsn.map(|l| l.to_string()));
-        lineage::write(self.config, &self.key, Some(&record)).await?;
+        let topic = &self.config.flags.lineage_topic;
+        lineage::write(&self.kafka, topic, &self.key, Some(&record)).await?;
         tracing::info!(slot, topic = %self.config.flags.lineage_topic, ?state, "recorded the slot's lineage");
         Ok(())
     }
@@ -153,7 +167,8 @@ pub async fn keep_fresh(config: Config) {
         tokio::time::sleep(REFRESH_INTERVAL).await;
         let refreshed = async {
             let mut lineage = Lineage::open(&config).await?;
-            lineage.found = lineage::read(&config, &lineage.key).await?;
+            let topic = &config.flags.lineage_topic;
+            lineage.found = lineage::read(&lineage.kafka, topic, &lineage.key).await?;
             lineage.refresh().await
         };
         if let Err(error) = refreshed.await {
@@ -164,23 +179,6 @@ pub async fn keep_fresh(config: Config) {
                  retention may drop it, which would let a lost slot be replaced silently"
             );
         }
-    }
-}
-
-/// When an older relay recorded the slot in `public.outbox_relay_slots` of this cluster.
-async fn legacy(client: &Client, slot: &str, system: &str) -> Result<Option<String>, SourceError> {
-    let found = client
-        .query_opt(
-            "SELECT created_at::text FROM public.outbox_relay_slots \
-             WHERE slot_name = $1 AND system_identifier = $2",
-            &[&slot, &system],
-        )
-        .await;
-    match found {
-        Ok(row) => Ok(row.map(|r| r.get(0))),
-        // No table: no older relay ran here.
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => Ok(None),
-        Err(source) => Err(query_err("read public.outbox_relay_slots")(source)),
     }
 }
 

@@ -1,7 +1,8 @@
-//! I/O: the Postgres side. [`setup`] checks and creates the publication and
+//! I/O: the Postgres side at run time. [`setup`] checks and creates the publication and
 //! slot; [`PgSource`] streams with pgwire-replication and looks things up on a
 //! control connection. [`Stream::ack`] is the only way a position reaches the
-//! slot, and only the pipeline calls it, with the ack frontier.
+//! slot, and only the pipeline calls it, with the ack frontier. Connections and catalog
+//! queries are [`crate::postgres`]'s.
 
 pub mod cleanup;
 mod event;
@@ -11,8 +12,6 @@ pub mod lineage;
 pub mod setup;
 pub mod shard;
 pub mod slot_monitor;
-pub mod sql;
-mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +22,6 @@ use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig};
 use tokio_postgres::Client;
 
 pub use event::SourceEvent;
-pub use tls::TlsError;
 
 use crate::config::Config;
 use crate::lsn::Lsn;
@@ -31,10 +29,8 @@ use crate::observability::Chain;
 use crate::observability::health::SlotObservation;
 use crate::outbox::TableName;
 use crate::outbox::connect::ColumnFacts;
-
-/// The walsender's settings, so values arrive in one text form (ISO, UTC).
-const SESSION_OPTIONS: &str =
-    "-c datestyle=ISO,YMD -c timezone=UTC -c intervalstyle=postgres -c extra_float_digits=3";
+use crate::postgres::catalog::{self, publication::Publication};
+use crate::postgres::{Connector, PostgresError};
 
 /// WAL messages read ahead of the pipeline: pgwire-replication's channel holds all but one,
 /// its reader the one waiting for room. A message can be a 1 GB row, so the pipeline reserves
@@ -43,47 +39,12 @@ const SESSION_OPTIONS: &str =
 /// hand-offs to the pipeline (their cost is in docs/benchmark.md).
 pub const READ_AHEAD: usize = 3;
 
-/// The stream's settings for a control session that reads rows (`peek`, `backfill`).
-pub const SESSION_FORMATS: &str = "SET datestyle = 'ISO, YMD'; SET timezone = 'UTC'; \
-     SET intervalstyle = 'postgres'; SET extra_float_digits = 3";
-
 /// Something went wrong on the Postgres side; the message says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    /// The control connection could not be opened (`url` redacted).
-    #[error("cannot connect to Postgres at {url}")]
-    Connect {
-        /// The server's URL, password redacted.
-        url: String,
-        /// The connection error.
-        #[source]
-        source: PgError,
-    },
-    /// The TLS settings in the URL cannot be used (a file, a missing root CA).
+    /// A connection or a query failed.
     #[error(transparent)]
-    Tls(#[from] TlsError),
-    /// The control connection's TLS handshake failed; `hint` says what to check.
-    #[error("TLS handshake with Postgres at {url} failed ({hint})")]
-    TlsHandshake {
-        /// The server's URL, password redacted.
-        url: String,
-        /// What to check in the TLS settings, from the handshake failure.
-        hint: &'static str,
-        /// The connection error.
-        #[source]
-        source: PgError,
-    },
-    /// The replication connection was refused (TLS or authentication).
-    #[error("cannot open the replication connection to {url} ({hint})")]
-    ReplicationConnect {
-        /// The server's URL, password redacted.
-        url: String,
-        /// What to check: `pg_hba.conf`'s replication lines or the TLS settings.
-        hint: &'static str,
-        /// The replication client's error.
-        #[source]
-        source: PgWireError,
-    },
+    Postgres(#[from] PostgresError),
     /// A check of the server, role, tables, publication or slot failed: the fix.
     #[error("{0}")]
     Misconfigured(String),
@@ -126,15 +87,6 @@ pub enum SourceError {
     /// The lineage topic cannot be read or written: the relay does not stream.
     #[error(transparent)]
     Lineage(#[from] crate::sink::lineage::LineageError),
-    /// A query failed; `what` says what it was for.
-    #[error("Postgres query failed ({what})")]
-    Query {
-        /// What the query was for, e.g. "probe the server's role".
-        what: String,
-        /// The query error.
-        #[source]
-        source: PgError,
-    },
     /// The replication stream failed.
     #[error("replication stream from slot {slot:?} failed")]
     Stream {
@@ -160,14 +112,6 @@ pub enum SourceError {
         slot: String,
         /// How long the relay waited for the stream to start.
         timeout: Duration,
-    },
-    /// No server of the URL satisfies `target_session_attrs` (mid-failover): retried.
-    #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
-    NoSuitableHost {
-        /// The `target_session_attrs` value, e.g. `read-write`.
-        attrs: &'static str,
-        /// Each `host:port` tried and why it was passed over, `; `-separated.
-        tried: String,
     },
     /// A relation's partition root or an outbox table's NOT NULL and DEFAULT could not be
     /// looked up mid-stream: the stream restarts.
@@ -214,7 +158,7 @@ impl SourceError {
             },
             SourceError::StartTimeout { .. }
             | SourceError::StreamEnded { .. }
-            | SourceError::NoSuitableHost { .. }
+            | SourceError::Postgres(PostgresError::NoSuitableHost { .. })
             | SourceError::Lookup { .. } => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
@@ -234,43 +178,6 @@ fn stream_err(slot: &str) -> impl Fn(PgWireError) -> SourceError + '_ {
     }
 }
 
-/// A tokio-postgres error as the relay tells it: a server error's message with its SQLSTATE,
-/// detail and hint on one line (tokio-postgres' own `Display` says only "db error"); any other
-/// keeps its causes as its error chain.
-#[derive(Debug)]
-pub struct PgError(pub tokio_postgres::Error);
-
-impl std::fmt::Display for PgError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Some(db) = self.0.as_db_error() else {
-            return write!(f, "{}", self.0);
-        };
-        write!(f, "{} (SQLSTATE {})", db.message(), db.code().code())?;
-        for (label, text) in [("detail", db.detail()), ("hint", db.hint())] {
-            if let Some(text) = text {
-                write!(f, "; {label}: {text}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for PgError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        // A server error's whole story is in the message above.
-        match self.0.as_db_error() {
-            Some(_) => None,
-            None => std::error::Error::source(&self.0),
-        }
-    }
-}
-
-impl From<tokio_postgres::Error> for PgError {
-    fn from(error: tokio_postgres::Error) -> Self {
-        PgError(error)
-    }
-}
-
 /// The SQLSTATE in pgwire-replication's rendering of a server error.
 fn sqlstate(message: &str) -> Option<&str> {
     let at = message.find("SQLSTATE ")? + "SQLSTATE ".len();
@@ -279,51 +186,30 @@ fn sqlstate(message: &str) -> Option<&str> {
 
 /// The replication session's settings: from `start`, confirming `acked` until told more.
 fn replication_config(
+    connector: &Connector,
     config: &Config,
     start: Lsn,
     acked: Lsn,
 ) -> Result<ReplicationConfig, SourceError> {
-    let pg = &config.postgres;
-    let tls = tls::replication_tls(pg)?;
-    let name = pg.application_name.as_deref().unwrap_or("outbox-relay");
-    Ok(ReplicationConfig::new(
-        pg.host.clone(),
-        pg.user.clone(),
-        pg.password.clone().unwrap_or_default(),
-        pg.dbname.clone(),
-        config.flags.slot.clone(),
-        config.flags.publication.clone(),
-    )
-    .with_port(pg.port)
-    .with_tls(tls)
-    .with_start_lsn(start.into())
-    .with_ack_lsn(acked.min(start).into())
-    .with_status_interval(config.flags.status_interval)
-    .with_wakeup_interval(Duration::from_secs(10))
-    .with_buffer_size(READ_AHEAD - 1)
-    .with_options(SESSION_OPTIONS)
-    .with_application_name(name))
-}
-
-/// A replication session for commands (IDENTIFY_SYSTEM, ALTER_REPLICATION_SLOT).
-async fn command_session(config: &Config) -> Result<ReplicationClient, SourceError> {
-    let config = &setup::pin(config).await?;
-    let repl = replication_config(config, Lsn::ZERO, Lsn::ZERO)?;
-    ReplicationClient::connect_gated(repl)
-        .await
-        .map_err(replication_err(config))
+    let flags = &config.flags;
+    let session = connector.replication(&flags.slot, &flags.publication)?;
+    Ok(session
+        .with_start_lsn(start.into())
+        .with_ack_lsn(acked.min(start).into())
+        .with_status_interval(flags.status_interval)
+        .with_wakeup_interval(Duration::from_secs(10))
+        .with_buffer_size(READ_AHEAD - 1))
 }
 
 /// A replication connection's error: TLS and authentication failures are configuration
-/// problems, with what to check.
-fn replication_err(config: &Config) -> impl Fn(PgWireError) -> SourceError + '_ {
-    move |source| match source.is_tls() || source.is_auth() {
-        true => SourceError::ReplicationConnect {
-            url: config.postgres.redacted(),
-            hint: tls::replication_hint(&source),
-            source,
-        },
-        false => stream_err(&config.flags.slot)(source),
+/// problems, with what to check; the rest are the stream's.
+fn replication_err<'a>(
+    connector: &'a Connector,
+    slot: &'a str,
+) -> impl Fn(PgWireError) -> SourceError + 'a {
+    move |source| match connector.refused(source) {
+        Ok(refused) => SourceError::Postgres(refused),
+        Err(source) => stream_err(slot)(source),
     }
 }
 
@@ -356,11 +242,10 @@ pub fn resume_point(
 
 /// The slot's confirmed position, read on a gated session.
 async fn slot_confirmed(client: &mut ReplicationClient, slot: &str) -> Option<Lsn> {
-    let sql = format!(
-        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = {}",
-        sql::quote_literal(slot)
-    );
-    let rows = client.simple_query(&sql).await.ok()?;
+    let rows = client
+        .simple_query(&catalog::slots::confirmed_query(slot))
+        .await
+        .ok()?;
     let text = rows.first()?.first()?.as_ref()?;
     std::str::from_utf8(text).ok()?.parse().ok()
 }
@@ -432,17 +317,19 @@ pub trait Stream: Send {
 pub struct PgSource {
     /// Shared with the publication checks in flight.
     config: Arc<Config>,
+    connector: Connector,
     control: Option<Client>,
     /// The server and timeline the last session ran on.
     server: Option<ServerId>,
     /// The publication as last found: a change shows rows never decoded.
-    publication: setup::Publication,
+    publication: Publication,
 }
 
 impl PgSource {
     /// A source for `config`, with `publication` as found at start-up.
-    pub fn new(config: Config, publication: setup::Publication) -> Self {
+    pub fn new(config: Config, publication: Publication) -> Self {
         PgSource {
+            connector: Connector::new(config.postgres.clone()),
             config: Arc::new(config),
             control: None,
             server: None,
@@ -468,7 +355,7 @@ pub struct PublicationCheck {
 
 /// What a publication check found.
 enum Found {
-    Publication(setup::Publication),
+    Publication(Publication),
     /// The server is shutting down: it commits nothing more, and waits for its walsender's
     /// last position to be confirmed; only a drop in the last status interval goes unnoticed.
     ShuttingDown,
@@ -481,11 +368,15 @@ enum Found {
 /// silent (a host gone without a reset) must not pin the checks for the kernel's TCP timeout.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn check(mut client: Option<Client>, config: Arc<Config>) -> PublicationCheck {
+async fn check(
+    mut client: Option<Client>,
+    connector: Connector,
+    config: Arc<Config>,
+) -> PublicationCheck {
     let checking = async {
-        let client = match control(&mut client, &config).await {
+        let client = match control(&mut client, &connector).await {
             Ok(client) => client,
-            Err(SourceError::Connect { source, .. })
+            Err(SourceError::Postgres(PostgresError::Connect { source, .. }))
                 if source.0.code()
                     == Some(&tokio_postgres::error::SqlState::CANNOT_CONNECT_NOW) =>
             {
@@ -495,7 +386,9 @@ async fn check(mut client: Option<Client>, config: Arc<Config>) -> PublicationCh
         };
         match setup::verify_publication(client, &config, &[]).await {
             Ok(publication) => Ok(Found::Publication(publication)),
-            Err(error @ SourceError::Query { .. }) => Ok(Found::Unchecked(error)),
+            Err(error @ SourceError::Postgres(PostgresError::Query { .. })) => {
+                Ok(Found::Unchecked(error))
+            }
             Err(error) => Err(error),
         }
     };
@@ -513,11 +406,11 @@ async fn check(mut client: Option<Client>, config: Arc<Config>) -> PublicationCh
 /// The control connection in `slot`, opened (again) when needed.
 async fn control<'a>(
     slot: &'a mut Option<Client>,
-    config: &Config,
+    connector: &Connector,
 ) -> Result<&'a Client, SourceError> {
     let client = match slot.take() {
         Some(client) if !client.is_closed() => client,
-        _ => setup::connect(config).await?,
+        _ => connector.control().await?,
     };
     Ok(slot.insert(client))
 }
@@ -529,17 +422,17 @@ impl Source for PgSource {
     /// On another server or timeline, the start moves back as [`resume_point`] says.
     async fn start(&mut self, from: Lsn, acked: Lsn) -> Result<ReplicationStream, SourceError> {
         // A server that went away mid-run is retried, like the stream itself.
-        let config = &setup::pin(&self.config).await.map_err(|e| match e {
-            SourceError::Connect { url, source } => SourceError::NoSuitableHost {
-                attrs: self.config.postgres.target_session_attrs.as_str(),
+        let pinned = self.connector.pin().await.map_err(|e| match e {
+            PostgresError::Connect { url, source } => PostgresError::NoSuitableHost {
+                attrs: self.connector.info().target_session_attrs.as_str(),
                 tried: format!("{url}: {}", Chain(&source)),
             },
             e => e,
         })?;
         let timeout = Duration::from_secs(30);
-        let opening = open(config, from, acked, self.server.as_ref());
+        let opening = open(&pinned, &self.config, from, acked, self.server.as_ref());
         let stream = tokio::time::timeout(timeout, opening).await.map_err(|_| {
-            let slot = config.flags.slot.clone();
+            let slot = self.config.flags.slot.clone();
             SourceError::StartTimeout { slot, timeout }
         })??;
         self.server = Some(stream.server.clone());
@@ -548,30 +441,18 @@ impl Source for PgSource {
 
     async fn partition_root(&mut self, relation_id: u32) -> Result<Option<TableName>, SourceError> {
         let lookup = async {
-            control(&mut self.control, &self.config)
-                .await?
-                .query_opt(
-                    "SELECT n.nspname::text, c.relname::text FROM pg_class c \
-                     JOIN pg_namespace n ON n.oid = c.relnamespace \
-                     WHERE c.oid = pg_partition_root($1::oid)",
-                    &[&relation_id],
-                )
-                .await
-                .map_err(setup::query_err("look up a relation's partition root"))
+            let client = control(&mut self.control, &self.connector).await?;
+            Ok(catalog::tables::partition_root(client, relation_id).await?)
         };
-        let row = lookup
+        lookup
             .await
-            .map_err(lookup_err("look up the partition root", relation_id))?;
-        Ok(row.map(|r| TableName {
-            schema: r.get(0),
-            name: r.get(1),
-        }))
+            .map_err(lookup_err("look up the partition root", relation_id))
     }
 
     async fn column_facts(&mut self, relation_id: u32) -> Result<Vec<ColumnFacts>, SourceError> {
         let lookup = async {
-            let client = control(&mut self.control, &self.config).await?;
-            setup::column_facts(client, &relation_id.to_string()).await
+            let client = control(&mut self.control, &self.connector).await?;
+            Ok(catalog::tables::column_facts(client, &relation_id.to_string()).await?)
         };
         lookup
             .await
@@ -579,7 +460,12 @@ impl Source for PgSource {
     }
 
     fn check_publication(&mut self) -> BoxFuture<'static, PublicationCheck> {
-        Box::pin(check(self.control.take(), Arc::clone(&self.config)))
+        let connector = self.connector.clone();
+        Box::pin(check(
+            self.control.take(),
+            connector,
+            Arc::clone(&self.config),
+        ))
     }
 
     fn publication_checked(&mut self, check: PublicationCheck) -> Result<bool, SourceError> {
@@ -616,7 +502,8 @@ impl Source for PgSource {
     }
 
     async fn wal_end(&mut self) -> Lsn {
-        let Ok(mut client) = command_session(&self.config).await else {
+        let session = self.connector.command_session(&self.config.flags.slot);
+        let Ok(mut client) = session.await else {
             return Lsn(u64::MAX);
         };
         let system = client.identify_system().await;
@@ -629,11 +516,11 @@ impl Source for PgSource {
         if error.recovery() != Recovery::Fatal || !matches!(error, SourceError::Stream { .. }) {
             return error;
         }
-        let Ok(client) = control(&mut self.control, &self.config).await else {
+        let Ok(client) = control(&mut self.control, &self.connector).await else {
             return error;
         };
         let slot = &self.config.flags.slot;
-        let Ok(SlotObservation::Seen(status)) = slot_monitor::poll(client, slot).await else {
+        let Ok(SlotObservation::Seen(status)) = catalog::slots::poll(client, slot).await else {
             return error;
         };
         match status.invalidated() {
@@ -646,31 +533,34 @@ impl Source for PgSource {
     }
 }
 
-/// Opens a session; IDENTIFY_SYSTEM and the slot's position are read on it,
-/// so both describe the server it streams from.
+/// Opens a session on the server `pinned` names; IDENTIFY_SYSTEM and the slot's position are
+/// read on it, so both describe the server it streams from.
 async fn open(
+    pinned: &Connector,
     config: &Config,
     mut start: Lsn,
     acked: Lsn,
     previous: Option<&ServerId>,
 ) -> Result<ReplicationStream, SourceError> {
-    let failed = replication_err(config);
-    let repl = replication_config(config, start, acked)?;
+    let slot = &config.flags.slot;
+    let failed = replication_err(pinned, slot);
+    let repl = replication_config(pinned, config, start, acked)?;
     let mut client = ReplicationClient::connect_gated(repl)
         .await
         .map_err(&failed)?;
     let system = client.identify_system().await.map_err(&failed)?;
+    let pg = pinned.info();
     let server = ServerId {
-        addr: format!("{}:{}", config.postgres.host, config.postgres.port),
+        addr: format!("{}:{}", pg.host, pg.port),
         system_id: system.system_id,
         timeline: system.timeline,
     };
     if previous.is_some_and(|p| *p != server) {
-        let confirmed = slot_confirmed(&mut client, &config.flags.slot).await;
+        let confirmed = slot_confirmed(&mut client, slot).await;
         start = resume_point(previous, &server, start, confirmed);
         // A gated session's start position is fixed: end it, start another.
         drop(client);
-        let repl = replication_config(config, start, acked)?;
+        let repl = replication_config(pinned, config, start, acked)?;
         client = ReplicationClient::connect(repl).await.map_err(&failed)?;
     } else {
         client.start().await.map_err(&failed)?;
@@ -678,7 +568,7 @@ async fn open(
     client.wait_started().await.map_err(&failed)?;
     Ok(ReplicationStream {
         client,
-        slot: config.flags.slot.clone(),
+        slot: slot.clone(),
         server,
         start,
     })

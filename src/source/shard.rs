@@ -10,11 +10,13 @@
 use tokio_postgres::Client;
 
 use super::SourceError;
-use super::setup::{Publication, query_err};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::outbox::shard::{hash_text, same_filter};
 use crate::outbox::{Shard, TableName, quote_ident};
+use crate::postgres::catalog::publication::{Publication, own_rows};
+use crate::postgres::catalog::tables::column_type;
+use crate::postgres::catalog::{self, slots};
 
 /// Hashed by both sides at start-up: non-ASCII, and a length that leaves a tail of every word.
 const PROBE: &str = "outbox-relay shard probe: Grüße, 世界";
@@ -47,32 +49,18 @@ async fn column_text(
     flag: &str,
     column: &str,
 ) -> Result<String, SourceError> {
-    let row = client
-        .query_opt(
-            "SELECT format_type(a.atttypid, a.atttypmod), p.proname::text, a.atttypid, \
-                    p.provolatile = 'i', t.typoutput = 'textout'::regproc, \
-                    a.attcollation::regcollation::text, a.attcollation \
-             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
-             JOIN pg_proc p ON p.oid = t.typoutput \
-             WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped",
-            &[&table.quoted(), &column],
-        )
-        .await
-        .map_err(query_err("read the type of the shard key's column"))?;
-    let Some(row) = row else {
+    let Some(found) = column_type(client, table, column).await? else {
         return Err(SourceError::Misconfigured(format!(
             "outbox table {table} has no column {column:?} (named by {flag})"
         )));
     };
-    let (type_name, output, type_oid): (String, String, u32) = (row.get(0), row.get(1), row.get(2));
-    let (collation, collation_oid): (String, u32) = (row.get(5), row.get(6));
     // Postgres refuses a row filter on either, without naming the column.
-    let user_defined = match (type_oid, collation_oid) {
-        (t, _) if t >= FIRST_NORMAL_OID => {
-            Some(format!("type {type_name} (a domain or an extension's)"))
-        }
-        (_, c) if c >= FIRST_NORMAL_OID => Some(format!("collation {collation}")),
-        _ => None,
+    let user_defined = if found.oid >= FIRST_NORMAL_OID {
+        Some(format!("type {} (a domain or an extension's)", found.name))
+    } else if found.collation_oid >= FIRST_NORMAL_OID {
+        Some(format!("collation {}", found.collation))
+    } else {
+        None
     };
     if let Some(user_defined) = user_defined {
         return Err(SourceError::Misconfigured(format!(
@@ -83,11 +71,11 @@ async fn column_text(
         )));
     }
     let quoted = quote_ident(column);
-    let (is_text, immutable): (bool, bool) = (row.get(4), row.get(3));
-    if is_text {
+    let (type_name, output) = (&found.name, &found.output);
+    if found.is_text {
         return Ok(quoted);
     }
-    if immutable {
+    if found.output_immutable {
         return Ok(format!("textin({output}({quoted}))"));
     }
     Err(SourceError::Misconfigured(format!(
@@ -130,21 +118,11 @@ pub async fn verify(
             fix()
         )));
     }
-    let tables: Vec<String> = config.tables.iter().map(TableName::quoted).collect();
-    let rows = client
-        .query(
-            "SELECT t, r.oid, pg_get_expr(r.prqual, r.prrelid) FROM unnest($2::text[]) t \
-             LEFT JOIN pg_publication_rel r ON r.prpubid = $1 AND r.prrelid = to_regclass(t)",
-            &[&publication.oid, &tables],
-        )
-        .await
-        .map_err(query_err("read the publication's row filters"))?;
-    for ((table, expected), row) in config.tables.iter().zip(filters).zip(&rows) {
-        let (quoted, own, found): (String, Option<u32>, Option<String>) =
-            (row.get(0), row.get(1), row.get(2));
-        let members = publication.members.iter().find(|(t, _)| *t == quoted);
-        let others = members.is_some_and(|(_, oids)| oids.iter().any(|o| Some(*o) != own));
-        let problem = match found {
+    let rows = own_rows(client, publication.oid, &config.tables).await?;
+    for ((table, expected), row) in config.tables.iter().zip(filters).zip(rows) {
+        let members = publication.members.iter().find(|(t, _)| *t == row.table);
+        let others = members.is_some_and(|(_, oids)| oids.iter().any(|o| Some(*o) != row.oid));
+        let problem = match row.filter {
             _ if others => "is also published through a schema or a parent table, without the \
                             shard's row filter"
                 .to_owned(),
@@ -180,16 +158,10 @@ pub async fn warn_if_late(client: &Client, config: &Config, created: Lsn) {
         .filter(|&index| index != shard.index)
         .map(|index| Shard { index, count }.name(base))
         .collect();
-    let found = client
-        .query(
-            "SELECT slot_name::text FROM pg_replication_slots \
-             WHERE slot_name::text = ANY($1) ORDER BY 1",
-            &[&siblings],
-        )
-        .await;
+    let found = slots::existing(client, &siblings).await;
     // Only the warning depends on it: a failed read is not worth a refusal.
     let older: Vec<String> = match found {
-        Ok(rows) => rows.iter().map(|row| row.get(0)).collect(),
+        Ok(older) => older,
         Err(error) => {
             tracing::debug!(error = %error, "cannot list the other shards' slots");
             return;
@@ -213,11 +185,7 @@ pub async fn warn_if_late(client: &Client, config: &Config, created: Lsn) {
 
 /// Refuses a server whose `hashtextextended` is not the relay's (a big-endian one).
 async fn check_hash(client: &Client, shard: Shard) -> Result<(), SourceError> {
-    let server: i64 = client
-        .query_one("SELECT hashtextextended($1, 0)", &[&PROBE])
-        .await
-        .map_err(query_err("hash a probe text as the row filter does"))?
-        .get(0);
+    let server = catalog::server(client, PROBE).await?.probe_hash;
     let relay = hash_text(PROBE.as_bytes());
     if server == relay {
         return Ok(());
@@ -234,7 +202,7 @@ async fn check_hash(client: &Client, shard: Shard) -> Result<(), SourceError> {
 fn alter_publication(publication: &str, tables: &[TableName], filters: &[String]) -> String {
     let (name, tables) = (
         quote_ident(publication),
-        super::sql::filtered_tables(tables, filters),
+        crate::postgres::sql::filtered_tables(tables, filters),
     );
     format!(
         "ALTER PUBLICATION {name} SET TABLE {tables}; ALTER PUBLICATION {name} SET \

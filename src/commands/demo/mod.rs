@@ -22,8 +22,10 @@ use tokio_postgres::error::SqlState;
 use super::{CommandError, human_bytes, relay};
 use crate::config::{Cli, Config, ConfigError, DemoArgs};
 use crate::observability::health::Health;
+use crate::postgres::catalog::slots;
+use crate::postgres::sql;
 use crate::source::lineage::Lineage;
-use crate::source::{setup, sql};
+use crate::source::setup;
 
 /// The demo's slot and publication, apart from a real relay's.
 const SLOT: &str = "outbox_relay_demo";
@@ -190,19 +192,10 @@ async fn progress(
     let mut tick = tokio::time::interval_at(start, PROGRESS_EVERY);
     loop {
         tick.tick().await;
-        let row = client
-            .query_opt(
-                "SELECT format('slot confirmed %s of WAL end %s', confirmed_flush_lsn, \
-                               pg_current_wal_lsn()), \
-                        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint \
-                 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&SLOT],
-            )
-            .await;
-        let slot = match row {
-            Ok(Some(row)) => {
-                let behind = human_bytes(row.get(1));
-                format!("{} ({behind} behind)", row.get::<_, String>(0))
+        let slot = match slots::progress(&client, SLOT).await {
+            Ok(Some((position, behind))) => {
+                let behind = human_bytes(behind);
+                format!("{position} ({behind} behind)")
             }
             _ => "slot position unavailable".to_owned(),
         };
