@@ -20,7 +20,9 @@ use crate::observability::Chain;
 use crate::pipeline::{RelayError, exit_code};
 use crate::postgres::{PostgresError, query_err};
 use crate::sink::KafkaClients;
+use crate::sink::lineage::LineageError;
 use crate::source::SourceError;
+use crate::startup::StartupError;
 
 /// Why a subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +36,12 @@ pub enum CommandError {
     /// A Postgres connection or query failed.
     #[error(transparent)]
     Postgres(#[from] PostgresError),
+    /// Start-up refused or failed.
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+    /// The lineage topic cannot be read or written.
+    #[error(transparent)]
+    Lineage(#[from] LineageError),
     /// The command declined to act; the message says why and what to do.
     #[error("{0}")]
     Refused(String),
@@ -91,6 +99,8 @@ impl CommandError {
             }
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
             CommandError::Postgres(e) => exit_code::postgres(&e),
+            CommandError::Startup(e) => exit_code::startup(&e),
+            CommandError::Lineage(_) => exit_code::KAFKA,
             CommandError::Relay(e) => e.exit_code(),
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
             CommandError::Sink(_) | CommandError::Tail(_) => exit_code::KAFKA,

@@ -16,9 +16,9 @@ use crate::lsn::Lsn;
 use crate::outbox::{EventMapper, ID_HEADER, Mapped, OutboxRecord, values};
 use crate::pgoutput::{self, Message};
 use crate::pipeline::RelayError;
+use crate::postgres::Connector;
 use crate::postgres::catalog::{slots, tables};
 use crate::postgres::sql::SESSION_FORMATS;
-use crate::source::setup;
 
 /// The record as the demo's consumer would show it.
 fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
@@ -39,14 +39,12 @@ fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
 }
 
 pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
-    let (client, slot) = (setup::connect(config).await?, &config.flags.slot);
+    let client = Connector::new(config.postgres.clone()).control().await?;
+    let slot = &config.flags.slot;
     let remedy = "stop the relay to peek, or watch `outbox-relay status`";
     let info = super::status::idle_slot(&client, slot, remedy).await?;
     if !info.exists {
-        return Err(CommandError::Refused(format!(
-            "slot {slot:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
-             creates it)"
-        )));
+        return Err(CommandError::Refused(nothing_pending(slot)));
     }
     let formats = SESSION_FORMATS;
     execute(&client, formats, "set the session's date and time format").await?;
@@ -77,6 +75,14 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
         writeln!(out, "{summary}")?;
     }
     Ok(())
+}
+
+/// The refusal to peek at a slot that does not exist.
+fn nothing_pending(slot: &str) -> String {
+    format!(
+        "slot {slot:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
+         creates it)"
+    )
 }
 
 /// One peek, decoding at most about `upto` rows: prints the records after the first `shown`
@@ -200,6 +206,19 @@ impl Peeked {
             })
             .to_string(),
             Err((error, _)) => format!("{table} lsn={lsn} cannot be relayed: {error}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_slot_has_nothing_pending_and_says_what_creates_it() {
+        let text = nothing_pending("s");
+        for needle in ["\"s\" does not exist", "outbox-relay setup"] {
+            assert!(text.contains(needle), "{needle}: {text}");
         }
     }
 }

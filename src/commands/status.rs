@@ -15,9 +15,8 @@ use crate::observability::health::{
 };
 use crate::postgres::catalog::{self, publication, slots};
 use crate::postgres::{Connector, PostgresError, query_err};
-use crate::source::SourceError;
-use crate::source::setup;
-use crate::source::{failover, shard};
+use crate::source::failover;
+use crate::startup::{Checked, Wanted, checks, gather};
 
 /// Everything `status` reports; the field names are `--json`'s contract.
 #[derive(Debug, Serialize)]
@@ -84,12 +83,12 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
     if let Some(slot) = status.slot.status.as_mut() {
         failover::probe(slot, &connector, &config.flags.slot).await;
     }
-    status.warnings = warnings(&status, &config.flags.observability.readiness);
-    if status.publication.exists {
-        status
-            .warnings
-            .extend(shard_problem(&client, config).await?);
-    }
+    // The relay's own start-up checks, on the catalog alone (not the lineage topic).
+    let wanted = Wanted::new(config);
+    let found = gather::catalog(&client, &wanted).await?;
+    let checked = checks::check(&found, &wanted);
+    let limits = &config.flags.observability.readiness;
+    status.warnings = warnings(&status, limits, &checked);
     let output = match args.json {
         true => serde_json::to_string_pretty(&status).map_err(std::io::Error::other)? + "\n",
         false => render_text(&status),
@@ -119,12 +118,17 @@ pub(super) async fn idle_slot(
 ) -> Result<SlotInfo, CommandError> {
     let slot = read_slot(client, name).await?;
     match slot.active_pid {
-        Some(pid) => Err(CommandError::Refused(format!(
-            "slot {name:?} is in use by server process {pid} (a running relay?); Postgres lets \
-             only one session use a slot: {remedy}"
-        ))),
+        Some(pid) => Err(CommandError::Refused(in_use(name, pid, remedy))),
         None => Ok(slot),
     }
+}
+
+/// The refusal of a slot server process `pid` streams from.
+fn in_use(name: &str, pid: i32, remedy: &str) -> String {
+    format!(
+        "slot {name:?} is in use by server process {pid} (a running relay?); Postgres lets only \
+         one session use a slot: {remedy}"
+    )
 }
 
 async fn read_publication(
@@ -138,35 +142,12 @@ async fn read_publication(
     Ok(publication)
 }
 
-/// Why a shard's publication would not send it exactly its rows, as the relay would refuse it.
-async fn shard_problem(client: &Client, config: &Config) -> Result<Option<String>, SourceError> {
-    if config.flags.shard.is_none() {
-        return Ok(None);
-    }
-    let checked = async {
-        let publication = setup::verify_publication(client, config, &[]).await?;
-        let filters = shard::row_filters(client, config).await?;
-        shard::verify(client, config, &publication, &filters).await
-    };
-    match checked.await {
-        Ok(()) => Ok(None),
-        Err(SourceError::Misconfigured(problem)) => Ok(Some(problem)),
-        Err(error) => Err(error),
-    }
-}
-
-/// What needs attention, the slot judged by the same limits as the relay's readiness.
-fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
-    let (slot, publication) = (&s.slot, &s.publication);
-    let mut out = Vec::new();
-    if let Some(Some(level)) = s.settings.get("wal_level")
-        && level != "logical"
-    {
-        out.push(format!(
-            "wal_level is {level}, logical replication needs logical: ALTER SYSTEM SET \
-             wal_level = logical; and restart Postgres"
-        ));
-    }
+/// What needs attention: first what would stop the relay (start-up's refusals), then
+/// start-up's warnings, then the slot judged by the same limits as the relay's readiness.
+fn warnings(s: &Status, limits: &ReadinessThresholds, checked: &Checked) -> Vec<String> {
+    let slot = &s.slot;
+    let mut out: Vec<String> = checked.refusals.iter().map(ToString::to_string).collect();
+    out.extend(checked.warnings.iter().cloned());
     if !slot.exists {
         out.push(format!(
             "slot {:?} does not exist: the relay creates it on its first start (or run outbox-relay \
@@ -184,24 +165,22 @@ fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
         out.extend(slot_warnings(status, limits));
         out.extend(idle_timeout_warning(status.idle_timeout_secs.unwrap_or(0)));
     }
-    let (name, missing) = (&publication.name, publication.missing_tables.join(", "));
-    if !publication.exists {
+    if !s.publication.exists {
         out.push(format!(
-            "publication {name:?} does not exist: the relay creates it on start (or run \
-             outbox-relay setup)"
-        ));
-    } else if !missing.is_empty() {
-        out.push(format!(
-            "publication {name:?} does not include {missing}: ALTER PUBLICATION {name} ADD TABLE \
-             {missing};"
+            "publication {:?} does not exist: the relay creates it on start (or run outbox-relay \
+             setup)",
+            s.publication.name
         ));
     }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|warning| seen.insert(warning.clone()));
     out
 }
 
 /// The text form: a section per object, then the settings and the warnings.
 fn render_text(s: &Status) -> String {
-    let (slot, p) = (&s.slot, &s.publication);
+    let slot = &s.slot;
+    let p = &s.publication;
     let tables = match p.all_tables {
         true => "all tables".to_owned(),
         false => p.tables.join(", "),
@@ -272,4 +251,17 @@ fn slot_rows(slot: &SlotInfo) -> Vec<(&'static str, String)> {
 
 fn or_dash(value: &Option<String>) -> String {
     value.clone().unwrap_or_else(|| "-".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_in_use_is_refused_naming_the_process_and_the_remedy() {
+        let text = in_use("s", 4242, "stop the relay first");
+        for needle in ["\"s\"", "4242", "stop the relay first", "one session"] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+    }
 }

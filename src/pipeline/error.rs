@@ -9,6 +9,7 @@ use crate::sink::exactly_once::TailError;
 use crate::sink::{Refusal, SinkError};
 use crate::source::SourceError;
 use crate::source::cleanup::DeleteFailure;
+use crate::startup::{Refused, StartupError};
 
 /// Process exit codes, one per failure class (docs/operations.md's Exit codes table).
 pub mod exit_code {
@@ -26,6 +27,18 @@ pub mod exit_code {
     pub const SLOT_LOST: u8 = 7;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
+
+    /// Start-up's failure: a refusal is Postgres's (a lost slot has its own), a failed read
+    /// or write of the lineage topic Kafka's.
+    pub fn startup(error: &super::StartupError) -> u8 {
+        use super::{Refused, StartupError as E};
+        match error {
+            E::Refused(Refused::SlotLost { .. }) => SLOT_LOST,
+            E::Refused(Refused::Misconfigured(_)) => POSTGRES,
+            E::Postgres(e) => postgres(e),
+            E::Lineage(_) => KAFKA,
+        }
+    }
 
     /// A failed connection or query: TLS settings, a refused replication connection and a
     /// refused login (SQLSTATE class 28) are configuration; the rest is Postgres.
@@ -45,6 +58,9 @@ pub enum RelayError {
     /// Postgres side.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// Start-up did not get the relay to its slot.
+    #[error(transparent)]
+    Startup(#[from] StartupError),
     /// The slot was dropped while the relay was using it.
     #[error(
         "replication slot {slot:?} is missing on the server the relay (re)connected to: it was \
@@ -206,8 +222,8 @@ impl RelayError {
         match self {
             E::Producer(_) | E::UnmappedRelation { .. } => exit_code::CONFIG,
             E::Source(SourceError::Postgres(e)) => exit_code::postgres(e),
-            E::Source(SourceError::SlotLost { .. }) | E::SlotDropped { .. } => exit_code::SLOT_LOST,
-            E::Source(SourceError::Lineage(_)) => exit_code::KAFKA,
+            E::Startup(e) => exit_code::startup(e),
+            E::SlotDropped { .. } => exit_code::SLOT_LOST,
             E::Source(_) | E::Decode { .. } | E::Cleanup { .. } => exit_code::POSTGRES,
             E::Sink { .. } | E::Delivery { .. } | E::ExactlyOnce { .. } => exit_code::KAFKA,
             E::Bind { .. } | E::Poison { .. } => exit_code::POISON,

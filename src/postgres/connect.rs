@@ -9,7 +9,7 @@ use std::time::Duration;
 use pgwire_replication::{PgWireError, ReplicationClient, ReplicationConfig};
 use tokio_postgres::Client;
 
-use super::{PgError, PostgresError, tls};
+use super::{PgError, PostgresError, catalog, tls};
 use crate::config::{PostgresConnInfo, TargetSessionAttrs};
 use crate::lsn::Lsn;
 use crate::observability::Chain;
@@ -56,6 +56,16 @@ impl Connector {
             .application_name
             .as_deref()
             .unwrap_or(APPLICATION_NAME)
+    }
+
+    /// This connector, reconnecting to the primary after a failover when the URL names
+    /// several servers (`target_session_attrs=read-write`): for writes.
+    pub fn primary(&self) -> Connector {
+        let mut info = self.info.clone();
+        if info.hosts.len() > 1 {
+            info.target_session_attrs = TargetSessionAttrs::ReadWrite;
+        }
+        Connector::new(info)
     }
 
     /// Whether the URL leaves a choice of server (several hosts, or a session attribute).
@@ -109,7 +119,7 @@ impl Connector {
                         continue;
                     }
                 };
-                let passed_over = match role(&client).await {
+                let passed_over = match catalog::role(&client).await {
                     Ok(role) if attrs.accepts(role.in_recovery, role.read_only, strict) => {
                         return Ok((client, server));
                     }
@@ -234,23 +244,4 @@ impl Connector {
             source,
         })
     }
-}
-
-/// A server's role, as `target_session_attrs` judges it.
-struct Role {
-    in_recovery: bool,
-    read_only: bool,
-}
-
-async fn role(client: &Client) -> Result<Role, tokio_postgres::Error> {
-    let row = client
-        .query_one(
-            "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
-            &[],
-        )
-        .await?;
-    Ok(Role {
-        in_recovery: row.try_get(0)?,
-        read_only: row.try_get(1)?,
-    })
 }

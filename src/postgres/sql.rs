@@ -45,6 +45,17 @@ pub fn filtered_tables(tables: &[TableName], filters: &[String]) -> String {
     tables.join(", ")
 }
 
+/// Sets the publication's tables to a shard's: the outbox tables with its `filters`, inserts
+/// only, through the partition root.
+pub fn set_shard_tables(publication: &str, tables: &[TableName], filters: &[String]) -> String {
+    let name = quote_ident(publication);
+    let tables = filtered_tables(tables, filters);
+    format!(
+        "ALTER PUBLICATION {name} SET TABLE {tables}; ALTER PUBLICATION {name} SET \
+         (publish = 'insert', publish_via_partition_root = true)"
+    )
+}
+
 /// Creates the pgoutput slot (`failover`: PostgreSQL 17+ standbys synchronize it).
 pub fn create_slot(slot: &str, failover: bool) -> String {
     let failover = if failover { ", false, false, true" } else { "" };

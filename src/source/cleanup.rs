@@ -1,5 +1,6 @@
-//! `--cleanup delete`, the Postgres side: the start-up checks, each outbox table's primary key
-//! and how a row's key is read from its insert, and the [`Deleter`] that deletes relayed rows.
+//! `--cleanup delete`, the Postgres side: each outbox table's primary key (start-up checked
+//! it) and how a row's key is read from its insert, and the [`Deleter`] that deletes relayed
+//! rows.
 //! Which rows may go, and when, is the pipeline's (`pipeline/cleanup.rs`).
 //!
 //! A delete never waits for a row another session holds: the DELETE takes its rows `FOR UPDATE
@@ -14,10 +15,8 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
 
-use crate::config::{Config, TargetSessionAttrs};
-use crate::outbox::{BindError, TableName, column_index, quote_ident};
+use crate::outbox::{BindError, TableName, column_index};
 use crate::pgoutput::{Relation, TupleData, Value};
-use crate::postgres::catalog::{publication, tables};
 use crate::postgres::{Connector, PostgresError, query_err, sql};
 use crate::source::SourceError;
 
@@ -83,60 +82,17 @@ pub struct Cleanup {
 }
 
 impl Cleanup {
-    /// Refuses unless the server is a primary, every outbox table has a primary key the role may
-    /// DELETE by and the publication (if it exists yet) does not publish deletes.
-    pub async fn new(client: Client, config: &Config) -> Result<Self, SourceError> {
-        let refused = |problem| {
-            let message = format!("--cleanup delete: {problem}, or use --cleanup none");
-            Err(SourceError::Misconfigured(message))
-        };
-        let role = crate::postgres::catalog::role(&client).await;
-        let role = role.map_err(query_err("probe the server's role"))?;
-        if role.in_recovery {
-            return refused(format!(
-                "the server at {} is a standby (in recovery), where rows cannot be deleted; \
-                 point --postgres-url at the primary (or add target_session_attrs=read-write)",
-                config.postgres.redacted()
-            ));
-        }
-        let publication = &config.flags.publication;
-        let options = publication::options(&client, publication).await?;
-        if options.is_some_and(|found| found.deletes) {
-            return refused(format!(
-                "publication {publication:?} publishes deletes, so every row the relay deletes \
-                 would come back through the slot; run ALTER PUBLICATION {} SET (publish = \
-                 'insert')",
-                quote_ident(publication)
-            ));
-        }
-        let mut found = Vec::new();
-        for table in &config.tables {
-            let key = tables::primary_key(&client, table).await?;
-            if key.columns.is_empty() {
-                return refused(format!(
-                    "table {table} has no primary key, so relayed rows cannot be deleted one by \
-                     one; add one (ALTER TABLE {table} ADD PRIMARY KEY (id))"
-                ));
-            }
-            if !key.may_delete {
-                let user = &config.postgres.user;
-                return refused(format!(
-                    "role {user:?} may not DELETE from {table}; run GRANT DELETE ON {table} TO \
-                     {user}"
-                ));
-            }
-            found.push(Table::new(table, key.columns));
-        }
-        let mut config = config.clone();
-        // On a reconnect after a failover, the deletes go to the new primary.
-        if config.postgres.hosts.len() > 1 {
-            config.postgres.target_session_attrs = TargetSessionAttrs::ReadWrite;
-        }
+    /// The outbox tables with their primary key columns (start-up checked that the role may
+    /// delete by them), deleted from on a connection of their own to the primary.
+    pub fn new(primary_keys: &[(TableName, Vec<String>)], connector: &Connector) -> Self {
+        let tables = primary_keys
+            .iter()
+            .map(|(table, key)| Table::new(table, key.clone()));
         let deleter = PgDeleter {
-            client: Some(limited(client).await?),
-            config,
+            client: None,
+            connector: connector.primary(),
         };
-        Ok(Cleanup::with(found, Box::new(deleter)))
+        Cleanup::with(tables.collect(), Box::new(deleter))
     }
 
     /// `tables` deleted from by `deleter`.
@@ -208,10 +164,11 @@ pub async fn delete(
     Ok(held)
 }
 
-/// Deletes on a control connection of its own, reopened after any error.
+/// Deletes on a control connection of its own, opened when first needed and reopened after
+/// any error.
 struct PgDeleter {
     client: Option<Client>,
-    config: Config,
+    connector: Connector,
 }
 
 /// `client` with the delete session's limits.
@@ -230,10 +187,7 @@ impl Deleter for PgDeleter {
         async move {
             let client = match self.client.take() {
                 Some(client) if !client.is_closed() => client,
-                _ => {
-                    let connector = Connector::new(self.config.postgres.clone());
-                    limited(connector.control().await?).await?
-                }
+                _ => limited(self.connector.control().await?).await?,
             };
             let keys = format!("[{}]", keys.join(","));
             let rows = client.query(&table.sql, &[&keys]).await;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use super::control;
+use super::replication::control;
 use crate::observability::Chain;
 use crate::postgres::sql::HEARTBEAT;
 use crate::postgres::{Connector, PgError};

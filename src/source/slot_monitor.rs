@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::{SourceError, control, failover};
+use super::replication::control;
+use super::{SourceError, failover};
 use crate::observability::Chain;
 use crate::observability::health::{Health, SlotObservation, slot_warnings};
 use crate::observability::metrics;
