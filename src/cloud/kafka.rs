@@ -144,8 +144,8 @@ mod tests {
 
     use super::*;
     use crate::cloud::aws::tests::started;
-    use crate::sink::KafkaSink;
     use crate::sink::exactly_once::TailReader;
+    use crate::sink::{KafkaClients, KafkaSink};
 
     /// No broker speaks SASL/OAUTHBEARER here (librdkafka's mock cluster has no SASL, and
     /// tansu's refuses every OAUTHBEARER token), so this shows librdkafka's side: the clients
@@ -158,12 +158,12 @@ mod tests {
         let properties = [("security.protocol".to_owned(), "SASL_PLAINTEXT".to_owned())];
         // The tail reader (the lineage reader is one) has its token as it is made, before
         // any metadata request could wait for it.
-        let reader = TailReader::new("127.0.0.1:1", &properties, &auth).unwrap();
+        let kafka = KafkaClients::new("127.0.0.1:1", &properties).with_auth(auth);
+        let reader = TailReader::new(&kafka).unwrap();
         assert_eq!(aws.msk_tokens_signed(), 1);
         // The producer asks when its queue is served, then at 80% of the token's life: a
         // lifetime in the wrong unit would be refused or never renewed.
-        let (sink, _deliveries) =
-            KafkaSink::new("127.0.0.1:1", &properties, &auth, 10, None, None).unwrap();
+        let (sink, _deliveries) = KafkaSink::new(&kafka, 10, None, None).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while aws.msk_tokens_signed() < 3 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;

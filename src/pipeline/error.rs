@@ -4,10 +4,12 @@ use super::ack::AckError;
 use crate::lsn::Lsn;
 use crate::outbox::{BindError, DeadLetterInfo};
 use crate::pgoutput::DecodeError;
+use crate::postgres::PostgresError;
 use crate::sink::exactly_once::TailError;
 use crate::sink::{Refusal, SinkError};
 use crate::source::SourceError;
 use crate::source::cleanup::DeleteFailure;
+use crate::startup::{Refused, StartupError};
 
 /// Process exit codes, one per failure class (docs/operations.md's Exit codes table).
 pub mod exit_code {
@@ -25,6 +27,33 @@ pub mod exit_code {
     pub const SLOT_LOST: u8 = 7;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
+
+    /// Start-up's failure: a refusal is Postgres's (a lost slot has its own), a failed read
+    /// or write of the lineage topic Kafka's.
+    pub fn startup(error: &super::StartupError) -> u8 {
+        use super::{Refused, StartupError as E};
+        match error {
+            E::Refused(Refused::SlotLost { .. }) => SLOT_LOST,
+            E::Refused(Refused::Misconfigured(_)) => POSTGRES,
+            E::Postgres(e) => postgres(e),
+            E::Lineage(_) => KAFKA,
+        }
+    }
+
+    /// A failed connection or query: TLS settings, a refused replication connection and a
+    /// refused login (SQLSTATE class 28) are configuration; the rest is Postgres.
+    pub fn postgres(error: &super::PostgresError) -> u8 {
+        use super::PostgresError as E;
+        match error {
+            E::Tls(_)
+            | E::TlsHandshake { .. }
+            | E::ReplicationConnect { .. }
+            | E::Credentials(_)
+            | E::IamRefused { .. } => CONFIG,
+            E::Connect { .. } if error.sqlstate_class("28") => CONFIG,
+            _ => POSTGRES,
+        }
+    }
 }
 
 /// Why the relay stopped. Events are named by commit LSN, id and topic.
@@ -33,6 +62,9 @@ pub enum RelayError {
     /// Postgres side.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// Start-up did not get the relay to its slot.
+    #[error(transparent)]
+    Startup(#[from] StartupError),
     /// The slot was dropped while the relay was using it.
     #[error(
         "replication slot {slot:?} is missing on the server the relay (re)connected to: it was \
@@ -66,7 +98,8 @@ pub enum RelayError {
     /// The producer could not be created.
     #[error(transparent)]
     Producer(SinkError),
-    /// The AWS identity has no credentials or region at start-up.
+    /// The AWS identity has no credentials or region at start-up, or the brokers refused
+    /// its MSK IAM token.
     #[error(transparent)]
     Cloud(#[from] crate::cloud::CloudError),
     /// The broker did not accept an event, not for the event's fault.
@@ -196,7 +229,7 @@ impl RelayError {
     /// not a Kafka outage.
     pub fn blaming(self, auth: &crate::cloud::KafkaAuth) -> RelayError {
         match (&self, auth.refusal()) {
-            (RelayError::Source(SourceError::Lineage(_)), Some(reason)) => {
+            (RelayError::Startup(StartupError::Lineage(_)), Some(reason)) => {
                 RelayError::Cloud(crate::cloud::CloudError::KafkaRefused { reason })
             }
             _ => self,
@@ -207,24 +240,10 @@ impl RelayError {
     pub fn exit_code(&self) -> u8 {
         use RelayError as E;
         match self {
-            E::Producer(_)
-            | E::Cloud(_)
-            | E::UnmappedRelation { .. }
-            | E::Source(SourceError::Tls(_))
-            | E::Source(SourceError::Credentials(_))
-            | E::Source(SourceError::IamRefused { .. })
-            | E::Source(SourceError::TlsHandshake { .. })
-            | E::Source(SourceError::ReplicationConnect { .. }) => exit_code::CONFIG,
-            E::Source(SourceError::Connect { source, .. })
-                if source
-                    .0
-                    .as_db_error()
-                    .is_some_and(|db| db.code().code().starts_with("28")) =>
-            {
-                exit_code::CONFIG
-            }
-            E::Source(SourceError::SlotLost { .. }) | E::SlotDropped { .. } => exit_code::SLOT_LOST,
-            E::Source(SourceError::Lineage(_)) => exit_code::KAFKA,
+            E::Producer(_) | E::Cloud(_) | E::UnmappedRelation { .. } => exit_code::CONFIG,
+            E::Source(SourceError::Postgres(e)) => exit_code::postgres(e),
+            E::Startup(e) => exit_code::startup(e),
+            E::SlotDropped { .. } => exit_code::SLOT_LOST,
             E::Source(_) | E::Decode { .. } | E::Cleanup { .. } => exit_code::POSTGRES,
             E::Sink { .. } | E::Delivery { .. } | E::ExactlyOnce { .. } => exit_code::KAFKA,
             E::Bind { .. } | E::Poison { .. } => exit_code::POISON,

@@ -9,7 +9,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use super::writer::EVENT_TYPES;
 use crate::cloud::kafka::AuthContext;
@@ -29,21 +29,17 @@ pub(super) fn subscribe(
 ) -> Result<StreamConsumer<AuthContext>, KafkaError> {
     // The relay's -X settings and --kafka-auth (security, say) apply to the broker, so to
     // this client too.
-    let mut client = ClientConfig::new();
-    config.kafka_auth.configure(&mut client);
-    for (key, value) in config.kafka_properties.iter() {
-        client.set(key, value);
-    }
+    let kafka = super::super::kafka(config);
+    let mut client = kafka.config(&[]);
     let group = format!("outbox-relay-demo-{}", std::process::id());
     let consumer: StreamConsumer<AuthContext> = client
-        .set("bootstrap.servers", &config.kafka_brokers)
         .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         // New topics (the relay's first record to each) are seen within a second.
         .set("topic.metadata.refresh.interval.ms", "1000")
         .set("log_level", "3")
-        .create_with_context(AuthContext::new(&config.kafka_auth))?;
+        .create_with_context(kafka.context())?;
     match (mock, demo_topics(&config.mapping)) {
         (Some(mock), Ok(topics)) => {
             let mut assignment = TopicPartitionList::new();

@@ -13,11 +13,10 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use super::window::{self, PartitionLog};
 use super::{ReadBack, Seen, Tail, TailError};
-use crate::cloud::KafkaAuth;
 use crate::cloud::kafka::AuthContext;
 use crate::lsn::Lsn;
 use crate::outbox::ID_HEADER;
-use crate::sink::{KafkaSink, SinkError};
+use crate::sink::{KafkaClients, KafkaSink, SinkError};
 
 /// How long one metadata request or one tail read may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -37,19 +36,14 @@ pub struct TailReader {
 }
 
 impl TailReader {
-    /// A reader with the relay's brokers, `auth` and every `-X` property the producer has:
-    /// what reaches the brokers (security, TLS verification, SASL, DNS, message sizes) must
-    /// reach them the same way; producer-only properties are ignored by a consumer.
-    pub fn new(
-        brokers: &str,
-        properties: &[(String, String)],
-        auth: &KafkaAuth,
-    ) -> Result<Self, SinkError> {
-        let mut config = ClientConfig::new();
-        auth.configure(&mut config);
-        let consumer = reader_config(config, brokers, properties)
-            .create_with_context(AuthContext::new(auth))
-            .map_err(|e| SinkError::create(e, properties))?;
+    /// A reader with the relay's brokers, `--kafka-auth` and every `-X` property the
+    /// producer has: what reaches the brokers (security, TLS verification, SASL, DNS,
+    /// message sizes) must reach them the same way; producer-only properties are ignored
+    /// by a consumer.
+    pub fn new(kafka: &KafkaClients) -> Result<Self, SinkError> {
+        let consumer = reader_config(kafka)
+            .create_with_context(kafka.context())
+            .map_err(|e| kafka.refused(e))?;
         let reader = TailReader { consumer };
         reader.serve_events();
         Ok(reader)
@@ -216,15 +210,8 @@ impl TailReader {
 /// The reader's configuration: the producer's brokers and properties, then what a tail read
 /// needs (no group offsets, an end-of-partition signal, no held fetches, no warnings about
 /// the producer-only properties).
-fn reader_config(
-    mut config: ClientConfig,
-    brokers: &str,
-    properties: &[(String, String)],
-) -> ClientConfig {
-    config.set("bootstrap.servers", brokers);
-    for (k, v) in properties {
-        config.set(k, v);
-    }
+fn reader_config(kafka: &KafkaClients) -> ClientConfig {
+    let mut config = kafka.config(&[]);
     config
         .set("group.id", "outbox-relay-tail-reader")
         .set("enable.auto.commit", "false")
@@ -366,14 +353,14 @@ mod tests {
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .into();
-        let config = reader_config(ClientConfig::new(), "broker:9092", &properties);
+        let config = reader_config(&KafkaClients::new("broker:9092", &properties));
         for (k, v) in &properties {
             assert_eq!(config.get(k), Some(v.as_str()), "{k}");
         }
         // What a tail read needs is not the user's to change.
         let own = [("enable.partition.eof".to_owned(), "false".to_owned())];
         assert_eq!(
-            reader_config(ClientConfig::new(), "b", &own).get("enable.partition.eof"),
+            reader_config(&KafkaClients::new("b", &own)).get("enable.partition.eof"),
             Some("true")
         );
         // A producer's properties make a working reader: librdkafka ignores its own.
@@ -383,13 +370,13 @@ mod tests {
             ("acks", "all"),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
-        assert!(TailReader::new("127.0.0.1:1", &producer, &KafkaAuth::default()).is_ok());
+        assert!(TailReader::new(&KafkaClients::new("127.0.0.1:1", &producer)).is_ok());
     }
 
     #[test]
     fn a_refused_reader_property_shows_the_key_never_the_value() {
         let properties = [("sasl.pasword".to_owned(), "hunter2".to_owned())];
-        let err = TailReader::new("127.0.0.1:1", &properties, &KafkaAuth::default())
+        let err = TailReader::new(&KafkaClients::new("127.0.0.1:1", &properties))
             .err()
             .map(|e| format!("{e} {e:?}"))
             .unwrap_or_default();
