@@ -22,7 +22,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use outbox_relay::cloud::aws::sign;
 
-use crate::support::fake_http::{FakeHttp, Request};
+use crate::support::fake_http::{Answer, FakeHttp, Request};
 use crate::support::kafka::consume_with;
 use crate::support::ldap::FakeLdap;
 use crate::support::postgres::{PgCluster, PgOptions, give_to_server_user};
@@ -34,6 +34,16 @@ const REGION: &str = "us-east-1";
 const SLOT: &str = "outbox_relay";
 /// The relay's exit code for configuration problems.
 const EXIT_CONFIG: i32 = 2;
+
+/// The relay's flags for MSK IAM against the SASL broker (which has no TLS).
+const MSK_IAM: [&str; 6] = [
+    "--kafka-auth",
+    "aws-msk-iam",
+    "-X",
+    "security.protocol=SASL_PLAINTEXT",
+    "--aws-region",
+    REGION,
+];
 
 /// What a test reader of the SASL broker logs in with: an unsecured JWT, which the front
 /// takes from `sub` `reader` only.
@@ -61,15 +71,7 @@ async fn msk_iam_tokens_are_renewed_while_events_flow_and_a_failing_fetch_only_d
         ("HOME", home.as_str()),
         ("AWS_EC2_METADATA_DISABLED", "true"),
     ];
-    let args = [
-        "--kafka-auth",
-        "aws-msk-iam",
-        "-X",
-        "security.protocol=SASL_PLAINTEXT",
-        "--aws-region",
-        REGION,
-    ];
-    let mut relay = Relay::spawn_env(&world.pg.url(), &broker.bootstrap(), &args, &env);
+    let mut relay = Relay::spawn_env(&world.pg.url(), &broker.bootstrap(), &MSK_IAM, &env);
     relay.wait_streaming();
 
     // Events flow while librdkafka renews the token (at 80% of its 8 s) and the broker
@@ -183,15 +185,7 @@ async fn a_broker_refusing_the_msk_token_at_start_up_is_a_configuration_error() 
     let home = tempfile::tempdir().expect("empty HOME");
     let env = env_credentials(&home.path().display().to_string());
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let args = [
-        "--kafka-auth",
-        "aws-msk-iam",
-        "-X",
-        "security.protocol=SASL_PLAINTEXT",
-        "--aws-region",
-        REGION,
-    ];
-    let mut relay = Relay::spawn_env(&world.pg.url(), &broker.bootstrap(), &args, &env);
+    let mut relay = Relay::spawn_env(&world.pg.url(), &broker.bootstrap(), &MSK_IAM, &env);
     let status = relay.wait_exit(Duration::from_secs(120));
     let log = relay.log();
     assert_eq!(status.and_then(|s| s.code()), Some(EXIT_CONFIG), "{log}");
@@ -477,20 +471,7 @@ async fn rds_iam_signs_a_token_for_every_connection_and_reconnect() {
     let args = ["--postgres-auth", "aws-rds-iam", "--aws-region", REGION];
     let mut relay = Relay::spawn_env(&rds.url(), &rds.world.broker.bootstrap(), &args, &env);
     relay.wait_streaming();
-    let ids = rds
-        .world
-        .insert_tx(&[("OrderCreated", "order-1", "{}")])
-        .await;
-    let records = rds
-        .world
-        .broker
-        .consume(&["OrderCreated"], 1, Duration::from_secs(30));
-    assert_eq!(
-        records.iter().map(|r| r.id()).collect::<Vec<_>>(),
-        ids,
-        "{}",
-        relay.log()
-    );
+    relays_one_event(&rds.world, &relay, "OrderCreated").await;
     let binds = rds.ldap.binds();
     assert!(
         binds.len() >= 2,
@@ -506,17 +487,7 @@ async fn rds_iam_signs_a_token_for_every_connection_and_reconnect() {
     let killed = SystemTime::now();
     let seen = binds.len();
     assert!(rds.world.pg.kill_walsenders().await >= 1);
-    let ids = rds.world.insert_tx(&[("OrderPaid", "order-1", "{}")]).await;
-    let records = rds
-        .world
-        .broker
-        .consume(&["OrderPaid"], 1, Duration::from_secs(60));
-    assert_eq!(
-        records.iter().map(|r| r.id()).collect::<Vec<_>>(),
-        ids,
-        "{}",
-        relay.log()
-    );
+    relays_one_event(&rds.world, &relay, "OrderPaid").await;
     let binds = rds.ldap.binds();
     let port = rds.world.pg.port();
     let fresh = binds[seen..].iter().filter(|b| b.accepted).any(|b| {
@@ -537,6 +508,15 @@ async fn rds_iam_signs_a_token_for_every_connection_and_reconnect() {
         "{tokens:?}"
     );
     assert!(!relay.log().contains("env-secret-key"));
+}
+
+/// Inserts one `event_type` event and checks it reaches the world's broker.
+async fn relays_one_event(world: &World, relay: &Relay, event_type: &str) {
+    let ids = world.insert_tx(&[(event_type, "order-1", "{}")]).await;
+    let timeout = Duration::from_secs(60);
+    let records = world.broker.consume(&[event_type], 1, timeout);
+    let got: Vec<String> = records.iter().map(|r| r.id()).collect();
+    assert_eq!(got, ids, "{}", relay.log());
 }
 
 /// The standard chain, as the relay runs it: environment variables, static keys in a
@@ -721,14 +701,14 @@ struct Source {
 
 /// STS's `AssumeRoleWithWebIdentity` and `AssumeRole`, answering with fixed credentials;
 /// a web identity token other than the pod's is refused as STS does.
-fn fake_sts(request: &Request) -> (u16, &'static str, String) {
+fn fake_sts(request: &Request) -> Answer {
     let expiry = humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(3600));
     let web_identity = request.body.contains("Action=AssumeRoleWithWebIdentity");
     if web_identity && !request.body.contains("eyJ.web-identity-of-the-pod.sig") {
         let error = "<ErrorResponse><Error><Type>Sender</Type><Code>AccessDenied</Code>\
                      <Message>Not authorized to perform sts:AssumeRoleWithWebIdentity</Message>\
                      </Error><RequestId>1</RequestId></ErrorResponse>";
-        return (403, "text/xml", error.to_owned());
+        return Answer::new(403, "text/xml", error);
     }
     let action = match web_identity {
         true => "AssumeRoleWithWebIdentity",
@@ -758,7 +738,7 @@ fn fake_sts(request: &Request) -> (u16, &'static str, String) {
          </{action}Result><ResponseMetadata><RequestId>1</RequestId></ResponseMetadata>\
          </{action}Response>"
     );
-    (200, "text/xml", body)
+    Answer::new(200, "text/xml", body)
 }
 
 /// A start-up the relay refuses: its environment and flags, and what the refusal says.
@@ -862,7 +842,7 @@ async fn librdkafkas_oidc_client_logs_the_relay_in_through_properties() {
         let body = format!(
             "{{\"access_token\":\"{token}\",\"token_type\":\"Bearer\",\"expires_in\":3600}}"
         );
-        (200, "application/json", body)
+        Answer::new(200, "application/json", body)
     });
     let expected = issued.clone();
     let validator: Validator = Arc::new(move |token: &str| match token == expected {

@@ -1,15 +1,14 @@
 //! A loopback HTTP/1.1 server answering each request with the test's handler and recording
 //! them: an OIDC token endpoint, STS. One request per connection (`Connection: close`);
-//! bounded by read timeouts, stopped on drop.
+//! bounded by read timeouts, stopped on drop (`support::loopback`).
 
 #![allow(dead_code)]
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::Duration;
+
+use super::loopback::Loopback;
 
 /// One request received.
 #[derive(Clone, Debug)]
@@ -32,76 +31,56 @@ impl Request {
     }
 }
 
-/// The handler's answer: status, content type, body.
-pub type Answer = (u16, &'static str, String);
+/// The handler's answer.
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// `Content-Type`.
+    pub content_type: &'static str,
+    /// The body.
+    pub body: String,
+}
+
+impl Answer {
+    /// An answer with this status, content type and body.
+    pub fn new(status: u16, content_type: &'static str, body: impl Into<String>) -> Answer {
+        let body = body.into();
+        Answer {
+            status,
+            content_type,
+            body,
+        }
+    }
+}
 
 /// The server.
 pub struct FakeHttp {
-    port: u16,
-    requests: Arc<Mutex<Vec<Request>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    server: Loopback<Request>,
 }
 
 impl FakeHttp {
     /// Serves on a free loopback port.
     pub fn start(handler: impl Fn(&Request) -> Answer + Send + Sync + 'static) -> FakeHttp {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake HTTP server");
-        let port = listener.local_addr().expect("its address").port();
-        listener.set_nonblocking(true).expect("non-blocking");
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (seen, stopped) = (requests.clone(), stop.clone());
-        let thread = thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        if let Some(request) = serve(stream, &handler) {
-                            seen.lock()
-                                .unwrap_or_else(PoisonError::into_inner)
-                                .push(request);
-                        }
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        thread::sleep(Duration::from_millis(10));
-                    }
-                    Err(_) => return,
-                }
+        let server = Loopback::start(move |stream, keep| {
+            if let Some(request) = serve(stream, &handler) {
+                keep(request);
             }
         });
-        FakeHttp {
-            port,
-            requests,
-            stop,
-            thread: Some(thread),
-        }
+        FakeHttp { server }
     }
 
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://127.0.0.1:{}", self.server.port())
     }
 
     /// Every request so far.
     pub fn requests(&self) -> Vec<Request> {
-        self.requests
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-}
-
-impl Drop for FakeHttp {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        self.server.served()
     }
 }
 
 fn serve(mut stream: TcpStream, handler: &dyn Fn(&Request) -> Answer) -> Option<Request> {
-    stream.set_nonblocking(false).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let mut data = Vec::new();
     let mut chunk = [0u8; 4096];
@@ -142,11 +121,14 @@ fn serve(mut stream: TcpStream, handler: &dyn Fn(&Request) -> Answer) -> Option<
         headers,
         body: String::from_utf8_lossy(&body).into_owned(),
     };
-    let (status, content_type, text) = handler(&request);
+    let answer = handler(&request);
     let response = format!(
-        "HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{text}",
-        text.len()
+        "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{}",
+        answer.status,
+        answer.content_type,
+        answer.body.len(),
+        answer.body
     );
     let _ = stream.write_all(response.as_bytes());
     Some(request)

@@ -5,12 +5,11 @@
 
 #![allow(dead_code)]
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::thread::{self, JoinHandle};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, SystemTime};
+
+use super::loopback::Loopback;
 
 /// One simple bind.
 #[derive(Clone, Debug)]
@@ -27,74 +26,31 @@ pub struct Bind {
 
 /// The server.
 pub struct FakeLdap {
-    port: u16,
-    binds: Arc<Mutex<Vec<Bind>>>,
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    server: Loopback<Bind>,
 }
-
-type Verdict = dyn Fn(&str, &str) -> bool + Send + Sync;
 
 impl FakeLdap {
     /// Serves on a free loopback port, accepting the binds `verdict(dn, password)` accepts.
     pub fn start(verdict: impl Fn(&str, &str) -> bool + Send + Sync + 'static) -> FakeLdap {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake LDAP server");
-        let port = listener.local_addr().expect("its address").port();
-        listener.set_nonblocking(true).expect("non-blocking");
-        let binds = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let verdict: Arc<Verdict> = Arc::new(verdict);
-        let (seen, stopped) = (binds.clone(), stop.clone());
-        let thread = thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        let (seen, verdict) = (seen.clone(), verdict.clone());
-                        thread::spawn(move || serve(stream, verdict.as_ref(), &seen));
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        thread::sleep(Duration::from_millis(10));
-                    }
-                    Err(_) => return,
-                }
-            }
-        });
-        FakeLdap {
-            port,
-            binds,
-            stop,
-            thread: Some(thread),
-        }
+        let server = Loopback::start(move |stream, keep| serve(stream, &verdict, keep));
+        FakeLdap { server }
     }
 
     /// The port on 127.0.0.1.
     pub fn port(&self) -> u16 {
-        self.port
+        self.server.port()
     }
 
     /// Every bind so far.
     pub fn binds(&self) -> Vec<Bind> {
-        self.binds
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.server.served()
     }
 }
 
-impl Drop for FakeLdap {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-fn serve(mut stream: TcpStream, verdict: &Verdict, binds: &Mutex<Vec<Bind>>) {
-    if stream.set_nonblocking(false).is_err()
-        || stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .is_err()
+fn serve(mut stream: TcpStream, verdict: &dyn Fn(&str, &str) -> bool, keep: &dyn Fn(Bind)) {
+    if stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .is_err()
     {
         return;
     }
@@ -114,16 +70,12 @@ fn serve(mut stream: TcpStream, verdict: &Verdict, binds: &Mutex<Vec<Bind>>) {
                 };
                 let accepted = verdict(&dn, &password);
                 let at = SystemTime::now();
-                let bind = Bind {
+                keep(Bind {
                     dn,
                     password,
                     accepted,
                     at,
-                };
-                binds
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(bind);
+                });
                 // resultCode success (0) or invalidCredentials (49).
                 let code = if accepted { 0 } else { 49 };
                 let response = [&[0x0a, 0x01, code][..], &[0x04, 0x00], &[0x04, 0x00]].concat();

@@ -6,6 +6,7 @@ pub mod fake_http;
 pub mod http;
 pub mod kafka;
 pub mod ldap;
+pub mod loopback;
 pub mod postgres;
 pub mod proxy;
 pub mod relay;
