@@ -500,6 +500,12 @@ async fn rds_iam_signs_a_token_for_every_connection_and_reconnect() {
         &binds[seen..]
     );
     assert!(binds.iter().all(|b| b.accepted), "{binds:#?}");
+    // Static keys: fetched once, at start-up, which /metrics shows all the same.
+    let sources = relay.metric_samples("outbox_relay_aws_credentials_info");
+    let environment = ("{source=\"environment\"}".to_owned(), 1.0);
+    assert!(sources.contains(&environment), "{sources:?}");
+    let expiry = relay.metric("outbox_relay_aws_credentials_expiry_timestamp_seconds");
+    assert_eq!(expiry, Some(f64::INFINITY));
     let tokens = relay.metric_samples("outbox_relay_auth_tokens_total");
     assert!(
         tokens
