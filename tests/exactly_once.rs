@@ -23,16 +23,20 @@ const EO: [&str; 6] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_crash_loop_delivers_every_event_exactly_once() {
-    let world = World::start().await;
+    sigkill_crash_loop(&World::start().await, 20, &[]).await;
+}
+
+/// `kills` SIGKILLs of an exactly-once relay (with `args` too) while events are written: each
+/// event is in Kafka once (`broker_process` runs it against a broker in its own process too).
+pub(crate) async fn sigkill_crash_loop(world: &World, kills: u32, args: &[&str]) {
     world.broker.ensure_topic("Evt");
     let url = world.pg.url();
     let bootstrap = world.broker.bootstrap();
-    let kills = 20;
     let mut schedule = Schedule::new(0xD1B5_4A32_D192_ED03);
     let mut committed = Vec::new();
     let mut n = 0u64;
     for kill in 0..=kills {
-        let mut relay = Relay::spawn(&url, &bootstrap, &EO);
+        let mut relay = Relay::spawn(&url, &bootstrap, &[&EO[..], args].concat());
         if kill == 0 {
             relay.wait_streaming();
         }

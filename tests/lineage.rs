@@ -107,7 +107,12 @@ async fn relay_then_lose_the_slot(
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_least_privilege_role_refuses_a_lost_slot_across_restarts_until_allowed() {
-    let world = World::start_on(15).await;
+    a_lost_slot_is_refused_across_restarts_until_allowed(&World::start_on(15).await).await;
+}
+
+/// The least-privilege role: a lost slot is refused (exit 7) at every start until
+/// `--allow-new-slot` (`broker_process` runs it against a broker in its own process too).
+pub(crate) async fn a_lost_slot_is_refused_across_restarts_until_allowed(world: &World) {
     let (pg, broker) = (&world.pg, &world.broker);
     // The documented deployment: the role and the publication from sql/.
     pg.execute(include_str!("../sql/03_relay_role.sql")).await;
