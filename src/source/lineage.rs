@@ -18,7 +18,7 @@ use super::{SourceError, replication_err};
 use crate::config::Config;
 use crate::lsn::Lsn;
 use crate::observability::Chain;
-use crate::sink::lineage::{self, SlotRecord, SlotState};
+use crate::sink::lineage::{self, LineageError, Problem, SlotRecord, SlotState};
 
 /// How often a running relay writes its slot's record again: well inside Kafka's default
 /// retention of 7 days.
@@ -71,6 +71,25 @@ pub(crate) fn judge(
     }
 }
 
+/// PURE: the guard's rule where the slot's last record is not one the relay writes (`error`
+/// says so): a slot found is streamed from, and its `created` record written over the
+/// unreadable one; a missing slot is replaced only with `--allow-new-slot`, as the record
+/// cannot say whether it was lost; otherwise the error, which says how to clear it.
+pub(crate) fn judge_unreadable(
+    exists: bool,
+    allow_new_slot: bool,
+    error: LineageError,
+) -> Result<Guard, LineageError> {
+    if exists {
+        tracing::warn!(error = %Chain(&error), "the slot exists, so its record is written again over the unreadable one");
+        return Ok(Guard::Keep { record: true });
+    }
+    match allow_new_slot {
+        true => Ok(Guard::Replace(error.to_string())),
+        false => Err(error),
+    }
+}
+
 /// The slot's place in the lineage topic: this cluster's key.
 pub struct Lineage<'a> {
     config: &'a Config,
@@ -102,13 +121,19 @@ impl<'a> Lineage<'a> {
         client: &Client,
         exists: bool,
     ) -> Result<Guard, SourceError> {
-        let record = lineage::read(self.config, &self.key).await?;
+        let flags = &self.config.flags;
+        let record = match lineage::read(self.config, &self.key).await {
+            Ok(record) => record,
+            Err(error) if error.problem() == Problem::Unreadable => {
+                return Ok(judge_unreadable(exists, flags.allow_new_slot, error)?);
+            }
+            Err(error) => return Err(error.into()),
+        };
         self.found = record.clone();
         let legacy = match exists || record.is_some() {
             true => None,
             false => legacy(client, &self.config.flags.slot, &self.system_identifier).await?,
         };
-        let flags = &self.config.flags;
         let (allow, topic) = (flags.allow_new_slot, &flags.lineage_topic);
         Ok(judge(exists, record.as_ref(), legacy, allow, topic))
     }
@@ -235,5 +260,35 @@ mod tests {
             judged(false, None, legacy(), true),
             Guard::Replace(_)
         ));
+    }
+
+    #[test]
+    fn an_unreadable_record_is_written_over_where_the_slot_exists_and_refused_where_not() {
+        let unreadable = || {
+            let text =
+                "the last record of key \"k\" (partition 0, offset 3) is not one the relay writes";
+            LineageError::unreadable("t", text)
+        };
+        // (slot exists, --allow-new-slot, verdict)
+        let table = [
+            (true, false, Some(Guard::Keep { record: true })),
+            (true, true, Some(Guard::Keep { record: true })),
+            (false, false, None),
+        ];
+        for (exists, allow, verdict) in table {
+            let judged = judge_unreadable(exists, allow, unreadable()).ok();
+            assert_eq!(judged, verdict, "exists: {exists}, allow: {allow}");
+        }
+        let Ok(Guard::Replace(why)) = judge_unreadable(false, true, unreadable()) else {
+            panic!("--allow-new-slot replaces a slot whose record is unreadable");
+        };
+        assert!(why.contains("offset 3"), "{why}");
+        let Err(refusal) = judge_unreadable(false, false, unreadable()) else {
+            panic!("a missing slot with an unreadable record is refused");
+        };
+        assert!(
+            refusal.to_string().contains("drop-slot --yes-i-know"),
+            "{refusal}"
+        );
     }
 }
