@@ -9,6 +9,7 @@
 mod support;
 
 mod backfill;
+mod bench;
 mod broker_process;
 mod cleanup;
 mod cloudevents;
