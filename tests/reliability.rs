@@ -49,7 +49,8 @@ async fn a_second_relay_waits_as_standby_and_takes_over() {
     let bootstrap = world.broker.bootstrap();
     let mut active = Relay::spawn(&url, &bootstrap, &FAST_BACKOFF);
     active.wait_streaming();
-    let mut standby = Relay::spawn(&url, &bootstrap, &FAST_BACKOFF);
+    let progress = ["--progress-interval", "100ms"];
+    let mut standby = Relay::spawn(&url, &bootstrap, &[&FAST_BACKOFF[..], &progress].concat());
     // Up (its /readyz answers) but not streaming: the slot is the active's.
     assert!(
         standby.wait_for(Duration::from_secs(30), |r| r
@@ -67,6 +68,11 @@ async fn a_second_relay_waits_as_standby_and_takes_over() {
             .len(),
         1
     );
+
+    // Issue 32: a standby has no progress to report (it logged zeros every interval).
+    assert!(!standby.log().contains(" progress "), "{}", standby.log());
+    // Nor an ERROR line for every poll of the slot (the replication client's own).
+    assert!(!standby.log().contains("ERROR"), "{}", standby.log());
 
     active.signal("TERM");
     assert_eq!(

@@ -591,7 +591,17 @@ impl Source for PgSource {
             Found::Publication(found) => found,
             Found::ShuttingDown => return Ok(true),
             Found::Unchecked(error) => {
-                tracing::warn!(error = %Chain(&error), "cannot check the publication; confirming nothing until it can be checked");
+                // From 18 on, a dropped publication does not fail the stream: only a checked
+                // position is confirmed.
+                let effect = match self.publication.server_version >= 180_000 {
+                    true => {
+                        "confirming the slot's position no further than the last check until one runs"
+                    }
+                    false => {
+                        "the slot's position is confirmed as before (until PostgreSQL 18 a dropped publication fails the stream itself)"
+                    }
+                };
+                tracing::warn!(error = %Chain(&error), "cannot check the publication, trying again with back-off (up to a minute); {effect}");
                 return Ok(false);
             }
         };
