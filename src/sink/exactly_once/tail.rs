@@ -501,6 +501,26 @@ mod tests {
         assert!(TailReader::new("127.0.0.1:1", &producer).is_ok());
     }
 
+    /// Issue 32: a read waiting out brokers that do not answer stops when cancelled (a
+    /// SIGTERM at start-up), saying so, instead of running to its deadline.
+    #[test]
+    fn a_read_waiting_for_brokers_stops_when_cancelled() {
+        let reader = TailReader::new("127.0.0.1:1", &[]).unwrap();
+        let attempt = Attempt::within(Duration::from_secs(600));
+        let canceller = attempt.clone();
+        let cancel = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            canceller.cancel();
+        });
+        let read = reader.read_all("t", &attempt, |_| Some(()));
+        cancel.join().unwrap();
+        let Err(error) = read else {
+            panic!("nothing answers at 127.0.0.1:1");
+        };
+        assert_eq!(error.cause(), Cause::Transport, "{error}");
+        assert!(error.to_string().contains("cancelled"), "{error}");
+    }
+
     #[test]
     fn a_refused_reader_property_shows_the_key_never_the_value() {
         let properties = [("sasl.pasword".to_owned(), "hunter2".to_owned())];
