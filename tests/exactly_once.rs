@@ -791,7 +791,8 @@ async fn a_first_start_over_a_populated_topic_reads_a_bounded_tail() {
 async fn an_exactly_once_standby_takes_over_after_a_broker_blip_twenty_times() {
     let world = World::start().await;
     world.broker.ensure_topic("Evt");
-    let (url, bootstrap) = (world.pg.url(), world.broker.bootstrap());
+    let url = world.pg.url();
+    let bootstrap = world.broker.bootstrap();
     let mut args = EO.to_vec();
     args.extend(["--exactly-once-fallback", "at-least-once"]);
     args.extend(["--status-interval", "1h"]);

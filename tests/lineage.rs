@@ -400,7 +400,8 @@ async fn a_drop_recorded_by_a_clock_running_ahead_does_not_hide_a_later_lost_slo
 async fn a_drop_slot_after_a_record_from_a_clock_running_ahead_starts_fresh() {
     let world = World::start().await;
     world.broker.create_topic(LINEAGE_TOPIC, 1);
-    let (url, brokers) = (world.pg.url(), world.broker.bootstrap());
+    let url = world.pg.url();
+    let brokers = world.broker.bootstrap();
     let mut relay = world.relay(&[]);
     relay.stop();
     let key = lineage_key(&world.pg).await;
@@ -427,7 +428,8 @@ async fn a_drop_slot_after_a_record_from_a_clock_running_ahead_starts_fresh() {
 async fn an_unreadable_lineage_record_says_how_to_clear_it() {
     let world = World::start().await;
     world.broker.create_topic(LINEAGE_TOPIC, 1);
-    let (url, brokers) = (world.pg.url(), world.broker.bootstrap());
+    let url = world.pg.url();
+    let brokers = world.broker.bootstrap();
     let key = lineage_key(&world.pg).await;
     write_lineage(&world.broker, &key, "not json", 0);
     let (relay, code) = start(&url, &brokers, &[]);
@@ -474,7 +476,8 @@ async fn readers_need_no_consumer_group() {
     world
         .broker
         .request_errors(RDKafkaApiKey::FindCoordinator, &denied);
-    let (url, brokers) = (world.pg.url(), world.broker.bootstrap());
+    let url = world.pg.url();
+    let brokers = world.broker.bootstrap();
     let exactly_once = ["--delivery", "exactly-once"];
     let (mut relay, code) = start(&url, &brokers, &exactly_once);
     assert_eq!(code, None, "{}", relay.log());

@@ -154,7 +154,8 @@ mod tests {
 
     #[test]
     fn a_thousand_identical_errors_in_a_millisecond_are_one_line() {
-        let (mut limiter, now) = (Limiter::default(), Instant::now());
+        let mut limiter = Limiter::default();
+        let now = Instant::now();
         let logged = (0..1_000)
             .filter(|_| limiter.admit("error AllBrokersDown", now) != Verdict::Fold)
             .count();
@@ -163,7 +164,8 @@ mod tests {
 
     #[test]
     fn kinds_beyond_the_bound_are_all_logged_and_take_no_memory() {
-        let (mut limiter, now) = (Limiter::default(), Instant::now());
+        let mut limiter = Limiter::default();
+        let now = Instant::now();
         for n in 0..KINDS + 10 {
             assert_eq!(
                 limiter.admit(&n.to_string(), now),

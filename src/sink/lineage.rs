@@ -175,9 +175,12 @@ impl LineageError {
     }
 
     fn describe(&self) -> String {
-        let (action, topic, reason) = (self.action, &self.topic, &self.reason);
+        let topic = &self.topic;
         let [create, acls] = topic_commands(topic);
-        let head = format!("cannot {action} the slot's lineage in Kafka topic {topic:?}: {reason}");
+        let head = format!(
+            "cannot {} the slot's lineage in Kafka topic {topic:?}: {}",
+            self.action, self.reason
+        );
         let why = "The relay streams from a slot only once its creation is recorded there, so \
                    that a slot lost in a failover is refused instead of silently replaced by one \
                    starting at \"now\" (--allow-new-slot does not skip this)";
