@@ -459,3 +459,59 @@ async fn a_60_second_broker_outage_under_continuous_inserts_loses_nothing() {
     let lost = ids.iter().filter(|id| !got.contains(*id)).count();
     assert_eq!(lost, 0, "{lost} of {} lost", ids.len());
 }
+
+/// The lines from librdkafka (its log and its error callbacks) in `log` after byte `from`.
+fn librdkafka_lines(log: &str, from: usize) -> Vec<String> {
+    let after = log.get(from..).unwrap_or_default();
+    let lines = after.lines().filter(|l| l.contains(" librdkafka:"));
+    lines.map(str::to_owned).collect()
+}
+
+/// Issue 32: a 30 s broker outage, at start-up and while streaming, costs a handful of
+/// librdkafka lines, each kind once per 30 s with a count of those folded into it. Before,
+/// each error callback was a line: hundreds of identical `AllBrokersDown` in a millisecond.
+#[tokio::test(flavor = "current_thread")]
+async fn a_30_second_broker_outage_logs_a_handful_of_lines() {
+    const MOST: usize = 20;
+    let world = World::start().await;
+    world.broker.down();
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    // Whatever start-up does meanwhile (wait, or give up), it says so in a few lines.
+    let gave_up = relay.wait_exit(Duration::from_secs(30)).is_some();
+    let at_start = librdkafka_lines(&relay.log(), 0);
+    assert!(
+        at_start.len() <= MOST,
+        "{} lines at start-up:\n{}",
+        at_start.len(),
+        at_start.join("\n")
+    );
+    world.broker.up();
+    if gave_up {
+        relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    }
+    relay.wait_streaming();
+    let mut ids = world.insert_tx(&[("Evt", "a", "{}")]).await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
+
+    let before = relay.log().len();
+    world.broker.down();
+    let outage = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < outage {
+        ids.extend(world.insert_tx(&[("Evt", "b", "{}")]).await);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let during = librdkafka_lines(&relay.log(), before);
+    world.broker.up();
+    assert!(
+        during.len() <= MOST,
+        "{} lines during the outage:\n{}",
+        during.len(),
+        during.join("\n")
+    );
+    world.wait_caught_up(SLOT, Duration::from_secs(60)).await;
+    let records = world
+        .broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(30));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    assert!(ids.iter().all(|id| got.contains(id)), "{}", relay.log());
+}
