@@ -19,7 +19,7 @@ use crate::config::LogFormat;
 /// Installs the global tracing subscriber (stderr, text or JSON); `level` is a
 /// level (`info`) or a full filter (`outbox_relay=debug,librdkafka=warn`).
 pub fn init(format: LogFormat, level: &str) -> Result<(), String> {
-    let filter = EnvFilter::try_new(filter(level))
+    let filter = EnvFilter::try_new(level)
         .map_err(|e| format!("--log-level {level:?} is not a valid level or filter: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -30,19 +30,6 @@ pub fn init(format: LogFormat, level: &str) -> Result<(), String> {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
     result.map_err(|e| format!("cannot install the logger: {e}"))
-}
-
-/// The replication client's one line, an ERROR for every session that ends with an error:
-/// the relay reports each such error itself with what it does about it (a standby polling a
-/// slot in use logged it at every poll).
-const REPLICATION_WORKER: &str = "pgwire_replication::client::tokio_client";
-
-/// PURE: `level` with [`REPLICATION_WORKER`] off, unless it names that crate itself.
-fn filter(level: &str) -> String {
-    match level.contains("pgwire_replication") {
-        true => level.to_owned(),
-        false => format!("{level},{REPLICATION_WORKER}=off"),
-    }
 }
 
 /// An error with its causes, `: `-separated, for logs and the last line: each error's own
@@ -64,27 +51,7 @@ impl fmt::Display for Chain<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Chain, filter};
-
-    #[test]
-    fn the_replication_workers_error_line_is_off_unless_asked_for() {
-        // (--log-level, the filter)
-        let table = [
-            ("info", "info,pgwire_replication::client::tokio_client=off"),
-            (
-                "info,outbox_relay=debug",
-                "info,outbox_relay=debug,pgwire_replication::client::tokio_client=off",
-            ),
-            (
-                "info,pgwire_replication=debug",
-                "info,pgwire_replication=debug",
-            ),
-        ];
-        for (level, expected) in table {
-            assert_eq!(filter(level), expected, "{level}");
-            assert!(tracing_subscriber::EnvFilter::try_new(filter(level)).is_ok());
-        }
-    }
+    use super::Chain;
 
     #[derive(Debug, thiserror::Error)]
     #[error("cannot connect to Postgres at db")]

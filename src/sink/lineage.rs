@@ -10,17 +10,15 @@
 
 use std::time::{Duration, SystemTime};
 
-use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 
-use super::SinkError;
+use super::KafkaClients;
 use super::cause::Cause;
 use super::client_log::ClientLog;
 use super::exactly_once::{Attempt, READ_TIMEOUT, TailReader};
-use crate::config::Config;
 
 /// How long one write may wait for the broker's acknowledgement.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -256,27 +254,32 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// The latest record of `key`; `None` when there is none or the last is a tombstone.
-pub async fn read(config: &Config, key: &str) -> Result<Option<SlotRecord>, LineageError> {
-    read_within(config, key, READ_TIMEOUT).await
+/// The latest record of `key` in `topic`; `None` when there is none or the last is a
+/// tombstone.
+pub async fn read(
+    kafka: &KafkaClients,
+    topic: &str,
+    key: &str,
+) -> Result<Option<SlotRecord>, LineageError> {
+    read_within(kafka, topic, key, READ_TIMEOUT).await
 }
 
 /// [`read`] for at most `timeout`, transport failures waited out within it. Dropping the
 /// future stops the read within a second (a shutdown need not wait for it).
 pub async fn read_within(
-    config: &Config,
+    kafka: &KafkaClients,
+    topic: &str,
     key: &str,
     timeout: Duration,
 ) -> Result<Option<SlotRecord>, LineageError> {
-    let topic = config.flags.lineage_topic.clone();
     let attempt = Attempt::within(timeout);
     let _cancel = CancelOnDrop(attempt.clone());
-    let brokers = config.kafka_brokers.clone();
-    let properties = config.kafka_properties.clone();
+    // Read on the blocking pool, which takes owned values.
+    let kafka = kafka.clone();
     let wanted = key.as_bytes().to_vec();
-    let reading = topic.clone();
+    let reading = topic.to_owned();
     let read = tokio::task::spawn_blocking(move || {
-        let reader = TailReader::new(&brokers, &properties)
+        let reader = TailReader::new(&kafka)
             .map_err(|e| LineageError::new("read", &reading, e, Problem::Kafka(Cause::Other)))?;
         let found = reader.read_all(&reading, &attempt, |msg| {
             let found = Found {
@@ -290,11 +293,11 @@ pub async fn read_within(
     });
     let found = read.await.map_err(|e| {
         let reason = format!("the blocking read stopped: {e}");
-        LineageError::new("read", &topic, reason, Problem::Kafka(Cause::Other))
+        LineageError::new("read", topic, reason, Problem::Kafka(Cause::Other))
     })??;
     let newest = newest(found).map_err(|partitions| {
         let reason = format!("the records of key {key:?} are in partitions {partitions:?}");
-        LineageError::new("read", &topic, reason, Problem::Unordered)
+        LineageError::new("read", topic, reason, Problem::Unordered)
     })?;
     let Some(Found {
         partition,
@@ -310,30 +313,26 @@ pub async fn read_within(
             "the last record of key {key:?} (partition {partition}, offset {offset}) is not one \
              the relay writes ({e}): {text}"
         );
-        LineageError::unreadable(&topic, reason)
+        LineageError::unreadable(topic, reason)
     })?;
     Ok(Some(record))
 }
 
-/// Writes `record` (a tombstone when `None`) under `key` and waits for the broker's ack.
+/// Writes `record` (a tombstone when `None`) under `key` in `topic` and waits for the
+/// broker's ack.
 pub async fn write(
-    config: &Config,
+    kafka: &KafkaClients,
+    topic: &str,
     key: &str,
     record: Option<&SlotRecord>,
 ) -> Result<(), LineageError> {
-    let topic = &config.flags.lineage_topic;
-    let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", &config.kafka_brokers);
-    client.set("acks", "all");
-    for (k, v) in config.kafka_properties.iter() {
-        client.set(k, v);
-    }
+    let mut client = kafka.config(&[("acks", "all")]);
     // Bounded, whatever the relay's own producer waits.
     client.set("message.timeout.ms", WRITE_TIMEOUT.as_millis().to_string());
     let producer: FutureProducer<ClientLog> = client
         .create_with_context(ClientLog::default())
         .map_err(|e| {
-            let reason = SinkError::create(e, &config.kafka_properties);
+            let reason = kafka.refused(e);
             LineageError::new("record", topic, reason, Problem::Kafka(Cause::Other))
         })?;
     // A record of plain strings always serialises.
