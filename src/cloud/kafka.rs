@@ -1,10 +1,11 @@
 //! SASL/OAUTHBEARER for the relay's Kafka clients: the MSK IAM token, handed to librdkafka
 //! whenever it asks (at start and at 80% of the last token's lifetime) through rdkafka's
-//! [`ClientContext::generate_oauth_token`].
+//! `ClientContext::generate_oauth_token`.
 //!
 //! Every client the relay makes (the producer, the lineage reader and writer, exactly-once's
-//! tail reader, the subcommands' clients) has a context that answers the ask, so `--kafka-auth`
-//! reaches them all. librdkafka asks only under `sasl.mechanism=OAUTHBEARER` without its own
+//! tail reader, the subcommands' clients) has a context that answers the ask with
+//! [`KafkaAuth::oauth_token`] (`sink::KafkaClients::context`, the producer's own), so
+//! `--kafka-auth` reaches them all. librdkafka asks only under `sasl.mechanism=OAUTHBEARER` without its own
 //! OIDC client (`sasl.oauthbearer.method=oidc` refreshes inside librdkafka): for other setups
 //! the callback is never called. librdkafka serves the ask on the thread that polls the
 //! client's queue, so the token is signed from credentials already at hand, never fetched.
@@ -13,10 +14,8 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use rdkafka::ClientContext;
 use rdkafka::client::OAuthToken;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::aws::Aws;
@@ -110,67 +109,9 @@ impl KafkaAuth {
     }
 }
 
-/// The context of the relay's Kafka clients but the producer (which has its own): rdkafka's
-/// default logging and error reporting, and OAUTHBEARER tokens from [`KafkaAuth`].
-pub struct AuthContext {
-    auth: KafkaAuth,
-}
-
-impl AuthContext {
-    /// A context minting tokens for `auth`.
-    pub fn new(auth: &KafkaAuth) -> AuthContext {
-        AuthContext { auth: auth.clone() }
-    }
-}
-
-impl ClientContext for AuthContext {
-    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        tracing::error!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
-        self.auth.observe(&error, reason);
-    }
-
-    fn generate_oauth_token(&self, _config: Option<&str>) -> Result<OAuthToken, Box<dyn Error>> {
-        self.auth.oauth_token(SystemTime::now())
-    }
-}
-
-impl ConsumerContext for AuthContext {}
-
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
-
     use super::*;
-    use crate::cloud::aws::tests::started;
-    use crate::sink::exactly_once::TailReader;
-    use crate::sink::{KafkaClients, KafkaSink};
-
-    /// No broker speaks SASL/OAUTHBEARER here (librdkafka's mock cluster has no SASL, and
-    /// tansu's refuses every OAUTHBEARER token), so this shows librdkafka's side: the clients
-    /// ask their context for a token, and ask again before it expires.
-    #[tokio::test(flavor = "current_thread")]
-    async fn clients_ask_for_the_msk_token_and_again_before_it_expires() {
-        let aws = started(Duration::from_secs(6), u32::MAX).await.aws;
-        let auth = KafkaAuth::AwsMskIam(aws.clone());
-        // SASL without TLS, to a port where nothing listens: the asks need no broker.
-        let properties = [("security.protocol".to_owned(), "SASL_PLAINTEXT".to_owned())];
-        // The tail reader (the lineage reader is one) has its token as it is made, before
-        // any metadata request could wait for it.
-        let kafka = KafkaClients::new("127.0.0.1:1", &properties).with_auth(auth);
-        let reader = TailReader::new(&kafka).unwrap();
-        assert_eq!(aws.msk_tokens_signed(), 1);
-        // The producer asks when its queue is served, then at 80% of the token's life: a
-        // lifetime in the wrong unit would be refused or never renewed.
-        let (sink, _deliveries) = KafkaSink::new(&kafka, 10, None, None).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while aws.msk_tokens_signed() < 3 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(aws.msk_tokens_signed() >= 3, "{}", aws.msk_tokens_signed());
-        drop((reader, sink));
-    }
 
     #[test]
     fn without_msk_iam_the_ask_is_refused_with_the_remedy() {

@@ -5,7 +5,7 @@
 //!
 //! The flags become a [`KafkaAuth`] and a [`PostgresAuth`] in the validated configuration,
 //! sharing one [`aws::Aws`] identity; [`start`] fetches its first credentials before any
-//! connection is opened. Every Kafka client is made with [`kafka::AuthContext`], whose token
+//! connection is opened. Every Kafka client is made with a context whose token
 //! callback signs with that identity, and every Postgres connection takes its password from
 //! [`PostgresAuth::password`]. Other OAuth providers (Confluent Cloud, Google Cloud Managed
 //! Kafka, Azure Event Hubs) need nothing here: librdkafka's own OIDC client is configured

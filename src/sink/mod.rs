@@ -7,7 +7,9 @@
 //! per batch, so the records of a batch refused for its size are sent again
 //! one per batch ([`Sink::send_alone`]): only a record refused alone is poison.
 
+pub mod cause;
 mod client;
+pub mod client_log;
 pub mod exactly_once;
 pub mod lineage;
 mod reports;
@@ -18,7 +20,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use heck::ToSnakeCase;
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
@@ -28,7 +30,8 @@ use tokio::sync::mpsc;
 use crate::cloud::KafkaAuth;
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
-pub use client::KafkaClients;
+pub use client::{ClientCallbacks, KafkaClients};
+use client_log::ClientLog;
 use exactly_once::TailReader;
 use reports::Served;
 
@@ -207,6 +210,7 @@ struct DeliveryContext {
     health: Option<Arc<Health>>,
     /// Mints the OAUTHBEARER token librdkafka asks for (`--kafka-auth`).
     auth: KafkaAuth,
+    log: ClientLog,
 }
 
 impl ClientContext for DeliveryContext {
@@ -219,9 +223,13 @@ impl ClientContext for DeliveryContext {
         self.auth.oauth_token(std::time::SystemTime::now())
     }
 
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, line: &str) {
+        self.log.log(level, facility, line);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka retries these; deliveries that finally fail are reported.
-        tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
+        self.log.error(&error, reason);
         self.auth.observe(&error, reason);
         if let Some(health) = &self.health
             && error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown)
@@ -309,6 +317,7 @@ impl KafkaSink {
             alone: false,
             health,
             auth: kafka.auth().clone(),
+            log: ClientLog::default(),
         };
         let producer: BaseProducer<_> = config
             .create_with_context(context)
@@ -398,6 +407,7 @@ impl Sink for KafkaSink {
                     alone: true,
                     health: None,
                     auth: self.kafka.auth().clone(),
+                    log: ClientLog::default(),
                 };
                 let producer: BaseProducer<_> = config
                     .create_with_context(context)
@@ -568,6 +578,7 @@ mod tests {
             alone: false,
             health: Some(Arc::clone(&health)),
             auth: KafkaAuth::default(),
+            log: ClientLog::default(),
         };
         let stats = |states: &[&str]| {
             let mut stats = Statistics::default();

@@ -11,4 +11,5 @@ pub mod postgres;
 pub mod proxy;
 pub mod relay;
 pub mod sasl;
+pub mod tansu;
 pub mod world;

@@ -12,10 +12,10 @@ use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::writer::EVENT_TYPES;
-use crate::cloud::kafka::AuthContext;
 use crate::commands::print::{Position, RecordLine, text};
 use crate::config::Config;
 use crate::outbox::{MappingConfig, Segment};
+use crate::sink::ClientCallbacks;
 
 /// Partitions of each demo topic on the mock broker.
 const MOCK_PARTITIONS: i32 = 3;
@@ -26,13 +26,13 @@ const MOCK_PARTITIONS: i32 = 3;
 pub(super) fn subscribe(
     config: &Config,
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
-) -> Result<StreamConsumer<AuthContext>, KafkaError> {
+) -> Result<StreamConsumer<ClientCallbacks>, KafkaError> {
     // The relay's -X settings and --kafka-auth (security, say) apply to the broker, so to
     // this client too.
     let kafka = super::super::kafka(config);
     let mut client = kafka.config(&[]);
     let group = format!("outbox-relay-demo-{}", std::process::id());
-    let consumer: StreamConsumer<AuthContext> = client
+    let consumer: StreamConsumer<ClientCallbacks> = client
         .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
@@ -61,7 +61,7 @@ pub(super) fn subscribe(
 }
 
 /// Prints records until dropped; `consumed` counts them.
-pub(super) async fn run(consumer: StreamConsumer<AuthContext>, consumed: Arc<AtomicU64>) {
+pub(super) async fn run(consumer: StreamConsumer<ClientCallbacks>, consumed: Arc<AtomicU64>) {
     loop {
         let message = match consumer.recv().await {
             Ok(message) => message,
