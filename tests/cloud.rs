@@ -526,8 +526,10 @@ async fn relays_one_event(world: &World, relay: &Relay, event_type: &str) {
 }
 
 /// The standard chain, as the relay runs it: environment variables, static keys in a
-/// profile in `HOME`, web identity (IRSA's file and role, exchanged with STS), and
-/// `--aws-role-arn` assumed on top; each signs the token `status` logs in with.
+/// profile in `HOME`, web identity (IRSA's file and role, exchanged with STS),
+/// `--aws-role-arn` assumed on top, the container endpoint (ECS, EKS Pod Identity) and
+/// instance metadata (IMDSv2, which also says the region); each signs the token `status`
+/// logs in with.
 #[tokio::test]
 async fn credentials_come_from_each_source_of_the_chain() {
     const KEYS: &[Keys] = &[
@@ -551,9 +553,20 @@ async fn credentials_come_from_each_source_of_the_chain() {
             secret: "assumed-role-secret",
             session: Some("assumed-role-session"),
         },
+        Keys {
+            id: "AKIDCONTAINER",
+            secret: "container-secret",
+            session: Some("container-session"),
+        },
+        Keys {
+            id: "AKIDINSTANCE",
+            secret: "instance-secret",
+            session: Some("instance-session"),
+        },
     ];
     let rds = RdsWorld::start(KEYS).await;
     let sts = FakeHttp::start(fake_sts);
+    let metadata = FakeHttp::start(fake_metadata);
     let dir = tempfile::tempdir().expect("temp dir");
     let empty_home = dir.path().join("empty");
     let profile_home = dir.path().join("profile");
@@ -580,7 +593,20 @@ async fn credentials_come_from_each_source_of_the_chain() {
         "AWS_ROLE_ARN",
         "arn:aws:iam::123456789012:role/relay-pod".to_owned(),
     ));
-    const ROLE: [&str; 2] = [
+    let mut container = base(&empty_home);
+    container.push((
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        format!("{}/v2/credentials/relay-task", metadata.url()),
+    ));
+    // Instance metadata on, at the fake's address; no --aws-region: it says the region too.
+    let instance = vec![
+        ("HOME", path(&empty_home)),
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", metadata.url()),
+    ];
+    const REGION_ARGS: [&str; 2] = ["--aws-region", REGION];
+    const ROLE: [&str; 4] = [
+        "--aws-region",
+        REGION,
         "--aws-role-arn",
         "arn:aws:iam::123456789012:role/relay-assumed",
     ];
@@ -588,19 +614,19 @@ async fn credentials_come_from_each_source_of_the_chain() {
         Source {
             name: "environment",
             env: environment.clone(),
-            args: &[],
+            args: &REGION_ARGS,
             access_key: "AKIDENVIRONMENT",
         },
         Source {
             name: "profile",
             env: base(&profile_home),
-            args: &[],
+            args: &REGION_ARGS,
             access_key: "AKIDPROFILE",
         },
         Source {
             name: "web identity",
             env: web_identity,
-            args: &[],
+            args: &REGION_ARGS,
             access_key: "AKIDWEBIDENTITY",
         },
         Source {
@@ -608,6 +634,18 @@ async fn credentials_come_from_each_source_of_the_chain() {
             env: environment,
             args: &ROLE,
             access_key: "AKIDASSUMEDROLE",
+        },
+        Source {
+            name: "container",
+            env: container,
+            args: &REGION_ARGS,
+            access_key: "AKIDCONTAINER",
+        },
+        Source {
+            name: "instance metadata",
+            env: instance,
+            args: &[],
+            access_key: "AKIDINSTANCE",
         },
     ];
     for Source {
@@ -626,7 +664,6 @@ async fn credentials_come_from_each_source_of_the_chain() {
             "--postgres-auth",
             "aws-rds-iam",
         ];
-        args.extend(["--aws-region", REGION]);
         args.extend_from_slice(extra);
         let mut relay = Relay::spawn_raw_env(&args, &env);
         let status = relay.wait_exit(Duration::from_secs(60));
@@ -703,6 +740,40 @@ struct Source {
     env: Vec<(&'static str, String)>,
     args: &'static [&'static str],
     access_key: &'static str,
+}
+
+/// The container credentials endpoint and IMDSv2 (token, role, the role's credentials, the
+/// region), answering with fixed credentials.
+fn fake_metadata(request: &Request) -> Answer {
+    let expiry = humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(3600));
+    let credentials = |id: &str, secret: &str, session: &str| {
+        format!(
+            "{{\"Code\":\"Success\",\"Type\":\"AWS-HMAC\",\"AccessKeyId\":\"{id}\",\
+             \"SecretAccessKey\":\"{secret}\",\"Token\":\"{session}\",\
+             \"Expiration\":\"{expiry}\",\"LastUpdated\":\"{expiry}\"}}"
+        )
+    };
+    let role = "/latest/meta-data/iam/security-credentials/";
+    match (request.method.as_str(), request.path.as_str()) {
+        ("GET", "/v2/credentials/relay-task") => Answer::new(
+            200,
+            "application/json",
+            credentials("AKIDCONTAINER", "container-secret", "container-session"),
+        ),
+        ("PUT", "/latest/api/token") => Answer::new(200, "text/plain", "imds-session-token")
+            .with_header("x-aws-ec2-metadata-token-ttl-seconds", "21600"),
+        _ if request.header("x-aws-ec2-metadata-token") != Some("imds-session-token") => {
+            Answer::new(401, "text/plain", "")
+        }
+        ("GET", path) if path == role => Answer::new(200, "text/plain", "relay-instance"),
+        ("GET", path) if path == format!("{role}relay-instance") => Answer::new(
+            200,
+            "application/json",
+            credentials("AKIDINSTANCE", "instance-secret", "instance-session"),
+        ),
+        ("GET", "/latest/meta-data/placement/region") => Answer::new(200, "text/plain", REGION),
+        _ => Answer::new(404, "text/plain", ""),
+    }
 }
 
 /// STS's `AssumeRoleWithWebIdentity` and `AssumeRole`, answering with fixed credentials;

@@ -39,6 +39,8 @@ pub struct Answer {
     pub content_type: &'static str,
     /// The body.
     pub body: String,
+    /// More headers.
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Answer {
@@ -49,7 +51,14 @@ impl Answer {
             status,
             content_type,
             body,
+            headers: Vec::new(),
         }
+    }
+
+    /// This answer with header `name: value` too.
+    pub fn with_header(mut self, name: &'static str, value: impl Into<String>) -> Answer {
+        self.headers.push((name, value.into()));
+        self
     }
 }
 
@@ -122,8 +131,13 @@ fn serve(mut stream: TcpStream, handler: &dyn Fn(&Request) -> Answer) -> Option<
         body: String::from_utf8_lossy(&body).into_owned(),
     };
     let answer = handler(&request);
+    let headers: String = answer
+        .headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let response = format!(
-        "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\n\
+        "HTTP/1.1 {} X\r\nContent-Type: {}\r\nContent-Length: {}\r\n{headers}\
          Connection: close\r\n\r\n{}",
         answer.status,
         answer.content_type,
