@@ -1000,6 +1000,46 @@ async fn librdkafkas_oidc_client_logs_the_relay_in_through_properties() {
     assert!(!relay.log().contains("relay-client-secret"));
 }
 
+/// librdkafka's own unsecured JWT (development brokers) still logs the relay in: the token
+/// callback every client has for `--kafka-auth` stays out of its way.
+#[tokio::test]
+async fn librdkafkas_unsecured_jwt_still_works_without_kafka_auth() {
+    let world = World::start().await;
+    let jwt_of_relay: Validator = Arc::new(|token: &str| {
+        let payload = token.split('.').nth(1).unwrap_or_default();
+        let claims = URL_SAFE_NO_PAD.decode(payload).unwrap_or_default();
+        match String::from_utf8_lossy(&claims).contains("\"sub\":\"relay\"") {
+            true => Ok(Duration::from_secs(3600)),
+            false => Err("not the relay's JWT".to_owned()),
+        }
+    });
+    let broker = SaslBroker::start(jwt_of_relay);
+    let args = [
+        "-X",
+        "security.protocol=SASL_PLAINTEXT",
+        "-X",
+        "sasl.mechanism=OAUTHBEARER",
+        "-X",
+        "enable.sasl.oauthbearer.unsecure.jwt=true",
+        "-X",
+        "sasl.oauthbearer.config=principal=relay",
+    ];
+    let mut relay = Relay::spawn_env(&world.pg.url(), &broker.bootstrap(), &args, &[]);
+    relay.wait_streaming();
+    let ids = world.insert_tx(&[("OrderCreated", "order-1", "{}")]).await;
+    let written = world.current_lsn().await;
+    let confirmed = world
+        .wait_confirmed(SLOT, written, Duration::from_secs(30))
+        .await;
+    assert!(confirmed >= written, "{}", relay.log());
+    assert_eq!(ids.len(), 1);
+    let logins = broker.logins();
+    assert!(
+        !logins.is_empty() && logins.iter().all(|l| l.verdict.is_ok()),
+        "{logins:#?}"
+    );
+}
+
 /// An unsigned JWT for `sub` expiring in `seconds`, as an identity provider would issue
 /// (librdkafka reads `sub` and `exp`; the broker checks the signature, the front here does not).
 fn jwt(sub: &str, seconds: u64) -> String {
