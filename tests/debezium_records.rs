@@ -359,6 +359,8 @@ identical! {
     json_converter_tombstones_on_empty_payloads: "json-schemas-tombstones",
     without_extended_headers_routed_by_type: "no-extended-headers",
     trace_context_becomes_traceparent: "tracing",
+    binary_data_converter_passes_bytea_through: "binary-data",
+    binary_data_converters_hand_the_rest_to_their_delegates: "binary-data-delegates",
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -373,6 +375,11 @@ async fn a_top_level_array_stops_expansion_as_it_stopped_debezium() {
         "Debezium would stop on this event",
     )
     .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn binary_data_converter_without_a_delegate_on_text_is_refused() {
+    stops_like_debezium("binary-data-no-delegate", "delegate.converter.type").await;
 }
 
 #[tokio::test(flavor = "current_thread")]

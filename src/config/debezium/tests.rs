@@ -5,6 +5,7 @@ use clap::Parser;
 
 use super::*;
 use crate::config::{Cli, Config};
+use crate::outbox::connect::Converter;
 
 const BASIC: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -827,6 +828,58 @@ fn router_booleans_are_read_in_any_case() {
         assert!(
             imported.args.contains(&(flag.into(), "true".into())),
             "{flag}"
+        );
+    }
+}
+
+#[test]
+fn binary_data_converters_import_with_their_delegates() {
+    let imported = import(&config(&[
+        ("key.converter", BINARY_DATA_CONVERTER),
+        ("key.converter.delegate.converter.type", JSON_CONVERTER),
+        (
+            "key.converter.delegate.converter.type.schemas.enable",
+            "false",
+        ),
+        ("value.converter", BINARY_DATA_CONVERTER),
+    ]))
+    .unwrap();
+    let converters: Vec<_> = (imported.args.iter())
+        .filter(|(flag, _)| flag.contains("converter"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        converters,
+        args(&[
+            ("--key-converter", "binary-data"),
+            ("--key-delegate-converter", "json"),
+            ("--value-converter", "binary-data"),
+        ])
+    );
+    let relay = assert_valid_for_relay(&imported);
+    let connect = relay.mapping.connect.unwrap();
+    assert_eq!(connect.delegates.key, Some(Converter::Json));
+    assert_eq!(connect.delegates.value, None);
+    // A delegate's settings are the delegate's converter's: the same ones are refused.
+    for (key, value) in [
+        (
+            "value.converter.delegate.converter.type",
+            "com.example.Mine",
+        ),
+        (
+            "value.converter.delegate.converter.type.replace.null.with.default",
+            "false",
+        ),
+    ] {
+        let err = import(&config(&[
+            ("value.converter", BINARY_DATA_CONVERTER),
+            ("value.converter.delegate.converter.type", JSON_CONVERTER),
+            (key, value),
+        ]))
+        .unwrap_err();
+        assert!(
+            matches!(&err, DebeziumError::Invalid { key: k, .. } if k == key),
+            "{key}: {err}"
         );
     }
 }

@@ -38,12 +38,43 @@ pub enum Converter {
     Json,
     /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=true`
     JsonWithSchemas,
+    /// `io.debezium.converters.BinaryDataConverter`: bytes as they are, anything else through
+    /// its `delegate.converter.type` (`--key-delegate-converter`, `--value-delegate-converter`).
+    BinaryData,
 }
 
 impl Converter {
     /// Whether the converter writes a column's `NOT NULL` and `DEFAULT` (so needs the catalog).
     fn reads_catalog(self) -> bool {
         matches!(self, Converter::Json | Converter::JsonWithSchemas)
+    }
+
+    /// Whether the converter can be a BinaryDataConverter's delegate.
+    pub fn delegates(self) -> bool {
+        !matches!(self, Converter::Relay | Converter::BinaryData)
+    }
+}
+
+/// A key's or value's converter with, for a BinaryDataConverter, its delegate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Writer {
+    converter: Converter,
+    delegate: Option<Converter>,
+}
+
+impl Writer {
+    /// The converter that writes data of `kind` (`None`: schemaless): a BinaryDataConverter
+    /// passes bytes through and hands anything else to its delegate, when it has one.
+    fn of(self, kind: Option<&Kind>) -> Option<Converter> {
+        match (self.converter, kind) {
+            (Converter::BinaryData, Some(Kind::Bytes)) => Some(Converter::BinaryData),
+            (Converter::BinaryData, _) => self.delegate,
+            (converter, _) => Some(converter),
+        }
+    }
+
+    fn reads_catalog(self) -> bool {
+        self.converter.reads_catalog() || self.delegate.is_some_and(Converter::reads_catalog)
     }
 }
 
@@ -59,6 +90,8 @@ pub struct ConnectConfig {
     pub key: Converter,
     /// `value.converter`
     pub value: Converter,
+    /// A BinaryDataConverter's `delegate.converter.type`, for keys and values.
+    pub delegates: Delegates,
     /// `topic.prefix`: the context header's logical name and the envelope schema's prefix.
     pub topic_prefix: String,
     /// `extended.headers.enabled`: the `__debezium.context.*` headers, with this run's id.
@@ -81,10 +114,33 @@ pub struct ConnectConfig {
     pub schema_cache: SchemaCache,
 }
 
+/// The delegates of BinaryDataConverter keys and values (`delegate.converter.type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delegates {
+    /// `key.converter.delegate.converter.type`
+    pub key: Option<Converter>,
+    /// `value.converter.delegate.converter.type`
+    pub value: Option<Converter>,
+}
+
 impl ConnectConfig {
     /// Whether binding a table needs its columns' `NOT NULL` and `DEFAULT`.
     pub fn reads_catalog(&self) -> bool {
-        self.key.reads_catalog() || self.value.reads_catalog()
+        self.key_writer().reads_catalog() || self.value_writer().reads_catalog()
+    }
+
+    fn key_writer(&self) -> Writer {
+        Writer {
+            converter: self.key,
+            delegate: self.delegates.key,
+        }
+    }
+
+    fn value_writer(&self) -> Writer {
+        Writer {
+            converter: self.value,
+            delegate: self.delegates.value,
+        }
     }
 }
 
@@ -270,14 +326,25 @@ impl ConnectPlan {
         let key = col("--key-column", key_column)?;
         let id = col("--id-column", &mapping.id_column)?;
         let payload = col("--payload-column", payload_column)?;
-        for (converter, col, flag, name) in [
-            (config.key, &key, "--key-converter", key_column),
-            (config.value, &payload, "--value-converter", payload_column),
+        for (writer, col, flag, name) in [
+            (config.key_writer(), &key, "--key-converter", key_column),
+            (
+                config.value_writer(),
+                &payload,
+                "--value-converter",
+                payload_column,
+            ),
         ] {
-            if converter == Converter::Bytearray && col.schema.kind != Kind::Bytes {
-                let why = "ByteArrayConverter takes only bytea; Debezium stops at the first event";
-                return Err(refusal(flag, name, why));
-            }
+            let why = match writer.of(Some(&col.schema.kind)) {
+                None => {
+                    "BinaryDataConverter passes only bytea through, and other columns need its delegate.converter.type; Debezium stops at the first event"
+                }
+                Some(Converter::Bytearray) if col.schema.kind != Kind::Bytes => {
+                    "ByteArrayConverter takes only bytea; Debezium stops at the first event"
+                }
+                Some(_) => continue,
+            };
+            return Err(refusal(flag, name, why));
         }
         let mut headers = Vec::new();
         for h in &mapping.header_columns {
@@ -295,12 +362,14 @@ impl ConnectPlan {
         let envelope = (config.envelope.iter())
             .map(|e| Ok((col("--envelope-column", &e.column)?, e.header.clone())))
             .collect::<Result<Vec<_>, BindError>>()?;
-        if !envelope.is_empty() && !config.value.reads_catalog() {
+        let structs = config.value_writer().of(Some(&Kind::Struct(Vec::new())));
+        let json_structs = structs.is_some_and(Converter::reads_catalog);
+        if !envelope.is_empty() && !json_structs {
             let why = "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop";
             let first = &config.envelope[0].column;
             return Err(refusal("--envelope-column", first, why));
         }
-        if config.expand_json_payload && !config.value.reads_catalog() {
+        if config.expand_json_payload && !json_structs {
             let why = "expanded payloads are structs, written only by JsonConverter";
             return Err(refusal("--expand-json-payload", "", why));
         }
@@ -334,11 +403,13 @@ impl ConnectPlan {
         let stops = |reason: String| EventError::DebeziumStops { reason };
         if self.config.key != Converter::Relay {
             let data = self.key.data(row, "key")?;
-            record.key = convert(self.config.key, Some(&self.key.schema), &data).map_err(stops)?;
+            let writer = self.config.key_writer();
+            record.key = convert(writer, Some(&self.key.schema), &data).map_err(stops)?;
         }
         if self.config.value != Converter::Relay {
             let (schema, data) = self.value(row)?;
-            record.payload = convert(self.config.value, schema.as_ref(), &data).map_err(stops)?;
+            let writer = self.config.value_writer();
+            record.payload = convert(writer, schema.as_ref(), &data).map_err(stops)?;
         }
         record.id = header_bytes(&self.id.data(row, "id")?).unwrap_or_default();
         // The context and trace headers come before `id`, the header columns after it.
@@ -470,13 +541,28 @@ fn int(col: Option<&Col>, row: &TupleData, name: &str) -> Result<Option<i64>, Ev
     }
 }
 
-/// Bytes of `data` as a Connect `converter` writes them (`Err`: Debezium stops).
-fn convert(
-    converter: Converter,
-    schema: Option<&Schema>,
-    data: &Data,
-) -> Result<Option<Bytes>, String> {
+/// Bytes of `data` as a Connect converter writes them (`Err`: Debezium stops).
+fn convert(writer: Writer, schema: Option<&Schema>, data: &Data) -> Result<Option<Bytes>, String> {
+    // BinaryDataConverter looks at the value where there is no schema.
+    let kind = match (schema, data) {
+        (Some(schema), _) => Some(&schema.kind),
+        (None, Data::Bytes(_)) => Some(&Kind::Bytes),
+        (None, _) => None,
+    };
+    let converter = match (writer.of(kind), data) {
+        (_, Data::Null) if writer.converter == Converter::BinaryData && schema.is_none() => {
+            return Ok(None);
+        }
+        (Some(converter), _) => converter,
+        (None, _) => {
+            return Err(
+                "BinaryDataConverter has no delegate.converter.type for a value that is not bytes"
+                    .into(),
+            );
+        }
+    };
     match (converter, data) {
+        (Converter::BinaryData, Data::Bytes(b)) => Ok(Some(Bytes::copy_from_slice(b))),
         (Converter::Json | Converter::JsonWithSchemas, data) => {
             let schemas = converter == Converter::JsonWithSchemas;
             let json = data::to_json(schema, data, schemas).map_err(|refused| refused.0)?;

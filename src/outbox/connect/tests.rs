@@ -48,6 +48,7 @@ fn connect(key: Converter, value: Converter) -> ConnectConfig {
     ConnectConfig {
         key,
         value,
+        delegates: Delegates::default(),
         topic_prefix: "dbserver1".into(),
         context_headers: Some("run".into()),
         expand_json_payload: false,
@@ -294,4 +295,64 @@ fn defaults_are_literals_only() {
         parse_default("('a'::text || 'b'::text)", &Kind::String),
         None
     );
+}
+
+#[test]
+fn binary_data_passes_bytes_through_and_delegates_the_rest() {
+    let rel = relation(&[
+        ("id", Type::INT8),
+        ("aggregatetype", Type::TEXT),
+        ("aggregateid", Type::INT8),
+        ("payload", Type::BYTEA),
+    ]);
+    let mut c = connect(Converter::BinaryData, Converter::BinaryData);
+    c.context_headers = None;
+    c.delegates.key = Some(Converter::Json);
+    let nullable = |name: &str| ColumnFacts {
+        name: name.into(),
+        not_null: false,
+        default: None,
+    };
+    let bytes_facts = [nullable("aggregateid")];
+    let m = TableMapping::bind_with(&mapping(c.clone()), &rel, &bytes_facts).unwrap();
+    let record = m
+        .map(
+            &row(&[Some("1"), Some("b"), Some("-9"), Some("\\x00ff")]),
+            0,
+        )
+        .unwrap();
+    assert_eq!(record.key.as_deref(), Some(&b"-9"[..]));
+    assert_eq!(record.payload.as_deref(), Some(&[0, 255][..]));
+    let record = m.map(&row(&[Some("2"), Some("b"), None, None]), 0).unwrap();
+    assert_eq!((text(&record.key), record.payload), ("null", None));
+    // Without a delegate, a column that is not bytea stops Debezium at its first event.
+    c.delegates.key = None;
+    let err = TableMapping::bind_with(&mapping(c.clone()), &rel, &bytes_facts).unwrap_err();
+    assert!(
+        err.to_string().contains("--key-converter aggregateid")
+            && err.to_string().contains("delegate.converter.type"),
+        "{err}"
+    );
+    // A text payload goes to the value's delegate, and so does an envelope.
+    let mut c = connect(Converter::String, Converter::BinaryData);
+    c.delegates.value = Some(Converter::JsonWithSchemas);
+    c.envelope = vec![HeaderColumn::parse("type:eventType").unwrap()];
+    let m = TableMapping::bind_with(&mapping(c.clone()), &outbox(), &facts()).unwrap();
+    let record = m
+        .map(
+            &row(&[
+                Some("1"),
+                Some("order"),
+                Some("1"),
+                Some("A"),
+                Some("{}"),
+                None,
+            ]),
+            0,
+        )
+        .unwrap();
+    assert!(text(&record.payload).starts_with("{\"schema\":{\"type\":\"struct\""));
+    c.delegates.value = Some(Converter::String);
+    let err = TableMapping::bind_with(&mapping(c), &outbox(), &facts()).unwrap_err();
+    assert!(err.to_string().contains("--envelope-column"), "{err}");
 }
