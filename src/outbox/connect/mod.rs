@@ -8,6 +8,7 @@
 //! Debezium could not have produced or what the relay does not reproduce. Without a
 //! `ConnectConfig`, nothing here runs: the relay's own output is untouched.
 
+pub mod avro;
 pub mod data;
 pub mod expand;
 
