@@ -148,6 +148,7 @@ impl FormatArgs {
             schema_version_column: self.schema_version_column.clone(),
             tombstone_on_empty: self.tombstone_on_empty_payload,
             trace_column: self.trace_context_column.clone(),
+            registry: Default::default(),
             schema_cache: SchemaCache::default(),
         }))
     }

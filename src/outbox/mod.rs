@@ -162,6 +162,8 @@ pub struct OutboxRecord {
     pub timestamp_ms: i64,
     /// A fixed partition; `None` lets the producer's partitioner choose.
     pub partition: Option<i32>,
+    /// Schema Registry schemas whose ids the key or value still lack; `None`: complete.
+    pub schemas: Option<Box<connect::registry::PendingSchemas>>,
 }
 
 impl OutboxRecord {
@@ -233,6 +235,7 @@ pub fn dead_letter_record(
         headers_before_id: 0,
         timestamp_ms,
         partition: None,
+        schemas: None,
     }
 }
 
@@ -383,6 +386,7 @@ impl<C: Clone> Plan<C> {
             headers_before_id: 0,
             timestamp_ms,
             partition: None,
+            schemas: None,
         })
     }
 
@@ -569,6 +573,10 @@ impl TableMapping {
         let mapped = self.plan.map(&row, commit_time_ms).and_then(|mut record| {
             if let Some(connect) = &self.connect {
                 connect.convert(row.row, &mut record)?;
+            }
+            // A record waiting for schema ids keeps its columns, for a dead letter.
+            if let Some(pending) = record.schemas.as_mut() {
+                pending.raw = self.plan.raw_parts(&row);
             }
             Ok(record)
         });

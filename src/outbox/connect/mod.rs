@@ -11,6 +11,7 @@
 pub mod avro;
 pub mod data;
 pub mod expand;
+pub mod registry;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,7 +20,8 @@ use bytes::Bytes;
 use tokio_postgres::types::Type;
 
 use super::{
-    BindError, EventError, HeaderColumn, MappingConfig, OutboxRecord, column_index, invalid, values,
+    BindError, EventError, HeaderColumn, MappingConfig, OutboxRecord, RawParts, column_index,
+    invalid, values,
 };
 use crate::pgoutput::{Relation, TupleData, Value};
 use data::{Data, Kind, Schema};
@@ -42,12 +44,22 @@ pub enum Converter {
     /// `io.debezium.converters.BinaryDataConverter`: bytes as they are, anything else through
     /// its `delegate.converter.type` (`--key-delegate-converter`, `--value-delegate-converter`).
     BinaryData,
+    /// `io.confluent.connect.avro.AvroConverter`: Avro, its schema in a Schema Registry.
+    Avro,
 }
 
 impl Converter {
     /// Whether the converter writes a column's `NOT NULL` and `DEFAULT` (so needs the catalog).
     fn reads_catalog(self) -> bool {
-        matches!(self, Converter::Json | Converter::JsonWithSchemas)
+        matches!(
+            self,
+            Converter::Json | Converter::JsonWithSchemas | Converter::Avro
+        )
+    }
+
+    /// Whether the converter writes structs (envelopes, expanded payloads) as Debezium did.
+    fn writes_structs(self) -> bool {
+        self.reads_catalog()
     }
 
     /// Whether the converter can be a BinaryDataConverter's delegate.
@@ -111,6 +123,8 @@ pub struct ConnectConfig {
     pub tombstone_on_empty: bool,
     /// `tracing.span.context.field`, when the Connect worker ran an OpenTelemetry agent.
     pub trace_column: Option<String>,
+    /// The Schema Registry converters' settings and the schema ids known.
+    pub registry: registry::RegistryFormat,
     /// The envelope schemas named so far, shared by every table as Debezium's router shares them.
     pub schema_cache: SchemaCache,
 }
@@ -128,6 +142,13 @@ impl ConnectConfig {
     /// Whether binding a table needs its columns' `NOT NULL` and `DEFAULT`.
     pub fn reads_catalog(&self) -> bool {
         self.key_writer().reads_catalog() || self.value_writer().reads_catalog()
+    }
+
+    /// Whether a key or value is written through a Schema Registry.
+    pub fn uses_registry(&self) -> bool {
+        let registry =
+            |w: Writer| w.converter == Converter::Avro || w.delegate == Some(Converter::Avro);
+        registry(self.key_writer()) || registry(self.value_writer())
     }
 
     fn key_writer(&self) -> Writer {
@@ -295,6 +316,8 @@ pub struct ConnectPlan {
     partition: Option<Col>,
     version: Option<Col>,
     trace: Option<usize>,
+    /// Registry schemas derived for this table's keys and values.
+    derived: registry::Derivations,
 }
 
 impl ConnectPlan {
@@ -364,7 +387,7 @@ impl ConnectPlan {
             .map(|e| Ok((col("--envelope-column", &e.column)?, e.header.clone())))
             .collect::<Result<Vec<_>, BindError>>()?;
         let structs = config.value_writer().of(Some(&Kind::Struct(Vec::new())));
-        let json_structs = structs.is_some_and(Converter::reads_catalog);
+        let json_structs = structs.is_some_and(Converter::writes_structs);
         if !envelope.is_empty() && !json_structs {
             let why = "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop";
             let first = &config.envelope[0].column;
@@ -373,6 +396,34 @@ impl ConnectPlan {
         if config.expand_json_payload && !json_structs {
             let why = "expanded payloads are structs, written only by JsonConverter";
             return Err(refusal("--expand-json-payload", "", why));
+        }
+        for (is_key, writer, col, flag, name) in [
+            (
+                true,
+                config.key_writer(),
+                &key,
+                "--key-subject-name-strategy",
+                key_column,
+            ),
+            (
+                false,
+                config.value_writer(),
+                &payload,
+                "--value-subject-name-strategy",
+                payload_column,
+            ),
+        ] {
+            let avro = writer.of(Some(&col.schema.kind)) == Some(Converter::Avro);
+            let strategy = config.registry.role(is_key).subjects;
+            // Only an envelope is an Avro record.
+            let never_a_record = is_key || envelope.is_empty();
+            if avro && strategy != registry::SubjectStrategy::Topic && never_a_record {
+                let why = format!(
+                    "{} names subjects after Avro records, and this is never one; Debezium stops at the first event",
+                    strategy.class()
+                );
+                return Err(refusal(flag, name, &why));
+            }
         }
         let int32 = |flag, name: &Option<String>| {
             let name = name.as_deref()?;
@@ -395,6 +446,7 @@ impl ConnectPlan {
             partition,
             version: version.transpose()?,
             trace,
+            derived: registry::Derivations::default(),
         })
     }
 
@@ -402,15 +454,22 @@ impl ConnectPlan {
     /// [`Converter::Relay`] key or value stays the relay's own.
     pub fn convert(&self, row: &TupleData, record: &mut OutboxRecord) -> Result<(), EventError> {
         let stops = |reason: String| EventError::DebeziumStops { reason };
+        let (mut key, mut value) = (None, None);
         if self.config.key != Converter::Relay {
             let data = self.key.data(row, "key")?;
-            let writer = self.config.key_writer();
-            record.key = convert(writer, Some(&self.key.schema), &data).map_err(stops)?;
+            let written = (Some(&self.key.schema), &data);
+            record.key = (self.write(true, &record.topic, written, &mut key)).map_err(stops)?;
         }
         if self.config.value != Converter::Relay {
             let (schema, data) = self.value(row)?;
-            let writer = self.config.value_writer();
-            record.payload = convert(writer, schema.as_ref(), &data).map_err(stops)?;
+            let written = (schema.as_ref(), &data);
+            let topic = &record.topic;
+            record.payload = (self.write(false, topic, written, &mut value)).map_err(stops)?;
+        }
+        if key.is_some() || value.is_some() {
+            let raw = RawParts::default();
+            let pending = registry::PendingSchemas { key, value, raw };
+            record.schemas = Some(Box::new(pending));
         }
         record.id = header_bytes(&self.id.data(row, "id")?).unwrap_or_default();
         // The context and trace headers come before `id`, the header columns after it.
@@ -440,6 +499,26 @@ impl ConnectPlan {
         record.partition =
             int(self.partition.as_ref(), row, "partition")?.and_then(|p| i32::try_from(p).ok());
         Ok(())
+    }
+
+    /// Bytes of a key's or value's `data` as its converter writes them (`Err`: Debezium
+    /// stops); a registry converter's schema whose id is not known yet goes into `pending`.
+    fn write(
+        &self,
+        key: bool,
+        topic: &str,
+        (schema, data): (Option<&Schema>, &Data),
+        pending: &mut Option<registry::Pending>,
+    ) -> Result<Option<Bytes>, String> {
+        let writer = match key {
+            true => self.config.key_writer(),
+            false => self.config.value_writer(),
+        };
+        if writer.of(kind_of(schema, data)) == Some(Converter::Avro) {
+            let registry = &self.config.registry;
+            return registry.avro(&self.derived, key, topic, (schema, data), pending);
+        }
+        convert(writer, schema, data)
     }
 
     /// The value's schema and data, as the router leaves them for the value converter.
@@ -544,13 +623,7 @@ fn int(col: Option<&Col>, row: &TupleData, name: &str) -> Result<Option<i64>, Ev
 
 /// Bytes of `data` as a Connect converter writes them (`Err`: Debezium stops).
 fn convert(writer: Writer, schema: Option<&Schema>, data: &Data) -> Result<Option<Bytes>, String> {
-    // BinaryDataConverter looks at the value where there is no schema.
-    let kind = match (schema, data) {
-        (Some(schema), _) => Some(&schema.kind),
-        (None, Data::Bytes(_)) => Some(&Kind::Bytes),
-        (None, _) => None,
-    };
-    let converter = match (writer.of(kind), data) {
+    let converter = match (writer.of(kind_of(schema, data)), data) {
         (_, Data::Null) if writer.converter == Converter::BinaryData && schema.is_none() => {
             return Ok(None);
         }
@@ -576,6 +649,16 @@ fn convert(writer: Writer, schema: Option<&Schema>, data: &Data) -> Result<Optio
             b.len()
         )))),
         (_, data) => Ok(header_bytes(data)),
+    }
+}
+
+/// The kind of `data`: its schema's, or where there is none (BinaryDataConverter looks at
+/// the value then), bytes for bytes.
+fn kind_of<'a>(schema: Option<&'a Schema>, data: &Data) -> Option<&'a Kind> {
+    match (schema, data) {
+        (Some(schema), _) => Some(&schema.kind),
+        (None, Data::Bytes(_)) => Some(&Kind::Bytes),
+        (None, _) => None,
     }
 }
 
