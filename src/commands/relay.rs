@@ -100,6 +100,9 @@ async fn relay(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, RelayError> {
     // Checked before the slot is made, so a refusal leaves nothing behind.
+    let registry = (config.schema_registry.as_ref())
+        .map(crate::sink::registry::HttpRegistry::new)
+        .transpose()?;
     let cleanup = match config.flags.cleanup {
         Cleanup::None => None,
         Cleanup::Delete => {
@@ -134,7 +137,10 @@ async fn relay(
     }
     heartbeats.spawn(lineage::keep_fresh(config.clone()));
     let sink = Arc::new(sink);
-    let pipeline = Pipeline::new(config, source, sink, deliveries, health, &slot, cleanup);
+    let mut pipeline = Pipeline::new(config, source, sink, deliveries, health, &slot, cleanup);
+    if let Some(registry) = registry {
+        pipeline = pipeline.with_registry(Arc::new(registry));
+    }
     pipeline.run(shutdown).await
 }
 

@@ -118,6 +118,8 @@ pub struct HealthSnapshot {
     pub cleanup: CleanupBacklog,
     /// Since the first row a delete left in place waits; zero when none.
     pub cleanup_held_for: Duration,
+    /// Why events wait for the Schema Registry, while they do.
+    pub schema_registry: Option<String>,
 }
 
 /// `--cleanup delete`'s backlog, as the pipeline last published it.
@@ -204,6 +206,12 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
             state.cleanup_held_for.as_secs(),
             limits.max_ack_staleness.as_secs(),
             cleanup.why_held()
+        ));
+    }
+    if let Some(why) = &state.schema_registry {
+        reasons.push(format!(
+            "{why}; nothing after them is acknowledged until the registry answers (check \
+             --schema-registry-url and the registry)"
         ));
     }
     let mut warnings = Vec::new();
@@ -332,6 +340,7 @@ pub struct Health {
     producer_connected: AtomicBool,
     progress: Mutex<Progress>,
     slot: Mutex<SlotObservation>,
+    schema_registry: Mutex<Option<String>>,
 }
 
 /// A poisoned lock still holds a consistent value: every write is one assignment.
@@ -369,6 +378,11 @@ impl Health {
         *lock(&self.slot) = observation;
     }
 
+    /// Why events wait for the Schema Registry; `None` once they do not.
+    pub fn set_schema_registry(&self, waiting: Option<String>) {
+        *lock(&self.schema_registry) = waiting;
+    }
+
     /// The pipeline's progress now.
     pub fn set_progress(&self, progress: Progress) {
         *lock(&self.progress) = progress;
@@ -396,6 +410,7 @@ impl Health {
             slot: self.slot(),
             cleanup: progress.cleanup,
             cleanup_held_for: since(progress.cleanup.held_since),
+            schema_registry: lock(&self.schema_registry).clone(),
         }
     }
 }
@@ -419,6 +434,7 @@ mod tests {
             }),
             cleanup: CleanupBacklog::default(),
             cleanup_held_for: Duration::ZERO,
+            schema_registry: None,
         }
     }
 
@@ -624,8 +640,9 @@ mod tests {
                 ..CleanupBacklog::default()
             },
             cleanup_held_for: Duration::from_secs(3600),
+            schema_registry: Some("events wait for the Schema Registry".into()),
         };
-        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 7);
+        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 8);
         // Rows held back for less than the limit are not yet a reason.
         let held = HealthSnapshot {
             cleanup: CleanupBacklog {

@@ -69,6 +69,10 @@ metrics! {
         "1 when every standby --postgres-url names holds a persistent synchronized copy of the failover slot, else 0.";
     describe_gauge SYNCHRONIZED_STANDBY_SLOTS_SET = "outbox_relay_synchronized_standby_slots_set",
         "1 when synchronized_standby_slots is set on the server (PostgreSQL 17+), else 0.";
+    describe_gauge SCHEMA_REGISTRY_WAITING_EVENTS = "outbox_relay_schema_registry_waiting_events",
+        "Events waiting for a Schema Registry schema id (the registry unavailable, or one new schema being registered); nothing after them is acknowledged.";
+    describe_counter SCHEMA_REGISTRY_REQUESTS_TOTAL = "outbox_relay_schema_registry_requests_total",
+        "Schema Registry requests (one per new subject and schema, and per retry), by outcome: ok, unavailable, refused, unauthorized.";
     describe_gauge BUILD_INFO = "outbox_relay_build_info",
         "Always 1; the version label names the build.";
     describe_gauge SHARD_INFO = "outbox_relay_shard_info",

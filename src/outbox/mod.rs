@@ -133,6 +133,13 @@ pub enum EventError {
         /// What Debezium (its router or JsonConverter) refuses.
         reason: String,
     },
+    /// The Schema Registry refused the event's schema (incompatible, invalid, or missing where
+    /// it must be registered already).
+    #[error("{reason}")]
+    SchemaRefused {
+        /// The subject, the registry's message and the remedy.
+        reason: String,
+    },
     /// A value is not valid for its column type.
     #[error("column {column:?} holds a value the relay cannot read: {reason}")]
     InvalidValue {

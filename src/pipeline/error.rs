@@ -167,6 +167,22 @@ pub enum RelayError {
         #[source]
         source: DeleteFailure,
     },
+    /// The Schema Registry refused the relay (401, 403), or there is none to ask.
+    #[error(
+        "the Schema Registry stopped the relay at commit LSN {lsn}; nothing at or after it was \
+         acknowledged. Fix the registry settings (--schema-registry-url, \
+         --schema-registry-user-info) and restart"
+    )]
+    SchemaRegistry {
+        /// Commit LSN of the first event waiting for a schema id.
+        lsn: Lsn,
+        /// What the registry said.
+        #[source]
+        source: crate::sink::registry::Failure,
+    },
+    /// The Schema Registry client cannot be set up.
+    #[error(transparent)]
+    RegistrySetup(#[from] crate::sink::registry::SetupError),
     /// The stream violated transaction framing.
     #[error("replication stream out of order")]
     Protocol(#[from] AckError),
@@ -193,6 +209,8 @@ impl RelayError {
         use RelayError as E;
         match self {
             E::Producer(_)
+            | E::SchemaRegistry { .. }
+            | E::RegistrySetup(_)
             | E::UnmappedRelation { .. }
             | E::Source(SourceError::Tls(_))
             | E::Source(SourceError::TlsHandshake { .. })

@@ -9,6 +9,7 @@
 
 pub mod exactly_once;
 pub mod lineage;
+pub mod registry;
 mod reports;
 
 use std::future::Future;

@@ -659,5 +659,113 @@ fn write_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
+/// The Avro specification's Parsing Canonical Form of a schema's JSON text: what decides how
+/// values encode, without documentation, defaults, properties or aliases, names in full.
+pub fn parsing_canonical_form(text: &str) -> Result<String, String> {
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    canonical(&json, None, &mut out)?;
+    Ok(out)
+}
+
+fn canonical(
+    json: &serde_json::Value,
+    space: Option<&str>,
+    out: &mut String,
+) -> Result<(), String> {
+    use serde_json::Value;
+    let full = |name: &str, space: Option<&str>| match (name.contains('.'), space) {
+        (false, Some(space)) if !space.is_empty() && !PRIMITIVES.contains(&name) => {
+            format!("{space}.{name}")
+        }
+        _ => name.to_owned(),
+    };
+    match json {
+        Value::String(name) => write_string(out, &full(name, space)),
+        Value::Array(branches) => {
+            out.push('[');
+            for (i, branch) in branches.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(branch, space, out)?;
+            }
+            out.push(']');
+        }
+        Value::Object(object) => {
+            let kind = object
+                .get("type")
+                .ok_or("a schema object without \"type\"")?;
+            let Value::String(kind) = kind else {
+                return canonical(kind, space, out);
+            };
+            match kind.as_str() {
+                "record" | "error" | "enum" | "fixed" => {
+                    let name = object
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or("no name")?;
+                    let namespace = object.get("namespace").and_then(Value::as_str);
+                    let name = match (name.contains('.'), namespace) {
+                        (false, Some(ns)) => full(name, Some(ns)),
+                        (false, None) => full(name, space),
+                        (true, _) => name.to_owned(),
+                    };
+                    let inner = name.rsplit_once('.').map(|(ns, _)| ns.to_owned());
+                    out.push_str("{\"name\":");
+                    write_string(out, &name);
+                    out.push_str(",\"type\":");
+                    write_string(out, kind);
+                    if let Some(Value::Array(fields)) = object.get("fields") {
+                        out.push_str(",\"fields\":[");
+                        for (i, field) in fields.iter().enumerate() {
+                            if i > 0 {
+                                out.push(',');
+                            }
+                            let field_name = field.get("name").and_then(Value::as_str);
+                            out.push_str("{\"name\":");
+                            write_string(out, field_name.ok_or("a field without name")?);
+                            out.push_str(",\"type\":");
+                            let field_type = field.get("type").ok_or("a field without type")?;
+                            canonical(field_type, inner.as_deref(), out)?;
+                            out.push('}');
+                        }
+                        out.push(']');
+                    }
+                    if let Some(symbols) = object.get("symbols") {
+                        out.push_str(",\"symbols\":");
+                        out.push_str(&symbols.to_string());
+                    }
+                    if let Some(size) = object.get("size") {
+                        write!(out, ",\"size\":{size}").unwrap_or_default();
+                    }
+                    out.push('}');
+                }
+                "array" => {
+                    out.push_str("{\"type\":\"array\",\"items\":");
+                    canonical(
+                        object.get("items").ok_or("an array without items")?,
+                        space,
+                        out,
+                    )?;
+                    out.push('}');
+                }
+                "map" => {
+                    out.push_str("{\"type\":\"map\",\"values\":");
+                    canonical(
+                        object.get("values").ok_or("a map without values")?,
+                        space,
+                        out,
+                    )?;
+                    out.push('}');
+                }
+                primitive => write_string(out, &full(primitive, space)),
+            }
+        }
+        other => return Err(format!("not a schema: {other}")),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

@@ -301,3 +301,16 @@ fn longs_are_zig_zag_varints() {
         assert_eq!(hex::encode(out), hex, "{value}");
     }
 }
+
+#[test]
+fn canonical_forms_keep_only_what_encodes() {
+    let ours = r#"["null",{"type":"record","name":"Value","namespace":"a.b","fields":[{"name":"p","type":["null",{"type":"string","connect.name":"io.debezium.data.Json"}],"default":null},{"name":"q","type":{"type":"record","name":"In","fields":[{"name":"x","type":"int"}]}},{"name":"r","type":"In"}],"connect.name":"a.b.Value"}]"#;
+    let documented = r#"["null",{"type":"record","name":"a.b.Value","doc":"the event","fields":[{"name":"p","type":["null","string"],"doc":"json"},{"name":"q","type":{"type":"record","name":"In","namespace":"a.b","fields":[{"name":"x","type":{"type":"int"}}]}},{"name":"r","type":"a.b.In"}]}]"#;
+    let expected = r#"["null",{"name":"a.b.Value","type":"record","fields":[{"name":"p","type":["null","string"]},{"name":"q","type":{"name":"a.b.In","type":"record","fields":[{"name":"x","type":"int"}]}},{"name":"r","type":"a.b.In"}]}]"#;
+    assert_eq!(parsing_canonical_form(ours).as_deref(), Ok(expected));
+    assert_eq!(parsing_canonical_form(documented).as_deref(), Ok(expected));
+    let other =
+        r#"["null",{"type":"record","name":"a.b.Value","fields":[{"name":"p","type":"string"}]}]"#;
+    assert_ne!(parsing_canonical_form(other).as_deref(), Ok(expected));
+    assert!(parsing_canonical_form("{").is_err());
+}
