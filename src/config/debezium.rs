@@ -178,6 +178,7 @@ pub fn import_with(
         worker,
         used,
         out,
+        registry: registry::RegistryImport::default(),
     }
     .run()
 }
@@ -185,8 +186,22 @@ pub fn import_with(
 /// The equivalent command line, shell-quoted, one flag per line, then the warnings as comments.
 pub fn explain(imported: &Imported) -> String {
     let mut out = String::from("outbox-relay");
+    let mut hidden = Vec::new();
     for (flag, value) in &imported.args {
-        out += &format!(" \\\n  {flag} {}", shell_words::quote(value));
+        let Some(shown) = explained(flag, value) else {
+            hidden.push(flag.as_str());
+            continue;
+        };
+        out += &format!(" \\\n  {flag} {}", shell_words::quote(&shown));
+    }
+    for flag in hidden {
+        let env = format!(
+            "OUTBOX_RELAY_{}",
+            flag.trim_start_matches('-')
+                .replace('-', "_")
+                .to_uppercase()
+        );
+        out += &format!("\n# {flag} is not shown (a credential): set {env}");
     }
     out.push('\n');
     if !imported.identical.is_empty() {
@@ -208,8 +223,33 @@ const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
 const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
 const HEADER_CONVERTER: &str =
     "the relay writes header values as SimpleHeaderConverter, Kafka Connect's default, does";
-const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter, JsonConverter and Debezium's BinaryDataConverter; a schema-registry format (Avro, Protobuf, JSON Schema) is not written";
+const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter, JsonConverter, Debezium's BinaryDataConverter and Confluent's AvroConverter";
 const WORKER_DEFAULT: &str = "Kafka's sample worker config (JsonConverter, schemas.enable=true), as neither the connector config nor --debezium-worker-config names one";
+
+/// How `--explain` shows an imported flag: credentials never (`None`), a URL's user info
+/// masked.
+fn explained(flag: &str, value: &str) -> Option<String> {
+    match flag {
+        "--schema-registry-user-info" => None,
+        "--schema-registry-url" => Some(
+            value
+                .split(',')
+                .map(|url| match url::Url::parse(url.trim()) {
+                    Ok(mut parsed)
+                        if !parsed.username().is_empty() || parsed.password().is_some() =>
+                    {
+                        let _ = parsed.set_username("***");
+                        let _ = parsed.set_password(None);
+                        parsed.to_string()
+                    }
+                    _ => url.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        _ => Some(value.to_owned()),
+    }
+}
 
 /// A connector key without an equivalent, with why, for the "ignored" warning.
 fn ignored_note(key: &str) -> String {
@@ -292,6 +332,8 @@ struct Importer<'a> {
     worker: Option<&'a BTreeMap<String, String>>,
     used: BTreeSet<&'a str>,
     out: Imported,
+    /// The AvroConverters' settings, turned into flags once both are read.
+    registry: registry::RegistryImport,
 }
 
 impl<'a> Importer<'a> {
@@ -480,9 +522,28 @@ impl<'a> Importer<'a> {
             _ => simple_converter(class),
         };
         let flag = flag.map_err(|why| invalid(&key, class, why))?;
-        let flag = converter_settings(flag, &settings, &prefix, origin)?;
+        let flag = self.settings(role, flag, &settings, &prefix, origin)?;
         if role != "header" {
             self.identical(&key, class);
+        }
+        Ok(flag)
+    }
+
+    /// A converter's settings: an AvroConverter's become registry flags, the others' are
+    /// checked by [`converter_settings`].
+    fn settings(
+        &mut self,
+        role: &str,
+        flag: &'static str,
+        settings: &[(&str, &str)],
+        prefix: &str,
+        origin: &str,
+    ) -> Result<&'static str, Error> {
+        if flag != "avro" {
+            return converter_settings(flag, settings, prefix, origin);
+        }
+        for setting in self.registry.avro(role, settings, prefix)? {
+            self.out.identical.push(setting);
         }
         Ok(flag)
     }
@@ -507,7 +568,7 @@ impl<'a> Importer<'a> {
             let own: Vec<_> = (settings.iter().copied())
                 .filter(|(k, _)| k.starts_with(&prefix))
                 .collect();
-            let flag = converter_settings(flag, &own, &prefix, origin)?;
+            let flag = self.settings(role, flag, &own, &prefix, origin)?;
             self.arg(&format!("--{role}-delegate-converter"), flag);
             self.identical(&delegate_key, delegate_class);
         }
@@ -527,6 +588,9 @@ impl<'a> Importer<'a> {
             self.out.args.insert(at, arg);
         }
         self.converter("header")?;
+        for (flag, value) in self.registry.args() {
+            self.arg(&flag, value);
+        }
         Ok(())
     }
 
@@ -728,6 +792,12 @@ impl<'a> Importer<'a> {
 fn simple_converter(class: &str) -> Result<&'static str, &'static str> {
     let short = class.rsplit('.').next().unwrap_or_default();
     let kafka = class == short || class.starts_with("org.apache.kafka.connect.");
+    if registry::is_avro(class) {
+        return Ok("avro");
+    }
+    if let Some(why) = registry::refused_converter(class) {
+        return Err(why);
+    }
     match short {
         "StringConverter" if kafka => Ok("string"),
         "ByteArrayConverter" if kafka => Ok("bytearray"),
@@ -839,5 +909,6 @@ fn is_config_provider(value: &str) -> bool {
         .is_some_and(|(inner, _)| inner.contains(':'))
 }
 
+mod registry;
 #[cfg(test)]
 mod tests;

@@ -6,5 +6,6 @@ pub mod http;
 pub mod kafka;
 pub mod postgres;
 pub mod proxy;
+pub mod registry;
 pub mod relay;
 pub mod world;
