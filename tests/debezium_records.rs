@@ -156,7 +156,16 @@ pub async fn prepared(fixture: &Fixture, rows: &str) -> PgCluster {
 
 /// The relay, started on `pg` with the fixture's connector and worker configs imported.
 pub fn relay(fixture: &Fixture, pg: &PgCluster, broker: &Broker, dir: &std::path::Path) -> Relay {
+    create_topics(fixture, broker);
     relay_with(fixture, pg, broker, dir, None, &[])
+}
+
+/// The fixture's topics, with Debezium's 6 partitions.
+pub fn create_topics(fixture: &Fixture, broker: &Broker) {
+    let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
+    for topic in topics {
+        broker.create_topic(topic, PARTITIONS);
+    }
 }
 
 /// [`relay`] with the fixture's `${registry}` at `registry`, and `extra` flags.
@@ -187,10 +196,6 @@ pub fn relay_with(
         .map(|(k, v)| format!("{k}={v}\n"))
         .collect();
     std::fs::write(&worker_file, worker).unwrap();
-    let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
-    for topic in topics {
-        broker.create_topic(topic, PARTITIONS);
-    }
     let bootstrap = broker.bootstrap();
     let mut args = vec![
         "--debezium-config",
@@ -517,6 +522,7 @@ async fn relays_like_debezium_with_a_registry(name: &str) {
     let broker = Broker::start();
     let registry = registry_for(&fixture).await;
     let dir = tempfile::tempdir().unwrap();
+    create_topics(&fixture, &broker);
     let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &[]);
     let got = tokio::task::block_in_place(|| read_back(&broker, &fixture.records, &relay));
     relay.stop();
@@ -780,6 +786,7 @@ async fn a_schema_a_backward_registry_refuses_is_poison_as_it_stopped_debezium()
     let broker = Broker::start();
     let registry = registry_for(&fixture).await;
     let dir = tempfile::tempdir().unwrap();
+    create_topics(&fixture, &broker);
     let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &[]);
     let status = tokio::task::block_in_place(|| relay.wait_exit(Duration::from_secs(60)));
     assert_eq!(status.and_then(|s| s.code()), Some(5), "{}", relay.log());
@@ -804,6 +811,7 @@ async fn a_schema_a_backward_registry_refuses_is_poison_as_it_stopped_debezium()
     let broker = Broker::start();
     let registry = registry_for(&fixture).await;
     let extra = ["--on-poison", "dead-letter", "--dead-letter-topic", "dlq"];
+    create_topics(&fixture, &broker);
     let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &extra);
     let dead = tokio::task::block_in_place(|| {
         let wanted = ["00000000-0000-4000-8000-00000000000a".to_owned()];
@@ -822,4 +830,124 @@ async fn a_schema_a_backward_registry_refuses_is_poison_as_it_stopped_debezium()
         relay.log()
     );
     assert_eq!(dead[0].payload_text().as_deref(), Some("[]"));
+}
+
+/// The cutover with AvroConverter: Debezium relayed the rows above `-- cutover` (its records
+/// are produced as it produced them, the registry holds the schemas it registered for them, and
+/// the slot confirmed past them); then the relay takes over the slot, topics and registry.
+/// It registers no new version under any subject Debezium used, its records equal Debezium's
+/// after the cutover (ids mapped), and every key's records, Debezium's and the relay's, are on
+/// one partition in the order they were written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cutover_from_debezium_with_avro_registers_nothing_new_and_keeps_keys_in_order() {
+    let fixture = fixture("avro");
+    let rows = sql().1;
+    let (before, after) = rows.split_once("-- cutover").unwrap();
+    let pg = prepared(&fixture, before).await;
+    let count = "SELECT (SELECT count(*) FROM public.outbox) + (SELECT count(*) FROM public.outbox_text) + (SELECT count(*) FROM public.outbox_bytes)";
+    let debeziums: usize = pg.execute(count).await[0][0]
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let broker = Broker::start();
+    let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
+    for topic in &topics {
+        broker.create_topic(topic, PARTITIONS);
+    }
+    tokio::task::block_in_place(|| produce_as_debezium(&broker, &fixture.records[..debeziums]));
+    // The registry as Debezium left it: the schemas its records name, registered in id order
+    // (so they keep Debezium's ids).
+    let registry = registry_for(&fixture).await;
+    let framed_id = |b: &Option<Vec<u8>>| {
+        b.as_ref()
+            .map(|b| u32::from_be_bytes([b[1], b[2], b[3], b[4]]))
+    };
+    let used: BTreeSet<u32> = fixture.records[..debeziums]
+        .iter()
+        .flat_map(|r| [framed_id(&r.key), framed_id(&r.value)])
+        .flatten()
+        .collect();
+    let mut entries: Vec<(u32, &String, &String)> = (fixture.registry.iter())
+        .flat_map(|(subject, versions)| {
+            versions
+                .iter()
+                .map(move |(id, schema)| (*id, subject, schema))
+        })
+        .filter(|(id, _, _)| used.contains(id))
+        .collect();
+    entries.sort();
+    for (id, subject, schema) in entries {
+        assert_eq!(registry.register(subject, schema), Ok(id), "{subject}");
+    }
+    let before_switch = registry.dump();
+    let slot = &fixture.connector["slot.name"];
+    pg.execute(&format!(
+        "SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())"
+    ))
+    .await;
+    pg.execute(after).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &[]);
+    let got = tokio::task::block_in_place(|| read_back(&broker, &fixture.records, &relay));
+    relay.stop();
+    let run_id = |r: &Record| {
+        r.headers
+            .iter()
+            .find(|(n, _)| n == "__debezium.context.runId")
+            .and_then(|(_, v)| v.clone())
+    };
+    let debezium_run =
+        run_id(&fixture.records[0]).map(|v| String::from_utf8_lossy(&v).into_owned());
+    let relays: Vec<Consumed> = (got.iter())
+        .filter(|g| g.header("__debezium.context.runId") != debezium_run)
+        .cloned()
+        .collect();
+    assert_eq!(
+        relays.len(),
+        fixture.records.len() - debeziums,
+        "the relay relayed only what Debezium had not"
+    );
+    let ids = Ids {
+        fixture: &fixture,
+        relay: &registry,
+    };
+    assert_identical_with(
+        "avro after the cutover",
+        &fixture.records[debeziums..],
+        &relays,
+        Some(&ids),
+    );
+    let after_switch = registry.dump();
+    for (subject, versions) in &before_switch {
+        assert_eq!(
+            &after_switch[subject], versions,
+            "{subject}: a new version at the switch"
+        );
+    }
+    let mut partitions: BTreeMap<(String, Vec<u8>), BTreeSet<i32>> = BTreeMap::new();
+    for record in &got {
+        let Some(key) = record.key.clone() else {
+            continue;
+        };
+        partitions
+            .entry((record.topic.clone(), key))
+            .or_default()
+            .insert(record.partition);
+    }
+    let moved: Vec<_> = partitions.iter().filter(|(_, p)| p.len() > 1).collect();
+    assert!(
+        moved.is_empty(),
+        "keys on more than one partition: {moved:?}"
+    );
+    let keys_on_both_sides = fixture.records[..debeziums]
+        .iter()
+        .filter(|d| d.key.is_some() && fixture.records[debeziums..].iter().any(|r| r.key == d.key))
+        .count();
+    assert!(
+        keys_on_both_sides >= 24,
+        "the cutover is tested on keys written before and after it"
+    );
+    assert_identical_order(&fixture.records, &got);
 }
