@@ -31,7 +31,11 @@
 //! without it) drain each round's backlog one after the other, and the bench reports each
 //! relay's and walsender's CPU per event of the whole outbox and the drain K+1 cores would
 //! reach (events / the larger of the busiest process's CPU seconds and all their CPU seconds
-//! over K+1).
+//! over K+1); and `--formats`: instead of the three parts, each round drains N rows with the
+//! relay's own format and N more with Avro keys and values (`--key-converter avro
+//! --value-converter avro`, the tests' Schema Registry in process), alternating which goes
+//! first, and the bench reports the relay's CPU per event of each and their ratio, with the
+//! registry requests the Avro relay made (one per subject: never one per event).
 
 // Test support: its `expect`s are on loopback set-up, not on relay output.
 #[allow(clippy::expect_used)]
@@ -39,6 +43,9 @@
 mod http;
 #[path = "../tests/support/postgres.rs"]
 mod postgres;
+#[allow(dead_code, clippy::expect_used)]
+#[path = "../tests/support/registry.rs"]
+mod registry;
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -156,6 +163,9 @@ struct Args {
     quick: bool,
     /// `--shards K`: only the shard drains, with K relays (1: one without `--shard`).
     shards: Option<u32>,
+    /// `--formats`: only backlog drains, alternating the relay's own format and Avro keys and
+    /// values through a Schema Registry.
+    formats: bool,
 }
 
 impl Args {
@@ -178,6 +188,7 @@ impl Args {
             kafka_properties: Vec::new(),
             quick,
             shards: None,
+            formats: false,
         };
         let mut it = raw.iter();
         while let Some(flag) = it.next() {
@@ -210,6 +221,7 @@ impl Args {
                 "--delivery" => args.delivery = value(flag)?,
                 "--cleanup" => args.cleanup = value(flag)?,
                 "--skip-large" => args.skip_large = true,
+                "--formats" => args.formats = true,
                 "--brokers" => args.brokers = small(flag, number(flag, value(flag)?)?)?,
                 "--partitions" => args.partitions = small(flag, number(flag, value(flag)?)?)?,
                 "--shards" => {
@@ -676,6 +688,7 @@ impl RelayProcess {
         bootstrap: &str,
         args: &Args,
         shard: Option<Shard>,
+        extra: &[String],
     ) -> Result<Self> {
         let http_port = http::free_port();
         let mut child = Command::new(bin)
@@ -698,6 +711,7 @@ impl RelayProcess {
             )
             .args(["--shutdown-timeout", "10s", "--log-level", "info"])
             .args(["--http-addr", &format!("127.0.0.1:{http_port}")])
+            .args(extra)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -972,6 +986,7 @@ impl Bench {
         broker_target: i64,
         limit: Duration,
         shard: Option<Shard>,
+        extra: &[String],
     ) -> Result<RelayDrain> {
         let slot = &shard.map_or(SLOT_RELAY.to_owned(), |s| s.name(SLOT_RELAY));
         let bench_cpu_before = self_cpu_ticks();
@@ -982,6 +997,7 @@ impl Bench {
             &self.broker.bootstrap_servers(),
             &self.args,
             shard,
+            extra,
         )?;
         let watcher = watch_broker(
             self.broker.bootstrap_servers(),
@@ -1175,7 +1191,7 @@ impl Bench {
 
         let before = self.broker_records().await?;
         let relay = self
-            .drain_relay(end, before + n as i64, limit, None)
+            .drain_relay(end, before + n as i64, limit, None, &[])
             .await?;
         let relay_rate = n as f64 / relay.wall.as_secs_f64();
         let broker_rate = relay
@@ -1243,6 +1259,7 @@ impl Bench {
             &self.broker.bootstrap_servers(),
             &self.args,
             None,
+            &[],
         )?;
         let startup = relay.wait_streaming().await?;
         self.startups.push(startup);
@@ -1428,7 +1445,7 @@ impl Bench {
         );
         let before = self.broker_records().await?;
         let relay = self
-            .drain_relay(end, before + n as i64, limit, None)
+            .drain_relay(end, before + n as i64, limit, None, &[])
             .await?;
         println!(
             "relay: {:.2} s from spawn to slot confirmed ({:.0} events/s; broker had all after {:.2} s); \
@@ -1576,7 +1593,7 @@ impl Bench {
                 };
                 let before = self.broker_records().await?;
                 let drain = self
-                    .drain_relay(end, before + owned as i64, limit, shard)
+                    .drain_relay(end, before + owned as i64, limit, shard, &[])
                     .await?;
                 println!(
                     "round {} shard {}: {owned} events; CPU per M events of the outbox: relay \
@@ -1743,6 +1760,8 @@ async fn run(args: Args) -> Result<()> {
     bench.report.add("partitions", bench.args.partitions);
     if let Some(count) = bench.args.shards {
         bench.shards(count).await?;
+    } else if bench.args.formats {
+        bench.formats().await?;
     } else {
         bench.backlog().await?;
         bench.steady().await?;
@@ -1759,6 +1778,102 @@ async fn run(args: Args) -> Result<()> {
     bench.report.add("loadavg_end", load_average());
     println!("\n{}", bench.report.line());
     Ok(())
+}
+
+impl Bench {
+    /// `--formats`: each round drains N rows with the relay's own format and N with Avro keys
+    /// and values, alternating which goes first; the Avro relay's ids are cached after its
+    /// first event per subject (the registry counts its requests).
+    async fn formats(&mut self) -> Result<()> {
+        let n = self.args.events;
+        let rounds = self.args.rounds;
+        println!(
+            "\n== Formats: {n} events per drain, {BACKLOG_TX_ROWS} per transaction, the relay's \
+             format and Avro alternately, {rounds} round(s) =="
+        );
+        let registry = registry::Registry::start_on(0)
+            .await
+            .context("start the registry")?;
+        let avro: Vec<String> = [
+            "--key-converter",
+            "avro",
+            "--value-converter",
+            "avro",
+            "--schema-registry-url",
+            &registry.url(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let mut relay_cpu = Vec::new();
+        let mut avro_cpu = Vec::new();
+        let mut ratios = Vec::new();
+        let mut loaded = 0;
+        for round in 0..rounds {
+            let mut cpu = [0.0; 2];
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for format in order {
+                load_backlog(&self.pg, loaded, n).await?;
+                loaded += n;
+                let end = end_of_load(&self.control).await?;
+                // Move the reference slot along: it does not hold the WAL in this mode.
+                self.control
+                    .simple_query(&format!(
+                        "SELECT pg_replication_slot_advance('{SLOT_REF}', '{end}')"
+                    ))
+                    .await
+                    .context("advance the reference slot")?;
+                let before = self.broker_records().await?;
+                let extra: &[String] = if format == 0 { &[] } else { &avro };
+                let limit = Duration::from_secs(120 + n / 2_000);
+                let drain = self
+                    .drain_relay(end, before + n as i64, limit, None, extra)
+                    .await?;
+                cpu[format] = per_million(drain.cpu_s, n);
+                println!(
+                    "round {} {}: {:.2} s ({:.0} events/s); relay CPU/M events {:.2} s",
+                    round + 1,
+                    ["relay format", "avro"][format],
+                    drain.wall.as_secs_f64(),
+                    n as f64 / drain.wall.as_secs_f64(),
+                    cpu[format]
+                );
+            }
+            relay_cpu.push(cpu[0]);
+            avro_cpu.push(cpu[1]);
+            ratios.push(cpu[1] / cpu[0]);
+        }
+        let median = |values: &[f64]| {
+            let mut sorted = values.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            sorted[sorted.len() / 2]
+        };
+        let list = |values: &[f64]| {
+            values
+                .iter()
+                .map(|v| format!("{v:.3}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let requests = registry.requests();
+        println!(
+            "relay CPU/M events: relay format {:.2} s, avro {:.2} s (medians); avro / relay \
+             format per round: {}; median {:.2}; registry requests: {requests} for {} avro events",
+            median(&relay_cpu),
+            median(&avro_cpu),
+            list(&ratios),
+            median(&ratios),
+            n * rounds
+        );
+        let r = &mut self.report;
+        r.add("events", n);
+        r.add("format_rounds", rounds);
+        r.add_f("relay_cpu_per_m_s", median(&relay_cpu), 3);
+        r.add_f("avro_cpu_per_m_s", median(&avro_cpu), 3);
+        r.add("avro_vs_relay_cpu_rounds", list(&ratios));
+        r.add_f("avro_vs_relay_cpu", median(&ratios), 3);
+        r.add("registry_requests", requests);
+        Ok(())
+    }
 }
 
 fn main() -> ExitCode {
