@@ -128,6 +128,8 @@ pub struct AvroSchema {
     /// `None`: the schemaless `Anything` record.
     root: Option<Avro>,
     text: String,
+    /// The record's full name, when it is a record.
+    record_name: Option<String>,
 }
 
 impl AvroSchema {
@@ -138,6 +140,7 @@ impl AvroSchema {
             return Ok(AvroSchema {
                 root: None,
                 text: ANYTHING.to_owned(),
+                record_name: Some(format!("{NAMESPACE}.Anything")),
             });
         };
         let mut context = Context {
@@ -148,9 +151,14 @@ impl AvroSchema {
         let root = context.schema(schema, false)?;
         let mut text = String::new();
         Writer::default().schema(&mut text, &root)?;
+        let record_name = match &root {
+            Avro::Record(record) => Some(record.full_name()),
+            _ => None,
+        };
         Ok(AvroSchema {
             root: Some(root),
             text,
+            record_name,
         })
     }
 
@@ -161,12 +169,8 @@ impl AvroSchema {
 
     /// The record's full name (`AvroSchema.name()`): what `RecordNameStrategy` names a
     /// subject after; `None` for any other schema.
-    pub fn record_name(&self) -> Option<String> {
-        match &self.root {
-            Some(Avro::Record(record)) => Some(record.full_name()),
-            Some(_) => None,
-            None => Some(format!("{NAMESPACE}.Anything")),
-        }
+    pub fn record_name(&self) -> Option<&str> {
+        self.record_name.as_deref()
     }
 
     /// Appends the Avro body of `data` (a non-null value) to `out`, as the serializer writes

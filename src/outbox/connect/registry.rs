@@ -144,20 +144,21 @@ impl RegistryFormat {
             }
             return Ok(None);
         }
-        let record = avro.record_name();
-        let subject: Arc<str> = role.subjects.subject(topic, key, record.as_deref())?.into();
+        let subject = derived.subject(key, topic, role.subjects, avro.record_name())?;
+        let id = self.ids.get(&subject, &registered);
         let mut out = framed();
-        avro.encode(data, &mut out)?;
-        let bytes = Bytes::from(out);
-        if let Some(id) = self.ids.get(&subject, &registered) {
-            return Ok(Some(with_id(bytes, id)));
+        if let Some(id) = id {
+            out[1..HEADER_LEN].copy_from_slice(&id.to_be_bytes());
         }
-        *pending = Some(Pending {
-            subject,
-            schema: registered,
-            lookup: role.lookup,
-        });
-        Ok(Some(bytes))
+        avro.encode(data, &mut out)?;
+        if id.is_none() {
+            *pending = Some(Pending {
+                subject,
+                schema: registered,
+                lookup: role.lookup,
+            });
+        }
+        Ok(Some(Bytes::from(out)))
     }
 }
 
@@ -165,19 +166,29 @@ impl RegistryFormat {
 /// converter throws.
 type Derived = Result<(Arc<AvroSchema>, Arc<RegistrySchema>), String>;
 
-/// One table's derived key and value schemas by Connect schema, as `AvroData` caches them: a
-/// value's schema is derived once, not per event.
+/// One table's derived key and value schemas by Connect schema, as `AvroData` caches them (a
+/// value's schema is derived once, not per event), and its topics' subjects.
 #[derive(Clone, Debug, Default)]
-pub struct Derivations(Arc<Mutex<HashMap<DerivedKey, Derived>>>);
+pub struct Derivations(Arc<Mutex<DerivedMaps>>);
 
-/// Whether it is the key's, and the Connect schema.
-type DerivedKey = (bool, Option<Schema>);
+/// [`Derivations`]' maps, the key's then the value's.
+#[derive(Debug, Default)]
+struct DerivedMaps {
+    schemas: [HashMap<Schema, Derived>; 2],
+    schemaless: [Option<Derived>; 2],
+    /// `TopicNameStrategy` subjects by topic.
+    subjects: [HashMap<String, Arc<str>>; 2],
+}
 
 impl Derivations {
     fn get(&self, key: bool, schema: Option<&Schema>, options: avro::Options) -> Derived {
+        let role = usize::from(!key);
         let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let cache_key = (key, schema.cloned());
-        if let Some(derived) = cache.get(&cache_key) {
+        let cached = match schema {
+            Some(schema) => cache.schemas[role].get(schema),
+            None => cache.schemaless[role].as_ref(),
+        };
+        if let Some(derived) = cached {
             return derived.clone();
         }
         let derived = AvroSchema::from_connect(schema, options).map(|avro| {
@@ -185,11 +196,43 @@ impl Derivations {
             let registered = Arc::new(RegistrySchema::new(SchemaType::Avro, text));
             (Arc::new(avro), registered)
         });
-        if cache.len() >= DERIVED_CAPACITY {
-            cache.clear();
+        match schema {
+            Some(schema) => {
+                let schemas = &mut cache.schemas[role];
+                if schemas.len() >= DERIVED_CAPACITY {
+                    schemas.clear();
+                }
+                schemas.insert(schema.clone(), derived.clone());
+            }
+            None => cache.schemaless[role] = Some(derived.clone()),
         }
-        cache.insert(cache_key, derived.clone());
         derived
+    }
+
+    /// The subject of the key's or value's schema sent to `topic`: kept per topic for
+    /// `TopicNameStrategy`, so an event costs no allocation.
+    fn subject(
+        &self,
+        key: bool,
+        topic: &str,
+        strategy: SubjectStrategy,
+        record: Option<&str>,
+    ) -> Result<Arc<str>, String> {
+        if strategy != SubjectStrategy::Topic {
+            return Ok(strategy.subject(topic, key, record)?.into());
+        }
+        let role = usize::from(!key);
+        let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(subject) = cache.subjects[role].get(topic) {
+            return Ok(Arc::clone(subject));
+        }
+        let subject: Arc<str> = strategy.subject(topic, key, record)?.into();
+        let subjects = &mut cache.subjects[role];
+        if subjects.len() >= DERIVED_CAPACITY {
+            subjects.clear();
+        }
+        subjects.insert(topic.to_owned(), Arc::clone(&subject));
+        Ok(subject)
     }
 }
 

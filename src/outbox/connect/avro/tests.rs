@@ -84,7 +84,7 @@ fn envelopes_are_records_with_defaults_and_versions() {
         r#"{"type":"record","name":"Value","namespace":"dbserver1.public.outbox.order","fields":[{"name":"payload","type":["null",{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}],"default":null},{"name":"eventType","type":{"type":"string","connect.default":"Evé\"nt\n"},"default":"Evé\"nt\n"},{"name":"n","type":[{"type":"int","connect.default":5,"connect.type":"int16"},"null"],"default":5}],"connect.version":3,"connect.name":"dbserver1.public.outbox.order.Value"}"#
     );
     assert_eq!(
-        avro.record_name().as_deref(),
+        avro.record_name(),
         Some("dbserver1.public.outbox.order.Value")
     );
     // A null field takes the Connect default, as `Struct.get` returns it.
