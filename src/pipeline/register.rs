@@ -281,3 +281,133 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::lsn::Lsn;
+    use crate::outbox::RawParts;
+    use crate::outbox::connect::registry::{Lookup, RegistrySchema, SchemaType};
+
+    /// A registry answering from a script, counting the requests.
+    struct Scripted(Mutex<Vec<Result<u32, registry::Failure>>>);
+
+    impl SchemaRegistry for Scripted {
+        fn resolve(&self, _: Pending) -> Resolving {
+            let next = match self.0.lock() {
+                Ok(mut script) => script.remove(0),
+                Err(_) => Ok(0),
+            };
+            Box::pin(async move { next })
+        }
+    }
+
+    fn pending(subject: &str) -> Pending {
+        Pending {
+            subject: subject.into(),
+            schema: Arc::new(RegistrySchema::new(SchemaType::Avro, "\"string\"".into())),
+            lookup: Lookup::Register,
+        }
+    }
+
+    fn waiting(n: u64, value: Option<Pending>) -> Waiting {
+        let mut body = crate::outbox::connect::registry::framed();
+        body.push(n as u8);
+        let schemas = value.map(|value| {
+            Box::new(PendingSchemas {
+                key: None,
+                value: Some(value),
+                raw: RawParts::default(),
+            })
+        });
+        Waiting {
+            ticket: Ticket(n),
+            record: OutboxRecord {
+                topic: "t".into(),
+                key: None,
+                payload: Some(Bytes::from(body)),
+                id: Bytes::new(),
+                headers: Vec::new(),
+                headers_before_id: 0,
+                timestamp_ms: 0,
+                partition: None,
+                schemas,
+            },
+            table: Arc::from("public.outbox"),
+            position: Position {
+                lsn: Lsn(1),
+                change: Lsn(1),
+                index: 0,
+            },
+            commit_time_ms: 0,
+        }
+    }
+
+    fn unavailable() -> Result<u32, registry::Failure> {
+        Err(registry::Failure::Unavailable {
+            reason: "down".into(),
+        })
+    }
+
+    /// Records leave in their order, each once its ids are known; an unavailable registry
+    /// is asked again after the backoff; a record without schemas waits behind the others.
+    #[tokio::test(start_paused = true)]
+    async fn records_wait_in_order_until_their_ids_are_known() {
+        let ids = SchemaIds::default();
+        let script = Scripted(Mutex::new(vec![unavailable(), Ok(7)]));
+        let mut registering = Registering::new(ids.clone()).with_registry(Arc::new(script));
+        let first = pending("t-value");
+        assert!(!registering.holds(&waiting(0, None).record));
+        registering.wait(waiting(0, Some(first.clone())));
+        assert!(registering.holds(&waiting(1, None).record));
+        registering.wait(waiting(1, None));
+        assert!(registering.ready().is_none());
+        assert_eq!(registering.start(), Ok(()));
+        assert!(registering.active());
+
+        let (asked, result) = registering.next().await;
+        assert_eq!((asked.subject.as_ref(), result.is_err()), ("t-value", true));
+        assert_eq!(registering.retry_later(), 1);
+        let before = Instant::now();
+        let (asked, result) = registering.next().await;
+        assert!(Instant::now() >= before + MIN_BACKOFF);
+        assert_eq!((asked, result), (first.clone(), Ok(7)));
+        registering.answered();
+        ids.insert(&first.subject, &first.schema, 7);
+
+        let ready = registering.ready().map(|w| (w.ticket, w.record.payload));
+        let expected = Some(Bytes::from_static(&[0, 0, 0, 0, 7, 0]));
+        assert_eq!(ready, Some((Ticket(0), expected)));
+        assert_eq!(registering.ready().map(|w| w.ticket), Some(Ticket(1)));
+        assert!(registering.ready().is_none());
+        assert_eq!(registering.len(), 0);
+        assert!(!registering.active());
+    }
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap() {
+        let mut registering = Registering::new(SchemaIds::default());
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            waits.push(registering.backoff);
+            registering.retry_later();
+            registering.retry_at = None;
+        }
+        let ms: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        registering.answered();
+        assert_eq!(registering.backoff, MIN_BACKOFF);
+    }
+
+    #[test]
+    fn without_a_registry_a_record_lacking_an_id_is_a_clear_error() {
+        let mut registering = Registering::new(SchemaIds::default());
+        registering.wait(waiting(0, Some(pending("t-value"))));
+        let err = registering.start().unwrap_err();
+        assert!(err.contains("\"t-value\""), "{err}");
+    }
+}
