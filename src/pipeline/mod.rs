@@ -47,8 +47,8 @@ use crate::outbox::EventMapper;
 use crate::sink::exactly_once::{ExactlyOnce, Position, ReadBack};
 use crate::sink::{Delivery, Sink, Ticket};
 use crate::source::cleanup::Cleanup;
-use crate::source::setup::SlotState;
 use crate::source::{ServerId, Source, Stream};
+use crate::startup::Started;
 use ack::{AckError, AckTracker};
 use cleanup::{Cleaning, Ledger};
 use decide::ReadGate;
@@ -158,21 +158,24 @@ struct PublicationGuard {
     /// Whether reports wait for checks (PostgreSQL 18 and later).
     checked_only: bool,
     next_check: Instant,
+    /// Checks in a row that could not run: they are retried with back-off.
+    unchecked: u32,
 }
 
 /// A publication check in flight beside the stream: the frontier it covers, and the check.
 type Checking<C> = Option<(Lsn, BoxFuture<'static, C>)>;
 
 impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
-    /// A pipeline resuming from `slot`'s confirmed position. Make it after the metrics
-    /// recorder is installed: its metric handles bind when it is made.
+    /// A pipeline resuming from the slot's confirmed position as start-up found it (`slot`).
+    /// Make it after the metrics recorder is installed: its metric handles bind when it is
+    /// made.
     pub fn new(
         config: Config,
         source: S,
         sink: Arc<K>,
         deliveries: mpsc::UnboundedReceiver<Delivery>,
         health: Arc<Health>,
-        slot: &SlotState,
+        slot: &Started,
         cleanup: Option<Cleanup>,
     ) -> Self {
         let confirmed = slot.confirmed_flush;
@@ -209,6 +212,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 // Before 18, pgoutput fails the stream on a missing publication.
                 checked_only: slot.publication.server_version >= 180_000,
                 next_check: Instant::now(),
+                unchecked: 0,
             },
             checking: None,
             server: None,

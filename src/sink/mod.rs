@@ -7,6 +7,9 @@
 //! per batch, so the records of a batch refused for its size are sent again
 //! one per batch ([`Sink::send_alone`]): only a record refused alone is poison.
 
+pub mod cause;
+mod client;
+pub mod client_log;
 pub mod exactly_once;
 pub mod lineage;
 pub mod registry;
@@ -18,7 +21,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use heck::ToSnakeCase;
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
@@ -27,6 +30,8 @@ use tokio::sync::mpsc;
 
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
+pub use client::KafkaClients;
+use client_log::ClientLog;
 use exactly_once::TailReader;
 use reports::Served;
 
@@ -203,12 +208,17 @@ struct DeliveryContext {
     alone: bool,
     /// `None` where the producer's state is not readiness (`send_alone`, `backfill`).
     health: Option<Arc<Health>>,
+    log: ClientLog,
 }
 
 impl ClientContext for DeliveryContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, line: &str) {
+        self.log.log(level, facility, line);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka retries these; deliveries that finally fail are reported.
-        tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
+        self.log.error(&error, reason);
         if let Some(health) = &self.health
             && error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown)
         {
@@ -269,7 +279,7 @@ pub struct KafkaSink {
     tails: Option<Arc<Mutex<TailReader>>>,
     /// For the one-record-batch producer, made on first use.
     config: ClientConfig,
-    properties: Vec<(String, String)>,
+    kafka: KafkaClients,
     deliveries: mpsc::UnboundedSender<Delivery>,
     alone: OnceLock<Arc<Served<DeliveryContext>>>,
 }
@@ -278,38 +288,33 @@ impl KafkaSink {
     /// Builds the producer; delivery reports arrive on the returned channel.
     /// `tails` reads partitions back under `--delivery exactly-once`.
     pub fn new(
-        brokers: &str,
-        properties: &[(String, String)],
+        kafka: &KafkaClients,
         max_in_flight_events: usize,
         health: Option<Arc<Health>>,
         tails: Option<TailReader>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", brokers);
-        for (k, v) in DEFAULT_PROPERTIES {
-            config.set(*k, *v);
-        }
         // The relay's cap bounds memory; librdkafka's queue must hold at
         // least that much or every send would hit QueueFull.
         let queue = (max_in_flight_events.saturating_mul(2)).max(100_000);
-        config.set("queue.buffering.max.messages", queue.to_string());
-        for (k, v) in properties {
-            config.set(k, v);
-        }
+        let queue = queue.to_string();
+        let mut defaults = DEFAULT_PROPERTIES.to_vec();
+        defaults.push(("queue.buffering.max.messages", &queue));
+        let config = kafka.config(&defaults);
         let (tx, rx) = mpsc::unbounded_channel();
         let context = DeliveryContext {
             deliveries: tx.clone(),
             alone: false,
             health,
+            log: ClientLog::default(),
         };
         let producer: BaseProducer<_> = config
             .create_with_context(context)
-            .map_err(|error| SinkError::create(error, properties))?;
+            .map_err(|error| kafka.refused(error))?;
         let sink = KafkaSink {
             producer: reports::serve(producer),
             tails: tails.map(|reader| Arc::new(Mutex::new(reader))),
             config,
-            properties: properties.to_vec(),
+            kafka: kafka.clone(),
             deliveries: tx,
             alone: OnceLock::new(),
         };
@@ -389,10 +394,11 @@ impl Sink for KafkaSink {
                     deliveries: self.deliveries.clone(),
                     alone: true,
                     health: None,
+                    log: ClientLog::default(),
                 };
                 let producer: BaseProducer<_> = config
                     .create_with_context(context)
-                    .map_err(|error| SinkError::create(error, &self.properties))?;
+                    .map_err(|error| self.kafka.refused(error))?;
                 self.alone.get_or_init(|| reports::serve(producer))
             }
         };
@@ -410,18 +416,18 @@ impl Sink for KafkaSink {
 mod tests {
     use super::*;
 
-    fn props(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
+    /// Clients of a broker nothing listens on, with `pairs` as `-X` properties.
+    fn props(pairs: &[(&str, &str)]) -> KafkaClients {
+        let properties: Vec<(String, String)> = (pairs.iter())
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+            .collect();
+        KafkaClients::new("127.0.0.1:1", &properties)
     }
 
     #[tokio::test]
     async fn kafka_tls_and_sasl_are_available_through_properties() {
         for mechanism in ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] {
             let result = KafkaSink::new(
-                "127.0.0.1:1",
                 &props(&[
                     ("security.protocol", "SASL_SSL"),
                     ("sasl.mechanism", mechanism),
@@ -434,30 +440,15 @@ mod tests {
             );
             assert!(result.is_ok(), "{mechanism}: {:?}", result.err());
         }
-        assert!(
-            KafkaSink::new(
-                "127.0.0.1:1",
-                &props(&[("security.protocol", "SSL")]),
-                10,
-                None,
-                None
-            )
-            .is_ok()
-        );
+        assert!(KafkaSink::new(&props(&[("security.protocol", "SSL")]), 10, None, None).is_ok());
     }
 
     #[tokio::test]
     async fn unknown_properties_are_a_clear_error() {
-        let err = KafkaSink::new(
-            "127.0.0.1:1",
-            &props(&[("no.such.property", "1")]),
-            10,
-            None,
-            None,
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        let err = KafkaSink::new(&props(&[("no.such.property", "1")]), 10, None, None)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("-X"), "{err}");
     }
 
@@ -472,7 +463,7 @@ mod tests {
             ("acks", "hunter2"),
             ("security.protocol", "hunter2"),
         ] {
-            let err = KafkaSink::new("127.0.0.1:1", &props(&[(key, value)]), 10, None, None)
+            let err = KafkaSink::new(&props(&[(key, value)]), 10, None, None)
                 .err()
                 .map(|e| format!("{e} {e:?}"))
                 .unwrap_or_default();
@@ -489,7 +480,8 @@ mod tests {
         let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
         cluster.create_topic("t", 4, 1).unwrap();
         let brokers = cluster.bootstrap_servers();
-        let (sink, mut deliveries) = KafkaSink::new(&brokers, &[], 1_000, None, None).unwrap();
+        let kafka = KafkaClients::new(&brokers, &[]);
+        let (sink, mut deliveries) = KafkaSink::new(&kafka, 1_000, None, None).unwrap();
         let record = |n: u64| OutboxRecord {
             topic: "t".to_owned(),
             key: Some(Bytes::from(n.to_string())),
@@ -573,6 +565,7 @@ mod tests {
             deliveries: mpsc::unbounded_channel().0,
             alone: false,
             health: Some(Arc::clone(&health)),
+            log: ClientLog::default(),
         };
         let stats = |states: &[&str]| {
             let mut stats = Statistics::default();

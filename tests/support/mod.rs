@@ -8,4 +8,5 @@ pub mod postgres;
 pub mod proxy;
 pub mod registry;
 pub mod relay;
+pub mod tansu;
 pub mod world;
