@@ -61,6 +61,8 @@ pub struct Fixture {
     pub compatibility: Option<String>,
     /// What the Schema Registry held afterwards: subject, then (id, schema) per version.
     pub registry: BTreeMap<String, Vec<(u32, String)>>,
+    /// Each subject's versions' `schemaType` (`AVRO` when the registry gives none).
+    pub types: BTreeMap<String, Vec<String>>,
 }
 
 impl Fixture {
@@ -110,6 +112,7 @@ pub fn fixture(name: &str) -> Fixture {
             .collect(),
     });
     let mut registry: BTreeMap<String, Vec<(u32, String)>> = BTreeMap::new();
+    let mut types: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for entry in json["registry"].as_array().into_iter().flatten() {
         let id = u32::try_from(entry["id"].as_u64().unwrap()).unwrap();
         let versions = registry.entry(entry["subject"].as_str().unwrap().to_owned());
@@ -119,6 +122,9 @@ pub fn fixture(name: &str) -> Fixture {
             entry["version"].as_u64().unwrap() as usize
         );
         versions.push((id, entry["schema"].as_str().unwrap().to_owned()));
+        let kind = entry["schemaType"].as_str().unwrap_or("AVRO");
+        let kinds = types.entry(entry["subject"].as_str().unwrap().to_owned());
+        kinds.or_default().push(kind.to_owned());
     }
     Fixture {
         name: name.to_owned(),
@@ -128,6 +134,7 @@ pub fn fixture(name: &str) -> Fixture {
         error: json["error"].as_str().map(str::to_owned),
         compatibility: json["compatibility"].as_str().map(str::to_owned),
         registry,
+        types,
     }
 }
 
@@ -507,6 +514,12 @@ fn assert_same_registry(fixture: &Fixture, registry: &Registry) {
         "{}: the relay's registry differs from Debezium's:\n{got:#?}\n{expected:#?}",
         fixture.name
     );
+    assert_eq!(
+        registry.types(),
+        fixture.types,
+        "{}: schema types",
+        fixture.name
+    );
 }
 
 /// Relays a registry fixture's rows against a fresh registry; compares records after mapping
@@ -574,6 +587,9 @@ identical_with_a_registry! {
     avro_converter_without_metadata_by_topic_and_record_name: "avro-options",
     avro_converter_scrubbing_invalid_names_in_expanded_payloads: "avro-scrub-expand",
     binary_data_converter_with_an_avro_delegate: "binary-data-avro-delegate",
+    protobuf_converter_keys_and_values_as_wrappers: "protobuf",
+    protobuf_converter_envelopes: "protobuf-envelope",
+    protobuf_converter_envelopes_of_several_column_types: "protobuf-envelope-types",
 }
 
 macro_rules! identical {

@@ -304,6 +304,10 @@ impl Inner {
         // AVRO is the registry's default type, which the Java client does not send.
         let request = match pending.schema.kind() {
             SchemaType::Avro => serde_json::json!({ "schema": pending.schema.text() }),
+            SchemaType::Protobuf => serde_json::json!({
+                "schemaType": "PROTOBUF",
+                "schema": pending.schema.text(),
+            }),
         };
         let (method, path, body) = match pending.lookup {
             Lookup::Register => (
@@ -360,10 +364,22 @@ fn latest_matches(pending: &Pending, answer: &Answer) -> Result<(), Failure> {
     if latest == pending.schema.text() {
         return Ok(());
     }
-    if answer.schema_type.as_deref().is_some_and(|t| t != "AVRO") {
+    let expected = match pending.schema.kind() {
+        SchemaType::Avro => "AVRO",
+        SchemaType::Protobuf => "PROTOBUF",
+    };
+    let latest_type = answer.schema_type.as_deref().unwrap_or("AVRO");
+    if latest_type != expected {
         return Err(refused(format!(
-            "the latest schema is of type {:?}, not AVRO",
-            answer.schema_type
+            "the latest schema is of type {latest_type}, not {expected}"
+        )));
+    }
+    if pending.schema.kind() == SchemaType::Protobuf {
+        // The registry may print a schema otherwise than it was registered: only the same text
+        // is known to encode the same bytes.
+        return Err(refused(format!(
+            "the latest schema (id {}) is not the event's: {latest}",
+            answer.id
         )));
     }
     let canonical = |text: &str| avro::parsing_canonical_form(text);

@@ -184,6 +184,15 @@ impl Registry {
             .collect()
     }
 
+    /// Every subject with its versions' schema types (`AVRO`, `PROTOBUF`), in version order.
+    pub fn types(&self) -> BTreeMap<String, Vec<String>> {
+        let contents = lock(&self.contents);
+        let kind = |id: &u32| contents.schemas[*id as usize - 1].0.clone();
+        (contents.subjects.iter())
+            .map(|(subject, ids)| (subject.clone(), ids.iter().map(kind).collect()))
+            .collect()
+    }
+
     /// The text of the schema with `id`.
     pub fn schema(&self, id: u32) -> Option<String> {
         let contents = lock(&self.contents);

