@@ -78,13 +78,19 @@ async fn the_second_of_several_urls_answers_when_the_first_is_down() {
     relay.stop();
 }
 
+/// The https `registry`'s CA certificate, written into `dir`.
+fn ca_file(registry: &Registry, dir: &std::path::Path) -> std::path::PathBuf {
+    let ca = dir.join("registry-ca.pem");
+    std::fs::write(&ca, registry.ca_pem().unwrap()).unwrap();
+    ca
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_registry_is_trusted_through_its_own_ca() {
     let world = World::start().await;
     let registry = Registry::spawn_tls().await;
     let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("registry-ca.pem");
-    std::fs::write(&ca, registry.ca_pem().unwrap()).unwrap();
+    let ca = ca_file(&registry, dir.path());
 
     // Without its CA (the public roots), the registry is not trusted: events wait, and
     // /readyz says why.
@@ -151,8 +157,7 @@ async fn an_imported_pem_truststore_and_user_info_reach_a_registry_that_requires
     let secret = "api-key:s3cret-api-secret";
     registry.require_auth(secret);
     let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("registry-ca.pem");
-    std::fs::write(&ca, registry.ca_pem().unwrap()).unwrap();
+    let ca = ca_file(&registry, dir.path());
     let url = registry.url();
     let connector = avro_connector(
         &world,

@@ -146,20 +146,12 @@ impl RegistryFormat {
             return Ok(None);
         }
         let subject = derived.subject(key, topic, role.subjects, avro.record_name())?;
-        let id = self.ids.get(&subject, &registered);
-        let mut out = framed();
-        if let Some(id) = id {
-            out[1..HEADER_LEN].copy_from_slice(&id.to_be_bytes());
-        }
-        avro.encode(data, &mut out)?;
-        if id.is_none() {
-            *pending = Some(Pending {
-                subject,
-                schema: registered,
-                lookup: role.lookup,
-            });
-        }
-        Ok(Some(Bytes::from(out)))
+        let pend = Pending {
+            subject,
+            schema: registered,
+            lookup: role.lookup,
+        };
+        self.framed_body(pend, pending, |out| avro.encode(data, out))
     }
 
     /// Confluent's `ProtobufConverter.fromConnectData`, like [`RegistryFormat::avro`]: after
@@ -179,18 +171,30 @@ impl RegistryFormat {
         }
         let record = Some(protobuf.full_name());
         let subject = derived.subject(key, topic, role.subjects, record)?;
-        let id = self.ids.get(&subject, &registered);
+        let pend = Pending {
+            subject,
+            schema: registered,
+            lookup: role.lookup,
+        };
+        self.framed_body(pend, pending, |out| protobuf.encode(data, out))
+    }
+
+    /// The Confluent framing around what `body` writes: the id of `schema` when known, else
+    /// zeros, with `schema` left in `pending` for the pipeline.
+    fn framed_body(
+        &self,
+        schema: Pending,
+        pending: &mut Option<Pending>,
+        body: impl FnOnce(&mut Vec<u8>) -> Result<(), String>,
+    ) -> Result<Option<Bytes>, String> {
+        let id = self.ids.get(&schema.subject, &schema.schema);
         let mut out = framed();
         if let Some(id) = id {
             out[1..HEADER_LEN].copy_from_slice(&id.to_be_bytes());
         }
-        protobuf.encode(data, &mut out)?;
+        body(&mut out)?;
         if id.is_none() {
-            *pending = Some(Pending {
-                subject,
-                schema: registered,
-                lookup: role.lookup,
-            });
+            *pending = Some(schema);
         }
         Ok(Some(Bytes::from(out)))
     }
