@@ -13,12 +13,15 @@ use super::CommandError;
 use crate::config::{Cleanup, Cli, Config, Delivery};
 use crate::observability::health::Health;
 use crate::observability::{Chain, http, metrics, progress};
+use crate::outbox::TableName;
+use crate::pipeline::cleanup::{self, Table};
 use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::postgres::Connector;
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
-use crate::source::{PgSource, StreamSettings, cleanup, heartbeat, slot_monitor};
-use crate::startup::{self, Wanted, lineage};
+use crate::source::deleter::PgDeleter;
+use crate::source::{PgSource, StreamSettings, heartbeat, slot_monitor};
+use crate::startup::{self, Started, Wanted, lineage};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -113,7 +116,7 @@ async fn relay(
     }
     let cleanup = match config.flags.cleanup {
         Cleanup::None => None,
-        Cleanup::Delete => Some(cleanup::Cleanup::new(&started.primary_keys, &connector)),
+        Cleanup::Delete => Some(cleanup(&started, &connector)),
     };
     let in_flight = config.flags.max_in_flight_events;
     let tails = (config.flags.delivery == Delivery::ExactlyOnce)
@@ -145,6 +148,14 @@ async fn relay(
     let sink = Arc::new(sink);
     let pipeline = Pipeline::new(config, source, sink, deliveries, health, &started, cleanup);
     pipeline.run(shutdown).await
+}
+
+/// `--cleanup delete`: the outbox tables with the primary keys start-up read, deleted from on
+/// a connection of their own.
+fn cleanup(started: &Started, connector: &Connector) -> cleanup::Cleanup {
+    let table = |(name, key): &(TableName, Vec<String>)| Table::new(name, key.clone());
+    let tables = started.primary_keys.iter().map(table).collect();
+    cleanup::Cleanup::with(tables, Box::new(PgDeleter::new(connector)))
 }
 
 /// The Prometheus recorder (only with an endpoint, whose upkeep bounds it), built

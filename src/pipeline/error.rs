@@ -1,6 +1,7 @@
 //! Why the relay stops, and the process exit code for each class of failure.
 
 use super::ack::AckError;
+use super::cleanup::DeleteFailure;
 use crate::lsn::Lsn;
 use crate::outbox::{BindError, DeadLetterInfo};
 use crate::pgoutput::DecodeError;
@@ -8,7 +9,6 @@ use crate::postgres::PostgresError;
 use crate::sink::exactly_once::TailError;
 use crate::sink::{Refusal, SinkError};
 use crate::source::SourceError;
-use crate::source::cleanup::DeleteFailure;
 use crate::startup::{Refused, StartupError};
 
 /// Process exit codes, one per failure class (docs/operations.md's Exit codes table).

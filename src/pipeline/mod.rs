@@ -20,7 +20,7 @@
 
 pub mod ack;
 
-mod cleanup;
+pub mod cleanup;
 mod decide;
 mod error;
 mod events;
@@ -45,11 +45,10 @@ use crate::observability::observer::{PipelineObserver, Sent};
 use crate::outbox::EventMapper;
 use crate::sink::exactly_once::{ExactlyOnce, Position, ReadBack};
 use crate::sink::{Delivery, Sink, Ticket};
-use crate::source::cleanup::Cleanup;
 use crate::source::{ServerId, Source, Stream};
 use crate::startup::Started;
 use ack::{AckError, AckTracker};
-use cleanup::{Cleaning, Ledger};
+use cleanup::Cleanup;
 use decide::ReadGate;
 
 pub use error::{RelayError, exit_code};
@@ -94,7 +93,7 @@ pub struct Pipeline<S: Source, K: Sink + ReadBack> {
     summary: Summary,
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
-    cleanup: Option<Cleaning>,
+    cleanup: Option<Cleanup>,
     observer: PipelineObserver,
 }
 
@@ -216,8 +215,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             stop_by: None,
             tx: OpenTx::default(),
             summary: Summary::default(),
-            cleanup: cleanup
-                .map(|tables| Cleaning::new(tables, Ledger::new(confirmed, limit, interval))),
+            cleanup: cleanup.map(|cleanup| cleanup.resuming(confirmed, limit, interval)),
             observer: PipelineObserver::with_health(health),
         }
     }
