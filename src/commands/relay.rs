@@ -14,12 +14,12 @@ use crate::config::{Cleanup, Cli, Config, Delivery};
 use crate::observability::health::Health;
 use crate::observability::{Chain, http, metrics, progress};
 use crate::outbox::TableName;
-use crate::pipeline::cleanup::{self, Table};
+use crate::pipeline::cleanup;
 use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::postgres::Connector;
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
-use crate::source::deleter::PgDeleter;
+use crate::source::deleter::{PgDeleter, Table};
 use crate::source::{PgSource, StreamSettings, heartbeat, slot_monitor};
 use crate::startup::{self, Started, Wanted, lineage};
 

@@ -1,7 +1,6 @@
 //! Why the relay stops, and the process exit code for each class of failure.
 
 use super::ack::AckError;
-use super::cleanup::DeleteFailure;
 use crate::lsn::Lsn;
 use crate::outbox::{BindError, DeadLetterInfo};
 use crate::pgoutput::DecodeError;
@@ -9,6 +8,7 @@ use crate::postgres::PostgresError;
 use crate::sink::exactly_once::TailError;
 use crate::sink::{Refusal, SinkError};
 use crate::source::SourceError;
+use crate::source::deleter::DeleteFailure;
 use crate::startup::{Refused, StartupError};
 
 /// Process exit codes, one per failure class (docs/operations.md's Exit codes table).

@@ -1,6 +1,7 @@
-//! `--cleanup delete`, the Postgres side: [`PgDeleter`], the [`Deleter`] that deletes relayed
-//! rows by their primary key. Which rows may go, and when, is the pipeline's
-//! ([`crate::pipeline::cleanup`]).
+//! `--cleanup delete`, the Postgres side: the delete itself, behind the [`Deleter`] trait (the
+//! pipeline's tests and the simulation delete in memory), and [`PgDeleter`], which deletes
+//! relayed rows by their primary key. Which rows may go, and when, is the pipeline's
+//! (`pipeline::cleanup`).
 //!
 //! A delete never waits for a row another session holds: the DELETE takes its rows `FOR UPDATE
 //! SKIP LOCKED` and reports those it left in place, to be tried again later; `lock_timeout` and
@@ -12,9 +13,67 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
 
-use crate::pipeline::cleanup::{DeleteFailure, Deleter, Table};
+use crate::outbox::TableName;
 use crate::postgres::{Connector, PostgresError, query_err, sql};
 use crate::source::SourceError;
+
+/// One outbox table and its primary key columns.
+#[derive(Debug)]
+pub struct Table {
+    table: TableName,
+    name: String,
+    columns: Vec<String>,
+}
+
+impl Table {
+    /// `table` deleted from by its primary key `columns`.
+    pub fn new(table: &TableName, columns: Vec<String>) -> Self {
+        Table {
+            table: table.clone(),
+            name: table.to_string(),
+            columns,
+        }
+    }
+
+    /// `schema.name`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// Its primary key columns, in key order.
+    pub fn columns(&self) -> &[String] {
+        &self.columns
+    }
+}
+
+/// Deletes the rows it is given unless another session holds them.
+pub trait Deleter: Send {
+    /// Deletes the rows of `table` whose keys are `keys`, skipping those another session holds;
+    /// returns the positions in `keys` of the rows it left in place (they still exist).
+    fn delete<'a>(
+        &'a mut self,
+        table: &'a Table,
+        keys: &'a [&'a str],
+    ) -> BoxFuture<'a, Result<Vec<usize>, DeleteFailure>>;
+}
+
+/// A delete that failed, classified where the error is known (as the sink classifies a refusal).
+#[derive(Debug, thiserror::Error)]
+#[error("table {table}")]
+pub struct DeleteFailure {
+    /// The table, as `schema.name`.
+    pub table: String,
+    /// Retrying cannot help: a privilege, a trigger or a foreign key refuses, the table is gone.
+    pub permanent: bool,
+    /// What Postgres said.
+    #[source]
+    pub source: SourceError,
+}
 
 /// Deletes on a control connection of its own, opened when first needed and reopened after
 /// any error.

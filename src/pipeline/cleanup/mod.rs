@@ -1,7 +1,7 @@
 //! `--cleanup delete`, owned by the pipeline: which outbox rows may be deleted ([`Ledger`]:
 //! the rows waiting, and when a held one is tried again), the rows' keys ([`tables`]), handing
 //! them to the [`Deleter`] in batches, and how far the slot may move. Only the delete itself
-//! is the Postgres side's (`source::deleter`), behind the [`Deleter`] trait.
+//! is the Postgres side's, behind its [`Deleter`] trait ([`crate::source::deleter`]).
 //!
 //! A row may be deleted once everything it held reached Kafka: its event, and every event
 //! before it, was acknowledged. A dead-letter record counts when it carries the payload (an
@@ -36,11 +36,12 @@ use crate::observability::metrics as m;
 use crate::outbox::{DeadLetterInfo, OutboxRecord};
 use crate::sink::exactly_once::ReadBack;
 use crate::sink::{Sink, Ticket};
-use crate::source::{Source, SourceError};
+use crate::source::Source;
+use crate::source::deleter::{DeleteFailure, Deleter, Table};
 
 pub(crate) use ledger::Ledger;
+pub use tables::Row;
 use tables::Tables;
-pub use tables::{Row, Table};
 
 /// `--cleanup delete` in the pipeline: the tables' keys, the rows waiting, the deleter, and the
 /// delete under way.
@@ -51,30 +52,6 @@ pub struct Cleanup {
     deleter: Option<Box<dyn Deleter>>,
     /// The batch being deleted, which returns the deleter.
     deleting: Option<BoxFuture<'static, Deleted>>,
-}
-
-/// Deletes the rows it is given unless another session holds them.
-pub trait Deleter: Send {
-    /// Deletes the rows of `table` whose keys are `keys`, skipping those another session holds;
-    /// returns the positions in `keys` of the rows it left in place (they still exist).
-    fn delete<'a>(
-        &'a mut self,
-        table: &'a Table,
-        keys: &'a [&'a str],
-    ) -> BoxFuture<'a, Result<Vec<usize>, DeleteFailure>>;
-}
-
-/// A delete that failed, classified where the error is known (as the sink classifies a refusal).
-#[derive(Debug, thiserror::Error)]
-#[error("table {table}")]
-pub struct DeleteFailure {
-    /// The table, as `schema.name`.
-    pub table: String,
-    /// Retrying cannot help: a privilege, a trigger or a foreign key refuses, the table is gone.
-    pub permanent: bool,
-    /// What Postgres said.
-    #[source]
-    pub source: SourceError,
 }
 
 /// A batch's outcome, with the deleter and the batch.

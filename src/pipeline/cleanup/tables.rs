@@ -7,40 +7,7 @@ use std::sync::Arc;
 
 use crate::outbox::{BindError, TableName, column_index};
 use crate::pgoutput::{Relation, TupleData, Value};
-
-/// One outbox table and its primary key columns.
-#[derive(Debug)]
-pub struct Table {
-    table: TableName,
-    name: String,
-    columns: Vec<String>,
-}
-
-impl Table {
-    /// `table` deleted from by its primary key `columns`.
-    pub fn new(table: &TableName, columns: Vec<String>) -> Self {
-        Table {
-            table: table.clone(),
-            name: table.to_string(),
-            columns,
-        }
-    }
-
-    /// `schema.name`.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The table.
-    pub fn table(&self) -> &TableName {
-        &self.table
-    }
-
-    /// Its primary key columns, in key order.
-    pub fn columns(&self) -> &[String] {
-        &self.columns
-    }
-}
+use crate::source::deleter::Table;
 
 /// A row to delete: its table and its primary key as a JSON object of text values.
 pub type Row = (Arc<Table>, String);
@@ -72,12 +39,12 @@ impl Tables {
             Some(root) => root.to_string(),
             None => format!("{}.{}", relation.namespace, relation.name),
         };
-        let Some(table) = self.tables.iter().find(|t| t.name == name) else {
+        let Some(table) = self.tables.iter().find(|t| t.name() == name) else {
             self.bound.remove(&relation.id);
             return Ok(());
         };
         let flag = "--cleanup delete (primary key)";
-        let positions = (table.columns.iter())
+        let positions = (table.columns().iter())
             .map(|column| column_index(relation, &name, flag, column))
             .collect::<Result<_, _>>()?;
         self.bound
@@ -92,7 +59,7 @@ impl Tables {
             Some(Value::Text(b)) => Some((column.clone(), String::from_utf8_lossy(b).into())),
             _ => None,
         };
-        let key = table.columns.iter().zip(positions).map(text);
+        let key = table.columns().iter().zip(positions).map(text);
         let key = serde_json::Value::Object(key.collect::<Option<_>>()?);
         Some((Arc::clone(table), key.to_string()))
     }
