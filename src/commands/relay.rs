@@ -51,7 +51,8 @@ pub(super) async fn run_with(
                 tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
                 error
             })?;
-            let (health, stopped) = (health.clone(), http_stopped.map(|_| ()));
+            let health = health.clone();
+            let stopped = http_stopped.map(|_| ());
             Some(tokio::spawn(async move {
                 http::serve_on(listener, install_metrics().await, health, stopped).await
             }))

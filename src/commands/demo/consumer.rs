@@ -69,10 +69,12 @@ pub(super) async fn run(consumer: StreamConsumer, consumed: Arc<AtomicU64>) {
             }
         };
         let headers = message.headers().into_iter().flat_map(|h| h.iter());
-        let (partition, offset) = (message.partition(), message.offset());
         let line = RecordLine {
             topic: message.topic(),
-            position: Position::Kafka { partition, offset },
+            position: Position::Kafka {
+                partition: message.partition(),
+                offset: message.offset(),
+            },
             key: text(message.key()),
             headers: headers.map(|h| (h.key.to_owned(), text(h.value))).collect(),
             value: text(message.payload()),

@@ -310,7 +310,8 @@ impl<R> Ledger<R> {
     /// The ledger's invariants, after every change in debug builds (the simulation stops at the
     /// step that broke one); recounted in small ledgers only, to stay O(1).
     fn check(&self) {
-        let (front, back) = (self.rows.front(), self.rows.back());
+        let front = self.rows.front();
+        let back = self.rows.back();
         debug_assert!(
             front.is_none_or(|(_, s)| !matches!(s, State::Gone)),
             "a gone row at the front"
