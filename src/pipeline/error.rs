@@ -36,7 +36,7 @@ pub mod exit_code {
             E::Refused(Refused::SlotLost { .. }) => SLOT_LOST,
             E::Refused(Refused::Misconfigured(_)) => POSTGRES,
             E::Postgres(e) => postgres(e),
-            E::Lineage(_) => KAFKA,
+            E::Lineage(_) | E::Refused(Refused::Lineage(_)) => KAFKA,
         }
     }
 

@@ -7,4 +7,5 @@ pub mod kafka;
 pub mod postgres;
 pub mod proxy;
 pub mod relay;
+pub mod tansu;
 pub mod world;
