@@ -5,10 +5,11 @@
 mod commands;
 pub mod debezium;
 mod format;
+mod kafka;
 mod observability;
 mod postgres;
+mod tables;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -21,8 +22,11 @@ pub use commands::{
     SetupArgs, StatusArgs,
 };
 pub use format::FormatArgs;
+pub use kafka::{KafkaProperties, KafkaProperty, is_sensitive_property};
 pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
+
+use tables::{apply_overrides, parse_tables};
 
 use crate::outbox::cloudevents::CloudEventsConfig;
 use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName, TopicTemplate};
@@ -252,69 +256,6 @@ pub enum LogFormat {
     Json,
 }
 
-/// Whether a librdkafka property may hold a secret (`sasl.*`, `*.password`, `ssl.key.*`,
-/// tokens...), misspelt keys included: its value is never printed.
-pub fn is_sensitive_property(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    let words = "sasl password secret key jaas token credential";
-    words.split(' ').any(|word| key.contains(word))
-}
-
-/// `value`, or `***` when `key` may hold a secret.
-fn redacted<'a>(key: &str, value: &'a str) -> &'a str {
-    let secret = is_sensitive_property(key);
-    if secret { "***" } else { value }
-}
-
-/// One raw `-X KEY=VALUE`; `Debug` hides the value of a key that may hold a secret.
-#[derive(Clone)]
-pub struct KafkaProperty(String);
-
-impl KafkaProperty {
-    /// The key and value. The error never quotes the text: without '=', it may be a secret cut
-    /// at a ';' (the delimiter).
-    fn pair(&self) -> Result<(String, String), ConfigError> {
-        let reason = "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split at ';')";
-        let pair = self.0.split_once('=').filter(|(k, _)| !k.trim().is_empty());
-        let (key, value) = pair.ok_or_else(|| invalid("--kafka-property", "", reason))?;
-        Ok((key.trim().to_owned(), value.to_owned()))
-    }
-}
-
-impl From<String> for KafkaProperty {
-    fn from(s: String) -> Self {
-        KafkaProperty(s)
-    }
-}
-
-impl fmt::Debug for KafkaProperty {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.split_once('=') {
-            Some((key, value)) => write!(f, "{key}={:?}", redacted(key, value)),
-            None => write!(f, "{:?}", redacted(&self.0, &self.0)),
-        }
-    }
-}
-
-/// The validated `-X` properties, in order; `Debug` hides sensitive values.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct KafkaProperties(pub Vec<(String, String)>);
-
-impl std::ops::Deref for KafkaProperties {
-    type Target = [(String, String)];
-
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-
-impl fmt::Debug for KafkaProperties {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown = self.0.iter().map(|(k, v)| (k, redacted(k, v)));
-        f.debug_map().entries(shown).finish()
-    }
-}
-
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 500ms, 2m)"))
 }
@@ -538,64 +479,6 @@ fn refuse_partition_column_with_exactly_once<'a>(
                   the column's partition would be overridden. Drop --partition-column, or use \
                   --delivery at-least-once";
     Err(invalid("--partition-column", column, reason))
-}
-
-/// The `--table` values: the tables in flag order (`none` means none, for a table-less outbox)
-/// and each table's raw overrides. Without a table or a `--message-prefix`, nothing is relayed.
-fn parse_tables(cli: &Cli) -> Result<(Vec<TableName>, Overrides<'_>), ConfigError> {
-    let (mut tables, mut overridden) = (Vec::new(), Vec::new());
-    for raw in &cli.tables {
-        let (name, overrides) = raw.split_once(':').unwrap_or((raw.as_str(), ""));
-        if name == "none" {
-            continue;
-        }
-        let table = TableName::parse(name).map_err(|reason| invalid("--table", raw, reason))?;
-        if !overrides.is_empty() {
-            overridden.push((table.clone(), overrides));
-        }
-        if !tables.contains(&table) {
-            tables.push(table);
-        }
-    }
-    if cli.tables.iter().any(|t| t == "none") {
-        tables.clear();
-    }
-    if tables.is_empty() && cli.message_prefixes.iter().all(String::is_empty) {
-        let reason = "give at least one outbox table or --message-prefix";
-        return Err(invalid("--table", "", reason));
-    }
-    Ok((tables, overridden))
-}
-
-/// Per-table overrides as written: each table and its `key=value;...` text.
-type Overrides<'a> = Vec<(TableName, &'a str)>;
-
-/// Applies one table's `key=value;key=value` overrides (as written) to the global mapping.
-fn apply_overrides(base: &MappingConfig, overrides: &str) -> Result<MappingConfig, ConfigError> {
-    let mut m = base.clone();
-    let bad = |reason| invalid("--table", overrides, reason);
-    let pairs = overrides.split(';').map(str::trim);
-    for pair in pairs.filter(|p| !p.is_empty()) {
-        let Some((key, value)) = pair.split_once('=').filter(|(_, v)| !v.trim().is_empty()) else {
-            return Err(bad(format!("override {pair:?} is not KEY=VALUE")));
-        };
-        let value = value.trim().to_owned();
-        match key.trim() {
-            "route-by" => m.route_by = value,
-            "topic-template" => m.topic_template = TopicTemplate::parse(&value).map_err(bad)?,
-            "key-column" => m.key_column = value,
-            "id-column" => m.id_column = value,
-            "payload-column" => m.payload_column = value,
-            "timestamp-column" => m.timestamp_column = Some(value),
-            other => {
-                return Err(bad(format!(
-                    "unknown override {other:?}; use route-by, topic-template, key-column, \
-                     id-column, payload-column or timestamp-column"
-                )));
-            }
-        }
-    }
-    Ok(m)
 }
 
 /// The `--header-column` or `--envelope-column` values.
