@@ -2,6 +2,7 @@
 //! HTTP endpoint, the slot poller, the progress line).
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,9 @@ const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(super) fn run(cli: &Cli) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)
         .inspect_err(|e| tracing::error!(error = %Chain(e), "invalid configuration"))?;
-    let health = Arc::new(Health::new(config.flags.observability.readiness));
+    let health = Arc::new(Health::new(
+        config.flags.observability.readiness.thresholds(),
+    ));
     super::block_on(run_with(config, health, shutdown_signal()))??;
     Ok(())
 }
@@ -42,50 +45,38 @@ pub(super) async fn run_with(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, CommandError> {
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = match config.flags.observability.http_addr {
-        // Bound here, so a taken port fails start-up rather than a background task.
-        Some(addr) => {
-            let listener = TcpListener::bind(addr).await.map_err(|source| {
-                let error = CommandError::Http { addr, source };
-                tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
-                error
-            })?;
-            let health = health.clone();
-            let stopped = http_stopped.map(|_| ());
-            Some(tokio::spawn(async move {
-                http::serve_on(listener, install_metrics().await, health, stopped).await
-            }))
-        }
-        None => None,
-    };
-    // Aborted when dropped.
-    let mut background = JoinSet::new();
-    let poll_interval = config.flags.observability.slot_poll_interval;
-    let connector = Connector::new(config.postgres.clone());
-    let slot = config.flags.slot.clone();
-    let slot_monitor = slot_monitor::run(connector, slot, health.clone(), poll_interval);
-    background.spawn(slot_monitor);
-    if let Some(interval) = config.flags.observability.progress_interval {
-        background.spawn(progress::run(health.clone(), interval));
+    let http = HttpEndpoint::start(config.flags.observability.http_addr, &health).await?;
+    if config.flags.observability.http_addr.is_some() {
+        // Now, so that what the AWS identity reports at start-up reaches /metrics.
+        install_metrics().await;
     }
-
+    // Before any connection (the slot poller's too): each logs in with a token signed from
+    // these credentials.
+    let auth = crate::cloud::start(
+        &config.kafka_auth,
+        &config.postgres.auth,
+        Some(health.clone()),
+    );
+    if let Err(error) = auth.await {
+        let error = RelayError::Cloud(error);
+        let code = error.exit_code();
+        tracing::error!(error = %Chain(&error), exit_code = code, "outbox-relay stopped");
+        http.close().await;
+        return Err(error.into());
+    }
     // The pipeline polls its shutdown future at every step: a oneshot costs an atomic load
     // there, the signal listeners a few hundred instructions.
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut background = companions(&config, &health);
     background.spawn(async move {
         shutdown.await;
         let _ = stop.send(());
     });
+    let kafka_auth = config.kafka_auth.clone();
     let outcome = relay(config, health, stopped.map(|_| ())).await;
-
+    let outcome = outcome.map_err(|error| error.blaming(&kafka_auth));
     drop(background);
-    let _ = stop_http.send(());
-    if let Some(server) = http
-        && let Ok(Ok(Err(e))) = tokio::time::timeout(HTTP_CLOSE_TIMEOUT, server).await
-    {
-        tracing::warn!(error = %e, "the HTTP endpoint failed");
-    }
+    http.close().await;
     match &outcome {
         Ok(summary) => tracing::info!(
             frontier = %summary.frontier,
@@ -99,6 +90,61 @@ pub(super) async fn run_with(
         }
     }
     Ok(outcome?)
+}
+
+/// The tasks beside the pipeline (the slot poller, the progress line), aborted when dropped.
+fn companions(config: &Config, health: &Arc<Health>) -> JoinSet<()> {
+    let mut background = JoinSet::new();
+    let poll_interval = config.flags.observability.slot_poll_interval;
+    let connector = Connector::new(config.postgres.clone());
+    let slot = config.flags.slot.clone();
+    let slot_monitor = slot_monitor::run(connector, slot, health.clone(), poll_interval);
+    background.spawn(slot_monitor);
+    if let Some(interval) = config.flags.observability.progress_interval {
+        background.spawn(progress::run(health.clone(), interval));
+    }
+    background
+}
+
+/// `/metrics`, `/healthz` and `/readyz` (`--http-addr`), served until closed.
+struct HttpEndpoint {
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl HttpEndpoint {
+    /// Serves on `addr` (none: not at all), bound here, so that a taken port fails start-up
+    /// rather than a background task.
+    async fn start(addr: Option<SocketAddr>, health: &Arc<Health>) -> Result<Self, CommandError> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let Some(addr) = addr else {
+            return Ok(HttpEndpoint { stop, server: None });
+        };
+        let listener = TcpListener::bind(addr).await.map_err(|source| {
+            let error = CommandError::Http { addr, source };
+            tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
+            error
+        })?;
+        let health = health.clone();
+        let stopped = stopped.map(|_| ());
+        let server = tokio::spawn(async move {
+            http::serve_on(listener, install_metrics().await, health, stopped).await
+        });
+        Ok(HttpEndpoint {
+            stop,
+            server: Some(server),
+        })
+    }
+
+    /// Stops serving, waiting up to [`HTTP_CLOSE_TIMEOUT`] for the server to close.
+    async fn close(self) {
+        let _ = self.stop.send(());
+        if let Some(server) = self.server
+            && let Ok(Ok(Err(e))) = tokio::time::timeout(HTTP_CLOSE_TIMEOUT, server).await
+        {
+            tracing::warn!(error = %e, "the HTTP endpoint failed");
+        }
+    }
 }
 
 /// Start-up, the real source and sink, then the pipeline.

@@ -131,6 +131,7 @@ async fn run_demo(
     args: &DemoArgs,
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
 ) -> Result<(), CommandError> {
+    crate::cloud::start(&config.kafka_auth, &config.postgres.auth, None).await?;
     let connector = Connector::new(config.postgres.clone());
     let client = Arc::new(connector.control().await?);
     super::execute(&client, &writer::schema_sql(), "create the demo tables").await?;
@@ -141,7 +142,9 @@ async fn run_demo(
 
     let written = Arc::new(AtomicU64::new(0));
     let consumed = Arc::new(AtomicU64::new(0));
-    let health = Arc::new(Health::new(config.flags.observability.readiness));
+    let health = Arc::new(Health::new(
+        config.flags.observability.readiness.thresholds(),
+    ));
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = relay_stopped.map(|_| ());
     let mut relay = tokio::spawn(relay::run_with(config.clone(), health.clone(), shutdown));
