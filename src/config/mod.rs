@@ -9,6 +9,7 @@ mod format;
 mod kafka;
 mod observability;
 mod postgres;
+mod registry;
 mod tables;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ pub use format::FormatArgs;
 pub use kafka::{KafkaProperties, KafkaProperty, is_sensitive_property};
 pub use observability::{ObservabilityArgs, ReadinessArgs};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
+pub use registry::{RegistryArgs, SchemaRegistryConfig};
 
 use tables::{apply_overrides, parse_tables};
 
@@ -95,6 +97,9 @@ pub struct Cli {
     /// Debezium record-format flags.
     #[command(flatten)]
     pub format: FormatArgs,
+    /// Schema Registry flags (the avro converters').
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
     pub cloudevents: bool,
@@ -254,6 +259,63 @@ pub enum PoisonPolicy {
     DeadLetter,
 }
 
+/// `--postgres-url` with the password the flags give, if any.
+fn postgres_conn_info(cli: &Cli) -> Result<PostgresConnInfo, ConfigError> {
+    let Some(url) = &cli.postgres_url else {
+        let reason = "required (or set OUTBOX_RELAY_POSTGRES_URL)";
+        return Err(invalid("--postgres-url", "", reason));
+    };
+    let mut postgres = PostgresConnInfo::parse(url.expose_secret())?;
+    // Precedence: --postgres-password > --postgres-password-file > the URL's password.
+    if let Some(password) = &cli.postgres_password {
+        postgres.password = Some(password.expose_secret().to_owned());
+    } else if let Some(path) = &cli.postgres_password_file {
+        postgres.password = Some(read_password_file(path)?);
+    }
+    Ok(postgres)
+}
+
+/// `--kafka-brokers`, required by the subcommands that use Kafka.
+fn kafka_brokers(cli: &Cli) -> Result<&str, ConfigError> {
+    let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
+    // `setup`, `drop-slot` and `reshard` record slots in the lineage topic.
+    let uses_kafka = match &cli.command {
+        None | Some(Command::DropSlot(_) | Command::Backfill(_) | Command::Reshard(_)) => true,
+        // `setup --print` connects only to read a shard's column types.
+        Some(Command::Setup(args)) => !args.print,
+        Some(_) => false,
+    };
+    if kafka_brokers.is_empty() && uses_kafka {
+        let reason = "give at least one host:port (the relay, setup, drop-slot, reshard and \
+                      backfill use Kafka: setup, drop-slot and reshard record slots in \
+                      --lineage-topic)";
+        return Err(invalid("--kafka-brokers", "", reason));
+    }
+    Ok(kafka_brokers)
+}
+
+/// The mapping flags (before `--table`'s per-table overrides).
+fn mapping(cli: &Cli, postgres: &PostgresConnInfo) -> Result<MappingConfig, ConfigError> {
+    let mut mapping = MappingConfig {
+        route_by: cli.route_by.clone(),
+        topic_template: cli.topic_template.clone(),
+        key_column: cli.key_column.clone(),
+        id_column: cli.id_column.clone(),
+        payload_column: cli.payload_column.clone(),
+        timestamp_column: cli.timestamp_column.clone().filter(|c| !c.is_empty()),
+        header_columns: columns("--header-column", &cli.header_columns)?,
+        cloudevents: cli.cloudevents.then(|| CloudEventsConfig {
+            source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
+            database: postgres.dbname.clone(),
+        }),
+        connect: cli.format.connect(!cli.message_prefixes.is_empty())?,
+    };
+    if let Some(connect) = mapping.connect.as_mut() {
+        connect.registry = cli.registry.format();
+    }
+    Ok(mapping)
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 30s, 500ms, 2m)"))
 }
@@ -353,36 +415,15 @@ pub struct Config {
     pub dead_letter_topic: Option<String>,
     /// The flags used as given.
     pub flags: RelayFlags,
+    /// The Schema Registry, when a converter writes through one.
+    pub schema_registry: Option<SchemaRegistryConfig>,
 }
 
 impl Config {
     /// Validates raw flags into a config.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let Some(url) = &cli.postgres_url else {
-            let reason = "required (or set OUTBOX_RELAY_POSTGRES_URL)";
-            return Err(invalid("--postgres-url", "", reason));
-        };
-        let mut postgres = PostgresConnInfo::parse(url.expose_secret())?;
-        // Precedence: --postgres-password > --postgres-password-file > the URL's password.
-        if let Some(password) = &cli.postgres_password {
-            postgres.password = Some(password.expose_secret().to_owned());
-        } else if let Some(path) = &cli.postgres_password_file {
-            postgres.password = Some(read_password_file(path)?);
-        }
-        let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
-        // `setup`, `drop-slot` and `reshard` record slots in the lineage topic.
-        let uses_kafka = match &cli.command {
-            None | Some(Command::DropSlot(_) | Command::Backfill(_) | Command::Reshard(_)) => true,
-            // `setup --print` connects only to read a shard's column types.
-            Some(Command::Setup(args)) => !args.print,
-            Some(_) => false,
-        };
-        if kafka_brokers.is_empty() && uses_kafka {
-            let reason = "give at least one host:port (the relay, setup, drop-slot, reshard and \
-                          backfill use Kafka: setup, drop-slot and reshard record slots in \
-                          --lineage-topic)";
-            return Err(invalid("--kafka-brokers", "", reason));
-        }
+        let mut postgres = postgres_conn_info(cli)?;
+        let kafka_brokers = kafka_brokers(cli)?;
         let flags = cli.flags.sharded()?;
         if flags.reconnect_backoff_max < flags.reconnect_backoff_min {
             let max = humantime::format_duration(flags.reconnect_backoff_max).to_string();
@@ -394,20 +435,9 @@ impl Config {
             let reason = "required with --on-poison dead-letter";
             return Err(invalid("--dead-letter-topic", "", reason));
         }
-        let mapping = MappingConfig {
-            route_by: cli.route_by.clone(),
-            topic_template: cli.topic_template.clone(),
-            key_column: cli.key_column.clone(),
-            id_column: cli.id_column.clone(),
-            payload_column: cli.payload_column.clone(),
-            timestamp_column: cli.timestamp_column.clone().filter(|c| !c.is_empty()),
-            header_columns: columns("--header-column", &cli.header_columns)?,
-            cloudevents: cli.cloudevents.then(|| CloudEventsConfig {
-                source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
-                database: postgres.dbname.clone(),
-            }),
-            connect: cli.format.connect(!cli.message_prefixes.is_empty())?,
-        };
+        let mapping = mapping(cli, &postgres)?;
+        let registered = mapping.connect.as_ref().is_some_and(|c| c.uses_registry());
+        let schema_registry = cli.registry.client(registered)?;
         let (tables, overridden) = parse_tables(cli)?;
         let overridden = overridden.into_iter();
         let table_mappings = overridden.map(|(t, raw)| Ok((t, apply_overrides(&mapping, raw)?)));
@@ -430,6 +460,7 @@ impl Config {
             kafka_auth,
             dead_letter_topic: cli.dead_letter_topic.clone().filter(|_| dead_letter),
             flags,
+            schema_registry,
         })
     }
 

@@ -25,6 +25,7 @@ mod decide;
 mod error;
 mod events;
 mod pace;
+mod register;
 mod stream;
 
 use std::collections::HashMap;
@@ -50,6 +51,7 @@ use crate::startup::Started;
 use ack::{AckError, AckTracker};
 use cleanup::Cleanup;
 use decide::ReadGate;
+use register::Registering;
 
 pub use error::{RelayError, exit_code};
 
@@ -94,6 +96,8 @@ pub struct Pipeline<S: Source, K: Sink + ReadBack> {
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
     cleanup: Option<Cleanup>,
+    /// Records waiting for Schema Registry ids.
+    registering: Registering,
     observer: PipelineObserver,
 }
 
@@ -174,6 +178,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         cleanup: Option<Cleanup>,
     ) -> Self {
         let confirmed = slot.confirmed_flush;
+        let connect = config.mapping.connect.as_ref();
+        let ids = connect.map(|c| c.registry.ids.clone()).unwrap_or_default();
         let (limit, interval) = (
             config.flags.max_in_flight_events,
             config.flags.status_interval,
@@ -219,8 +225,18 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             tx: OpenTx::default(),
             summary: Summary::default(),
             cleanup: cleanup.map(|cleanup| cleanup.resuming(confirmed, limit, interval)),
+            registering: Registering::new(ids),
             observer: PipelineObserver::with_health(health),
         }
+    }
+
+    /// Resolves Schema Registry ids through `registry` (avro converters).
+    pub fn with_registry(
+        mut self,
+        registry: Arc<dyn crate::sink::registry::SchemaRegistry>,
+    ) -> Self {
+        self.registering = self.registering.with_registry(registry);
+        self
     }
 
     /// Streams until `shutdown` or a fatal error, then drains in-flight deliveries (up to
@@ -317,17 +333,23 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         Ok(())
     }
 
-    /// Waits up to the shutdown timeout for in-flight deliveries, then reports the final
-    /// frontier and closes the stream; after a clean stop that came while the stream was down
-    /// (reconnecting), on a session opened for it.
-    async fn finish(mut self, clean: bool) -> Summary {
-        self.observer.streaming(false);
-        let deadline = self
-            .stop_by
-            .unwrap_or_else(|| Instant::now() + self.config.flags.shutdown_timeout);
+    /// Until `deadline`, waits for the deliveries still in flight (and the records waiting for
+    /// Schema Registry ids), acknowledging each one delivered; stops early once nothing more
+    /// can arrive.
+    async fn drain_in_flight(&mut self, deadline: Instant) {
         while self.tracker.window_len() > 0 && Instant::now() < deadline {
             let wait = Instant::now() + Duration::from_millis(100);
-            match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {
+            let delivered = tokio::select! {
+                delivered = tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()) => delivered,
+                outcome = self.registering.next(), if self.registering.active() => {
+                    if let Err(error) = self.on_registered(outcome).await {
+                        tracing::warn!(error = %Chain(&error), "events waiting for the Schema Registry are not sent");
+                        break;
+                    }
+                    continue;
+                }
+            };
+            match delivered {
                 Ok(Some(delivery)) => {
                     // A failure is already reported, or replayed after restart.
                     if delivery.outcome.is_ok() && self.acked(delivery.ticket).is_ok() {
@@ -337,10 +359,27 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 Ok(None) => break,
                 // Nothing for a while, and librdkafka holds nothing either:
                 // the rest was never handed over (e.g. a poison event).
-                Err(_) if self.sink.in_flight() == 0 && self.deliveries.is_empty() => break,
+                Err(_)
+                    if self.sink.in_flight() == 0
+                        && self.deliveries.is_empty()
+                        && self.registering.len() == 0 =>
+                {
+                    break;
+                }
                 Err(_) => {}
             }
         }
+    }
+
+    /// Waits up to the shutdown timeout for in-flight deliveries, then reports the final
+    /// frontier and closes the stream; after a clean stop that came while the stream was down
+    /// (reconnecting), on a session opened for it.
+    async fn finish(mut self, clean: bool) -> Summary {
+        self.observer.streaming(false);
+        let deadline = self
+            .stop_by
+            .unwrap_or_else(|| Instant::now() + self.config.flags.shutdown_timeout);
+        self.drain_in_flight(deadline).await;
         // Deletes what may go now, within the deadline; the rest is replayed after restart.
         if let Err(error) = self.drain_cleanup(deadline).await {
             tracing::error!(error = %Chain(&error), "--cleanup delete: stopping without deleting all relayed rows");
@@ -372,7 +411,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 "stopping with unacknowledged events; they will be sent again after restart"
             );
         }
-        let (acked, dead_lettered) = (self.summary.events_acked, self.summary.dead_lettered);
+        let acked = self.summary.events_acked;
+        let dead_lettered = self.summary.dead_lettered;
         let ignored_updates_deletes = self.routing.non_insert_changes;
         match self.stream.take() {
             Some(stream) => {
