@@ -424,11 +424,10 @@ pub enum ConfigError {
 }
 
 fn invalid(flag: &'static str, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    let (value, reason) = (value.into(), reason.into());
     ConfigError::Invalid {
         flag,
-        value,
-        reason,
+        value: value.into(),
+        reason: reason.into(),
     }
 }
 
@@ -518,7 +517,8 @@ impl Config {
             let reason = "names a relay; this command addresses every shard itself: drop --shard";
             return Err(invalid("--shard", given.to_string(), reason));
         }
-        let (mut config, mut flags) = (self.clone(), self.flags.clone());
+        let mut config = self.clone();
+        let mut flags = self.flags.clone();
         flags.shard = shard;
         config.flags = flags.sharded()?;
         Ok(config)

@@ -11,7 +11,8 @@ use crate::outbox::TableName;
 /// The `--table` values: the tables in flag order (`none` means none, for a table-less outbox)
 /// and each table's raw overrides. Without a table or a `--message-prefix`, nothing is relayed.
 pub(super) fn parse_tables(cli: &Cli) -> Result<(Vec<TableName>, Overrides<'_>), ConfigError> {
-    let (mut tables, mut overridden) = (Vec::new(), Vec::new());
+    let mut tables = Vec::new();
+    let mut overridden = Vec::new();
     for raw in &cli.tables {
         let (name, overrides) = raw.split_once(':').unwrap_or((raw.as_str(), ""));
         if name == "none" {

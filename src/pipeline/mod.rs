@@ -180,10 +180,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         let confirmed = slot.confirmed_flush;
         let connect = config.mapping.connect.as_ref();
         let ids = connect.map(|c| c.registry.ids.clone()).unwrap_or_default();
-        let (limit, interval) = (
-            config.flags.max_in_flight_events,
-            config.flags.status_interval,
-        );
+        let limit = config.flags.max_in_flight_events;
+        let interval = config.flags.status_interval;
         Pipeline {
             routing: Routing {
                 mapper: config.event_mapper(),
