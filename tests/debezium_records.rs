@@ -571,6 +571,35 @@ async fn stops_like_debezium(name: &str, because: &str) {
     );
 }
 
+/// Debezium with ProtobufConverter wrote expanded payloads as messages numbered in the order
+/// its structs gave the keys, then stopped on an array of arrays: the relay refuses the
+/// combination at start-up, naming the option and what was measured, and sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_converter_with_expanded_payloads_is_refused_naming_what_debezium_did() {
+    let fixture = fixture("protobuf-expand");
+    let error = fixture.error.as_deref().unwrap_or_default();
+    assert!(error.contains("Array cannot be nested"), "{error}");
+    let pg = prepared(&fixture, &sql().1).await;
+    let broker = Broker::start();
+    let registry = registry_for(&fixture).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &[]);
+    let status = tokio::task::block_in_place(|| relay.wait_exit(Duration::from_secs(60)));
+    let log = relay.log();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the relay stops:\n{log}"
+    );
+    for needle in [
+        "--expand-json-payload",
+        "Array cannot be nested",
+        "field numbers",
+    ] {
+        assert!(log.contains(needle), "{needle:?} in:\n{log}");
+    }
+    assert_eq!(registry.requests(), 0, "nothing registered");
+}
+
 macro_rules! identical_with_a_registry {
     ($($test:ident: $fixture:literal,)*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -461,6 +461,7 @@ fn tls_connector(ca: Option<&std::path::Path>) -> Result<tokio_rustls::TlsConnec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbox::connect::registry::RegistrySchema;
 
     #[test]
     fn answers_are_classified_once() {
@@ -498,6 +499,58 @@ mod tests {
             text.contains("\"t-value\"") && text.contains("said 409"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn use_latest_version_takes_a_protobuf_schema_only_by_its_text() {
+        let pending = |kind, text: &str| Pending {
+            subject: "t-value".into(),
+            schema: Arc::new(RegistrySchema::new(kind, text.to_owned())),
+            lookup: Lookup::Latest,
+        };
+        let answer = |kind: Option<&str>, text: &str| Answer {
+            id: 3,
+            schema: Some(text.to_owned()),
+            schema_type: kind.map(str::to_owned),
+        };
+        let proto =
+            "syntax = \"proto3\";\npackage p;\n\nmessage Value {\n  string payload = 1;\n}\n";
+        // (the event's, the latest) -> accepted
+        let table = [
+            (
+                pending(SchemaType::Protobuf, proto),
+                answer(Some("PROTOBUF"), proto),
+                true,
+            ),
+            (
+                pending(SchemaType::Protobuf, proto),
+                answer(Some("PROTOBUF"), &proto.replace("payload", "body")),
+                false,
+            ),
+            (
+                pending(SchemaType::Protobuf, proto),
+                answer(None, "\"string\""),
+                false,
+            ),
+            (
+                pending(SchemaType::Avro, "\"string\""),
+                answer(None, "{\"type\":\"string\"}"),
+                true,
+            ),
+            (
+                pending(SchemaType::Avro, "\"string\""),
+                answer(Some("PROTOBUF"), proto),
+                false,
+            ),
+        ];
+        for (pending, latest, accepted) in table {
+            let outcome = latest_matches(&pending, &latest);
+            assert_eq!(
+                outcome.is_ok(),
+                accepted,
+                "{pending:?} {latest:?}: {outcome:?}"
+            );
+        }
     }
 
     #[test]

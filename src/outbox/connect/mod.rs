@@ -180,7 +180,7 @@ fn protobuf_unmeasured(config: &ConnectConfig) -> Option<(&'static str, &'static
     let protobuf =
         |w: Writer| w.converter == Converter::Protobuf || w.delegate == Some(Converter::Protobuf);
     if protobuf(config.value_writer()) && config.expand_json_payload {
-        let why = "ProtobufConverter's nested messages and repeated fields for expanded payloads are not reproduced (not measured against Confluent's converter); use AvroConverter or JsonConverter for expanded payloads";
+        let why = "ProtobufConverter with expanded payloads is not reproduced, as measured against Debezium 3.6.3 with ProtobufConverter 7.0.16 (fixture protobuf-expand): a payload becomes a message whose field numbers follow the order Debezium's struct gives the JSON object's keys, which varies and the relay does not reproduce, and Debezium stops at a payload holding an array of arrays (IllegalArgumentException: Array cannot be nested); use AvroConverter or JsonConverter for expanded payloads";
         return Some(("--expand-json-payload", why));
     }
     let roles = [
