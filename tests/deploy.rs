@@ -21,7 +21,7 @@ use promql_parser::util::{ExprVisitor, walk_expr};
 use serde_json::{Value, json};
 use yaml_rust2::{Yaml, YamlLoader};
 
-use crate::support::http::{free_port, get};
+use crate::support::http::get;
 use crate::support::relay::{Relay, binary};
 use crate::support::world::World;
 
@@ -1118,13 +1118,9 @@ fn run_for(argv: &[String], env: &[(&str, String)], timeout: Duration) -> Option
 async fn dockerfile_health_check_passes_on_a_running_relay_only() {
     let command = healthcheck_command(&read("deploy/Dockerfile")).unwrap();
     let world = World::start().await;
-    let port = free_port();
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    let port = relay.wait_http_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut relay = Relay::spawn(
-        &world.pg.url(),
-        &world.broker.bootstrap(),
-        &["--http-addr", &addr],
-    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while get(port, "/healthz").is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));

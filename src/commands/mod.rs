@@ -62,6 +62,15 @@ pub enum CommandError {
         #[source]
         source: std::io::Error,
     },
+    /// `--http-addr-file` cannot be written.
+    #[error("cannot write the HTTP endpoint's address to --http-addr-file {}", .path.display())]
+    HttpAddrFile {
+        /// `--http-addr-file`.
+        path: std::path::PathBuf,
+        /// The write error.
+        #[source]
+        source: std::io::Error,
+    },
     /// `backfill`: a row that cannot be delivered, under `--on-poison fail`.
     #[error(
         "event id {id:?} from {} cannot be delivered: {}; the rows after it were not \
@@ -94,9 +103,10 @@ impl CommandError {
     /// The process exit code, shared with the relay's.
     pub fn exit_code(self) -> u8 {
         match self {
-            CommandError::Config(_) | CommandError::Refused(_) | CommandError::Http { .. } => {
-                exit_code::CONFIG
-            }
+            CommandError::Config(_)
+            | CommandError::Refused(_)
+            | CommandError::Http { .. }
+            | CommandError::HttpAddrFile { .. } => exit_code::CONFIG,
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
             CommandError::Postgres(e) => exit_code::postgres(&e),
             CommandError::Startup(e) => exit_code::startup(&e),

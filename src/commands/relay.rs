@@ -48,6 +48,9 @@ pub(super) async fn run_with(
                 tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
                 error
             })?;
+            if let Some(path) = &config.flags.observability.http_addr_file {
+                write_addr_file(path, &listener)?;
+            }
             let (health, stopped) = (health.clone(), http_stopped.map(|_| ()));
             Some(tokio::spawn(async move {
                 http::serve_on(listener, install_metrics().await, health, stopped).await
@@ -147,6 +150,22 @@ async fn relay(
     pipeline.run(shutdown).await
 }
 
+/// Writes the address `listener` listens on to `path` (`--http-addr-file`), whole or not at
+/// all: written beside it, then renamed over it, so a reader never sees half an address.
+fn write_addr_file(path: &std::path::Path, listener: &TcpListener) -> Result<(), CommandError> {
+    let written = listener.local_addr().and_then(|addr| {
+        let partial = path.with_extension("partial");
+        std::fs::write(&partial, format!("{addr}\n"))?;
+        std::fs::rename(&partial, path)
+    });
+    written.map_err(|source| {
+        let path = path.to_owned();
+        let error = CommandError::HttpAddrFile { path, source };
+        tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
+        error
+    })
+}
+
 /// The Prometheus recorder (only with an endpoint, whose upkeep bounds it), built
 /// on the blocking pool: its clock calibration (up to 200 ms) overlaps start-up.
 async fn install_metrics() -> metrics_exporter_prometheus::PrometheusHandle {
@@ -194,5 +213,22 @@ mod tests {
         let err = run_with(config, health, async {}).await.unwrap_err();
         assert!(matches!(err, CommandError::Http { .. }), "{err:?}");
         assert!(err.to_string().contains("--http-addr"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn the_address_the_system_chose_is_written_down_whole() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("addr");
+        write_addr_file(&path, &listener).unwrap();
+        let written = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(written, format!("{}\n", listener.local_addr().unwrap()));
+        assert_ne!(listener.local_addr().unwrap().port(), 0);
+        // Nothing half-written is left beside it.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        let nowhere = dir.path().join("missing/addr");
+        let err = write_addr_file(&nowhere, &listener).unwrap_err();
+        assert!(matches!(err, CommandError::HttpAddrFile { .. }), "{err:?}");
+        assert!(err.to_string().contains("--http-addr-file"), "{err}");
     }
 }
