@@ -18,7 +18,8 @@ use crate::postgres::Connector;
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
 use crate::source::{PgSource, StreamSettings, cleanup, heartbeat, slot_monitor};
-use crate::startup::{self, Wanted, lineage};
+use crate::startup::wait::{Patient, Schedule};
+use crate::startup::{Wanted, lineage};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -109,7 +110,21 @@ async fn relay(
     let connector = Connector::new(config.postgres.clone());
     let kafka = super::kafka(&config);
     let wanted = Wanted::new(&config);
-    let started = startup::start(&wanted, &connector, &kafka).await?;
+    let mut shutdown = Box::pin(shutdown);
+    let patient = Patient {
+        wanted: &wanted,
+        postgres: &connector,
+        kafka: &kafka,
+        schedule: Schedule {
+            min: config.flags.reconnect_backoff_min,
+            max: config.flags.reconnect_backoff_max,
+        },
+        health: &health,
+    };
+    let Some(started) = patient.start(&mut shutdown).await? else {
+        tracing::info!(slot = %wanted.slot, "stopped during start-up: nothing was streamed");
+        return Ok(Summary::default());
+    };
     if let Some(warning) = &started.late_shard {
         let created = started.confirmed_flush;
         tracing::warn!(slot = %wanted.slot, %created, "{warning}");

@@ -7,12 +7,16 @@ use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 
 use super::SinkError;
+use super::client_log::ClientLog;
 
 /// Where Kafka is and the `-X` properties every client takes.
 #[derive(Clone, Debug, Default)]
 pub struct KafkaClients {
     brokers: String,
     properties: Vec<(String, String)>,
+    /// One folding of librdkafka's lines for every client made from these: a client made
+    /// for each try of a read (start-up's, while Kafka does not answer) logs no line anew.
+    log: ClientLog,
 }
 
 impl KafkaClients {
@@ -21,7 +25,19 @@ impl KafkaClients {
         KafkaClients {
             brokers: brokers.to_owned(),
             properties: properties.to_vec(),
+            log: ClientLog::default(),
         }
+    }
+
+    /// `--kafka-brokers`, as given.
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    /// The context of a client made from these: librdkafka's lines folded with every other
+    /// such client's.
+    pub fn log(&self) -> ClientLog {
+        self.log.clone()
     }
 
     /// A client's settings: the brokers, then `defaults`, then the `-X` properties, which

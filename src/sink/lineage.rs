@@ -329,9 +329,8 @@ pub async fn write(
     let mut client = kafka.config(&[("acks", "all")]);
     // Bounded, whatever the relay's own producer waits.
     client.set("message.timeout.ms", WRITE_TIMEOUT.as_millis().to_string());
-    let producer: FutureProducer<ClientLog> = client
-        .create_with_context(ClientLog::default())
-        .map_err(|e| {
+    let producer: FutureProducer<ClientLog> =
+        client.create_with_context(kafka.log()).map_err(|e| {
             let reason = kafka.refused(e);
             LineageError::new("record", topic, reason, Problem::Kafka(Cause::Other))
         })?;

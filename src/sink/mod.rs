@@ -303,7 +303,7 @@ impl KafkaSink {
             deliveries: tx.clone(),
             alone: false,
             health,
-            log: ClientLog::default(),
+            log: kafka.log(),
         };
         let producer: BaseProducer<_> = config
             .create_with_context(context)
@@ -392,7 +392,7 @@ impl Sink for KafkaSink {
                     deliveries: self.deliveries.clone(),
                     alone: true,
                     health: None,
-                    log: ClientLog::default(),
+                    log: self.kafka.log(),
                 };
                 let producer: BaseProducer<_> = config
                     .create_with_context(context)

@@ -23,6 +23,8 @@ pub async fn run(connector: Connector, slot: String, health: Arc<Health>, interv
     let mut client: Option<Client> = None;
     let mut last_warnings: Vec<String> = Vec::new();
     let mut last_warned = Instant::now();
+    // When a failed poll was last logged, while polls fail.
+    let mut warned_failing_at: Option<Instant> = None;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -51,12 +53,29 @@ pub async fn run(connector: Connector, slot: String, health: Arc<Health>, interv
             }
             Ok(observation) => observation,
             Err(error) => {
-                tracing::warn!(slot = %slot, error = %Chain(&error), "slot poll failed; retrying next tick");
+                // Once per outage (and every REPEAT_WARNINGS during a long one): start-up, or
+                // the stream's reconnects, say what the relay waits for.
+                let repeat =
+                    warned_failing_at.is_none_or(|at: Instant| at.elapsed() >= REPEAT_WARNINGS);
+                if repeat {
+                    tracing::warn!(
+                        slot = %slot,
+                        error = %Chain(&error),
+                        "slot poll failed; retrying every tick, logging it again once it works, \
+                         or in 5 minutes"
+                    );
+                    warned_failing_at = Some(Instant::now());
+                } else {
+                    tracing::debug!(slot = %slot, error = %Chain(&error), "slot poll failed again");
+                }
                 health.set_slot_observation(SlotObservation::Unknown);
                 client = None;
                 continue;
             }
         };
+        if warned_failing_at.take().is_some() {
+            tracing::info!(slot = %slot, "slot poll works again");
+        }
         metrics::set_slot(&observation);
         health.set_slot_observation(observation.clone());
         let warnings = match &observation {

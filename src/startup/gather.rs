@@ -2,6 +2,8 @@
 //! only reads, so it can run again (after an outage, for `status`) with nothing to undo; the
 //! writes are [`super::apply`]'s, after every refusal was decided.
 
+use std::time::Duration;
+
 use tokio_postgres::Client;
 
 use super::facts::{Facts, PublicationFacts, ShardColumn, TableFacts};
@@ -14,15 +16,18 @@ use crate::sink::KafkaClients;
 /// Every fact: the catalog, then, once the catalog passes the checks, the lineage (so that a
 /// misconfigured server is refused without waiting on Kafka, and IDENTIFY_SYSTEM runs only
 /// for a role that may replicate).
+/// The lineage topic's read waits for Kafka at most `read_timeout`.
 pub async fn gather(
     control: &Client,
     pinned: &Connector,
     kafka: &KafkaClients,
     wanted: &Wanted,
+    read_timeout: Duration,
 ) -> Result<Facts, StartupError> {
     let mut facts = catalog(control, wanted).await?;
     if checks::check(&facts, wanted).refusals.is_empty() {
         let lineage = Lineage::open(pinned, kafka, &wanted.lineage_topic, &wanted.slot).await?;
+        let lineage = lineage.within(read_timeout);
         facts.lineage = Some(lineage.facts(control, facts.slot.is_some()).await?);
     }
     Ok(facts)

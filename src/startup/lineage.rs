@@ -20,6 +20,7 @@ use crate::observability::Chain;
 use crate::postgres::Connector;
 use crate::postgres::catalog::slots::legacy_record;
 use crate::sink::KafkaClients;
+use crate::sink::exactly_once::READ_TIMEOUT;
 use crate::sink::lineage::{self, LineageError, Problem, SlotRecord, SlotState};
 
 /// How often a running relay writes its slot's record again: well inside Kafka's default
@@ -96,6 +97,8 @@ pub struct Lineage {
     slot: String,
     system_identifier: String,
     key: String,
+    /// How long a read may wait for Kafka.
+    read_timeout: Duration,
 }
 
 impl Lineage {
@@ -107,7 +110,14 @@ impl Lineage {
             slot: slot.to_owned(),
             system_identifier: system_identifier.to_owned(),
             key: lineage::key(system_identifier, slot),
+            read_timeout: READ_TIMEOUT,
         }
+    }
+
+    /// This record, its reads waiting for Kafka at most `read_timeout`.
+    pub fn within(mut self, read_timeout: Duration) -> Self {
+        self.read_timeout = read_timeout;
+        self
     }
 
     /// Reads the cluster's system identifier with IDENTIFY_SYSTEM, which a role with
@@ -132,7 +142,7 @@ impl Lineage {
 
     /// The slot's last record; `None` when there is none or the last is a tombstone.
     pub async fn read(&self) -> Result<Option<SlotRecord>, LineageError> {
-        lineage::read(&self.kafka, &self.topic, &self.key).await
+        lineage::read_within(&self.kafka, &self.topic, &self.key, self.read_timeout).await
     }
 
     /// What the topic, and where it has no record of a missing slot the cluster, say about

@@ -99,7 +99,7 @@ impl TailReader {
     /// reach them the same way; producer-only properties are ignored by a consumer.
     pub fn new(kafka: &KafkaClients) -> Result<Self, SinkError> {
         let consumer = reader_config(kafka)
-            .create_with_context(ClientLog::default())
+            .create_with_context(kafka.log())
             .map_err(|e| kafka.refused(e))?;
         Ok(TailReader { consumer })
     }
