@@ -12,6 +12,7 @@ mod backfill;
 mod bench;
 mod broker_process;
 mod cleanup;
+mod cloud;
 mod cloudevents;
 mod debezium_records;
 mod demo;

@@ -2,6 +2,7 @@
 //! they become. Every mistake is caught before any connection is opened, with a message naming
 //! the flag: clap checks single values while parsing, [`Config::from_cli`] the rest.
 
+mod cloud;
 mod commands;
 pub mod debezium;
 mod format;
@@ -16,6 +17,7 @@ use clap::builder::{NonEmptyStringValueParser, RangedU64ValueParser};
 use clap::{Args, Parser, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
+pub use cloud::{CloudArgs, KafkaAuthMode, PostgresAuthMode};
 pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, ReshardArgs,
     SetupArgs, StatusArgs,
@@ -24,6 +26,7 @@ pub use format::FormatArgs;
 pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
+use crate::cloud::KafkaAuth;
 use crate::outbox::cloudevents::CloudEventsConfig;
 use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName, TopicTemplate};
 
@@ -98,6 +101,9 @@ pub struct Cli {
     #[arg(short = 'X', long = "kafka-property", value_delimiter = ';')]
     #[arg(env = "OUTBOX_RELAY_KAFKA_PROPERTY", hide_env_values = true)]
     pub kafka_properties: Vec<KafkaProperty>,
+    /// AWS IAM for Kafka and Postgres.
+    #[command(flatten)]
+    pub cloud: CloudArgs,
     /// What to do with an event that cannot be delivered (NULL id, bad topic, too large...).
     #[arg(long, env = "OUTBOX_RELAY_ON_POISON", value_enum, default_value_t = PoisonPolicy::Fail)]
     pub on_poison: PoisonPolicy,
@@ -410,6 +416,8 @@ pub struct Config {
     pub table_mappings: Vec<(TableName, MappingConfig)>,
     /// librdkafka properties given with `-X`, in order.
     pub kafka_properties: KafkaProperties,
+    /// How Kafka clients log in beyond the `-X` properties (`--kafka-auth`).
+    pub kafka_auth: KafkaAuth,
     /// Dead-letter topic when poison events are diverted; `None` means stop on them.
     pub dead_letter_topic: Option<String>,
     /// The flags used as given.
@@ -477,6 +485,8 @@ impl Config {
         let mappings = std::iter::once(&mapping).chain(table_mappings.iter().map(|(_, m)| m));
         refuse_partition_column_with_exactly_once(flags.delivery, mappings)?;
         let kafka_properties = cli.kafka_properties.iter().map(KafkaProperty::pair);
+        let kafka_properties = KafkaProperties(kafka_properties.collect::<Result<_, _>>()?);
+        let kafka_auth = cloud::auth(&cli.cloud, &mut postgres, kafka_brokers, &kafka_properties)?;
         let message_prefixes = cli.message_prefixes.iter().filter(|p| !p.is_empty());
         Ok(Config {
             postgres,
@@ -485,7 +495,8 @@ impl Config {
             message_prefixes: message_prefixes.cloned().collect(),
             mapping,
             table_mappings,
-            kafka_properties: KafkaProperties(kafka_properties.collect::<Result<_, _>>()?),
+            kafka_properties,
+            kafka_auth,
             dead_letter_topic: cli.dead_letter_topic.clone().filter(|_| dead_letter),
             flags,
         })

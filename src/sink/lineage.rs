@@ -15,9 +15,9 @@ use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 
+use super::ClientCallbacks;
 use super::KafkaClients;
 use super::cause::Cause;
-use super::client_log::ClientLog;
 use super::exactly_once::{Attempt, READ_TIMEOUT, TailReader};
 
 /// How long one write may wait for the broker's acknowledgement.
@@ -329,8 +329,8 @@ pub async fn write(
     let mut client = kafka.config(&[("acks", "all")]);
     // Bounded, whatever the relay's own producer waits.
     client.set("message.timeout.ms", WRITE_TIMEOUT.as_millis().to_string());
-    let producer: FutureProducer<ClientLog> =
-        client.create_with_context(kafka.log()).map_err(|e| {
+    let producer: FutureProducer<ClientCallbacks> =
+        client.create_with_context(kafka.context()).map_err(|e| {
             let reason = kafka.refused(e);
             LineageError::new("record", topic, reason, Problem::Kafka(Cause::Other))
         })?;

@@ -27,9 +27,10 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
 
+use crate::cloud::KafkaAuth;
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
-pub use client::KafkaClients;
+pub use client::{ClientCallbacks, KafkaClients};
 use client_log::ClientLog;
 use exactly_once::TailReader;
 use reports::Served;
@@ -207,10 +208,21 @@ struct DeliveryContext {
     alone: bool,
     /// `None` where the producer's state is not readiness (`send_alone`, `backfill`).
     health: Option<Arc<Health>>,
+    /// Mints the OAUTHBEARER token librdkafka asks for (`--kafka-auth`).
+    auth: KafkaAuth,
     log: ClientLog,
 }
 
 impl ClientContext for DeliveryContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.auth.oauth_token(std::time::SystemTime::now())
+    }
+
     fn log(&self, level: RDKafkaLogLevel, facility: &str, line: &str) {
         self.log.log(level, facility, line);
     }
@@ -218,6 +230,7 @@ impl ClientContext for DeliveryContext {
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka retries these; deliveries that finally fail are reported.
         self.log.error(&error, reason);
+        self.auth.observe(&error, reason);
         if let Some(health) = &self.health
             && error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown)
         {
@@ -303,6 +316,7 @@ impl KafkaSink {
             deliveries: tx.clone(),
             alone: false,
             health,
+            auth: kafka.auth().clone(),
             log: kafka.log(),
         };
         let producer: BaseProducer<_> = config
@@ -392,6 +406,7 @@ impl Sink for KafkaSink {
                     deliveries: self.deliveries.clone(),
                     alone: true,
                     health: None,
+                    auth: self.kafka.auth().clone(),
                     log: self.kafka.log(),
                 };
                 let producer: BaseProducer<_> = config
@@ -562,6 +577,7 @@ mod tests {
             deliveries: mpsc::unbounded_channel().0,
             alone: false,
             health: Some(Arc::clone(&health)),
+            auth: KafkaAuth::default(),
             log: ClientLog::default(),
         };
         let stats = |states: &[&str]| {

@@ -36,13 +36,15 @@ pub struct StreamSettings {
 }
 
 /// The replication session's settings: from `start`, confirming `acked` until told more.
-fn replication_config(
+async fn replication_config(
     connector: &Connector,
     settings: &StreamSettings,
     start: Lsn,
     acked: Lsn,
 ) -> Result<ReplicationConfig, SourceError> {
-    let session = connector.replication(&settings.slot, &settings.publication)?;
+    let session = connector
+        .replication(&settings.slot, &settings.publication)
+        .await?;
     Ok(session
         .with_start_lsn(start.into())
         .with_ack_lsn(acked.min(start).into())
@@ -342,7 +344,7 @@ async fn open(
 ) -> Result<ReplicationStream, SourceError> {
     let slot = &settings.slot;
     let failed = replication_err(pinned, slot);
-    let repl = replication_config(pinned, settings, start, acked)?;
+    let repl = replication_config(pinned, settings, start, acked).await?;
     let mut client = ReplicationClient::connect_gated(repl)
         .await
         .map_err(&failed)?;
@@ -358,7 +360,7 @@ async fn open(
         start = resume_point(previous, &server, start, confirmed);
         // A gated session's start position is fixed: end it, start another.
         drop(client);
-        let repl = replication_config(pinned, settings, start, acked)?;
+        let repl = replication_config(pinned, settings, start, acked).await?;
         client = ReplicationClient::connect(repl).await.map_err(&failed)?;
     } else {
         client.start().await.map_err(&failed)?;

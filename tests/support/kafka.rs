@@ -251,8 +251,19 @@ pub fn consume(
     expected: usize,
     timeout: Duration,
 ) -> Vec<Consumed> {
+    consume_with(bootstrap, &[], topics, expected, timeout)
+}
+
+/// [`consume`] by a consumer with these extra properties (SASL, say).
+pub fn consume_with(
+    bootstrap: &str,
+    properties: &[(&str, &str)],
+    topics: &[&str],
+    expected: usize,
+    timeout: Duration,
+) -> Vec<Consumed> {
     let deadline = Instant::now() + timeout;
-    let consumer = assigned_consumer(bootstrap, topics, deadline);
+    let consumer = assigned_consumer_with(bootstrap, properties, topics, deadline);
     let mut out = Vec::new();
     while out.len() < expected && Instant::now() < deadline {
         if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
@@ -265,7 +276,20 @@ pub fn consume(
 /// A consumer assigned every partition of `topics` from the beginning: no
 /// consumer group, so no group join or rebalance to wait for.
 fn assigned_consumer(bootstrap: &str, topics: &[&str], deadline: Instant) -> BaseConsumer {
-    let consumer: BaseConsumer = ClientConfig::new()
+    assigned_consumer_with(bootstrap, &[], topics, deadline)
+}
+
+fn assigned_consumer_with(
+    bootstrap: &str,
+    properties: &[(&str, &str)],
+    topics: &[&str],
+    deadline: Instant,
+) -> BaseConsumer {
+    let mut config = ClientConfig::new();
+    for (key, value) in properties {
+        config.set(*key, *value);
+    }
+    let consumer: BaseConsumer = config
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "outbox-relay-tests")
         .set("enable.auto.commit", "false")

@@ -17,8 +17,8 @@ use super::window::{self, PartitionLog};
 use super::{ReadBack, Seen, Tail, TailError};
 use crate::lsn::Lsn;
 use crate::outbox::ID_HEADER;
+use crate::sink::ClientCallbacks;
 use crate::sink::cause::Cause;
-use crate::sink::client_log::ClientLog;
 use crate::sink::{KafkaClients, KafkaSink, SinkError};
 
 /// How long one metadata request or one tail read may take, transport failures waited out
@@ -88,20 +88,37 @@ const TOPIC_ATTEMPTS: u32 = 20;
 /// How long `backfill` may spend reading back the records of one topic.
 const BACKFILL_READ_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// Events [`TailReader::serve_events`] serves at most.
+const SERVED_EVENTS: usize = 4;
+
 /// Reads partitions back to find the records this relay wrote there.
 pub struct TailReader {
-    consumer: BaseConsumer<ClientLog>,
+    consumer: BaseConsumer<ClientCallbacks>,
 }
 
 impl TailReader {
-    /// A reader with the relay's brokers and every `-X` property the producer has: what
-    /// reaches the brokers (security, TLS verification, SASL, DNS, message sizes) must
-    /// reach them the same way; producer-only properties are ignored by a consumer.
+    /// A reader with the relay's brokers, `--kafka-auth` and every `-X` property the
+    /// producer has: what reaches the brokers (security, TLS verification, SASL, DNS,
+    /// message sizes) must reach them the same way; producer-only properties are ignored
+    /// by a consumer.
     pub fn new(kafka: &KafkaClients) -> Result<Self, SinkError> {
         let consumer = reader_config(kafka)
-            .create_with_context(kafka.log())
+            .create_with_context(kafka.context())
             .map_err(|e| kafka.refused(e))?;
-        Ok(TailReader { consumer })
+        let reader = TailReader { consumer };
+        reader.serve_events();
+        Ok(reader)
+    }
+
+    /// Serves what waits on the consumer's queue between reads: the OAUTHBEARER token
+    /// librdkafka asks for (its brokers wait for it) is minted only while the queue is
+    /// polled, and a metadata or watermark request does not poll it.
+    fn serve_events(&self) {
+        // Nothing is assigned between reads: a message left from an earlier read is skipped
+        // by the next one anyway. A poll serves one event; a token ask rarely has company.
+        for _ in 0..SERVED_EVENTS {
+            let _ = self.consumer.poll(Duration::ZERO);
+        }
     }
 
     /// The event ids of the records of `topic` from `since_ms` (Kafka timestamps) on:
@@ -114,6 +131,7 @@ impl TailReader {
         partitions: i32,
         since_ms: i64,
     ) -> Result<HashSet<Vec<u8>>, TailError> {
+        self.serve_events();
         let mut query = TopicPartitionList::new();
         for partition in 0..partitions {
             query
@@ -160,6 +178,7 @@ impl TailReader {
         attempt: &Attempt,
         keep: impl Fn(&BorrowedMessage<'_>) -> Option<T>,
     ) -> Result<Vec<T>, TailError> {
+        self.serve_events();
         let metadata = self.metadata(topic, attempt)?;
         let Some(found) = metadata.topics().first() else {
             return Ok(Vec::new());
@@ -192,6 +211,16 @@ impl TailReader {
                 Ok(metadata) => return Ok(metadata),
                 Err(e) if Cause::of(&e).transient() && !attempt.over() => {
                     tracing::debug!(topic, error = %e, "reading the topic's metadata again");
+                    // A broker that refused the login answers no better by waiting.
+                    self.serve_events();
+                    if let Some(refusal) = self.consumer.context().refusal() {
+                        return Err(TailError::Read {
+                            topic: topic.to_owned(),
+                            partition: -1,
+                            reason: format!("the brokers refused the login: {refusal}"),
+                            cause: Cause::Other,
+                        });
+                    }
                 }
                 Err(e) if Cause::of(&e).transient() => {
                     return Err(attempt.stopped(topic, -1, Some(&e)));
@@ -297,12 +326,12 @@ impl TailReader {
 /// it ends: assigning again partitions still assigned aborts inside librdkafka
 /// (`rd_kafka_assignment_partition_stopped: Assertion 'rktp->rktp_started' failed`).
 struct Assignment<'a> {
-    consumer: &'a BaseConsumer<ClientLog>,
+    consumer: &'a BaseConsumer<ClientCallbacks>,
 }
 
 impl<'a> Assignment<'a> {
     fn new(
-        consumer: &'a BaseConsumer<ClientLog>,
+        consumer: &'a BaseConsumer<ClientCallbacks>,
         partitions: &TopicPartitionList,
     ) -> Result<Self, KafkaError> {
         consumer.assign(partitions)?;
@@ -443,6 +472,7 @@ impl ReadBack for KafkaSink {
         let (owned, source) = (topic.to_owned(), source.to_owned());
         let read = tokio::task::spawn_blocking(move || {
             let reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            reader.serve_events();
             let topic = Topic(&reader, &owned);
             window::tails(&topic, &owned, &source, partitions, floor, wal_end)
         });
