@@ -15,11 +15,13 @@ use crate::observability::health::Health;
 use crate::observability::{Chain, http, metrics, progress};
 use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::postgres::Connector;
-use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
+use crate::sink::lineage::Reshard;
+use crate::sink::{KafkaClients, KafkaSink};
 use crate::source::{PgSource, StreamSettings, cleanup, heartbeat, slot_monitor};
+use crate::startup::Wanted;
+use crate::startup::lineage::{self, Lineage};
 use crate::startup::wait::{Patient, Schedule};
-use crate::startup::{Wanted, lineage};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -179,10 +181,40 @@ async fn relay(
         companions.spawn(heartbeat::run(connector.clone(), interval));
     }
     let topic = wanted.lineage_topic.clone();
-    companions.spawn(lineage::keep_fresh(connector, kafka, topic, wanted.slot));
+    let fresh = lineage::keep_fresh(connector.clone(), kafka.clone(), topic, wanted.slot.clone());
+    companions.spawn(fresh);
     let sink = Arc::new(sink);
     let pipeline = Pipeline::new(config, source, sink, deliveries, health, &started, cleanup);
-    pipeline.run(shutdown).await
+    match pipeline.run(shutdown).await {
+        Err(RelayError::SlotDropped { slot, frontier }) => {
+            match retired(&wanted, &connector, &kafka).await {
+                Some(done) => Ok(retired_stop(&slot, done)),
+                None => Err(RelayError::SlotDropped { slot, frontier }),
+            }
+        }
+        outcome => outcome,
+    }
+}
+
+/// The resharding whose `--finish` dropped this relay's slot, as the lineage topic says it,
+/// if it retired this relay's fleet; `None` when it did not, or the topic cannot say.
+async fn retired(wanted: &Wanted, connector: &Connector, kafka: &KafkaClients) -> Option<Reshard> {
+    let topic = &wanted.lineage_topic;
+    let opened = Lineage::open(connector, kafka, topic, &wanted.slot).await;
+    let record = opened.ok()?.read().await.ok()??;
+    record.retired_from(wanted.count())
+}
+
+/// A relay whose slot `reshard --finish` dropped (a standby of an old shard, say) stops
+/// cleanly: its shard's events are the new fleet's to relay now.
+fn retired_stop(slot: &str, done: Reshard) -> Summary {
+    tracing::info!(
+        slot = %slot,
+        "`{done} --finish` dropped this relay's slot: its shard was retired, and the new \
+         fleet relays its events from where it stopped. Stopping; remove this relay (a restart \
+         is refused beside the new fleet's slots)"
+    );
+    Summary::default()
 }
 
 /// Writes the address `listener` listens on to `path` (`--http-addr-file`), whole or not at

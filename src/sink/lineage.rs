@@ -118,6 +118,13 @@ impl SlotRecord {
         self
     }
 
+    /// The resharding whose `--finish` dropped the slot, when it retired a fleet of `count`
+    /// shards (1: a relay without `--shard`).
+    pub fn retired_from(&self, count: u32) -> Option<Reshard> {
+        let done = self.reshard?;
+        (self.state == SlotState::Dropped && done.from == count).then_some(done)
+    }
+
     /// The same record, written again now by this relay.
     pub fn refreshed(mut self) -> Self {
         self.refreshed_at = rfc3339_now();
@@ -314,32 +321,43 @@ pub async fn read_within(
     key: &str,
     timeout: Duration,
 ) -> Result<Option<SlotRecord>, LineageError> {
-    Ok(read_keys(kafka, topic, key, &[], timeout).await?.0)
+    read_keys(kafka, topic, key, &[], timeout).await?.own
 }
 
-/// The records of `key` and of `others`, read in one pass as [`read_within`] reads one: the
-/// latest of `key` (an error when it cannot be used), and each of `others` whose latest
-/// record the relay wrote (the others' unusable records are left out: they are another
-/// slot's to judge).
+/// What one read of several keys found ([`read_keys`]).
+#[derive(Debug)]
+pub struct KeysRead {
+    /// The latest record of the key asked for, or why it cannot be used.
+    pub own: Result<Option<SlotRecord>, LineageError>,
+    /// The latest record of each other key asked for that has one the relay wrote (the
+    /// others' unusable records are left out: they are another slot's to judge).
+    pub others: Vec<SlotRecord>,
+}
+
+/// The records of `key` and of `others`, read in one pass as [`read_within`] reads one; an
+/// error only when the topic cannot be read.
 pub async fn read_keys(
     kafka: &KafkaClients,
     topic: &str,
     key: &str,
     others: &[String],
     timeout: Duration,
-) -> Result<(Option<SlotRecord>, Vec<(String, SlotRecord)>), LineageError> {
+) -> Result<KeysRead, LineageError> {
     let mut keys = vec![key.to_owned()];
     keys.extend(others.iter().cloned());
     let mut found = read_found(kafka, topic, keys, timeout).await?;
-    let own = parse_newest(topic, key, found.remove(key).unwrap_or_default())?;
+    let own = parse_newest(topic, key, found.remove(key).unwrap_or_default());
     let mut records = Vec::new();
     for other in others {
         let newest = parse_newest(topic, other, found.remove(other).unwrap_or_default());
         if let Ok(Some(record)) = newest {
-            records.push((other.clone(), record));
+            records.push(record);
         }
     }
-    Ok((own, records))
+    Ok(KeysRead {
+        own,
+        others: records,
+    })
 }
 
 /// Every record of `keys` in `topic`, by key.

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::facts::{Facts, PublicationFacts, ShardColumn, TableFacts};
+use super::facts::{Facts, FleetSlot, PublicationFacts, ShardColumn, TableFacts};
 use super::lineage::Lineage;
 use super::{StartupError, Wanted, WantedTable, checks};
+use crate::outbox::Shard;
 use crate::postgres::catalog::{self, publication, slots, tables};
 use crate::postgres::{Connector, PostgresError};
 use crate::sink::KafkaClients;
@@ -28,7 +29,9 @@ pub async fn gather(
     if checks::check(&facts, wanted).refusals.is_empty() {
         let lineage = Lineage::open(pinned, kafka, &wanted.lineage_topic, &wanted.slot).await?;
         let lineage = lineage.within(read_timeout);
-        facts.lineage = Some(lineage.facts(control, facts.slot.is_some()).await?);
+        let others: Vec<String> = facts.other_fleets.iter().map(|o| o.slot.clone()).collect();
+        let exists = facts.slot.is_some();
+        facts.lineage = Some(lineage.facts(control, exists, &others).await?);
     }
     Ok(facts)
 }
@@ -43,12 +46,14 @@ pub async fn catalog(control: &Client, wanted: &Wanted) -> Result<Facts, Postgre
     let publication = publication_facts(control, wanted).await?;
     let slot = slots::slot(control, &wanted.slot).await?;
     let siblings = siblings(control, wanted).await;
+    let family = slots::family(control, wanted.base_slot()).await?;
     Ok(Facts {
         server,
         tables,
         publication,
         slot,
         siblings,
+        other_fleets: other_fleets(wanted, family),
         lineage: None,
     })
 }
@@ -125,4 +130,20 @@ async fn siblings(control: &Client, wanted: &Wanted) -> Vec<String> {
             Vec::new()
         }
     }
+}
+
+/// Of the slots of the same base name (`family`), those of fleets of another K.
+fn other_fleets(wanted: &Wanted, family: Vec<String>) -> Vec<FleetSlot> {
+    let base = wanted.base_slot();
+    let mut others = Vec::new();
+    for slot in family {
+        let Some(shard) = Shard::of_name(base, &slot) else {
+            continue;
+        };
+        let found = FleetSlot { slot, shard };
+        if found.count() != wanted.count() {
+            others.push(found);
+        }
+    }
+    others
 }
