@@ -308,19 +308,18 @@ impl Reshard<'_> {
 }
 
 /// Where `reshard` says what it did, a line a step. A test seam: with
-/// `OUTBOX_RELAY_TEST_RESHARD_PAUSE_AFTER=N` in its environment, the command stops after its
-/// Nth line (for an hour at most), so that a test can kill it between two given steps.
+/// `OUTBOX_RELAY_TEST_RESHARD_PAUSE_AT=TEXT` in its environment, the command stops after the
+/// first line containing TEXT (for an hour at most), so that a test can SIGKILL it right after
+/// a given step.
 struct Steps {
-    said: u32,
-    pause_after: Option<u32>,
+    pause_at: Option<String>,
 }
 
 impl Steps {
     fn new() -> Self {
-        let pause = std::env::var("OUTBOX_RELAY_TEST_RESHARD_PAUSE_AFTER").ok();
+        let pause_at = std::env::var("OUTBOX_RELAY_TEST_RESHARD_PAUSE_AT").ok();
         Steps {
-            said: 0,
-            pause_after: pause.and_then(|n| n.parse().ok()),
+            pause_at: pause_at.filter(|text| !text.is_empty()),
         }
     }
 
@@ -330,8 +329,11 @@ impl Steps {
         writeln!(out, "{line}")?;
         out.flush()?;
         drop(out);
-        self.said += 1;
-        if self.pause_after == Some(self.said) {
+        if self
+            .pause_at
+            .as_ref()
+            .is_some_and(|text| line.contains(text))
+        {
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
         Ok(())
