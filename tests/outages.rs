@@ -11,6 +11,10 @@ use crate::support::world::World;
 
 const SLOT: &str = "outbox_relay";
 
+/// At most this many log lines at the default level (info) while the broker is away, whatever
+/// the outage's length.
+pub(crate) const MAX_LINES_PER_OUTAGE: usize = 10;
+
 /// `/readyz`'s reasons, as one string (empty while nothing answers).
 fn reasons(relay: &Relay) -> String {
     relay
@@ -49,6 +53,7 @@ async fn broker_down_at_start(world: &World, outage: Duration, waits_for_kafka: 
         reasons(r).contains("starting: start-up")
     });
     assert!(starting, "{}", relay.log());
+    let lines_before = relay.log_lines();
     let mut ids = world.insert_tx(&[("Evt", "a", r#"{"n": 1}"#)]).await;
     if waits_for_kafka {
         let named = format!("start-up waits: Kafka at {bootstrap} does not answer");
@@ -57,6 +62,15 @@ async fn broker_down_at_start(world: &World, outage: Duration, waits_for_kafka: 
     }
     std::thread::sleep(outage);
     ids.extend(world.insert_tx(&[("Evt", "b", r#"{"n": 2}"#)]).await);
+    // Log noise: a handful of lines for the whole outage, however long (before, about 580
+    // identical librdkafka lines within 47 ms).
+    let during = relay.shown_since(lines_before);
+    assert!(
+        during.len() <= MAX_LINES_PER_OUTAGE,
+        "{} lines during a {outage:?} outage:\n{}",
+        during.len(),
+        during.join("\n")
+    );
     world.broker.up();
     relay.wait_streaming_for(Duration::from_secs(60));
     assert!(relay.streaming(), "{}", relay.log());

@@ -112,6 +112,27 @@ impl Relay {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// How many lines the relay logged so far.
+    pub fn log_lines(&self) -> usize {
+        self.log().lines().count()
+    }
+
+    /// The lines logged after the first `from` that the default level (info) shows: the
+    /// tests log the relay's own debug lines too.
+    pub fn shown_since(&self, from: usize) -> Vec<String> {
+        let shown = |line: &&str| {
+            [" INFO ", " WARN ", " ERROR "]
+                .iter()
+                .any(|l| line.contains(l))
+        };
+        let log = self.log();
+        log.lines()
+            .skip(from)
+            .filter(shown)
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// `/readyz`'s `streaming` field: the replication stream is running.
     pub fn streaming(&self) -> bool {
         self.http_port()
