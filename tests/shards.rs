@@ -24,6 +24,7 @@ const PARTITIONS: i32 = 8;
 const EVENTS: u64 = 100_000;
 const CONFIG_EXIT: Option<i32> = Some(outbox_relay::pipeline::exit_code::CONFIG as i32);
 const POSTGRES_EXIT: Option<i32> = Some(outbox_relay::pipeline::exit_code::POSTGRES as i32);
+const KAFKA_EXIT: Option<i32> = Some(outbox_relay::pipeline::exit_code::KAFKA as i32);
 
 /// The key of row `g`: one of 10,000, some non-ASCII, some empty, some NULL (then the id
 /// places the row).
@@ -1142,6 +1143,19 @@ async fn reshard_and_finish_killed_at_each_step_and_run_again_lose_and_reorder_n
             let (code, log) = run_to_exit(&url, &brokers, &["--shard", "0/3"]);
             assert_eq!(code, POSTGRES_EXIT, "{log}");
             assert!(log.contains("which is not finished"), "{log}");
+            // The broker away during a rerun: it stops (exit 4), and the next run goes on.
+            world.broker.down();
+            let mut args = vec![
+                "reshard",
+                "--postgres-url",
+                &url,
+                "--kafka-brokers",
+                &brokers,
+            ];
+            args.extend(finish);
+            let (code, out, err) = run_command(&args);
+            assert_eq!(code, KAFKA_EXIT, "{out}{err}");
+            world.broker.up();
         }
     }
     let out = reshard(&url, &brokers, &finish).await;
