@@ -129,6 +129,10 @@ async fn relay(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, RelayError> {
+    // Checked before the slot is made, so a refusal leaves nothing behind.
+    let registry = (config.schema_registry.as_ref())
+        .map(crate::sink::registry::HttpRegistry::new)
+        .transpose()?;
     let connector = Connector::new(config.postgres.clone());
     let kafka = super::kafka(&config);
     let wanted = Wanted::new(&config);
@@ -184,7 +188,10 @@ async fn relay(
     let fresh = lineage::keep_fresh(connector.clone(), kafka.clone(), topic, wanted.slot.clone());
     companions.spawn(fresh);
     let sink = Arc::new(sink);
-    let pipeline = Pipeline::new(config, source, sink, deliveries, health, &started, cleanup);
+    let mut pipeline = Pipeline::new(config, source, sink, deliveries, health, &started, cleanup);
+    if let Some(registry) = registry {
+        pipeline = pipeline.with_registry(Arc::new(registry));
+    }
     match pipeline.run(shutdown).await {
         Err(RelayError::SlotDropped { slot, frontier }) => {
             match retired(&wanted, &connector, &kafka).await {

@@ -178,6 +178,7 @@ pub fn import_with(
         worker,
         used,
         out,
+        registry: registry::RegistryImport::default(),
     }
     .run()
 }
@@ -185,8 +186,22 @@ pub fn import_with(
 /// The equivalent command line, shell-quoted, one flag per line, then the warnings as comments.
 pub fn explain(imported: &Imported) -> String {
     let mut out = String::from("outbox-relay");
+    let mut hidden = Vec::new();
     for (flag, value) in &imported.args {
-        out += &format!(" \\\n  {flag} {}", shell_words::quote(value));
+        let Some(shown) = explained(flag, value) else {
+            hidden.push(flag.as_str());
+            continue;
+        };
+        out += &format!(" \\\n  {flag} {}", shell_words::quote(&shown));
+    }
+    for flag in hidden {
+        let env = format!(
+            "OUTBOX_RELAY_{}",
+            flag.trim_start_matches('-')
+                .replace('-', "_")
+                .to_uppercase()
+        );
+        out += &format!("\n# {flag} is not shown (a credential): set {env}");
     }
     out.push('\n');
     if !imported.identical.is_empty() {
@@ -205,10 +220,36 @@ pub fn explain(imported: &Imported) -> String {
 }
 
 const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
+const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
 const HEADER_CONVERTER: &str =
     "the relay writes header values as SimpleHeaderConverter, Kafka Connect's default, does";
-const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter and JsonConverter; a schema-registry format (Avro, Protobuf, JSON Schema) is not written";
+const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter, JsonConverter, Debezium's BinaryDataConverter and Confluent's AvroConverter";
 const WORKER_DEFAULT: &str = "Kafka's sample worker config (JsonConverter, schemas.enable=true), as neither the connector config nor --debezium-worker-config names one";
+
+/// How `--explain` shows an imported flag: credentials never (`None`), a URL's user info
+/// masked.
+fn explained(flag: &str, value: &str) -> Option<String> {
+    match flag {
+        "--schema-registry-user-info" => None,
+        "--schema-registry-url" => Some(
+            value
+                .split(',')
+                .map(|url| match url::Url::parse(url.trim()) {
+                    Ok(mut parsed)
+                        if !parsed.username().is_empty() || parsed.password().is_some() =>
+                    {
+                        let _ = parsed.set_username("***");
+                        let _ = parsed.set_password(None);
+                        parsed.to_string()
+                    }
+                    _ => url.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        _ => Some(value.to_owned()),
+    }
+}
 
 /// A connector key without an equivalent, with why, for the "ignored" warning.
 fn ignored_note(key: &str) -> String {
@@ -320,6 +361,8 @@ struct Importer<'a> {
     worker: Option<&'a BTreeMap<String, String>>,
     used: BTreeSet<&'a str>,
     out: Imported,
+    /// The AvroConverters' settings, turned into flags once both are read.
+    registry: registry::RegistryImport,
 }
 
 impl<'a> Importer<'a> {
@@ -500,41 +543,83 @@ impl<'a> Importer<'a> {
         let flag = match (short, role) {
             ("SimpleHeaderConverter", "header") if kafka => Ok("simple"),
             (_, "header") => Err(HEADER_CONVERTER),
-            ("StringConverter", _) if kafka => Ok("string"),
-            ("ByteArrayConverter", _) if kafka => Ok("bytearray"),
-            ("JsonConverter", _) if kafka => Ok("json-with-schemas"),
-            _ => Err(CONVERTERS),
-        };
-        let mut flag = flag.map_err(|why| invalid(&key, class, why))?;
-        for (setting, value) in settings {
-            match (
-                &setting[prefix.len()..],
-                value.to_ascii_lowercase().as_str(),
-            ) {
-                ("schemas.enable", "false") if flag == "json-with-schemas" => flag = "json",
-                ("schemas.enable" | "schemas.cache.size" | "decimal.format", _) => {}
-                ("replace.null.with.default", "true") => {}
-                _ => {
-                    let why = format!(
-                        "a {key} setting (from {origin}) whose effect the relay does not reproduce"
-                    );
-                    return Err(invalid(setting, value, why));
-                }
+            ("BinaryDataConverter" | "BinaryData", _)
+                if class == short || class == BINARY_DATA_CONVERTER =>
+            {
+                return self.binary_data(role, class, &settings, origin);
             }
-        }
+            _ => simple_converter(class),
+        };
+        let flag = flag.map_err(|why| invalid(&key, class, why))?;
+        let flag = self.settings(role, flag, &settings, &prefix, origin)?;
         if role != "header" {
             self.identical(&key, class);
         }
         Ok(flag)
     }
 
+    /// A converter's settings: an AvroConverter's become registry flags, the others' are
+    /// checked by [`converter_settings`].
+    fn settings(
+        &mut self,
+        role: &str,
+        flag: &'static str,
+        settings: &[(&str, &str)],
+        prefix: &str,
+        origin: &str,
+    ) -> Result<&'static str, Error> {
+        if flag != "avro" {
+            return converter_settings(flag, settings, prefix, origin);
+        }
+        for setting in self.registry.avro(role, settings, prefix)? {
+            self.out.identical.push(setting);
+        }
+        Ok(flag)
+    }
+
+    /// `ROLE.converter=BinaryDataConverter`, whose delegate (`delegate.converter.type`, with
+    /// its settings under that prefix) writes anything but bytes; its other settings have no
+    /// effect in Debezium either.
+    fn binary_data(
+        &mut self,
+        role: &str,
+        class: &str,
+        settings: &[(&'a str, &'a str)],
+        origin: &str,
+    ) -> Result<&'static str, Error> {
+        let key = format!("{role}.converter");
+        let delegate_key = format!("{key}.delegate.converter.type");
+        let delegate = settings.iter().find(|(k, _)| *k == delegate_key);
+        if let Some((_, delegate_class)) = delegate {
+            let flag = simple_converter(delegate_class)
+                .map_err(|why| invalid(&delegate_key, delegate_class, why))?;
+            let prefix = format!("{delegate_key}.");
+            let own: Vec<_> = (settings.iter().copied())
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .collect();
+            let flag = self.settings(role, flag, &own, &prefix, origin)?;
+            self.arg(&format!("--{role}-delegate-converter"), flag);
+            self.identical(&delegate_key, delegate_class);
+        }
+        self.identical(&key, class);
+        Ok("binary-data")
+    }
+
     /// The key and value converters as flags (header values are SimpleHeaderConverter's).
     fn converters(&mut self) -> Result<(), Error> {
         for role in ["key", "value"] {
             let flag = self.converter(role)?;
-            self.arg(&format!("--{role}-converter"), flag);
+            // A delegate's flag is already in; the converter's goes before it.
+            let delegate = format!("--{role}-delegate-converter");
+            let at = (self.out.args.iter().position(|(f, _)| *f == delegate))
+                .unwrap_or(self.out.args.len());
+            let arg = (format!("--{role}-converter"), flag.to_owned());
+            self.out.args.insert(at, arg);
         }
         self.converter("header")?;
+        for (flag, value) in self.registry.args() {
+            self.arg(&flag, value);
+        }
         Ok(())
     }
 
@@ -748,6 +833,54 @@ impl<'a> Importer<'a> {
     }
 }
 
+/// The `--ROLE-converter` value of one of Kafka's converters, by class name.
+fn simple_converter(class: &str) -> Result<&'static str, &'static str> {
+    let short = class.rsplit('.').next().unwrap_or_default();
+    let kafka = class == short || class.starts_with("org.apache.kafka.connect.");
+    if registry::is_avro(class) {
+        return Ok("avro");
+    }
+    if let Some(why) = registry::refused_converter(class) {
+        return Err(why);
+    }
+    match short {
+        "StringConverter" if kafka => Ok("string"),
+        "ByteArrayConverter" if kafka => Ok("bytearray"),
+        "JsonConverter" if kafka => Ok("json-with-schemas"),
+        _ => Err(CONVERTERS),
+    }
+}
+
+/// A converter's `flag` after its `settings` (their keys start with `prefix`), or the first
+/// setting whose effect the relay does not reproduce.
+fn converter_settings(
+    mut flag: &'static str,
+    settings: &[(&str, &str)],
+    prefix: &str,
+    origin: &str,
+) -> Result<&'static str, Error> {
+    for (setting, value) in settings {
+        match (
+            &setting[prefix.len()..],
+            value.to_ascii_lowercase().as_str(),
+        ) {
+            ("schemas.enable", "false") if flag == "json-with-schemas" => flag = "json",
+            ("schemas.enable" | "schemas.cache.size" | "decimal.format", _) => {}
+            ("replace.null.with.default", "true") => {}
+            // BinaryDataConverter's delegate and its settings are read where it is.
+            (name, _) if flag == "binary-data" && name.starts_with("delegate.converter.type") => {}
+            _ => {
+                let converter = prefix.trim_end_matches('.');
+                let why = format!(
+                    "a {converter} setting (from {origin}) whose effect the relay does not reproduce"
+                );
+                return Err(invalid(*setting, value, why));
+            }
+        }
+    }
+    Ok(flag)
+}
+
 /// Every `(key, trimmed value)` of `map` under `prefix`.
 fn prefixed<'m>(
     map: &'m BTreeMap<String, String>,
@@ -821,5 +954,6 @@ fn is_config_provider(value: &str) -> bool {
         .is_some_and(|(inner, _)| inner.contains(':'))
 }
 
+mod registry;
 #[cfg(test)]
 mod tests;

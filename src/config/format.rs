@@ -2,10 +2,10 @@
 //! did (`debezium-config` sets them from a connector config); without them the relay's own
 //! format is used, unchanged.
 
-use clap::{ArgAction, Args};
+use clap::{ArgAction, Args, ValueEnum};
 
 use super::{ConfigError, columns, invalid};
-use crate::outbox::connect::{ConnectConfig, Converter, SchemaCache};
+use crate::outbox::connect::{ConnectConfig, Converter, Delegates, SchemaCache};
 
 /// Debezium record-format flags.
 #[derive(Debug, Clone, Args)]
@@ -21,6 +21,14 @@ pub struct FormatArgs {
         default_value_t
     )]
     pub value_converter: Converter,
+    /// The converter a binary-data key converter hands anything but bytea to (Debezium:
+    /// key.converter.delegate.converter.type).
+    #[arg(long, env = "OUTBOX_RELAY_KEY_DELEGATE_CONVERTER", value_enum)]
+    pub key_delegate_converter: Option<Converter>,
+    /// The converter a binary-data value converter hands anything but bytea to (Debezium:
+    /// value.converter.delegate.converter.type).
+    #[arg(long, env = "OUTBOX_RELAY_VALUE_DELEGATE_CONVERTER", value_enum)]
+    pub value_delegate_converter: Option<Converter>,
     /// Debezium's topic.prefix: the context headers' logical name and envelope schema names.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_TOPIC_PREFIX")]
     pub debezium_topic_prefix: Option<String>,
@@ -56,6 +64,40 @@ pub struct FormatArgs {
 }
 
 impl FormatArgs {
+    /// The delegates of binary-data converters, refused where there is none to delegate for.
+    fn delegates(&self) -> Result<Delegates, ConfigError> {
+        for (flag, converter, delegate) in [
+            (
+                "--key-delegate-converter",
+                self.key_converter,
+                self.key_delegate_converter,
+            ),
+            (
+                "--value-delegate-converter",
+                self.value_converter,
+                self.value_delegate_converter,
+            ),
+        ] {
+            let Some(delegate) = delegate else { continue };
+            let value = delegate
+                .to_possible_value()
+                .map(|v| v.get_name().to_owned());
+            let value = value.unwrap_or_default();
+            if converter != Converter::BinaryData {
+                let reason = "only a binary-data converter has a delegate";
+                return Err(invalid(flag, value, reason));
+            }
+            if !delegate.delegates() {
+                let reason = "a delegate writes what BinaryDataConverter does not: use string, bytearray, json or json-with-schemas";
+                return Err(invalid(flag, value, reason));
+            }
+        }
+        Ok(Delegates {
+            key: self.key_delegate_converter,
+            value: self.value_delegate_converter,
+        })
+    }
+
     /// The Debezium format, or `None` when no flag asks for it.
     pub fn connect(&self, message_prefixes: bool) -> Result<Option<ConnectConfig>, ConfigError> {
         let relay = self.value_converter == Converter::Relay;
@@ -96,6 +138,7 @@ impl FormatArgs {
         Ok(Some(ConnectConfig {
             key: self.key_converter,
             value: self.value_converter,
+            delegates: self.delegates()?,
             topic_prefix: prefix.to_owned(),
             context_headers: self.debezium_context_headers.then(|| run_id.into()),
             expand_json_payload: self.expand_json_payload,
@@ -105,6 +148,7 @@ impl FormatArgs {
             schema_version_column: self.schema_version_column.clone(),
             tombstone_on_empty: self.tombstone_on_empty_payload,
             trace_column: self.trace_context_column.clone(),
+            registry: Default::default(),
             schema_cache: SchemaCache::default(),
         }))
     }

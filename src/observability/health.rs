@@ -124,6 +124,8 @@ pub struct HealthSnapshot {
     pub credentials: Option<CredentialHealth>,
     /// The wall clock, which credentials expire by.
     pub wall_clock: SystemTime,
+    /// Why events wait for the Schema Registry, while they do.
+    pub schema_registry: Option<String>,
 }
 
 /// The AWS credentials the relay signs its IAM tokens with (`--kafka-auth aws-msk-iam`,
@@ -263,6 +265,12 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
             cleanup.why_held()
         ));
     }
+    if let Some(why) = &state.schema_registry {
+        reasons.push(format!(
+            "{why}; nothing after them is acknowledged until the registry answers (check \
+             --schema-registry-url and the registry)"
+        ));
+    }
     let mut warnings = Vec::new();
     if let Some(credentials) = &state.credentials {
         let (reason, warning) = credentials.judge(state.wall_clock);
@@ -396,6 +404,7 @@ pub struct Health {
     progress: Mutex<Progress>,
     slot: Mutex<SlotObservation>,
     credentials: Mutex<Option<CredentialHealth>>,
+    schema_registry: Mutex<Option<String>>,
 }
 
 /// A poisoned lock still holds a consistent value: every write is one assignment.
@@ -443,6 +452,11 @@ impl Health {
         *lock(&self.credentials) = Some(credentials);
     }
 
+    /// Why events wait for the Schema Registry; `None` once they do not.
+    pub fn set_schema_registry(&self, waiting: Option<String>) {
+        *lock(&self.schema_registry) = waiting;
+    }
+
     /// The pipeline's progress now.
     pub fn set_progress(&self, progress: Progress) {
         *lock(&self.progress) = progress;
@@ -473,6 +487,7 @@ impl Health {
             cleanup_held_for: since(progress.cleanup.held_since),
             credentials: lock(&self.credentials).clone(),
             wall_clock: SystemTime::now(),
+            schema_registry: lock(&self.schema_registry).clone(),
         }
     }
 }
@@ -499,6 +514,7 @@ mod tests {
             cleanup_held_for: Duration::ZERO,
             credentials: None,
             wall_clock: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            schema_registry: None,
         }
     }
 
@@ -720,9 +736,10 @@ mod tests {
                 }),
             }),
             wall_clock: SystemTime::UNIX_EPOCH + Duration::from_secs(60),
+            schema_registry: Some("events wait for the Schema Registry".into()),
         };
         let reasons = evaluate(&all_bad, &limits).reasons;
-        assert_eq!(reasons.len(), 9, "{reasons:?}");
+        assert_eq!(reasons.len(), 10, "{reasons:?}");
         // What start-up waits for comes first.
         assert!(reasons[0].contains("Kafka at k:9092"), "{reasons:?}");
         // Rows held back for less than the limit are not yet a reason.

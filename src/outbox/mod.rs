@@ -133,6 +133,13 @@ pub enum EventError {
         /// What Debezium (its router or JsonConverter) refuses.
         reason: String,
     },
+    /// The Schema Registry refused the event's schema (incompatible, invalid, or missing where
+    /// it must be registered already).
+    #[error("{reason}")]
+    SchemaRefused {
+        /// The subject, the registry's message and the remedy.
+        reason: String,
+    },
     /// A value is not valid for its column type.
     #[error("column {column:?} holds a value the relay cannot read: {reason}")]
     InvalidValue {
@@ -162,6 +169,8 @@ pub struct OutboxRecord {
     pub timestamp_ms: i64,
     /// A fixed partition; `None` lets the producer's partitioner choose.
     pub partition: Option<i32>,
+    /// Schema Registry schemas whose ids the key or value still lack; `None`: complete.
+    pub schemas: Option<Box<connect::registry::PendingSchemas>>,
 }
 
 impl OutboxRecord {
@@ -233,6 +242,7 @@ pub fn dead_letter_record(
         headers_before_id: 0,
         timestamp_ms,
         partition: None,
+        schemas: None,
     }
 }
 
@@ -383,6 +393,7 @@ impl<C: Clone> Plan<C> {
             headers_before_id: 0,
             timestamp_ms,
             partition: None,
+            schemas: None,
         })
     }
 
@@ -569,6 +580,10 @@ impl TableMapping {
         let mapped = self.plan.map(&row, commit_time_ms).and_then(|mut record| {
             if let Some(connect) = &self.connect {
                 connect.convert(row.row, &mut record)?;
+            }
+            // A record waiting for schema ids keeps its columns, for a dead letter.
+            if let Some(pending) = record.schemas.as_mut() {
+                pending.raw = self.plan.raw_parts(&row);
             }
             Ok(record)
         });

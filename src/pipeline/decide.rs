@@ -201,6 +201,7 @@ mod tests {
             headers_before_id: 0,
             timestamp_ms: 7,
             partition: None,
+            schemas: None,
         }
     }
 

@@ -8,8 +8,10 @@
 //! Debezium could not have produced or what the relay does not reproduce. Without a
 //! `ConnectConfig`, nothing here runs: the relay's own output is untouched.
 
+pub mod avro;
 pub mod data;
 pub mod expand;
+pub mod registry;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -18,7 +20,8 @@ use bytes::Bytes;
 use tokio_postgres::types::Type;
 
 use super::{
-    BindError, EventError, HeaderColumn, MappingConfig, OutboxRecord, column_index, invalid, values,
+    BindError, EventError, HeaderColumn, MappingConfig, OutboxRecord, RawParts, column_index,
+    invalid, values,
 };
 use crate::pgoutput::{Relation, TupleData, Value};
 use data::{Data, Kind, Schema};
@@ -38,12 +41,53 @@ pub enum Converter {
     Json,
     /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=true`
     JsonWithSchemas,
+    /// `io.debezium.converters.BinaryDataConverter`: bytes as they are, anything else through
+    /// its `delegate.converter.type` (`--key-delegate-converter`, `--value-delegate-converter`).
+    BinaryData,
+    /// `io.confluent.connect.avro.AvroConverter`: Avro, its schema in a Schema Registry.
+    Avro,
 }
 
 impl Converter {
     /// Whether the converter writes a column's `NOT NULL` and `DEFAULT` (so needs the catalog).
     fn reads_catalog(self) -> bool {
-        matches!(self, Converter::Json | Converter::JsonWithSchemas)
+        matches!(
+            self,
+            Converter::Json | Converter::JsonWithSchemas | Converter::Avro
+        )
+    }
+
+    /// Whether the converter writes structs (envelopes, expanded payloads) as Debezium did.
+    fn writes_structs(self) -> bool {
+        self.reads_catalog()
+    }
+
+    /// Whether the converter can be a BinaryDataConverter's delegate.
+    pub fn delegates(self) -> bool {
+        !matches!(self, Converter::Relay | Converter::BinaryData)
+    }
+}
+
+/// A key's or value's converter with, for a BinaryDataConverter, its delegate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Writer {
+    converter: Converter,
+    delegate: Option<Converter>,
+}
+
+impl Writer {
+    /// The converter that writes data of `kind` (`None`: schemaless): a BinaryDataConverter
+    /// passes bytes through and hands anything else to its delegate, when it has one.
+    fn of(self, kind: Option<&Kind>) -> Option<Converter> {
+        match (self.converter, kind) {
+            (Converter::BinaryData, Some(Kind::Bytes)) => Some(Converter::BinaryData),
+            (Converter::BinaryData, _) => self.delegate,
+            (converter, _) => Some(converter),
+        }
+    }
+
+    fn reads_catalog(self) -> bool {
+        self.converter.reads_catalog() || self.delegate.is_some_and(Converter::reads_catalog)
     }
 }
 
@@ -59,6 +103,8 @@ pub struct ConnectConfig {
     pub key: Converter,
     /// `value.converter`
     pub value: Converter,
+    /// A BinaryDataConverter's `delegate.converter.type`, for keys and values.
+    pub delegates: Delegates,
     /// `topic.prefix`: the context header's logical name and the envelope schema's prefix.
     pub topic_prefix: String,
     /// `extended.headers.enabled`: the `__debezium.context.*` headers, with this run's id.
@@ -77,14 +123,46 @@ pub struct ConnectConfig {
     pub tombstone_on_empty: bool,
     /// `tracing.span.context.field`, when the Connect worker ran an OpenTelemetry agent.
     pub trace_column: Option<String>,
+    /// The Schema Registry converters' settings and the schema ids known.
+    pub registry: registry::RegistryFormat,
     /// The envelope schemas named so far, shared by every table as Debezium's router shares them.
     pub schema_cache: SchemaCache,
+}
+
+/// The delegates of BinaryDataConverter keys and values (`delegate.converter.type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delegates {
+    /// `key.converter.delegate.converter.type`
+    pub key: Option<Converter>,
+    /// `value.converter.delegate.converter.type`
+    pub value: Option<Converter>,
 }
 
 impl ConnectConfig {
     /// Whether binding a table needs its columns' `NOT NULL` and `DEFAULT`.
     pub fn reads_catalog(&self) -> bool {
-        self.key.reads_catalog() || self.value.reads_catalog()
+        self.key_writer().reads_catalog() || self.value_writer().reads_catalog()
+    }
+
+    /// Whether a key or value is written through a Schema Registry.
+    pub fn uses_registry(&self) -> bool {
+        let registry =
+            |w: Writer| w.converter == Converter::Avro || w.delegate == Some(Converter::Avro);
+        registry(self.key_writer()) || registry(self.value_writer())
+    }
+
+    fn key_writer(&self) -> Writer {
+        Writer {
+            converter: self.key,
+            delegate: self.delegates.key,
+        }
+    }
+
+    fn value_writer(&self) -> Writer {
+        Writer {
+            converter: self.value,
+            delegate: self.delegates.value,
+        }
     }
 }
 
@@ -238,6 +316,8 @@ pub struct ConnectPlan {
     partition: Option<Col>,
     version: Option<Col>,
     trace: Option<usize>,
+    /// Registry schemas derived for this table's keys and values.
+    derived: registry::Derivations,
 }
 
 impl ConnectPlan {
@@ -270,14 +350,25 @@ impl ConnectPlan {
         let key = col("--key-column", key_column)?;
         let id = col("--id-column", &mapping.id_column)?;
         let payload = col("--payload-column", payload_column)?;
-        for (converter, col, flag, name) in [
-            (config.key, &key, "--key-converter", key_column),
-            (config.value, &payload, "--value-converter", payload_column),
+        for (writer, col, flag, name) in [
+            (config.key_writer(), &key, "--key-converter", key_column),
+            (
+                config.value_writer(),
+                &payload,
+                "--value-converter",
+                payload_column,
+            ),
         ] {
-            if converter == Converter::Bytearray && col.schema.kind != Kind::Bytes {
-                let why = "ByteArrayConverter takes only bytea; Debezium stops at the first event";
-                return Err(refusal(flag, name, why));
-            }
+            let why = match writer.of(Some(&col.schema.kind)) {
+                None => {
+                    "BinaryDataConverter passes only bytea through, and other columns need its delegate.converter.type; Debezium stops at the first event"
+                }
+                Some(Converter::Bytearray) if col.schema.kind != Kind::Bytes => {
+                    "ByteArrayConverter takes only bytea; Debezium stops at the first event"
+                }
+                Some(_) => continue,
+            };
+            return Err(refusal(flag, name, why));
         }
         let mut headers = Vec::new();
         for h in &mapping.header_columns {
@@ -295,14 +386,44 @@ impl ConnectPlan {
         let envelope = (config.envelope.iter())
             .map(|e| Ok((col("--envelope-column", &e.column)?, e.header.clone())))
             .collect::<Result<Vec<_>, BindError>>()?;
-        if !envelope.is_empty() && !config.value.reads_catalog() {
+        let structs = config.value_writer().of(Some(&Kind::Struct(Vec::new())));
+        let json_structs = structs.is_some_and(Converter::writes_structs);
+        if !envelope.is_empty() && !json_structs {
             let why = "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop";
             let first = &config.envelope[0].column;
             return Err(refusal("--envelope-column", first, why));
         }
-        if config.expand_json_payload && !config.value.reads_catalog() {
+        if config.expand_json_payload && !json_structs {
             let why = "expanded payloads are structs, written only by JsonConverter";
             return Err(refusal("--expand-json-payload", "", why));
+        }
+        for (is_key, writer, col, flag, name) in [
+            (
+                true,
+                config.key_writer(),
+                &key,
+                "--key-subject-name-strategy",
+                key_column,
+            ),
+            (
+                false,
+                config.value_writer(),
+                &payload,
+                "--value-subject-name-strategy",
+                payload_column,
+            ),
+        ] {
+            let avro = writer.of(Some(&col.schema.kind)) == Some(Converter::Avro);
+            let strategy = config.registry.role(is_key).subjects;
+            // Only an envelope is an Avro record.
+            let never_a_record = is_key || envelope.is_empty();
+            if avro && strategy != registry::SubjectStrategy::Topic && never_a_record {
+                let why = format!(
+                    "{} names subjects after Avro records, and this is never one; Debezium stops at the first event",
+                    strategy.class()
+                );
+                return Err(refusal(flag, name, &why));
+            }
         }
         let int32 = |flag, name: &Option<String>| {
             let name = name.as_deref()?;
@@ -325,6 +446,7 @@ impl ConnectPlan {
             partition,
             version: version.transpose()?,
             trace,
+            derived: registry::Derivations::default(),
         })
     }
 
@@ -332,13 +454,22 @@ impl ConnectPlan {
     /// [`Converter::Relay`] key or value stays the relay's own.
     pub fn convert(&self, row: &TupleData, record: &mut OutboxRecord) -> Result<(), EventError> {
         let stops = |reason: String| EventError::DebeziumStops { reason };
+        let (mut key, mut value) = (None, None);
         if self.config.key != Converter::Relay {
             let data = self.key.data(row, "key")?;
-            record.key = convert(self.config.key, Some(&self.key.schema), &data).map_err(stops)?;
+            let written = (Some(&self.key.schema), &data);
+            record.key = (self.write(true, &record.topic, written, &mut key)).map_err(stops)?;
         }
         if self.config.value != Converter::Relay {
             let (schema, data) = self.value(row)?;
-            record.payload = convert(self.config.value, schema.as_ref(), &data).map_err(stops)?;
+            let written = (schema.as_ref(), &data);
+            let topic = &record.topic;
+            record.payload = (self.write(false, topic, written, &mut value)).map_err(stops)?;
+        }
+        if key.is_some() || value.is_some() {
+            let raw = RawParts::default();
+            let pending = registry::PendingSchemas { key, value, raw };
+            record.schemas = Some(Box::new(pending));
         }
         record.id = header_bytes(&self.id.data(row, "id")?).unwrap_or_default();
         // The context and trace headers come before `id`, the header columns after it.
@@ -368,6 +499,26 @@ impl ConnectPlan {
         record.partition =
             int(self.partition.as_ref(), row, "partition")?.and_then(|p| i32::try_from(p).ok());
         Ok(())
+    }
+
+    /// Bytes of a key's or value's `data` as its converter writes them (`Err`: Debezium
+    /// stops); a registry converter's schema whose id is not known yet goes into `pending`.
+    fn write(
+        &self,
+        key: bool,
+        topic: &str,
+        (schema, data): (Option<&Schema>, &Data),
+        pending: &mut Option<registry::Pending>,
+    ) -> Result<Option<Bytes>, String> {
+        let writer = match key {
+            true => self.config.key_writer(),
+            false => self.config.value_writer(),
+        };
+        if writer.of(kind_of(schema, data)) == Some(Converter::Avro) {
+            let registry = &self.config.registry;
+            return registry.avro(&self.derived, key, topic, (schema, data), pending);
+        }
+        convert(writer, schema, data)
     }
 
     /// The value's schema and data, as the router leaves them for the value converter.
@@ -470,13 +621,22 @@ fn int(col: Option<&Col>, row: &TupleData, name: &str) -> Result<Option<i64>, Ev
     }
 }
 
-/// Bytes of `data` as a Connect `converter` writes them (`Err`: Debezium stops).
-fn convert(
-    converter: Converter,
-    schema: Option<&Schema>,
-    data: &Data,
-) -> Result<Option<Bytes>, String> {
+/// Bytes of `data` as a Connect converter writes them (`Err`: Debezium stops).
+fn convert(writer: Writer, schema: Option<&Schema>, data: &Data) -> Result<Option<Bytes>, String> {
+    let converter = match (writer.of(kind_of(schema, data)), data) {
+        (_, Data::Null) if writer.converter == Converter::BinaryData && schema.is_none() => {
+            return Ok(None);
+        }
+        (Some(converter), _) => converter,
+        (None, _) => {
+            return Err(
+                "BinaryDataConverter has no delegate.converter.type for a value that is not bytes"
+                    .into(),
+            );
+        }
+    };
     match (converter, data) {
+        (Converter::BinaryData, Data::Bytes(b)) => Ok(Some(Bytes::copy_from_slice(b))),
         (Converter::Json | Converter::JsonWithSchemas, data) => {
             let schemas = converter == Converter::JsonWithSchemas;
             let json = data::to_json(schema, data, schemas).map_err(|refused| refused.0)?;
@@ -489,6 +649,16 @@ fn convert(
             b.len()
         )))),
         (_, data) => Ok(header_bytes(data)),
+    }
+}
+
+/// The kind of `data`: its schema's, or where there is none (BinaryDataConverter looks at
+/// the value then), bytes for bytes.
+fn kind_of<'a>(schema: Option<&'a Schema>, data: &Data) -> Option<&'a Kind> {
+    match (schema, data) {
+        (Some(schema), _) => Some(&schema.kind),
+        (None, Data::Bytes(_)) => Some(&Kind::Bytes),
+        (None, _) => None,
     }
 }
 
