@@ -1026,6 +1026,17 @@ async fn a_fleet_of_another_count_or_key_is_refused_with_the_reshard_remedy() {
         assert!(log.contains(words), "{words}: {log}");
     }
     assert!(!log.contains("Run ALTER PUBLICATION"), "{log}");
+    // A sibling of the same K hashing another column: the fleet would split the rows two ways.
+    let args = ["--shard", "1/2", "--key-column", "aggregate_type"];
+    let (code, log) = run_to_exit(&url, &brokers, &args);
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
+    for words in [
+        "--shard 1/2 would hash other columns of outbox table public.outbox than shard 0/2",
+        "outbox-relay reshard --from 2 --to K'",
+    ] {
+        assert!(log.contains(words), "{words}: {log}");
+    }
+    assert_eq!(slot_names(&world.pg).await, ["outbox_relay_shard_0_of_2"]);
 }
 
 /// Runs `outbox-relay reshard ARGS` until it has said a line containing `marker` (a step

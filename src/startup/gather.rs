@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::facts::{Facts, FleetSlot, PublicationFacts, ShardColumn, TableFacts};
+use super::facts::{Facts, FleetSlot, PublicationFacts, ShardColumn, SiblingFilters, TableFacts};
 use super::lineage::Lineage;
 use super::{StartupError, Wanted, WantedTable, checks};
 use crate::outbox::Shard;
@@ -46,6 +46,7 @@ pub async fn catalog(control: &Client, wanted: &Wanted) -> Result<Facts, Postgre
     let publication = publication_facts(control, wanted).await?;
     let slot = slots::slot(control, &wanted.slot).await?;
     let siblings = siblings(control, wanted).await;
+    let sibling_filters = sibling_filters(control, wanted, &siblings).await?;
     let family = slots::family(control, wanted.base_slot()).await?;
     Ok(Facts {
         server,
@@ -53,6 +54,7 @@ pub async fn catalog(control: &Client, wanted: &Wanted) -> Result<Facts, Postgre
         publication,
         slot,
         siblings,
+        sibling_filters,
         other_fleets: other_fleets(wanted, family),
         lineage: None,
     })
@@ -146,4 +148,39 @@ fn other_fleets(wanted: &Wanted, family: Vec<String>) -> Vec<FleetSlot> {
         }
     }
     others
+}
+
+/// The row filters of the sibling shards whose slots exist (`siblings`) and whose
+/// publications exist.
+async fn sibling_filters(
+    control: &Client,
+    wanted: &Wanted,
+    siblings: &[String],
+) -> Result<Vec<SiblingFilters>, PostgresError> {
+    let Some(shard) = wanted.shard else {
+        return Ok(Vec::new());
+    };
+    let names = wanted.table_names();
+    let suffix = shard.name("");
+    let base = wanted.publication.strip_suffix(&suffix);
+    let (Some(base), false) = (base, names.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let mut found = Vec::new();
+    for slot in siblings {
+        let Some(Some(sibling)) = Shard::of_name(wanted.base_slot(), slot) else {
+            continue;
+        };
+        let publication = sibling.name(base);
+        let Some(options) = publication::options(control, &publication).await? else {
+            continue;
+        };
+        let rows = publication::own_rows(control, options.oid, &names).await?;
+        found.push(SiblingFilters {
+            shard: sibling,
+            publication,
+            filters: rows.into_iter().map(|row| row.filter).collect(),
+        });
+    }
+    Ok(found)
 }

@@ -2,7 +2,7 @@
 //! server, outbox table, publication, slot and lineage record, and one change per case.
 
 use super::checks::{self, HASH_PROBE, Refused, Step, check};
-use super::facts::{Facts, FleetSlot, PublicationFacts, ShardColumn, TableFacts};
+use super::facts::{Facts, FleetSlot, PublicationFacts, ShardColumn, SiblingFilters, TableFacts};
 use super::lineage::LineageFacts;
 use super::*;
 use crate::config::{Cli, Config};
@@ -173,6 +173,7 @@ fn empty() -> Facts {
         publication: None,
         slot: None,
         siblings: Vec::new(),
+        sibling_filters: Vec::new(),
         other_fleets: Vec::new(),
         lineage: None,
     }
@@ -574,6 +575,19 @@ fn a_shard_needs_the_servers_hash_and_a_publication_with_its_own_row_filters() {
             refused: "not shard 0/2's, so it would not send shard 0/2 exactly its rows. Run ALTER",
         },
         Case {
+            name: "a sibling hashing what this shard hashes",
+            flags: &["--shard", "0/2"],
+            change: |f| f.sibling_filters.push(sibling("aggregate_id")),
+            refused: "",
+        },
+        Case {
+            name: "a sibling hashing another key column",
+            flags: &["--shard", "0/2"],
+            change: |f| f.sibling_filters.push(sibling("customer_id")),
+            refused: "--shard 0/2 would hash other columns of outbox table public.outbox than \
+                      shard 1/2 of the same fleet, whose publication \"outbox_relay_shard_1_of_2\"",
+        },
+        Case {
             name: "another key column: a resharding",
             flags: &["--shard", "0/2"],
             change: |f| {
@@ -761,6 +775,17 @@ fn a_shard_created_after_its_siblings_is_warned_of_the_rows_in_no_slot() {
     }
     assert_eq!(checks::late_shard(&sharded, &[], Lsn(0x20)), None);
     assert_eq!(checks::late_shard(&wanted(&[]), &siblings, Lsn(0x20)), None);
+}
+
+/// Shard 1/2's publication, hashing `key` and the id.
+fn sibling(key: &str) -> SiblingFilters {
+    let shard = Shard { index: 1, count: 2 };
+    let filter = shard.row_filter(&format!("\"{key}\""), "textin(uuid_out(\"id\"))");
+    SiblingFilters {
+        shard,
+        publication: "outbox_relay_shard_1_of_2".into(),
+        filters: vec![Some(filter)],
+    }
 }
 
 /// Slots of another fleet, by name, as gathering finds them.

@@ -121,6 +121,9 @@ fn publication_rules(facts: &Facts, wanted: &Wanted, checked: &mut Checked) {
         Ok(filters) => filters,
         Err(refused) => return checked.refusals.push(refused),
     };
+    checked
+        .refusals
+        .extend(shard::siblings_hash(facts, wanted, &filters));
     let Some(found) = &facts.publication else {
         match publication::create(&facts.server, wanted, &filters) {
             Ok(step) => checked.steps.push(step),

@@ -10,7 +10,7 @@ use crate::outbox::{Shard, TableName, quote_ident};
 use crate::postgres::catalog::Server;
 use crate::postgres::sql;
 use crate::startup::Wanted;
-use crate::startup::facts::{Facts, PublicationFacts, ShardColumn};
+use crate::startup::facts::{Facts, PublicationFacts, ShardColumn, SiblingFilters};
 
 /// `FirstNormalObjectId`: objects below it are built in, all a row filter may call.
 const FIRST_NORMAL_OID: u32 = 16384;
@@ -156,6 +156,53 @@ pub(super) fn publication(
         )));
     }
     None
+}
+
+/// Each sibling shard's row filters must hash what this shard's (`filters`, in table order)
+/// hash: shards of one K hashing other columns (one restarted with another `--key-column`
+/// and a publication made anew, say) split the rows two ways, some relayed by no shard and
+/// some by two.
+pub(super) fn siblings_hash(facts: &Facts, wanted: &Wanted, filters: &[String]) -> Option<Refused> {
+    let shard = wanted.shard?;
+    for sibling in &facts.sibling_filters {
+        let tables = wanted.tables.iter().zip(filters).zip(&sibling.filters);
+        for ((table, ours), theirs) in tables {
+            let Some(theirs) = theirs else {
+                continue;
+            };
+            let ours_hashed = FilterParts::parse(ours).map(|parts| parts.hashed);
+            let theirs_hashed = FilterParts::parse(theirs).map(|parts| parts.hashed);
+            if ours_hashed.is_none() || theirs_hashed.is_none() || ours_hashed == theirs_hashed {
+                continue;
+            }
+            return Some(Refused::Misconfigured(unlike_sibling(
+                shard,
+                sibling,
+                &table.name,
+                theirs,
+            )));
+        }
+    }
+    None
+}
+
+/// The refusal of a shard whose key or id column is not its sibling's.
+fn unlike_sibling(
+    shard: Shard,
+    sibling: &SiblingFilters,
+    table: &TableName,
+    theirs: &str,
+) -> String {
+    let count = shard.count;
+    format!(
+        "--shard {shard} would hash other columns of outbox table {table} than shard {} of the \
+         same fleet, whose publication {:?} has the row filter ({theirs}): the two would split \
+         the rows two ways, so some would be relayed by no shard and others twice. Start this \
+         shard with the fleet's --key-column and --id-column; to change them, reshard: run \
+         `outbox-relay reshard --from {count} --to K'` with the new columns, K' another count \
+         than {count} (see docs/operations.md#resharding)",
+        sibling.shard, sibling.publication
+    )
 }
 
 /// Whether the shard's row filter `found` and the one it would have now, `expected`, select
