@@ -728,6 +728,39 @@ async fn reshard(url: &str, brokers: &str, args: &[&str]) -> String {
     out
 }
 
+/// Waits until no relay streams from the old shards' slots (of 2): a killed relay's walsender
+/// frees its slot once it sees the connection gone.
+async fn wait_old_slots_freed(world: &World) {
+    let active = "SELECT 1 FROM pg_replication_slots WHERE active AND slot_name LIKE '%_of_2'";
+    let freed = wait_until(Duration::from_secs(60), || async {
+        world.pg.execute(active).await.is_empty()
+    });
+    assert!(freed.await, "the old slots are still in use");
+}
+
+/// The writer [`spawn_writer`] runs: its stop flag, its count of rows written, its task.
+type Writer = (Arc<AtomicBool>, Arc<AtomicU64>, tokio::task::JoinHandle<()>);
+
+/// After `reshard --finish`: starts the `count` new relays, lets the writer write `more`
+/// rows, stops it, and checks that every event arrived, each key's in commit order in one
+/// partition, the new relays having relayed at least `more`.
+async fn the_new_fleet_relays_the_rest(world: &World, count: u32, writer: Writer, more: u64) {
+    let (stop, written, writing) = writer;
+    let new: Vec<Relay> = shards(count).into_iter().map(|s| spawn(world, s)).collect();
+    wait_written(&written, more).await;
+    stop.store(true, Ordering::SeqCst);
+    writing.await.unwrap();
+    for shard in shards(count) {
+        world
+            .wait_caught_up(&slot(shard), Duration::from_secs(120))
+            .await;
+    }
+    let rows = rows(&world.pg).await;
+    check(&rows, consume_all(&world.broker, &rows), true);
+    let after = new.iter().map(relayed).sum::<u64>();
+    assert!(after >= more, "the new shards relayed only {after} events");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() {
     let world = sharded_world().await;
@@ -779,11 +812,7 @@ async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() 
     old[1].signal("KILL");
     wait_written(&written, 1_000).await;
     // The killed relay's walsender frees its slot once it sees the connection gone.
-    let active = "SELECT 1 FROM pg_replication_slots WHERE active AND slot_name LIKE '%_of_2'";
-    let freed = wait_until(Duration::from_secs(60), || async {
-        world.pg.execute(active).await.is_empty()
-    });
-    assert!(freed.await, "the old slots are still in use");
+    wait_old_slots_freed(&world).await;
     let out = reshard(&url, &brokers, &["--from", "2", "--to", "4", "--finish"]).await;
     assert!(
         out.contains("dropped old slot \"outbox_relay_shard_1_of_2\""),
@@ -815,19 +844,7 @@ async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() 
         assert!(last.contains(r#""state":"dropped""#), "{old_slot}: {last}");
     }
 
-    let new: Vec<Relay> = shards(4).into_iter().map(|s| spawn(&world, s)).collect();
-    wait_written(&written, 2_000).await;
-    stop.store(true, Ordering::SeqCst);
-    writer.await.unwrap();
-    for shard in shards(4) {
-        world
-            .wait_caught_up(&slot(shard), Duration::from_secs(120))
-            .await;
-    }
-    let rows = rows(&world.pg).await;
-    check(&rows, consume_all(&world.broker, &rows), true);
-    let after = new.iter().map(relayed).sum::<u64>();
-    assert!(after >= 2_000, "the new shards relayed only {after} events");
+    the_new_fleet_relays_the_rest(&world, 4, (stop, written, writer), 2_000).await;
     drop(old);
 }
 
@@ -1118,11 +1135,7 @@ async fn reshard_and_finish_killed_at_each_step_and_run_again_lose_and_reorder_n
     old[0].stop();
     old[1].signal("KILL");
     wait_written(&written, 500).await;
-    let active = "SELECT 1 FROM pg_replication_slots WHERE active AND slot_name LIKE '%_of_2'";
-    let freed = wait_until(Duration::from_secs(60), || async {
-        world.pg.execute(active).await.is_empty()
-    });
-    assert!(freed.await, "the old slots are still in use");
+    wait_old_slots_freed(&world).await;
     let finish = ["--from", "2", "--to", "3", "--finish"];
     let old_slot = |i: u32| slot(Shard { index: i, count: 2 });
     let mut markers: Vec<String> = (0..3).map(|i| format!("{} starts", new_slot(i))).collect();
@@ -1181,18 +1194,6 @@ async fn reshard_and_finish_killed_at_each_step_and_run_again_lose_and_reorder_n
     assert_eq!(code, Some(0), "{}", standby.log());
     assert_eq!(slot_names(&world.pg).await, new_slots);
 
-    let new: Vec<Relay> = shards(3).into_iter().map(|s| spawn(&world, s)).collect();
-    wait_written(&written, 1_000).await;
-    stop.store(true, Ordering::SeqCst);
-    writer.await.unwrap();
-    for shard in shards(3) {
-        world
-            .wait_caught_up(&slot(shard), Duration::from_secs(120))
-            .await;
-    }
-    let rows = rows(&world.pg).await;
-    check(&rows, consume_all(&world.broker, &rows), true);
-    let after = new.iter().map(relayed).sum::<u64>();
-    assert!(after >= 1_000, "the new shards relayed only {after} events");
+    the_new_fleet_relays_the_rest(&world, 3, (stop, written, writer), 1_000).await;
     drop(old);
 }
