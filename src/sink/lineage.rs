@@ -476,6 +476,39 @@ mod tests {
     }
 
     #[test]
+    fn a_resharding_is_recorded_and_says_which_fleet_it_retired() {
+        let reshard = Reshard { from: 2, to: 4 };
+        let dropped = SlotRecord::now("s", "7300", SlotState::Dropped, None)
+            .resharding(Some(reshard))
+            .dropped_at_lsn(Some("0/40".into()));
+        let json = serde_json::to_value(&dropped).unwrap();
+        assert_eq!(json["reshard"], serde_json::json!({"from": 2, "to": 4}));
+        assert_eq!(json["dropped_lsn"], "0/40");
+        assert_eq!(serde_json::from_value::<SlotRecord>(json).unwrap(), dropped);
+        // An older relay's record, without either, still parses.
+        let old =
+            r#"{"slot":"s","system_identifier":"7300","state":"dropped","relay_version":"0.1.0"}"#;
+        let old: SlotRecord = serde_json::from_str(old).unwrap();
+        assert_eq!((old.reshard, old.dropped_lsn.as_deref()), (None, None));
+        // A created record carries no dropped position.
+        let created = SlotRecord::now("s", "7300", SlotState::Created, Some("0/10".into()))
+            .resharding(Some(reshard))
+            .dropped_at_lsn(Some("0/40".into()));
+        assert_eq!(created.dropped_lsn, None);
+        // (record, the fleet's K, the resharding that retired it)
+        let cases = [
+            (&dropped, 2, Some(reshard)),
+            (&dropped, 4, None),
+            (&created, 2, None),
+            (&old, 2, None),
+        ];
+        for (record, count, retired) in cases {
+            assert_eq!(record.retired_from(count), retired, "{record:?} {count}");
+        }
+        assert_eq!(reshard.to_string(), "outbox-relay reshard --from 2 --to 4");
+    }
+
+    #[test]
     fn each_problem_has_its_own_remedy() {
         let error = |problem| LineageError::new("read", "t.lineage", "why", problem).to_string();
         // (problem, what the message must say, what it must not)
