@@ -194,8 +194,11 @@ impl Reshard<'_> {
 
     /// The cluster's system identifier, which keys its slots' lineage records.
     async fn system_identifier(&self) -> Result<String, CommandError> {
-        let topic = &self.old[0].flags.lineage_topic;
-        let slot = &self.old[0].flags.slot;
+        let Some(first) = self.old.first() else {
+            return Err(CommandError::Refused("--from names no old relay".to_owned()));
+        };
+        let topic = &first.flags.lineage_topic;
+        let slot = &first.flags.slot;
         let lineage = Lineage::open(self.connector, self.kafka, topic, slot).await?;
         Ok(lineage.system_identifier().to_owned())
     }
