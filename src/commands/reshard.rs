@@ -51,6 +51,7 @@ pub(super) async fn run(config: &Config, args: &ReshardArgs) -> Result<(), Comma
     let kafka = super::kafka(config);
     let client = connector.control().await?;
     let reshard = Reshard {
+        config,
         client: &client,
         connector: &connector,
         kafka: &kafka,
@@ -78,6 +79,8 @@ fn shards(config: &Config, count: u32) -> Result<Vec<Config>, CommandError> {
 
 /// One step, on the server of `--postgres-url`.
 struct Reshard<'a> {
+    /// The configuration given, before a shard's suffixes.
+    config: &'a Config,
     client: &'a Client,
     connector: &'a Connector,
     kafka: &'a KafkaClients,
@@ -194,11 +197,8 @@ impl Reshard<'_> {
 
     /// The cluster's system identifier, which keys its slots' lineage records.
     async fn system_identifier(&self) -> Result<String, CommandError> {
-        let Some(first) = self.old.first() else {
-            return Err(CommandError::Refused("--from names no old relay".to_owned()));
-        };
-        let topic = &first.flags.lineage_topic;
-        let slot = &first.flags.slot;
+        let topic = &self.config.flags.lineage_topic;
+        let slot = &self.config.flags.slot;
         let lineage = Lineage::open(self.connector, self.kafka, topic, slot).await?;
         Ok(lineage.system_identifier().to_owned())
     }

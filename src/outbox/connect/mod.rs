@@ -27,6 +27,8 @@ use crate::pgoutput::{Relation, TupleData, Value};
 use data::{Data, Kind, Schema};
 use expand::Expanded;
 
+pub use registry::PendingSchemas;
+
 /// How a key or value becomes bytes: the relay's own way, or a Kafka Connect converter's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Converter {
