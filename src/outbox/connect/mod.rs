@@ -159,6 +159,8 @@ impl Col {
             optional: !facts.is_some_and(|f| f.not_null),
             name: logical.map(str::to_owned),
             version: logical.map(|_| 1),
+            doc: None,
+            parameters: Vec::new(),
             default,
         };
         Ok(Col { index, schema })
@@ -415,6 +417,8 @@ impl ConnectPlan {
             optional: false,
             name: Some(format!("{}.{route}.Value", self.record_name)),
             version,
+            doc: None,
+            parameters: Vec::new(),
             default: None,
         };
         Ok((Some(self.cached(built, version)?), Data::Struct(values)))
@@ -500,7 +504,7 @@ fn header_bytes(data: &Data) -> Option<Bytes> {
         Data::Int(i) => i.to_string().into_bytes(),
         Data::Bool(b) => b.to_string().into_bytes(),
         Data::Bytes(b) => b.clone(),
-        Data::Float(_) | Data::Array(_) | Data::Struct(_) => return None,
+        Data::Float(_) | Data::Decimal(_) | Data::Array(_) | Data::Struct(_) => return None,
     }))
 }
 
