@@ -66,6 +66,13 @@ public class DebeziumFixtures {
     /** The `id` of the last row a configuration sees (none for the poison tables). */
     static String lastId(Map<String, String> connector) {
         List<String> tables = List.of(connector.get("table.include.list").split(","));
+        // outbox_types and outbox_corner are filled last, each in its own transaction.
+        if (tables.contains("public.outbox_corner")) {
+            return "00000000-0000-4000-8000-0000000007ff";
+        }
+        if (tables.contains("public.outbox_types")) {
+            return "00000000-0000-4000-8000-0000000006ff";
+        }
         if (tables.contains("public.outbox_bytes")) {
             return "1048575";
         }
@@ -99,7 +106,7 @@ public class DebeziumFixtures {
             // The tables first (the publication names them), then the slots, then the rows.
             int rows = sql.indexOf("\nBEGIN;");
             s.execute(sql.substring(0, rows));
-            s.execute("CREATE PUBLICATION " + PUBLICATION + " FOR TABLE public.outbox, public.outbox_text, public.outbox_bytes, public.outbox_poison, public.outbox_poison_array");
+            s.execute("CREATE PUBLICATION " + PUBLICATION + " FOR TABLE public.outbox, public.outbox_text, public.outbox_bytes, public.outbox_poison, public.outbox_poison_array, public.outbox_types, public.outbox_corner");
             for (Iterator<String> names = configs.fieldNames(); names.hasNext();) {
                 s.execute("SELECT pg_create_logical_replication_slot('" + slot(names.next()) + "', 'pgoutput')");
             }
@@ -275,13 +282,15 @@ public class DebeziumFixtures {
         node.set("key", bytes(key));
         node.set("value", bytes(value));
         ArrayNode headerList = node.putArray("headers");
-        boolean last = false;
         for (org.apache.kafka.common.header.Header header : headers) {
             ArrayNode pair = headerList.addArray();
             pair.add(header.key());
             pair.add(bytes(header.value()));
-            last |= header.key().equals("id") && header.value() != null
-                    && new String(header.value(), StandardCharsets.UTF_8).equals(lastId);
+        }
+        // The id as the router set it, whatever the header converter makes of it.
+        boolean last = false;
+        for (Header header : record.headers()) {
+            last |= header.key().equals("id") && String.valueOf(header.value()).equals(lastId);
         }
         return last;
     }

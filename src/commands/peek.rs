@@ -23,7 +23,9 @@ fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
     let mut headers: Vec<_> = (record.headers.iter())
         .map(|(name, value)| (name.to_string(), text(value.as_deref())))
         .collect();
-    headers.insert(record.headers_before_id.min(headers.len()), id);
+    if let Some(at) = record.id_header_at {
+        headers.insert(at.min(headers.len()), id);
+    }
     let lsn = lsn.to_string();
     RecordLine {
         topic: &record.topic,

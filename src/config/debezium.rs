@@ -109,6 +109,8 @@ pub struct Imported {
     pub warnings: Vec<String>,
     /// The record-shaping options reproduced byte for byte, as `key=value`.
     pub identical: Vec<String>,
+    /// The options that do not change the records, as `key=value: why`.
+    pub no_effect: Vec<String>,
 }
 
 /// Reads and translates a connector config file, with the Connect worker's properties
@@ -195,6 +197,12 @@ pub fn explain(imported: &Imported) -> String {
     for option in &imported.identical {
         out += &format!("# - {option}: identical\n");
     }
+    if !imported.no_effect.is_empty() {
+        out.push_str("# No effect on the records:\n");
+    }
+    for option in &imported.no_effect {
+        out += &format!("# - {option}\n");
+    }
     if !imported.warnings.is_empty() {
         out.push_str("# Differences from the Debezium connector:\n");
     }
@@ -205,10 +213,27 @@ pub fn explain(imported: &Imported) -> String {
 }
 
 const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
-const HEADER_CONVERTER: &str =
-    "the relay writes header values as SimpleHeaderConverter, Kafka Connect's default, does";
+const HEADER_CONVERTER: &str = "the relay writes header values as SimpleHeaderConverter (Kafka Connect's default) or JsonConverter do";
 const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter and JsonConverter; a schema-registry format (Avro, Protobuf, JSON Schema) is not written";
 const WORKER_DEFAULT: &str = "Kafka's sample worker config (JsonConverter, schemas.enable=true), as neither the connector config nor --debezium-worker-config names one";
+
+/// A converter as the import maps it.
+struct ConverterChoice {
+    /// The `--ROLE-converter` value.
+    flag: &'static str,
+    /// JsonConverter's `decimal.format=NUMERIC`.
+    numeric_decimals: bool,
+}
+
+impl ConverterChoice {
+    /// Kafka Connect's header converter when none is set.
+    fn default_header() -> Self {
+        ConverterChoice {
+            flag: "simple",
+            numeric_decimals: false,
+        }
+    }
+}
 
 /// A connector key without an equivalent, with why, for the "ignored" warning.
 fn ignored_note(key: &str) -> String {
@@ -217,7 +242,6 @@ fn ignored_note(key: &str) -> String {
         "topic.prefix" | "database.server.name" => "topics come from --topic-template",
         "tasks.max" => "run one relay per slot",
         "slot.drop.on.stop" => "the relay never drops its slot",
-        "binary.handling.mode" => "bytea payloads are sent as raw bytes",
         "max.batch.size" | "max.queue.size" => "see --max-in-flight-events",
         "tombstones.on.delete" => "deletes on the outbox table are ignored",
         "skipped.operations" => "the relay relays inserts only",
@@ -333,6 +357,10 @@ impl<'a> Importer<'a> {
         self.out.identical.push(format!("{key}={value}"));
     }
 
+    fn no_effect(&mut self, key: &str, value: &str, why: &str) {
+        self.out.no_effect.push(format!("{key}={value}: {why}"));
+    }
+
     /// One warning about all of `items` (none without any), given their list.
     fn warn_all<S: Borrow<str>>(&mut self, items: &[S], warning: impl FnOnce(&str) -> String) {
         if !items.is_empty() {
@@ -377,6 +405,7 @@ impl<'a> Importer<'a> {
             _ => {}
         }
         self.converters()?;
+        self.column_modes()?;
         self.context_headers()?;
         self.event_router()?;
         self.producer_overrides();
@@ -447,8 +476,9 @@ impl<'a> Importer<'a> {
     }
 
     /// `ROLE.converter` as Kafka Connect picks it: the connector's class with the connector's
-    /// settings, else the worker's with the worker's; as the `--ROLE-converter` value.
-    fn converter(&mut self, role: &str) -> Result<&'static str, Error> {
+    /// settings, else the worker's with the worker's; as the `--ROLE-converter` value and its
+    /// `decimal.format`.
+    fn converter(&mut self, role: &str) -> Result<ConverterChoice, Error> {
         let key = format!("{role}.converter");
         let prefix = format!("{key}.");
         let connector = self.take(&key);
@@ -456,35 +486,57 @@ impl<'a> Importer<'a> {
         let worker = self.worker.and_then(|w| Some((w.get(&key)?.trim(), w)));
         let (class, settings, origin) = match (connector, worker) {
             (Some(class), _) => (class, connector_settings, "the connector config"),
-            (None, Some((class, worker))) => {
-                let settings = prefixed(worker, &prefix).collect();
-                (class, settings, "the worker config")
-            }
-            (None, None) if role == "header" => return Ok("simple"),
-            (None, None) => {
-                self.warn(format!("{key}: {WORKER_DEFAULT}"));
-                (JSON_CONVERTER, Vec::new(), "")
+            (None, worker) => {
+                for (setting, value) in connector_settings {
+                    self.no_effect(setting, value, &format!("Kafka Connect applies a connector's {key} settings only with its own {key}, which it does not set"));
+                }
+                match worker {
+                    Some((class, worker)) => {
+                        let settings = prefixed(worker, &prefix).collect();
+                        (class, settings, "the worker config")
+                    }
+                    None if role == "header" => return Ok(ConverterChoice::default_header()),
+                    None => {
+                        self.warn(format!("{key}: {WORKER_DEFAULT}"));
+                        (JSON_CONVERTER, Vec::new(), "")
+                    }
+                }
             }
         };
         let short = class.rsplit('.').next().unwrap_or_default();
         let kafka = class == short || class.starts_with("org.apache.kafka.connect.");
         let flag = match (short, role) {
             ("SimpleHeaderConverter", "header") if kafka => Ok("simple"),
+            ("JsonConverter", _) if kafka => Ok("json-with-schemas"),
             (_, "header") => Err(HEADER_CONVERTER),
             ("StringConverter", _) if kafka => Ok("string"),
             ("ByteArrayConverter", _) if kafka => Ok("bytearray"),
-            ("JsonConverter", _) if kafka => Ok("json-with-schemas"),
             _ => Err(CONVERTERS),
         };
-        let mut flag = flag.map_err(|why| invalid(&key, class, why))?;
+        let mut choice = ConverterChoice {
+            flag: flag.map_err(|why| invalid(&key, class, why))?,
+            numeric_decimals: false,
+        };
+        let json = choice.flag == "json-with-schemas";
         for (setting, value) in settings {
-            match (
-                &setting[prefix.len()..],
-                value.to_ascii_lowercase().as_str(),
-            ) {
-                ("schemas.enable", "false") if flag == "json-with-schemas" => flag = "json",
-                ("schemas.enable" | "schemas.cache.size" | "decimal.format", _) => {}
-                ("replace.null.with.default", "true") => {}
+            let name = &setting[prefix.len()..];
+            match (name, value.to_ascii_lowercase().as_str()) {
+                ("schemas.enable", "false") if json => choice.flag = "json",
+                ("schemas.enable", _) if json => {}
+                ("decimal.format", "numeric") if json => choice.numeric_decimals = true,
+                ("decimal.format", "base64") if json => {}
+                ("replace.null.with.default", "true") if json => {}
+                ("schemas.cache.size", _) if json => {
+                    self.no_effect(setting, value, "a cache size");
+                    continue;
+                }
+                ("encoding" | "converter.encoding", "utf8" | "utf-8")
+                    if short == "StringConverter" => {}
+                _ if !json && short != "StringConverter" || name == "converter.type" => {
+                    let why = format!("{class} has no such setting; Kafka Connect ignores it");
+                    self.no_effect(setting, value, &why);
+                    continue;
+                }
                 _ => {
                     let why = format!(
                         "a {key} setting (from {origin}) whose effect the relay does not reproduce"
@@ -492,20 +544,79 @@ impl<'a> Importer<'a> {
                     return Err(invalid(setting, value, why));
                 }
             }
+            self.identical(setting, value);
         }
-        if role != "header" {
-            self.identical(&key, class);
-        }
-        Ok(flag)
+        self.identical(&key, class);
+        Ok(choice)
     }
 
-    /// The key and value converters as flags (header values are SimpleHeaderConverter's).
+    /// The key, value and header converters as flags.
     fn converters(&mut self) -> Result<(), Error> {
-        for role in ["key", "value"] {
-            let flag = self.converter(role)?;
-            self.arg(&format!("--{role}-converter"), flag);
+        for role in ["key", "value", "header"] {
+            let choice = self.converter(role)?;
+            if role != "header" || choice.flag != "simple" {
+                self.arg(&format!("--{role}-converter"), choice.flag);
+            }
+            if choice.numeric_decimals {
+                self.arg(&format!("--{role}-converter-decimal-format"), "numeric");
+            }
         }
-        self.converter("header")?;
+        Ok(())
+    }
+
+    /// The connector options that shape column values and schemas.
+    fn column_modes(&mut self) -> Result<(), Error> {
+        for (key, flag, values) in [
+            (
+                "time.precision.mode",
+                "--time-precision-mode",
+                &[
+                    "adaptive",
+                    "adaptive_time_microseconds",
+                    "connect",
+                    "isostring",
+                ][..],
+            ),
+            (
+                "decimal.handling.mode",
+                "--decimal-handling-mode",
+                &["precise", "double", "string"][..],
+            ),
+            (
+                "binary.handling.mode",
+                "--binary-handling-mode",
+                &["bytes", "base64", "base64-url-safe", "hex"][..],
+            ),
+        ] {
+            let Some(value) = self.take(key) else {
+                continue;
+            };
+            let lower = value.to_ascii_lowercase();
+            if !values.contains(&lower.as_str()) {
+                let why = format!(
+                    "the relay reproduces {}; Debezium 3.6.3 has other values the relay does not reproduce (such as time.precision.mode=structured)",
+                    values.join(", ")
+                );
+                return Err(invalid(key, value, why));
+            }
+            self.arg(flag, lower.replace('_', "-"));
+            self.identical(key, value);
+        }
+        for (key, flag) in [
+            (
+                "column.propagate.source.type",
+                "--column-propagate-source-type",
+            ),
+            (
+                "datatype.propagate.source.type",
+                "--datatype-propagate-source-type",
+            ),
+        ] {
+            if let Some(value) = self.take(key) {
+                self.arg(flag, value);
+                self.identical(key, value);
+            }
+        }
         Ok(())
     }
 

@@ -5,7 +5,12 @@
 use clap::{ArgAction, Args};
 
 use super::{ConfigError, columns, invalid};
-use crate::outbox::connect::{ConnectConfig, Converter, SchemaCache};
+use crate::outbox::connect::columns::{
+    BinaryHandling, ColumnModes, DecimalHandling, SourceTypes, TimePrecision,
+};
+use crate::outbox::connect::{
+    ConnectConfig, Converter, DecimalFormat, HeaderConverter, SchemaCache,
+};
 
 /// Debezium record-format flags.
 #[derive(Debug, Clone, Args)]
@@ -21,6 +26,70 @@ pub struct FormatArgs {
         default_value_t
     )]
     pub value_converter: Converter,
+    /// Header values as this Kafka Connect converter wrote them (Debezium: header.converter).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_HEADER_CONVERTER",
+        value_enum,
+        default_value_t
+    )]
+    pub header_converter: HeaderConverter,
+    /// JsonConverter keys' decimal.format (key.converter.decimal.format).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_KEY_CONVERTER_DECIMAL_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub key_converter_decimal_format: DecimalFormat,
+    /// JsonConverter values' decimal.format (value.converter.decimal.format).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_VALUE_CONVERTER_DECIMAL_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub value_converter_decimal_format: DecimalFormat,
+    /// JsonConverter headers' decimal.format (header.converter.decimal.format).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_HEADER_CONVERTER_DECIMAL_FORMAT",
+        value_enum,
+        default_value_t
+    )]
+    pub header_converter_decimal_format: DecimalFormat,
+    /// How date, time and timestamp columns are written (Debezium: time.precision.mode).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_TIME_PRECISION_MODE",
+        value_enum,
+        default_value_t
+    )]
+    pub time_precision_mode: TimePrecision,
+    /// How numeric columns are written (Debezium: decimal.handling.mode).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_DECIMAL_HANDLING_MODE",
+        value_enum,
+        default_value_t
+    )]
+    pub decimal_handling_mode: DecimalHandling,
+    /// How bytea columns are written (Debezium: binary.handling.mode).
+    #[arg(
+        long,
+        env = "OUTBOX_RELAY_BINARY_HANDLING_MODE",
+        value_enum,
+        default_value_t
+    )]
+    pub binary_handling_mode: BinaryHandling,
+    /// Regular expressions (comma-separated) of schema.table.column names whose schemas carry
+    /// their source type (Debezium: column.propagate.source.type).
+    #[arg(long, env = "OUTBOX_RELAY_COLUMN_PROPAGATE_SOURCE_TYPE")]
+    pub column_propagate_source_type: Option<String>,
+    /// Regular expressions (comma-separated) of schema.table.type names whose columns' schemas
+    /// carry their source type (Debezium: datatype.propagate.source.type).
+    #[arg(long, env = "OUTBOX_RELAY_DATATYPE_PROPAGATE_SOURCE_TYPE")]
+    pub datatype_propagate_source_type: Option<String>,
     /// Debezium's topic.prefix: the context headers' logical name and envelope schema names.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_TOPIC_PREFIX")]
     pub debezium_topic_prefix: Option<String>,
@@ -79,8 +148,15 @@ impl FormatArgs {
         }
         let others = self.debezium_context_headers
             || self.partition_column.is_some()
-            || self.trace_context_column.is_some();
+            || self.trace_context_column.is_some()
+            || self.header_converter != HeaderConverter::Simple;
+        let modes = self.column_modes()?;
         if relay && self.key_converter == Converter::Relay && !others {
+            if let Some(flag) = self.column_flag_given(&modes) {
+                let reason =
+                    "shapes Debezium's records: give --key-converter or --value-converter too";
+                return Err(invalid(flag, "", reason));
+            }
             return Ok(None);
         }
         if message_prefixes {
@@ -96,6 +172,11 @@ impl FormatArgs {
         Ok(Some(ConnectConfig {
             key: self.key_converter,
             value: self.value_converter,
+            header: self.header_converter,
+            key_decimal_format: self.key_converter_decimal_format,
+            value_decimal_format: self.value_converter_decimal_format,
+            header_decimal_format: self.header_converter_decimal_format,
+            columns: modes,
             topic_prefix: prefix.to_owned(),
             context_headers: self.debezium_context_headers.then(|| run_id.into()),
             expand_json_payload: self.expand_json_payload,
@@ -107,5 +188,50 @@ impl FormatArgs {
             trace_column: self.trace_context_column.clone(),
             schema_cache: SchemaCache::default(),
         }))
+    }
+
+    /// The column modes the flags give.
+    fn column_modes(&self) -> Result<ColumnModes, ConfigError> {
+        let columns = self.column_propagate_source_type.as_deref();
+        let datatypes = self.datatype_propagate_source_type.as_deref();
+        let source_types = SourceTypes::parse(columns, datatypes).map_err(|reason| {
+            let flag = "--column-propagate-source-type/--datatype-propagate-source-type";
+            invalid(flag, "", &reason)
+        })?;
+        Ok(ColumnModes {
+            time: self.time_precision_mode,
+            decimal: self.decimal_handling_mode,
+            binary: self.binary_handling_mode,
+            source_types,
+        })
+    }
+
+    /// A column or decimal flag given without Debezium's format, which it would not apply to.
+    fn column_flag_given(&self, modes: &ColumnModes) -> Option<&'static str> {
+        let defaults = ColumnModes::default();
+        let decimal = DecimalFormat::Base64;
+        [
+            ("--time-precision-mode", modes.time != defaults.time),
+            ("--decimal-handling-mode", modes.decimal != defaults.decimal),
+            ("--binary-handling-mode", modes.binary != defaults.binary),
+            (
+                "--column-propagate-source-type",
+                !modes.source_types.is_empty(),
+            ),
+            (
+                "--key-converter-decimal-format",
+                self.key_converter_decimal_format != decimal,
+            ),
+            (
+                "--value-converter-decimal-format",
+                self.value_converter_decimal_format != decimal,
+            ),
+            (
+                "--header-converter-decimal-format",
+                self.header_converter_decimal_format != decimal,
+            ),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))
     }
 }

@@ -133,6 +133,13 @@ pub enum EventError {
         /// What Debezium (its router or JsonConverter) refuses.
         reason: String,
     },
+    /// An event whose record Debezium wrote in a way the relay does not reproduce: rather than
+    /// write other bytes, the relay stops on it (or dead-letters it).
+    #[error("the relay does not reproduce Debezium's record of this event: {reason}")]
+    NotReproduced {
+        /// What Debezium would have written, and why the relay does not.
+        reason: String,
+    },
     /// A value is not valid for its column type.
     #[error("column {column:?} holds a value the relay cannot read: {reason}")]
     InvalidValue {
@@ -156,8 +163,10 @@ pub struct OutboxRecord {
     pub id: Bytes,
     /// Headers other than `id`, in flag order; a NULL column gives a null header value.
     pub headers: Vec<(Arc<str>, Option<Bytes>)>,
-    /// How many of `headers` come before `id` (Debezium's context and trace headers).
-    pub headers_before_id: usize,
+    /// Where the `id` header goes among `headers` (after Debezium's context and trace
+    /// headers); `None` when `headers` already holds every header in order, `id` included,
+    /// as Kafka Connect's transforms and header converter left them.
+    pub id_header_at: Option<usize>,
     /// Record timestamp, Unix milliseconds.
     pub timestamp_ms: i64,
     /// A fixed partition; `None` lets the producer's partitioner choose.
@@ -230,7 +239,7 @@ pub fn dead_letter_record(
         payload: parts.payload.filter(|_| info.payload_omitted.is_none()),
         id: parts.id,
         headers,
-        headers_before_id: 0,
+        id_header_at: Some(0),
         timestamp_ms,
         partition: None,
     }
@@ -380,7 +389,7 @@ impl<C: Clone> Plan<C> {
             payload,
             id,
             headers,
-            headers_before_id: 0,
+            id_header_at: Some(0),
             timestamp_ms,
             partition: None,
         })

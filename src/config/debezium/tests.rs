@@ -5,6 +5,8 @@ use clap::Parser;
 
 use super::*;
 use crate::config::{Cli, Config};
+use crate::outbox::connect::HeaderConverter;
+use crate::outbox::connect::columns::TimePrecision;
 
 const BASIC: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -304,6 +306,7 @@ fn explain_prints_a_runnable_quoted_command_and_the_warnings() {
         .flat_map(|(f, v)| [f.clone(), v.clone()]);
     assert_eq!(words[1..], expected.collect::<Vec<_>>());
     let quoted = explain(&Imported {
+        no_effect: Vec::new(),
         args: args(&[("--slot", "it's"), ("--route-by", "")]),
         warnings: Vec::new(),
         identical: Vec::new(),
@@ -356,6 +359,7 @@ fn imported_values_are_defaults_that_explicit_flags_replace() {
     assert_eq!(config.postgres.password.as_deref(), Some("p@ss:w/rd"));
     // An imported value is checked like a typed one.
     let bad = Imported {
+        no_effect: Vec::new(),
         args: args(&[("--heartbeat-interval", "soon")]),
         warnings: Vec::new(),
         identical: Vec::new(),
@@ -672,12 +676,15 @@ fn what_the_relay_does_not_reproduce_is_refused_by_name() {
         ("value.converter", "io.confluent.connect.avro.AvroConverter"),
         (
             "header.converter",
-            "org.apache.kafka.connect.json.JsonConverter",
+            "org.apache.kafka.connect.storage.StringConverter",
         ),
         (
             "value.converter",
             "io.debezium.converters.ByteArrayConverter",
         ),
+        ("time.precision.mode", "structured"),
+        ("decimal.handling.mode", "exact"),
+        ("binary.handling.mode", "base32"),
         ("transforms.outbox.route.topic.replacment", "typo"),
         ("transforms.outbox.table.field.additional.missing", "ignore"),
         ("transforms.outbox.tracing.with.context.field.only", "false"),
@@ -829,4 +836,59 @@ fn router_booleans_are_read_in_any_case() {
             "{flag}"
         );
     }
+}
+
+#[test]
+fn column_modes_and_header_converters_become_flags() {
+    let imported = import(&config(&[
+        ("key.converter", JSON_CONVERTER),
+        ("key.converter.decimal.format", "NUMERIC"),
+        ("value.converter", JSON_CONVERTER),
+        ("header.converter", JSON_CONVERTER),
+        ("header.converter.schemas.enable", "false"),
+        ("time.precision.mode", "adaptive_time_microseconds"),
+        ("decimal.handling.mode", "string"),
+        ("binary.handling.mode", "base64-url-safe"),
+        ("column.propagate.source.type", "public\\.outbox\\..*"),
+        ("datatype.propagate.source.type", ".+\\.varchar"),
+    ]))
+    .unwrap();
+    for (flag, value) in [
+        ("--key-converter", "json-with-schemas"),
+        ("--key-converter-decimal-format", "numeric"),
+        ("--header-converter", "json"),
+        ("--time-precision-mode", "adaptive-time-microseconds"),
+        ("--decimal-handling-mode", "string"),
+        ("--binary-handling-mode", "base64-url-safe"),
+        ("--column-propagate-source-type", "public\\.outbox\\..*"),
+        ("--datatype-propagate-source-type", ".+\\.varchar"),
+    ] {
+        assert!(
+            imported.args.contains(&(flag.to_owned(), value.to_owned())),
+            "{flag} {value}: {:?}",
+            imported.args
+        );
+    }
+    let connect = assert_valid_for_relay(&imported).mapping.connect.unwrap();
+    assert_eq!(connect.header, HeaderConverter::Json);
+    assert_eq!(
+        connect.columns.time,
+        TimePrecision::AdaptiveTimeMicroseconds
+    );
+    // A connector's converter setting without its own converter: Connect ignores it too.
+    let imported = import(&config(&[("value.converter.decimal.format", "NUMERIC")])).unwrap();
+    assert!(
+        imported
+            .no_effect
+            .iter()
+            .any(|o| o.starts_with("value.converter.decimal.format=NUMERIC")),
+        "{:?}",
+        imported.no_effect
+    );
+    assert!(
+        !imported
+            .args
+            .iter()
+            .any(|(f, _)| f.ends_with("decimal-format"))
+    );
 }
