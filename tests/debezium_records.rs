@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::support::kafka::{Broker, Consumed};
 use crate::support::postgres::PgCluster;
 use crate::support::relay::Relay;
+use crate::support::world::wait_until;
 
 const DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -327,6 +328,41 @@ async fn relays_like_debezium(name: &str) {
     assert_identical(name, &fixture.records, &got);
 }
 
+/// A record a Kafka Connect `Filter` drops is acknowledged without being sent: after the
+/// fixture's rows, a transaction holding only a dropped row is confirmed on the slot.
+#[tokio::test(flavor = "current_thread")]
+async fn a_filtered_event_is_acknowledged_without_a_record() {
+    let fixture = fixture("smt-filter");
+    let pg = prepared(&fixture, &sql().1).await;
+    let broker = Broker::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = relay(&fixture, &pg, &broker, dir.path());
+    let got = read_back(&broker, &fixture.records, &relay);
+    assert_identical("smt-filter", &fixture.records, &got);
+    pg.execute(
+        "INSERT INTO public.outbox (id, aggregatetype, aggregateid, type, payload) \
+         VALUES ('00000000-0000-4000-8000-000000000901', 'customer', 'c', 'Dropped', '{}')",
+    )
+    .await;
+    let end = pg.execute("SELECT pg_current_wal_lsn()::text").await[0][0]
+        .clone()
+        .unwrap();
+    let slot = &fixture.connector["slot.name"];
+    let past_end = format!(
+        "SELECT 1 FROM pg_replication_slots WHERE slot_name = '{slot}' \
+         AND confirmed_flush_lsn >= '{end}'::pg_lsn"
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            !pg.execute(&past_end).await.is_empty()
+        })
+        .await,
+        "the slot was not confirmed past the dropped event at {end}:\n{}",
+        relay.log()
+    );
+    relay.stop();
+}
+
 /// Where Debezium stopped, the relay stops before sending anything, naming why.
 async fn stops_like_debezium(name: &str, because: &str) {
     let fixture = fixture(name);
@@ -390,6 +426,9 @@ identical! {
     json_header_converter_without_schemas: "header-json-no-schemas",
     expanded_payloads_inside_an_envelope: "json-schemas-expand-envelope",
     an_empty_field_name_keeps_the_payload_as_text: "json-schemas-expand-empty-name",
+    transforms_inserting_copying_and_dropping_headers: "smt-headers",
+    transforms_inserting_replacing_and_extracting_fields: "smt-fields",
+    transforms_filtering_by_topic_tombstone_and_header: "smt-filter",
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -145,7 +145,9 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
                 continue;
             }
             let record = match mapped {
-                Ok(record) => record,
+                Ok(Some(record)) => record,
+                // Dropped by a Kafka Connect Filter, as the relay drops it.
+                Ok(None) => continue,
                 Err((e, parts)) => {
                     run.poison(None, parts, Vec::new(), now_ms, e.to_string(), None)
                         .await?;

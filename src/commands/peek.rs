@@ -145,14 +145,19 @@ async fn pass(
         let Some((table, mapped)) = mapped else {
             continue;
         };
+        // An event a Kafka Connect Filter drops has no record to show.
+        if matches!(mapped, Ok(None)) {
+            continue;
+        }
         seen += 1;
         if seen <= *shown {
             continue;
         }
         *shown += 1;
         let line = match mapped {
-            Ok(record) if args.json => record_line(&record, commit_lsn).to_json(),
-            Ok(record) => record_line(&record, commit_lsn).to_text(),
+            Ok(Some(record)) if args.json => record_line(&record, commit_lsn).to_json(),
+            Ok(Some(record)) => record_line(&record, commit_lsn).to_text(),
+            Ok(None) => continue,
             Err((error, _)) if args.json => serde_json::json!({
                 "lsn": commit_lsn.to_string(),
                 "table": &*table,

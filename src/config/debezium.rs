@@ -11,6 +11,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
 use super::{PostgresConnInfo, PostgresUrlError};
+use crate::outbox::connect::transforms::Chain;
 use crate::outbox::{TableName, TopicTemplate};
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
@@ -303,7 +304,6 @@ fn router_note(option: &str, value: &str) -> Option<Result<&'static str, &'stati
         "tracing.with.context.field.only" => {
             Err("the relay traces only rows with a span context, as Debezium's default does")
         }
-        "predicate" => Ok("the relay routes every insert into the --table tables"),
         _ => return None,
     })
 }
@@ -639,15 +639,26 @@ impl<'a> Importer<'a> {
 
     fn event_router(&mut self) -> Result<(), Error> {
         let names = self.take("transforms").unwrap_or_default();
-        let mut router = None;
-        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            match (self.take(&format!("transforms.{name}.type")), router) {
-                (Some(EVENT_ROUTER), None) => router = Some(name),
-                (Some(EVENT_ROUTER), Some(first)) => self.warn(format!("transform {name} (a second EventRouter) not applied: the relay applies one, transforms.{first}")),
-                (class, _) => self.warn(format!("transform {name} ({}) not applied: the relay applies only the Outbox Event Router; check that consumers do not depend on it", class.unwrap_or("no type"))),
-            }
-        }
+        let list: Vec<&str> = names
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        let router = list.iter().position(|name| {
+            let class = self.config.get(&format!("transforms.{name}.type"));
+            class.map(|c| c.trim()) == Some(EVENT_ROUTER)
+        });
         let router = router.ok_or_else(|| invalid("transforms", names, NO_EVENT_ROUTER))?;
+        if let Some(before) = list[..router].first() {
+            let key = format!("transforms.{before}.type");
+            let class = self.config.get(&key).map_or("", |c| c.trim());
+            let why = "runs before the Outbox Event Router, on Debezium's change events, which the relay does not build; remove it or move it after the router";
+            return Err(invalid(key, class, why));
+        }
+        self.router_predicate(list[router])?;
+        self.transforms_after(&list[router + 1..])?;
+        let router = list[router];
+        self.take(&format!("transforms.{router}.type"));
         let prefix = format!("transforms.{router}.");
         let option = |this: &mut Self, suffix: &str| this.take(&format!("{prefix}{suffix}"));
 
@@ -710,6 +721,108 @@ impl<'a> Importer<'a> {
         }
         let why = "not an Outbox Event Router option of Debezium 3.6; remove it or fix its name";
         unknown.map_or(Ok(()), |key| Err(invalid(key, &self.config[key], why)))
+    }
+
+    /// `transforms.ROUTER.predicate`: which change events the router applies to. The relay
+    /// routes every insert of the `--table` tables, so a predicate that holds for all of their
+    /// change events changes nothing; one that does not is refused, naming the table.
+    fn router_predicate(&mut self, router: &str) -> Result<(), Error> {
+        let key = format!("transforms.{router}.predicate");
+        let Some(predicate) = self.take(&key) else {
+            return Ok(());
+        };
+        let negate = self.take(&format!("transforms.{router}.negate"));
+        let negate = negate.is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let predicate_prefix = format!("predicates.{predicate}.");
+        let settings: BTreeMap<&str, &str> = prefixed(self.config, &predicate_prefix).collect();
+        let setting = |name: &str| {
+            settings
+                .get(format!("predicates.{predicate}.{name}").as_str())
+                .copied()
+        };
+        let class = setting("type").unwrap_or_default();
+        let class = class.rsplit('.').next().unwrap_or_default();
+        let naming = ["topic.naming.strategy", "topic.delimiter"];
+        if let Some(option) = naming.iter().find(|o| self.config.contains_key(**o)) {
+            let why = format!(
+                "the relay cannot tell which change events the router's predicate selects under {option}"
+            );
+            return Err(invalid(key, predicate, why));
+        }
+        let prefix = self.config.get("topic.prefix").map_or("", |p| p.trim());
+        let tables = self.out.args.iter().filter(|(flag, _)| flag == "--table");
+        let topics: Vec<String> = tables.map(|(_, t)| format!("{prefix}.{t}")).collect();
+        let pattern = match class {
+            "TopicNameMatches" => {
+                let pattern = setting("pattern").unwrap_or_default();
+                let regex = regex::Regex::new(&format!("^(?:{pattern})$"));
+                let why = |e| {
+                    format!(
+                        "its pattern {pattern:?} is not a regular expression the relay reads the same way: {e}"
+                    )
+                };
+                Some(regex.map_err(|e| invalid(&key, predicate, why(e)))?)
+            }
+            // An insert's change event is never a tombstone.
+            "RecordIsTombstone" => None,
+            _ => {
+                let why = format!(
+                    "a {class:?} predicate on the router: the relay reproduces the router's TopicNameMatches and RecordIsTombstone predicates"
+                );
+                return Err(invalid(key, predicate, why));
+            }
+        };
+        for topic in &topics {
+            let holds = pattern.as_ref().is_some_and(|p| p.is_match(topic));
+            if holds == negate {
+                let why = format!(
+                    "false for the change events of {topic}: Debezium passed them on without the router, which the relay does not reproduce; leave that table out of table.include.list"
+                );
+                return Err(invalid(key, predicate, why));
+            }
+        }
+        let why = format!(
+            "holds for the change events of every outbox table ({}), so the router routes them all, as the relay does",
+            topics.join(", ")
+        );
+        self.no_effect(&key, predicate, &why);
+        for (key, value) in self.take_prefixed(&format!("predicates.{predicate}.")) {
+            self.no_effect(key, value, "the router's predicate, above");
+        }
+        Ok(())
+    }
+
+    /// The transforms after the router, as `--transform` flags, each checked by the relay's
+    /// transform chain (which refuses what it does not reproduce, by name).
+    fn transforms_after(&mut self, names: &[&str]) -> Result<(), Error> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let mut settings = vec![("transforms".to_owned(), names.join(","))];
+        let mut predicates: Vec<&str> = Vec::new();
+        for name in names {
+            for (key, value) in self.take_prefixed(&format!("transforms.{name}.")) {
+                if key.ends_with(".predicate") && !predicates.contains(&value) {
+                    predicates.push(value);
+                }
+                settings.push((key.to_owned(), value.to_owned()));
+            }
+        }
+        if !predicates.is_empty() {
+            settings.push(("predicates".to_owned(), predicates.join(",")));
+        }
+        for predicate in &predicates {
+            let prefix = format!("predicates.{predicate}.");
+            let keys: Vec<(&str, &str)> = prefixed(self.config, &prefix).collect();
+            self.used.extend(keys.iter().map(|(k, _)| *k));
+            settings.extend(keys.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        }
+        Chain::parse(&settings).map_err(|e| invalid(e.key, &e.value, e.reason))?;
+        for (key, value) in settings {
+            self.identical(&key, &value);
+            self.arg("--transform", format!("{key}={value}"));
+        }
+        Ok(())
     }
 
     fn topic_template(&mut self, prefix: &str) -> Result<String, Error> {
@@ -803,9 +916,16 @@ impl<'a> Importer<'a> {
         self.warn_all(&keys, |keys| {
             format!("{keys}: the relay maps heartbeat.interval.ms to --heartbeat-interval, which writes a logical decoding message (no heartbeat.action.query, no heartbeat topic); when nothing is in flight it also acknowledges keepalive positions, so a quiet outbox does not pin WAL")
         });
-        // Other transforms and predicates were warned about by name.
-        self.take_prefixed("transforms.");
-        self.take_prefixed("predicates");
+        for (key, value) in self.take_prefixed("transforms.") {
+            self.no_effect(
+                key,
+                value,
+                "a transform not in transforms=, which Kafka Connect ignores",
+            );
+        }
+        for (key, value) in self.take_prefixed("predicates") {
+            self.no_effect(key, value, "no transform uses this predicate");
+        }
         let ignored = self.take_prefixed("");
         let ignored: Vec<_> = ignored.iter().map(|(key, _)| ignored_note(key)).collect();
         self.warn_all(&ignored, |list| {

@@ -8,6 +8,7 @@ use super::{ConfigError, columns, invalid};
 use crate::outbox::connect::columns::{
     BinaryHandling, ColumnModes, DecimalHandling, SourceTypes, TimePrecision,
 };
+use crate::outbox::connect::transforms::Chain;
 use crate::outbox::connect::{
     ConnectConfig, Converter, DecimalFormat, HeaderConverter, SchemaCache,
 };
@@ -90,6 +91,16 @@ pub struct FormatArgs {
     /// carry their source type (Debezium: datatype.propagate.source.type).
     #[arg(long, env = "OUTBOX_RELAY_DATATYPE_PROPAGATE_SOURCE_TYPE")]
     pub datatype_propagate_source_type: Option<String>,
+    /// A Kafka Connect transform setting after the Outbox Event Router, KEY=VALUE with Connect's
+    /// keys: transforms=NAME,..., transforms.NAME.type=..., transforms.NAME.OPTION=...,
+    /// predicates=..., predicates.NAME.*. Repeatable (one per line in the variable).
+    #[arg(
+        long = "transform",
+        env = "OUTBOX_RELAY_TRANSFORM",
+        value_name = "KEY=VALUE",
+        value_delimiter = '\n'
+    )]
+    pub transforms: Vec<String>,
     /// Debezium's topic.prefix: the context headers' logical name and envelope schema names.
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_TOPIC_PREFIX")]
     pub debezium_topic_prefix: Option<String>,
@@ -146,10 +157,12 @@ impl FormatArgs {
             let reason = "shapes Debezium's record values: give --value-converter too";
             return Err(invalid(flag, "", reason));
         }
+        let transforms = self.chain()?;
         let others = self.debezium_context_headers
             || self.partition_column.is_some()
             || self.trace_context_column.is_some()
-            || self.header_converter != HeaderConverter::Simple;
+            || self.header_converter != HeaderConverter::Simple
+            || !transforms.is_empty();
         let modes = self.column_modes()?;
         if relay && self.key_converter == Converter::Relay && !others {
             if let Some(flag) = self.column_flag_given(&modes) {
@@ -186,8 +199,29 @@ impl FormatArgs {
             schema_version_column: self.schema_version_column.clone(),
             tombstone_on_empty: self.tombstone_on_empty_payload,
             trace_column: self.trace_context_column.clone(),
+            transforms,
             schema_cache: SchemaCache::default(),
         }))
+    }
+
+    /// The transforms after the router; they need Kafka Connect's key and value converters.
+    fn chain(&self) -> Result<Chain, ConfigError> {
+        let mut settings = Vec::new();
+        for setting in self.transforms.iter().filter(|s| !s.trim().is_empty()) {
+            let Some((key, value)) = setting.split_once('=') else {
+                let reason = "expected KEY=VALUE with Kafka Connect's keys, e.g. transforms.h.type=InsertHeader";
+                return Err(invalid("--transform", setting, reason));
+            };
+            settings.push((key.trim().to_owned(), value.to_owned()));
+        }
+        let chain = Chain::parse(&settings)
+            .map_err(|e| invalid("--transform", format!("{}={}", e.key, e.value), &e.reason))?;
+        let relay = [self.key_converter, self.value_converter].contains(&Converter::Relay);
+        if !chain.is_empty() && relay {
+            let reason = "transforms work on Kafka Connect records: give --key-converter and --value-converter too";
+            return Err(invalid("--transform", "", reason));
+        }
+        Ok(chain)
     }
 
     /// The column modes the flags give.

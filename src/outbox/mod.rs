@@ -575,12 +575,13 @@ impl TableMapping {
             relation: &self.relation,
             row,
         };
-        let mapped = self.plan.map(&row, commit_time_ms).and_then(|mut record| {
-            if let Some(connect) = &self.connect {
-                connect.convert(row.row, &mut record)?;
-            }
-            Ok(record)
-        });
+        let mapped = self
+            .plan
+            .map(&row, commit_time_ms)
+            .and_then(|record| match &self.connect {
+                Some(connect) => connect.convert(row.row, record),
+                None => Ok(Some(record)),
+            });
         mapped.map_err(|error| (error, self.plan.raw_parts(&row)))
     }
 }

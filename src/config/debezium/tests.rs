@@ -224,6 +224,13 @@ fn properties_example_keeps_the_secret_out_and_passes_producer_overrides() {
             ("--value-converter", "bytearray"),
             ("--debezium-topic-prefix", "billing"),
             ("--debezium-context-headers", "true"),
+            ("--transform", "transforms=source"),
+            ("--transform", "transforms.source.header=source"),
+            (
+                "--transform",
+                "transforms.source.type=org.apache.kafka.connect.transforms.InsertHeader"
+            ),
+            ("--transform", "transforms.source.value.literal=billing"),
             ("--route-by", "aggregate_type"),
             ("--topic-template", "billing.${routedByValue}"),
             ("--key-column", "aggregate_id"),
@@ -245,10 +252,15 @@ fn properties_example_keeps_the_secret_out_and_passes_producer_overrides() {
             "--postgres-password-file",
         ],
     );
-    assert_warned(
-        &imported,
-        &["unwrap", "ExtractNewRecordState", "not applied"],
+    assert!(
+        imported
+            .identical
+            .iter()
+            .any(|o| o == "transforms.source.value.literal=billing"),
+        "{:?}",
+        imported.identical
     );
+    assert_warned(&imported, &["extended.headers.enabled"]);
     assert_warned(&imported, &["table.op.invalid.behavior=fatal"]);
     assert_warned(&imported, &["sasl.jaas.config", "sasl.username"]);
     assert_warned(&imported, &["max.request.size", "message.max.bytes"]);
@@ -579,12 +591,7 @@ fn topic_routing_converts_java_replacements_and_rejects_regex_routing() {
 #[test]
 fn router_options_are_flags_or_named_differences() {
     let imported = import(&config(&[
-        ("transforms", "filter, outbox, outbox2"),
-        ("transforms.filter.type", "io.debezium.transforms.Filter"),
-        (
-            "transforms.outbox2.type",
-            "io.debezium.transforms.outbox.EventRouter",
-        ),
+        ("transforms", "outbox"),
         ("transforms.outbox.table.field.event.schema.version", "v"),
         (
             "transforms.outbox.table.json.payload.null.behavior",
@@ -605,6 +612,7 @@ fn router_options_are_flags_or_named_differences() {
             "predicates.isOutbox.type",
             "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
         ),
+        ("predicates.isOutbox.pattern", "app\\.public\\..*"),
         (
             "key.converter",
             "org.apache.kafka.connect.json.JsonConverter",
@@ -641,10 +649,7 @@ fn router_options_are_flags_or_named_differences() {
         );
     }
     for needles in [
-        &["filter", "io.debezium.transforms.Filter", "not applied"][..],
-        &["outbox2", "second EventRouter"],
-        &["predicate=isOutbox"],
-        &["acks=1"],
+        &["acks=1"][..],
         &["ssl.truststore.location", "ssl.ca.location"],
         &["database.password", "config-provider"],
     ] {
@@ -652,7 +657,6 @@ fn router_options_are_flags_or_named_differences() {
     }
     for option in [
         "tracing.operation.name=read",
-        "negate=false",
         "debezium.op.invalid.behavior=error",
     ] {
         assert!(
@@ -661,6 +665,11 @@ fn router_options_are_flags_or_named_differences() {
             imported.identical
         );
     }
+    assert!(
+        imported.no_effect.iter().any(|o| o.starts_with("transforms.outbox.predicate=isOutbox: holds for the change events of every outbox table (app.public.outbox)")),
+        "{:?}",
+        imported.no_effect
+    );
     let config = assert_valid_for_relay(&imported);
     assert!(
         config
@@ -891,4 +900,126 @@ fn column_modes_and_header_converters_become_flags() {
             .iter()
             .any(|(f, _)| f.ends_with("decimal-format"))
     );
+}
+
+#[test]
+fn transforms_are_reproduced_after_the_router_or_refused_by_name() {
+    let router = "io.debezium.transforms.outbox.EventRouter";
+    for (pairs, key, needle) in [
+        (
+            &[
+                ("transforms", "unwrap,outbox"),
+                (
+                    "transforms.unwrap.type",
+                    "io.debezium.transforms.ExtractNewRecordState",
+                ),
+            ][..],
+            "transforms.unwrap.type",
+            "before the Outbox Event Router",
+        ),
+        (
+            &[
+                ("transforms", "outbox,outbox2"),
+                ("transforms.outbox2.type", router),
+            ],
+            "transforms.outbox2.type",
+            "Debezium transform",
+        ),
+        (
+            &[
+                ("transforms", "outbox,route"),
+                (
+                    "transforms.route.type",
+                    "org.apache.kafka.connect.transforms.RegexRouter",
+                ),
+                ("transforms.route.regex", ".*"),
+                ("transforms.route.replacement", "x"),
+            ],
+            "transforms.route.type",
+            "route.topic.replacement",
+        ),
+        (
+            &[
+                ("transforms", "outbox,stamp"),
+                (
+                    "transforms.stamp.type",
+                    "org.apache.kafka.connect.transforms.InsertField$Value",
+                ),
+                ("transforms.stamp.timestamp.field", "ts"),
+            ],
+            "transforms.stamp.timestamp.field",
+            "processing time",
+        ),
+        (
+            &[
+                ("transforms", "outbox,h"),
+                (
+                    "transforms.h.type",
+                    "org.apache.kafka.connect.transforms.InsertHeader",
+                ),
+                ("transforms.h.header", "n"),
+                ("transforms.h.value.literal", "1.5"),
+            ],
+            "transforms.h.value.literal",
+            "Values.parseString",
+        ),
+        (
+            &[
+                ("transforms.outbox.predicate", "p"),
+                ("predicates", "p"),
+                ("predicates.p.type", "TopicNameMatches"),
+                ("predicates.p.pattern", "app\\.public\\.other"),
+            ],
+            "transforms.outbox.predicate",
+            "app.public.outbox",
+        ),
+    ] {
+        let err = import(&config(pairs)).unwrap_err();
+        assert!(
+            matches!(&err, DebeziumError::Invalid { key: k, .. } if k == key),
+            "{key}: {err}"
+        );
+        assert!(err.to_string().contains(needle), "{needle}: {err}");
+    }
+    let imported = import(&config(&[
+        ("transforms", "outbox,h"),
+        ("transforms.h.type", "InsertHeader"),
+        ("transforms.h.header", "source"),
+        ("transforms.h.value.literal", "relay"),
+        ("transforms.h.predicate", "orders"),
+        ("predicates", "orders,unused"),
+        ("predicates.orders.type", "TopicNameMatches"),
+        ("predicates.orders.pattern", "orders"),
+        ("predicates.unused.type", "RecordIsTombstone"),
+        ("key.converter", JSON_CONVERTER),
+        ("value.converter", JSON_CONVERTER),
+    ]))
+    .unwrap();
+    let transforms: Vec<&str> = (imported.args.iter())
+        .filter(|(flag, _)| flag == "--transform")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(
+        transforms,
+        [
+            "transforms=h",
+            "transforms.h.header=source",
+            "transforms.h.predicate=orders",
+            "transforms.h.type=InsertHeader",
+            "transforms.h.value.literal=relay",
+            "predicates=orders",
+            "predicates.orders.pattern=orders",
+            "predicates.orders.type=TopicNameMatches",
+        ]
+    );
+    assert!(
+        imported
+            .no_effect
+            .iter()
+            .any(|o| o.starts_with("predicates.unused.type=")),
+        "{:?}",
+        imported.no_effect
+    );
+    let connect = assert_valid_for_relay(&imported).mapping.connect.unwrap();
+    assert_eq!(connect.transforms.stages.len(), 1);
 }

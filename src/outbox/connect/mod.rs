@@ -16,6 +16,7 @@ pub mod expand;
 pub mod record;
 pub mod router;
 pub mod temporal;
+pub mod transforms;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,7 @@ use columns::ColumnModes;
 use data::{Data, JsonSettings, Schema};
 use record::{ConnectRecord, Datum};
 use router::Router;
+use transforms::Chain;
 
 /// How a key or value becomes bytes: the relay's own way, or a Kafka Connect converter's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -106,6 +108,8 @@ pub struct ConnectConfig {
     pub tombstone_on_empty: bool,
     /// `tracing.span.context.field`, when the Connect worker ran an OpenTelemetry agent.
     pub trace_column: Option<String>,
+    /// The Kafka Connect transforms after the router (`transforms`, `predicates`).
+    pub transforms: Chain,
     /// The envelope schemas named so far, shared by every table as Debezium's router shares them.
     pub schema_cache: SchemaCache,
 }
@@ -182,29 +186,39 @@ impl ConnectPlan {
     }
 
     /// Makes `record` (mapped from `row`) Debezium's: its key, value, headers and partition; a
-    /// [`Converter::Relay`] key or value stays the relay's own.
-    pub fn convert(&self, row: &TupleData, record: &mut OutboxRecord) -> Result<(), EventError> {
+    /// [`Converter::Relay`] key or value stays the relay's own. `None` when a `Filter` drops it.
+    pub fn convert(
+        &self,
+        row: &TupleData,
+        mut record: OutboxRecord,
+    ) -> Result<Option<OutboxRecord>, EventError> {
         let routed = self.router.route(row, &record.topic)?;
-        self.write(routed, record)
+        let transformed = self.config.transforms.apply(routed);
+        let Some(transformed) =
+            transformed.map_err(|reason| EventError::DebeziumStops { reason })?
+        else {
+            return Ok(None);
+        };
+        self.write(transformed, &mut record)?;
+        Ok(Some(record))
     }
 
     /// The converters' bytes of `routed`, into `record`.
     fn write(&self, routed: ConnectRecord, record: &mut OutboxRecord) -> Result<(), EventError> {
-        let unreproduced = |reason: String| EventError::NotReproduced { reason };
         let config = &self.config;
         if config.key != Converter::Relay {
             let format = config.key_decimal_format;
-            record.key = convert(config.key, &routed.key, format).map_err(unreproduced)?;
+            record.key = convert(config.key, &routed.key, format)?;
         }
         if config.value != Converter::Relay {
             let format = config.value_decimal_format;
-            record.payload = convert(config.value, &routed.value, format).map_err(unreproduced)?;
+            record.payload = convert(config.value, &routed.value, format)?;
         }
         let mut headers = Vec::with_capacity(routed.headers.len());
         for header in &routed.headers {
             let format = config.header_decimal_format;
-            let bytes = header_bytes(config.header, &header.value, format);
-            headers.push((Arc::clone(&header.name), bytes.map_err(unreproduced)?));
+            let bytes = header_bytes(config.header, &header.value, format)?;
+            headers.push((Arc::clone(&header.name), bytes));
         }
         // The relay's id (logs, dead letters, backfill) is the `id` header as written.
         let id = headers.iter().find(|(name, _)| &**name == ID_HEADER);
@@ -217,13 +231,23 @@ impl ConnectPlan {
     }
 }
 
-/// Bytes of `datum` as a Connect `converter` writes them (`Err`: not reproduced); `None` is a
-/// null key or a tombstone.
+/// Where JsonConverter throws (a value that does not fit its schema, a null for a required
+/// field), Debezium stops on the event.
+fn json_stops(refused: data::Refused) -> EventError {
+    EventError::DebeziumStops { reason: refused.0 }
+}
+
+/// What the relay does not write, rather than write differently.
+fn not_reproduced(refused: data::Refused) -> EventError {
+    EventError::NotReproduced { reason: refused.0 }
+}
+
+/// Bytes of `datum` as a Connect `converter` writes them; `None` is a null key or a tombstone.
 fn convert(
     converter: Converter,
     datum: &Datum,
     decimals: DecimalFormat,
-) -> Result<Option<Bytes>, String> {
+) -> Result<Option<Bytes>, EventError> {
     let schema = datum.schema.as_ref();
     match converter {
         Converter::Json | Converter::JsonWithSchemas => {
@@ -231,30 +255,35 @@ fn convert(
                 schemas: converter == Converter::JsonWithSchemas,
                 numeric_decimals: decimals == DecimalFormat::Numeric,
             };
-            let json = data::to_json_with(schema, &datum.data, settings).map_err(|r| r.0)?;
+            let json = data::to_json_with(schema, &datum.data, settings).map_err(json_stops)?;
             Ok(json.map(Bytes::from))
         }
         Converter::Bytearray => match &datum.data {
             Data::Null => Ok(None),
             Data::Bytes(bytes) => Ok(Some(Bytes::copy_from_slice(bytes))),
-            _ => Err("ByteArrayConverter takes only bytes; Debezium stops on this event".into()),
+            _ => Err(EventError::DebeziumStops {
+                reason: "ByteArrayConverter takes only bytes".into(),
+            }),
         },
         Converter::String | Converter::Relay => string_converter(schema, &datum.data),
     }
 }
 
 /// `StringConverter`: the Java object's `toString()`.
-fn string_converter(schema: Option<&Schema>, data: &Data) -> Result<Option<Bytes>, String> {
+fn string_converter(schema: Option<&Schema>, data: &Data) -> Result<Option<Bytes>, EventError> {
     let text = match data {
         Data::Null => return Ok(None),
         // Debezium holds bytea as a ByteBuffer, whose toString() describes it.
         Data::Bytes(b) => format!("java.nio.HeapByteBuffer[pos=0 lim={0} cap={0}]", b.len()),
         Data::Struct(_) | Data::Array(_) => {
-            return Err("StringConverter prints a struct or an array as Java's toString(), which the relay does not reproduce".into());
+            let reason = "StringConverter prints a struct or an array as Java's toString()";
+            return Err(EventError::NotReproduced {
+                reason: reason.into(),
+            });
         }
         Data::Str(s) => s.clone(),
         _ => data::to_text(schema, data)
-            .map_err(|r| r.0)?
+            .map_err(not_reproduced)?
             .unwrap_or_default(),
     };
     Ok(Some(Bytes::from(text)))
@@ -265,19 +294,19 @@ fn header_bytes(
     converter: HeaderConverter,
     datum: &Datum,
     decimals: DecimalFormat,
-) -> Result<Option<Bytes>, String> {
+) -> Result<Option<Bytes>, EventError> {
     let schema = datum.schema.as_ref();
     let settings = JsonSettings {
         schemas: converter == HeaderConverter::JsonWithSchemas,
         numeric_decimals: decimals == DecimalFormat::Numeric,
     };
     let text = match converter {
-        HeaderConverter::Simple => data::to_text(schema, &datum.data),
+        HeaderConverter::Simple => data::to_text(schema, &datum.data).map_err(not_reproduced)?,
         HeaderConverter::Json | HeaderConverter::JsonWithSchemas => {
-            data::to_json_with(schema, &datum.data, settings)
+            data::to_json_with(schema, &datum.data, settings).map_err(json_stops)?
         }
     };
-    Ok(text.map_err(|r| r.0)?.map(Bytes::from))
+    Ok(text.map(Bytes::from))
 }
 
 #[cfg(test)]

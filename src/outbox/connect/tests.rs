@@ -74,6 +74,7 @@ fn connect(key: Converter, value: Converter) -> ConnectConfig {
         schema_version_column: None,
         tombstone_on_empty: false,
         trace_column: None,
+        transforms: transforms::Chain::default(),
         schema_cache: SchemaCache::default(),
     }
 }
@@ -119,7 +120,7 @@ fn the_documentation_row_as_json_converter_with_schemas_writes_it() {
         Some("{\"a\": 1}"),
         None,
     ]);
-    let record = m.map(&r, 0).unwrap();
+    let record = m.map(&r, 0).unwrap().unwrap();
     assert_eq!(record.topic, "outbox.event.order");
     assert_eq!(
         text(&record.key),
@@ -157,6 +158,7 @@ fn the_documentation_row_as_json_converter_with_schemas_writes_it() {
     )
     .unwrap()
     .map(&r, 0)
+    .unwrap()
     .unwrap();
     assert_eq!((text(&record.key), text(&record.payload)), ("null", "null"));
 }
@@ -179,6 +181,7 @@ fn envelopes_keep_the_first_routes_schema_name_and_defaults() {
             ]),
             0,
         )
+        .unwrap()
         .unwrap();
     let second = m
         .map(
@@ -192,6 +195,7 @@ fn envelopes_keep_the_first_routes_schema_name_and_defaults() {
             ]),
             0,
         )
+        .unwrap()
         .unwrap();
     for record in [&first, &second] {
         let value = text(&record.payload);
@@ -242,6 +246,7 @@ fn string_converter_prints_a_byte_buffer_and_tombstones_follow_java_trim() {
             &row(&[Some("1"), Some("bytes"), Some("-9"), Some("\\x00ff")]),
             0,
         )
+        .unwrap()
         .unwrap();
     assert_eq!(text(&record.key), "-9");
     assert_eq!(
@@ -262,6 +267,7 @@ fn string_converter_prints_a_byte_buffer_and_tombstones_follow_java_trim() {
     for (payload, tombstone) in [(" \u{1}\t", true), ("", true), (" x ", false)] {
         let record = m
             .map(&row(&[Some("1"), Some("t"), Some("k"), Some(payload)]), 0)
+            .unwrap()
             .unwrap();
         assert_eq!(record.payload.is_none(), tombstone, "{payload:?}");
     }
