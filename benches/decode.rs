@@ -21,28 +21,33 @@ fn fixture_messages() -> Vec<Bytes> {
         .lines()
         .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
         .filter_map(|line| line.split_once('\t'))
-        .filter_map(|(_, hex)| decode_hex(hex.trim()))
+        .filter_map(|(_, hex)| hex::decode(hex.trim()).ok())
         .map(Bytes::from)
         .collect()
 }
 
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
+/// What the benchmarks decode and map: the fixture's first Insert (the plain outbox row)
+/// and the Relation before it.
+struct PlainRow {
+    relation: Relation,
+    /// The Insert message as it arrives.
+    insert: Bytes,
+    /// Its decoded row.
+    row: TupleData,
 }
 
-/// The Relation and the first Insert of the fixture (the plain outbox row).
-fn relation_and_insert(messages: &[Bytes]) -> Option<(Relation, Bytes, TupleData)> {
+fn plain_row(messages: &[Bytes]) -> Option<PlainRow> {
     let mut relation = None;
     for raw in messages {
         match pgoutput::decode(raw).ok()? {
             Message::Relation(r) => relation = Some(r),
-            Message::Insert { new, .. } => return Some((relation?, raw.clone(), new)),
+            Message::Insert { new, .. } => {
+                return Some(PlainRow {
+                    relation: relation?,
+                    insert: raw.clone(),
+                    row: new,
+                });
+            }
             _ => {}
         }
     }
@@ -66,7 +71,12 @@ fn default_mapping() -> Option<MappingConfig> {
 
 fn benches(c: &mut Criterion) {
     let messages = fixture_messages();
-    let Some((relation, insert, row)) = relation_and_insert(&messages) else {
+    let Some(PlainRow {
+        relation,
+        insert,
+        row,
+    }) = plain_row(&messages)
+    else {
         eprintln!("tests/fixtures/pgoutput/outbox.txt has no Relation followed by an Insert");
         return;
     };

@@ -57,7 +57,7 @@ PUBLICATIONS = {
 CASES = [("all", "all", False), ("all-bursts", "all", True), ("shard0/4", "shard0/4", False),
          ("shard0/4-bursts", "shard0/4", True), ("none-hash", "none-hash", False),
          ("none-isnull", "none-isnull", False)]
-# The bench's payload (benches/relay.rs PAYLOAD_SQL): about 330 bytes of JSON.
+# The bench's payload (benches/relay/workload.rs PAYLOAD_SQL): about 330 bytes of JSON.
 PAYLOAD = ("jsonb_build_object('order_id', g, 'customer_id', 'cust-' || lpad((g % 5000)::text, 5, "
            "'0'), 'amount_cents', (g * 37) % 100000, 'currency', 'EUR', 'placed_at', "
            "'2024-01-02T03:04:05Z', 'lines', jsonb_build_array(jsonb_build_object('sku', 'SKU-' "

@@ -8,6 +8,7 @@
 mod support;
 
 mod backfill;
+mod bench;
 mod cleanup;
 mod cloudevents;
 mod debezium_records;
