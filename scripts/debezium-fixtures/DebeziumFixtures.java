@@ -80,13 +80,17 @@ public class DebeziumFixtures {
     }
 
     public static void main(String[] args) throws Exception {
-        int port = Integer.parseInt(args[1]);
-        JsonNode configs = JSON.readTree(Path.of(args[2]).toFile());
         try {
+            if (args[0].equals("options")) {
+                options(Path.of(args[1]));
+                System.exit(0);
+            }
+            int port = Integer.parseInt(args[1]);
+            JsonNode configs = JSON.readTree(Path.of(args[2]).toFile());
             switch (args[0]) {
                 case "prepare" -> prepare(port, configs, Files.readString(Path.of(args[3])));
                 case "capture" -> capture(port, configs, args[3], Path.of(args[4]));
-                default -> throw new IllegalArgumentException("mode: prepare or capture");
+                default -> throw new IllegalArgumentException("mode: options, prepare or capture");
             }
         }
         catch (Throwable e) {
@@ -95,6 +99,30 @@ public class DebeziumFixtures {
         }
         // The engine's threads are not all daemons.
         System.exit(0);
+    }
+
+    /**
+     * Every option the import must classify, with its default: the Postgres connector's
+     * (PostgresConnectorConfig.ALL_FIELDS), the Outbox Event Router's, and Kafka Connect's
+     * for a source connector. tests/fixtures/debezium-records/options.json; a unit test checks
+     * that config::debezium classifies each one.
+     */
+    static void options(Path out) throws Exception {
+        ObjectNode file = JsonNodeFactory.instance.objectNode();
+        file.put("generated_by", "scripts/debezium-fixtures/generate.sh");
+        file.put("debezium", io.debezium.connector.postgresql.Module.version());
+        file.put("kafka_connect", org.apache.kafka.common.utils.AppInfoParser.getVersion());
+        ObjectNode connector = file.putObject("connector");
+        for (io.debezium.config.Field field : io.debezium.connector.postgresql.PostgresConnectorConfig.ALL_FIELDS) {
+            connector.put(field.name(), field.defaultValueAsString());
+        }
+        org.apache.kafka.common.config.ConfigDef router = io.debezium.transforms.outbox.EventRouterConfigDefinition.configDef();
+        ObjectNode routerNode = file.putObject("router");
+        router.names().stream().sorted().forEach(n -> routerNode.put(n, String.valueOf(router.defaultValues().get(n))));
+        org.apache.kafka.common.config.ConfigDef connect = org.apache.kafka.connect.runtime.SourceConnectorConfig.configDef();
+        ObjectNode connectNode = file.putObject("connect");
+        connect.names().stream().sorted().forEach(n -> connectNode.put(n, String.valueOf(connect.defaultValues().get(n))));
+        Files.writeString(out, JSON.writeValueAsString(file) + "\n");
     }
 
     static Connection connect(int port) throws Exception {

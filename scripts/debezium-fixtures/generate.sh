@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates tests/fixtures/debezium-records/*.json: the records real Debezium 3.6.3 writes
 # to Kafka for the rows of tests/fixtures/debezium-records/outbox.sql, once per configuration
-# of configs.json (Postgres connector, Outbox Event Router, Kafka Connect's converters).
+# of configs.json (Postgres connector, Outbox Event Router, Kafka Connect's converters and
+# transforms), and options.json, every option of the connector, the router and Kafka
+# Connect's source connector config, which the import must classify.
 #
 #   bash scripts/debezium-fixtures/generate.sh [CONFIG...]
 #
@@ -51,6 +53,7 @@ java_run() {
         -cp "$work/shim:$libs/*" "$here/DebeziumFixtures.java" "$@"
 }
 
+java_run options "$out/options.json"
 java_run prepare "$port" "$here/configs.json" "$out/outbox.sql"
 if [ $# -eq 0 ]; then
     set -- $(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))))' "$here/configs.json")

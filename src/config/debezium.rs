@@ -12,6 +12,9 @@ use serde_json::Value;
 
 use super::{PostgresConnInfo, PostgresUrlError};
 use crate::outbox::connect::transforms::Chain;
+use options::{Class, Reads};
+
+mod options;
 use crate::outbox::{TableName, TopicTemplate};
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
@@ -112,6 +115,8 @@ pub struct Imported {
     pub identical: Vec<String>,
     /// The options that do not change the records, as `key=value: why`.
     pub no_effect: Vec<String>,
+    /// Where Debezium 3.6.3 itself stops with this configuration, and what the relay does there.
+    pub debezium_stops: Vec<String>,
 }
 
 /// Reads and translates a connector config file, with the Connect worker's properties
@@ -204,6 +209,12 @@ pub fn explain(imported: &Imported) -> String {
     for option in &imported.no_effect {
         out += &format!("# - {option}\n");
     }
+    if !imported.debezium_stops.is_empty() {
+        out.push_str("# Where Debezium 3.6.3 itself stops with this configuration:\n");
+    }
+    for stop in &imported.debezium_stops {
+        out += &format!("# - {stop}\n");
+    }
     if !imported.warnings.is_empty() {
         out.push_str("# Differences from the Debezium connector:\n");
     }
@@ -236,20 +247,30 @@ impl ConverterChoice {
     }
 }
 
-/// A connector key without an equivalent, with why, for the "ignored" warning.
-fn ignored_note(key: &str) -> String {
-    let note = match key {
-        "snapshot.mode" => "the relay never snapshots",
-        "topic.prefix" | "database.server.name" => "topics come from --topic-template",
-        "tasks.max" => "run one relay per slot",
-        "slot.drop.on.stop" => "the relay never drops its slot",
-        "max.batch.size" | "max.queue.size" => "see --max-in-flight-events",
-        "tombstones.on.delete" => "deletes on the outbox table are ignored",
-        "skipped.operations" => "the relay relays inserts only",
-        "schema.include.list" | "table.exclude.list" => "the relay reads the --table tables",
-        _ => return key.to_owned(),
-    };
-    format!("{key} ({note})")
+/// Why a producer setting (the connector's `producer.override.*` or the worker's
+/// `producer.*`) changes where records go or what they hold, which the relay does not
+/// reproduce; `None` when it does not.
+fn producer_refusal(name: &str, value: &str) -> Option<&'static str> {
+    let value = value.trim();
+    match name {
+        "partitioner.class"
+            if !matches!(
+                value,
+                "" | "org.apache.kafka.clients.producer.internals.DefaultPartitioner"
+            ) =>
+        {
+            Some(
+                "it places records by another rule than the key's murmur2 hash, which the relay uses: remove it",
+            )
+        }
+        "partitioner.ignore.keys" if value.eq_ignore_ascii_case("true") => Some(
+            "it spreads keyed records without their key's hash, which the relay uses: remove it",
+        ),
+        "interceptor.classes" if !value.is_empty() => Some(
+            "producer interceptors may change records the relay does not reproduce: remove them",
+        ),
+        _ => None,
+    }
 }
 
 /// What becomes of a producer property: passed on with a note (`""`: none), or refused by
@@ -258,7 +279,8 @@ fn producer_note(name: &str, value: &str) -> Result<&'static str, &'static str> 
     match name {
         "key.serializer" | "value.serializer" => Err("the relay sends the columns' bytes"),
         "partitioner.class" => Err("the relay uses murmur2_random, the Java default"),
-        "interceptor.classes" | "max.block.ms" | "metric.reporters" => Err("no equivalent"),
+        "max.block.ms" | "metric.reporters" | "interceptor.classes" => Err("no equivalent"),
+        "partitioner.ignore.keys" => Err("the relay hashes keys, as the Java default does"),
         "buffer.memory" => Err("use -X queue.buffering.max.kbytes"),
         "sasl.jaas.config" => Err("use -X sasl.username=... -X sasl.password=..."),
         "transactional.id" => Err("the relay does not use Kafka transactions"),
@@ -408,8 +430,8 @@ impl<'a> Importer<'a> {
         self.column_modes()?;
         self.context_headers()?;
         self.event_router()?;
-        self.producer_overrides();
-        self.leftovers();
+        self.producer_overrides()?;
+        self.leftovers()?;
         Ok(self.out)
     }
 
@@ -655,6 +677,8 @@ impl<'a> Importer<'a> {
             let why = "runs before the Outbox Event Router, on Debezium's change events, which the relay does not build; remove it or move it after the router";
             return Err(invalid(key, class, why));
         }
+        // Rewritten below for the predicates the transforms after the router use.
+        self.take("predicates");
         self.router_predicate(list[router])?;
         self.transforms_after(&list[router + 1..])?;
         let router = list[router];
@@ -705,6 +729,7 @@ impl<'a> Importer<'a> {
             self.arg("--schema-version-column", column);
             self.identical(&format!("{prefix}table.field.event.schema.version"), column);
         }
+        self.debezium_stops(&prefix);
         let tracing = option(self, "tracing.span.context.field");
         match tracing {
             Some(column) => self.arg("--trace-context-column", column),
@@ -721,6 +746,33 @@ impl<'a> Importer<'a> {
         }
         let why = "not an Outbox Event Router option of Debezium 3.6; remove it or fix its name";
         unknown.map_or(Ok(()), |key| Err(invalid(key, &self.config[key], why)))
+    }
+
+    /// What Debezium 3.6.3 does with the combinations it fails on, for `--explain`.
+    fn debezium_stops(&mut self, prefix: &str) {
+        let given = |this: &Self, flag: &str| this.out.args.iter().any(|(f, _)| f == flag);
+        if given(self, "--expand-json-payload") && given(self, "--envelope-column") {
+            let mut stop = format!(
+                "{prefix}table.expand.json.payload with envelope fields: Debezium stops at the first payload that expands to no schema (an empty JSON array []), with a NullPointerException in the router's schema cache"
+            );
+            if given(self, "--schema-version-column") {
+                stop += ", and at the first payload whose expanded schema differs from the first of its schema version (DataException: Struct schemas do not match)";
+            }
+            stop += ". Records are identical up to there; the relay treats those events as poison (it stops, or dead-letters them with --on-poison dead-letter)";
+            self.out.debezium_stops.push(stop);
+        }
+        for role in ["key", "value"] {
+            if self
+                .out
+                .args
+                .contains(&(format!("--{role}-converter"), "bytearray".to_owned()))
+            {
+                self.out.debezium_stops.push(format!("{role}.converter=ByteArrayConverter: Debezium stops at the first event whose {role} is not bytes (a bytea column under binary.handling.mode=bytes); the relay refuses any other column type at start-up"));
+            }
+        }
+        if given(self, "--timestamp-column") {
+            self.out.debezium_stops.push(format!("{prefix}table.field.event.timestamp: Debezium reads the column as an int64 Timestamp or MicroTimestamp (a timestamp column under time.precision.mode adaptive) and stops on every event with any other type (a timestamptz is a ZonedTimestamp string); the relay also reads timestamptz and bigint (epoch milliseconds)"));
+        }
     }
 
     /// `transforms.ROUTER.predicate`: which change events the router applies to. The relay
@@ -878,10 +930,23 @@ impl<'a> Importer<'a> {
         Ok(())
     }
 
-    fn producer_overrides(&mut self) {
+    fn producer_overrides(&mut self) -> Result<(), Error> {
         let mut dropped = Vec::new();
-        for (key, value) in self.take_prefixed("producer.override.") {
-            let name = &key["producer.override.".len()..];
+        let worker = self
+            .worker
+            .into_iter()
+            .flat_map(|w| prefixed(w, "producer."));
+        for (key, value) in worker.chain(self.take_prefixed("producer.override.")) {
+            let name = key
+                .strip_prefix("producer.override.")
+                .unwrap_or(&key["producer.".len()..]);
+            if let Some(why) = producer_refusal(name, value) {
+                return Err(invalid(key, value, why));
+            }
+            if !key.starts_with("producer.override.") {
+                // The worker's other producer settings are the deployment's, not the records'.
+                continue;
+            }
             match producer_note(name, value) {
                 Err(why) => dropped.push(format!("{name} ({why})")),
                 Ok(note) => {
@@ -896,10 +961,12 @@ impl<'a> Importer<'a> {
         self.warn_all(&dropped, |list| {
             format!("producer.override properties librdkafka would refuse, not passed on: {list}")
         });
+        Ok(())
     }
 
-    /// Error handling, heartbeats, and what is left: the keys without an equivalent.
-    fn leftovers(&mut self) {
+    /// Error handling, heartbeats, and what is left: each remaining key classified
+    /// ([`options::classify`]): no effect on the records, a difference outside them, or refused.
+    fn leftovers(&mut self) -> Result<(), Error> {
         let tolerance = self.take("errors.tolerance").unwrap_or_default();
         let dlq = self.take("errors.deadletterqueue.topic.name");
         self.take_prefixed("errors.deadletterqueue.");
@@ -926,11 +993,43 @@ impl<'a> Importer<'a> {
         for (key, value) in self.take_prefixed("predicates") {
             self.no_effect(key, value, "no transform uses this predicate");
         }
-        let ignored = self.take_prefixed("");
-        let ignored: Vec<_> = ignored.iter().map(|(key, _)| ignored_note(key)).collect();
-        self.warn_all(&ignored, |list| {
-            format!("ignored (no equivalent in the relay): {list}")
-        });
+        let tables = self.flag_values(&["--table"]);
+        let columns = self.flag_values(&[
+            "--route-by",
+            "--key-column",
+            "--id-column",
+            "--payload-column",
+            "--timestamp-column",
+            "--header-column",
+            "--envelope-column",
+            "--partition-column",
+            "--schema-version-column",
+            "--trace-context-column",
+        ]);
+        let reads = Reads {
+            tables: &tables,
+            columns: &columns,
+        };
+        for (key, value) in self.take_prefixed("") {
+            match options::classify(key, value, reads) {
+                Some(Class::NoEffect(why)) => self.no_effect(key, value, &why),
+                Some(Class::Differs(how)) => self.warn(format!("{key}={value}: {how}")),
+                Some(Class::Refused(why)) => return Err(invalid(key, value, why)),
+                None => self.no_effect(key, value, "not an option of Debezium 3.6.3's Postgres connector or of Kafka Connect; they ignore it too"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The values the import gave `flags`, a column flag's alias (`COLUMN:NAME`) left out.
+    fn flag_values(&self, flags: &[&str]) -> Vec<String> {
+        let given = self
+            .out
+            .args
+            .iter()
+            .filter(|(flag, _)| flags.contains(&flag.as_str()));
+        let column = |value: &String| value.split(':').next().unwrap_or_default().to_owned();
+        given.map(|(_, value)| column(value)).collect()
     }
 }
 

@@ -37,6 +37,18 @@ fn args(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Asserts that each option is listed as having no effect on the records, with why.
+fn assert_no_effect(imported: &Imported, keys: &[&str]) {
+    for key in keys {
+        assert!(
+            (imported.no_effect.iter())
+                .any(|o| o.starts_with(&format!("{key}=")) && o.contains(": ")),
+            "{key} is not listed as without effect: {:?}",
+            imported.no_effect
+        );
+    }
+}
+
 /// Asserts one warning mentions every needle.
 fn assert_warned(imported: &Imported, needles: &[&str]) {
     assert!(
@@ -121,14 +133,9 @@ fn basic_outbox_example_gets_debeziums_defaults_spelled_out() {
     );
     assert_warned(&imported, &["table.field.event.timestamp", "commit time"]);
     assert_warned(&imported, &["key.converter", "sample worker config"]);
-    assert_warned(
+    assert_no_effect(
         &imported,
-        &[
-            "ignored",
-            "schema.include.list",
-            "tasks.max",
-            "tombstones.on.delete",
-        ],
+        &["schema.include.list", "tasks.max", "tombstones.on.delete"],
     );
     assert!(
         imported
@@ -189,7 +196,7 @@ fn custom_routing_example_maps_placements_and_expansion() {
         ],
     );
     assert_warned(&imported, &["heartbeat.interval.ms", "keepalive"]);
-    assert_warned(&imported, &["ignored", "snapshot.mode"]);
+    assert_no_effect(&imported, &["snapshot.mode"]);
     // Converters in the connector config need no worker; a filtered publication no warning.
     assert!(
         !imported
@@ -268,7 +275,7 @@ fn properties_example_keeps_the_secret_out_and_passes_producer_overrides() {
         &imported,
         &["heartbeat.action.query", "heartbeat.interval.ms"],
     );
-    assert_warned(&imported, &["ignored", "snapshot.mode", "tasks.max"]);
+    assert_no_effect(&imported, &["snapshot.mode", "tasks.max"]);
     for w in &imported.warnings {
         assert!(!w.contains("not-a-real-secret"), "secret leaked: {w}");
         assert!(
@@ -304,7 +311,12 @@ fn explain_prints_a_runnable_quoted_command_and_the_warnings() {
     assert!(lines[flag_lines..].iter().all(|l| l.starts_with('#')));
     assert_eq!(
         lines[flag_lines..].len(),
-        imported.warnings.len() + imported.identical.len() + 2,
+        imported.warnings.len()
+            + imported.identical.len()
+            + imported.no_effect.len()
+            + imported.debezium_stops.len()
+            + 3
+            + usize::from(!imported.debezium_stops.is_empty()),
         "{text}"
     );
     assert!(
@@ -319,6 +331,7 @@ fn explain_prints_a_runnable_quoted_command_and_the_warnings() {
     assert_eq!(words[1..], expected.collect::<Vec<_>>());
     let quoted = explain(&Imported {
         no_effect: Vec::new(),
+        debezium_stops: Vec::new(),
         args: args(&[("--slot", "it's"), ("--route-by", "")]),
         warnings: Vec::new(),
         identical: Vec::new(),
@@ -372,6 +385,7 @@ fn imported_values_are_defaults_that_explicit_flags_replace() {
     // An imported value is checked like a typed one.
     let bad = Imported {
         no_effect: Vec::new(),
+        debezium_stops: Vec::new(),
         args: args(&[("--heartbeat-interval", "soon")]),
         warnings: Vec::new(),
         identical: Vec::new(),
@@ -1022,4 +1036,55 @@ fn transforms_are_reproduced_after_the_router_or_refused_by_name() {
     );
     let connect = assert_valid_for_relay(&imported).mapping.connect.unwrap();
     assert_eq!(connect.transforms.stages.len(), 1);
+}
+
+#[test]
+fn explain_says_where_debezium_itself_stops() {
+    let imported = import(&config(&[
+        ("key.converter", JSON_CONVERTER),
+        ("value.converter", JSON_CONVERTER),
+        ("transforms.outbox.table.expand.json.payload", "true"),
+        (
+            "transforms.outbox.table.fields.additional.placement",
+            "type:envelope:eventType",
+        ),
+    ]))
+    .unwrap();
+    let text = explain(&imported);
+    assert!(
+        text.contains("# Where Debezium 3.6.3 itself stops with this configuration:\n# - transforms.outbox.table.expand.json.payload with envelope fields: Debezium stops at the first payload that expands to no schema (an empty JSON array []), with a NullPointerException"),
+        "{text}"
+    );
+    assert!(!text.contains("Struct schemas do not match"), "{text}");
+    let imported = import(&config(&[(
+        "transforms.outbox.table.expand.json.payload",
+        "true",
+    )]))
+    .unwrap();
+    assert!(
+        imported.debezium_stops.is_empty(),
+        "{:?}",
+        imported.debezium_stops
+    );
+}
+
+#[test]
+fn producer_settings_that_move_records_are_refused() {
+    let err = import(&config(&[(
+        "producer.override.partitioner.class",
+        "org.apache.kafka.clients.producer.RoundRobinPartitioner",
+    )]))
+    .unwrap_err();
+    assert!(err.to_string().contains("murmur2"), "{err}");
+    let worker: BTreeMap<String, String> = [("producer.partitioner.ignore.keys", "true")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    let err = import_with(&config(&[]), Some(&worker)).unwrap_err();
+    assert!(
+        err.to_string().contains("producer.partitioner.ignore.keys"),
+        "{err}"
+    );
+    let default = "org.apache.kafka.clients.producer.internals.DefaultPartitioner";
+    assert!(import(&config(&[("producer.override.partitioner.class", default)])).is_ok());
 }
