@@ -179,6 +179,25 @@ impl ConnectPlan {
             let why = "expanded payloads are structs, written only by JsonConverter";
             return Err(router::refuse(&table, "--expand-json-payload", "", why));
         }
+        let simple = config.header == HeaderConverter::Simple;
+        let string = |converter| converter == Converter::String;
+        // (flag, column, schema, whether a struct is written as Connect's own text).
+        let mut texts: Vec<(&str, &str, &Schema, bool)> = Vec::new();
+        if string(config.key) {
+            texts.push(("--key-converter", "string", router.key_schema(), false));
+        }
+        if let (true, Some(value)) = (string(config.value), router.fixed_value_schema()) {
+            texts.push(("--value-converter", "string", value, false));
+        }
+        if simple {
+            let headers = router.header_schemas().into_iter();
+            texts.extend(headers.map(|(column, schema)| ("header", column, schema, true)));
+        }
+        for (flag, column, schema, structs) in texts {
+            if let Some(why) = text_refusal(schema, structs) {
+                return Err(router::refuse(&table, flag, column, why));
+            }
+        }
         Ok(ConnectPlan {
             router,
             config: config.clone(),
@@ -229,6 +248,28 @@ impl ConnectPlan {
         record.partition = routed.partition;
         Ok(())
     }
+}
+
+/// Why StringConverter's (or, with `structs`, SimpleHeaderConverter's) text of values of
+/// `schema` is not reproduced: Java's `toString()` of a struct, or Connect's temporal types,
+/// which Java formats in the worker JVM's time zone.
+fn text_refusal(schema: &Schema, structs: bool) -> Option<String> {
+    let composite = matches!(schema.kind, data::Kind::Struct(_) | data::Kind::Array(_));
+    if composite && !structs {
+        let name = schema.name.as_deref().unwrap_or("a struct");
+        return Some(format!(
+            "its value is {name}, which StringConverter writes as Java's Struct.toString(); use decimal.handling.mode double or string, or JsonConverter"
+        ));
+    }
+    let temporal = [
+        data::CONNECT_DATE,
+        data::CONNECT_TIME,
+        data::CONNECT_TIMESTAMP,
+    ];
+    let name = schema.name.as_deref().filter(|n| temporal.contains(n))?;
+    Some(format!(
+        "its value is Kafka Connect's {name}, whose text Kafka formats in the worker JVM's time zone (time.precision.mode=connect); use another time.precision.mode or JsonConverter"
+    ))
 }
 
 /// Where JsonConverter throws (a value that does not fit its schema, a null for a required

@@ -198,6 +198,16 @@ impl Router {
         self.key.schema()
     }
 
+    /// The headers the router adds from columns (`id` and the placed ones): name and schema.
+    pub fn header_schemas(&self) -> Vec<(&str, &Schema)> {
+        let id = std::iter::once((self.id.name.as_str(), self.id.schema()));
+        let placed = self
+            .headers
+            .iter()
+            .map(|(col, _)| (col.name.as_str(), col.schema()));
+        id.chain(placed).collect()
+    }
+
     /// The record the router makes of `row`, routed to `topic`.
     pub fn route(&self, row: &TupleData, topic: &str) -> Result<ConnectRecord, EventError> {
         let mut headers = Vec::new();

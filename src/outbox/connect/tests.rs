@@ -297,3 +297,41 @@ fn trace_headers_continue_the_parent_trace() {
     assert_eq!(root.len(), 1);
     assert_eq!(value(&root[0]).len(), 55);
 }
+
+#[test]
+fn text_converters_refuse_what_java_prints_in_its_own_way() {
+    let rel = relation(&[
+        ("id", Type::UUID),
+        ("aggregatetype", Type::TEXT),
+        ("aggregateid", Type::NUMERIC),
+        ("payload", Type::TEXT),
+        ("day", Type::DATE),
+    ]);
+    let bind = |c: ConnectConfig, headers: &[&str]| {
+        let mut m = mapping(c);
+        m.header_columns = (headers.iter())
+            .map(|h| HeaderColumn::parse(h).unwrap())
+            .collect();
+        TableMapping::bind_with(&m, &rel, &nullable(&rel))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    // A numeric without scale is a VariableScaleDecimal struct: StringConverter prints
+    // Struct.toString(), SimpleHeaderConverter Connect's own text.
+    let err = bind(connect(Converter::String, Converter::String), &[]);
+    assert!(
+        err.contains("--key-converter string") && err.contains("VariableScaleDecimal"),
+        "{err}"
+    );
+    let mut c = connect(Converter::Json, Converter::String);
+    assert_eq!(bind(c.clone(), &["aggregateid"]), "");
+    c.columns.time = columns::TimePrecision::Connect;
+    let err = bind(c.clone(), &["day"]);
+    assert!(
+        err.contains("header day") && err.contains("time zone"),
+        "{err}"
+    );
+    c.header = HeaderConverter::JsonWithSchemas;
+    assert_eq!(bind(c, &["day"]), "");
+}
