@@ -7,11 +7,11 @@
 //!
 //! # Data flow
 //! ```text
-//!             commands::relay  (wires the real source and sink, then runs the pipeline)
+//!             commands::relay  (startup::start, then the real source and sink, then the pipeline)
 //!                   │
 //! Postgres ──pgoutput──▶ source::PgSource / Stream ──SourceEvent───────▶ pipeline::Pipeline
-//!    ▲   (pgwire-replication; setup, lineage,             │  pgoutput::decode (pure)
-//!    │    publication checks, cleanup)                    │  outbox::EventMapper (pure):
+//!    ▲   (pgwire-replication; publication checks,         │  pgoutput::decode (pure)
+//!    │    slot monitor, cleanup's deletes)                │  outbox::EventMapper (pure):
 //!    │                                                    │    row / message → OutboxRecord
 //!    │ Stream::ack(frontier)                              ▼
 //!    └──────────── pipeline::ack::AckTracker ◀── Delivery ── sink::KafkaSink (librdkafka;
@@ -29,8 +29,13 @@
 //! - [`outbox`]: the pure mapping (row or message → topic, key, headers, payload).
 //! - [`pipeline::ack`]: the ack tracker, the one in-flight ledger.
 //! - [`pipeline`]: the loop that joins them, over the traits; its decisions are pure.
-//! - [`source`]: Postgres I/O (setup, replication sessions, slot facts, cleanup).
-//! - [`sink`]: Kafka I/O (producer, delivery results, exactly-once tails).
+//! - [`startup`]: the one start-up sequence: gather the facts (read-only), check them with
+//!   pure rules, then apply the steps (publication, slot, lineage); nothing is written before
+//!   every refusal has been decided.
+//! - [`postgres`]: opening Postgres connections, the catalog queries, the statements.
+//! - [`source`]: Postgres I/O at run time (replication sessions, the slot monitor, cleanup's
+//!   deletes).
+//! - [`sink`]: Kafka I/O (producer, delivery results, exactly-once tails, the lineage topic).
 //! - [`config`], [`observability`], [`commands`]: flags, what operators see, subcommands.
 //! - [`remedy`]: the way back from the failures that need an operator (lost or invalidated
 //!   slot, changed publication), said the same everywhere.
@@ -50,6 +55,8 @@ pub mod observability;
 pub mod outbox;
 pub mod pgoutput;
 pub mod pipeline;
+pub mod postgres;
 pub mod remedy;
 pub mod sink;
 pub mod source;
+pub mod startup;

@@ -264,3 +264,54 @@ async fn idle_replication_slot_timeout_is_reported_at_startup_and_in_status() {
         "{out}"
     );
 }
+
+/// Issue 33: a refused start writes nothing on the server. A lost slot (the lineage topic
+/// records it) and a shard on a server that hashes text unlike the relay used to leave the
+/// publication they had created before refusing.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_start_creates_nothing_on_the_server() {
+    let world = World::start().await;
+    let pg = &world.pg;
+    let bootstrap = world.broker.bootstrap();
+    let nothing_left = || async {
+        let publications = pg.execute("SELECT pubname::text FROM pg_publication").await;
+        let slots = pg
+            .execute("SELECT slot_name::text FROM pg_replication_slots")
+            .await;
+        assert!(
+            publications.is_empty(),
+            "publications left: {publications:?}"
+        );
+        assert!(slots.is_empty(), "slots left: {slots:?}");
+    };
+
+    // The relay streams once, so the lineage topic records its slot; then the slot and the
+    // publication go (not by `drop-slot`, which would record the drop).
+    world.relay(&[]).stop();
+    pg.execute("SELECT pg_drop_replication_slot('outbox_relay'); DROP PUBLICATION outbox_relay")
+        .await;
+    let (code, log) = run_to_exit(&pg.url(), &bootstrap, &[]);
+    assert_eq!(code, Some(7), "{log}");
+    nothing_left().await;
+
+    // A function first on the role's search_path stands in for a server (a big-endian one)
+    // whose hashtextextended is not the relay's; a table-less shard needs no row filter.
+    pg.execute(
+        "CREATE FUNCTION public.hashtextextended(text, bigint) RETURNS bigint \
+           LANGUAGE sql IMMUTABLE AS 'SELECT 42::bigint';
+         ALTER ROLE postgres SET search_path = public, pg_catalog;",
+    )
+    .await;
+    let shard = [
+        "--shard",
+        "0/2",
+        "--table",
+        "none",
+        "--message-prefix",
+        "outbox",
+    ];
+    let (code, log) = run_to_exit(&pg.url(), &bootstrap, &shard);
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
+    assert!(log.contains("hashes text differently"), "{log}");
+    nothing_left().await;
+}

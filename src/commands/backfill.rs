@@ -13,19 +13,21 @@ use bytes::Bytes;
 use futures_util::{TryStreamExt, pin_mut};
 use rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition;
 use tokio::sync::mpsc;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, RowStream};
 
 use super::{CommandError, execute};
 use crate::config::{BackfillArgs, Config, Delivery};
 use crate::lsn::Lsn;
 use crate::outbox::{
-    DeadLetterInfo, OutboxRecord, RawParts, TableMapping, dead_letter_record, quote_ident,
+    DeadLetterInfo, OutboxRecord, RawParts, TableMapping, TableName, dead_letter_record,
 };
-use crate::pgoutput::{TupleData, Value};
+use crate::pgoutput::{Relation, TupleData, Value};
+use crate::postgres::catalog::{self, tables};
+use crate::postgres::sql::SESSION_FORMATS;
+use crate::postgres::{Connector, query_err};
 use crate::sink::exactly_once::{TailError, TailReader};
 use crate::sink::{self, Blame, KafkaSink, Refusal, Sink, SinkError, Ticket};
-use crate::source::SESSION_FORMATS;
-use crate::source::setup::{self, query_err};
+use crate::startup::{StartupError, checks};
 
 /// How far before `--since` a topic is read back: Kafka timestamps are commit
 /// times, `--column` any time the application sets, and clocks differ.
@@ -40,15 +42,8 @@ struct Delivered {
 
 impl Delivered {
     async fn new(config: &Config, client: &Client, since: &str) -> Result<Self, CommandError> {
-        let since_ms: i64 = client
-            .query_one(
-                "SELECT (extract(epoch FROM $1::text::timestamptz) * 1000)::bigint",
-                &[&since],
-            )
-            .await
-            .map_err(query_err("read --since as a time"))?
-            .get(0);
-        let reader = TailReader::new(&config.kafka_brokers, &config.kafka_properties)?;
+        let since_ms = catalog::unix_millis(client, since).await?;
+        let reader = TailReader::new(&super::kafka(config))?;
         Ok(Delivered {
             reader,
             since_ms: since_ms.saturating_sub(SINCE_MARGIN_MS),
@@ -83,16 +78,12 @@ impl Delivered {
 }
 
 pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), CommandError> {
-    let client = setup::connect(config).await?;
+    let client = Connector::new(config.postgres.clone()).control().await?;
     // Rows read as text in pgoutput's session formats bind like streamed inserts.
     execute(&client, SESSION_FORMATS, "set the session's formats").await?;
     let in_flight = config.flags.max_in_flight_events;
-    let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
-    let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, None, None)?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let mut exactly_once = match config.flags.delivery {
+    let (sink, deliveries) = KafkaSink::new(&super::kafka(config), in_flight, None, None)?;
+    let exactly_once = match config.flags.delivery {
         Delivery::ExactlyOnce => Some(Delivered::new(config, &client, &args.since).await?),
         Delivery::AtLeastOnce => None,
     };
@@ -100,46 +91,101 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
         config,
         sink,
         deliveries,
+        exactly_once,
         table: String::new(),
         sent: 0,
         acked: 0,
+        skipped: 0,
         dead_lettered: 0,
     };
-    let (quoted, mut skipped) = (quote_ident(&args.column), 0u64);
-    let shard = config.flags.shard;
     for table in &config.tables {
-        let relation = setup::relation(&client, table).await?;
-        let facts = setup::column_facts(&client, &table.quoted()).await?;
-        let mapping = TableMapping::bind_with(config.mapping_for(table), &relation, &facts)
-            .map_err(|e| CommandError::Refused(e.to_string()))?;
-        if !relation.columns.iter().any(|c| c.name == args.column) {
-            return Err(CommandError::Refused(format!(
-                "--column {:?}: {table} has no such column",
-                args.column
-            )));
-        }
-        let columns = relation.columns.iter();
-        let columns: Vec<String> = columns.map(|c| quote_ident(&c.name) + "::text").collect();
-        let sql = format!(
-            "SELECT {} FROM {} WHERE {quoted} >= $1::text::timestamptz ORDER BY {quoted}",
-            columns.join(", "),
-            table.quoted(),
+        let mapping = bind(&client, config, table, &args.column).await?;
+        let rows = tables::rows_since(
+            &client,
+            table,
+            mapping.relation(),
+            &args.column,
+            &args.since,
         );
-        // Streamed: the connection reads on only as rows are taken.
-        let failed = query_err("read the outbox rows");
-        let rows = client
-            .query_raw(&sql, [&args.since])
-            .await
-            .map_err(&failed)?;
-        pin_mut!(rows);
         run.table = table.to_string();
+        run.relay(rows.await?, &mapping.mapping).await?;
+        // A failure names the table it came from.
+        run.drain(0).await?;
+    }
+    println!("{}", run.summary(args));
+    Ok(())
+}
+
+/// An outbox table with its columns, bound to its mapping.
+struct Bound {
+    relation: Relation,
+    mapping: TableMapping,
+}
+
+impl Bound {
+    fn relation(&self) -> &Relation {
+        &self.relation
+    }
+}
+
+/// `table` bound to its mapping; refused when it does not exist, does not fit the mapping, or
+/// lacks `--column`.
+async fn bind(
+    client: &Client,
+    config: &Config,
+    table: &TableName,
+    column: &str,
+) -> Result<Bound, CommandError> {
+    let Some(relation) = tables::relation(client, table).await? else {
+        return Err(StartupError::from(checks::table_missing(table)).into());
+    };
+    let facts = tables::column_facts(client, &table.quoted()).await?;
+    let mapping = TableMapping::bind_with(config.mapping_for(table), &relation, &facts)
+        .map_err(|e| CommandError::Refused(e.to_string()))?;
+    if !relation.columns.iter().any(|c| c.name == column) {
+        return Err(CommandError::Refused(no_such_column(column, table)));
+    }
+    Ok(Bound { relation, mapping })
+}
+
+/// The refusal of a `--column` the table lacks.
+fn no_such_column(column: &str, table: &TableName) -> String {
+    format!("--column {column:?}: {table} has no such column")
+}
+
+/// The records in flight and what became of them.
+struct Run<'a> {
+    config: &'a Config,
+    sink: KafkaSink,
+    deliveries: mpsc::UnboundedReceiver<sink::Delivery>,
+    /// `--delivery exactly-once`: the events already in each topic.
+    exactly_once: Option<Delivered>,
+    /// The table being read, for dead letters and errors.
+    table: String,
+    sent: u64,
+    acked: u64,
+    /// Already in Kafka, under `--delivery exactly-once`.
+    skipped: u64,
+    dead_lettered: u64,
+}
+
+impl Run<'_> {
+    /// Sends the events of `rows` (the table's columns as text, in order), streamed: the
+    /// connection reads on only as rows are taken.
+    async fn relay(&mut self, rows: RowStream, mapping: &TableMapping) -> Result<(), CommandError> {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let shard = self.config.flags.shard;
+        let failed = query_err("read the outbox rows");
+        pin_mut!(rows);
         while let Some(row) = rows.try_next().await.map_err(&failed)? {
-            let value = |i| match row.get::<_, Option<String>>(i) {
-                Some(text) => Value::Text(Bytes::from(text)),
-                None => Value::Null,
-            };
-            let values = TupleData((0..row.len()).map(value).collect());
-            let mapped = mapping.map(&values, now_ms);
+            let mut values = Vec::new();
+            for i in 0..row.len() {
+                let text: Option<String> = row.try_get(i).map_err(&failed)?;
+                values.push(text.map_or(Value::Null, |text| Value::Text(Bytes::from(text))));
+            }
+            let mapped = mapping.map(&TupleData(values), now_ms);
             // A shard re-publishes the rows its publication's filter would have sent it.
             if shard.is_some_and(|shard| !shard.owns_event(&mapped)) {
                 continue;
@@ -149,50 +195,44 @@ pub(super) async fn run(config: &Config, args: &BackfillArgs) -> Result<(), Comm
                 // Dropped by a Kafka Connect Filter, as the relay drops it.
                 Ok(None) => continue,
                 Err((e, parts)) => {
-                    run.poison(None, parts, Vec::new(), now_ms, e.to_string(), None)
+                    let error = e.to_string();
+                    self.poison(None, parts, Vec::new(), now_ms, error, None)
                         .await?;
                     continue;
                 }
             };
-            if let Some(d) = exactly_once.as_mut()
-                && d.contains(&run.sink, &record.topic, &record.id).await?
+            if let Some(delivered) = self.exactly_once.as_mut()
+                && delivered
+                    .contains(&self.sink, &record.topic, &record.id)
+                    .await?
             {
-                skipped += 1;
+                self.skipped += 1;
                 continue;
             }
-            run.send(&record).await?;
+            self.send(&record).await?;
         }
-        // A failure names the table it came from.
-        run.drain(0).await?;
+        Ok(())
     }
-    let skipped = exactly_once.map(|_| format!(" ({skipped} already in Kafka skipped)"));
-    let skipped = skipped.unwrap_or_default();
-    let dead = match (run.dead_lettered, &config.dead_letter_topic) {
-        (0, _) | (_, None) => String::new(),
-        (n, Some(topic)) => format!("; {n} dead-lettered to {topic:?}"),
-    };
-    let (column, since) = (&args.column, &args.since);
-    println!(
-        "backfill: {} events with {column} >= {since} re-published and acknowledged by the \
-         broker{skipped}{dead}",
-        run.acked - run.dead_lettered
-    );
-    Ok(())
-}
 
-/// The records in flight and what became of them.
-struct Run<'a> {
-    config: &'a Config,
-    sink: KafkaSink,
-    deliveries: mpsc::UnboundedReceiver<sink::Delivery>,
-    /// The table being read, for dead letters and errors.
-    table: String,
-    sent: u64,
-    acked: u64,
-    dead_lettered: u64,
-}
+    /// What the backfill did, for its last line.
+    fn summary(&self, args: &BackfillArgs) -> String {
+        let skipped = match self.exactly_once {
+            Some(_) => format!(" ({} already in Kafka skipped)", self.skipped),
+            None => String::new(),
+        };
+        let dead = match (self.dead_lettered, &self.config.dead_letter_topic) {
+            (0, _) | (_, None) => String::new(),
+            (n, Some(topic)) => format!("; {n} dead-lettered to {topic:?}"),
+        };
+        let column = &args.column;
+        let since = &args.since;
+        format!(
+            "backfill: {} events with {column} >= {since} re-published and acknowledged by the \
+             broker{skipped}{dead}",
+            self.acked - self.dead_lettered
+        )
+    }
 
-impl Run<'_> {
     /// Sends `record`, then waits while the in-flight cap is reached.
     async fn send(&mut self, record: &OutboxRecord) -> Result<(), CommandError> {
         let ticket = Ticket(self.sent);
@@ -299,5 +339,19 @@ impl Run<'_> {
         });
         self.dead_lettered += 1;
         Ok(self.sink.send(ticket, &record).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_column_is_refused_naming_the_flag_and_the_table() {
+        let table = TableName::parse("public.outbox").unwrap();
+        assert_eq!(
+            no_such_column("made_at", &table),
+            "--column \"made_at\": public.outbox has no such column"
+        );
     }
 }

@@ -5,9 +5,9 @@ use std::io::Write;
 
 use super::{CommandError, execute};
 use crate::config::{Config, DropSlotArgs};
-use crate::source::lineage::Lineage;
-use crate::source::setup;
-use crate::source::sql;
+use crate::postgres::Connector;
+use crate::postgres::sql;
+use crate::startup::lineage::Lineage;
 
 /// What dropping the slot loses, said before refusing.
 pub(super) fn refusal(slot: &str) -> String {
@@ -24,12 +24,18 @@ pub(super) fn refusal(slot: &str) -> String {
 /// Drops the slot unless a walsender holds it (`--yes-i-know` was checked), recording the drop
 /// in the lineage topic first, so the next start creates a fresh slot instead of exiting 7.
 pub(super) async fn run(config: &Config, args: &DropSlotArgs) -> Result<(), CommandError> {
-    let (client, slot) = (setup::connect(config).await?, &config.flags.slot);
+    let connector = Connector::new(config.postgres.clone());
+    let client = connector.control().await?;
+    let slot = &config.flags.slot;
     let mut out = std::io::stdout().lock();
     let remedy = "stop the relay first, then drop the slot";
     let info = super::status::idle_slot(&client, slot, remedy).await?;
-    Lineage::open(config).await?.dropped().await?;
     let topic = &config.flags.lineage_topic;
+    let kafka = super::kafka(config);
+    Lineage::open(&connector, &kafka, topic, slot)
+        .await?
+        .dropped()
+        .await?;
     writeln!(
         out,
         "recorded in Kafka topic {topic:?} that slot {slot:?} was dropped: the relay's next \

@@ -18,8 +18,11 @@ use std::process::ExitCode;
 use crate::config::{Cli, Command, Config, ConfigError};
 use crate::observability::Chain;
 use crate::pipeline::{RelayError, exit_code};
+use crate::postgres::{PostgresError, query_err};
+use crate::sink::KafkaClients;
+use crate::sink::lineage::LineageError;
 use crate::source::SourceError;
-use crate::source::setup::query_err;
+use crate::startup::StartupError;
 
 /// Why a subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +33,15 @@ pub enum CommandError {
     /// Postgres refused or failed.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// A Postgres connection or query failed.
+    #[error(transparent)]
+    Postgres(#[from] PostgresError),
+    /// Start-up refused or failed.
+    #[error(transparent)]
+    Startup(#[from] StartupError),
+    /// The lineage topic cannot be read or written.
+    #[error(transparent)]
+    Lineage(#[from] LineageError),
     /// The command declined to act; the message says why and what to do.
     #[error("{0}")]
     Refused(String),
@@ -86,6 +98,9 @@ impl CommandError {
                 exit_code::CONFIG
             }
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
+            CommandError::Postgres(e) => exit_code::postgres(&e),
+            CommandError::Startup(e) => exit_code::startup(&e),
+            CommandError::Lineage(_) => exit_code::KAFKA,
             CommandError::Relay(e) => e.exit_code(),
             CommandError::Demo(demo::DemoError::NoServer(_)) => exit_code::CONFIG,
             CommandError::Sink(_) | CommandError::Tail(_) => exit_code::KAFKA,
@@ -149,8 +164,13 @@ async fn execute(
     client: &tokio_postgres::Client,
     sql: &str,
     what: &'static str,
-) -> Result<(), SourceError> {
+) -> Result<(), PostgresError> {
     client.batch_execute(sql).await.map_err(query_err(what))
+}
+
+/// The Kafka clients `config` names.
+fn kafka(config: &Config) -> KafkaClients {
+    KafkaClients::new(&config.kafka_brokers, &config.kafka_properties)
 }
 
 /// `1536` → `1.5 KiB`.

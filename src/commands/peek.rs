@@ -5,17 +5,20 @@
 
 use std::io::Write;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
-use futures_util::{TryStreamExt, pin_mut};
 
 use super::print::{Position, RecordLine, text};
 use super::{CommandError, execute};
 use crate::config::{Config, PeekArgs};
 use crate::lsn::Lsn;
-use crate::outbox::{ID_HEADER, OutboxRecord, values};
+use crate::outbox::{EventError, EventMapper, ID_HEADER, OutboxRecord, RawParts, values};
 use crate::pgoutput::{self, Message};
 use crate::pipeline::RelayError;
-use crate::source::setup::{self, query_err};
+use crate::postgres::Connector;
+use crate::postgres::catalog::{slots, tables};
+use crate::postgres::sql::SESSION_FORMATS;
 
 /// The record as the demo's consumer would show it.
 fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
@@ -38,16 +41,14 @@ fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
 }
 
 pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandError> {
-    let (client, slot) = (setup::connect(config).await?, &config.flags.slot);
+    let client = Connector::new(config.postgres.clone()).control().await?;
+    let slot = &config.flags.slot;
     let remedy = "stop the relay to peek, or watch `outbox-relay status`";
     let info = super::status::idle_slot(&client, slot, remedy).await?;
     if !info.exists {
-        return Err(CommandError::Refused(format!(
-            "slot {slot:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
-             creates it)"
-        )));
+        return Err(CommandError::Refused(nothing_pending(slot)));
     }
-    let formats = crate::source::SESSION_FORMATS;
+    let formats = SESSION_FORMATS;
     execute(&client, formats, "set the session's date and time format").await?;
     let mut out = std::io::stdout().lock();
     // Decoding stops after the transaction in which `upto_nchanges` rows (Begin, Relation and
@@ -78,6 +79,14 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
     Ok(())
 }
 
+/// The refusal to peek at a slot that does not exist.
+fn nothing_pending(slot: &str) -> String {
+    format!(
+        "slot {slot:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
+         creates it)"
+    )
+}
+
 /// One peek, decoding at most about `upto` rows: prints the records after the first `shown`
 /// (printed by an earlier pass) up to `--limit`; returns how many rows the server sent.
 async fn pass(
@@ -88,85 +97,139 @@ async fn pass(
     shown: &mut usize,
     out: &mut impl Write,
 ) -> Result<usize, CommandError> {
-    let failed = query_err("peek at the slot");
-    // pgoutput reads a list of identifiers: the publication quoted as one.
-    let publication = format!("\"{}\"", config.flags.publication);
-    let upto = upto.map_or("NULL".to_owned(), |n| n.min(i32::MAX as usize).to_string());
-    let sql = format!(
-        "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, NULL, {upto}, \
-         'proto_version', '1', 'publication_names', $2, 'messages', 'true')"
-    );
-    let rows = client
-        .query_raw(&sql, [&config.flags.slot, &publication])
-        .await
-        .map_err(&failed)?;
-    pin_mut!(rows);
-
-    let mut mapper = config.event_mapper();
-    let (mut commit_lsn, mut commit_time_ms, mut seen, mut read) = (Lsn::ZERO, 0, 0, 0);
+    let flags = &config.flags;
+    let mut pending = slots::peek(client, &flags.slot, &flags.publication, upto).await?;
+    let mut decoding = Decoding::new(config.event_mapper());
+    let mut seen = 0;
+    let mut read = 0;
     while args.limit.is_none_or(|limit| *shown < limit)
-        && let Some(row) = rows.try_next().await.map_err(&failed)?
+        && let Some((lsn, data)) = pending.next().await?
     {
         read += 1;
-        let lsn = row.get::<_, &str>(0).parse().unwrap_or(commit_lsn);
-        let message = pgoutput::decode(&Bytes::copy_from_slice(row.get(1)))
-            .map_err(|source| RelayError::Decode { lsn, source })?;
+        let Some(peeked) = decoding.next(client, &lsn, &data).await? else {
+            continue;
+        };
+        seen += 1;
+        if seen <= *shown {
+            continue;
+        }
+        *shown += 1;
+        writeln!(out, "{}", peeked.render(args.json))?;
+    }
+    Ok(read)
+}
+
+/// The relay's decoder and mapper over the changes of one pass.
+struct Decoding {
+    mapper: EventMapper,
+    /// The open transaction's commit LSN and time.
+    commit_lsn: Lsn,
+    commit_time_ms: i64,
+}
+
+/// An outbox event as the relay would produce it, or why it could not.
+struct Peeked {
+    commit_lsn: Lsn,
+    table: Arc<str>,
+    mapped: Result<OutboxRecord, (EventError, RawParts)>,
+}
+
+impl Decoding {
+    fn new(mapper: EventMapper) -> Self {
+        Decoding {
+            mapper,
+            commit_lsn: Lsn::ZERO,
+            commit_time_ms: 0,
+        }
+    }
+
+    /// The event in the change at `lsn` (text), if it holds one.
+    async fn next(
+        &mut self,
+        client: &tokio_postgres::Client,
+        lsn: &str,
+        data: &Bytes,
+    ) -> Result<Option<Peeked>, CommandError> {
+        let lsn = lsn.parse().unwrap_or(self.commit_lsn);
+        let message =
+            pgoutput::decode(data).map_err(|source| RelayError::Decode { lsn, source })?;
+        let commit_time_ms = self.commit_time_ms;
         let mapped = match message {
             Message::Begin {
                 final_lsn,
                 commit_time_micros,
                 ..
             } => {
-                commit_lsn = final_lsn;
-                commit_time_ms = values::pg_micros_to_unix_micros(commit_time_micros) / 1000;
+                self.commit_lsn = final_lsn;
+                self.commit_time_ms = values::pg_micros_to_unix_micros(commit_time_micros) / 1000;
                 None
             }
             Message::Relation(relation) => {
-                let lsn = commit_lsn;
-                let bind = |source| RelayError::Bind { lsn, source };
-                let facts = match mapper.reads_catalog(&relation, None) {
-                    true => setup::column_facts(client, &relation.id.to_string()).await?,
+                let facts = match self.mapper.reads_catalog(&relation, None) {
+                    true => tables::column_facts(client, &relation.id.to_string()).await?,
                     false => Vec::new(),
                 };
-                mapper.relation(relation, None, &facts).map_err(bind)?;
+                let lsn = self.commit_lsn;
+                let bound = self.mapper.relation(relation, None, &facts);
+                bound.map_err(|source| RelayError::Bind { lsn, source })?;
                 None
             }
             Message::Insert { relation_id, new } => {
-                mapper.insert(relation_id, &new, commit_time_ms)
+                self.mapper.insert(relation_id, &new, commit_time_ms)
             }
             Message::Message {
                 transactional: true,
                 prefix,
                 content,
                 ..
-            } => mapper.message(&prefix, &content, commit_time_ms),
+            } => self.mapper.message(&prefix, &content, commit_time_ms),
             _ => None,
         };
         let Some((table, mapped)) = mapped else {
-            continue;
+            return Ok(None);
         };
         // An event a Kafka Connect Filter drops has no record to show.
-        if matches!(mapped, Ok(None)) {
-            continue;
-        }
-        seen += 1;
-        if seen <= *shown {
-            continue;
-        }
-        *shown += 1;
-        let line = match mapped {
-            Ok(Some(record)) if args.json => record_line(&record, commit_lsn).to_json(),
-            Ok(Some(record)) => record_line(&record, commit_lsn).to_text(),
-            Ok(None) => continue,
-            Err((error, _)) if args.json => serde_json::json!({
-                "lsn": commit_lsn.to_string(),
-                "table": &*table,
+        let mapped = match mapped {
+            Ok(None) => return Ok(None),
+            Ok(Some(record)) => Ok(record),
+            Err(unmapped) => Err(unmapped),
+        };
+        Ok(Some(Peeked {
+            commit_lsn: self.commit_lsn,
+            table,
+            mapped,
+        }))
+    }
+}
+
+impl Peeked {
+    /// The line `peek` prints for it, as text or JSON.
+    fn render(&self, json: bool) -> String {
+        let lsn = self.commit_lsn;
+        let table = &self.table;
+        match &self.mapped {
+            Ok(record) if json => record_line(record, lsn).to_json(),
+            Ok(record) => record_line(record, lsn).to_text(),
+            Err((error, _)) if json => serde_json::json!({
+                "lsn": lsn.to_string(),
+                "table": &**table,
                 "error": error.to_string(),
             })
             .to_string(),
-            Err((error, _)) => format!("{table} lsn={commit_lsn} cannot be relayed: {error}"),
-        };
-        writeln!(out, "{line}")?;
+            Err((error, _)) => format!("{table} lsn={lsn} cannot be relayed: {error}"),
+        }
     }
-    Ok(read)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_slot_has_nothing_pending_and_says_what_creates_it() {
+        let text = nothing_pending("s");
+        for needle in ["\"s\" does not exist", "outbox-relay setup"] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+    }
 }

@@ -14,9 +14,11 @@ use crate::config::{Cleanup, Cli, Config, Delivery};
 use crate::observability::health::Health;
 use crate::observability::{Chain, http, metrics, progress};
 use crate::pipeline::{Pipeline, RelayError, Summary};
+use crate::postgres::Connector;
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
-use crate::source::{PgSource, cleanup, heartbeat, lineage, setup, shard, slot_monitor};
+use crate::source::{PgSource, StreamSettings, cleanup, heartbeat, slot_monitor};
+use crate::startup::{self, Wanted, lineage};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -56,7 +58,9 @@ pub(super) async fn run_with(
     // Aborted when dropped.
     let mut background = JoinSet::new();
     let poll_interval = config.flags.observability.slot_poll_interval;
-    let slot_monitor = slot_monitor::run(config.clone(), health.clone(), poll_interval);
+    let connector = Connector::new(config.postgres.clone());
+    let slot = config.flags.slot.clone();
+    let slot_monitor = slot_monitor::run(connector, slot, health.clone(), poll_interval);
     background.spawn(slot_monitor);
     if let Some(interval) = config.flags.observability.progress_interval {
         background.spawn(progress::run(health.clone(), interval));
@@ -93,48 +97,53 @@ pub(super) async fn run_with(
     Ok(outcome?)
 }
 
-/// Start-up checks, the real source and sink, then the pipeline.
+/// Start-up, the real source and sink, then the pipeline.
 async fn relay(
     config: Config,
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, RelayError> {
-    // Checked before the slot is made, so a refusal leaves nothing behind.
+    let connector = Connector::new(config.postgres.clone());
+    let kafka = super::kafka(&config);
+    let wanted = Wanted::new(&config);
+    let started = startup::start(&wanted, &connector, &kafka).await?;
+    if let Some(warning) = &started.late_shard {
+        let created = started.confirmed_flush;
+        tracing::warn!(slot = %wanted.slot, %created, "{warning}");
+    }
     let cleanup = match config.flags.cleanup {
         Cleanup::None => None,
-        Cleanup::Delete => {
-            let client = setup::connect(&config).await?;
-            Some(cleanup::Cleanup::new(client, &config).await?)
-        }
+        Cleanup::Delete => Some(cleanup::Cleanup::new(&started.primary_keys, &connector)),
     };
-    let control = setup::connect(&config).await?;
-    let slot = setup::prepare(&control, &config).await?;
-    if slot.created {
-        shard::warn_if_late(&control, &config, slot.confirmed_flush).await;
-    }
-    let (brokers, properties) = (&config.kafka_brokers, &config.kafka_properties);
     let in_flight = config.flags.max_in_flight_events;
     let tails = (config.flags.delivery == Delivery::ExactlyOnce)
-        .then(|| TailReader::new(brokers, properties))
+        .then(|| TailReader::new(&kafka))
         .transpose()
         .map_err(RelayError::Producer)?;
     let producer_health = Some(health.clone());
-    let (sink, deliveries) = KafkaSink::new(brokers, properties, in_flight, producer_health, tails)
-        .map_err(RelayError::Producer)?;
+    let (sink, deliveries) =
+        KafkaSink::new(&kafka, in_flight, producer_health, tails).map_err(RelayError::Producer)?;
     if config.flags.observability.http_addr.is_some() {
         // The pipeline's metric handles bind to the recorder in place now.
         install_metrics().await;
         metrics::set_shard(config.flags.shard, &config.flags.slot);
     }
-    let source = PgSource::new(config.clone(), slot.publication.clone());
+    let settings = StreamSettings {
+        slot: config.flags.slot.clone(),
+        publication: config.flags.publication.clone(),
+        tables: config.tables.clone(),
+        status_interval: config.flags.status_interval,
+    };
+    let source = PgSource::new(connector.clone(), settings, started.publication.clone());
     // Aborted when dropped, as the pipeline stops.
-    let mut heartbeats = JoinSet::new();
+    let mut companions = JoinSet::new();
     if let Some(interval) = config.flags.heartbeat_interval.filter(|d| !d.is_zero()) {
-        heartbeats.spawn(heartbeat::run(config.clone(), interval));
+        companions.spawn(heartbeat::run(connector.clone(), interval));
     }
-    heartbeats.spawn(lineage::keep_fresh(config.clone()));
+    let topic = wanted.lineage_topic.clone();
+    companions.spawn(lineage::keep_fresh(connector, kafka, topic, wanted.slot));
     let sink = Arc::new(sink);
-    let pipeline = Pipeline::new(config, source, sink, deliveries, health, &slot, cleanup);
+    let pipeline = Pipeline::new(config, source, sink, deliveries, health, &started, cleanup);
     pipeline.run(shutdown).await
 }
 

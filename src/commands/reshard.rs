@@ -30,9 +30,11 @@ use super::{CommandError, execute};
 use crate::config::{Config, ReshardArgs};
 use crate::lsn::Lsn;
 use crate::outbox::Shard;
-use crate::source::lineage::Lineage;
-use crate::source::setup::{self, query_err};
-use crate::source::sql;
+use crate::postgres::catalog::slots;
+use crate::postgres::{Connector, sql};
+use crate::sink::KafkaClients;
+use crate::startup::lineage::Lineage;
+use crate::startup::{self, Wanted};
 
 /// How often the first step reads the old slots' positions.
 const POLL: Duration = Duration::from_millis(500);
@@ -40,15 +42,30 @@ const POLL: Duration = Duration::from_millis(500);
 /// Runs the step `args` names.
 pub(super) async fn run(config: &Config, args: &ReshardArgs) -> Result<(), CommandError> {
     if args.from == args.to {
-        let same = format!("--from and --to are both {}: nothing to reshard", args.from);
-        return Err(CommandError::Refused(same));
+        return Err(CommandError::Refused(nothing_to_reshard(args.from)));
     }
-    let (old, new) = (shards(config, args.from)?, shards(config, args.to)?);
-    let client = setup::connect(config).await?;
+    let old = shards(config, args.from)?;
+    let new = shards(config, args.to)?;
+    let connector = Connector::new(config.postgres.clone());
+    let kafka = super::kafka(config);
+    let client = connector.control().await?;
+    let reshard = Reshard {
+        client: &client,
+        connector: &connector,
+        kafka: &kafka,
+        old: &old,
+        new: &new,
+        args,
+    };
     match args.finish {
-        false => start(&client, &old, &new, args).await,
-        true => finish(&client, &old, &new, args).await,
+        false => reshard.start().await,
+        true => reshard.finish().await,
     }
+}
+
+/// The refusal of a resharding to the same count.
+fn nothing_to_reshard(count: u32) -> String {
+    format!("--from and --to are both {count}: nothing to reshard")
 }
 
 /// The configuration of each of `count` relays.
@@ -58,152 +75,276 @@ fn shards(config: &Config, count: u32) -> Result<Vec<Config>, CommandError> {
     Ok(configs.collect::<Result<_, _>>()?)
 }
 
-/// The first step: the new slots, then the wait for the old ones to pass their start.
-async fn start(
-    client: &Client,
-    old: &[Config],
-    new: &[Config],
-    args: &ReshardArgs,
-) -> Result<(), CommandError> {
-    let mut out = std::io::stdout().lock();
-    positions(client, old).await?;
-    let mut newest = Lsn::ZERO;
-    for config in new {
-        let slot = setup::prepare(client, config).await?;
-        newest = newest.max(slot.confirmed_flush);
-        let what = if slot.created { "created" } else { "exists" };
-        let (name, at) = (&config.flags.slot, slot.confirmed_flush);
-        writeln!(out, "new slot {name:?} {what}, starting at {at}")?;
-    }
-    writeln!(
-        out,
-        "waiting for the old slots to be confirmed past {newest}"
-    )?;
-    let deadline = Instant::now() + args.timeout;
-    loop {
-        let behind = positions(client, old).await?;
-        let behind: Vec<_> = behind.into_iter().filter(|(_, at)| *at < newest).collect();
-        if behind.is_empty() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let behind = behind.iter().map(|(slot, at)| format!("{slot:?} at {at}"));
-            return Err(CommandError::Refused(format!(
-                "within --timeout {}, the old slots {} were not confirmed past {newest}, where \
-                 the new slots start: are their relays running? Rerun this step once they are \
-                 (the new slots are kept)",
-                humantime::format_duration(args.timeout),
-                behind.collect::<Vec<_>>().join(", ")
-            )));
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    let (from, to) = (args.from, args.to);
-    writeln!(
-        out,
-        "ready: every old slot is past {newest}. Now stop every old relay (standbys too), run \
-         `outbox-relay reshard --from {from} --to {to} --finish`, then start the {to} new relays"
-    )?;
-    Ok(())
+/// One step, on the server of `--postgres-url`.
+struct Reshard<'a> {
+    client: &'a Client,
+    connector: &'a Connector,
+    kafka: &'a KafkaClients,
+    /// Each old relay's configuration.
+    old: &'a [Config],
+    /// Each new relay's configuration.
+    new: &'a [Config],
+    args: &'a ReshardArgs,
 }
 
-/// Each slot's confirmed position; a missing slot is refused.
-async fn positions(
-    client: &Client,
-    configs: &[Config],
-) -> Result<Vec<(String, Lsn)>, CommandError> {
-    let names: Vec<_> = configs.iter().map(|c| &c.flags.slot).collect();
-    let rows = client
-        .query(
-            "SELECT s, (SELECT confirmed_flush_lsn::text FROM pg_replication_slots \
-                        WHERE slot_name = s) FROM unnest($1::text[]) s",
-            &[&names],
-        )
-        .await
-        .map_err(query_err("read the old slots' positions"))?;
-    let position = |row: &tokio_postgres::Row| {
-        let (slot, at): (String, Option<String>) = (row.get(0), row.get(1));
-        match at.and_then(|at| at.parse().ok()) {
-            Some(at) => Ok((slot, at)),
-            None => Err(CommandError::Refused(format!(
-                "slot {slot:?} of the old shards does not exist (or has no position) on \
-                 --postgres-url's server: check --from and --slot, which name the old shards' \
-                 slots. reshard needs every old and new slot on that one server, so shards that \
-                 decode on different standbys cannot be resharded by it"
-            ))),
+impl Reshard<'_> {
+    /// The first step: the new slots, then the wait for the old ones to pass their start.
+    async fn start(&self) -> Result<(), CommandError> {
+        let mut out = std::io::stdout().lock();
+        self.old_positions().await?;
+        let mut newest = Lsn::ZERO;
+        for config in self.new {
+            let wanted = Wanted::new(config);
+            let started = startup::start(&wanted, self.connector, self.kafka).await?;
+            let at = started.confirmed_flush;
+            newest = newest.max(at);
+            let what = if started.slot_created {
+                "created"
+            } else {
+                "exists"
+            };
+            writeln!(out, "new slot {:?} {what}, starting at {at}", wanted.slot)?;
         }
-    };
-    rows.iter().map(position).collect()
-}
+        writeln!(
+            out,
+            "waiting for the old slots to be confirmed past {newest}"
+        )?;
+        self.wait_past(newest).await?;
+        let from = self.args.from;
+        let to = self.args.to;
+        writeln!(
+            out,
+            "ready: every old slot is past {newest}. Now stop every old relay (standbys too), \
+             run `outbox-relay reshard --from {from} --to {to} --finish`, then start the {to} \
+             new relays"
+        )?;
+        Ok(())
+    }
 
-/// The second step, with the old relays stopped: the new slots move to where the old ones
-/// stopped, then the old slots go.
-async fn finish(
-    client: &Client,
-    old: &[Config],
-    new: &[Config],
-    args: &ReshardArgs,
-) -> Result<(), CommandError> {
-    let mut out = std::io::stdout().lock();
-    let stop = "stop every relay of the old shards (standbys too), then run --finish again";
-    for config in old {
-        idle_slot(client, &config.flags.slot, stop).await?;
-    }
-    let stopped_at = positions(client, old)
-        .await?
-        .into_iter()
-        .map(|(_, at)| at)
-        .min();
-    let stopped_at = stopped_at.unwrap_or(Lsn(u64::MAX));
-    let first = format!(
-        "run `outbox-relay reshard --from {} --to {}` first",
-        args.from, args.to
-    );
-    let mut new_slots = Vec::new();
-    for config in new {
-        let remedy = "stop it: the new relays start after --finish";
-        let slot = idle_slot(client, &config.flags.slot, remedy).await?;
-        let at = slot
-            .confirmed_flush_lsn
-            .and_then(|at| at.parse::<Lsn>().ok());
-        let at = at.ok_or_else(|| {
-            let name = &config.flags.slot;
-            CommandError::Refused(format!("new slot {name:?} does not exist: {first}"))
-        })?;
-        new_slots.push((config.flags.slot.clone(), at));
-    }
-    if let Some((slot, at)) = new_slots.iter().find(|(_, at)| *at > stopped_at) {
-        return Err(CommandError::Refused(format!(
-            "the old slots stopped at {stopped_at}, before new slot {slot:?} starts ({at}): \
-             events in between would be lost. Start the old relays again and {first}, which \
-             waits until they are past it"
-        )));
-    }
-    for (slot, at) in &new_slots {
-        if *at < stopped_at {
-            let advance = format!(
-                "SELECT pg_replication_slot_advance({}, '{stopped_at}')",
-                sql::quote_literal(slot)
-            );
-            let what = "advance a new slot to where the old ones stopped";
-            execute(client, &advance, what).await?;
+    /// Waits, up to `--timeout`, until every old slot is confirmed at or past `newest`.
+    async fn wait_past(&self, newest: Lsn) -> Result<(), CommandError> {
+        let deadline = Instant::now() + self.args.timeout;
+        loop {
+            let positions = self.old_positions().await?;
+            let behind: Vec<_> = positions
+                .into_iter()
+                .filter(|(_, at)| *at < newest)
+                .collect();
+            if behind.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let refused = still_behind(self.args.timeout, &behind, newest);
+                return Err(CommandError::Refused(refused));
+            }
+            tokio::time::sleep(POLL).await;
         }
-        writeln!(out, "new slot {slot:?} starts at {stopped_at}")?;
     }
-    for config in old {
-        let (slot, publication) = (&config.flags.slot, &config.flags.publication);
+
+    /// Each old slot's confirmed position; a missing one is refused.
+    async fn old_positions(&self) -> Result<Vec<(String, Lsn)>, CommandError> {
+        let names: Vec<String> = self.old.iter().map(|c| c.flags.slot.clone()).collect();
+        let found = slots::positions(self.client, &names).await?;
+        old_positions(found).map_err(CommandError::Refused)
+    }
+
+    /// The second step, with the old relays stopped: the new slots move to where the old ones
+    /// stopped, then the old slots go.
+    async fn finish(&self) -> Result<(), CommandError> {
+        let mut out = std::io::stdout().lock();
+        let stop = "stop every relay of the old shards (standbys too), then run --finish again";
+        for config in self.old {
+            idle_slot(self.client, &config.flags.slot, stop).await?;
+        }
+        let old = self.old_positions().await?;
+        let mut new = Vec::new();
+        for config in self.new {
+            let remedy = "stop it: the new relays start after --finish";
+            let slot = idle_slot(self.client, &config.flags.slot, remedy).await?;
+            let at = slot
+                .confirmed_flush_lsn
+                .and_then(|at| at.parse::<Lsn>().ok());
+            new.push((config.flags.slot.clone(), at));
+        }
+        let (stopped_at, new) =
+            meeting_point(&old, &new, self.args).map_err(CommandError::Refused)?;
+        for (slot, at) in &new {
+            if *at < stopped_at {
+                let advance = sql::advance_slot(slot, stopped_at);
+                let what = "advance a new slot to where the old ones stopped";
+                execute(self.client, &advance, what).await?;
+            }
+            writeln!(out, "new slot {slot:?} starts at {stopped_at}")?;
+        }
+        for config in self.old {
+            self.drop_old(config, &mut out).await?;
+        }
+        let to = self.args.to;
+        writeln!(out, "done: start the {to} new relays")?;
+        Ok(())
+    }
+
+    /// Drops an old shard's slot (recorded `dropped` in the lineage topic first) and its
+    /// publication.
+    async fn drop_old(&self, config: &Config, out: &mut impl Write) -> Result<(), CommandError> {
+        let slot = &config.flags.slot;
+        let publication = &config.flags.publication;
         // So that a later resharding may use the name again (2 → 4 → 2): dropped, not lost.
-        Lineage::open(config).await?.dropped().await?;
-        execute(client, &sql::drop_slot(slot), "drop an old shard's slot").await?;
+        let topic = &config.flags.lineage_topic;
+        let lineage = Lineage::open(self.connector, self.kafka, topic, slot).await?;
+        lineage.dropped().await?;
+        let drop = sql::drop_slot(slot);
+        execute(self.client, &drop, "drop an old shard's slot").await?;
         writeln!(out, "dropped old slot {slot:?}")?;
         // One unsharded relay's publication may be the operator's own (sql/): it stays.
         if config.flags.shard.is_some() {
             let drop = sql::drop_publication(publication);
-            execute(client, &drop, "drop an old shard's publication").await?;
+            execute(self.client, &drop, "drop an old shard's publication").await?;
             writeln!(out, "dropped old publication {publication:?}")?;
         }
+        Ok(())
     }
-    let to = args.to;
-    writeln!(out, "done: start the {to} new relays")?;
-    Ok(())
+}
+
+/// PURE: each old slot's confirmed position, or the refusal of one that does not exist.
+fn old_positions(found: Vec<(String, Option<String>)>) -> Result<Vec<(String, Lsn)>, String> {
+    let mut positions = Vec::new();
+    for (slot, at) in found {
+        let Some(at) = at.and_then(|at| at.parse().ok()) else {
+            return Err(format!(
+                "slot {slot:?} of the old shards does not exist (or has no position) on \
+                 --postgres-url's server: check --from and --slot, which name the old shards' \
+                 slots. reshard needs every old and new slot on that one server, so shards that \
+                 decode on different standbys cannot be resharded by it"
+            ));
+        };
+        positions.push((slot, at));
+    }
+    Ok(positions)
+}
+
+/// PURE: the refusal when old slots stay `behind` the new slots' start `newest`.
+fn still_behind(timeout: Duration, behind: &[(String, Lsn)], newest: Lsn) -> String {
+    let behind: Vec<String> = behind
+        .iter()
+        .map(|(slot, at)| format!("{slot:?} at {at}"))
+        .collect();
+    format!(
+        "within --timeout {}, the old slots {} were not confirmed past {newest}, where the new \
+         slots start: are their relays running? Rerun this step once they are (the new slots \
+         are kept)",
+        humantime::format_duration(timeout),
+        behind.join(", ")
+    )
+}
+
+/// PURE: where the new slots start, the lowest position the old ones stopped at, with each new
+/// slot's position now; refused when a new slot is missing or starts after that point (the
+/// events in between would be lost).
+fn meeting_point(
+    old: &[(String, Lsn)],
+    new: &[(String, Option<Lsn>)],
+    args: &ReshardArgs,
+) -> Result<(Lsn, Vec<(String, Lsn)>), String> {
+    let stopped_at = old.iter().map(|(_, at)| *at).min().unwrap_or(Lsn(u64::MAX));
+    let first = format!(
+        "run `outbox-relay reshard --from {} --to {}` first",
+        args.from, args.to
+    );
+    let mut found = Vec::new();
+    for (slot, at) in new {
+        let Some(at) = at else {
+            return Err(format!("new slot {slot:?} does not exist: {first}"));
+        };
+        if *at > stopped_at {
+            return Err(format!(
+                "the old slots stopped at {stopped_at}, before new slot {slot:?} starts ({at}): \
+                 events in between would be lost. Start the old relays again and {first}, which \
+                 waits until they are past it"
+            ));
+        }
+        found.push((slot.clone(), *at));
+    }
+    Ok((stopped_at, found))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(finish: bool) -> ReshardArgs {
+        ReshardArgs {
+            from: 2,
+            to: 4,
+            finish,
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    fn slot(name: &str, at: u64) -> (String, Lsn) {
+        (name.to_owned(), Lsn(at))
+    }
+
+    #[test]
+    fn resharding_refuses_the_same_count_and_a_missing_old_slot() {
+        assert!(nothing_to_reshard(2).contains("both 2"));
+        let found = vec![("a".to_owned(), Some("0/10".to_owned()))];
+        assert_eq!(old_positions(found), Ok(vec![slot("a", 0x10)]));
+        let missing = vec![
+            ("a".to_owned(), Some("0/10".to_owned())),
+            ("b".to_owned(), None),
+        ];
+        let refused = old_positions(missing).unwrap_err();
+        assert!(
+            refused.contains("\"b\" of the old shards does not exist"),
+            "{refused}"
+        );
+        let behind = still_behind(Duration::from_secs(60), &[slot("a", 0x10)], Lsn(0x20));
+        for needle in ["--timeout 1m", "\"a\" at 0/10", "past 0/20", "kept"] {
+            assert!(behind.contains(needle), "{needle}: {behind}");
+        }
+    }
+
+    /// One case: the new slots' positions, and where they meet the old ones or the words of
+    /// the refusal.
+    struct Case {
+        new: &'static [(&'static str, Option<u64>)],
+        meets_at: Option<u64>,
+        refused: &'static str,
+    }
+
+    #[test]
+    fn new_slots_meet_the_old_ones_where_the_first_stopped_or_are_refused() {
+        let old = [slot("old0", 0x50), slot("old1", 0x40)];
+        let cases = [
+            Case {
+                new: &[("new0", Some(0x30)), ("new1", Some(0x40))],
+                meets_at: Some(0x40),
+                refused: "",
+            },
+            Case {
+                new: &[("new0", None)],
+                meets_at: None,
+                refused: "new slot \"new0\" does not exist: run",
+            },
+            Case {
+                new: &[("new0", Some(0x41))],
+                meets_at: None,
+                refused: "before new slot \"new0\" starts (0/41)",
+            },
+        ];
+        for case in cases {
+            let new: Vec<(String, Option<Lsn>)> = (case.new.iter())
+                .map(|(name, at)| ((*name).to_owned(), at.map(Lsn)))
+                .collect();
+            match (meeting_point(&old, &new, &args(true)), case.meets_at) {
+                (Ok((at, found)), Some(point)) => {
+                    assert_eq!(at, Lsn(point), "{new:?}");
+                    assert_eq!(found.len(), new.len(), "{new:?}");
+                }
+                (Err(refused), None) => assert!(refused.contains(case.refused), "{refused}"),
+                (decided, _) => panic!("{new:?}: {decided:?}"),
+            }
+        }
+    }
 }

@@ -1,43 +1,60 @@
-//! `outbox-relay setup [--print]`: the publication and the slot, created ahead
-//! of time through the relay's own start-up checks ([`setup::prepare`]), or
-//! printed as a script of the same [`crate::source::sql`] statements.
+//! `outbox-relay setup [--print]`: the publication and the slot, created ahead of time by the
+//! relay's own start-up ([`startup::start`]: the same checks, then the same steps), or
+//! printed as a script of the steps start-up would take where neither exists.
 
 use std::io::Write;
 
 use super::CommandError;
 use crate::config::{Cli, Config, RelayFlags};
 use crate::outbox::TableName;
+use crate::postgres::Connector;
 use crate::sink::lineage;
-use crate::source::{setup, shard, sql};
+use crate::startup::{self, Step, Wanted, checks, gather};
 
 /// `setup --print`: needs only the flags, no connection, but for a shard's row filters, which
 /// call the output functions of the key and id columns' types, read from `--postgres-url`.
 pub(super) fn print(cli: &Cli) -> Result<(), CommandError> {
-    let (flags, tables) = (cli.flags.sharded()?, cli.outbox_tables()?);
-    let filters = match flags.shard.is_some() && !tables.is_empty() {
+    let flags = cli.flags.sharded()?;
+    let tables = cli.outbox_tables()?;
+    let reads_server = reads_server(&flags, &tables, cli.postgres_url.is_some());
+    let filters = match reads_server.map_err(CommandError::Refused)? {
         false => Vec::new(),
-        true if cli.postgres_url.is_none() => {
-            return Err(CommandError::Refused(
-                "setup --print --shard reads the types of the outbox tables' key and id columns \
-                 (a shard's row filter calls their output functions): give --postgres-url"
-                    .to_owned(),
-            ));
-        }
         true => {
             let config = Config::from_cli(cli)?;
-            super::block_on(async {
-                let client = setup::connect(&config).await?;
-                shard::row_filters(&client, &config).await
-            })??
+            super::block_on(row_filters(&config))??
         }
     };
-    let script = script(&flags, &tables, &filters);
+    let steps = checks::setup_steps(&flags.publication, &tables, &filters, flags.slot_failover);
+    let script = script(&flags, &tables, &steps);
     std::io::stdout().write_all(script.as_bytes())?;
     Ok(())
 }
 
+/// PURE: whether `setup --print` must read the server (a shard's row filters over tables),
+/// refused without `--postgres-url`.
+fn reads_server(flags: &RelayFlags, tables: &[TableName], has_url: bool) -> Result<bool, String> {
+    let reads = flags.shard.is_some() && !tables.is_empty();
+    if reads && !has_url {
+        return Err(
+            "setup --print --shard reads the types of the outbox tables' key and id \
+                    columns (a shard's row filter calls their output functions): give \
+                    --postgres-url"
+                .to_owned(),
+        );
+    }
+    Ok(reads)
+}
+
+/// A shard's row filters, from its tables' key and id column types.
+async fn row_filters(config: &Config) -> Result<Vec<String>, CommandError> {
+    let wanted = Wanted::new(config);
+    let control = Connector::new(config.postgres.clone()).control().await?;
+    let found = gather::catalog(&control, &wanted).await?;
+    Ok(checks::row_filters(&found, &wanted).map_err(startup::StartupError::from)?)
+}
+
 /// The SQL `setup` would run, as a script, and the Kafka commands the lineage topic needs.
-fn script(flags: &RelayFlags, tables: &[TableName], filters: &[String]) -> String {
+fn script(flags: &RelayFlags, tables: &[TableName], steps: &[Step]) -> String {
     let names: Vec<String> = tables.iter().map(ToString::to_string).collect();
     let [create_topic, acls] = lineage::topic_commands(&flags.lineage_topic);
     let events = match flags.shard {
@@ -47,6 +64,13 @@ fn script(flags: &RelayFlags, tables: &[TableName], filters: &[String]) -> Strin
         ),
         None => "Only inserts into the outbox tables are events".to_owned(),
     };
+    let statement = |wanted: fn(&Step) -> bool| {
+        let step = steps.iter().find(|step| wanted(step));
+        step.and_then(|step| step.sql(&flags.slot))
+            .unwrap_or_default()
+    };
+    let create_publication = statement(|s| matches!(s, Step::CreatePublication(_)));
+    let create_slot = statement(|s| matches!(s, Step::CreateSlot { .. }));
     format!(
         "-- outbox-relay setup: publication {publication:?} for {tables}, slot {slot:?}.\n\
          -- Run as a role with REPLICATION (or superuser) in the outbox database;\n\
@@ -69,41 +93,26 @@ fn script(flags: &RelayFlags, tables: &[TableName], filters: &[String]) -> Strin
         publication = flags.publication,
         slot = flags.slot,
         tables = names.join(", "),
-        create_publication = sql::create_publication(&flags.publication, tables, filters),
-        create_slot = sql::create_slot(&flags.slot, false),
     )
 }
 
-/// Creates what is missing through the relay's own start-up checks.
+/// Creates what is missing through the relay's own start-up, and says what it did.
 pub(super) async fn apply(config: &Config) -> Result<(), CommandError> {
-    let client = setup::connect(config).await?;
-    let had_publication = client
-        .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&config.flags.publication],
-        )
-        .await
-        .map_err(setup::query_err("look up the publication"))?
-        .is_some();
-    let slot = setup::prepare(&client, config).await?;
-    let filters = shard::row_filters(&client, config).await?;
-    let statement = sql::create_publication(&config.flags.publication, &config.tables, &filters);
-    let publication = match had_publication {
-        true => "exists and covers the outbox tables; kept".to_owned(),
-        false => format!("created: {statement}"),
+    let connector = Connector::new(config.postgres.clone());
+    let wanted = Wanted::new(config);
+    let started = startup::start(&wanted, &connector, &super::kafka(config)).await?;
+    let publication = match &started.publication_created {
+        Some(statement) => format!("created: {statement}"),
+        None => "exists and covers the outbox tables; kept".to_owned(),
     };
-    let at = slot.confirmed_flush;
-    let slot = match slot.created {
+    let at = started.confirmed_flush;
+    let slot = match started.slot_created {
         true => format!("created at {at} (it keeps WAL from here until a relay confirms it)"),
         false => format!("exists (confirmed up to {at}); kept"),
     };
     let mut out = std::io::stdout().lock();
-    writeln!(
-        out,
-        "publication {:?}: {publication}",
-        config.flags.publication
-    )?;
-    writeln!(out, "slot {:?}: {slot}", config.flags.slot)?;
+    writeln!(out, "publication {:?}: {publication}", wanted.publication)?;
+    writeln!(out, "slot {:?}: {slot}", wanted.slot)?;
     Ok(())
 }
 
@@ -116,20 +125,39 @@ mod tests {
         let args = ["outbox-relay", "--slot", "s", "--publication", "p"];
         let cli = Cli::try_parse_global_from(args).unwrap();
         let tables = [TableName::parse("public.outbox").unwrap()];
-        let script = script(&cli.flags, &tables, &[]);
+        let steps = checks::setup_steps("p", &tables, &[], false);
+        let script = script(&cli.flags, &tables, &steps);
         assert!(
             script.contains(&format!(
                 "{};\n",
-                sql::create_publication("p", &tables, &[])
+                crate::postgres::sql::create_publication("p", &tables, &[])
             )),
             "{script}"
         );
         assert!(
-            script.contains(&format!("{};\n", sql::create_slot("s", false))),
+            script.contains(&format!(
+                "{};\n",
+                crate::postgres::sql::create_slot("s", false)
+            )),
             "{script}"
         );
         let topic =
             "--create --topic outbox-relay.lineage --partitions 1 --config cleanup.policy=compact";
         assert!(script.contains(topic), "{script}");
+    }
+
+    #[test]
+    fn print_reads_the_server_only_for_a_shard_of_tables_and_needs_its_url_then() {
+        let flags = |shard: &[&str]| {
+            let args = [&["outbox-relay"][..], shard].concat();
+            Cli::try_parse_global_from(args).unwrap().flags
+        };
+        let tables = [TableName::parse("public.outbox").unwrap()];
+        let sharded = flags(&["--shard", "0/2"]);
+        assert_eq!(reads_server(&flags(&[]), &tables, false), Ok(false));
+        assert_eq!(reads_server(&sharded, &[], false), Ok(false));
+        assert_eq!(reads_server(&sharded, &tables, true), Ok(true));
+        let refused = reads_server(&sharded, &tables, false).unwrap_err();
+        assert!(refused.contains("give --postgres-url"), "{refused}");
     }
 }

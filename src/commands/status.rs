@@ -6,7 +6,6 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Client;
-use tokio_postgres::types::Json;
 
 use super::{CommandError, human_bytes};
 use crate::config::{Config, StatusArgs};
@@ -14,9 +13,10 @@ use crate::observability::health::{
     ReadinessThresholds, SlotObservation, SlotStatus, failover_unready, idle_timeout_warning,
     slot_warnings,
 };
-use crate::source::SourceError;
-use crate::source::setup::{self, query_err};
-use crate::source::{failover, shard, slot_monitor};
+use crate::postgres::catalog::{self, publication, slots};
+use crate::postgres::{Connector, PostgresError, query_err};
+use crate::source::failover;
+use crate::startup::{Checked, Wanted, checks, gather};
 
 /// Everything `status` reports; the field names are `--json`'s contract.
 #[derive(Debug, Serialize)]
@@ -68,40 +68,27 @@ struct PublicationInfo {
 }
 
 pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), CommandError> {
-    let client = setup::connect(config).await?;
-    let failed = query_err("read the server's WAL position and settings");
-    let server = client
-        .query_one(
-            "SELECT current_setting('server_version'), \
-                    (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                          ELSE pg_current_wal_lsn() END)::text, \
-                    (SELECT jsonb_object_agg(s, current_setting(s, true)) FROM unnest(ARRAY[\
-                       'wal_level', 'max_slot_wal_keep_size', 'max_replication_slots', \
-                       'wal_sender_timeout', 'synchronized_standby_slots', \
-                       'sync_replication_slots', 'idle_replication_slot_timeout']) AS s)",
-            &[],
-        )
-        .await
-        .map_err(&failed)?;
-    let Json(settings) = server.try_get(2).map_err(&failed)?;
+    let connector = Connector::new(config.postgres.clone());
+    let client = connector.control().await?;
+    let server = catalog::server_report(&client).await?;
     let mut status = Status {
-        server_version: server.get(0),
+        server_version: server.version,
         shard: config.flags.shard.map(|shard| shard.to_string()),
-        current_wal_lsn: server.get(1),
+        current_wal_lsn: server.wal_lsn,
         slot: read_slot(&client, &config.flags.slot).await?,
         publication: read_publication(&client, config).await?,
-        settings,
+        settings: server.settings,
         warnings: Vec::new(),
     };
     if let Some(slot) = status.slot.status.as_mut() {
-        failover::probe(slot, config).await;
+        failover::probe(slot, &connector, &config.flags.slot).await;
     }
-    status.warnings = warnings(&status, &config.flags.observability.readiness);
-    if status.publication.exists {
-        status
-            .warnings
-            .extend(shard_problem(&client, config).await?);
-    }
+    // The relay's own start-up checks, on the catalog alone (not the lineage topic).
+    let wanted = Wanted::new(config);
+    let found = gather::catalog(&client, &wanted).await?;
+    let checked = checks::check(&found, &wanted);
+    let limits = &config.flags.observability.readiness;
+    status.warnings = warnings(&status, limits, &checked);
     let output = match args.json {
         true => serde_json::to_string_pretty(&status).map_err(std::io::Error::other)? + "\n",
         false => render_text(&status),
@@ -111,24 +98,14 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
 }
 
 /// The slot's row and, when it exists, its poll.
-async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, SourceError> {
-    let failed = query_err("read the replication slot");
-    let row = client
-        .query_one(
-            "SELECT jsonb_build_object('name', $1::text) || coalesce((SELECT to_jsonb(s) FROM \
-               (SELECT true AS exists, plugin, slot_type, database, active, active_pid, \
-                       confirmed_flush_lsn::text, restart_lsn::text \
-                FROM pg_replication_slots WHERE slot_name = $1) s), '{}')",
-            &[&name],
-        )
-        .await
-        .map_err(&failed)?;
-    let Json(mut slot): Json<SlotInfo> = row.try_get(0).map_err(&failed)?;
-    if slot.exists
-        && let SlotObservation::Seen(status) =
-            slot_monitor::poll(client, name).await.map_err(&failed)?
-    {
-        slot.status = Some(status);
+async fn read_slot(client: &Client, name: &str) -> Result<SlotInfo, PostgresError> {
+    let mut slot: SlotInfo = slots::report(client, name).await?;
+    if slot.exists {
+        let polled = slots::poll(client, name).await;
+        let polled = polled.map_err(query_err("read the replication slot"))?;
+        if let SlotObservation::Seen(status) = polled {
+            slot.status = Some(status);
+        }
     }
     Ok(slot)
 }
@@ -141,75 +118,36 @@ pub(super) async fn idle_slot(
 ) -> Result<SlotInfo, CommandError> {
     let slot = read_slot(client, name).await?;
     match slot.active_pid {
-        Some(pid) => Err(CommandError::Refused(format!(
-            "slot {name:?} is in use by server process {pid} (a running relay?); Postgres lets \
-             only one session use a slot: {remedy}"
-        ))),
+        Some(pid) => Err(CommandError::Refused(in_use(name, pid, remedy))),
         None => Ok(slot),
     }
+}
+
+/// The refusal of a slot server process `pid` streams from.
+fn in_use(name: &str, pid: i32, remedy: &str) -> String {
+    format!(
+        "slot {name:?} is in use by server process {pid} (a running relay?); Postgres lets only \
+         one session use a slot: {remedy}"
+    )
 }
 
 async fn read_publication(
     client: &Client,
     config: &Config,
-) -> Result<PublicationInfo, SourceError> {
-    // Row filters (PostgreSQL 15+) read through to_jsonb, which older servers' rows lack.
-    let failed = query_err("read the publication");
-    let row = client
-        .query_one(
-            "SELECT jsonb_build_object('name', $1::text) || coalesce((SELECT jsonb_build_object( \
-               'exists', true, 'all_tables', puballtables, \
-               'publishes', array_remove(ARRAY[CASE WHEN pubinsert THEN 'insert' END, \
-                                               CASE WHEN pubupdate THEN 'update' END, \
-                                               CASE WHEN pubdelete THEN 'delete' END, \
-                                               CASE WHEN pubtruncate THEN 'truncate' END], NULL), \
-               'tables', ARRAY(SELECT schemaname::text || '.' || tablename::text \
-                               FROM pg_publication_tables t WHERE t.pubname = p.pubname \
-                               ORDER BY 1), \
-               'row_filters', coalesce((SELECT jsonb_object_agg(schemaname::text || '.' || \
-                                                                tablename::text, to_jsonb(t) -> 'rowfilter') \
-                                        FROM pg_publication_tables t WHERE t.pubname = p.pubname \
-                                          AND to_jsonb(t) ->> 'rowfilter' IS NOT NULL), '{}')) \
-             FROM pg_publication p WHERE pubname = $1), '{}')",
-            &[&config.flags.publication],
-        )
-        .await
-        .map_err(&failed)?;
-    let Json(mut publication): Json<PublicationInfo> = row.try_get(0).map_err(&failed)?;
+) -> Result<PublicationInfo, PostgresError> {
+    let mut publication: PublicationInfo =
+        publication::report(client, &config.flags.publication).await?;
     let wanted = config.tables.iter().map(ToString::to_string);
     publication.missing_tables = wanted.filter(|t| !publication.tables.contains(t)).collect();
     Ok(publication)
 }
 
-/// Why a shard's publication would not send it exactly its rows, as the relay would refuse it.
-async fn shard_problem(client: &Client, config: &Config) -> Result<Option<String>, SourceError> {
-    if config.flags.shard.is_none() {
-        return Ok(None);
-    }
-    let checked = async {
-        let publication = setup::verify_publication(client, config, &[]).await?;
-        let filters = shard::row_filters(client, config).await?;
-        shard::verify(client, config, &publication, &filters).await
-    };
-    match checked.await {
-        Ok(()) => Ok(None),
-        Err(SourceError::Misconfigured(problem)) => Ok(Some(problem)),
-        Err(error) => Err(error),
-    }
-}
-
-/// What needs attention, the slot judged by the same limits as the relay's readiness.
-fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
-    let (slot, publication) = (&s.slot, &s.publication);
-    let mut out = Vec::new();
-    if let Some(Some(level)) = s.settings.get("wal_level")
-        && level != "logical"
-    {
-        out.push(format!(
-            "wal_level is {level}, logical replication needs logical: ALTER SYSTEM SET \
-             wal_level = logical; and restart Postgres"
-        ));
-    }
+/// What needs attention: first what would stop the relay (start-up's refusals), then
+/// start-up's warnings, then the slot judged by the same limits as the relay's readiness.
+fn warnings(s: &Status, limits: &ReadinessThresholds, checked: &Checked) -> Vec<String> {
+    let slot = &s.slot;
+    let mut out: Vec<String> = checked.refusals.iter().map(ToString::to_string).collect();
+    out.extend(checked.warnings.iter().cloned());
     if !slot.exists {
         out.push(format!(
             "slot {:?} does not exist: the relay creates it on its first start (or run outbox-relay \
@@ -227,24 +165,22 @@ fn warnings(s: &Status, limits: &ReadinessThresholds) -> Vec<String> {
         out.extend(slot_warnings(status, limits));
         out.extend(idle_timeout_warning(status.idle_timeout_secs.unwrap_or(0)));
     }
-    let (name, missing) = (&publication.name, publication.missing_tables.join(", "));
-    if !publication.exists {
+    if !s.publication.exists {
         out.push(format!(
-            "publication {name:?} does not exist: the relay creates it on start (or run \
-             outbox-relay setup)"
-        ));
-    } else if !missing.is_empty() {
-        out.push(format!(
-            "publication {name:?} does not include {missing}: ALTER PUBLICATION {name} ADD TABLE \
-             {missing};"
+            "publication {:?} does not exist: the relay creates it on start (or run outbox-relay \
+             setup)",
+            s.publication.name
         ));
     }
+    let mut seen = std::collections::HashSet::new();
+    out.retain(|warning| seen.insert(warning.clone()));
     out
 }
 
 /// The text form: a section per object, then the settings and the warnings.
 fn render_text(s: &Status) -> String {
-    let (slot, p) = (&s.slot, &s.publication);
+    let slot = &s.slot;
+    let p = &s.publication;
     let tables = match p.all_tables {
         true => "all tables".to_owned(),
         false => p.tables.join(", "),
@@ -315,4 +251,17 @@ fn slot_rows(slot: &SlotInfo) -> Vec<(&'static str, String)> {
 
 fn or_dash(value: &Option<String>) -> String {
     value.clone().unwrap_or_else(|| "-".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_in_use_is_refused_naming_the_process_and_the_remedy() {
+        let text = in_use("s", 4242, "stop the relay first");
+        for needle in ["\"s\"", "4242", "stop the relay first", "one session"] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+    }
 }

@@ -4,10 +4,12 @@ use super::ack::AckError;
 use crate::lsn::Lsn;
 use crate::outbox::{BindError, DeadLetterInfo};
 use crate::pgoutput::DecodeError;
+use crate::postgres::PostgresError;
 use crate::sink::exactly_once::TailError;
 use crate::sink::{Refusal, SinkError};
 use crate::source::SourceError;
 use crate::source::cleanup::DeleteFailure;
+use crate::startup::{Refused, StartupError};
 
 /// Process exit codes, one per failure class (docs/operations.md's Exit codes table).
 pub mod exit_code {
@@ -25,6 +27,29 @@ pub mod exit_code {
     pub const SLOT_LOST: u8 = 7;
     /// The replication stream broke protocol rules (a bug: please report).
     pub const INTERNAL: u8 = 70;
+
+    /// Start-up's failure: a refusal is Postgres's (a lost slot has its own), a failed read
+    /// or write of the lineage topic Kafka's.
+    pub fn startup(error: &super::StartupError) -> u8 {
+        use super::{Refused, StartupError as E};
+        match error {
+            E::Refused(Refused::SlotLost { .. }) => SLOT_LOST,
+            E::Refused(Refused::Misconfigured(_)) => POSTGRES,
+            E::Postgres(e) => postgres(e),
+            E::Lineage(_) => KAFKA,
+        }
+    }
+
+    /// A failed connection or query: TLS settings, a refused replication connection and a
+    /// refused login (SQLSTATE class 28) are configuration; the rest is Postgres.
+    pub fn postgres(error: &super::PostgresError) -> u8 {
+        use super::PostgresError as E;
+        match error {
+            E::Tls(_) | E::TlsHandshake { .. } | E::ReplicationConnect { .. } => CONFIG,
+            E::Connect { .. } if error.sqlstate_class("28") => CONFIG,
+            _ => POSTGRES,
+        }
+    }
 }
 
 /// Why the relay stopped. Events are named by commit LSN, id and topic.
@@ -33,6 +58,9 @@ pub enum RelayError {
     /// Postgres side.
     #[error(transparent)]
     Source(#[from] SourceError),
+    /// Start-up did not get the relay to its slot.
+    #[error(transparent)]
+    Startup(#[from] StartupError),
     /// The slot was dropped while the relay was using it.
     #[error(
         "replication slot {slot:?} is missing on the server the relay (re)connected to: it was \
@@ -192,21 +220,10 @@ impl RelayError {
     pub fn exit_code(&self) -> u8 {
         use RelayError as E;
         match self {
-            E::Producer(_)
-            | E::UnmappedRelation { .. }
-            | E::Source(SourceError::Tls(_))
-            | E::Source(SourceError::TlsHandshake { .. })
-            | E::Source(SourceError::ReplicationConnect { .. }) => exit_code::CONFIG,
-            E::Source(SourceError::Connect { source, .. })
-                if source
-                    .0
-                    .as_db_error()
-                    .is_some_and(|db| db.code().code().starts_with("28")) =>
-            {
-                exit_code::CONFIG
-            }
-            E::Source(SourceError::SlotLost { .. }) | E::SlotDropped { .. } => exit_code::SLOT_LOST,
-            E::Source(SourceError::Lineage(_)) => exit_code::KAFKA,
+            E::Producer(_) | E::UnmappedRelation { .. } => exit_code::CONFIG,
+            E::Source(SourceError::Postgres(e)) => exit_code::postgres(e),
+            E::Startup(e) => exit_code::startup(e),
+            E::SlotDropped { .. } => exit_code::SLOT_LOST,
             E::Source(_) | E::Decode { .. } | E::Cleanup { .. } => exit_code::POSTGRES,
             E::Sink { .. } | E::Delivery { .. } | E::ExactlyOnce { .. } => exit_code::KAFKA,
             E::Bind { .. } | E::Poison { .. } => exit_code::POISON,

@@ -46,8 +46,8 @@ use crate::outbox::EventMapper;
 use crate::sink::exactly_once::{ExactlyOnce, Position, ReadBack};
 use crate::sink::{Delivery, Sink, Ticket};
 use crate::source::cleanup::Cleanup;
-use crate::source::setup::SlotState;
 use crate::source::{ServerId, Source, Stream};
+use crate::startup::Started;
 use ack::{AckError, AckTracker};
 use cleanup::{Cleaning, Ledger};
 use decide::ReadGate;
@@ -160,15 +160,16 @@ struct PublicationGuard {
 type Checking<C> = Option<(Lsn, BoxFuture<'static, C>)>;
 
 impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
-    /// A pipeline resuming from `slot`'s confirmed position. Make it after the metrics
-    /// recorder is installed: its metric handles bind when it is made.
+    /// A pipeline resuming from the slot's confirmed position as start-up found it (`slot`).
+    /// Make it after the metrics recorder is installed: its metric handles bind when it is
+    /// made.
     pub fn new(
         config: Config,
         source: S,
         sink: Arc<K>,
         deliveries: mpsc::UnboundedReceiver<Delivery>,
         health: Arc<Health>,
-        slot: &SlotState,
+        slot: &Started,
         cleanup: Option<Cleanup>,
     ) -> Self {
         let confirmed = slot.confirmed_flush;

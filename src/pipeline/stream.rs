@@ -150,10 +150,9 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             // A check begun on the old server covers positions of its timeline.
             self.checking = None;
         }
-        let new_source = self
-            .exactly_once
-            .as_mut()
-            .is_some_and(|eo| eo.follow(stream.server()));
+        let server = stream.server();
+        let new_source = (self.exactly_once.as_mut())
+            .is_some_and(|eo| eo.follow(&server.system_id, server.timeline));
         self.server = Some(stream.server().clone());
         self.stream = Some(stream);
         self.observer.streaming(true);

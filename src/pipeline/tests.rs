@@ -14,10 +14,11 @@ use crate::config::{Cli, Config};
 use crate::lsn::Lsn;
 use crate::observability::health::Health;
 use crate::outbox::OutboxRecord;
+use crate::postgres::catalog::publication::Publication;
 use crate::sink::exactly_once::{ReadBack, Tail, TailError};
 use crate::sink::{Delivery, Sink, SinkError, Ticket};
-use crate::source::setup::{Publication, SlotState};
 use crate::source::{ServerId, Source, SourceError, SourceEvent, Stream};
+use crate::startup::Started;
 
 const START: Lsn = Lsn(0x10);
 
@@ -267,16 +268,15 @@ async fn run_with(
         auto_ack,
         ack_delay,
     });
-    let slot = SlotState {
-        confirmed_flush: START,
-        created: false,
-        publication: Publication {
+    let slot = Started::resuming(
+        START,
+        Publication {
             oid: 1,
             all_tables: false,
             server_version: 180_000,
             members: Vec::new(),
         },
-    };
+    );
     let health = Arc::new(Health::new(Default::default()));
     let pipeline = Pipeline::new(
         config(flags),

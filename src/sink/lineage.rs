@@ -8,14 +8,12 @@
 
 use std::time::{Duration, SystemTime};
 
-use rdkafka::ClientConfig;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 
-use super::SinkError;
+use super::KafkaClients;
 use super::exactly_once::TailReader;
-use crate::config::Config;
 
 /// How long one write may wait for the broker's acknowledgement.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -146,15 +144,23 @@ impl LineageError {
     }
 }
 
-/// The latest record of `key`; `None` when there is none or the last is a tombstone.
-pub async fn read(config: &Config, key: &str) -> Result<Option<SlotRecord>, LineageError> {
-    let failed = |reason: String| LineageError::new("read", &config.flags.lineage_topic, reason);
-    let (owned, wanted) = (config.clone(), key.as_bytes().to_vec());
+/// The latest record of `key` in `topic`; `None` when there is none or the last is a
+/// tombstone.
+pub async fn read(
+    kafka: &KafkaClients,
+    topic: &str,
+    key: &str,
+) -> Result<Option<SlotRecord>, LineageError> {
+    let failed = |reason: String| LineageError::new("read", topic, reason);
+    // Read on the blocking pool, which takes owned values.
+    let kafka = kafka.clone();
+    let owned_topic = topic.to_owned();
+    let wanted = key.as_bytes().to_vec();
     let read = tokio::task::spawn_blocking(move || {
-        let reader = TailReader::new(&owned.kafka_brokers, &owned.kafka_properties);
+        let reader = TailReader::new(&kafka);
         let reader = reader.map_err(|e| e.to_string())?;
         // Several partitions: a key moves when their count changes; the newest write wins.
-        let records = reader.read_all(&owned.flags.lineage_topic, |msg| {
+        let records = reader.read_all(&owned_topic, |msg| {
             let at = msg.timestamp().to_millis().unwrap_or(0);
             let value = msg.payload().map(<[u8]>::to_vec);
             (msg.key() == Some(&wanted[..])).then_some((at, value))
@@ -175,25 +181,21 @@ pub async fn read(config: &Config, key: &str) -> Result<Option<SlotRecord>, Line
     Ok(Some(record))
 }
 
-/// Writes `record` (a tombstone when `None`) under `key` and waits for the broker's ack.
+/// Writes `record` (a tombstone when `None`) under `key` in `topic` and waits for the
+/// broker's ack.
 pub async fn write(
-    config: &Config,
+    kafka: &KafkaClients,
+    topic: &str,
     key: &str,
     record: Option<&SlotRecord>,
 ) -> Result<(), LineageError> {
-    let topic = &config.flags.lineage_topic;
     let failed = |reason: String| LineageError::new("record", topic, reason);
-    let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", &config.kafka_brokers);
-    client.set("acks", "all");
-    for (k, v) in config.kafka_properties.iter() {
-        client.set(k, v);
-    }
+    let mut client = kafka.config(&[("acks", "all")]);
     // Bounded, whatever the relay's own producer waits.
     client.set("message.timeout.ms", WRITE_TIMEOUT.as_millis().to_string());
     let producer: FutureProducer = client
         .create()
-        .map_err(|e| failed(SinkError::create(e, &config.kafka_properties).to_string()))?;
+        .map_err(|e| failed(kafka.refused(e).to_string()))?;
     // A record of plain strings always serialises.
     let value = record.map(|r| serde_json::to_vec(r).unwrap_or_default());
     let mut message = FutureRecord::to(topic).key(key);

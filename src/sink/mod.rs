@@ -7,6 +7,7 @@
 //! per batch, so the records of a batch refused for its size are sent again
 //! one per batch ([`Sink::send_alone`]): only a record refused alone is poison.
 
+mod client;
 pub mod exactly_once;
 pub mod lineage;
 mod reports;
@@ -26,6 +27,7 @@ use tokio::sync::mpsc;
 
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
+pub use client::KafkaClients;
 use exactly_once::TailReader;
 use reports::Served;
 
@@ -267,7 +269,7 @@ pub struct KafkaSink {
     tails: Option<Arc<Mutex<TailReader>>>,
     /// For the one-record-batch producer, made on first use.
     config: ClientConfig,
-    properties: Vec<(String, String)>,
+    kafka: KafkaClients,
     deliveries: mpsc::UnboundedSender<Delivery>,
     alone: OnceLock<Arc<Served<DeliveryContext>>>,
 }
@@ -276,24 +278,18 @@ impl KafkaSink {
     /// Builds the producer; delivery reports arrive on the returned channel.
     /// `tails` reads partitions back under `--delivery exactly-once`.
     pub fn new(
-        brokers: &str,
-        properties: &[(String, String)],
+        kafka: &KafkaClients,
         max_in_flight_events: usize,
         health: Option<Arc<Health>>,
         tails: Option<TailReader>,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), SinkError> {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", brokers);
-        for (k, v) in DEFAULT_PROPERTIES {
-            config.set(*k, *v);
-        }
         // The relay's cap bounds memory; librdkafka's queue must hold at
         // least that much or every send would hit QueueFull.
         let queue = (max_in_flight_events.saturating_mul(2)).max(100_000);
-        config.set("queue.buffering.max.messages", queue.to_string());
-        for (k, v) in properties {
-            config.set(k, v);
-        }
+        let queue = queue.to_string();
+        let mut defaults = DEFAULT_PROPERTIES.to_vec();
+        defaults.push(("queue.buffering.max.messages", &queue));
+        let config = kafka.config(&defaults);
         let (tx, rx) = mpsc::unbounded_channel();
         let context = DeliveryContext {
             deliveries: tx.clone(),
@@ -302,12 +298,12 @@ impl KafkaSink {
         };
         let producer: BaseProducer<_> = config
             .create_with_context(context)
-            .map_err(|error| SinkError::create(error, properties))?;
+            .map_err(|error| kafka.refused(error))?;
         let sink = KafkaSink {
             producer: reports::serve(producer),
             tails: tails.map(|reader| Arc::new(Mutex::new(reader))),
             config,
-            properties: properties.to_vec(),
+            kafka: kafka.clone(),
             deliveries: tx,
             alone: OnceLock::new(),
         };
@@ -391,7 +387,7 @@ impl Sink for KafkaSink {
                 };
                 let producer: BaseProducer<_> = config
                     .create_with_context(context)
-                    .map_err(|error| SinkError::create(error, &self.properties))?;
+                    .map_err(|error| self.kafka.refused(error))?;
                 self.alone.get_or_init(|| reports::serve(producer))
             }
         };
@@ -409,18 +405,18 @@ impl Sink for KafkaSink {
 mod tests {
     use super::*;
 
-    fn props(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
+    /// Clients of a broker nothing listens on, with `pairs` as `-X` properties.
+    fn props(pairs: &[(&str, &str)]) -> KafkaClients {
+        let properties: Vec<(String, String)> = (pairs.iter())
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect()
+            .collect();
+        KafkaClients::new("127.0.0.1:1", &properties)
     }
 
     #[tokio::test]
     async fn kafka_tls_and_sasl_are_available_through_properties() {
         for mechanism in ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] {
             let result = KafkaSink::new(
-                "127.0.0.1:1",
                 &props(&[
                     ("security.protocol", "SASL_SSL"),
                     ("sasl.mechanism", mechanism),
@@ -433,30 +429,15 @@ mod tests {
             );
             assert!(result.is_ok(), "{mechanism}: {:?}", result.err());
         }
-        assert!(
-            KafkaSink::new(
-                "127.0.0.1:1",
-                &props(&[("security.protocol", "SSL")]),
-                10,
-                None,
-                None
-            )
-            .is_ok()
-        );
+        assert!(KafkaSink::new(&props(&[("security.protocol", "SSL")]), 10, None, None).is_ok());
     }
 
     #[tokio::test]
     async fn unknown_properties_are_a_clear_error() {
-        let err = KafkaSink::new(
-            "127.0.0.1:1",
-            &props(&[("no.such.property", "1")]),
-            10,
-            None,
-            None,
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        let err = KafkaSink::new(&props(&[("no.such.property", "1")]), 10, None, None)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("-X"), "{err}");
     }
 
@@ -471,7 +452,7 @@ mod tests {
             ("acks", "hunter2"),
             ("security.protocol", "hunter2"),
         ] {
-            let err = KafkaSink::new("127.0.0.1:1", &props(&[(key, value)]), 10, None, None)
+            let err = KafkaSink::new(&props(&[(key, value)]), 10, None, None)
                 .err()
                 .map(|e| format!("{e} {e:?}"))
                 .unwrap_or_default();
@@ -488,7 +469,8 @@ mod tests {
         let cluster = rdkafka::mocking::MockCluster::new(1).unwrap();
         cluster.create_topic("t", 4, 1).unwrap();
         let brokers = cluster.bootstrap_servers();
-        let (sink, mut deliveries) = KafkaSink::new(&brokers, &[], 1_000, None, None).unwrap();
+        let kafka = KafkaClients::new(&brokers, &[]);
+        let (sink, mut deliveries) = KafkaSink::new(&kafka, 1_000, None, None).unwrap();
         let record = |n: u64| OutboxRecord {
             topic: "t".to_owned(),
             key: Some(Bytes::from(n.to_string())),

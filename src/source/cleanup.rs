@@ -1,5 +1,6 @@
-//! `--cleanup delete`, the Postgres side: the start-up checks, each outbox table's primary key
-//! and how a row's key is read from its insert, and the [`Deleter`] that deletes relayed rows.
+//! `--cleanup delete`, the Postgres side: each outbox table's primary key (start-up checked
+//! it) and how a row's key is read from its insert, and the [`Deleter`] that deletes relayed
+//! rows.
 //! Which rows may go, and when, is the pipeline's (`pipeline/cleanup.rs`).
 //!
 //! A delete never waits for a row another session holds: the DELETE takes its rows `FOR UPDATE
@@ -14,15 +15,10 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use tokio_postgres::Client;
 
-use crate::config::{Config, TargetSessionAttrs};
-use crate::outbox::{BindError, TableName, column_index, quote_ident};
+use crate::outbox::{BindError, TableName, column_index};
 use crate::pgoutput::{Relation, TupleData, Value};
+use crate::postgres::{Connector, PostgresError, query_err, sql};
 use crate::source::SourceError;
-use crate::source::setup::{self, query_err};
-
-/// The delete connection's limits: a DELETE never waits long for a lock (rows another session
-/// holds are skipped anyway) nor runs long; either is retried later.
-const SESSION: &str = "SET lock_timeout = '2s'; SET statement_timeout = '30s'";
 
 /// One outbox table: its name, primary key columns and DELETE statement.
 #[derive(Debug)]
@@ -35,7 +31,7 @@ pub struct Table {
 impl Table {
     /// `table` deleted from by its primary key `columns`.
     pub fn new(table: &TableName, columns: Vec<String>) -> Self {
-        let sql = delete_sql(table, &columns);
+        let sql = sql::delete_rows(table, &columns);
         Table {
             name: table.to_string(),
             columns,
@@ -85,98 +81,18 @@ pub struct Cleanup {
     pub deleter: Option<Box<dyn Deleter>>,
 }
 
-/// The statement for any key shape: the keys arrive as one JSON array of objects, whose text
-/// values the table's own row type converts. It deletes the rows no other session holds and
-/// returns the (1-based) positions of those that still exist, held by another session.
-fn delete_sql(table: &TableName, columns: &[String]) -> String {
-    let table = table.quoted();
-    let columns: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
-    let key = columns.join(", ");
-    let typed = format!("r.{}", columns.join(", r."));
-    format!(
-        "WITH keys AS (SELECT k.outbox_relay_n, {typed} \
-           FROM jsonb_array_elements($1::text::jsonb) WITH ORDINALITY AS k(v, outbox_relay_n), \
-             jsonb_populate_record(NULL::{table}, k.v) AS r), \
-         gone AS (DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} \
-           WHERE ({key}) IN (SELECT {key} FROM keys) FOR UPDATE SKIP LOCKED) RETURNING {key}) \
-         SELECT outbox_relay_n FROM keys \
-         WHERE ({key}) IN (SELECT {key} FROM {table}) AND ({key}) NOT IN (SELECT {key} FROM gone)"
-    )
-}
-
 impl Cleanup {
-    /// Refuses unless the server is a primary, every outbox table has a primary key the role may
-    /// DELETE by and the publication (if it exists yet) does not publish deletes.
-    pub async fn new(client: Client, config: &Config) -> Result<Self, SourceError> {
-        let refused = |problem| {
-            let message = format!("--cleanup delete: {problem}, or use --cleanup none");
-            Err(SourceError::Misconfigured(message))
-        };
-        let row = client
-            .query_one("SELECT pg_is_in_recovery()", &[])
-            .await
-            .map_err(query_err("probe the server's role"))?;
-        if row.get::<_, bool>(0) {
-            return refused(format!(
-                "the server at {} is a standby (in recovery), where rows cannot be deleted; \
-                 point --postgres-url at the primary (or add target_session_attrs=read-write)",
-                config.postgres.redacted()
-            ));
-        }
-        let publication = &config.flags.publication;
-        let row = client
-            .query_opt(
-                "SELECT pubdelete FROM pg_publication WHERE pubname = $1",
-                &[publication],
-            )
-            .await
-            .map_err(query_err("look up the publication"))?;
-        if row.is_some_and(|r| r.get::<_, bool>(0)) {
-            return refused(format!(
-                "publication {publication:?} publishes deletes, so every row the relay deletes \
-                 would come back through the slot; run ALTER PUBLICATION {} SET (publish = \
-                 'insert')",
-                quote_ident(publication)
-            ));
-        }
-        let mut tables = Vec::new();
-        for table in &config.tables {
-            let rows = client
-                .query(
-                    "SELECT a.attname::text, has_table_privilege(i.indrelid, 'DELETE') \
-                     FROM pg_index i JOIN pg_attribute a \
-                       ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) \
-                     WHERE i.indrelid = $1::text::regclass AND i.indisprimary \
-                     ORDER BY array_position(i.indkey::int2[], a.attnum)",
-                    &[&table.quoted()],
-                )
-                .await
-                .map_err(query_err("read the outbox table's primary key"))?;
-            if rows.is_empty() {
-                return refused(format!(
-                    "table {table} has no primary key, so relayed rows cannot be deleted one by \
-                     one; add one (ALTER TABLE {table} ADD PRIMARY KEY (id))"
-                ));
-            }
-            if !rows.iter().all(|r| r.get::<_, bool>(1)) {
-                let user = &config.postgres.user;
-                return refused(format!(
-                    "role {user:?} may not DELETE from {table}; run GRANT DELETE ON {table} TO \
-                     {user}"
-                ));
-            }
-            tables.push(Table::new(table, rows.iter().map(|r| r.get(0)).collect()));
-        }
-        let mut config = config.clone();
-        // On a reconnect after a failover, the deletes go to the new primary.
-        if config.postgres.hosts.len() > 1 {
-            config.postgres.target_session_attrs = TargetSessionAttrs::ReadWrite;
-        }
+    /// The outbox tables with their primary key columns (start-up checked that the role may
+    /// delete by them), deleted from on a connection of their own to the primary.
+    pub fn new(primary_keys: &[(TableName, Vec<String>)], connector: &Connector) -> Self {
+        let tables = primary_keys
+            .iter()
+            .map(|(table, key)| Table::new(table, key.clone()));
         let deleter = PgDeleter {
-            client: Some(limited(client).await?),
-            config,
+            client: None,
+            connector: connector.primary(),
         };
-        Ok(Cleanup::with(tables, Box::new(deleter)))
+        Cleanup::with(tables.collect(), Box::new(deleter))
     }
 
     /// `tables` deleted from by `deleter`.
@@ -248,15 +164,16 @@ pub async fn delete(
     Ok(held)
 }
 
-/// Deletes on a control connection of its own, reopened after any error.
+/// Deletes on a control connection of its own, opened when first needed and reopened after
+/// any error.
 struct PgDeleter {
     client: Option<Client>,
-    config: Config,
+    connector: Connector,
 }
 
 /// `client` with the delete session's limits.
-async fn limited(client: Client) -> Result<Client, SourceError> {
-    let timeouts = client.batch_execute(SESSION).await;
+async fn limited(client: Client) -> Result<Client, PostgresError> {
+    let timeouts = client.batch_execute(sql::DELETE_SESSION).await;
     timeouts.map_err(query_err("set the delete session's timeouts"))?;
     Ok(client)
 }
@@ -270,7 +187,7 @@ impl Deleter for PgDeleter {
         async move {
             let client = match self.client.take() {
                 Some(client) if !client.is_closed() => client,
-                _ => limited(setup::connect(&self.config).await?).await?,
+                _ => limited(self.connector.control().await?).await?,
             };
             let keys = format!("[{}]", keys.join(","));
             let rows = client.query(&table.sql, &[&keys]).await;
@@ -294,7 +211,10 @@ impl Deleter for PgDeleter {
 /// the role or the data (SQLSTATE classes other than connection, transaction rollback,
 /// resources, locks and timeouts, operator intervention, read-only after a failover).
 fn permanent(error: &SourceError) -> bool {
-    let (SourceError::Query { source, .. } | SourceError::Connect { source, .. }) = error else {
+    let SourceError::Postgres(
+        PostgresError::Query { source, .. } | PostgresError::Connect { source, .. },
+    ) = error
+    else {
         return false;
     };
     let Some(db) = source.0.as_db_error() else {
@@ -313,24 +233,6 @@ pub fn retry_after(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn one_statement_shape_for_any_key() {
-        let table = TableName {
-            schema: "public".into(),
-            name: "outbox".into(),
-        };
-        let sql = delete_sql(&table, &["id".into(), "created_on".into()]);
-        for part in [
-            "SELECT k.outbox_relay_n, r.\"id\", r.\"created_on\"",
-            "jsonb_populate_record(NULL::\"public\".\"outbox\", k.v)",
-            "DELETE FROM \"public\".\"outbox\" WHERE (\"id\", \"created_on\") IN",
-            "FOR UPDATE SKIP LOCKED) RETURNING \"id\", \"created_on\"",
-            "NOT IN (SELECT \"id\", \"created_on\" FROM gone)",
-        ] {
-            assert!(sql.contains(part), "{part}: {sql}");
-        }
-    }
 
     #[test]
     fn retries_back_off_to_thirty_seconds() {

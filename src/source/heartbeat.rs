@@ -6,22 +6,20 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use super::{PgError, control};
-use crate::config::Config;
+use super::replication::control;
 use crate::observability::Chain;
-
-/// The prefix `outbox-relay-heartbeat` is no outbox prefix: never relayed.
-const HEARTBEAT: &str = "SELECT pg_logical_emit_message(false, 'outbox-relay-heartbeat', '')";
+use crate::postgres::sql::HEARTBEAT;
+use crate::postgres::{Connector, PgError};
 
 /// Writes a heartbeat every `interval` until aborted; an error is logged once and retried.
-pub async fn run(config: Config, interval: Duration) {
+pub async fn run(connector: Connector, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client = None;
     let mut warned = false;
     loop {
         ticker.tick().await;
-        let Ok(c) = control(&mut client, &config).await else {
+        let Ok(c) = control(&mut client, &connector).await else {
             continue;
         };
         let Err(e) = c.simple_query(HEARTBEAT).await else {

@@ -10,10 +10,11 @@ use outbox_relay::config::{Cli, Config};
 use outbox_relay::lsn::Lsn;
 use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
+use outbox_relay::postgres::catalog::publication::Publication;
 use outbox_relay::sink::exactly_once::{ReadBack, Tail, TailError, window};
 use outbox_relay::sink::{Blame, Delivery, DeliveryFailure, Sink, SinkError, Ticket};
-use outbox_relay::source::setup::{Publication, SlotState};
 use outbox_relay::source::{ServerId, Source, SourceError, SourceEvent, Stream, resume_point};
+use outbox_relay::startup::Started;
 use rand::Rng;
 use tokio::time::Instant;
 
@@ -361,16 +362,15 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
             let world = shared.lock();
             (world.confirmed, world.plan.all_tables, world.plan.cleanup)
         };
-        let slot = SlotState {
-            confirmed_flush: Lsn(confirmed),
-            created: false,
-            publication: Publication {
+        let slot = Started::resuming(
+            Lsn(confirmed),
+            Publication {
                 oid: 1,
                 all_tables,
                 server_version: 170_000,
                 members: Vec::new(),
             },
-        };
+        );
         let source = SimSource {
             shared: shared.clone(),
             previous: None,

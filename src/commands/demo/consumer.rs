@@ -9,7 +9,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use super::writer::EVENT_TYPES;
 use crate::commands::print::{Position, RecordLine, text};
@@ -27,10 +27,9 @@ pub(super) fn subscribe(
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
 ) -> Result<StreamConsumer, KafkaError> {
     // The relay's -X settings (security, say) apply to the broker, so to this client too.
-    let mut client: ClientConfig = config.kafka_properties.iter().cloned().collect();
+    let mut client = super::super::kafka(config).config(&[]);
     let group = format!("outbox-relay-demo-{}", std::process::id());
     let consumer: StreamConsumer = client
-        .set("bootstrap.servers", &config.kafka_brokers)
         .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")

@@ -22,8 +22,11 @@ use tokio_postgres::error::SqlState;
 use super::{CommandError, human_bytes, relay};
 use crate::config::{Cli, Config, ConfigError, DemoArgs};
 use crate::observability::health::Health;
-use crate::source::lineage::Lineage;
-use crate::source::{setup, sql};
+use crate::postgres::Connector;
+use crate::postgres::catalog::slots;
+use crate::postgres::sql;
+use crate::startup::lineage::Lineage;
+use crate::startup::{self, Wanted};
 
 /// The demo's slot and publication, apart from a real relay's.
 const SLOT: &str = "outbox_relay_demo";
@@ -54,6 +57,9 @@ pub enum DemoError {
     /// The mock broker or the demo consumer could not start.
     #[error("cannot start the demo's Kafka side")]
     Kafka(#[from] KafkaError),
+    /// The relay's task ended without a result (it stopped by itself, or it failed).
+    #[error("the demo's relay {0} unexpectedly")]
+    RelayEnded(&'static str),
 }
 
 pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
@@ -124,10 +130,12 @@ async fn run_demo(
     args: &DemoArgs,
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
 ) -> Result<(), CommandError> {
-    let client = Arc::new(setup::connect(config).await?);
+    let connector = Connector::new(config.postgres.clone());
+    let client = Arc::new(connector.control().await?);
     super::execute(&client, &writer::schema_sql(), "create the demo tables").await?;
     // The slot before the first write: nothing committed before it is relayed.
-    setup::prepare(&client, config).await?;
+    let kafka = super::kafka(config);
+    startup::start(&Wanted::new(config), &connector, &kafka).await?;
     let consumer = consumer::subscribe(config, mock).map_err(DemoError::Kafka)?;
 
     let (written, consumed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -152,7 +160,7 @@ async fn run_demo(
         // The relay stopped by itself: that is the error to show.
         outcome = &mut relay => return match outcome {
             Ok(Err(e)) => Err(e),
-            _ => Err(CommandError::Refused("the relay stopped unexpectedly".into())),
+            _ => Err(DemoError::RelayEnded("stopped by itself").into()),
         },
     };
     let written = written.load(Relaxed);
@@ -160,7 +168,7 @@ async fn run_demo(
     let _ = stop_relay.send(());
     let relayed = match relay.await {
         Ok(outcome) => outcome?.events_acked,
-        Err(_) => return Err(CommandError::Refused("the relay task failed".into())),
+        Err(_) => return Err(DemoError::RelayEnded("failed").into()),
     };
     catch_up(|| consumed.load(Relaxed) >= relayed).await;
     drop(background);
@@ -190,19 +198,10 @@ async fn progress(
     let mut tick = tokio::time::interval_at(start, PROGRESS_EVERY);
     loop {
         tick.tick().await;
-        let row = client
-            .query_opt(
-                "SELECT format('slot confirmed %s of WAL end %s', confirmed_flush_lsn, \
-                               pg_current_wal_lsn()), \
-                        coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn), 0)::bigint \
-                 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&SLOT],
-            )
-            .await;
-        let slot = match row {
-            Ok(Some(row)) => {
-                let behind = human_bytes(row.get(1));
-                format!("{} ({behind} behind)", row.get::<_, String>(0))
+        let slot = match slots::progress(&client, SLOT).await {
+            Ok(Some((position, behind))) => {
+                let behind = human_bytes(behind);
+                format!("{position} ({behind} behind)")
             }
             _ => "slot position unavailable".to_owned(),
         };
@@ -219,7 +218,8 @@ async fn progress(
 /// it and the publication (the walsender may take a moment to let go of the slot). In a user's
 /// Kafka, remove the slot's lineage record.
 async fn clean_up(config: &Config, users_server: bool, users_kafka: bool) {
-    let Ok(client) = setup::connect(config).await else {
+    let connector = Connector::new(config.postgres.clone());
+    let Ok(client) = connector.control().await else {
         eprintln!(
             "demo: cannot reconnect to drop slot {SLOT:?}: drop it with `outbox-relay drop-slot`"
         );
@@ -238,7 +238,9 @@ async fn clean_up(config: &Config, users_server: bool, users_kafka: bool) {
         let schema = writer::SCHEMA;
         println!("demo: dropped slot and publication {SLOT:?}; the {schema} tables stay");
     }
-    if users_kafka && let Ok(lineage) = Lineage::open(config).await {
+    let kafka = super::kafka(config);
+    let topic = &config.flags.lineage_topic;
+    if users_kafka && let Ok(lineage) = Lineage::open(&connector, &kafka, topic, SLOT).await {
         let _ = lineage.forget().await;
     }
 }

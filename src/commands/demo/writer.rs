@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use crate::postgres::query_err;
 use crate::source::SourceError;
-use crate::source::setup::query_err;
 
 /// The demo schema: its own, so a user's database keeps its tables.
 pub(super) const SCHEMA: &str = "outbox_demo";

@@ -151,7 +151,7 @@ impl Router {
             (config.value, &payload, "--value-converter"),
         ] {
             if converter == Converter::Bytearray && col.schema().kind != Kind::Bytes {
-                let why = "ByteArrayConverter takes only bytes (a bytea column under binary.handling.mode=bytes); Debezium stops at the first event";
+                let why = "ByteArrayConverter takes only bytea (under binary.handling.mode=bytes); Debezium stops at the first event";
                 return Err(refusal(flag, &col.name, why));
             }
         }

@@ -14,7 +14,6 @@ use crate::lsn::Lsn;
 use crate::observability::Chain;
 use crate::observability::metrics::TAIL_RECORDS_READ_TOTAL;
 use crate::outbox::OutboxRecord;
-use crate::source::ServerId;
 
 /// The pipeline's side: pins each record's partition, tags it with its
 /// position, and skips what a partition's tail shows was already delivered.
@@ -43,10 +42,10 @@ impl ExactlyOnce {
         }
     }
 
-    /// Takes the source of a stream on `server`; returns whether it changed
-    /// (the first stream, or a promotion), so the tails must be read again.
-    pub fn follow(&mut self, server: &ServerId) -> bool {
-        let source_id = format!("{}@{}/{}", self.slot, server.system_id, server.timeline);
+    /// Takes the source of a stream on the cluster `system_id`, on `timeline`; returns whether
+    /// it changed (the first stream, or a promotion), so the tails must be read again.
+    pub fn follow(&mut self, system_id: &str, timeline: u32) -> bool {
+        let source_id = format!("{}@{system_id}/{timeline}", self.slot);
         if self.source_id == source_id.as_bytes() {
             return false;
         }

@@ -15,7 +15,7 @@ use super::window::{self, PartitionLog};
 use super::{ReadBack, Seen, Tail, TailError};
 use crate::lsn::Lsn;
 use crate::outbox::ID_HEADER;
-use crate::sink::{KafkaSink, SinkError};
+use crate::sink::{KafkaClients, KafkaSink, SinkError};
 
 /// How long one metadata request or one tail read may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -35,10 +35,10 @@ impl TailReader {
     /// A reader with the relay's brokers and every `-X` property the producer has: what
     /// reaches the brokers (security, TLS verification, SASL, DNS, message sizes) must
     /// reach them the same way; producer-only properties are ignored by a consumer.
-    pub fn new(brokers: &str, properties: &[(String, String)]) -> Result<Self, SinkError> {
-        let consumer = reader_config(brokers, properties)
+    pub fn new(kafka: &KafkaClients) -> Result<Self, SinkError> {
+        let consumer = reader_config(kafka)
             .create()
-            .map_err(|e| SinkError::create(e, properties))?;
+            .map_err(|e| kafka.refused(e))?;
         Ok(TailReader { consumer })
     }
 
@@ -186,12 +186,8 @@ impl TailReader {
 /// The reader's configuration: the producer's brokers and properties, then what a tail read
 /// needs (no group offsets, an end-of-partition signal, no held fetches, no warnings about
 /// the producer-only properties).
-fn reader_config(brokers: &str, properties: &[(String, String)]) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config.set("bootstrap.servers", brokers);
-    for (k, v) in properties {
-        config.set(k, v);
-    }
+fn reader_config(kafka: &KafkaClients) -> ClientConfig {
+    let mut config = kafka.config(&[]);
     config
         .set("group.id", "outbox-relay-tail-reader")
         .set("enable.auto.commit", "false")
@@ -332,14 +328,14 @@ mod tests {
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .into();
-        let config = reader_config("broker:9092", &properties);
+        let config = reader_config(&KafkaClients::new("broker:9092", &properties));
         for (k, v) in &properties {
             assert_eq!(config.get(k), Some(v.as_str()), "{k}");
         }
         // What a tail read needs is not the user's to change.
         let own = [("enable.partition.eof".to_owned(), "false".to_owned())];
         assert_eq!(
-            reader_config("b", &own).get("enable.partition.eof"),
+            reader_config(&KafkaClients::new("b", &own)).get("enable.partition.eof"),
             Some("true")
         );
         // A producer's properties make a working reader: librdkafka ignores its own.
@@ -349,13 +345,13 @@ mod tests {
             ("acks", "all"),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
-        assert!(TailReader::new("127.0.0.1:1", &producer).is_ok());
+        assert!(TailReader::new(&KafkaClients::new("127.0.0.1:1", &producer)).is_ok());
     }
 
     #[test]
     fn a_refused_reader_property_shows_the_key_never_the_value() {
         let properties = [("sasl.pasword".to_owned(), "hunter2".to_owned())];
-        let err = TailReader::new("127.0.0.1:1", &properties)
+        let err = TailReader::new(&KafkaClients::new("127.0.0.1:1", &properties))
             .err()
             .map(|e| format!("{e} {e:?}"))
             .unwrap_or_default();

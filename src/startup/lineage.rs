@@ -7,22 +7,36 @@
 //!
 //! A topic with time-based retention (the broker's default for an auto-created topic) would
 //! drop the record after `retention.ms`, turning the guard off: a relay streaming from the slot
-//! writes its record again at every start and every [`REFRESH_INTERVAL`] while it runs.
+//! writes its record again at every start and every [`REFRESH_INTERVAL`] while it runs
+//! ([`keep_fresh`]).
 
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::setup::query_err;
-use super::{SourceError, replication_err};
-use crate::config::Config;
+use super::StartupError;
 use crate::lsn::Lsn;
 use crate::observability::Chain;
-use crate::sink::lineage::{self, SlotRecord, SlotState};
+use crate::postgres::Connector;
+use crate::postgres::catalog::slots::legacy_record;
+use crate::sink::KafkaClients;
+use crate::sink::lineage::{self, LineageError, SlotRecord, SlotState};
 
 /// How often a running relay writes its slot's record again: well inside Kafka's default
 /// retention of 7 days.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+
+/// What the lineage topic and the cluster say about the slot, as start-up read them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineageFacts {
+    /// The cluster's system identifier (shared by a primary and its standbys).
+    pub system_identifier: String,
+    /// The slot's last record in the lineage topic.
+    pub record: Option<SlotRecord>,
+    /// When an older relay recorded the slot in `public.outbox_relay_slots` of this cluster
+    /// (read only when the slot is missing and the topic has no record of it).
+    pub legacy: Option<String>,
+}
 
 /// What start-up does about the slot.
 #[derive(Debug, PartialEq, Eq)]
@@ -45,7 +59,7 @@ pub(crate) enum Guard {
 pub(crate) fn judge(
     exists: bool,
     record: Option<&SlotRecord>,
-    legacy: Option<String>,
+    legacy: Option<&str>,
     allow_new_slot: bool,
     topic: &str,
 ) -> Guard {
@@ -72,115 +86,123 @@ pub(crate) fn judge(
 }
 
 /// The slot's place in the lineage topic: this cluster's key.
-pub struct Lineage<'a> {
-    config: &'a Config,
+#[derive(Clone, Debug)]
+pub struct Lineage {
+    kafka: KafkaClients,
+    topic: String,
+    slot: String,
     system_identifier: String,
     key: String,
-    /// The slot's record as [`Lineage::judge`] last read it.
-    found: Option<SlotRecord>,
 }
 
-impl<'a> Lineage<'a> {
-    /// Reads the cluster's system identifier (shared by a primary and its standbys) with
-    /// IDENTIFY_SYSTEM, which a role with REPLICATION may run on any server.
-    pub async fn open(config: &'a Config) -> Result<Lineage<'a>, SourceError> {
-        let mut session = super::command_session(config).await?;
-        let system = session.identify_system().await;
-        let system_identifier = system.map_err(replication_err(config))?.system_id;
-        let key = lineage::key(&system_identifier, &config.flags.slot);
-        Ok(Lineage {
-            config,
-            system_identifier,
-            key,
-            found: None,
+impl Lineage {
+    /// The record of `slot` in `topic`, for the cluster `system_identifier`.
+    pub fn new(kafka: &KafkaClients, topic: &str, slot: &str, system_identifier: &str) -> Self {
+        Lineage {
+            kafka: kafka.clone(),
+            topic: topic.to_owned(),
+            slot: slot.to_owned(),
+            system_identifier: system_identifier.to_owned(),
+            key: lineage::key(system_identifier, slot),
+        }
+    }
+
+    /// Reads the cluster's system identifier with IDENTIFY_SYSTEM, which a role with
+    /// REPLICATION may run on any server.
+    pub async fn open(
+        connector: &Connector,
+        kafka: &KafkaClients,
+        topic: &str,
+        slot: &str,
+    ) -> Result<Self, StartupError> {
+        let mut session = connector.command_session(slot).await?;
+        let identified = session.identify_system().await;
+        let system =
+            identified.map_err(|e| connector.replication_error("identify the system", slot, e))?;
+        Ok(Lineage::new(kafka, topic, slot, &system.system_id))
+    }
+
+    /// The cluster's system identifier.
+    pub fn system_identifier(&self) -> &str {
+        &self.system_identifier
+    }
+
+    /// The slot's last record; `None` when there is none or the last is a tombstone.
+    pub async fn read(&self) -> Result<Option<SlotRecord>, LineageError> {
+        lineage::read(&self.kafka, &self.topic, &self.key).await
+    }
+
+    /// What the topic, and where it has no record of a missing slot the cluster, say about
+    /// the slot (`exists`: it is on the server).
+    pub async fn facts(
+        &self,
+        control: &Client,
+        exists: bool,
+    ) -> Result<LineageFacts, StartupError> {
+        let record = self.read().await?;
+        let legacy = match exists || record.is_some() {
+            true => None,
+            false => legacy_record(control, &self.slot, &self.system_identifier).await?,
+        };
+        Ok(LineageFacts {
+            system_identifier: self.system_identifier.clone(),
+            record,
+            legacy,
         })
     }
 
-    /// What to do about the slot, found (`exists`) or not.
-    pub(crate) async fn judge(
-        &mut self,
-        client: &Client,
-        exists: bool,
-    ) -> Result<Guard, SourceError> {
-        let record = lineage::read(self.config, &self.key).await?;
-        self.found = record.clone();
-        let legacy = match exists || record.is_some() {
-            true => None,
-            false => legacy(client, &self.config.flags.slot, &self.system_identifier).await?,
-        };
-        let flags = &self.config.flags;
-        let (allow, topic) = (flags.allow_new_slot, &flags.lineage_topic);
-        Ok(judge(exists, record.as_ref(), legacy, allow, topic))
-    }
-
     /// Records that the relay streams from the slot, confirmed at `lsn`, and waits for the ack.
-    pub async fn created(&self, lsn: Lsn) -> Result<(), SourceError> {
+    pub async fn created(&self, lsn: Lsn) -> Result<(), LineageError> {
         self.write(SlotState::Created, Some(lsn)).await
     }
 
-    /// Writes the slot's `created` record, as last read, again (see [`REFRESH_INTERVAL`]).
-    pub async fn refresh(&self) -> Result<(), SourceError> {
-        let Some(record) = self.found.clone().filter(|r| r.state == SlotState::Created) else {
+    /// Writes `found`, the slot's `created` record, again (see [`REFRESH_INTERVAL`]); nothing
+    /// for another record.
+    pub async fn refresh(&self, found: Option<&SlotRecord>) -> Result<(), LineageError> {
+        let Some(record) = found.filter(|r| r.state == SlotState::Created) else {
             return Ok(());
         };
-        let record = record.refreshed();
-        Ok(lineage::write(self.config, &self.key, Some(&record)).await?)
+        let record = record.clone().refreshed();
+        lineage::write(&self.kafka, &self.topic, &self.key, Some(&record)).await
     }
 
     /// Records that the slot was dropped on purpose: the next start creates a fresh one.
-    pub async fn dropped(&self) -> Result<(), SourceError> {
+    pub async fn dropped(&self) -> Result<(), LineageError> {
         self.write(SlotState::Dropped, None).await
     }
 
     /// Removes the slot's record (a tombstone): the demo leaves nothing behind.
-    pub async fn forget(&self) -> Result<(), SourceError> {
-        Ok(lineage::write(self.config, &self.key, None).await?)
+    pub async fn forget(&self) -> Result<(), LineageError> {
+        lineage::write(&self.kafka, &self.topic, &self.key, None).await
     }
 
-    async fn write(&self, state: SlotState, lsn: Option<Lsn>) -> Result<(), SourceError> {
-        let (slot, id) = (&self.config.flags.slot, &self.system_identifier);
-        let record = SlotRecord::now(slot, id, state, lsn.map(|l| l.to_string()));
-        lineage::write(self.config, &self.key, Some(&record)).await?;
-        tracing::info!(slot, topic = %self.config.flags.lineage_topic, ?state, "recorded the slot's lineage");
+    async fn write(&self, state: SlotState, lsn: Option<Lsn>) -> Result<(), LineageError> {
+        let lsn = lsn.map(|lsn| lsn.to_string());
+        let record = SlotRecord::now(&self.slot, &self.system_identifier, state, lsn);
+        lineage::write(&self.kafka, &self.topic, &self.key, Some(&record)).await?;
+        tracing::info!(slot = %self.slot, topic = %self.topic, ?state, "recorded the slot's lineage");
         Ok(())
     }
 }
 
 /// Writes the slot's record again every [`REFRESH_INTERVAL`] while the relay runs; a failure
 /// is logged and retried at the next interval (the record written at start-up stands meanwhile).
-pub async fn keep_fresh(config: Config) {
+pub async fn keep_fresh(connector: Connector, kafka: KafkaClients, topic: String, slot: String) {
     loop {
         tokio::time::sleep(REFRESH_INTERVAL).await;
         let refreshed = async {
-            let mut lineage = Lineage::open(&config).await?;
-            lineage.found = lineage::read(&config, &lineage.key).await?;
-            lineage.refresh().await
+            let lineage = Lineage::open(&connector, &kafka, &topic, &slot).await?;
+            let found = lineage.read().await?;
+            Ok::<_, StartupError>(lineage.refresh(found.as_ref()).await?)
         };
         if let Err(error) = refreshed.await {
             tracing::warn!(
                 error = %Chain(&error),
-                slot = %config.flags.slot,
+                slot = %slot,
                 "cannot write the slot's lineage record again; a lineage topic with time-based \
                  retention may drop it, which would let a lost slot be replaced silently"
             );
         }
-    }
-}
-
-/// When an older relay recorded the slot in `public.outbox_relay_slots` of this cluster.
-async fn legacy(client: &Client, slot: &str, system: &str) -> Result<Option<String>, SourceError> {
-    let found = client
-        .query_opt(
-            "SELECT created_at::text FROM public.outbox_relay_slots \
-             WHERE slot_name = $1 AND system_identifier = $2",
-            &[&slot, &system],
-        )
-        .await;
-    match found {
-        Ok(row) => Ok(row.map(|r| r.get(0))),
-        // No table: no older relay ran here.
-        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => Ok(None),
-        Err(source) => Err(query_err("read public.outbox_relay_slots")(source)),
     }
 }
 
@@ -196,7 +218,7 @@ mod tests {
     fn a_slot_starts_over_only_on_a_first_start_after_a_drop_or_with_consent() {
         let created = record(SlotState::Created);
         let dropped = record(SlotState::Dropped);
-        let legacy = || Some("2025-01-01".to_owned());
+        let legacy = Some("2025-01-01");
         let judged = |exists, record, legacy, allow| judge(exists, record, legacy, allow, "t");
         // A slot found is streamed from, recorded first unless it is already.
         assert_eq!(
@@ -204,17 +226,11 @@ mod tests {
             Guard::Keep { record: false }
         );
         for r in [None, Some(&dropped)] {
-            assert_eq!(
-                judged(true, r, legacy(), false),
-                Guard::Keep { record: true }
-            );
+            assert_eq!(judged(true, r, legacy, false), Guard::Keep { record: true });
         }
         // Missing: a first start, or after drop-slot (which overrides an older relay's row).
         assert_eq!(judged(false, None, None, false), Guard::Create);
-        assert_eq!(
-            judged(false, Some(&dropped), legacy(), false),
-            Guard::Create
-        );
+        assert_eq!(judged(false, Some(&dropped), legacy, false), Guard::Create);
         // Missing where it was created: refused, unless --allow-new-slot.
         let Guard::Refuse(at) = judged(false, Some(&created), None, false) else {
             panic!("a lost slot must be refused");
@@ -223,7 +239,7 @@ mod tests {
             at.contains("Kafka topic \"t\"") && at.contains("0/10"),
             "{at}"
         );
-        let Guard::Refuse(at) = judged(false, None, legacy(), false) else {
+        let Guard::Refuse(at) = judged(false, None, legacy, false) else {
             panic!("an older relay's record must be honoured");
         };
         assert!(at.contains("public.outbox_relay_slots"), "{at}");
@@ -232,7 +248,7 @@ mod tests {
             Guard::Replace(_)
         ));
         assert!(matches!(
-            judged(false, None, legacy(), true),
+            judged(false, None, legacy, true),
             Guard::Replace(_)
         ));
     }

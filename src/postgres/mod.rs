@@ -1,0 +1,139 @@
+//! Postgres, below both start-up and the replication runtime: opening connections
+//! ([`connect`]: the control session, the server `target_session_attrs` picks, a replication
+//! session for commands), the catalog queries the relay reads ([`catalog`]), and the
+//! statements it runs ([`sql`]). Nothing here decides anything: start-up (`startup`) judges
+//! what the catalog says, and the stream (`source`) keeps its own sessions.
+
+pub mod catalog;
+pub mod connect;
+pub mod sql;
+mod tls;
+
+use pgwire_replication::PgWireError;
+
+pub use connect::Connector;
+pub use tls::TlsError;
+
+/// A Postgres connection or query failed; the message says what it was for.
+#[derive(Debug, thiserror::Error)]
+pub enum PostgresError {
+    /// The control connection could not be opened (`url` redacted).
+    #[error("cannot connect to Postgres at {url}")]
+    Connect {
+        /// The server's URL, password redacted.
+        url: String,
+        /// The connection error.
+        #[source]
+        source: PgError,
+    },
+    /// The TLS settings in the URL cannot be used (a file, a missing root CA).
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The control connection's TLS handshake failed; `hint` says what to check.
+    #[error("TLS handshake with Postgres at {url} failed ({hint})")]
+    TlsHandshake {
+        /// The server's URL, password redacted.
+        url: String,
+        /// What to check in the TLS settings, from the handshake failure.
+        hint: &'static str,
+        /// The connection error.
+        #[source]
+        source: PgError,
+    },
+    /// The replication connection was refused (TLS or authentication).
+    #[error("cannot open the replication connection to {url} ({hint})")]
+    ReplicationConnect {
+        /// The server's URL, password redacted.
+        url: String,
+        /// What to check: `pg_hba.conf`'s replication lines or the TLS settings.
+        hint: &'static str,
+        /// The replication client's error.
+        #[source]
+        source: PgWireError,
+    },
+    /// No server of the URL satisfies `target_session_attrs` (mid-failover): retried.
+    #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
+    NoSuitableHost {
+        /// The `target_session_attrs` value, e.g. `read-write`.
+        attrs: &'static str,
+        /// Each `host:port` tried and why it was passed over, `; `-separated.
+        tried: String,
+    },
+    /// A query failed; `what` says what it was for.
+    #[error("Postgres query failed ({what})")]
+    Query {
+        /// What the query was for, e.g. "probe the server's role".
+        what: String,
+        /// The query error.
+        #[source]
+        source: PgError,
+    },
+    /// A replication command (IDENTIFY_SYSTEM, ALTER_REPLICATION_SLOT) failed.
+    #[error("replication command failed ({what}) for slot {slot:?}")]
+    Replication {
+        /// What the command was for, e.g. "identify the system".
+        what: &'static str,
+        /// The replication slot name.
+        slot: String,
+        /// The replication client's error.
+        #[source]
+        source: PgWireError,
+    },
+}
+
+impl PostgresError {
+    /// Whether a server error's SQLSTATE is in `class` (two characters, e.g. `28`).
+    pub fn sqlstate_class(&self, class: &str) -> bool {
+        let source = match self {
+            PostgresError::Connect { source, .. } | PostgresError::Query { source, .. } => source,
+            _ => return false,
+        };
+        let code = source.0.as_db_error().map(|db| db.code().code());
+        code.is_some_and(|code| code.starts_with(class))
+    }
+}
+
+/// Names a failed query by what it was for.
+pub fn query_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> PostgresError {
+    move |source| PostgresError::Query {
+        what: what.to_owned(),
+        source: source.into(),
+    }
+}
+
+/// A tokio-postgres error as the relay tells it: a server error's message with its SQLSTATE,
+/// detail and hint on one line (tokio-postgres' own `Display` says only "db error"); any other
+/// keeps its causes as its error chain.
+#[derive(Debug)]
+pub struct PgError(pub tokio_postgres::Error);
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(db) = self.0.as_db_error() else {
+            return write!(f, "{}", self.0);
+        };
+        write!(f, "{} (SQLSTATE {})", db.message(), db.code().code())?;
+        for (label, text) in [("detail", db.detail()), ("hint", db.hint())] {
+            if let Some(text) = text {
+                write!(f, "; {label}: {text}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // A server error's whole story is in the message above.
+        match self.0.as_db_error() {
+            Some(_) => None,
+            None => std::error::Error::source(&self.0),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for PgError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        PgError(error)
+    }
+}

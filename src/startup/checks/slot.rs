@@ -1,0 +1,79 @@
+//! PURE: the slot's rules: one found must be a usable pgoutput slot with a position; one
+//! missing is created unless the lineage topic shows it was lost; then its lineage is
+//! recorded or refreshed, and a failover slot marked.
+
+use super::{Checked, Refused, Step};
+use crate::lsn::Lsn;
+use crate::startup::Wanted;
+use crate::startup::facts::Facts;
+use crate::startup::lineage::{Guard, judge};
+
+/// The slot: one found must be a usable pgoutput slot with a position; one missing is created
+/// unless the lineage topic shows it was lost. Either way its lineage is recorded or
+/// refreshed, and a failover slot marked.
+pub(super) fn slot(facts: &Facts, wanted: &Wanted, checked: &mut Checked) {
+    let lineage = facts.lineage.as_ref();
+    let record = lineage.and_then(|l| l.record.as_ref());
+    let legacy = lineage.and_then(|l| l.legacy.as_deref());
+    let topic = &wanted.lineage_topic;
+    let exists = facts.slot.is_some();
+    let guard = judge(exists, record, legacy, wanted.allow_new_slot, topic);
+    let Some(found) = &facts.slot else {
+        match guard {
+            // Without the lineage (`status`), a missing slot is only a warning there.
+            Guard::Refuse(recorded) if lineage.is_some() => {
+                checked.refusals.push(Refused::SlotLost {
+                    slot: wanted.slot.clone(),
+                    url: wanted.url.clone(),
+                    recorded,
+                });
+                return;
+            }
+            Guard::Replace(recorded) => checked.warnings.push(format!(
+                "--allow-new-slot: creating a fresh slot where this relay streamed before \
+                 ({recorded}); events committed between the last acknowledgement and now are \
+                 relayed only by `outbox-relay backfill`"
+            )),
+            _ => {}
+        }
+        let failover = wanted.slot_failover;
+        checked.steps.push(Step::CreateSlot { failover });
+        checked.steps.push(Step::RecordLineage);
+        return;
+    };
+    let slot = &wanted.slot;
+    if let Some(problem) = &found.unusable {
+        checked.refusals.push(Refused::Misconfigured(format!(
+            "replication slot {slot:?} {problem}; the relay needs a logical pgoutput slot in \
+             database {:?} of --postgres-url. Use another --slot, or drop it with SELECT \
+             pg_drop_replication_slot('{slot}'); if nothing uses it",
+            wanted.dbname
+        )));
+        return;
+    }
+    if let Err(refused) = confirmed_flush(slot, found.confirmed_flush.as_deref()) {
+        checked.refusals.push(refused);
+        return;
+    }
+    checked.steps.push(match guard {
+        // A slot created by `setup`, by hand, or before the lineage topic existed.
+        Guard::Keep { record: true } => Step::RecordLineage,
+        // Written again, so that time-based retention does not drop it.
+        _ => Step::RefreshLineage,
+    });
+    if wanted.slot_failover && found.failover == Some(false) {
+        checked.steps.push(Step::MarkFailover);
+    }
+}
+
+/// A slot's confirmed position; none means it lost its WAL.
+pub fn confirmed_flush(slot: &str, text: Option<&str>) -> Result<Lsn, Refused> {
+    let lsn = text.and_then(|text| text.parse().ok());
+    lsn.ok_or_else(|| {
+        Refused::Misconfigured(format!(
+            "replication slot {slot:?}: it has no confirmed position (it may have been \
+             invalidated after exceeding max_slot_wal_keep_size); drop and recreate it, and \
+             re-publish or reconcile events written meanwhile"
+        ))
+    })
+}
