@@ -78,7 +78,11 @@ fn column_type(name: &str, oid: u32, output: &str, is_text: bool) -> ColumnType 
 /// reads, and the slot's creation recorded.
 fn healthy(wanted: &Wanted) -> Facts {
     // Debezium's format reads every column's NOT NULL and DEFAULT (gather reads them then).
-    let column_facts = match wanted.tables.first().and_then(|t| t.mapping.connect.as_ref()) {
+    let column_facts = match wanted
+        .tables
+        .first()
+        .and_then(|t| t.mapping.connect.as_ref())
+    {
         Some(_) => (outbox().relation.columns.iter())
             .map(|c| ColumnFacts {
                 name: c.name.clone(),
