@@ -124,7 +124,7 @@ impl ConnectConfig {
 
 /// Envelope schemas by cache key (the version, or the payload's schema), first come first kept.
 #[derive(Clone, Debug, Default)]
-pub struct SchemaCache(Arc<Mutex<HashMap<CacheKey, Schema>>>);
+pub struct SchemaCache(Arc<Mutex<HashMap<CacheKey, Arc<Schema>>>>);
 
 impl PartialEq for SchemaCache {
     fn eq(&self, _: &Self) -> bool {
@@ -167,7 +167,9 @@ impl ConnectPlan {
         facts: &[ColumnFacts],
         mapping: &MappingConfig,
     ) -> Result<Self, BindError> {
-        let router = Router::bind(config, relation, facts, mapping)?;
+        let mut router = Router::bind(config, relation, facts, mapping)?;
+        let decimals = config.header_decimal_format;
+        router.write_context_headers(|datum| header_bytes(config.header, datum, decimals));
         let table = format!("{}.{}", relation.namespace, relation.name);
         let writes_structs = matches!(config.value, Converter::Json | Converter::JsonWithSchemas);
         if !config.envelope.is_empty() && !writes_structs {
@@ -211,7 +213,7 @@ impl ConnectPlan {
         row: &TupleData,
         mut record: OutboxRecord,
     ) -> Result<Option<OutboxRecord>, EventError> {
-        let routed = self.router.route(row, &record.topic)?;
+        let routed = self.router.route(row, std::mem::take(&mut record.topic))?;
         let transformed = self.config.transforms.apply(routed);
         let Some(transformed) =
             transformed.map_err(|reason| EventError::DebeziumStops { reason })?
@@ -234,10 +236,12 @@ impl ConnectPlan {
             record.payload = convert(config.value, &routed.value, format)?;
         }
         let mut headers = Vec::with_capacity(routed.headers.len());
-        for header in &routed.headers {
-            let format = config.header_decimal_format;
-            let bytes = header_bytes(config.header, &header.value, format)?;
-            headers.push((Arc::clone(&header.name), bytes));
+        for header in routed.headers {
+            let bytes = match header.written {
+                Some(bytes) => bytes,
+                None => header_bytes(config.header, &header.value, config.header_decimal_format)?,
+            };
+            headers.push((header.name, bytes));
         }
         // The relay's id (logs, dead letters, backfill) is the `id` header as written.
         let id = headers.iter().find(|(name, _)| &**name == ID_HEADER);
@@ -289,7 +293,7 @@ fn convert(
     datum: &Datum,
     decimals: DecimalFormat,
 ) -> Result<Option<Bytes>, EventError> {
-    let schema = datum.schema.as_ref();
+    let schema = datum.schema.as_deref();
     match converter {
         Converter::Json | Converter::JsonWithSchemas => {
             let settings = JsonSettings {
@@ -336,7 +340,7 @@ fn header_bytes(
     datum: &Datum,
     decimals: DecimalFormat,
 ) -> Result<Option<Bytes>, EventError> {
-    let schema = datum.schema.as_ref();
+    let schema = datum.schema.as_deref();
     let settings = JsonSettings {
         schemas: converter == HeaderConverter::JsonWithSchemas,
         numeric_decimals: decimals == DecimalFormat::Numeric,

@@ -4,22 +4,25 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use super::data::{Data, Schema};
 
 /// A schema (absent for schemaless data) with its value: Kafka's `SchemaAndValue`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Datum {
-    /// The schema; `None` when the data is schemaless.
-    pub schema: Option<Schema>,
+    /// The schema (shared: a column's is the same for every event); `None` when the data is
+    /// schemaless.
+    pub schema: Option<Arc<Schema>>,
     /// The value.
     pub data: Data,
 }
 
 impl Datum {
     /// `data` of `schema`.
-    pub fn new(schema: Schema, data: Data) -> Datum {
+    pub fn new(schema: impl Into<Arc<Schema>>, data: Data) -> Datum {
         Datum {
-            schema: Some(schema),
+            schema: Some(schema.into()),
             data,
         }
     }
@@ -40,6 +43,21 @@ pub struct Header {
     pub name: Arc<str>,
     /// Its value.
     pub value: Datum,
+    /// The header converter's bytes of `value`, when they were made once for a value that is
+    /// the same in every record (Debezium's context headers); transforms never change a
+    /// header's value, only add and drop headers.
+    pub written: Option<Option<Bytes>>,
+}
+
+impl Header {
+    /// A header of `value`, to be written by the header converter.
+    pub fn new(name: Arc<str>, value: Datum) -> Header {
+        Header {
+            name,
+            value,
+            written: None,
+        }
+    }
 }
 
 /// A source record between the router and the converters.

@@ -7,6 +7,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError};
 
+use bytes::Bytes;
+
 use super::columns::{Column, ColumnSite, PgType};
 use super::data::{Data, Kind, Schema};
 use super::expand::{self, Expanded};
@@ -18,12 +20,14 @@ use crate::pgoutput::{Relation, TupleData, Value};
 /// Debezium's logical decoding plugin name, its `__debezium.context.connectorName` header.
 const CONNECTOR_NAME: &str = "postgresql";
 
-/// A bound column: its index, name and how Debezium reads it.
+/// A bound column: its index, name, how Debezium reads it, and its schema (shared by every
+/// event's record).
 #[derive(Clone, Debug)]
 struct Col {
     index: usize,
     name: String,
     column: Column,
+    schema: Arc<Schema>,
 }
 
 impl Col {
@@ -58,12 +62,13 @@ impl Col {
         Ok(Col {
             index,
             name: name.to_owned(),
+            schema: Arc::new(column.schema.clone()),
             column,
         })
     }
 
     fn schema(&self) -> &Schema {
-        &self.column.schema
+        &self.schema
     }
 
     /// The column's value in `row` as the router reads it (`Struct.get`): a null gives the
@@ -87,7 +92,7 @@ impl Col {
 
     /// The column's value with its schema.
     fn datum(&self, row: &TupleData) -> Result<Datum, EventError> {
-        Ok(Datum::new(self.schema().clone(), self.get(row)?))
+        Ok(Datum::new(Arc::clone(&self.schema), self.get(row)?))
     }
 }
 
@@ -111,6 +116,10 @@ pub struct Router {
     id: Col,
     payload: Col,
     headers: Vec<(Col, Arc<str>)>,
+    /// Debezium's context headers, built once.
+    context: Vec<Header>,
+    /// `id`, the header name.
+    id_header: Arc<str>,
     envelope: Vec<(Col, String)>,
     partition: Option<Col>,
     version: Option<Col>,
@@ -172,6 +181,8 @@ impl Router {
         // Debezium traces only rows of tables that have the column.
         let trace = (config.trace_column.as_deref()).and_then(|name| relation.column_index(name));
         Ok(Router {
+            context: context_headers(config),
+            id_header: Arc::from(crate::outbox::ID_HEADER),
             config: config.clone(),
             record_name: format!("{}.{table}", config.topic_prefix),
             route,
@@ -208,37 +219,34 @@ impl Router {
         id.chain(placed).collect()
     }
 
-    /// The record the router makes of `row`, routed to `topic`.
-    pub fn route(&self, row: &TupleData, topic: &str) -> Result<ConnectRecord, EventError> {
-        let mut headers = Vec::new();
-        if let Some(run_id) = &self.config.context_headers {
-            let prefix = self.config.topic_prefix.as_str();
-            for (name, value) in [
-                ("__debezium.context.connectorLogicalName", prefix),
-                ("__debezium.context.taskId", "0"),
-                ("__debezium.context.connectorName", CONNECTOR_NAME),
-                ("__debezium.context.runId", run_id),
-            ] {
-                headers.push(text_header(name, value));
-            }
+    /// Debezium's `__debezium.context.*` headers, the same in every record: written once by
+    /// `write` (the header converter) rather than per record.
+    pub fn write_context_headers(
+        &mut self,
+        write: impl Fn(&Datum) -> Result<Option<Bytes>, EventError>,
+    ) {
+        for header in &mut self.context {
+            header.written = write(&header.value).ok();
         }
+    }
+
+    /// The record the router makes of `row`, routed to `topic`.
+    pub fn route(&self, row: &TupleData, topic: String) -> Result<ConnectRecord, EventError> {
+        let mut headers = Vec::with_capacity(self.context.len() + 2 + self.headers.len());
+        headers.extend(self.context.iter().cloned());
         if let Some(Value::Text(context)) = self.trace.and_then(|i| row.0.get(i)) {
             headers.extend(trace_headers(context));
         }
-        headers.push(Header {
-            name: Arc::from(crate::outbox::ID_HEADER),
-            value: self.id.datum(row)?,
-        });
+        headers.push(Header::new(
+            Arc::clone(&self.id_header),
+            self.id.datum(row)?,
+        ));
         for (col, header) in &self.headers {
-            let value = col.datum(row)?;
-            headers.push(Header {
-                name: Arc::clone(header),
-                value,
-            });
+            headers.push(Header::new(Arc::clone(header), col.datum(row)?));
         }
         let partition = int(self.partition.as_ref(), row)?.and_then(|p| i32::try_from(p).ok());
         Ok(ConnectRecord {
-            topic: topic.to_owned(),
+            topic,
             partition,
             key: self.key.datum(row)?,
             value: self.value(row)?,
@@ -248,14 +256,14 @@ impl Router {
 
     /// The value's schema and data, as the router leaves them for the value converter.
     fn value(&self, row: &TupleData) -> Result<Datum, EventError> {
-        let mut schema = Some(self.payload.schema().clone());
+        let mut schema = Some(Arc::clone(&self.payload.schema));
         let mut data = self.payload.get(row)?;
         if let (true, Data::Str(text)) = (self.config.expand_json_payload, &data) {
             let field = &self.payload.name;
             match expand::expand(text, field, self.config.json_nulls_as_bytes) {
                 Expanded::Unchanged => {}
                 Expanded::NoSchema => schema = None,
-                Expanded::Struct(s, d) => (schema, data) = (Some(s), d),
+                Expanded::Struct(s, d) => (schema, data) = (Some(Arc::new(s)), d),
                 Expanded::Stops(reason) => return Err(EventError::DebeziumStops { reason }),
             }
         }
@@ -275,7 +283,7 @@ impl Router {
             let reason = "a payload expanded without schema (an empty JSON array) cannot go into an envelope: Debezium 3.6.3 fails with a NullPointerException in its schema cache".into();
             return Err(EventError::DebeziumStops { reason });
         };
-        let mut fields = vec![("payload".to_owned(), payload_schema)];
+        let mut fields = vec![("payload".to_owned(), Schema::clone(&payload_schema))];
         let mut values = vec![data];
         for (col, field) in &self.envelope {
             fields.push((field.clone(), col.schema().clone()));
@@ -302,9 +310,9 @@ impl Router {
 
     /// Debezium's cached envelope schema for this one: the first built for its version (with a
     /// version column) or its payload schema, whose name kept the first event's route.
-    fn cached(&self, built: Schema, version: Option<i32>) -> Result<Schema, EventError> {
+    fn cached(&self, built: Schema, version: Option<i32>) -> Result<Arc<Schema>, EventError> {
         let Kind::Struct(fields) = &built.kind else {
-            return Ok(built);
+            return Ok(Arc::new(built));
         };
         let key = match &self.version {
             Some(_) => CacheKey::Version(version),
@@ -317,14 +325,15 @@ impl Router {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let Some(cached) = cache.get(&key) else {
+            let built = Arc::new(built);
             if cache.len() < SCHEMA_CACHE_CAPACITY {
-                cache.insert(key, built.clone());
+                cache.insert(key, Arc::clone(&built));
             }
             return Ok(built);
         };
         // Connect checks each value against the cached field's type.
         let Kind::Struct(cached_fields) = &cached.kind else {
-            return Ok(cached.clone());
+            return Ok(Arc::clone(cached));
         };
         let fits = fields.len() == cached_fields.len()
             && fields
@@ -338,7 +347,7 @@ impl Router {
             let reason = "its value does not fit the envelope schema Debezium cached from an earlier event with the same schema version (DataException: Struct schemas do not match)".into();
             return Err(EventError::DebeziumStops { reason });
         }
-        Ok(cached.clone())
+        Ok(Arc::clone(cached))
     }
 }
 
@@ -353,10 +362,25 @@ fn int(col: Option<&Col>, row: &TupleData) -> Result<Option<i64>, EventError> {
 
 /// A header of a required string, as `Headers.addString` adds one.
 fn text_header(name: &str, value: &str) -> Header {
-    Header {
-        name: Arc::from(name),
-        value: Datum::new(Schema::required(Kind::String), Data::Str(value.to_owned())),
-    }
+    let value = Datum::new(Schema::required(Kind::String), Data::Str(value.to_owned()));
+    Header::new(Arc::from(name), value)
+}
+
+/// Debezium's `__debezium.context.*` headers (`extended.headers.enabled`), with this run's id.
+fn context_headers(config: &ConnectConfig) -> Vec<Header> {
+    let Some(run_id) = &config.context_headers else {
+        return Vec::new();
+    };
+    let prefix = config.topic_prefix.as_str();
+    [
+        ("__debezium.context.connectorLogicalName", prefix),
+        ("__debezium.context.taskId", "0"),
+        ("__debezium.context.connectorName", CONNECTOR_NAME),
+        ("__debezium.context.runId", run_id),
+    ]
+    .into_iter()
+    .map(|(name, value)| text_header(name, value))
+    .collect()
 }
 
 /// The headers an OpenTelemetry agent's W3C propagator writes for a span started under the

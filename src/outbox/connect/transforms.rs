@@ -593,10 +593,10 @@ fn apply(
 ) -> Result<Option<ConnectRecord>, String> {
     match transform {
         Transform::Filter => return Ok(None),
-        Transform::InsertHeader { header, value } => record.headers.push(Header {
-            name: Arc::clone(header),
-            value: value.clone(),
-        }),
+        Transform::InsertHeader { header, value } => {
+            let header = Header::new(Arc::clone(header), value.clone());
+            record.headers.push(header);
+        }
         Transform::DropHeaders(names) => record
             .headers
             .retain(|h| !names.iter().any(|n| **n == *h.name)),
@@ -692,7 +692,7 @@ fn part_mut(record: &mut ConnectRecord, part: Part) -> &mut Datum {
 /// Kafka's `Requirements.requireStruct` (or `requireMap` without a schema, which the
 /// router's data never is): the struct's schema and values.
 fn require_struct<'a>(datum: &'a Datum, purpose: &str) -> Result<(&'a Schema, &'a [Data]), String> {
-    match (&datum.schema, &datum.data) {
+    match (datum.schema.as_deref(), &datum.data) {
         (
             Some(
                 schema @ Schema {
@@ -785,10 +785,10 @@ fn header_from(
         };
         let field_schema = struct_fields(schema)[index].1.clone();
         let value = field_value(schema, values, index, defaults);
-        added.push(Header {
-            name: Arc::clone(header),
-            value: Datum::new(field_schema, value),
-        });
+        added.push(Header::new(
+            Arc::clone(header),
+            Datum::new(field_schema, value),
+        ));
     }
     if remove {
         let mut kept_fields = Vec::new();
@@ -866,7 +866,7 @@ fn replace_fields(
 }
 
 fn extract_field(datum: &Datum, field: &str, defaults: bool) -> Result<Datum, String> {
-    let Some(schema) = &datum.schema else {
+    let Some(schema) = datum.schema.as_deref() else {
         return match &datum.data {
             Data::Null => Ok(Datum::null()),
             data => Err(format!(

@@ -23,10 +23,10 @@ fn record(topic: &str) -> ConnectRecord {
             envelope,
             Data::Struct(vec![text("{}"), text("OrderCreated")]),
         ),
-        headers: vec![Header {
-            name: Arc::from("id"),
-            value: Datum::new(Schema::required(Kind::String), text("e-1")),
-        }],
+        headers: vec![Header::new(
+            Arc::from("id"),
+            Datum::new(Schema::required(Kind::String), text("e-1")),
+        )],
     }
 }
 
@@ -42,7 +42,7 @@ fn header_names(record: &ConnectRecord) -> Vec<&str> {
 }
 
 fn field_names(datum: &Datum) -> Vec<&str> {
-    let fields = datum.schema.as_ref().map_or(&[][..], struct_fields);
+    let fields = datum.schema.as_deref().map_or(&[][..], struct_fields);
     fields.iter().map(|(n, _)| n.as_str()).collect()
 }
 
@@ -62,7 +62,7 @@ fn literals_are_read_as_values_parse_string_reads_them() {
         ("null", None, Data::Null),
     ] {
         let datum = parse_literal(literal).unwrap();
-        assert_eq!(datum.schema.map(|s| s.kind), kind, "{literal:?}");
+        assert_eq!(datum.schema.map(|s| s.kind.clone()), kind, "{literal:?}");
         assert_eq!(datum.data, data, "{literal:?}");
     }
     for refused in [
