@@ -48,6 +48,7 @@
 
 #![warn(missing_docs)]
 
+pub mod cloud;
 pub mod commands;
 pub mod config;
 pub mod lsn;

@@ -22,7 +22,9 @@ fn main() -> ExitCode {
             return ExitCode::from(exit_code::CONFIG);
         }
     };
-    if let Err(message) = observability::init(cli.log_format, &cli.log_level) {
+    // The replication client's own error line is off: the relay reports each error itself.
+    let filter = outbox_relay::source::log_filter(&cli.log_level);
+    if let Err(message) = observability::init(cli.log_format, &filter) {
         eprintln!("error: {message}");
         return ExitCode::from(exit_code::CONFIG);
     }

@@ -60,7 +60,12 @@ async fn slot_holds_while_the_broker_is_down_and_catches_up_after() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn sigkill_mid_stream_then_restart_loses_nothing() {
-    let world = World::start().await;
+    sigkill_mid_stream_then_restart(&World::start().await).await;
+}
+
+/// Kills the relay mid-stream and starts it again: every event arrives (`broker_process`
+/// runs it against a broker in its own process too).
+pub(crate) async fn sigkill_mid_stream_then_restart(world: &World) {
     let url = world.pg.url();
     let bootstrap = world.broker.bootstrap();
     let mut relay = Relay::spawn(&url, &bootstrap, &[]);

@@ -79,8 +79,9 @@ fn lineage(broker: &Broker) -> Vec<(String, serde_json::Value)> {
     records
         .iter()
         .map(|r| {
+            // A record the relay did not write stays text.
             let value = r.payload_text().map_or(serde_json::Value::Null, |v| {
-                serde_json::from_str(&v).expect("a JSON lineage record")
+                serde_json::from_str(&v).unwrap_or(serde_json::Value::String(v))
             });
             (r.key_text().unwrap_or_default(), value)
         })
@@ -107,7 +108,12 @@ async fn relay_then_lose_the_slot(
 
 #[tokio::test(flavor = "current_thread")]
 async fn the_least_privilege_role_refuses_a_lost_slot_across_restarts_until_allowed() {
-    let world = World::start_on(15).await;
+    a_lost_slot_is_refused_across_restarts_until_allowed(&World::start_on(15).await).await;
+}
+
+/// The least-privilege role: a lost slot is refused (exit 7) at every start until
+/// `--allow-new-slot` (`broker_process` runs it against a broker in its own process too).
+pub(crate) async fn a_lost_slot_is_refused_across_restarts_until_allowed(world: &World) {
     let (pg, broker) = (&world.pg, &world.broker);
     // The documented deployment: the role and the publication from sql/.
     pg.execute(include_str!("../sql/03_relay_role.sql")).await;
@@ -191,14 +197,11 @@ async fn a_slot_whose_creation_cannot_be_recorded_is_not_streamed_from() {
     let (relay, code) = start(&url, &brokers, &[]);
     let log = relay.log();
     assert_eq!(code, KAFKA_EXIT, "{log}");
-    for needle in [
-        LINEAGE_TOPIC,
-        "kafka-acls",
-        "kafka-topics",
-        "--allow-new-slot",
-    ] {
+    for needle in [LINEAGE_TOPIC, "kafka-acls", "--allow-new-slot"] {
         assert!(log.contains(needle), "{needle:?} missing from:\n{log}");
     }
+    // Denied, not missing: the remedy is the ACL, not creating the topic (issue 32).
+    assert!(!log.contains("kafka-topics"), "{log}");
     assert!(!slot_exists(&world.pg).await);
 
     // It can be read but not written: the slot is created and kept, nothing streams.
@@ -339,4 +342,157 @@ async fn a_restart_writes_the_slots_record_again() {
         assert_eq!(created[0][field], created[1][field], "{records:?}");
     }
     assert_eq!(records[0].0, records[1].0, "one key: {records:?}");
+}
+
+/// This cluster's key in the lineage topic.
+async fn lineage_key(pg: &PgCluster) -> String {
+    let rows = pg
+        .execute("SELECT system_identifier::text FROM pg_control_system()")
+        .await;
+    let id = rows[0][0].clone().expect("a system identifier");
+    format!("{id}/{SLOT}")
+}
+
+/// Writes `value` under `key` to the lineage topic as another host would, its producer
+/// timestamp `skew_ms` off this host's clock.
+fn write_lineage(broker: &Broker, key: &str, value: &str, skew_ms: i64) {
+    use rdkafka::config::ClientConfig;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap())
+        .create()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let at = i64::try_from(now.as_millis()).unwrap() + skew_ms;
+    let record = BaseRecord::to(LINEAGE_TOPIC)
+        .key(key)
+        .payload(value)
+        .timestamp(at);
+    producer.send(record).map_err(|(e, _)| e).unwrap();
+    producer.flush(Duration::from_secs(10)).unwrap();
+}
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// Issue 32: a `dropped` record from a host whose clock ran an hour ahead, then a slot created
+/// and lost: the newer record (by offset) says `created`, so the relay refuses. It picked the
+/// record with the latest producer timestamp before, and replaced the lost slot silently.
+#[tokio::test(flavor = "current_thread")]
+async fn a_drop_recorded_by_a_clock_running_ahead_does_not_hide_a_later_lost_slot() {
+    let world = World::start().await;
+    world.broker.create_topic(LINEAGE_TOPIC, 1);
+    let key = lineage_key(&world.pg).await;
+    let dropped =
+        r#"{"slot":"outbox_relay","system_identifier":"x","state":"dropped","relay_version":"0"}"#;
+    write_lineage(&world.broker, &key, dropped, HOUR_MS);
+    let url = world.pg.url();
+    relay_then_lose_the_slot(&url, &world.pg, &world.pg, &world.broker).await;
+    assert_refused(&url, &world.broker.bootstrap());
+    assert!(!slot_exists(&world.pg).await, "no slot may be created");
+}
+
+/// Issue 32: a `created` record from a host whose clock ran an hour ahead, then a deliberate
+/// `drop-slot`: the drop is newer (by offset), so the next start creates a fresh slot. It
+/// exited 7 before, trusting the timestamp.
+#[tokio::test(flavor = "current_thread")]
+async fn a_drop_slot_after_a_record_from_a_clock_running_ahead_starts_fresh() {
+    let world = World::start().await;
+    world.broker.create_topic(LINEAGE_TOPIC, 1);
+    let url = world.pg.url();
+    let brokers = world.broker.bootstrap();
+    let mut relay = world.relay(&[]);
+    relay.stop();
+    let key = lineage_key(&world.pg).await;
+    let (_, created) = lineage(&world.broker).pop().expect("the created record");
+    write_lineage(&world.broker, &key, &created.to_string(), HOUR_MS);
+    let args = [
+        "drop-slot",
+        "--yes-i-know",
+        "--postgres-url",
+        &url,
+        "--kafka-brokers",
+        &brokers,
+    ];
+    let (code, out, err) = run_command(&args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (relay, code) = start(&url, &brokers, &[]);
+    assert_eq!(code, None, "{}", relay.log());
+}
+
+/// Issue 32: a record the relay cannot parse, with the slot missing, is refused with the way
+/// to clear it (`drop-slot`), which works; with the slot there, the relay writes its record
+/// over it. Before, every start exited 4 with the create-the-topic remedy.
+#[tokio::test(flavor = "current_thread")]
+async fn an_unreadable_lineage_record_says_how_to_clear_it() {
+    let world = World::start().await;
+    world.broker.create_topic(LINEAGE_TOPIC, 1);
+    let url = world.pg.url();
+    let brokers = world.broker.bootstrap();
+    let key = lineage_key(&world.pg).await;
+    write_lineage(&world.broker, &key, "not json", 0);
+    let (relay, code) = start(&url, &brokers, &[]);
+    let log = relay.log();
+    assert_eq!(code, KAFKA_EXIT, "{log}");
+    for needle in ["not json", "drop-slot --yes-i-know", "offset 0"] {
+        assert!(log.contains(needle), "{needle:?} missing from:\n{log}");
+    }
+    assert!(!log.contains("kafka-topics"), "{log}");
+    assert!(!slot_exists(&world.pg).await);
+
+    let args = [
+        "drop-slot",
+        "--yes-i-know",
+        "--postgres-url",
+        &url,
+        "--kafka-brokers",
+        &brokers,
+    ];
+    let (code, out, err) = run_command(&args);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (mut relay, code) = start(&url, &brokers, &[]);
+    assert_eq!(code, None, "{}", relay.log());
+    relay.stop();
+
+    // With the slot there, an unreadable record is written over.
+    write_lineage(&world.broker, &key, "{\"state\": 7}", 0);
+    let (relay, code) = start(&url, &brokers, &[]);
+    assert_eq!(code, None, "{}", relay.log());
+    let last = lineage(&world.broker).pop().expect("a record");
+    assert_eq!(last.1["state"], "created", "{last:?}");
+}
+
+/// Issue 32: the lineage and tail readers assign partitions without a consumer group, so a
+/// principal denied every group (`GROUP_AUTHORIZATION_FAILED` from the coordinator look-up)
+/// starts, relays, and reads its partitions' tails after a restart. Before, the read failed
+/// (exit 4) and the message printed the topic-only ACL the operator had already granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_need_no_consumer_group() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let world = World::start().await;
+    world.broker.ensure_topic("Evt");
+    let denied = [RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED; 10_000];
+    world
+        .broker
+        .request_errors(RDKafkaApiKey::FindCoordinator, &denied);
+    let url = world.pg.url();
+    let brokers = world.broker.bootstrap();
+    let exactly_once = ["--delivery", "exactly-once"];
+    let (mut relay, code) = start(&url, &brokers, &exactly_once);
+    assert_eq!(code, None, "{}", relay.log());
+    let mut ids = insert(&world.pg, 10).await;
+    world.wait_caught_up(SLOT, Duration::from_secs(60)).await;
+    relay.kill();
+    // Replayed from the slot's position: read back from the partitions' tails.
+    let replay = "UPDATE pg_catalog.pg_class SET relname = relname WHERE false";
+    world.pg.execute(replay).await;
+    let (relay, code) = start(&url, &brokers, &exactly_once);
+    assert_eq!(code, None, "{}", relay.log());
+    ids.extend(insert(&world.pg, 10).await);
+    let got = world
+        .broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(60));
+    assert_eq!(got.len(), 20, "{}", relay.log());
+    assert!(relay.streaming(), "{}", relay.log());
 }

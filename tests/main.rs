@@ -1,6 +1,7 @@
 //! Integration tests: one binary (`autotests = false`) with real Postgres
 //! clusters (initdb in a temp dir) and a real Kafka-protocol broker
-//! (librdkafka's mock cluster), driving the `outbox-relay` binary.
+//! (librdkafka's mock cluster, or tansu in its own process), driving the
+//! `outbox-relay` binary.
 
 // Test code: a failed expectation is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,7 +10,9 @@ mod support;
 
 mod backfill;
 mod bench;
+mod broker_process;
 mod cleanup;
+mod cloud;
 mod cloudevents;
 mod debezium_records;
 mod demo;

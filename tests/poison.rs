@@ -44,7 +44,12 @@ fn header(r: &Consumed, name: &str) -> String {
 
 #[tokio::test(flavor = "current_thread")]
 async fn poison_events_are_dead_lettered_with_the_reason_and_the_stream_goes_on() {
-    let world = World::start().await;
+    poison_events_are_dead_lettered(&World::start().await).await;
+}
+
+/// Every kind of poison event is dead-lettered with its reason and the stream goes on
+/// (`broker_process` runs it against a broker in its own process too).
+pub(crate) async fn poison_events_are_dead_lettered(world: &World) {
     world.pg.execute(LOOSE).await;
     let mut relay = Relay::spawn(
         &world.pg.url(),
@@ -65,22 +70,15 @@ async fn poison_events_are_dead_lettered_with_the_reason_and_the_stream_goes_on(
     relay.wait_streaming();
     let long_topic = "x".repeat(250);
     let big = format!("'{{\"blob\": \"{}\"}}'", "y".repeat(30_000));
-    insert_loose(&world, Some("good-1"), Some("Evt"), "'{}'", "NULL").await;
-    insert_loose(&world, Some("null-route"), None, "'{}'", "NULL").await;
-    insert_loose(&world, Some("empty-route"), Some(""), "'{}'", "NULL").await;
-    insert_loose(
-        &world,
-        Some("bad-chars"),
-        Some("bad topic!"),
-        "'{}'",
-        "NULL",
-    )
-    .await;
-    insert_loose(&world, Some("too-long"), Some(&long_topic), "'{}'", "NULL").await;
-    insert_loose(&world, None, Some("Evt"), "'{\"null\": \"id\"}'", "NULL").await;
-    insert_loose(&world, Some("too-big"), Some("Evt"), &big, "NULL").await;
-    insert_loose(&world, Some("bad-time"), Some("Evt"), "'{}'", "'infinity'").await;
-    insert_loose(&world, Some("good-2"), Some("Evt"), "'{}'", "NULL").await;
+    insert_loose(world, Some("good-1"), Some("Evt"), "'{}'", "NULL").await;
+    insert_loose(world, Some("null-route"), None, "'{}'", "NULL").await;
+    insert_loose(world, Some("empty-route"), Some(""), "'{}'", "NULL").await;
+    insert_loose(world, Some("bad-chars"), Some("bad topic!"), "'{}'", "NULL").await;
+    insert_loose(world, Some("too-long"), Some(&long_topic), "'{}'", "NULL").await;
+    insert_loose(world, None, Some("Evt"), "'{\"null\": \"id\"}'", "NULL").await;
+    insert_loose(world, Some("too-big"), Some("Evt"), &big, "NULL").await;
+    insert_loose(world, Some("bad-time"), Some("Evt"), "'{}'", "'infinity'").await;
+    insert_loose(world, Some("good-2"), Some("Evt"), "'{}'", "NULL").await;
     let end = world.current_lsn().await;
 
     let good = world.broker.consume(&["Evt"], 3, Duration::from_secs(20));

@@ -49,7 +49,8 @@ async fn a_second_relay_waits_as_standby_and_takes_over() {
     let bootstrap = world.broker.bootstrap();
     let mut active = Relay::spawn(&url, &bootstrap, &FAST_BACKOFF);
     active.wait_streaming();
-    let mut standby = Relay::spawn(&url, &bootstrap, &FAST_BACKOFF);
+    let progress = ["--progress-interval", "100ms"];
+    let mut standby = Relay::spawn(&url, &bootstrap, &[&FAST_BACKOFF[..], &progress].concat());
     // Up (its /readyz answers) but not streaming: the slot is the active's.
     assert!(
         standby.wait_for(Duration::from_secs(30), |r| r
@@ -67,6 +68,11 @@ async fn a_second_relay_waits_as_standby_and_takes_over() {
             .len(),
         1
     );
+
+    // Issue 32: a standby has no progress to report (it logged zeros every interval).
+    assert!(!standby.log().contains(" progress "), "{}", standby.log());
+    // Nor an ERROR line for every poll of the slot (the replication client's own).
+    assert!(!standby.log().contains("ERROR"), "{}", standby.log());
 
     active.signal("TERM");
     assert_eq!(
@@ -452,4 +458,60 @@ async fn a_60_second_broker_outage_under_continuous_inserts_loses_nothing() {
     let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
     let lost = ids.iter().filter(|id| !got.contains(*id)).count();
     assert_eq!(lost, 0, "{lost} of {} lost", ids.len());
+}
+
+/// The lines from librdkafka (its log and its error callbacks) in `log` after byte `from`.
+fn librdkafka_lines(log: &str, from: usize) -> Vec<String> {
+    let after = log.get(from..).unwrap_or_default();
+    let lines = after.lines().filter(|l| l.contains(" librdkafka:"));
+    lines.map(str::to_owned).collect()
+}
+
+/// Issue 32: a 30 s broker outage, at start-up and while streaming, costs a handful of
+/// librdkafka lines, each kind once per 30 s with a count of those folded into it. Before,
+/// each error callback was a line: hundreds of identical `AllBrokersDown` in a millisecond.
+#[tokio::test(flavor = "current_thread")]
+async fn a_30_second_broker_outage_logs_a_handful_of_lines() {
+    const MOST: usize = 20;
+    let world = World::start().await;
+    world.broker.down();
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    // Whatever start-up does meanwhile (wait, or give up), it says so in a few lines.
+    let gave_up = relay.wait_exit(Duration::from_secs(30)).is_some();
+    let at_start = librdkafka_lines(&relay.log(), 0);
+    assert!(
+        at_start.len() <= MOST,
+        "{} lines at start-up:\n{}",
+        at_start.len(),
+        at_start.join("\n")
+    );
+    world.broker.up();
+    if gave_up {
+        relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    }
+    relay.wait_streaming();
+    let mut ids = world.insert_tx(&[("Evt", "a", "{}")]).await;
+    world.wait_caught_up(SLOT, Duration::from_secs(30)).await;
+
+    let before = relay.log().len();
+    world.broker.down();
+    let outage = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < outage {
+        ids.extend(world.insert_tx(&[("Evt", "b", "{}")]).await);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let during = librdkafka_lines(&relay.log(), before);
+    world.broker.up();
+    assert!(
+        during.len() <= MOST,
+        "{} lines during the outage:\n{}",
+        during.len(),
+        during.join("\n")
+    );
+    world.wait_caught_up(SLOT, Duration::from_secs(60)).await;
+    let records = world
+        .broker
+        .consume_ids(&["Evt"], &ids, Duration::from_secs(30));
+    let got: HashSet<String> = records.iter().map(|r| r.id()).collect();
+    assert!(ids.iter().all(|id| got.contains(id)), "{}", relay.log());
 }

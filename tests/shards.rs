@@ -198,9 +198,15 @@ async fn sharded_world() -> World {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_shards_relay_every_event_once_with_each_key_in_order() {
-    let world = sharded_world().await;
-    let relays: Vec<Relay> = shards(2).into_iter().map(|s| spawn(&world, s)).collect();
-    load(&world.pg, 0, EVENTS).await;
+    two_shards_relay_every_event_once(&World::start().await, EVENTS).await;
+}
+
+/// Two shards relay `events` rows once between them, each key in order (`broker_process`
+/// runs it against a broker in its own process too).
+pub(crate) async fn two_shards_relay_every_event_once(world: &World, events: u64) {
+    world.broker.create_topic(TOPIC, PARTITIONS);
+    let relays: Vec<Relay> = shards(2).into_iter().map(|s| spawn(world, s)).collect();
+    load(&world.pg, 0, events).await;
     for shard in shards(2) {
         world
             .wait_caught_up(&slot(shard), Duration::from_secs(120))

@@ -82,6 +82,10 @@ pub enum CommandError {
     /// The demo could not set up its cluster or broker.
     #[error(transparent)]
     Demo(#[from] demo::DemoError),
+    /// The AWS identity (`--kafka-auth aws-msk-iam`, `--postgres-auth aws-rds-iam`) has no
+    /// credentials or region.
+    #[error(transparent)]
+    Cloud(#[from] crate::cloud::CloudError),
     /// The async runtime could not start.
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
@@ -91,12 +95,32 @@ pub enum CommandError {
 }
 
 impl CommandError {
+    /// This failure as the refusal it comes from: a lineage read or write that failed
+    /// because the brokers refused the MSK IAM token is that configuration problem (see
+    /// [`RelayError::blaming`]).
+    fn blaming(self, auth: &crate::cloud::KafkaAuth) -> CommandError {
+        let lineage = matches!(
+            self,
+            CommandError::Lineage(_) | CommandError::Startup(StartupError::Lineage(_))
+        );
+        match (lineage, auth.refusal()) {
+            (true, Some(reason)) => {
+                CommandError::Cloud(crate::cloud::CloudError::KafkaRefused { reason })
+            }
+            _ => match self {
+                CommandError::Relay(error) => CommandError::Relay(error.blaming(auth)),
+                other => other,
+            },
+        }
+    }
+
     /// The process exit code, shared with the relay's.
     pub fn exit_code(self) -> u8 {
         match self {
-            CommandError::Config(_) | CommandError::Refused(_) | CommandError::Http { .. } => {
-                exit_code::CONFIG
-            }
+            CommandError::Config(_)
+            | CommandError::Refused(_)
+            | CommandError::Http { .. }
+            | CommandError::Cloud(_) => exit_code::CONFIG,
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
             CommandError::Postgres(e) => exit_code::postgres(&e),
             CommandError::Startup(e) => exit_code::startup(&e),
@@ -140,13 +164,19 @@ pub fn run(cli: &Cli) -> ExitCode {
     }
 }
 
-/// Runs `command` with the validated flags, on a [`block_on`] runtime.
+/// Runs `command` with the validated flags, on a [`block_on`] runtime, once the AWS
+/// identity (if any) has its credentials.
 fn connected(
     cli: &Cli,
     command: impl AsyncFnOnce(&Config) -> Result<(), CommandError>,
 ) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)?;
-    block_on(command(&config))?
+    block_on(async {
+        crate::cloud::start(&config.kafka_auth, &config.postgres.auth, None).await?;
+        command(&config)
+            .await
+            .map_err(|error| error.blaming(&config.kafka_auth))
+    })?
 }
 
 /// A single-threaded runtime, the relay's too: its parts hand each other every
@@ -171,6 +201,7 @@ async fn execute(
 /// The Kafka clients `config` names.
 fn kafka(config: &Config) -> KafkaClients {
     KafkaClients::new(&config.kafka_brokers, &config.kafka_properties)
+        .with_auth(config.kafka_auth.clone())
 }
 
 /// `1536` → `1.5 KiB`.

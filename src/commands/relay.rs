@@ -55,6 +55,24 @@ pub(super) async fn run_with(
         }
         None => None,
     };
+    if config.flags.observability.http_addr.is_some() {
+        // Now, so that what the AWS identity reports at start-up reaches /metrics.
+        install_metrics().await;
+    }
+    // Before any connection (the slot poller's too): each logs in with a token signed from
+    // these credentials.
+    let auth = crate::cloud::start(
+        &config.kafka_auth,
+        &config.postgres.auth,
+        Some(health.clone()),
+    );
+    if let Err(error) = auth.await {
+        let error = RelayError::Cloud(error);
+        let code = error.exit_code();
+        tracing::error!(error = %Chain(&error), exit_code = code, "outbox-relay stopped");
+        let _ = stop_http.send(());
+        return Err(error.into());
+    }
     // Aborted when dropped.
     let mut background = JoinSet::new();
     let poll_interval = config.flags.observability.slot_poll_interval;
@@ -73,7 +91,9 @@ pub(super) async fn run_with(
         shutdown.await;
         let _ = stop.send(());
     });
+    let kafka_auth = config.kafka_auth.clone();
     let outcome = relay(config, health, stopped.map(|_| ())).await;
+    let outcome = outcome.map_err(|error| error.blaming(&kafka_auth));
 
     drop(background);
     let _ = stop_http.send(());

@@ -47,6 +47,7 @@ fn reads_server(flags: &RelayFlags, tables: &[TableName], has_url: bool) -> Resu
 
 /// A shard's row filters, from its tables' key and id column types.
 async fn row_filters(config: &Config) -> Result<Vec<String>, CommandError> {
+    crate::cloud::start(&config.kafka_auth, &config.postgres.auth, None).await?;
     let wanted = Wanted::new(config);
     let control = Connector::new(config.postgres.clone()).control().await?;
     let found = gather::catalog(&control, &wanted).await?;

@@ -299,6 +299,35 @@ fn producer_note(name: &str, value: &str) -> Result<&'static str, &'static str> 
     }
 }
 
+/// What a producer setting of AWS's MSK IAM library (`aws-msk-iam-auth`) says.
+#[derive(Debug, PartialEq, Eq)]
+enum MskIam {
+    /// `sasl.mechanism=AWS_MSK_IAM`: `--kafka-auth aws-msk-iam`.
+    Mechanism,
+    /// The login module's `awsRoleArn`: `--aws-role-arn`.
+    Role(String),
+    /// The library's login module or callback handler, which `--kafka-auth` replaces.
+    Implied,
+}
+
+/// PURE: the MSK IAM library's meaning of producer property `name`, if it is one of its.
+fn msk_iam(name: &str, value: &str) -> Option<MskIam> {
+    match name {
+        "sasl.mechanism" if value.trim() == "AWS_MSK_IAM" => Some(MskIam::Mechanism),
+        "sasl.jaas.config" if value.contains("software.amazon.msk.auth.iam.") => {
+            let role = value.split("awsRoleArn=").nth(1).and_then(|rest| {
+                let quoted = rest.strip_prefix('"')?;
+                quoted.split('"').next().map(str::to_owned)
+            });
+            Some(role.map_or(MskIam::Implied, MskIam::Role))
+        }
+        "sasl.client.callback.handler.class" if value.contains("software.amazon.msk.auth.iam.") => {
+            Some(MskIam::Implied)
+        }
+        _ => None,
+    }
+}
+
 /// An EventRouter option (after `transforms.NAME.`) the import does not turn into a flag:
 /// `Ok("")` when records stay identical, `Ok(why)` for a difference that is not in the records,
 /// `Err(why)` when the relay cannot reproduce it, `None` for an option the router lacks.
@@ -947,6 +976,10 @@ impl<'a> Importer<'a> {
                 // The worker's other producer settings are the deployment's, not the records'.
                 continue;
             }
+            if let Some(iam) = msk_iam(name, value) {
+                self.msk_iam(iam);
+                continue;
+            }
             match producer_note(name, value) {
                 Err(why) => dropped.push(format!("{name} ({why})")),
                 Ok(note) => {
@@ -962,6 +995,18 @@ impl<'a> Importer<'a> {
             format!("producer.override properties librdkafka would refuse, not passed on: {list}")
         });
         Ok(())
+    }
+
+    /// The flags the MSK IAM library's producer setting becomes.
+    fn msk_iam(&mut self, iam: MskIam) {
+        match iam {
+            MskIam::Mechanism => {
+                self.out.args.retain(|(flag, _)| flag != "--kafka-auth");
+                self.arg("--kafka-auth", "aws-msk-iam");
+            }
+            MskIam::Role(role) => self.arg("--aws-role-arn", role),
+            MskIam::Implied => {}
+        }
     }
 
     /// Error handling, heartbeats, and what is left: each remaining key classified

@@ -2,6 +2,7 @@
 //! they become. Every mistake is caught before any connection is opened, with a message naming
 //! the flag: clap checks single values while parsing, [`Config::from_cli`] the rest.
 
+mod cloud;
 mod commands;
 pub mod debezium;
 mod format;
@@ -16,6 +17,7 @@ use clap::builder::{NonEmptyStringValueParser, RangedU64ValueParser};
 use clap::{Args, Parser, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
+pub use cloud::{CloudArgs, KafkaAuthMode, PostgresAuthMode};
 pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, ReshardArgs,
     SetupArgs, StatusArgs,
@@ -24,6 +26,7 @@ pub use format::FormatArgs;
 pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 
+use crate::cloud::KafkaAuth;
 use crate::outbox::cloudevents::CloudEventsConfig;
 use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName, TopicTemplate};
 
@@ -98,6 +101,9 @@ pub struct Cli {
     #[arg(short = 'X', long = "kafka-property", value_delimiter = ';')]
     #[arg(env = "OUTBOX_RELAY_KAFKA_PROPERTY", hide_env_values = true)]
     pub kafka_properties: Vec<KafkaProperty>,
+    /// AWS IAM for Kafka and Postgres.
+    #[command(flatten)]
+    pub cloud: CloudArgs,
     /// What to do with an event that cannot be delivered (NULL id, bad topic, too large...).
     #[arg(long, env = "OUTBOX_RELAY_ON_POISON", value_enum, default_value_t = PoisonPolicy::Fail)]
     pub on_poison: PoisonPolicy,
@@ -408,6 +414,8 @@ pub struct Config {
     pub table_mappings: Vec<(TableName, MappingConfig)>,
     /// librdkafka properties given with `-X`, in order.
     pub kafka_properties: KafkaProperties,
+    /// How Kafka clients log in beyond the `-X` properties (`--kafka-auth`).
+    pub kafka_auth: KafkaAuth,
     /// Dead-letter topic when poison events are diverted; `None` means stop on them.
     pub dead_letter_topic: Option<String>,
     /// The flags used as given.
@@ -470,8 +478,13 @@ impl Config {
         let (tables, overridden) = parse_tables(cli)?;
         let overridden = overridden.into_iter();
         let table_mappings = overridden.map(|(t, raw)| Ok((t, apply_overrides(&mapping, raw)?)));
-        let table_mappings = table_mappings.collect::<Result<_, ConfigError>>()?;
+        let table_mappings: Vec<(TableName, MappingConfig)> =
+            table_mappings.collect::<Result<_, ConfigError>>()?;
+        let mappings = std::iter::once(&mapping).chain(table_mappings.iter().map(|(_, m)| m));
+        refuse_partition_column_with_exactly_once(flags.delivery, mappings)?;
         let kafka_properties = cli.kafka_properties.iter().map(KafkaProperty::pair);
+        let kafka_properties = KafkaProperties(kafka_properties.collect::<Result<_, _>>()?);
+        let kafka_auth = cloud::auth(&cli.cloud, &mut postgres, kafka_brokers, &kafka_properties)?;
         let message_prefixes = cli.message_prefixes.iter().filter(|p| !p.is_empty());
         Ok(Config {
             postgres,
@@ -480,7 +493,8 @@ impl Config {
             message_prefixes: message_prefixes.cloned().collect(),
             mapping,
             table_mappings,
-            kafka_properties: KafkaProperties(kafka_properties.collect::<Result<_, _>>()?),
+            kafka_properties,
+            kafka_auth,
             dead_letter_topic: cli.dead_letter_topic.clone().filter(|_| dead_letter),
             flags,
         })
@@ -514,6 +528,27 @@ impl Config {
         let overridden = self.table_mappings.iter().rev().find(|(t, _)| t == table);
         overridden.map_or(&self.mapping, |(_, m)| m)
     }
+}
+
+/// PURE: `--partition-column` places a record by a column's value, while `--delivery
+/// exactly-once` pins each record to its key's partition (as the Java client hashes it) and
+/// reads replays back there: the column would be overridden, so the two are refused together.
+fn refuse_partition_column_with_exactly_once<'a>(
+    delivery: Delivery,
+    mappings: impl IntoIterator<Item = &'a MappingConfig>,
+) -> Result<(), ConfigError> {
+    if delivery != Delivery::ExactlyOnce {
+        return Ok(());
+    }
+    let connect = mappings.into_iter().filter_map(|m| m.connect.as_ref());
+    let Some(column) = connect.filter_map(|c| c.partition_column.clone()).next() else {
+        return Ok(());
+    };
+    let reason = "cannot be combined with --delivery exactly-once, which places each record in \
+                  its key's partition (murmur2, as the Java client) and finds replays there: \
+                  the column's partition would be overridden. Drop --partition-column, or use \
+                  --delivery at-least-once";
+    Err(invalid("--partition-column", column, reason))
 }
 
 /// The `--table` values: the tables in flag order (`none` means none, for a table-less outbox)
@@ -702,6 +737,35 @@ mod tests {
         assert!(err.contains("unknown override"), "{err}");
         let err = cli(&["--table", "a.b:key-column"]).unwrap_err().to_string();
         assert!(err.contains("KEY=VALUE"), "{err}");
+    }
+
+    /// Issue 32: the column's partition was silently overridden by exactly-once.
+    #[test]
+    fn a_partition_column_with_exactly_once_is_refused_by_name() {
+        // (flags, refused)
+        let table: [(&[&str], bool); 4] = [
+            (
+                &["--partition-column", "p", "--delivery", "exactly-once"],
+                true,
+            ),
+            (&["--partition-column", "p"], false),
+            (&["--delivery", "exactly-once"], false),
+            (
+                &["--partition-column", "p", "--delivery", "at-least-once"],
+                false,
+            ),
+        ];
+        for (flags, refused) in table {
+            let result = cli(flags);
+            assert_eq!(result.is_err(), refused, "{flags:?}: {:?}", result.err());
+            if let Err(e) = result {
+                let text = e.to_string();
+                assert!(
+                    text.contains("--partition-column") && text.contains("exactly-once"),
+                    "{text}"
+                );
+            }
+        }
     }
 
     #[test]

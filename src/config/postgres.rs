@@ -5,6 +5,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::cloud::PostgresAuth;
+
 /// How (and whether) to use TLS, with libpq's names and meanings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum SslMode {
@@ -94,6 +96,8 @@ pub struct PostgresConnInfo {
     pub sslkey: Option<PathBuf>,
     /// `application_name` shown in `pg_stat_activity`.
     pub application_name: Option<String>,
+    /// How the relay logs in: the password above, or an AWS IAM token per connection.
+    pub auth: PostgresAuth,
 }
 
 /// A `--postgres-url` that cannot be used, saying what would work; any URL in it is redacted.

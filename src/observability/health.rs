@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
@@ -118,6 +118,60 @@ pub struct HealthSnapshot {
     pub cleanup: CleanupBacklog,
     /// Since the first row a delete left in place waits; zero when none.
     pub cleanup_held_for: Duration,
+    /// The AWS credentials IAM tokens are signed with; `None` without AWS IAM.
+    pub credentials: Option<CredentialHealth>,
+    /// The wall clock, which credentials expire by.
+    pub wall_clock: SystemTime,
+}
+
+/// The AWS credentials the relay signs its IAM tokens with (`--kafka-auth aws-msk-iam`,
+/// `--postgres-auth aws-rds-iam`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CredentialHealth {
+    /// When the credentials in use expire; `None` when they do not (access keys).
+    pub expires: Option<SystemTime>,
+    /// How fetching them again fails; `None` once a fetch worked.
+    pub failing: Option<FetchFailure>,
+}
+
+/// Fetching AWS credentials fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FetchFailure {
+    /// Since the first failure in a row.
+    pub since: SystemTime,
+    /// The last failure's error.
+    pub why: String,
+}
+
+impl CredentialHealth {
+    /// PURE: a readiness reason once the credentials expired while fetching fails (no new
+    /// connection can log in), a warning while fetching fails before they expire.
+    fn judge(&self, now: SystemTime) -> (Option<String>, Option<String>) {
+        let Some(failure) = &self.failing else {
+            return (None, None);
+        };
+        let since = humantime::format_rfc3339_seconds(failure.since);
+        let why = &failure.why;
+        let failing = format!("fetching AWS credentials fails since {since} ({why})");
+        let fix = "Fix the credentials the chain reads (docs/operations.md, AWS IAM)";
+        let Some(expires) = self.expires else {
+            return (None, Some(format!("{failing}. {fix}")));
+        };
+        let at = humantime::format_rfc3339_seconds(expires);
+        if expires <= now {
+            let reason = format!(
+                "{failing}, and those in use expired at {at}: no IAM token can be signed, so no \
+                 new Kafka or Postgres connection can log in (deliveries wait, nothing past them \
+                 is acknowledged; the relay keeps retrying). {fix}"
+            );
+            return (Some(reason), None);
+        }
+        let warning = format!(
+            "{failing}; those in use expire at {at}, after which no new Kafka or Postgres \
+             connection can log in. {fix}"
+        );
+        (None, Some(warning))
+    }
 }
 
 /// `--cleanup delete`'s backlog, as the pipeline last published it.
@@ -207,6 +261,11 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
         ));
     }
     let mut warnings = Vec::new();
+    if let Some(credentials) = &state.credentials {
+        let (reason, warning) = credentials.judge(state.wall_clock);
+        reasons.extend(reason);
+        warnings.extend(warning);
+    }
     match &state.slot {
         SlotObservation::Unknown => {}
         SlotObservation::Missing => reasons.push(format!(
@@ -230,7 +289,7 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
                 reasons.push(remedy::wal_lost());
             }
             reasons.extend(failover_unready(slot));
-            warnings = slot_warnings(slot, limits);
+            warnings.extend(slot_warnings(slot, limits));
             warnings.extend(idle_timeout_warning(slot.idle_timeout_secs.unwrap_or(0)));
         }
     }
@@ -332,6 +391,7 @@ pub struct Health {
     producer_connected: AtomicBool,
     progress: Mutex<Progress>,
     slot: Mutex<SlotObservation>,
+    credentials: Mutex<Option<CredentialHealth>>,
 }
 
 /// A poisoned lock still holds a consistent value: every write is one assignment.
@@ -369,6 +429,11 @@ impl Health {
         *lock(&self.slot) = observation;
     }
 
+    /// How the AWS credentials are (with AWS IAM only).
+    pub fn set_credentials(&self, credentials: CredentialHealth) {
+        *lock(&self.credentials) = Some(credentials);
+    }
+
     /// The pipeline's progress now.
     pub fn set_progress(&self, progress: Progress) {
         *lock(&self.progress) = progress;
@@ -396,6 +461,8 @@ impl Health {
             slot: self.slot(),
             cleanup: progress.cleanup,
             cleanup_held_for: since(progress.cleanup.held_since),
+            credentials: lock(&self.credentials).clone(),
+            wall_clock: SystemTime::now(),
         }
     }
 }
@@ -419,6 +486,8 @@ mod tests {
             }),
             cleanup: CleanupBacklog::default(),
             cleanup_held_for: Duration::ZERO,
+            credentials: None,
+            wall_clock: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
         }
     }
 
@@ -624,8 +693,16 @@ mod tests {
                 ..CleanupBacklog::default()
             },
             cleanup_held_for: Duration::from_secs(3600),
+            credentials: Some(CredentialHealth {
+                expires: Some(SystemTime::UNIX_EPOCH),
+                failing: Some(FetchFailure {
+                    since: SystemTime::UNIX_EPOCH,
+                    why: "STS unreachable".to_owned(),
+                }),
+            }),
+            wall_clock: SystemTime::UNIX_EPOCH + Duration::from_secs(60),
         };
-        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 7);
+        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 8);
         // Rows held back for less than the limit are not yet a reason.
         let held = HealthSnapshot {
             cleanup: CleanupBacklog {
@@ -636,6 +713,44 @@ mod tests {
             ..good()
         };
         assert!(evaluate(&held, &limits).ready);
+    }
+
+    #[test]
+    fn failing_aws_credentials_warn_and_are_a_reason_once_expired() {
+        let now = good().wall_clock;
+        let minute = Duration::from_secs(60);
+        let failing = Some(FetchFailure {
+            since: now - minute,
+            why: "STS: AccessDenied".to_owned(),
+        });
+        // (expires, failing, a reason, a warning): one row per case.
+        let cases = [
+            (Some(now + minute), None, false, false),
+            (None, failing.clone(), false, true),
+            (Some(now + minute), failing.clone(), false, true),
+            (Some(now), failing.clone(), true, false),
+            (Some(now - minute), failing.clone(), true, false),
+            // Expired but fetched again since: nothing to say.
+            (Some(now - minute), None, false, false),
+        ];
+        for (expires, failing, reason, warning) in cases {
+            let credentials = Some(CredentialHealth {
+                expires,
+                failing: failing.clone(),
+            });
+            let state = HealthSnapshot {
+                credentials,
+                ..good()
+            };
+            let r = evaluate(&state, &ReadinessThresholds::default());
+            let case = format!("{expires:?} {failing:?}: {r:?}");
+            assert_eq!(!r.ready, reason, "{case}");
+            assert_eq!(r.warnings.len(), usize::from(warning), "{case}");
+            for text in r.reasons.iter().chain(&r.warnings) {
+                assert!(text.contains("STS: AccessDenied"), "{case}");
+                assert!(text.contains("docs/operations.md"), "{case}");
+            }
+        }
     }
 
     #[test]

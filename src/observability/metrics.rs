@@ -69,6 +69,16 @@ metrics! {
         "1 when every standby --postgres-url names holds a persistent synchronized copy of the failover slot, else 0.";
     describe_gauge SYNCHRONIZED_STANDBY_SLOTS_SET = "outbox_relay_synchronized_standby_slots_set",
         "1 when synchronized_standby_slots is set on the server (PostgreSQL 17+), else 0.";
+    describe_counter AWS_CREDENTIALS_FETCHES = "outbox_relay_aws_credentials_fetches_total",
+        "Fetches of AWS credentials from the credential chain, by outcome (ok, failed).";
+    describe_gauge AWS_CREDENTIALS_EXPIRY = "outbox_relay_aws_credentials_expiry_timestamp_seconds",
+        "When the AWS credentials in use expire, in Unix seconds (+Inf for keys that do not).";
+    describe_gauge AWS_CREDENTIALS_INFO = "outbox_relay_aws_credentials_info",
+        "1 for the source of the AWS credentials in use (environment, profile, credential-process, web-identity, container, instance-metadata, assumed-role), else 0.";
+    describe_counter AUTH_TOKENS = "outbox_relay_auth_tokens_total",
+        "AWS IAM tokens signed, by target: kafka (MSK tokens handed to librdkafka), postgres (RDS tokens, one per connection).";
+    describe_counter AUTH_TOKEN_FAILURES = "outbox_relay_auth_token_failures_total",
+        "AWS IAM tokens that could not be signed, by target (kafka, postgres); each is asked for again.";
     describe_gauge BUILD_INFO = "outbox_relay_build_info",
         "Always 1; the version label names the build.";
     describe_gauge SHARD_INFO = "outbox_relay_shard_info",

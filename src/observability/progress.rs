@@ -1,6 +1,7 @@
 //! The periodic progress line (`--progress-interval`): events/s acknowledged,
 //! in flight, received position, ack frontier and slot lag, all read from
-//! [`Health`], so the pipeline needs no extra call for it.
+//! [`Health`], so the pipeline needs no extra call for it. It starts with the first stream:
+//! before, there is no progress to report.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,9 +13,16 @@ pub async fn run(health: Arc<Health>, interval: Duration) {
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut previous = (Instant::now(), health.progress());
+    // Nothing to report before the first stream (start-up, a standby waiting for the slot).
+    let mut streamed = false;
     loop {
         tick.tick().await;
         let now = (Instant::now(), health.progress());
+        streamed = streamed || health.snapshot(now.0).streaming;
+        if !streamed {
+            previous = now;
+            continue;
+        }
         let slot_lag_bytes = match health.slot() {
             SlotObservation::Seen(s) => s.lag_bytes,
             _ => None,

@@ -3,6 +3,7 @@
 //! Postgres, and whether to read on.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -143,6 +144,20 @@ pub(super) fn reportable(frontier: Lsn, cleared: Option<Lsn>, checked: Option<Ls
         .into_iter()
         .flatten()
         .fold(frontier, Lsn::min)
+}
+
+/// The longest wait between publication checks that cannot run (no new control connection).
+pub(super) const UNCHECKED_WAIT_MAX: Duration = Duration::from_secs(60);
+
+/// When to check the publication again after `failures` checks in a row could not run (0: the
+/// last one ran): every status interval while they run, then from a second on, doubling to
+/// [`UNCHECKED_WAIT_MAX`], so a server refusing connections is not asked every second.
+pub(super) fn next_publication_check(failures: u32, status_interval: Duration) -> Duration {
+    if failures == 0 {
+        return status_interval;
+    }
+    let doubled = Duration::from_secs(1).saturating_mul(1 << (failures - 1).min(16));
+    doubled.clamp(status_interval, UNCHECKED_WAIT_MAX.max(status_interval))
 }
 
 /// The read gate: reads stop at the in-flight caps, so the replication channel fills and TCP
@@ -387,5 +402,32 @@ mod tests {
         assert_eq!(gate.largest, 63);
         gate.saw(500);
         assert_eq!(gate.largest, 500);
+    }
+
+    /// Issue 32: checks that cannot run were retried every second with no back-off.
+    #[test]
+    fn unrunnable_publication_checks_back_off_to_a_minute() {
+        let ms = Duration::from_millis;
+        let secs = Duration::from_secs;
+        // (failures in a row, status interval, wait)
+        let table = [
+            (0, ms(100), ms(100)),
+            (1, ms(100), secs(1)),
+            (2, ms(100), secs(2)),
+            (3, ms(100), secs(4)),
+            (7, ms(100), secs(60)),
+            (40, ms(100), secs(60)),
+            (u32::MAX, ms(100), secs(60)),
+            // A status interval longer than the cap is never shortened.
+            (0, secs(90), secs(90)),
+            (3, secs(90), secs(90)),
+        ];
+        for (failures, interval, wait) in table {
+            assert_eq!(
+                next_publication_check(failures, interval),
+                wait,
+                "{failures}, {interval:?}"
+            );
+        }
     }
 }

@@ -36,7 +36,7 @@ pub mod exit_code {
             E::Refused(Refused::SlotLost { .. }) => SLOT_LOST,
             E::Refused(Refused::Misconfigured(_)) => POSTGRES,
             E::Postgres(e) => postgres(e),
-            E::Lineage(_) => KAFKA,
+            E::Lineage(_) | E::Refused(Refused::Lineage(_)) => KAFKA,
         }
     }
 
@@ -45,7 +45,11 @@ pub mod exit_code {
     pub fn postgres(error: &super::PostgresError) -> u8 {
         use super::PostgresError as E;
         match error {
-            E::Tls(_) | E::TlsHandshake { .. } | E::ReplicationConnect { .. } => CONFIG,
+            E::Tls(_)
+            | E::TlsHandshake { .. }
+            | E::ReplicationConnect { .. }
+            | E::Credentials(_)
+            | E::IamRefused { .. } => CONFIG,
             E::Connect { .. } if error.sqlstate_class("28") => CONFIG,
             _ => POSTGRES,
         }
@@ -94,6 +98,10 @@ pub enum RelayError {
     /// The producer could not be created.
     #[error(transparent)]
     Producer(SinkError),
+    /// The AWS identity has no credentials or region at start-up, or the brokers refused
+    /// its MSK IAM token.
+    #[error(transparent)]
+    Cloud(#[from] crate::cloud::CloudError),
     /// The broker did not accept an event, not for the event's fault.
     #[error(
         "delivery of event id {id} (commit LSN {lsn}) to topic {topic:?} failed; the slot was \
@@ -216,11 +224,23 @@ pub enum RelayError {
 }
 
 impl RelayError {
+    /// This failure as the refusal it comes from: a lineage read or write at start-up that
+    /// failed because the brokers refused the MSK IAM token is that configuration problem,
+    /// not a Kafka outage.
+    pub fn blaming(self, auth: &crate::cloud::KafkaAuth) -> RelayError {
+        match (&self, auth.refusal()) {
+            (RelayError::Startup(StartupError::Lineage(_)), Some(reason)) => {
+                RelayError::Cloud(crate::cloud::CloudError::KafkaRefused { reason })
+            }
+            _ => self,
+        }
+    }
+
     /// The process exit code for this failure.
     pub fn exit_code(&self) -> u8 {
         use RelayError as E;
         match self {
-            E::Producer(_) | E::UnmappedRelation { .. } => exit_code::CONFIG,
+            E::Producer(_) | E::Cloud(_) | E::UnmappedRelation { .. } => exit_code::CONFIG,
             E::Source(SourceError::Postgres(e)) => exit_code::postgres(e),
             E::Startup(e) => exit_code::startup(e),
             E::SlotDropped { .. } => exit_code::SLOT_LOST,

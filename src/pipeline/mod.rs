@@ -154,6 +154,8 @@ struct PublicationGuard {
     /// Whether reports wait for checks (PostgreSQL 18 and later).
     checked_only: bool,
     next_check: Instant,
+    /// Checks in a row that could not run: they are retried with back-off.
+    unchecked: u32,
 }
 
 /// A publication check in flight beside the stream: the frontier it covers, and the check.
@@ -204,6 +206,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 // Before 18, pgoutput fails the stream on a missing publication.
                 checked_only: slot.publication.server_version >= 180_000,
                 next_check: Instant::now(),
+                unchecked: 0,
             },
             checking: None,
             server: None,

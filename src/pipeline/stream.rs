@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 use tokio::time::Instant;
 
-use super::{Pipeline, RelayError, cleanup};
+use super::{Pipeline, RelayError, cleanup, decide};
 use crate::lsn::Lsn;
 use crate::observability::Chain;
 use crate::sink::Sink;
@@ -274,11 +274,13 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 }
                 (candidate, check) = checked(&mut self.checking) => {
                     self.checking = None;
-                    // A check that could not run is retried less often.
-                    let wait = match self.publication_checked(candidate, check)? {
-                        true => self.config.flags.status_interval,
-                        false => self.config.flags.status_interval.max(Duration::from_secs(1)),
+                    // A check that could not run is retried with back-off.
+                    self.guard.unchecked = match self.publication_checked(candidate, check)? {
+                        true => 0,
+                        false => self.guard.unchecked.saturating_add(1),
                     };
+                    let interval = self.config.flags.status_interval;
+                    let wait = decide::next_publication_check(self.guard.unchecked, interval);
                     self.guard.next_check = Instant::now() + wait;
                 }
             }

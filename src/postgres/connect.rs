@@ -46,9 +46,18 @@ impl Connector {
         self.info.redacted()
     }
 
-    /// The password for the next connection: the URL's (or `--postgres-password`'s).
-    fn password(&self) -> Option<String> {
-        self.info.password.clone()
+    /// The password for the next connection: the URL's (or `--postgres-password`'s), or
+    /// with `--postgres-auth aws-rds-iam` an RDS IAM token signed now for its server.
+    async fn password(&self) -> Result<Option<String>, PostgresError> {
+        let pg = &self.info;
+        let configured = pg.password.as_deref();
+        let password = pg.auth.password(configured, &pg.host, pg.port, &pg.user);
+        Ok(password.await?)
+    }
+
+    /// Whether the relay logs in with RDS IAM tokens.
+    fn iam(&self) -> bool {
+        matches!(self.info.auth, crate::cloud::PostgresAuth::AwsRdsIam(_))
     }
 
     fn application_name(&self) -> &str {
@@ -148,7 +157,7 @@ impl Connector {
             .dbname(&pg.dbname)
             .application_name(self.application_name())
             .connect_timeout(CONNECT_TIMEOUT);
-        if let Some(password) = self.password() {
+        if let Some(password) = self.password().await? {
             cfg.password(password);
         }
         let (ssl_mode, connector) = tls::control_tls(pg)?;
@@ -162,9 +171,18 @@ impl Connector {
         Ok(client)
     }
 
-    /// A failed login: a failed TLS handshake says what to check.
+    /// A failed login: a failed TLS handshake says what to check, a refused IAM token what
+    /// to grant.
     fn connect_error(&self, source: tokio_postgres::Error) -> PostgresError {
         let url = self.redacted();
+        let refused = source
+            .as_db_error()
+            .is_some_and(|db| db.code().code().starts_with("28"));
+        if refused && self.iam() {
+            let user = self.info.user.clone();
+            let source = Box::new(PgError(source));
+            return PostgresError::IamRefused { url, user, source };
+        }
         // tokio-rustls wraps a failed handshake's rustls error in an `io::Error`.
         let io = std::error::Error::source(&source).and_then(|e| e.downcast_ref::<io::Error>());
         let rustls = io.and_then(|io| io.get_ref()?.downcast_ref::<rustls::Error>());
@@ -182,17 +200,19 @@ impl Connector {
     }
 
     /// A replication session's settings for `slot` and `publication` on the URL's first
-    /// server (pin first), starting at 0/0 until the caller says otherwise.
-    pub fn replication(
+    /// server (pin first), starting at 0/0 until the caller says otherwise; with
+    /// `--postgres-auth aws-rds-iam` it logs in with a token signed now.
+    pub async fn replication(
         &self,
         slot: &str,
         publication: &str,
     ) -> Result<ReplicationConfig, PostgresError> {
         let pg = &self.info;
+        let password = self.password().await?;
         let config = ReplicationConfig::new(
             pg.host.clone(),
             pg.user.clone(),
-            self.password().unwrap_or_default(),
+            password.unwrap_or_default(),
             pg.dbname.clone(),
             slot.to_owned(),
             publication.to_owned(),
@@ -208,7 +228,7 @@ impl Connector {
     /// `slot`, on the server [`Connector::pin`] picks.
     pub async fn command_session(&self, slot: &str) -> Result<ReplicationClient, PostgresError> {
         let pinned = self.pin().await?;
-        let config = pinned.replication(slot, "")?;
+        let config = pinned.replication(slot, "").await?;
         let config = config.with_start_lsn(Lsn::ZERO.into());
         let connecting = ReplicationClient::connect_gated(config).await;
         connecting.map_err(|source| pinned.replication_error("open a session", slot, source))
@@ -235,6 +255,13 @@ impl Connector {
     /// The replication connection was refused (TLS or authentication), or `Err` with the
     /// error when it failed otherwise.
     pub fn refused(&self, source: PgWireError) -> Result<PostgresError, PgWireError> {
+        if self.iam() && login_refused(&source) {
+            return Ok(PostgresError::IamRefused {
+                url: self.redacted(),
+                user: self.info.user.clone(),
+                source: Box::new(source),
+            });
+        }
         if !(source.is_tls() || source.is_auth()) {
             return Err(source);
         }
@@ -243,5 +270,15 @@ impl Connector {
             hint: tls::replication_hint(&source),
             source,
         })
+    }
+}
+
+/// Whether the server refused the login (SQLSTATE class 28) or the client could not log in.
+fn login_refused(error: &PgWireError) -> bool {
+    match error {
+        PgWireError::Server(message) => {
+            super::wire_sqlstate(message).is_some_and(|code| code.starts_with("28"))
+        }
+        other => other.is_auth(),
     }
 }

@@ -51,6 +51,27 @@ pub enum PostgresError {
         #[source]
         source: PgWireError,
     },
+    /// No AWS IAM token for a connection (`--postgres-auth aws-rds-iam`): at start-up a
+    /// configuration problem; while running, retried like a broken stream.
+    #[error("cannot sign the RDS IAM token to log in to Postgres")]
+    Credentials(#[from] crate::cloud::CloudError),
+    /// The server refused the RDS IAM token (`--postgres-auth aws-rds-iam`): at start-up a
+    /// configuration problem (a missing grant or policy); while running, retried (RDS also
+    /// refuses IAM logins it throttles).
+    #[error(
+        "Postgres at {url} refused the RDS IAM token of user {user:?}: the AWS identity needs \
+         rds-db:connect on arn:aws:rds-db:REGION:ACCOUNT:dbuser:RESOURCE_ID/{user}, the database \
+         IAM authentication on, and the role GRANT rds_iam (docs/operations.md, AWS IAM)"
+    )]
+    IamRefused {
+        /// The server's URL.
+        url: String,
+        /// The role logged in as.
+        user: String,
+        /// The server's refusal.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// No server of the URL satisfies `target_session_attrs` (mid-failover): retried.
     #[error("no server of --postgres-url is {attrs} (target_session_attrs): {tried}")]
     NoSuitableHost {
@@ -91,6 +112,12 @@ impl PostgresError {
         let code = source.0.as_db_error().map(|db| db.code().code());
         code.is_some_and(|code| code.starts_with(class))
     }
+}
+
+/// The SQLSTATE in pgwire-replication's rendering of a server error.
+pub fn wire_sqlstate(message: &str) -> Option<&str> {
+    let at = message.find("SQLSTATE ")? + "SQLSTATE ".len();
+    message.get(at..at + 5)
 }
 
 /// Names a failed query by what it was for.

@@ -4,16 +4,21 @@
 //! or a hot standby can write nothing in Postgres) and because it outlives a database
 //! failover; a primary, its standbys and a promoted standby share the system identifier.
 //! Read in full at start-up (it is small: compacted, one record per key), without a consumer
-//! group; written with `acks=all` and awaited before the relay streams.
+//! group; written with `acks=all` and awaited before the relay streams. A key's newest record
+//! is the one with the highest offset (the topic has one partition), never a producer's
+//! timestamp: a clock running ahead or behind must not decide about a slot.
 
 use std::time::{Duration, SystemTime};
 
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 
+use super::ClientCallbacks;
 use super::KafkaClients;
-use super::exactly_once::TailReader;
+use super::cause::Cause;
+use super::exactly_once::{Attempt, READ_TIMEOUT, TailReader};
 
 /// How long one write may wait for the broker's acknowledgement.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -102,45 +107,150 @@ pub fn topic_commands(topic: &str) -> [String; 2] {
     ]
 }
 
-/// The lineage topic cannot be read or written: the relay does not stream.
+/// What is wrong with the lineage topic, as far as the remedy is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// Kafka failed the read or the write.
+    Kafka(Cause),
+    /// The slot's last record is not one the relay writes.
+    Unreadable,
+    /// The slot's records are in several partitions, which have no order but their producers'
+    /// clocks.
+    Unordered,
+}
+
+/// The lineage topic cannot be read or written, or its record of the slot cannot be used: the
+/// relay does not stream.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "cannot {action} the slot's lineage in Kafka topic {topic:?}: {reason}. The relay streams \
-     from a slot only once its creation is recorded there, so that a slot lost in a failover \
-     is refused instead of silently replaced by one starting at \"now\" (--allow-new-slot does \
-     not skip this){kept}. Create the topic and let the relay's principal use it ({commands}), \
-     or name another with --lineage-topic; the -X properties apply to it too"
-)]
+#[error("{}", self.describe())]
 pub struct LineageError {
     /// `read` or `record`.
     action: &'static str,
     /// The topic.
     topic: String,
-    /// What Kafka said.
+    /// What Kafka said, or what is wrong with the record.
     reason: String,
-    /// What happened to the slot meanwhile.
-    kept: &'static str,
-    /// [`topic_commands`].
-    commands: String,
+    problem: Problem,
+    /// The slot was created and kept.
+    kept: bool,
 }
 
 impl LineageError {
-    fn new(action: &'static str, topic: &str, reason: impl ToString) -> Self {
+    fn new(action: &'static str, topic: &str, reason: impl ToString, problem: Problem) -> Self {
         LineageError {
             action,
             topic: topic.to_owned(),
             reason: reason.to_string(),
-            kept: "",
-            commands: topic_commands(topic).join("; "),
+            problem,
+            kept: false,
         }
+    }
+
+    /// The slot's last record in `topic` is not one the relay writes (`reason` says which).
+    pub fn unreadable(topic: &str, reason: impl ToString) -> Self {
+        LineageError::new("read", topic, reason, Problem::Unreadable)
+    }
+
+    /// Kafka failed to `action` the topic with `error`.
+    fn kafka(action: &'static str, topic: &str, error: &KafkaError) -> Self {
+        LineageError::new(action, topic, error, Problem::Kafka(Cause::of(error)))
     }
 
     /// Says that the slot was created and kept: the next start records and adopts it.
     pub fn slot_kept(mut self) -> Self {
-        self.kept = ". The slot was created and kept, so once the topic takes the record the \
-                     next start relays from its creation (`outbox-relay drop-slot --yes-i-know` \
-                     removes it meanwhile, releasing the WAL it pins)";
+        self.kept = true;
         self
+    }
+
+    /// What is wrong.
+    pub fn problem(&self) -> Problem {
+        self.problem
+    }
+
+    /// Whether waiting can fix it: the brokers could not be reached, or did not answer in time.
+    pub fn transient(&self) -> bool {
+        matches!(self.problem, Problem::Kafka(cause) if cause.transient())
+    }
+
+    fn describe(&self) -> String {
+        let topic = &self.topic;
+        let [create, acls] = topic_commands(topic);
+        let head = format!(
+            "cannot {} the slot's lineage in Kafka topic {topic:?}: {}",
+            self.action, self.reason
+        );
+        let why = "The relay streams from a slot only once its creation is recorded there, so \
+                   that a slot lost in a failover is refused instead of silently replaced by one \
+                   starting at \"now\" (--allow-new-slot does not skip this)";
+        let kept = match self.kept {
+            true => {
+                ". The slot was created and kept, so once the topic takes the record the \
+                     next start relays from its creation (`outbox-relay drop-slot --yes-i-know` \
+                     removes it meanwhile, releasing the WAL it pins)"
+            }
+            false => "",
+        };
+        let remedy = match self.problem {
+            Problem::Kafka(Cause::Transport) => "Kafka did not answer: check --kafka-brokers, \
+                 the network and the brokers; a start once they answer goes on (the slot keeps \
+                 the WAL meanwhile, so nothing is lost)"
+                .to_owned(),
+            Problem::Kafka(Cause::MissingTopic) => format!(
+                "The topic does not exist and the broker does not create it: create it \
+                 ({create}), or name another with --lineage-topic"
+            ),
+            Problem::Kafka(Cause::TopicDenied) => {
+                format!("The relay's principal may not use the topic: let it ({acls})")
+            }
+            Problem::Kafka(Cause::GroupDenied | Cause::Other) => format!(
+                "Create the topic and let the relay's principal use it ({create}; {acls}), or \
+                 name another with --lineage-topic; the -X properties apply to it too"
+            ),
+            Problem::Unreadable => "The slot does not exist, and the record cannot say whether \
+                 it was dropped on purpose or lost. If it was dropped, or you accept that the \
+                 events committed since it was lost are not relayed, `outbox-relay drop-slot \
+                 --yes-i-know` records the drop over it (dropping nothing when no slot exists) \
+                 and the next start creates a fresh slot; --allow-new-slot starts one at once"
+                .to_owned(),
+            Problem::Unordered => format!(
+                "The topic's partition count changed, and records in different partitions have \
+                 no order but their producers' clocks, which the relay does not trust. Read the \
+                 key's records (kafka-console-consumer.sh --property print.partition=true \
+                 --property print.key=true); if the newest says the slot was dropped, or the slot \
+                 exists, re-create the topic with one partition ({create})"
+            ),
+        };
+        format!("{head}. {why}{kept}. {remedy}")
+    }
+}
+
+/// One record of the slot's key read back: where it is, and its value (`None`: a tombstone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Found {
+    partition: i32,
+    offset: i64,
+    value: Option<Vec<u8>>,
+}
+
+/// PURE: the key's newest record: the one with the highest offset, never its producer's
+/// timestamp (a writer's clock may run ahead or behind). Records in several partitions (the
+/// topic's partition count changed) have no order: those partitions, as the error.
+fn newest(found: Vec<Found>) -> Result<Option<Found>, Vec<i32>> {
+    let mut partitions: Vec<i32> = found.iter().map(|f| f.partition).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    if partitions.len() > 1 {
+        return Err(partitions);
+    }
+    Ok(found.into_iter().max_by_key(|f| f.offset))
+}
+
+/// Stops a blocking read when the future waiting for it is dropped.
+struct CancelOnDrop(Attempt);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
     }
 }
 
@@ -151,32 +261,59 @@ pub async fn read(
     topic: &str,
     key: &str,
 ) -> Result<Option<SlotRecord>, LineageError> {
-    let failed = |reason: String| LineageError::new("read", topic, reason);
+    read_within(kafka, topic, key, READ_TIMEOUT).await
+}
+
+/// [`read`] for at most `timeout`, transport failures waited out within it. Dropping the
+/// future stops the read within a second (a shutdown need not wait for it).
+pub async fn read_within(
+    kafka: &KafkaClients,
+    topic: &str,
+    key: &str,
+    timeout: Duration,
+) -> Result<Option<SlotRecord>, LineageError> {
+    let attempt = Attempt::within(timeout);
+    let _cancel = CancelOnDrop(attempt.clone());
     // Read on the blocking pool, which takes owned values.
     let kafka = kafka.clone();
-    let owned_topic = topic.to_owned();
     let wanted = key.as_bytes().to_vec();
+    let reading = topic.to_owned();
     let read = tokio::task::spawn_blocking(move || {
-        let reader = TailReader::new(&kafka);
-        let reader = reader.map_err(|e| e.to_string())?;
-        // Several partitions: a key moves when their count changes; the newest write wins.
-        let records = reader.read_all(&owned_topic, |msg| {
-            let at = msg.timestamp().to_millis().unwrap_or(0);
-            let value = msg.payload().map(<[u8]>::to_vec);
-            (msg.key() == Some(&wanted[..])).then_some((at, value))
+        let reader = TailReader::new(&kafka)
+            .map_err(|e| LineageError::new("read", &reading, e, Problem::Kafka(Cause::Other)))?;
+        let found = reader.read_all(&reading, &attempt, |msg| {
+            let found = Found {
+                partition: msg.partition(),
+                offset: msg.offset(),
+                value: msg.payload().map(<[u8]>::to_vec),
+            };
+            (msg.key() == Some(&wanted[..])).then_some(found)
         });
-        records.map_err(|e| e.to_string())
+        found.map_err(|e| LineageError::new("read", &reading, &e, Problem::Kafka(e.cause())))
     });
-    let records = read.await.map_err(|e| failed(e.to_string()))?;
-    let records = records.map_err(failed)?;
-    let Some((_, Some(value))) = records.into_iter().max_by_key(|(at, _)| *at) else {
+    let found = read.await.map_err(|e| {
+        let reason = format!("the blocking read stopped: {e}");
+        LineageError::new("read", topic, reason, Problem::Kafka(Cause::Other))
+    })??;
+    let newest = newest(found).map_err(|partitions| {
+        let reason = format!("the records of key {key:?} are in partitions {partitions:?}");
+        LineageError::new("read", topic, reason, Problem::Unordered)
+    })?;
+    let Some(Found {
+        partition,
+        offset,
+        value: Some(value),
+    }) = newest
+    else {
         return Ok(None);
     };
     let record = serde_json::from_slice(&value).map_err(|e| {
         let text = String::from_utf8_lossy(&value).into_owned();
-        failed(format!(
-            "the record of key {key:?} is not one the relay writes ({e}): {text}"
-        ))
+        let reason = format!(
+            "the last record of key {key:?} (partition {partition}, offset {offset}) is not one \
+             the relay writes ({e}): {text}"
+        );
+        LineageError::unreadable(topic, reason)
     })?;
     Ok(Some(record))
 }
@@ -189,13 +326,14 @@ pub async fn write(
     key: &str,
     record: Option<&SlotRecord>,
 ) -> Result<(), LineageError> {
-    let failed = |reason: String| LineageError::new("record", topic, reason);
     let mut client = kafka.config(&[("acks", "all")]);
     // Bounded, whatever the relay's own producer waits.
     client.set("message.timeout.ms", WRITE_TIMEOUT.as_millis().to_string());
-    let producer: FutureProducer = client
-        .create()
-        .map_err(|e| failed(kafka.refused(e).to_string()))?;
+    let producer: FutureProducer<ClientCallbacks> =
+        client.create_with_context(kafka.context()).map_err(|e| {
+            let reason = kafka.refused(e);
+            LineageError::new("record", topic, reason, Problem::Kafka(Cause::Other))
+        })?;
     // A record of plain strings always serialises.
     let value = record.map(|r| serde_json::to_vec(r).unwrap_or_default());
     let mut message = FutureRecord::to(topic).key(key);
@@ -205,7 +343,7 @@ pub async fn write(
     producer
         .send(message, WRITE_TIMEOUT)
         .await
-        .map_err(|(e, _)| failed(e.to_string()))?;
+        .map_err(|(e, _)| LineageError::kafka("record", topic, &e))?;
     Ok(())
 }
 
@@ -229,19 +367,100 @@ mod tests {
     }
 
     #[test]
-    fn the_error_names_the_topic_the_commands_and_the_flag() {
-        let text = LineageError::new("read", "t.lineage", "denied").to_string();
-        for needle in [
-            "\"t.lineage\"",
-            "kafka-topics.sh",
-            "kafka-acls.sh",
-            "--allow-new-slot",
-        ] {
-            assert!(text.contains(needle), "{needle}: {text}");
+    fn each_problem_has_its_own_remedy() {
+        let error = |problem| LineageError::new("read", "t.lineage", "why", problem).to_string();
+        // (problem, what the message must say, what it must not)
+        let table = [
+            (
+                Problem::Kafka(Cause::Transport),
+                "--kafka-brokers",
+                "kafka-topics.sh",
+            ),
+            (
+                Problem::Kafka(Cause::MissingTopic),
+                "kafka-topics.sh",
+                "kafka-acls.sh",
+            ),
+            (
+                Problem::Kafka(Cause::TopicDenied),
+                "kafka-acls.sh",
+                "kafka-topics.sh",
+            ),
+            (Problem::Kafka(Cause::Other), "kafka-acls.sh", "drop-slot"),
+            (
+                Problem::Unreadable,
+                "drop-slot --yes-i-know",
+                "kafka-acls.sh",
+            ),
+            (Problem::Unordered, "--partitions 1", "kafka-acls.sh"),
+        ];
+        for (problem, needle, absent) in table {
+            let text = error(problem);
+            assert!(text.contains("\"t.lineage\": why"), "{problem:?}: {text}");
+            assert!(text.contains("--allow-new-slot"), "{problem:?}: {text}");
+            assert!(text.contains(needle), "{problem:?} lacks {needle}: {text}");
+            assert!(!text.contains(absent), "{problem:?} has {absent}: {text}");
         }
-        let kept = LineageError::new("record", "t", "x")
+        let kept = LineageError::new("record", "t", "x", Problem::Kafka(Cause::Transport))
             .slot_kept()
             .to_string();
         assert!(kept.contains("drop-slot"), "{kept}");
+    }
+
+    #[test]
+    fn only_a_transport_failure_is_worth_waiting_out() {
+        let transient = |problem| LineageError::new("read", "t", "x", problem).transient();
+        assert!(transient(Problem::Kafka(Cause::Transport)));
+        for problem in [
+            Problem::Kafka(Cause::MissingTopic),
+            Problem::Kafka(Cause::TopicDenied),
+            Problem::Kafka(Cause::GroupDenied),
+            Problem::Kafka(Cause::Other),
+            Problem::Unreadable,
+            Problem::Unordered,
+        ] {
+            assert!(!transient(problem), "{problem:?}");
+        }
+    }
+
+    #[test]
+    fn the_newest_record_is_the_one_with_the_highest_offset() {
+        let found = |partition, offset, value: Option<&str>| Found {
+            partition,
+            offset,
+            value: value.map(|v| v.as_bytes().to_vec()),
+        };
+        // (records in the order read, the newest, or the partitions that make it unknowable)
+        let table = [
+            (vec![], Ok(None)),
+            (
+                vec![found(0, 3, Some("a"))],
+                Ok(Some(found(0, 3, Some("a")))),
+            ),
+            (
+                vec![found(0, 3, Some("a")), found(0, 9, Some("b"))],
+                Ok(Some(found(0, 9, Some("b")))),
+            ),
+            // Read order is not offset order.
+            (
+                vec![found(0, 9, Some("b")), found(0, 3, Some("a"))],
+                Ok(Some(found(0, 9, Some("b")))),
+            ),
+            (
+                vec![found(0, 3, Some("a")), found(0, 4, None)],
+                Ok(Some(found(0, 4, None))),
+            ),
+            (
+                vec![
+                    found(1, 3, Some("a")),
+                    found(0, 9, Some("b")),
+                    found(1, 5, None),
+                ],
+                Err(vec![0, 1]),
+            ),
+        ];
+        for (records, expected) in table {
+            assert_eq!(newest(records.clone()), expected, "{records:?}");
+        }
     }
 }

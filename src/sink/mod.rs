@@ -7,7 +7,9 @@
 //! per batch, so the records of a batch refused for its size are sent again
 //! one per batch ([`Sink::send_alone`]): only a record refused alone is poison.
 
+pub mod cause;
 mod client;
+pub mod client_log;
 pub mod exactly_once;
 pub mod lineage;
 mod reports;
@@ -18,16 +20,18 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use heck::ToSnakeCase;
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Statistics};
 use tokio::sync::mpsc;
 
+use crate::cloud::KafkaAuth;
 use crate::observability::health::Health;
 use crate::outbox::{ID_HEADER, OutboxRecord};
-pub use client::KafkaClients;
+pub use client::{ClientCallbacks, KafkaClients};
+use client_log::ClientLog;
 use exactly_once::TailReader;
 use reports::Served;
 
@@ -204,12 +208,29 @@ struct DeliveryContext {
     alone: bool,
     /// `None` where the producer's state is not readiness (`send_alone`, `backfill`).
     health: Option<Arc<Health>>,
+    /// Mints the OAUTHBEARER token librdkafka asks for (`--kafka-auth`).
+    auth: KafkaAuth,
+    log: ClientLog,
 }
 
 impl ClientContext for DeliveryContext {
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        _config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.auth.oauth_token(std::time::SystemTime::now())
+    }
+
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, line: &str) {
+        self.log.log(level, facility, line);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         // librdkafka retries these; deliveries that finally fail are reported.
-        tracing::warn!(target: "librdkafka", error = %error, "Kafka client error: {reason}");
+        self.log.error(&error, reason);
+        self.auth.observe(&error, reason);
         if let Some(health) = &self.health
             && error.rdkafka_error_code() == Some(RDKafkaErrorCode::AllBrokersDown)
         {
@@ -295,6 +316,8 @@ impl KafkaSink {
             deliveries: tx.clone(),
             alone: false,
             health,
+            auth: kafka.auth().clone(),
+            log: ClientLog::default(),
         };
         let producer: BaseProducer<_> = config
             .create_with_context(context)
@@ -384,6 +407,8 @@ impl Sink for KafkaSink {
                     deliveries: self.deliveries.clone(),
                     alone: true,
                     health: None,
+                    auth: self.kafka.auth().clone(),
+                    log: ClientLog::default(),
                 };
                 let producer: BaseProducer<_> = config
                     .create_with_context(context)
@@ -553,6 +578,8 @@ mod tests {
             deliveries: mpsc::unbounded_channel().0,
             alone: false,
             health: Some(Arc::clone(&health)),
+            auth: KafkaAuth::default(),
+            log: ClientLog::default(),
         };
         let stats = |states: &[&str]| {
             let mut stats = Statistics::default();

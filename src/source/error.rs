@@ -5,6 +5,7 @@ use std::time::Duration;
 use pgwire_replication::PgWireError;
 
 use crate::postgres::PostgresError;
+use crate::postgres::wire_sqlstate as sqlstate;
 
 /// Something went wrong on the Postgres side; the message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +108,8 @@ impl SourceError {
             SourceError::StartTimeout { .. }
             | SourceError::StreamEnded { .. }
             | SourceError::Postgres(PostgresError::NoSuitableHost { .. })
+            | SourceError::Postgres(PostgresError::Credentials(_))
+            | SourceError::Postgres(PostgresError::IamRefused { .. })
             | SourceError::Lookup { .. } => Recovery::Reconnect,
             _ => Recovery::Fatal,
         }
@@ -124,10 +127,4 @@ pub(super) fn stream_err(slot: &str) -> impl Fn(PgWireError) -> SourceError + '_
         slot: slot.to_owned(),
         source,
     }
-}
-
-/// The SQLSTATE in pgwire-replication's rendering of a server error.
-fn sqlstate(message: &str) -> Option<&str> {
-    let at = message.find("SQLSTATE ")? + "SQLSTATE ".len();
-    message.get(at..at + 5)
 }

@@ -21,7 +21,7 @@ use futures_util::future::BoxFuture;
 
 pub use error::{Recovery, SourceError};
 pub use event::SourceEvent;
-pub use replication::{PgSource, PublicationCheck, ReplicationStream, StreamSettings};
+pub use replication::{PgSource, PublicationCheck, ReplicationStream, StreamSettings, log_filter};
 
 use crate::lsn::Lsn;
 use crate::outbox::TableName;

@@ -36,13 +36,15 @@ pub struct StreamSettings {
 }
 
 /// The replication session's settings: from `start`, confirming `acked` until told more.
-fn replication_config(
+async fn replication_config(
     connector: &Connector,
     settings: &StreamSettings,
     start: Lsn,
     acked: Lsn,
 ) -> Result<ReplicationConfig, SourceError> {
-    let session = connector.replication(&settings.slot, &settings.publication)?;
+    let session = connector
+        .replication(&settings.slot, &settings.publication)
+        .await?;
     Ok(session
         .with_start_lsn(start.into())
         .with_ack_lsn(acked.min(start).into())
@@ -120,7 +122,8 @@ enum Found {
     /// The server is shutting down: it commits nothing more, and waits for its walsender's
     /// last position to be confirmed; only a drop in the last status interval goes unnoticed.
     ShuttingDown,
-    /// The check could not run (the error); nothing is confirmed until one can.
+    /// The check could not run (the error): retried with back-off; from PostgreSQL 18 on,
+    /// nothing past the last check is confirmed until one runs.
     Unchecked(SourceError),
 }
 
@@ -259,7 +262,17 @@ impl Source for PgSource {
             Found::Publication(found) => found,
             Found::ShuttingDown => return Ok(true),
             Found::Unchecked(error) => {
-                tracing::warn!(error = %Chain(&error), "cannot check the publication; confirming nothing until it can be checked");
+                // From 18 on, a dropped publication does not fail the stream: only a checked
+                // position is confirmed.
+                let effect = match self.publication.server_version >= 180_000 {
+                    true => {
+                        "confirming the slot's position no further than the last check until one runs"
+                    }
+                    false => {
+                        "the slot's position is confirmed as before (until PostgreSQL 18 a dropped publication fails the stream itself)"
+                    }
+                };
+                tracing::warn!(error = %Chain(&error), "cannot check the publication, trying again with back-off (up to a minute); {effect}");
                 return Ok(false);
             }
         };
@@ -331,7 +344,7 @@ async fn open(
 ) -> Result<ReplicationStream, SourceError> {
     let slot = &settings.slot;
     let failed = replication_err(pinned, slot);
-    let repl = replication_config(pinned, settings, start, acked)?;
+    let repl = replication_config(pinned, settings, start, acked).await?;
     let mut client = ReplicationClient::connect_gated(repl)
         .await
         .map_err(&failed)?;
@@ -347,7 +360,7 @@ async fn open(
         start = resume_point(previous, &server, start, confirmed);
         // A gated session's start position is fixed: end it, start another.
         drop(client);
-        let repl = replication_config(pinned, settings, start, acked)?;
+        let repl = replication_config(pinned, settings, start, acked).await?;
         client = ReplicationClient::connect(repl).await.map_err(&failed)?;
     } else {
         client.start().await.map_err(&failed)?;
@@ -408,6 +421,20 @@ impl Stream for ReplicationStream {
     }
 }
 
+/// The replication client's own log target: one ERROR line for every session that ends in an
+/// error, which the relay reports itself with what it does about it (a standby polling a slot
+/// in use logged one at every poll).
+const CLIENT_LOG_TARGET: &str = "pgwire_replication::client::tokio_client";
+
+/// PURE: the log filter `level` (`--log-level`) with the replication client's own line off,
+/// unless `level` names the client's crate itself.
+pub fn log_filter(level: &str) -> String {
+    match level.contains("pgwire_replication") {
+        true => level.to_owned(),
+        false => format!("{level},{CLIENT_LOG_TARGET}=off"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -418,5 +445,25 @@ mod tests {
         assert!(text.starts_with("replication slot \"s\": "), "{text}");
         assert!(text.contains("wal_removed"), "{text}");
         assert_eq!(invalidated("s", "wal_removed").recovery(), Recovery::Fatal);
+    }
+
+    #[test]
+    fn the_replication_clients_error_line_is_off_unless_asked_for() {
+        // (--log-level, the filter)
+        let table = [
+            ("info", "info,pgwire_replication::client::tokio_client=off"),
+            (
+                "info,outbox_relay=debug",
+                "info,outbox_relay=debug,pgwire_replication::client::tokio_client=off",
+            ),
+            (
+                "info,pgwire_replication=debug",
+                "info,pgwire_replication=debug",
+            ),
+        ];
+        for (level, expected) in table {
+            assert_eq!(log_filter(level), expected, "{level}");
+            assert!(tracing_subscriber::EnvFilter::try_new(log_filter(level)).is_ok());
+        }
     }
 }

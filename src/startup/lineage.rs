@@ -20,7 +20,7 @@ use crate::observability::Chain;
 use crate::postgres::Connector;
 use crate::postgres::catalog::slots::legacy_record;
 use crate::sink::KafkaClients;
-use crate::sink::lineage::{self, LineageError, SlotRecord, SlotState};
+use crate::sink::lineage::{self, LineageError, Problem, SlotRecord, SlotState};
 
 /// How often a running relay writes its slot's record again: well inside Kafka's default
 /// retention of 7 days.
@@ -36,6 +36,9 @@ pub struct LineageFacts {
     /// When an older relay recorded the slot in `public.outbox_relay_slots` of this cluster
     /// (read only when the slot is missing and the topic has no record of it).
     pub legacy: Option<String>,
+    /// The slot's last record is not one the relay writes: why, and how to clear it
+    /// ([`Problem::Unreadable`]); `record` is `None` then.
+    pub unreadable: Option<String>,
 }
 
 /// What start-up does about the slot.
@@ -139,8 +142,12 @@ impl Lineage {
         control: &Client,
         exists: bool,
     ) -> Result<LineageFacts, StartupError> {
-        let record = self.read().await?;
-        let legacy = match exists || record.is_some() {
+        let (record, unreadable) = match self.read().await {
+            Ok(record) => (record, None),
+            Err(error) if error.problem() == Problem::Unreadable => (None, Some(error.to_string())),
+            Err(error) => return Err(error.into()),
+        };
+        let legacy = match exists || record.is_some() || unreadable.is_some() {
             true => None,
             false => legacy_record(control, &self.slot, &self.system_identifier).await?,
         };
@@ -148,6 +155,7 @@ impl Lineage {
             system_identifier: self.system_identifier.clone(),
             record,
             legacy,
+            unreadable,
         })
     }
 

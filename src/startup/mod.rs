@@ -57,9 +57,12 @@ impl StartupError {
                     source.0.as_db_error().is_none() || error.sqlstate_class("57")
                 }
                 PostgresError::Replication { source, .. } => !source.is_auth(),
+                // Credentials that expired while fetching new ones fails: the relay retries.
+                PostgresError::Credentials(_) => true,
                 PostgresError::Tls(_)
                 | PostgresError::TlsHandshake { .. }
-                | PostgresError::ReplicationConnect { .. } => false,
+                | PostgresError::ReplicationConnect { .. }
+                | PostgresError::IamRefused { .. } => false,
             },
         }
     }

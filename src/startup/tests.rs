@@ -149,6 +149,7 @@ fn healthy(wanted: &Wanted) -> Facts {
             system_identifier: "7300".into(),
             record: Some(record(&wanted.slot, SlotState::Created)),
             legacy: None,
+            unreadable: None,
         }),
         ..empty()
     }
@@ -680,6 +681,57 @@ fn the_slot_must_be_usable_and_a_lost_one_is_never_replaced_silently() {
     assert_eq!(steps[6], create(false));
     assert_eq!(steps[7], [Step::RecordLineage]);
     assert_eq!(steps[8], [Step::RefreshLineage, Step::MarkFailover]);
+}
+
+/// Issue 32: a lineage record the relay cannot parse is written over where the slot exists,
+/// refused with the way to clear it where the slot is missing, unless --allow-new-slot.
+#[test]
+fn an_unreadable_lineage_record_is_written_over_or_refused_with_its_remedy() {
+    fn unreadable(f: &mut Facts) {
+        let lineage = f.lineage.as_mut().unwrap();
+        lineage.record = None;
+        lineage.unreadable = Some("not one the relay writes; drop-slot --yes-i-know".into());
+    }
+    let checked = run(&[
+        Case {
+            name: "the slot exists",
+            flags: &[],
+            change: unreadable,
+            refused: "",
+        },
+        Case {
+            name: "the slot is missing",
+            flags: &[],
+            change: |f| {
+                unreadable(f);
+                f.slot = None;
+            },
+            refused: "not one the relay writes; drop-slot --yes-i-know",
+        },
+        Case {
+            name: "the slot is missing, replaced with consent",
+            flags: &["--allow-new-slot"],
+            change: |f| {
+                unreadable(f);
+                f.slot = None;
+            },
+            refused: "",
+        },
+    ]);
+    assert_eq!(checked[0].steps, [Step::RecordLineage]);
+    assert!(
+        checked[0].warnings[0].contains("writes its record again"),
+        "{:?}",
+        checked[0].warnings
+    );
+    assert!(matches!(checked[1].refusals[..], [Refused::Lineage(_)]));
+    let create = [Step::CreateSlot { failover: false }, Step::RecordLineage];
+    assert_eq!(checked[2].steps, create);
+    assert!(
+        checked[2].warnings[0].contains("--allow-new-slot"),
+        "{:?}",
+        checked[2].warnings
+    );
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! A real Kafka-protocol broker for tests: librdkafka's mock cluster, in
-//! process, listening on loopback (a relay subprocess can reach it too), plus
-//! a consumer that reads back what the relay produced.
+//! process, listening on loopback (a relay subprocess can reach it too), or a
+//! broker in its own process ([`Tansu`]), plus a consumer that reads back what
+//! the relay produced.
 
 use std::time::{Duration, Instant};
 
@@ -11,12 +12,19 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::tansu::Tansu;
+
 /// Number of mock brokers.
 const BROKERS: i32 = 3;
 
-/// An in-process mock Kafka cluster.
+/// A Kafka-protocol broker: librdkafka's mock cluster, or tansu in its own process.
 pub struct Broker {
-    cluster: MockCluster<'static, DefaultProducerContext>,
+    kind: Kind,
+}
+
+enum Kind {
+    Mock(MockCluster<'static, DefaultProducerContext>),
+    Process(Tansu),
 }
 
 /// One record read back from the broker.
@@ -65,25 +73,72 @@ impl Broker {
     /// Starts a mock cluster of three brokers.
     pub fn start() -> Broker {
         let cluster = MockCluster::new(BROKERS).expect("start librdkafka's mock cluster");
-        Broker { cluster }
+        Broker {
+            kind: Kind::Mock(cluster),
+        }
+    }
+
+    /// A broker in its own process (see [`Tansu`]).
+    pub fn process(tansu: Tansu) -> Broker {
+        Broker {
+            kind: Kind::Process(tansu),
+        }
     }
 
     /// `host:port,...` of the brokers (loopback).
     pub fn bootstrap(&self) -> String {
-        self.cluster.bootstrap_servers()
+        match &self.kind {
+            Kind::Mock(cluster) => cluster.bootstrap_servers(),
+            Kind::Process(tansu) => tansu.bootstrap(),
+        }
+    }
+
+    /// The broker process; panics on the mock cluster.
+    pub fn tansu(&self) -> &Tansu {
+        match &self.kind {
+            Kind::Process(tansu) => tansu,
+            Kind::Mock(_) => panic!("this test needs a broker in its own process"),
+        }
+    }
+
+    /// The broker process, to kill or restart; panics on the mock cluster.
+    pub fn tansu_mut(&mut self) -> &mut Tansu {
+        match &mut self.kind {
+            Kind::Process(tansu) => tansu,
+            Kind::Mock(_) => panic!("this test needs a broker in its own process"),
+        }
+    }
+
+    /// The mock cluster, for faults only it can inject; panics on a broker process.
+    fn mock(&self) -> &MockCluster<'static, DefaultProducerContext> {
+        match &self.kind {
+            Kind::Mock(cluster) => cluster,
+            Kind::Process(_) => panic!(
+                "this fault is injected through librdkafka's mock cluster, which a broker in \
+                 its own process does not have (see docs/development.md)"
+            ),
+        }
     }
 
     /// Creates a topic up front (otherwise the first produce creates it).
     pub fn create_topic(&self, topic: &str, partitions: i32) {
-        self.cluster
-            .create_topic(topic, partitions, 1)
-            .expect("create mock topic");
+        match &self.kind {
+            Kind::Mock(cluster) => cluster
+                .create_topic(topic, partitions, 1)
+                .expect("create mock topic"),
+            Kind::Process(tansu) => tansu.create_topic(topic, partitions),
+        }
     }
 
     /// Creates a topic with 4 partitions unless it exists.
     pub fn ensure_topic(&self, topic: &str) {
-        // An error means it exists already.
-        let _ = self.cluster.create_topic(topic, 4, 1);
+        match &self.kind {
+            // An error means it exists already.
+            Kind::Mock(cluster) => {
+                let _ = cluster.create_topic(topic, 4, 1);
+            }
+            Kind::Process(tansu) => tansu.create_topic(topic, 4),
+        }
     }
 
     /// Makes the next produce/fetch/... requests fail with `errors`, in order.
@@ -92,12 +147,12 @@ impl Broker {
         api: rdkafka::types::RDKafkaApiKey,
         errors: &[rdkafka::types::RDKafkaRespErr],
     ) {
-        self.cluster.request_errors(api, errors);
+        self.mock().request_errors(api, errors);
     }
 
     /// Makes metadata answers for `topic` carry `error` (`NO_ERROR` clears it).
     pub fn topic_error(&self, topic: &str, error: rdkafka::types::RDKafkaRespErr) {
-        self.cluster
+        self.mock()
             .topic_error(topic, error)
             .expect("set a mock topic error");
     }
@@ -105,7 +160,7 @@ impl Broker {
     /// Delays every broker's responses by `delay` (zero: no delay).
     pub fn round_trip_time(&self, delay: Duration) {
         for id in 1..=BROKERS {
-            self.cluster
+            self.mock()
                 .broker_round_trip_time(id, delay)
                 .expect("broker_round_trip_time");
         }
@@ -114,14 +169,14 @@ impl Broker {
     /// Takes every broker down: connections are closed and refused.
     pub fn down(&self) {
         for id in 1..=BROKERS {
-            self.cluster.broker_down(id).expect("broker_down");
+            self.mock().broker_down(id).expect("broker_down");
         }
     }
 
     /// Brings every broker back.
     pub fn up(&self) {
         for id in 1..=BROKERS {
-            self.cluster.broker_up(id).expect("broker_up");
+            self.mock().broker_up(id).expect("broker_up");
         }
     }
 
@@ -196,8 +251,19 @@ pub fn consume(
     expected: usize,
     timeout: Duration,
 ) -> Vec<Consumed> {
+    consume_with(bootstrap, &[], topics, expected, timeout)
+}
+
+/// [`consume`] by a consumer with these extra properties (SASL, say).
+pub fn consume_with(
+    bootstrap: &str,
+    properties: &[(&str, &str)],
+    topics: &[&str],
+    expected: usize,
+    timeout: Duration,
+) -> Vec<Consumed> {
     let deadline = Instant::now() + timeout;
-    let consumer = assigned_consumer(bootstrap, topics, deadline);
+    let consumer = assigned_consumer_with(bootstrap, properties, topics, deadline);
     let mut out = Vec::new();
     while out.len() < expected && Instant::now() < deadline {
         if let Some(Ok(msg)) = consumer.poll(Duration::from_millis(100)) {
@@ -210,7 +276,20 @@ pub fn consume(
 /// A consumer assigned every partition of `topics` from the beginning: no
 /// consumer group, so no group join or rebalance to wait for.
 fn assigned_consumer(bootstrap: &str, topics: &[&str], deadline: Instant) -> BaseConsumer {
-    let consumer: BaseConsumer = ClientConfig::new()
+    assigned_consumer_with(bootstrap, &[], topics, deadline)
+}
+
+fn assigned_consumer_with(
+    bootstrap: &str,
+    properties: &[(&str, &str)],
+    topics: &[&str],
+    deadline: Instant,
+) -> BaseConsumer {
+    let mut config = ClientConfig::new();
+    for (key, value) in properties {
+        config.set(*key, *value);
+    }
+    let consumer: BaseConsumer = config
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "outbox-relay-tests")
         .set("enable.auto.commit", "false")

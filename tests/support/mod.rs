@@ -2,9 +2,14 @@
 //! as a subprocess, and the outbox schema.
 #![allow(dead_code)]
 
+pub mod fake_http;
 pub mod http;
 pub mod kafka;
+pub mod ldap;
+pub mod loopback;
 pub mod postgres;
 pub mod proxy;
 pub mod relay;
+pub mod sasl;
+pub mod tansu;
 pub mod world;

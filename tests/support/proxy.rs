@@ -1,6 +1,8 @@
-//! A loopback TCP proxy that can cut every connection, to simulate a
-//! network partition between the relay and Postgres, or a server that goes
-//! away right after a client logged in (mid-failover).
+//! A loopback TCP proxy with faults a network has: every connection cut (a partition), new
+//! connections refused (a server unreachable), the open connections dropped while new ones are
+//! accepted (a connection reset mid-batch), the server's answers held back (a slow or stalled
+//! path: requests arrive, responses do not), or a Postgres connection closed right after its
+//! login (a server going away mid-failover).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -9,14 +11,41 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
+/// How often a paused pump looks again.
+const PAUSE_POLL: Duration = Duration::from_millis(10);
+
 /// Forwards `127.0.0.1:<port>` to an upstream port.
 pub struct Proxy {
     port: u16,
-    cut: Arc<AtomicBool>,
-    after_login: Arc<AtomicBool>,
-    logins_cut: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<TcpStream>>>,
+    state: Arc<State>,
+}
+
+/// What the accepting thread and every pump share.
+#[derive(Default)]
+struct State {
+    /// New connections are closed at once.
+    cut: AtomicBool,
+    /// Bytes from the server wait before reaching the client.
+    hold: AtomicBool,
+    after_login: AtomicBool,
+    logins_cut: AtomicUsize,
+    /// Bytes the server sent while answers were held (they reach the client only if the
+    /// connection lives until the hold ends).
+    held_reads: AtomicUsize,
+    accepted: AtomicUsize,
+    stop: AtomicBool,
+    conns: Mutex<Vec<TcpStream>>,
+}
+
+impl State {
+    /// Closes every open connection, both ways.
+    fn drop_connections(&self) {
+        if let Ok(mut list) = self.conns.lock() {
+            for conn in list.drain(..) {
+                let _ = conn.shutdown(Shutdown::Both);
+            }
+        }
+    }
 }
 
 impl Proxy {
@@ -25,51 +54,10 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         listener.set_nonblocking(true).expect("nonblocking");
         let port = listener.local_addr().expect("addr").port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let after_login = Arc::new(AtomicBool::new(false));
-        let logins_cut = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let conns = Arc::new(Mutex::new(Vec::new()));
-        let (c, s, k) = (cut.clone(), stop.clone(), conns.clone());
-        let (a, l) = (after_login.clone(), logins_cut.clone());
-        thread::spawn(move || {
-            while !s.load(Ordering::SeqCst) {
-                match listener.accept() {
-                    Ok((client, _)) => {
-                        if c.load(Ordering::SeqCst) {
-                            let _ = client.shutdown(Shutdown::Both);
-                            continue;
-                        }
-                        let _ = client.set_nonblocking(false);
-                        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
-                            continue;
-                        };
-                        if let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone())
-                            && let Ok(mut list) = k.lock()
-                        {
-                            list.push(c2);
-                            list.push(s2);
-                        }
-                        match a.load(Ordering::SeqCst) {
-                            true => pipe_until_login(client, server, l.clone()),
-                            false => pipe(client, server),
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        thread::sleep(Duration::from_millis(10));
-                    }
-                    Err(_) => thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        });
-        Proxy {
-            port,
-            cut,
-            after_login,
-            logins_cut,
-            stop,
-            conns,
-        }
+        let state = Arc::new(State::default());
+        let shared = Arc::clone(&state);
+        thread::spawn(move || accept(listener, upstream, shared));
+        Proxy { port, state }
     }
 
     /// The port to connect to.
@@ -79,56 +67,121 @@ impl Proxy {
 
     /// Drops every open connection and refuses new ones until [`Proxy::restore`].
     pub fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        if let Ok(mut list) = self.conns.lock() {
-            for conn in list.drain(..) {
-                let _ = conn.shutdown(Shutdown::Both);
-            }
-        }
+        self.state.cut.store(true, Ordering::SeqCst);
+        self.state.drop_connections();
     }
 
     /// Accepts connections again.
     pub fn restore(&self) {
-        self.cut.store(false, Ordering::SeqCst);
+        self.state.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// Drops every open connection and goes on accepting new ones.
+    pub fn reset(&self) {
+        self.state.drop_connections();
+    }
+
+    /// From now on (`true`), the server's bytes wait in the proxy instead of reaching the
+    /// client, until `false`: requests arrive and are handled, their answers do not.
+    pub fn hold_responses(&self, on: bool) {
+        self.state.hold.store(on, Ordering::SeqCst);
+    }
+
+    /// How many reads from a server were held back so far.
+    pub fn held_reads(&self) -> usize {
+        self.state.held_reads.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted (and forwarded) so far.
+    pub fn accepted(&self) -> usize {
+        self.state.accepted.load(Ordering::SeqCst)
     }
 
     /// From now on (`true`), closes each new connection once the server said it is ready
     /// for the first query: the login succeeds, the first query fails.
     pub fn cut_after_login(&self, on: bool) {
-        self.after_login.store(on, Ordering::SeqCst);
+        self.state.after_login.store(on, Ordering::SeqCst);
     }
 
     /// How many connections were closed right after the login.
     pub fn logins_cut(&self) -> usize {
-        self.logins_cut.load(Ordering::SeqCst)
+        self.state.logins_cut.load(Ordering::SeqCst)
     }
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.state.stop.store(true, Ordering::SeqCst);
         self.cut();
     }
 }
 
-fn pipe(a: TcpStream, b: TcpStream) {
-    let (Ok(mut a2), Ok(mut b2)) = (a.try_clone(), b.try_clone()) else {
+/// Accepts until the proxy is dropped, forwarding each connection to `upstream`.
+fn accept(listener: TcpListener, upstream: u16, state: Arc<State>) {
+    while !state.stop.load(Ordering::SeqCst) {
+        let client = match listener.accept() {
+            Ok((client, _)) => client,
+            Err(_) => {
+                thread::sleep(PAUSE_POLL);
+                continue;
+            }
+        };
+        if state.cut.load(Ordering::SeqCst) {
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        }
+        let _ = client.set_nonblocking(false);
+        let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        };
+        let _ = (client.set_nodelay(true), server.set_nodelay(true));
+        if let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone())
+            && let Ok(mut list) = state.conns.lock()
+        {
+            list.push(c2);
+            list.push(s2);
+        }
+        state.accepted.fetch_add(1, Ordering::SeqCst);
+        match state.after_login.load(Ordering::SeqCst) {
+            true => pipe_until_login(client, server, Arc::clone(&state)),
+            false => pipe(client, server, Arc::clone(&state)),
+        }
+    }
+}
+
+/// Both directions of one connection; the server's side obeys [`Proxy::hold_responses`].
+fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
+    let (Ok(client2), Ok(server2)) = (client.try_clone(), server.try_clone()) else {
         return;
     };
-    let (mut a, mut b) = (a, b);
-    thread::spawn(move || {
-        let _ = io::copy(&mut a, &mut b2);
-        let _ = b2.shutdown(Shutdown::Both);
-    });
-    thread::spawn(move || {
-        let _ = io::copy(&mut b, &mut a2);
-        let _ = a2.shutdown(Shutdown::Both);
-    });
+    let to_server = Arc::clone(&state);
+    thread::spawn(move || pump(client, server2, &to_server, false));
+    thread::spawn(move || pump(server, client2, &state, true));
+}
+
+/// Copies `from` to `to` until either closes, then closes both; `held`: the bytes wait while
+/// the proxy holds responses.
+fn pump(mut from: TcpStream, mut to: TcpStream, state: &State, held: bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n @ 1..) = from.read(&mut buf) {
+        if held && state.hold.load(Ordering::SeqCst) {
+            state.held_reads.fetch_add(1, Ordering::SeqCst);
+            while state.hold.load(Ordering::SeqCst) && !state.stop.load(Ordering::SeqCst) {
+                thread::sleep(PAUSE_POLL);
+            }
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
 }
 
 /// Like [`pipe`], but closes both sides once the server's first ReadyForQuery
 /// (`Z`, length 5) has reached the client.
-fn pipe_until_login(client: TcpStream, server: TcpStream, cut: Arc<AtomicUsize>) {
+fn pipe_until_login(client: TcpStream, server: TcpStream, state: Arc<State>) {
     let (Ok(mut client2), Ok(mut server2)) = (client.try_clone(), server.try_clone()) else {
         return;
     };
@@ -144,7 +197,7 @@ fn pipe_until_login(client: TcpStream, server: TcpStream, cut: Arc<AtomicUsize>)
             }
             seen.extend_from_slice(&buf[..n]);
             if seen.windows(5).any(|w| w == b"Z\0\0\0\x05") {
-                cut.fetch_add(1, Ordering::SeqCst);
+                state.logins_cut.fetch_add(1, Ordering::SeqCst);
                 break;
             }
         }

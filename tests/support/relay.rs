@@ -36,6 +36,24 @@ impl Relay {
 
     /// Starts the relay with exactly `args` (plus test logging settings).
     pub fn spawn_raw(args: &[&str]) -> Relay {
+        Relay::spawn_raw_env(args, &[])
+    }
+
+    /// [`Relay::spawn`] with these environment variables (`HOME`, `AWS_*`...).
+    pub fn spawn_env(
+        postgres_url: &str,
+        brokers: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Relay {
+        let mut all = vec!["--postgres-url", postgres_url, "--kafka-brokers", brokers];
+        all.extend_from_slice(args);
+        Relay::spawn_raw_env(&all, env)
+    }
+
+    /// [`Relay::spawn_raw`] with these environment variables. No `AWS_*` variable of the
+    /// test's own environment reaches the relay: a test gives the ones it means.
+    pub fn spawn_raw_env(args: &[&str], env: &[(&str, &str)]) -> Relay {
         let dir = tempfile::tempdir().expect("temp dir for the relay log");
         let log = dir.path().join("relay.log");
         let stderr = File::create(&log).expect("create relay log");
@@ -53,10 +71,17 @@ impl Relay {
             true => &[][..],
             false => &["--status-interval", "200ms"][..],
         };
-        let child = Command::new(binary())
+        let mut command = Command::new(binary());
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("AWS_") {
+                command.env_remove(name);
+            }
+        }
+        let child = command
             .args(["--log-level", "info,outbox_relay=debug"])
             .args(status_interval)
             .args(args)
+            .envs(env.iter().copied())
             .env_remove("RUST_LOG")
             .env(
                 "OUTBOX_RELAY_HTTP_ADDR",

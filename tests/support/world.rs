@@ -9,6 +9,7 @@ use outbox_relay::lsn::Lsn;
 use super::kafka::Broker;
 use super::postgres::{PgCluster, PgOptions};
 use super::relay::Relay;
+use super::tansu::Tansu;
 
 /// The common outbox schema plus a business table that is not published.
 pub const SCHEMA: &str = "
@@ -23,7 +24,8 @@ pub const SCHEMA: &str = "
     CREATE TABLE public.orders (id bigserial PRIMARY KEY, note text);
 ";
 
-/// A throwaway Postgres with [`SCHEMA`] and a mock Kafka cluster.
+/// A throwaway Postgres with [`SCHEMA`] and a Kafka broker (the mock cluster unless a test
+/// picks a broker in its own process).
 pub struct World {
     pub pg: PgCluster,
     pub broker: Broker,
@@ -46,11 +48,18 @@ impl World {
 
     /// Both, on a cluster started with its own options.
     pub async fn with(pg: PgCluster) -> World {
+        World::with_broker(pg, Broker::start()).await
+    }
+
+    /// A Postgres with [`SCHEMA`] and `broker`.
+    pub async fn with_broker(pg: PgCluster, broker: Broker) -> World {
         pg.execute(SCHEMA).await;
-        World {
-            pg,
-            broker: Broker::start(),
-        }
+        World { pg, broker }
+    }
+
+    /// [`World::start`] with a broker in its own process ([`Tansu`]) instead of the mock.
+    pub async fn on(tansu: Tansu) -> World {
+        World::with_broker(PgCluster::start(), Broker::process(tansu)).await
     }
 
     /// A relay on this world, streaming.

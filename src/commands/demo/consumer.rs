@@ -15,6 +15,7 @@ use super::writer::EVENT_TYPES;
 use crate::commands::print::{Position, RecordLine, text};
 use crate::config::Config;
 use crate::outbox::{MappingConfig, Segment};
+use crate::sink::ClientCallbacks;
 
 /// Partitions of each demo topic on the mock broker.
 const MOCK_PARTITIONS: i32 = 3;
@@ -25,18 +26,20 @@ const MOCK_PARTITIONS: i32 = 3;
 pub(super) fn subscribe(
     config: &Config,
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
-) -> Result<StreamConsumer, KafkaError> {
-    // The relay's -X settings (security, say) apply to the broker, so to this client too.
-    let mut client = super::super::kafka(config).config(&[]);
+) -> Result<StreamConsumer<ClientCallbacks>, KafkaError> {
+    // The relay's -X settings and --kafka-auth (security, say) apply to the broker, so to
+    // this client too.
+    let kafka = super::super::kafka(config);
+    let mut client = kafka.config(&[]);
     let group = format!("outbox-relay-demo-{}", std::process::id());
-    let consumer: StreamConsumer = client
+    let consumer: StreamConsumer<ClientCallbacks> = client
         .set("group.id", group)
         .set("auto.offset.reset", "earliest")
         .set("enable.auto.commit", "false")
         // New topics (the relay's first record to each) are seen within a second.
         .set("topic.metadata.refresh.interval.ms", "1000")
         .set("log_level", "3")
-        .create()?;
+        .create_with_context(kafka.context())?;
     match (mock, demo_topics(&config.mapping)) {
         (Some(mock), Ok(topics)) => {
             let mut assignment = TopicPartitionList::new();
@@ -58,7 +61,7 @@ pub(super) fn subscribe(
 }
 
 /// Prints records until dropped; `consumed` counts them.
-pub(super) async fn run(consumer: StreamConsumer, consumed: Arc<AtomicU64>) {
+pub(super) async fn run(consumer: StreamConsumer<ClientCallbacks>, consumed: Arc<AtomicU64>) {
     loop {
         let message = match consumer.recv().await {
             Ok(message) => message,

@@ -130,6 +130,7 @@ async fn run_demo(
     args: &DemoArgs,
     mock: Option<&MockCluster<'static, DefaultProducerContext>>,
 ) -> Result<(), CommandError> {
+    crate::cloud::start(&config.kafka_auth, &config.postgres.auth, None).await?;
     let connector = Connector::new(config.postgres.clone());
     let client = Arc::new(connector.control().await?);
     super::execute(&client, &writer::schema_sql(), "create the demo tables").await?;

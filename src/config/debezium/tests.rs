@@ -1088,3 +1088,45 @@ fn producer_settings_that_move_records_are_refused() {
     let default = "org.apache.kafka.clients.producer.internals.DefaultPartitioner";
     assert!(import(&config(&[("producer.override.partitioner.class", default)])).is_ok());
 }
+
+#[test]
+fn the_msk_iam_librarys_producer_settings_become_kafka_auth() {
+    let imported = import(&config(&[
+        ("producer.override.security.protocol", "SASL_SSL"),
+        ("producer.override.sasl.mechanism", "AWS_MSK_IAM"),
+        (
+            "producer.override.sasl.jaas.config",
+            "software.amazon.msk.auth.iam.IAMLoginModule required \
+             awsRoleArn=\"arn:aws:iam::123456789012:role/relay\" awsStsRegion=\"eu-west-1\";",
+        ),
+        (
+            "producer.override.sasl.client.callback.handler.class",
+            "software.amazon.msk.auth.iam.IAMClientCallbackHandler",
+        ),
+    ]))
+    .unwrap();
+    for arg in [
+        ("--kafka-auth", "aws-msk-iam"),
+        ("--aws-role-arn", "arn:aws:iam::123456789012:role/relay"),
+        ("-X", "security.protocol=SASL_SSL"),
+    ] {
+        let found = imported.args.contains(&(arg.0.into(), arg.1.into()));
+        assert!(found, "{arg:?} in {:?}", imported.args);
+    }
+    let passed = imported.args.iter().filter(|(flag, _)| flag == "-X");
+    assert_eq!(passed.count(), 1, "{:?}", imported.args);
+    assert!(
+        !imported.warnings.iter().any(|w| w.contains("sasl")),
+        "{:?}",
+        imported.warnings
+    );
+    let config = assert_valid_for_relay(&imported);
+    assert!(matches!(
+        config.kafka_auth,
+        crate::cloud::KafkaAuth::AwsMskIam(_)
+    ));
+    // Without a role in the login module, only the mechanism says anything.
+    let plain = "software.amazon.msk.auth.iam.IAMLoginModule required;";
+    assert_eq!(msk_iam("sasl.jaas.config", plain), Some(MskIam::Implied));
+    assert_eq!(msk_iam("sasl.mechanism", "PLAIN"), None);
+}

@@ -16,11 +16,14 @@ pub mod window;
 
 use std::future::Future;
 
+use rdkafka::error::KafkaError;
+
 use crate::lsn::Lsn;
 use crate::outbox::ID_HEADER;
+use crate::sink::cause::Cause;
 
 pub use decision::ExactlyOnce;
-pub use tail::TailReader;
+pub use tail::{Attempt, READ_TIMEOUT, TailReader};
 pub use window::Tail;
 
 /// Header naming the relay instance that wrote a record: `<slot>@<system id>/<timeline>`.
@@ -152,6 +155,8 @@ pub enum TailError {
         partition: i32,
         /// What went wrong.
         reason: String,
+        /// Its kind, for the remedy and whether waiting helps.
+        cause: Cause,
     },
     /// A record of ours hashes to another partition with the current count.
     #[error(
@@ -190,12 +195,31 @@ pub enum TailError {
 }
 
 impl TailError {
-    /// A failed read of `topic`/`partition`.
+    /// A failed read of `topic`/`partition`, for a reason other than Kafka's.
     pub fn read(topic: &str, partition: i32, reason: &impl ToString) -> Self {
         TailError::Read {
             topic: topic.to_owned(),
             partition,
             reason: reason.to_string(),
+            cause: Cause::Other,
+        }
+    }
+
+    /// A read of `topic`/`partition` that librdkafka failed with `error`, classified.
+    pub fn kafka(topic: &str, partition: i32, error: &KafkaError) -> Self {
+        TailError::Read {
+            topic: topic.to_owned(),
+            partition,
+            reason: error.to_string(),
+            cause: Cause::of(error),
+        }
+    }
+
+    /// What kind of failure: [`Cause::Other`] for all but a failed read.
+    pub fn cause(&self) -> Cause {
+        match self {
+            TailError::Read { cause, .. } => *cause,
+            _ => Cause::Other,
         }
     }
 }

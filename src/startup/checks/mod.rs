@@ -24,6 +24,10 @@ pub enum Refused {
     /// The server, the role, a table, the publication or the slot does not fit.
     #[error("{0}")]
     Misconfigured(String),
+    /// The lineage topic's record of the slot cannot be used (the message says why and how to
+    /// clear it).
+    #[error("{0}")]
+    Lineage(String),
     /// The slot is missing where this relay streamed from it before.
     #[error(
         "replication slot {slot:?} is missing on {url}, where this relay has streamed from it \

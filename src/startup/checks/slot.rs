@@ -17,6 +17,13 @@ pub(super) fn slot(facts: &Facts, wanted: &Wanted, checked: &mut Checked) {
     let legacy = lineage.and_then(|l| l.legacy.as_deref());
     let topic = &wanted.lineage_topic;
     let exists = facts.slot.is_some();
+    let unreadable = lineage.and_then(|l| l.unreadable.as_deref());
+    if let Some(refused) =
+        unreadable.and_then(|why| unreadable_record(exists, why, wanted, checked))
+    {
+        checked.refusals.push(refused);
+        return;
+    }
     let guard = judge(exists, record, legacy, wanted.allow_new_slot, topic);
     let Some(found) = &facts.slot else {
         match guard {
@@ -64,6 +71,32 @@ pub(super) fn slot(facts: &Facts, wanted: &Wanted, checked: &mut Checked) {
     if wanted.slot_failover && found.failover == Some(false) {
         checked.steps.push(Step::MarkFailover);
     }
+}
+
+/// The slot's last lineage record is not one the relay writes (`why`): a slot found is
+/// streamed from and its record written over the unreadable one; a missing slot is created
+/// only with `--allow-new-slot`, as the record cannot say whether it was lost; otherwise the
+/// refusal, which says how to clear it (`drop-slot`).
+fn unreadable_record(
+    exists: bool,
+    why: &str,
+    wanted: &Wanted,
+    checked: &mut Checked,
+) -> Option<Refused> {
+    if exists {
+        checked.warnings.push(format!(
+            "{why}. The slot exists, so the relay writes its record again over that one"
+        ));
+        return None;
+    }
+    if wanted.allow_new_slot {
+        checked.warnings.push(format!(
+            "--allow-new-slot: creating a fresh slot although the lineage topic cannot say \
+             whether it was lost ({why})"
+        ));
+        return None;
+    }
+    Some(Refused::Lineage(why.to_owned()))
 }
 
 /// A slot's confirmed position; none means it lost its WAL.
