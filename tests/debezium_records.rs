@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use crate::support::kafka::{Broker, Consumed};
 use crate::support::postgres::PgCluster;
+use crate::support::registry::Registry;
 use crate::support::relay::Relay;
 use crate::support::world::wait_until;
 
@@ -57,6 +58,21 @@ pub struct Fixture {
     pub connector: BTreeMap<String, String>,
     pub records: Vec<Record>,
     pub error: Option<String>,
+    /// The registry's compatibility level, when not Confluent's default BACKWARD.
+    pub compatibility: Option<String>,
+    /// What the Schema Registry held afterwards: subject, then (id, schema) per version.
+    pub registry: BTreeMap<String, Vec<(u32, String)>>,
+}
+
+impl Fixture {
+    /// The text of the schema the fixture's registry gave `id`.
+    fn schema(&self, id: u32) -> Option<&str> {
+        let versions = self.registry.values().flatten();
+        versions
+            .into_iter()
+            .find(|(i, _)| *i == id)
+            .map(|(_, s)| s.as_str())
+    }
 }
 
 fn bytes(value: &Value) -> Option<Vec<u8>> {
@@ -94,12 +110,25 @@ pub fn fixture(name: &str) -> Fixture {
             .map(|h| (h[0].as_str().unwrap().to_owned(), bytes(&h[1])))
             .collect(),
     });
+    let mut registry: BTreeMap<String, Vec<(u32, String)>> = BTreeMap::new();
+    for entry in json["registry"].as_array().into_iter().flatten() {
+        let id = u32::try_from(entry["id"].as_u64().unwrap()).unwrap();
+        let versions = registry.entry(entry["subject"].as_str().unwrap().to_owned());
+        let versions = versions.or_default();
+        assert_eq!(
+            versions.len() + 1,
+            entry["version"].as_u64().unwrap() as usize
+        );
+        versions.push((id, entry["schema"].as_str().unwrap().to_owned()));
+    }
     Fixture {
         name: name.to_owned(),
         worker: strings(&json["worker"]),
         connector: strings(&json["connector"]),
         records: records.collect(),
         error: json["error"].as_str().map(str::to_owned),
+        compatibility: json["compatibility"].as_str().map(str::to_owned),
+        registry,
     }
 }
 
@@ -128,7 +157,33 @@ pub async fn prepared(fixture: &Fixture, rows: &str) -> PgCluster {
 
 /// The relay, started on `pg` with the fixture's connector and worker configs imported.
 pub fn relay(fixture: &Fixture, pg: &PgCluster, broker: &Broker, dir: &std::path::Path) -> Relay {
+    create_topics(fixture, broker);
+    relay_with(fixture, pg, broker, dir, None, &[])
+}
+
+/// The fixture's topics, with Debezium's 6 partitions.
+pub fn create_topics(fixture: &Fixture, broker: &Broker) {
+    let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
+    for topic in topics {
+        broker.create_topic(topic, PARTITIONS);
+    }
+}
+
+/// [`relay`] with the fixture's `${registry}` at `registry`, and `extra` flags.
+pub fn relay_with(
+    fixture: &Fixture,
+    pg: &PgCluster,
+    broker: &Broker,
+    dir: &std::path::Path,
+    registry: Option<&Registry>,
+    extra: &[&str],
+) -> Relay {
     let mut connector = fixture.connector.clone();
+    if let Some(registry) = registry {
+        for value in connector.values_mut() {
+            *value = value.replace("${registry}", &registry.url());
+        }
+    }
     connector.insert("database.port".into(), pg.port().to_string());
     connector.insert("database.password".into(), PgCluster::PASSWORD.into());
     connector.insert("publication.name".into(), "fixtures".into());
@@ -142,18 +197,67 @@ pub fn relay(fixture: &Fixture, pg: &PgCluster, broker: &Broker, dir: &std::path
         .map(|(k, v)| format!("{k}={v}\n"))
         .collect();
     std::fs::write(&worker_file, worker).unwrap();
-    let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
-    for topic in topics {
-        broker.create_topic(topic, PARTITIONS);
-    }
-    Relay::spawn_raw(&[
+    let bootstrap = broker.bootstrap();
+    let mut args = vec![
         "--debezium-config",
         connector_file.to_str().unwrap(),
         "--debezium-worker-config",
         worker_file.to_str().unwrap(),
         "--kafka-brokers",
-        &broker.bootstrap(),
-    ])
+        &bootstrap,
+    ];
+    args.extend_from_slice(extra);
+    Relay::spawn_raw(&args)
+}
+
+/// Schema ids in Confluent-framed bytes, each mapped to its registry's schema text: the
+/// fixture's on one side, the relay's on the other.
+pub struct Ids<'a> {
+    pub fixture: &'a Fixture,
+    pub relay: &'a Registry,
+}
+
+impl Ids<'_> {
+    /// Whether Debezium's and the relay's bytes are the same after mapping ids: the same
+    /// schema text behind the id, the same body after it (where Debezium's field order varies,
+    /// the same schema but for field order and a body of the same length). `None` when
+    /// neither is framed.
+    fn same(
+        &self,
+        expected: &Option<Vec<u8>>,
+        got: &Option<Vec<u8>>,
+        order_varies: bool,
+    ) -> Option<Result<(), String>> {
+        let (Some(e), Some(g)) = (expected, got) else {
+            return None;
+        };
+        let id = |b: &[u8]| {
+            (b.len() >= 5 && b[0] == 0).then(|| u32::from_be_bytes([b[1], b[2], b[3], b[4]]))
+        };
+        let (Some(e_id), Some(g_id)) = (id(e), id(g)) else {
+            return None;
+        };
+        let (e_schema, g_schema) = (self.fixture.schema(e_id), self.relay.schema(g_id));
+        if order_varies && same_but_field_order(e_schema, g_schema.as_deref()) {
+            return Some(match e.len() == g.len() {
+                true => Ok(()),
+                false => Err("Avro bodies differ in length".into()),
+            });
+        }
+        if e_schema != g_schema.as_deref() {
+            return Some(Err(format!(
+                "schema id {e_id} is {e_schema:?} in Debezium's registry, id {g_id} {g_schema:?} in the relay's"
+            )));
+        }
+        if e[5..] != g[5..] {
+            return Some(Err(format!(
+                "Avro bodies differ:\n  debezium: {:?}\n  relay:    {:?}",
+                &e[5..],
+                &g[5..]
+            )));
+        }
+        Some(Ok(()))
+    }
 }
 
 /// Reads back what the relay wrote for `expected`'s records, in offset order.
@@ -170,8 +274,14 @@ pub fn read_back(broker: &Broker, expected: &[Record], relay: &Relay) -> Vec<Con
     got
 }
 
-/// Compares one record of the relay's with Debezium's (see the module docs for what varies).
-pub fn compare(fixture: &str, expected: &Record, got: &Consumed) -> Result<(), String> {
+/// Compares one record of the relay's with Debezium's (see the module docs for what varies),
+/// with registry ids mapped where keys and values are Confluent-framed.
+pub fn compare_with(
+    fixture: &str,
+    expected: &Record,
+    got: &Consumed,
+    ids: Option<&Ids<'_>>,
+) -> Result<(), String> {
     let id = expected.id();
     let differs = |what: &str, e: &dyn std::fmt::Debug, g: &dyn std::fmt::Debug| {
         Err(format!(
@@ -184,8 +294,21 @@ pub fn compare(fixture: &str, expected: &Record, got: &Consumed) -> Result<(), S
     if expected.partition.is_some_and(|p| p != got.partition) {
         return differs("partition", &expected.partition, &got.partition);
     }
-    if expected.key != got.key {
-        return differs("key", &text(&expected.key), &text(&got.key));
+    let order_varies = FIELD_ORDER_VARIES.contains(&id.as_str());
+    let framed =
+        |e: &Option<Vec<u8>>, g: &Option<Vec<u8>>| ids.and_then(|ids| ids.same(e, g, order_varies));
+    match framed(&expected.key, &got.key) {
+        Some(Err(why)) => return Err(format!("{fixture}: record {id}: key: {why}")),
+        Some(Ok(())) => {}
+        None if expected.key != got.key => {
+            return differs("key", &text(&expected.key), &text(&got.key));
+        }
+        None => {}
+    }
+    match framed(&expected.value, &got.payload) {
+        Some(Err(why)) => return Err(format!("{fixture}: record {id}: value: {why}")),
+        Some(Ok(())) => return compare_headers(fixture, expected, got),
+        None => {}
     }
     let same_json = |a: &Option<Vec<u8>>, b: &Option<Vec<u8>>| {
         let parse = |v: &Option<Vec<u8>>| {
@@ -200,6 +323,17 @@ pub fn compare(fixture: &str, expected: &Record, got: &Consumed) -> Result<(), S
     {
         return differs("value", &text(&expected.value), &text(&got.payload));
     }
+    compare_headers(fixture, expected, got)
+}
+
+/// The headers' names, values and order (a run id and a span id compared by shape).
+fn compare_headers(fixture: &str, expected: &Record, got: &Consumed) -> Result<(), String> {
+    let id = expected.id();
+    let differs = |what: &str, e: &dyn std::fmt::Debug, g: &dyn std::fmt::Debug| {
+        Err(format!(
+            "{fixture}: record {id}: {what} differs:\n  debezium: {e:?}\n  relay:    {g:?}"
+        ))
+    };
     let names =
         |h: &[(String, Option<Vec<u8>>)]| h.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
     if names(&expected.headers) != names(&got.headers) {
@@ -230,12 +364,27 @@ pub fn compare(fixture: &str, expected: &Record, got: &Consumed) -> Result<(), S
     Ok(())
 }
 
-/// Orders every struct schema's `fields` by name (objects compare without order already).
+/// Whether two schema texts are the same JSON but for the order of record fields.
+fn same_but_field_order(a: Option<&str>, b: Option<&str>) -> bool {
+    let parse = |text: Option<&str>| {
+        let mut json: Value = serde_json::from_str(text?).ok()?;
+        sort_schema_fields(&mut json);
+        Some(json)
+    };
+    parse(a).is_some() && parse(a) == parse(b)
+}
+
+/// Orders every struct schema's `fields` by name (objects compare without order already):
+/// Connect's (`field`) and Avro's (`name`).
 fn sort_schema_fields(json: &mut Value) {
     match json {
         Value::Object(object) => {
             if let Some(Value::Array(fields)) = object.get_mut("fields") {
-                fields.sort_by_key(|f| f["field"].as_str().unwrap_or_default().to_owned());
+                let name = |f: &Value| {
+                    let name = f["field"].as_str().or(f["name"].as_str());
+                    name.unwrap_or_default().to_owned()
+                };
+                fields.sort_by_key(name);
             }
             object.values_mut().for_each(sort_schema_fields);
         }
@@ -268,6 +417,16 @@ fn text(bytes: &Option<Vec<u8>>) -> String {
 /// Every relay record matches Debezium's, each (topic, partition) holds them in Debezium's
 /// order, and one run id is on all of them.
 pub fn assert_identical(fixture: &str, expected: &[Record], got: &[Consumed]) {
+    assert_identical_with(fixture, expected, got, None);
+}
+
+/// [`assert_identical`], with registry ids mapped.
+pub fn assert_identical_with(
+    fixture: &str,
+    expected: &[Record],
+    got: &[Consumed],
+    ids: Option<&Ids<'_>>,
+) {
     let mut failures = Vec::new();
     let mut order: BTreeMap<(String, i32), Vec<String>> = BTreeMap::new();
     for record in got {
@@ -293,7 +452,7 @@ pub fn assert_identical(fixture: &str, expected: &[Record], got: &[Consumed]) {
     for e in expected {
         match got.iter().find(|g| g.id() == e.id()) {
             None => failures.push(format!("{fixture}: record {} not relayed", e.id())),
-            Some(g) => failures.extend(compare(fixture, e, g).err()),
+            Some(g) => failures.extend(compare_with(fixture, e, g, ids).err()),
         }
     }
     let runs: BTreeSet<String> = got
@@ -363,6 +522,70 @@ async fn a_filtered_event_is_acknowledged_without_a_record() {
     relay.stop();
 }
 
+/// A fresh registry at the fixture's compatibility level.
+async fn registry_for(fixture: &Fixture) -> Registry {
+    let registry = Registry::spawn().await;
+    if let Some(level) = &fixture.compatibility {
+        registry.set_compatibility("", level);
+    }
+    registry
+}
+
+/// The subjects and every version's schema text the relay registered are Debezium's.
+fn assert_same_registry(fixture: &Fixture, registry: &Registry) {
+    let texts =
+        |versions: &Vec<(u32, String)>| versions.iter().map(|(_, s)| s.clone()).collect::<Vec<_>>();
+    let expected: BTreeMap<&String, Vec<String>> = fixture
+        .registry
+        .iter()
+        .map(|(k, v)| (k, texts(v)))
+        .collect();
+    let relay = registry.dump();
+    let got: BTreeMap<&String, Vec<String>> = relay.iter().map(|(k, v)| (k, texts(v))).collect();
+    let same = |e: &Vec<String>, g: &Vec<String>| {
+        e.len() == g.len()
+            && e.iter()
+                .zip(g)
+                .all(|(e, g)| e == g || same_but_field_order(Some(e), Some(g)))
+    };
+    let alike = expected.len() == got.len()
+        && expected
+            .iter()
+            .zip(&got)
+            .all(|((es, e), (gs, g))| es == gs && same(e, g));
+    // Schemas differ only where Debezium's field order varies (see the module docs).
+    assert!(
+        alike,
+        "{}: the relay's registry differs from Debezium's:\n{got:#?}\n{expected:#?}",
+        fixture.name
+    );
+}
+
+/// Relays a registry fixture's rows against a fresh registry; compares records after mapping
+/// ids, and the registered subjects and schemas.
+async fn relays_like_debezium_with_a_registry(name: &str) {
+    let fixture = fixture(name);
+    assert!(fixture.error.is_none(), "{name} records an error");
+    assert!(
+        !fixture.registry.is_empty(),
+        "{name} has no registry contents"
+    );
+    let pg = prepared(&fixture, &sql().1).await;
+    let broker = Broker::start();
+    let registry = registry_for(&fixture).await;
+    let dir = tempfile::tempdir().unwrap();
+    create_topics(&fixture, &broker);
+    let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &[]);
+    let got = tokio::task::block_in_place(|| read_back(&broker, &fixture.records, &relay));
+    relay.stop();
+    let ids = Ids {
+        fixture: &fixture,
+        relay: &registry,
+    };
+    assert_identical_with(name, &fixture.records, &got, Some(&ids));
+    assert_same_registry(&fixture, &registry);
+}
+
 /// Where Debezium stopped, the relay stops before sending anything, naming why.
 async fn stops_like_debezium(name: &str, because: &str) {
     let fixture = fixture(name);
@@ -385,6 +608,24 @@ async fn stops_like_debezium(name: &str, because: &str) {
         "{because:?} in:\n{}",
         relay.log()
     );
+}
+
+macro_rules! identical_with_a_registry {
+    ($($test:ident: $fixture:literal,)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            relays_like_debezium_with_a_registry($fixture).await;
+        }
+    )*};
+}
+
+identical_with_a_registry! {
+    avro_converter_keys_and_values: "avro",
+    avro_converter_envelopes_versioned_by_a_column: "avro-envelope",
+    avro_converter_expanded_payloads: "avro-expand",
+    avro_converter_without_metadata_by_topic_and_record_name: "avro-options",
+    avro_converter_scrubbing_invalid_names_in_expanded_payloads: "avro-scrub-expand",
+    binary_data_converter_with_an_avro_delegate: "binary-data-avro-delegate",
 }
 
 macro_rules! identical {
@@ -429,6 +670,8 @@ identical! {
     transforms_inserting_copying_and_dropping_headers: "smt-headers",
     transforms_inserting_replacing_and_extracting_fields: "smt-fields",
     transforms_filtering_by_topic_tombstone_and_header: "smt-filter",
+    binary_data_converter_passes_bytea_through: "binary-data",
+    binary_data_converters_hand_the_rest_to_their_delegates: "binary-data-delegates",
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -461,6 +704,11 @@ async fn a_second_expanded_schema_of_a_version_stops_as_it_stopped_debezium() {
         "Struct schemas do not match",
     )
     .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn binary_data_converter_without_a_delegate_on_text_is_refused() {
+    stops_like_debezium("binary-data-no-delegate", "delegate.converter.type").await;
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -610,4 +858,184 @@ fn assert_identical_order(expected: &[Record], got: &[Consumed]) {
             record.partition
         );
     }
+}
+
+/// Debezium with AvroConverter and expanded payloads against a registry at its default
+/// BACKWARD compatibility: the registry refuses a later row's schema and Debezium stops there.
+/// The relay writes the same records up to it, then treats the refused event as poison: it
+/// stops (exit 5) naming the subject and the registry's message; under `--on-poison
+/// dead-letter` it dead-letters the event with that reason and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_a_backward_registry_refuses_is_poison_as_it_stopped_debezium() {
+    let fixture = fixture("avro-expand-backward");
+    let stopped = fixture.error.as_deref().unwrap_or_default();
+    assert!(stopped.contains("409"), "{stopped}");
+    let pg = prepared(&fixture, &sql().1).await;
+    let broker = Broker::start();
+    let registry = registry_for(&fixture).await;
+    let dir = tempfile::tempdir().unwrap();
+    create_topics(&fixture, &broker);
+    let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &[]);
+    let status = tokio::task::block_in_place(|| relay.wait_exit(Duration::from_secs(60)));
+    assert_eq!(status.and_then(|s| s.code()), Some(5), "{}", relay.log());
+    let log = relay.log();
+    for needle in [
+        "\"outbox.event.order-value\"",
+        "Schema being registered is incompatible with an earlier schema",
+        "--on-poison dead-letter",
+    ] {
+        assert!(log.contains(needle), "{needle:?} in:\n{log}");
+    }
+    let got = tokio::task::block_in_place(|| read_back(&broker, &fixture.records, &relay));
+    let ids = Ids {
+        fixture: &fixture,
+        relay: &registry,
+    };
+    assert_identical_with(&fixture.name, &fixture.records, &got, Some(&ids));
+    assert_same_registry(&fixture, &registry);
+
+    // Dead-lettered instead: the refused event goes to the dead-letter topic with the reason.
+    let pg = prepared(&fixture, &sql().1).await;
+    let broker = Broker::start();
+    let registry = registry_for(&fixture).await;
+    let extra = ["--on-poison", "dead-letter", "--dead-letter-topic", "dlq"];
+    create_topics(&fixture, &broker);
+    let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &extra);
+    let dead = tokio::task::block_in_place(|| {
+        let wanted = ["00000000-0000-4000-8000-00000000000a".to_owned()];
+        broker.consume_ids(&["dlq"], &wanted, Duration::from_secs(60))
+    });
+    relay.stop();
+    let refused = "00000000-0000-4000-8000-00000000000a";
+    let dead: Vec<_> = dead.into_iter().filter(|d| d.id() == refused).collect();
+    let error = dead
+        .first()
+        .and_then(|d| d.header("outbox.error"))
+        .unwrap_or_default();
+    assert!(
+        error.contains("outbox.event.order-value") && error.contains("incompatible"),
+        "{error:?}; relay log:\n{}",
+        relay.log()
+    );
+    assert_eq!(dead[0].payload_text().as_deref(), Some("[]"));
+}
+
+/// The cutover with AvroConverter: Debezium relayed the rows above `-- cutover` (its records
+/// are produced as it produced them, the registry holds the schemas it registered for them, and
+/// the slot confirmed past them); then the relay takes over the slot, topics and registry.
+/// It registers no new version under any subject Debezium used, its records equal Debezium's
+/// after the cutover (ids mapped), and every key's records, Debezium's and the relay's, are on
+/// one partition in the order they were written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cutover_from_debezium_with_avro_registers_nothing_new_and_keeps_keys_in_order() {
+    let fixture = fixture("avro");
+    let rows = sql().1;
+    let (before, after) = rows.split_once("-- cutover").unwrap();
+    let pg = prepared(&fixture, before).await;
+    let count = "SELECT (SELECT count(*) FROM public.outbox) + (SELECT count(*) FROM public.outbox_text) + (SELECT count(*) FROM public.outbox_bytes)";
+    let debeziums: usize = pg.execute(count).await[0][0]
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let broker = Broker::start();
+    let topics: BTreeSet<&str> = fixture.records.iter().map(|r| r.topic.as_str()).collect();
+    for topic in &topics {
+        broker.create_topic(topic, PARTITIONS);
+    }
+    tokio::task::block_in_place(|| produce_as_debezium(&broker, &fixture.records[..debeziums]));
+    // The registry as Debezium left it: the schemas its records name, registered in id order
+    // (so they keep Debezium's ids).
+    let registry = registry_for(&fixture).await;
+    let framed_id = |b: &Option<Vec<u8>>| {
+        b.as_ref()
+            .map(|b| u32::from_be_bytes([b[1], b[2], b[3], b[4]]))
+    };
+    let used: BTreeSet<u32> = fixture.records[..debeziums]
+        .iter()
+        .flat_map(|r| [framed_id(&r.key), framed_id(&r.value)])
+        .flatten()
+        .collect();
+    let mut entries: Vec<(u32, &String, &String)> = (fixture.registry.iter())
+        .flat_map(|(subject, versions)| {
+            versions
+                .iter()
+                .map(move |(id, schema)| (*id, subject, schema))
+        })
+        .filter(|(id, _, _)| used.contains(id))
+        .collect();
+    entries.sort();
+    for (id, subject, schema) in entries {
+        assert_eq!(registry.register(subject, schema), Ok(id), "{subject}");
+    }
+    let before_switch = registry.dump();
+    let slot = &fixture.connector["slot.name"];
+    pg.execute(&format!(
+        "SELECT pg_replication_slot_advance('{slot}', pg_current_wal_lsn())"
+    ))
+    .await;
+    pg.execute(after).await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &[]);
+    let got = tokio::task::block_in_place(|| read_back(&broker, &fixture.records, &relay));
+    relay.stop();
+    let run_id = |r: &Record| {
+        r.headers
+            .iter()
+            .find(|(n, _)| n == "__debezium.context.runId")
+            .and_then(|(_, v)| v.clone())
+    };
+    let debezium_run =
+        run_id(&fixture.records[0]).map(|v| String::from_utf8_lossy(&v).into_owned());
+    let relays: Vec<Consumed> = (got.iter())
+        .filter(|g| g.header("__debezium.context.runId") != debezium_run)
+        .cloned()
+        .collect();
+    assert_eq!(
+        relays.len(),
+        fixture.records.len() - debeziums,
+        "the relay relayed only what Debezium had not"
+    );
+    let ids = Ids {
+        fixture: &fixture,
+        relay: &registry,
+    };
+    assert_identical_with(
+        "avro after the cutover",
+        &fixture.records[debeziums..],
+        &relays,
+        Some(&ids),
+    );
+    let after_switch = registry.dump();
+    for (subject, versions) in &before_switch {
+        assert_eq!(
+            &after_switch[subject], versions,
+            "{subject}: a new version at the switch"
+        );
+    }
+    let mut partitions: BTreeMap<(String, Vec<u8>), BTreeSet<i32>> = BTreeMap::new();
+    for record in &got {
+        let Some(key) = record.key.clone() else {
+            continue;
+        };
+        partitions
+            .entry((record.topic.clone(), key))
+            .or_default()
+            .insert(record.partition);
+    }
+    let moved: Vec<_> = partitions.iter().filter(|(_, p)| p.len() > 1).collect();
+    assert!(
+        moved.is_empty(),
+        "keys on more than one partition: {moved:?}"
+    );
+    let keys_on_both_sides = fixture.records[..debeziums]
+        .iter()
+        .filter(|d| d.key.is_some() && fixture.records[debeziums..].iter().any(|r| r.key == d.key))
+        .count();
+    assert!(
+        keys_on_both_sides >= 24,
+        "the cutover is tested on keys written before and after it"
+    );
+    assert_identical_order(&fixture.records, &got);
 }

@@ -29,6 +29,7 @@ mod partitions;
 mod peek;
 mod poison;
 mod publication;
+mod registry;
 mod reliability;
 mod shards;
 mod simulation;

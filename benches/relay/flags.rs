@@ -73,6 +73,11 @@ pub(crate) struct Flags {
     #[arg(long, value_name = "K", value_parser = shard_count)]
     shards: Option<u32>,
 
+    /// Instead of the three parts, backlog drains alternating the relay's own format and Avro
+    /// keys and values through the tests' Schema Registry in process
+    #[arg(long)]
+    formats: bool,
+
     /// Set by `cargo bench`; `cargo test` runs the bench without it
     #[arg(long, hide = true)]
     bench: bool,
@@ -101,6 +106,8 @@ pub(crate) struct Args {
     pub(crate) quick: bool,
     /// `--shards K`: only the shard drains, with K relays (1: one without `--shard`).
     pub(crate) shards: Option<u32>,
+    /// `--formats`: only the format drains.
+    pub(crate) formats: bool,
 }
 
 impl Flags {
@@ -135,6 +142,7 @@ impl Flags {
             kafka_properties: self.kafka_properties,
             quick: self.quick,
             shards: self.shards,
+            formats: self.formats,
         }
     }
 }

@@ -29,6 +29,12 @@
 //! reach (events / the larger of the busiest process's CPU seconds and all their CPU seconds
 //! over K+1).
 //!
+//! `--formats` runs none of them either: each round drains N rows with the relay's own
+//! format and N more with Avro keys and values (`--key-converter avro --value-converter avro`
+//! through the tests' Schema Registry, in the bench process), alternating which goes first,
+//! and the bench reports the relay's CPU per event of each, their ratio, and the registry
+//! requests the Avro relays made (one per subject and relay start: never one per event).
+//!
 //! The modules: `flags` (the command line), `figures` (the arithmetic behind every figure,
 //! pure and unit-tested in tests/bench.rs), `procfs` (CPU and memory from /proc),
 //! `binaries`, `pg` (the slots and the queries that watch them), `workload` (the rows),
@@ -45,6 +51,9 @@
 mod http;
 #[path = "../../tests/support/postgres.rs"]
 mod postgres;
+#[allow(dead_code, clippy::expect_used)]
+#[path = "../../tests/support/registry.rs"]
+mod registry;
 
 mod bench;
 mod binaries;

@@ -168,13 +168,21 @@ public class DebeziumFixtures {
         return config;
     }
 
+    /** The tests' Schema Registry this capture runs against (generate.sh starts a fresh one). */
+    static final String REGISTRY = System.getenv().getOrDefault("FIXTURE_REGISTRY_URL", "");
+
+    /** A config value with the registry's URL in place of `${registry}`. */
+    static String withRegistry(String value) {
+        return value.replace("${registry}", REGISTRY);
+    }
+
     /** Kafka Connect's choice: the connector's converter and its settings, else the worker's. */
     static Map<String, Object> converterSettings(String role, Map<String, String> connector, Map<String, String> worker) {
         Map<String, String> from = connector.containsKey(role + ".converter") ? connector : worker;
         Map<String, Object> settings = new HashMap<>();
         from.forEach((k, v) -> {
             if (k.startsWith(role + ".converter.")) {
-                settings.put(k.substring(role.length() + ".converter.".length()), v);
+                settings.put(k.substring(role.length() + ".converter.".length()), withRegistry(v));
             }
         });
         settings.put("converter.type", role);
@@ -197,6 +205,10 @@ public class DebeziumFixtures {
                     .setPropagators(ContextPropagators.create(TextMapPropagator.composite(
                             W3CTraceContextPropagator.getInstance(), W3CBaggagePropagator.getInstance())))
                     .build());
+        }
+        if (fixture.has("compatibility")) {
+            // The registry's global compatibility level (BACKWARD, Confluent's default, without).
+            registry("PUT", "/config", "{\"compatibility\":\"" + fixture.get("compatibility").asText() + "\"}");
         }
         Map<String, String> connector = connectorConfig(port, name, fixture.path("connector"));
         Map<String, String> worker = new LinkedHashMap<>();
@@ -276,12 +288,53 @@ public class DebeziumFixtures {
         if (fixture.path("opentelemetry").asBoolean()) {
             file.put("opentelemetry", true);
         }
+        if (fixture.has("compatibility")) {
+            file.put("compatibility", fixture.get("compatibility").asText());
+        }
         if (failure.get() != null) {
             file.put("error", failure.get());
         }
         file.set("records", records);
+        if (!REGISTRY.isEmpty()) {
+            file.set("registry", registryContents());
+        }
         Files.writeString(out.resolve(name + ".json"), JSON.writeValueAsString(file) + "\n");
         System.err.println(name + ": " + records.size() + " records" + (failure.get() == null ? "" : ", error: " + failure.get()));
+    }
+
+    /** One request to the registry: the answer's body, failing on any status but 200. */
+    static String registry(String method, String path, String body) throws Exception {
+        java.net.HttpURLConnection c = (java.net.HttpURLConnection) new java.net.URL(REGISTRY + path).openConnection();
+        c.setRequestMethod(method);
+        c.setRequestProperty("Content-Type", "application/vnd.schemaregistry.v1+json");
+        if (body != null) {
+            c.setDoOutput(true);
+            c.getOutputStream().write(body.getBytes(StandardCharsets.UTF_8));
+        }
+        if (c.getResponseCode() != 200) {
+            throw new IllegalStateException(method + " " + path + ": HTTP " + c.getResponseCode());
+        }
+        return new String(c.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    }
+
+    /** Every subject's versions, as the registry holds them: subject, version, id, schema. */
+    static ArrayNode registryContents() throws Exception {
+        ArrayNode out = JsonNodeFactory.instance.arrayNode();
+        for (JsonNode subject : JSON.readTree(registry("GET", "/subjects", null))) {
+            String encoded = java.net.URLEncoder.encode(subject.asText(), StandardCharsets.UTF_8).replace("+", "%20");
+            for (JsonNode version : JSON.readTree(registry("GET", "/subjects/" + encoded + "/versions", null))) {
+                JsonNode schema = JSON.readTree(registry("GET", "/subjects/" + encoded + "/versions/" + version.asInt(), null));
+                ObjectNode entry = out.addObject();
+                entry.put("subject", subject.asText());
+                entry.put("version", version.asInt());
+                entry.put("id", schema.get("id").asInt());
+                entry.put("schema", schema.get("schema").asText());
+                if (schema.has("schemaType")) {
+                    entry.put("schemaType", schema.get("schemaType").asText());
+                }
+            }
+        }
+        return out;
     }
 
     /** Converts one record as the Connect worker does; returns whether it is the last row's. */

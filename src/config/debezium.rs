@@ -15,6 +15,7 @@ use crate::outbox::connect::transforms::Chain;
 use options::{Class, Reads};
 
 mod options;
+mod registry;
 use crate::outbox::{TableName, TopicTemplate};
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
@@ -186,6 +187,7 @@ pub fn import_with(
         worker,
         used,
         out,
+        registry: registry::RegistryImport::default(),
     }
     .run()
 }
@@ -193,8 +195,22 @@ pub fn import_with(
 /// The equivalent command line, shell-quoted, one flag per line, then the warnings as comments.
 pub fn explain(imported: &Imported) -> String {
     let mut out = String::from("outbox-relay");
+    let mut hidden = Vec::new();
     for (flag, value) in &imported.args {
-        out += &format!(" \\\n  {flag} {}", shell_words::quote(value));
+        let Some(shown) = explained(flag, value) else {
+            hidden.push(flag.as_str());
+            continue;
+        };
+        out += &format!(" \\\n  {flag} {}", shell_words::quote(&shown));
+    }
+    for flag in hidden {
+        let env = format!(
+            "OUTBOX_RELAY_{}",
+            flag.trim_start_matches('-')
+                .replace('-', "_")
+                .to_uppercase()
+        );
+        out += &format!("\n# {flag} is not shown (a credential): set {env}");
     }
     out.push('\n');
     if !imported.identical.is_empty() {
@@ -225,9 +241,35 @@ pub fn explain(imported: &Imported) -> String {
 }
 
 const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
+const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
 const HEADER_CONVERTER: &str = "the relay writes header values as SimpleHeaderConverter (Kafka Connect's default) or JsonConverter do";
-const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter and JsonConverter; a schema-registry format (Avro, Protobuf, JSON Schema) is not written";
+const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter, JsonConverter, Debezium's BinaryDataConverter and Confluent's AvroConverter";
 const WORKER_DEFAULT: &str = "Kafka's sample worker config (JsonConverter, schemas.enable=true), as neither the connector config nor --debezium-worker-config names one";
+
+/// How `--explain` shows an imported flag: credentials never (`None`), a URL's user info
+/// masked.
+fn explained(flag: &str, value: &str) -> Option<String> {
+    match flag {
+        "--schema-registry-user-info" => None,
+        "--schema-registry-url" => Some(
+            value
+                .split(',')
+                .map(|url| match url::Url::parse(url.trim()) {
+                    Ok(mut parsed)
+                        if !parsed.username().is_empty() || parsed.password().is_some() =>
+                    {
+                        let _ = parsed.set_username("***");
+                        let _ = parsed.set_password(None);
+                        parsed.to_string()
+                    }
+                    _ => url.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+        _ => Some(value.to_owned()),
+    }
+}
 
 /// A converter as the import maps it.
 struct ConverterChoice {
@@ -366,6 +408,8 @@ struct Importer<'a> {
     worker: Option<&'a BTreeMap<String, String>>,
     used: BTreeSet<&'a str>,
     out: Imported,
+    /// The AvroConverters' settings, turned into flags once both are read.
+    registry: registry::RegistryImport,
 }
 
 impl<'a> Importer<'a> {
@@ -560,16 +604,58 @@ impl<'a> Importer<'a> {
             ("SimpleHeaderConverter", "header") if kafka => Ok("simple"),
             ("JsonConverter", _) if kafka => Ok("json-with-schemas"),
             (_, "header") => Err(HEADER_CONVERTER),
-            ("StringConverter", _) if kafka => Ok("string"),
-            ("ByteArrayConverter", _) if kafka => Ok("bytearray"),
-            _ => Err(CONVERTERS),
+            ("BinaryDataConverter" | "BinaryData", _)
+                if class == short || class == BINARY_DATA_CONVERTER =>
+            {
+                return self.binary_data(role, class, &settings, origin);
+            }
+            _ => simple_converter(class),
         };
+        let flag = flag.map_err(|why| invalid(&key, class, why))?;
+        let choice = self.settings(role, flag, &settings, &prefix, origin)?;
+        self.identical(&key, class);
+        Ok(choice)
+    }
+
+    /// A converter's settings: an AvroConverter's become registry flags, the others' are
+    /// classified by [`Importer::plain_settings`].
+    fn settings(
+        &mut self,
+        role: &str,
+        flag: &'static str,
+        settings: &[(&'a str, &'a str)],
+        prefix: &str,
+        origin: &str,
+    ) -> Result<ConverterChoice, Error> {
+        if flag != "avro" {
+            return self.plain_settings(flag, settings, prefix, origin);
+        }
+        for setting in self.registry.avro(role, settings, prefix)? {
+            self.out.identical.push(setting);
+        }
+        Ok(ConverterChoice {
+            flag,
+            numeric_decimals: false,
+        })
+    }
+
+    /// The settings of one of Kafka's converters (`flag`), each reproduced, without effect
+    /// (with why) or refused by name.
+    fn plain_settings(
+        &mut self,
+        flag: &'static str,
+        settings: &[(&'a str, &'a str)],
+        prefix: &str,
+        origin: &str,
+    ) -> Result<ConverterChoice, Error> {
+        let converter = prefix.trim_end_matches('.');
         let mut choice = ConverterChoice {
-            flag: flag.map_err(|why| invalid(&key, class, why))?,
+            flag,
             numeric_decimals: false,
         };
-        let json = choice.flag == "json-with-schemas";
-        for (setting, value) in settings {
+        let json = flag == "json-with-schemas";
+        let string = flag == "string";
+        for &(setting, value) in settings {
             let name = &setting[prefix.len()..];
             match (name, value.to_ascii_lowercase().as_str()) {
                 ("schemas.enable", "false") if json => choice.flag = "json",
@@ -581,36 +667,81 @@ impl<'a> Importer<'a> {
                     self.no_effect(setting, value, "a cache size");
                     continue;
                 }
-                ("encoding" | "converter.encoding", "utf8" | "utf-8")
-                    if short == "StringConverter" => {}
-                _ if !json && short != "StringConverter" || name == "converter.type" => {
-                    let why = format!("{class} has no such setting; Kafka Connect ignores it");
+                ("encoding" | "converter.encoding", "utf8" | "utf-8") if string => {}
+                _ if !json && !string || name == "converter.type" => {
+                    let why = format!("{converter} has no such setting; Kafka Connect ignores it");
                     self.no_effect(setting, value, &why);
                     continue;
                 }
                 _ => {
                     let why = format!(
-                        "a {key} setting (from {origin}) whose effect the relay does not reproduce"
+                        "a {converter} setting (from {origin}) whose effect the relay does not reproduce"
                     );
                     return Err(invalid(setting, value, why));
                 }
             }
             self.identical(setting, value);
         }
+        Ok(choice)
+    }
+
+    /// `ROLE.converter=BinaryDataConverter`, whose delegate (`delegate.converter.type`, with
+    /// its settings under that prefix) writes anything but bytes; its other settings have no
+    /// effect in Debezium either.
+    fn binary_data(
+        &mut self,
+        role: &str,
+        class: &str,
+        settings: &[(&'a str, &'a str)],
+        origin: &str,
+    ) -> Result<ConverterChoice, Error> {
+        let key = format!("{role}.converter");
+        let delegate_key = format!("{key}.delegate.converter.type");
+        let prefix = format!("{delegate_key}.");
+        let delegate = settings.iter().find(|(k, _)| *k == delegate_key);
+        let mut choice = ConverterChoice {
+            flag: "binary-data",
+            numeric_decimals: false,
+        };
+        if let Some((_, delegate_class)) = delegate {
+            let flag = simple_converter(delegate_class)
+                .map_err(|why| invalid(&delegate_key, delegate_class, why))?;
+            let own: Vec<_> = (settings.iter().copied())
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .collect();
+            let delegated = self.settings(role, flag, &own, &prefix, origin)?;
+            self.arg(&format!("--{role}-delegate-converter"), delegated.flag);
+            self.identical(&delegate_key, delegate_class);
+            choice.numeric_decimals = delegated.numeric_decimals;
+        }
+        for &(setting, value) in settings {
+            if setting != delegate_key && !setting.starts_with(&prefix) {
+                let why = "BinaryDataConverter has no such setting; Kafka Connect ignores it";
+                self.no_effect(setting, value, why);
+            }
+        }
         self.identical(&key, class);
         Ok(choice)
     }
 
-    /// The key, value and header converters as flags.
+    /// The key, value and header converters as flags, then the registry's.
     fn converters(&mut self) -> Result<(), Error> {
         for role in ["key", "value", "header"] {
             let choice = self.converter(role)?;
             if role != "header" || choice.flag != "simple" {
-                self.arg(&format!("--{role}-converter"), choice.flag);
+                // A delegate's flag is already in; the converter's goes before it.
+                let delegate = format!("--{role}-delegate-converter");
+                let at = (self.out.args.iter().position(|(f, _)| *f == delegate))
+                    .unwrap_or(self.out.args.len());
+                let arg = (format!("--{role}-converter"), choice.flag.to_owned());
+                self.out.args.insert(at, arg);
             }
             if choice.numeric_decimals {
                 self.arg(&format!("--{role}-converter-decimal-format"), "numeric");
             }
+        }
+        for (flag, value) in self.registry.args() {
+            self.arg(&flag, value);
         }
         Ok(())
     }
@@ -1075,6 +1206,24 @@ impl<'a> Importer<'a> {
             .filter(|(flag, _)| flags.contains(&flag.as_str()));
         let column = |value: &String| value.split(':').next().unwrap_or_default().to_owned();
         given.map(|(_, value)| column(value)).collect()
+    }
+}
+
+/// The `--ROLE-converter` value of one of Kafka's converters, by class name.
+fn simple_converter(class: &str) -> Result<&'static str, &'static str> {
+    let short = class.rsplit('.').next().unwrap_or_default();
+    let kafka = class == short || class.starts_with("org.apache.kafka.connect.");
+    if registry::is_avro(class) {
+        return Ok("avro");
+    }
+    if let Some(why) = registry::refused_converter(class) {
+        return Err(why);
+    }
+    match short {
+        "StringConverter" if kafka => Ok("string"),
+        "ByteArrayConverter" if kafka => Ok("bytearray"),
+        "JsonConverter" if kafka => Ok("json-with-schemas"),
+        _ => Err(CONVERTERS),
     }
 }
 

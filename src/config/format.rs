@@ -2,7 +2,7 @@
 //! did (`debezium-config` sets them from a connector config); without them the relay's own
 //! format is used, unchanged.
 
-use clap::{ArgAction, Args};
+use clap::{ArgAction, Args, ValueEnum};
 
 use super::{ConfigError, columns, invalid};
 use crate::outbox::connect::columns::{
@@ -10,7 +10,7 @@ use crate::outbox::connect::columns::{
 };
 use crate::outbox::connect::transforms::Chain;
 use crate::outbox::connect::{
-    ConnectConfig, Converter, DecimalFormat, HeaderConverter, SchemaCache,
+    ConnectConfig, Converter, DecimalFormat, Delegates, HeaderConverter, SchemaCache,
 };
 
 /// Debezium record-format flags.
@@ -27,6 +27,14 @@ pub struct FormatArgs {
         default_value_t
     )]
     pub value_converter: Converter,
+    /// The converter a binary-data key converter hands anything but bytea to (Debezium:
+    /// key.converter.delegate.converter.type).
+    #[arg(long, env = "OUTBOX_RELAY_KEY_DELEGATE_CONVERTER", value_enum)]
+    pub key_delegate_converter: Option<Converter>,
+    /// The converter a binary-data value converter hands anything but bytea to (Debezium:
+    /// value.converter.delegate.converter.type).
+    #[arg(long, env = "OUTBOX_RELAY_VALUE_DELEGATE_CONVERTER", value_enum)]
+    pub value_delegate_converter: Option<Converter>,
     /// Header values as this Kafka Connect converter wrote them (Debezium: header.converter).
     #[arg(
         long,
@@ -136,6 +144,40 @@ pub struct FormatArgs {
 }
 
 impl FormatArgs {
+    /// The delegates of binary-data converters, refused where there is none to delegate for.
+    fn delegates(&self) -> Result<Delegates, ConfigError> {
+        for (flag, converter, delegate) in [
+            (
+                "--key-delegate-converter",
+                self.key_converter,
+                self.key_delegate_converter,
+            ),
+            (
+                "--value-delegate-converter",
+                self.value_converter,
+                self.value_delegate_converter,
+            ),
+        ] {
+            let Some(delegate) = delegate else { continue };
+            let value = delegate
+                .to_possible_value()
+                .map(|v| v.get_name().to_owned());
+            let value = value.unwrap_or_default();
+            if converter != Converter::BinaryData {
+                let reason = "only a binary-data converter has a delegate";
+                return Err(invalid(flag, value, reason));
+            }
+            if !delegate.delegates() {
+                let reason = "a delegate writes what BinaryDataConverter does not: use string, bytearray, json or json-with-schemas";
+                return Err(invalid(flag, value, reason));
+            }
+        }
+        Ok(Delegates {
+            key: self.key_delegate_converter,
+            value: self.value_delegate_converter,
+        })
+    }
+
     /// The Debezium format, or `None` when no flag asks for it.
     pub fn connect(&self, message_prefixes: bool) -> Result<Option<ConnectConfig>, ConfigError> {
         let relay = self.value_converter == Converter::Relay;
@@ -185,6 +227,7 @@ impl FormatArgs {
         Ok(Some(ConnectConfig {
             key: self.key_converter,
             value: self.value_converter,
+            delegates: self.delegates()?,
             header: self.header_converter,
             key_decimal_format: self.key_converter_decimal_format,
             value_decimal_format: self.value_converter_decimal_format,
@@ -200,6 +243,7 @@ impl FormatArgs {
             tombstone_on_empty: self.tombstone_on_empty_payload,
             trace_column: self.trace_context_column.clone(),
             transforms,
+            registry: Default::default(),
             schema_cache: SchemaCache::default(),
         }))
     }

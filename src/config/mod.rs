@@ -8,6 +8,7 @@ pub mod debezium;
 mod format;
 mod observability;
 mod postgres;
+mod registry;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -25,6 +26,7 @@ pub use commands::{
 pub use format::FormatArgs;
 pub use observability::{ObservabilityArgs, ReadinessThresholds};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
+pub use registry::{RegistryArgs, SchemaRegistryConfig};
 
 use crate::cloud::KafkaAuth;
 use crate::outbox::cloudevents::CloudEventsConfig;
@@ -90,6 +92,9 @@ pub struct Cli {
     /// Debezium record-format flags.
     #[command(flatten)]
     pub format: FormatArgs,
+    /// Schema Registry flags (the avro converters').
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
     pub cloudevents: bool,
@@ -420,6 +425,8 @@ pub struct Config {
     pub dead_letter_topic: Option<String>,
     /// The flags used as given.
     pub flags: RelayFlags,
+    /// The Schema Registry, when a converter writes through one.
+    pub schema_registry: Option<SchemaRegistryConfig>,
 }
 
 impl Config {
@@ -475,6 +482,12 @@ impl Config {
             }),
             connect: cli.format.connect(!cli.message_prefixes.is_empty())?,
         };
+        let mut mapping = mapping;
+        let registered = mapping.connect.as_ref().is_some_and(|c| c.uses_registry());
+        if let Some(connect) = mapping.connect.as_mut() {
+            connect.registry = cli.registry.format();
+        }
+        let schema_registry = cli.registry.client(registered)?;
         let (tables, overridden) = parse_tables(cli)?;
         let overridden = overridden.into_iter();
         let table_mappings = overridden.map(|(t, raw)| Ok((t, apply_overrides(&mapping, raw)?)));
@@ -497,6 +510,7 @@ impl Config {
             kafka_auth,
             dead_letter_topic: cli.dead_letter_topic.clone().filter(|_| dead_letter),
             flags,
+            schema_registry,
         })
     }
 

@@ -122,6 +122,8 @@ pub struct HealthSnapshot {
     pub credentials: Option<CredentialHealth>,
     /// The wall clock, which credentials expire by.
     pub wall_clock: SystemTime,
+    /// Why events wait for the Schema Registry, while they do.
+    pub schema_registry: Option<String>,
 }
 
 /// The AWS credentials the relay signs its IAM tokens with (`--kafka-auth aws-msk-iam`,
@@ -260,6 +262,12 @@ pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readine
             cleanup.why_held()
         ));
     }
+    if let Some(why) = &state.schema_registry {
+        reasons.push(format!(
+            "{why}; nothing after them is acknowledged until the registry answers (check \
+             --schema-registry-url and the registry)"
+        ));
+    }
     let mut warnings = Vec::new();
     if let Some(credentials) = &state.credentials {
         let (reason, warning) = credentials.judge(state.wall_clock);
@@ -392,6 +400,7 @@ pub struct Health {
     progress: Mutex<Progress>,
     slot: Mutex<SlotObservation>,
     credentials: Mutex<Option<CredentialHealth>>,
+    schema_registry: Mutex<Option<String>>,
 }
 
 /// A poisoned lock still holds a consistent value: every write is one assignment.
@@ -434,6 +443,11 @@ impl Health {
         *lock(&self.credentials) = Some(credentials);
     }
 
+    /// Why events wait for the Schema Registry; `None` once they do not.
+    pub fn set_schema_registry(&self, waiting: Option<String>) {
+        *lock(&self.schema_registry) = waiting;
+    }
+
     /// The pipeline's progress now.
     pub fn set_progress(&self, progress: Progress) {
         *lock(&self.progress) = progress;
@@ -463,6 +477,7 @@ impl Health {
             cleanup_held_for: since(progress.cleanup.held_since),
             credentials: lock(&self.credentials).clone(),
             wall_clock: SystemTime::now(),
+            schema_registry: lock(&self.schema_registry).clone(),
         }
     }
 }
@@ -488,6 +503,7 @@ mod tests {
             cleanup_held_for: Duration::ZERO,
             credentials: None,
             wall_clock: SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            schema_registry: None,
         }
     }
 
@@ -701,8 +717,9 @@ mod tests {
                 }),
             }),
             wall_clock: SystemTime::UNIX_EPOCH + Duration::from_secs(60),
+            schema_registry: Some("events wait for the Schema Registry".into()),
         };
-        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 8);
+        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 9);
         // Rows held back for less than the limit are not yet a reason.
         let held = HealthSnapshot {
             cleanup: CleanupBacklog {

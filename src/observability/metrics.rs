@@ -79,6 +79,10 @@ metrics! {
         "AWS IAM tokens signed, by target: kafka (MSK tokens handed to librdkafka), postgres (RDS tokens, one per connection).";
     describe_counter AUTH_TOKEN_FAILURES = "outbox_relay_auth_token_failures_total",
         "AWS IAM tokens that could not be signed, by target (kafka, postgres); each is asked for again.";
+    describe_gauge SCHEMA_REGISTRY_WAITING_EVENTS = "outbox_relay_schema_registry_waiting_events",
+        "Events waiting for a Schema Registry schema id (the registry unavailable, or one new schema being registered); nothing after them is acknowledged.";
+    describe_counter SCHEMA_REGISTRY_REQUESTS_TOTAL = "outbox_relay_schema_registry_requests_total",
+        "Schema Registry requests (one per new subject and schema, and per retry), by outcome: ok, unavailable, refused, unauthorized.";
     describe_gauge BUILD_INFO = "outbox_relay_build_info",
         "Always 1; the version label names the build.";
     describe_gauge SHARD_INFO = "outbox_relay_shard_info",

@@ -60,6 +60,21 @@ impl PipelineObserver {
         }
     }
 
+    /// `events` wait for Schema Registry ids; none: the registry is no reason for readiness.
+    pub fn schema_registry_waiting(&self, events: usize) {
+        gauge!(m::SCHEMA_REGISTRY_WAITING_EVENTS).set(events as f64);
+        if events == 0 {
+            self.health.set_schema_registry(None);
+        }
+    }
+
+    /// A Schema Registry request ended with `outcome`; `unavailable`: why events wait.
+    pub fn schema_registry_answered(&self, outcome: &'static str, unavailable: Option<&str>) {
+        counter!(m::SCHEMA_REGISTRY_REQUESTS_TOTAL, "outcome" => outcome).increment(1);
+        self.health
+            .set_schema_registry(unavailable.map(str::to_owned));
+    }
+
     /// The replication stream started (true) or stopped (false).
     pub fn streaming(&self, streaming: bool) {
         self.health.set_streaming(streaming);

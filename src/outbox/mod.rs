@@ -140,6 +140,13 @@ pub enum EventError {
         /// What Debezium would have written, and why the relay does not.
         reason: String,
     },
+    /// The Schema Registry refused the event's schema (incompatible, invalid, or missing where
+    /// it must be registered already).
+    #[error("{reason}")]
+    SchemaRefused {
+        /// The subject, the registry's message and the remedy.
+        reason: String,
+    },
     /// A value is not valid for its column type.
     #[error("column {column:?} holds a value the relay cannot read: {reason}")]
     InvalidValue {
@@ -171,6 +178,8 @@ pub struct OutboxRecord {
     pub timestamp_ms: i64,
     /// A fixed partition; `None` lets the producer's partitioner choose.
     pub partition: Option<i32>,
+    /// Schema Registry schemas whose ids the key or value still lack; `None`: complete.
+    pub schemas: Option<Box<connect::registry::PendingSchemas>>,
 }
 
 impl OutboxRecord {
@@ -242,6 +251,7 @@ pub fn dead_letter_record(
         id_header_at: Some(0),
         timestamp_ms,
         partition: None,
+        schemas: None,
     }
 }
 
@@ -392,6 +402,7 @@ impl<C: Clone> Plan<C> {
             id_header_at: Some(0),
             timestamp_ms,
             partition: None,
+            schemas: None,
         })
     }
 
@@ -575,13 +586,20 @@ impl TableMapping {
             relation: &self.relation,
             row,
         };
-        let mapped = self
-            .plan
-            .map(&row, commit_time_ms)
-            .and_then(|record| match &self.connect {
-                Some(connect) => connect.convert(row.row, record),
-                None => Ok(Some(record)),
-            });
+        let mapped = self.plan.map(&row, commit_time_ms).and_then(|record| {
+            let converted = match &self.connect {
+                Some(connect) => connect.convert(row.row, record)?,
+                None => Some(record),
+            };
+            let Some(mut record) = converted else {
+                return Ok(None);
+            };
+            // A record waiting for schema ids keeps its columns, for a dead letter.
+            if let Some(pending) = record.schemas.as_mut() {
+                pending.raw = self.plan.raw_parts(&row);
+            }
+            Ok(Some(record))
+        });
         mapped.map_err(|error| (error, self.plan.raw_parts(&row)))
     }
 }

@@ -201,6 +201,7 @@ mod tests {
             id_header_at: Some(0),
             timestamp_ms: 7,
             partition: None,
+            schemas: None,
         }
     }
 

@@ -203,6 +203,22 @@ pub enum RelayError {
         #[source]
         source: DeleteFailure,
     },
+    /// The Schema Registry refused the relay (401, 403), or there is none to ask.
+    #[error(
+        "the Schema Registry stopped the relay at commit LSN {lsn}; nothing at or after it was \
+         acknowledged. Fix the registry settings (--schema-registry-url, \
+         --schema-registry-user-info) and restart"
+    )]
+    SchemaRegistry {
+        /// Commit LSN of the first event waiting for a schema id.
+        lsn: Lsn,
+        /// What the registry said.
+        #[source]
+        source: crate::sink::registry::Failure,
+    },
+    /// The Schema Registry client cannot be set up.
+    #[error(transparent)]
+    RegistrySetup(#[from] crate::sink::registry::SetupError),
     /// The stream violated transaction framing.
     #[error("replication stream out of order")]
     Protocol(#[from] AckError),
@@ -240,7 +256,11 @@ impl RelayError {
     pub fn exit_code(&self) -> u8 {
         use RelayError as E;
         match self {
-            E::Producer(_) | E::Cloud(_) | E::UnmappedRelation { .. } => exit_code::CONFIG,
+            E::Producer(_)
+            | E::Cloud(_)
+            | E::SchemaRegistry { .. }
+            | E::RegistrySetup(_)
+            | E::UnmappedRelation { .. } => exit_code::CONFIG,
             E::Source(SourceError::Postgres(e)) => exit_code::postgres(e),
             E::Startup(e) => exit_code::startup(e),
             E::SlotDropped { .. } => exit_code::SLOT_LOST,

@@ -200,9 +200,24 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         self.failed(ticket, failure).await
     }
 
-    /// Hands one record to the producer, in stream order.
+    /// Hands one record to the producer, in stream order: after the records waiting for
+    /// schema ids, when there are any or it lacks one itself.
     async fn enqueue(
         &mut self,
+        record: OutboxRecord,
+        table: Arc<str>,
+        position: Position,
+    ) -> Result<(), RelayError> {
+        if self.registering.holds(&record) {
+            return self.register(record, table, position).await;
+        }
+        self.deliver(None, record, table, position).await
+    }
+
+    /// Hands a complete record to the producer under `ticket`, or a new one taken now.
+    pub(super) async fn deliver(
+        &mut self,
+        ticket: Option<Ticket>,
         mut record: OutboxRecord,
         table: Arc<str>,
         position: Position,
@@ -214,13 +229,19 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 Some(prepared) => record = prepared,
                 None => {
                     // Already in its partition from a previous run.
-                    let ticket = self.tracker.push(0, &table)?;
+                    let ticket = match ticket {
+                        Some(ticket) => ticket,
+                        None => self.tracker.push(0, &table)?,
+                    };
                     self.tracker.ack(ticket)?;
                     return Ok(());
                 }
             }
         }
-        let ticket: Ticket = self.tracker.push(record.size(), &table)?;
+        let ticket: Ticket = match ticket {
+            Some(ticket) => ticket,
+            None => self.tracker.push(record.size(), &table)?,
+        };
         match self.sink.send(ticket, &record).await {
             Ok(()) => {
                 let sent = self
@@ -237,7 +258,11 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     /// At most three rounds: the sink never blames the batch of a record sent alone, and a
     /// dead-letter record is never dead-lettered again. A dead-lettered event is acknowledged
     /// when its dead-letter record is.
-    async fn failed(&mut self, ticket: Ticket, mut failure: Failure) -> Result<(), RelayError> {
+    pub(super) async fn failed(
+        &mut self,
+        ticket: Ticket,
+        mut failure: Failure,
+    ) -> Result<(), RelayError> {
         loop {
             let (lsn, table) = self.tracker.origin(ticket).unzip();
             let origin = Origin {

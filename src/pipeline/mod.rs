@@ -25,6 +25,7 @@ mod decide;
 mod error;
 mod events;
 mod pace;
+mod register;
 mod stream;
 
 use std::collections::HashMap;
@@ -51,6 +52,7 @@ use crate::startup::Started;
 use ack::{AckError, AckTracker};
 use cleanup::{Cleaning, Ledger};
 use decide::ReadGate;
+use register::Registering;
 
 pub use error::{RelayError, exit_code};
 
@@ -95,6 +97,8 @@ pub struct Pipeline<S: Source, K: Sink + ReadBack> {
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
     cleanup: Option<Cleaning>,
+    /// Records waiting for Schema Registry ids.
+    registering: Registering,
     observer: PipelineObserver,
 }
 
@@ -175,6 +179,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         cleanup: Option<Cleanup>,
     ) -> Self {
         let confirmed = slot.confirmed_flush;
+        let connect = config.mapping.connect.as_ref();
+        let ids = connect.map(|c| c.registry.ids.clone()).unwrap_or_default();
         let (limit, interval) = (
             config.flags.max_in_flight_events,
             config.flags.status_interval,
@@ -221,8 +227,18 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             summary: Summary::default(),
             cleanup: cleanup
                 .map(|tables| Cleaning::new(tables, Ledger::new(confirmed, limit, interval))),
+            registering: Registering::new(ids),
             observer: PipelineObserver::with_health(health),
         }
+    }
+
+    /// Resolves Schema Registry ids through `registry` (avro converters).
+    pub fn with_registry(
+        mut self,
+        registry: Arc<dyn crate::sink::registry::SchemaRegistry>,
+    ) -> Self {
+        self.registering = self.registering.with_registry(registry);
+        self
     }
 
     /// Streams until `shutdown` or a fatal error, then drains in-flight deliveries (up to
@@ -329,7 +345,17 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             .unwrap_or_else(|| Instant::now() + self.config.flags.shutdown_timeout);
         while self.tracker.window_len() > 0 && Instant::now() < deadline {
             let wait = Instant::now() + Duration::from_millis(100);
-            match tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()).await {
+            let delivered = tokio::select! {
+                delivered = tokio::time::timeout_at(wait.min(deadline), self.deliveries.recv()) => delivered,
+                outcome = self.registering.next(), if self.registering.active() => {
+                    if let Err(error) = self.on_registered(outcome).await {
+                        tracing::warn!(error = %Chain(&error), "events waiting for the Schema Registry are not sent");
+                        break;
+                    }
+                    continue;
+                }
+            };
+            match delivered {
                 Ok(Some(delivery)) => {
                     // A failure is already reported, or replayed after restart.
                     if delivery.outcome.is_ok() && self.acked(delivery.ticket).is_ok() {
@@ -339,7 +365,13 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 Ok(None) => break,
                 // Nothing for a while, and librdkafka holds nothing either:
                 // the rest was never handed over (e.g. a poison event).
-                Err(_) if self.sink.in_flight() == 0 && self.deliveries.is_empty() => break,
+                Err(_)
+                    if self.sink.in_flight() == 0
+                        && self.deliveries.is_empty()
+                        && self.registering.len() == 0 =>
+                {
+                    break;
+                }
                 Err(_) => {}
             }
         }

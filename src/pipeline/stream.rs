@@ -260,6 +260,9 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                     }
                 }
                 done = cleanup::deleted(deleting) => self.on_deleted(done)?,
+                outcome = self.registering.next(), if self.registering.active() => {
+                    self.on_registered(outcome).await?;
+                }
                 event = stream.recv(), if can_read => {
                     if pace {
                         self.pacer.woke(std::time::Instant::now());
@@ -325,6 +328,10 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 }
                 Some(delivery) = self.deliveries.recv() => {
                     self.on_delivery(delivery).await?;
+                    self.observe();
+                }
+                outcome = self.registering.next(), if self.registering.active() => {
+                    self.on_registered(outcome).await?;
                     self.observe();
                 }
                 () = sleep_until_some(deadline) => return Ok(false),

@@ -12,6 +12,7 @@ mod client;
 pub mod client_log;
 pub mod exactly_once;
 pub mod lineage;
+pub mod registry;
 mod reports;
 
 use std::future::Future;
@@ -259,6 +260,7 @@ impl ProducerContext for DeliveryContext {
                 id_header_at: None,
                 timestamp_ms: msg.timestamp().to_millis().unwrap_or_default(),
                 partition: (msg.partition() >= 0).then_some(msg.partition()),
+                schemas: None,
             };
             for h in msg.headers().into_iter().flat_map(|h| h.iter()) {
                 let value = h.value.map(Bytes::copy_from_slice);
@@ -505,6 +507,7 @@ mod tests {
             id_header_at: Some(0),
             timestamp_ms: 0,
             partition: None,
+            schemas: None,
         };
         for n in 0..1_000 {
             sink.send(Ticket(n), &record(n)).await.unwrap();

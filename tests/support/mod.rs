@@ -9,6 +9,7 @@ pub mod ldap;
 pub mod loopback;
 pub mod postgres;
 pub mod proxy;
+pub mod registry;
 pub mod relay;
 pub mod sasl;
 pub mod tansu;

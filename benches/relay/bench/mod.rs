@@ -2,6 +2,7 @@
 
 mod backlog;
 mod drains;
+mod formats;
 mod large;
 mod shards;
 mod steady;
@@ -42,6 +43,8 @@ pub(crate) async fn run(args: Args) -> Result<()> {
     let mut bench = Bench::start(args).await?;
     if let Some(count) = bench.args.shards {
         bench.shards(count).await?;
+    } else if bench.args.formats {
+        bench.formats().await?;
     } else {
         bench.backlog().await?;
         bench.steady().await?;

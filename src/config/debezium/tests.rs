@@ -5,8 +5,8 @@ use clap::Parser;
 
 use super::*;
 use crate::config::{Cli, Config};
-use crate::outbox::connect::HeaderConverter;
 use crate::outbox::connect::columns::TimePrecision;
+use crate::outbox::connect::{Converter, HeaderConverter};
 
 const BASIC: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -696,7 +696,14 @@ fn router_options_are_flags_or_named_differences() {
 #[test]
 fn what_the_relay_does_not_reproduce_is_refused_by_name() {
     for (key, value) in [
-        ("value.converter", "io.confluent.connect.avro.AvroConverter"),
+        (
+            "value.converter",
+            "io.confluent.connect.json.JsonSchemaConverter",
+        ),
+        (
+            "value.converter",
+            "io.apicurio.registry.utils.converter.AvroConverter",
+        ),
         (
             "header.converter",
             "org.apache.kafka.connect.storage.StringConverter",
@@ -1129,4 +1136,149 @@ fn the_msk_iam_librarys_producer_settings_become_kafka_auth() {
     let plain = "software.amazon.msk.auth.iam.IAMLoginModule required;";
     assert_eq!(msk_iam("sasl.jaas.config", plain), Some(MskIam::Implied));
     assert_eq!(msk_iam("sasl.mechanism", "PLAIN"), None);
+}
+
+#[test]
+fn binary_data_converters_import_with_their_delegates() {
+    let imported = import(&config(&[
+        ("key.converter", BINARY_DATA_CONVERTER),
+        ("key.converter.delegate.converter.type", JSON_CONVERTER),
+        (
+            "key.converter.delegate.converter.type.schemas.enable",
+            "false",
+        ),
+        ("value.converter", BINARY_DATA_CONVERTER),
+    ]))
+    .unwrap();
+    let converters: Vec<_> = (imported.args.iter())
+        .filter(|(flag, _)| flag.contains("converter"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        converters,
+        args(&[
+            ("--key-converter", "binary-data"),
+            ("--key-delegate-converter", "json"),
+            ("--value-converter", "binary-data"),
+        ])
+    );
+    let relay = assert_valid_for_relay(&imported);
+    let connect = relay.mapping.connect.unwrap();
+    assert_eq!(connect.delegates.key, Some(Converter::Json));
+    assert_eq!(connect.delegates.value, None);
+    // A delegate's settings are the delegate's converter's: the same ones are refused.
+    for (key, value) in [
+        (
+            "value.converter.delegate.converter.type",
+            "com.example.Mine",
+        ),
+        (
+            "value.converter.delegate.converter.type.replace.null.with.default",
+            "false",
+        ),
+    ] {
+        let err = import(&config(&[
+            ("value.converter", BINARY_DATA_CONVERTER),
+            ("value.converter.delegate.converter.type", JSON_CONVERTER),
+            (key, value),
+        ]))
+        .unwrap_err();
+        assert!(
+            matches!(&err, DebeziumError::Invalid { key: k, .. } if k == key),
+            "{key}: {err}"
+        );
+    }
+}
+
+#[test]
+fn avro_converters_import_as_registry_flags_without_showing_credentials() {
+    let avro = "io.confluent.connect.avro.AvroConverter";
+    let imported = import(&config(&[
+        ("key.converter", avro),
+        (
+            "key.converter.schema.registry.url",
+            "https://key:s3cret@sr.example:8081",
+        ),
+        ("value.converter", avro),
+        (
+            "value.converter.schema.registry.url",
+            "https://key:s3cret@sr.example:8081",
+        ),
+        ("value.converter.basic.auth.credentials.source", "USER_INFO"),
+        ("value.converter.basic.auth.user.info", "api:hunter2"),
+        ("value.converter.auto.register.schemas", "false"),
+        ("value.converter.use.latest.version", "true"),
+        (
+            "value.converter.value.subject.name.strategy",
+            "io.confluent.kafka.serializers.subject.TopicRecordNameStrategy",
+        ),
+        ("value.converter.connect.meta.data", "false"),
+        ("value.converter.enhanced.avro.schema.support", "true"),
+        (
+            "value.converter.schema.registry.ssl.truststore.location",
+            "/ca.pem",
+        ),
+        ("value.converter.schema.registry.ssl.truststore.type", "PEM"),
+    ]))
+    .unwrap();
+    let flags: Vec<&str> = imported.args.iter().map(|(f, _)| f.as_str()).collect();
+    for flag in [
+        "--key-converter",
+        "--value-converter",
+        "--schema-registry-url",
+        "--schema-registry-user-info",
+        "--schema-registry-ca",
+        "--schema-registry-auto-register",
+        "--schema-registry-use-latest-version",
+        "--avro-connect-meta-data",
+        "--value-subject-name-strategy",
+    ] {
+        assert!(flags.contains(&flag), "{flag} in {flags:?}");
+    }
+    let relay = assert_valid_for_relay(&imported);
+    let connect = relay.mapping.connect.unwrap();
+    assert_eq!(connect.value, Converter::Avro);
+    assert!(!connect.registry.value.avro.connect_meta_data);
+    let registry = relay.schema_registry.unwrap();
+    assert_eq!(registry.shown_urls(), "https://sr.example:8081/");
+    let text = explain(&imported);
+    for secret in ["s3cret", "hunter2"] {
+        assert!(!text.contains(secret), "{secret} shown:\n{text}");
+    }
+    assert!(
+        text.contains("OUTBOX_RELAY_SCHEMA_REGISTRY_USER_INFO"),
+        "{text}"
+    );
+    // Settings the relay does not reproduce, by name; the two converters must agree.
+    for (key, value) in [
+        ("value.converter.use.schema.id", "3"),
+        ("value.converter.normalize.schemas", "true"),
+        ("value.converter.auto.register.schema", "false"),
+        (
+            "value.converter.schema.registry.ssl.truststore.location",
+            "/ts.jks",
+        ),
+        (
+            "value.converter.basic.auth.credentials.source",
+            "SASL_INHERIT",
+        ),
+        ("key.converter.auto.register.schemas", "true"),
+    ] {
+        let err = import(&config(&[
+            ("key.converter", avro),
+            ("key.converter.schema.registry.url", "http://sr:8081"),
+            ("key.converter.auto.register.schemas", "false"),
+            ("value.converter", avro),
+            ("value.converter.schema.registry.url", "http://sr:8081"),
+            ("value.converter.auto.register.schemas", "false"),
+            (key, value),
+        ]))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains(key.rsplit('.').next().unwrap()),
+            "{key}: {err}"
+        );
+    }
+    let err = import(&config(&[("value.converter", avro)])).unwrap_err();
+    assert!(err.to_string().contains("schema.registry.url"), "{err}");
 }

@@ -556,7 +556,7 @@ pub fn write_double(out: &mut String, f: f64) {
 }
 
 /// Java's `Float.toString` for a `float`, as Jackson writes it.
-fn write_float(out: &mut String, f: f64) {
+pub fn write_float(out: &mut String, f: f64) {
     write_java_number(out, f, java_float(f));
 }
 

@@ -10,10 +10,12 @@
 //! not reproduce. Without a `ConnectConfig`, nothing here runs: the relay's own output is
 //! untouched.
 
+pub mod avro;
 pub mod columns;
 pub mod data;
 pub mod expand;
 pub mod record;
+pub mod registry;
 pub mod router;
 pub mod temporal;
 pub mod transforms;
@@ -23,10 +25,12 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::{BindError, EventError, HeaderColumn, ID_HEADER, MappingConfig, OutboxRecord};
+use super::{
+    BindError, EventError, HeaderColumn, ID_HEADER, MappingConfig, OutboxRecord, RawParts,
+};
 use crate::pgoutput::{Relation, TupleData};
 use columns::ColumnModes;
-use data::{Data, JsonSettings, Schema};
+use data::{Data, JsonSettings, Kind, Schema};
 use record::{ConnectRecord, Datum};
 use router::Router;
 use transforms::Chain;
@@ -45,6 +49,45 @@ pub enum Converter {
     Json,
     /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=true`
     JsonWithSchemas,
+    /// `io.debezium.converters.BinaryDataConverter`: bytes as they are, anything else through
+    /// its `delegate.converter.type` (`--key-delegate-converter`, `--value-delegate-converter`).
+    BinaryData,
+    /// `io.confluent.connect.avro.AvroConverter`: Avro, its schema in a Schema Registry.
+    Avro,
+}
+
+impl Converter {
+    /// Whether the converter writes structs (envelopes, expanded payloads) as Debezium did.
+    fn writes_structs(self) -> bool {
+        matches!(
+            self,
+            Converter::Json | Converter::JsonWithSchemas | Converter::Avro
+        )
+    }
+
+    /// Whether the converter can be a BinaryDataConverter's delegate.
+    pub fn delegates(self) -> bool {
+        !matches!(self, Converter::Relay | Converter::BinaryData)
+    }
+}
+
+/// A key's or value's converter with, for a BinaryDataConverter, its delegate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Writer {
+    converter: Converter,
+    delegate: Option<Converter>,
+}
+
+impl Writer {
+    /// The converter that writes data of `kind` (`None`: schemaless): a BinaryDataConverter
+    /// passes bytes through and hands anything else to its delegate, when it has one.
+    pub(crate) fn of(self, kind: Option<&Kind>) -> Option<Converter> {
+        match (self.converter, kind) {
+            (Converter::BinaryData, Some(Kind::Bytes)) => Some(Converter::BinaryData),
+            (Converter::BinaryData, _) => self.delegate,
+            (converter, _) => Some(converter),
+        }
+    }
 }
 
 /// How a header value becomes bytes: Kafka Connect's `header.converter`.
@@ -79,6 +122,8 @@ pub struct ConnectConfig {
     pub key: Converter,
     /// `value.converter`
     pub value: Converter,
+    /// A BinaryDataConverter's `delegate.converter.type`, for keys and values.
+    pub delegates: Delegates,
     /// `header.converter`
     pub header: HeaderConverter,
     /// `key.converter.decimal.format` (JsonConverter)
@@ -110,6 +155,8 @@ pub struct ConnectConfig {
     pub trace_column: Option<String>,
     /// The Kafka Connect transforms after the router (`transforms`, `predicates`).
     pub transforms: Chain,
+    /// The Schema Registry converters' settings and the schema ids known.
+    pub registry: registry::RegistryFormat,
     /// The envelope schemas named so far, shared by every table as Debezium's router shares them.
     pub schema_cache: SchemaCache,
 }
@@ -120,6 +167,38 @@ impl ConnectConfig {
     pub fn reads_catalog(&self) -> bool {
         true
     }
+
+    /// Whether a key or value is written through a Schema Registry.
+    pub fn uses_registry(&self) -> bool {
+        let registry =
+            |w: Writer| w.converter == Converter::Avro || w.delegate == Some(Converter::Avro);
+        registry(self.key_writer()) || registry(self.value_writer())
+    }
+
+    /// The key's converter, with its delegate.
+    pub(crate) fn key_writer(&self) -> Writer {
+        Writer {
+            converter: self.key,
+            delegate: self.delegates.key,
+        }
+    }
+
+    /// The value's converter, with its delegate.
+    pub(crate) fn value_writer(&self) -> Writer {
+        Writer {
+            converter: self.value,
+            delegate: self.delegates.value,
+        }
+    }
+}
+
+/// The delegates of BinaryDataConverter keys and values (`delegate.converter.type`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delegates {
+    /// `key.converter.delegate.converter.type`
+    pub key: Option<Converter>,
+    /// `value.converter.delegate.converter.type`
+    pub value: Option<Converter>,
 }
 
 /// Envelope schemas by cache key (the version, or the payload's schema), first come first kept.
@@ -156,6 +235,8 @@ pub struct ColumnFacts {
 pub struct ConnectPlan {
     router: Router,
     config: ConnectConfig,
+    /// Registry schemas derived for this table's keys and values.
+    derived: registry::Derivations,
 }
 
 impl ConnectPlan {
@@ -171,7 +252,8 @@ impl ConnectPlan {
         let decimals = config.header_decimal_format;
         router.write_context_headers(|datum| header_bytes(config.header, datum, decimals));
         let table = format!("{}.{}", relation.namespace, relation.name);
-        let writes_structs = matches!(config.value, Converter::Json | Converter::JsonWithSchemas);
+        let structs = config.value_writer().of(Some(&Kind::Struct(Vec::new())));
+        let writes_structs = structs.is_some_and(Converter::writes_structs);
         if !config.envelope.is_empty() && !writes_structs {
             let why = "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop";
             let first = &config.envelope[0].column;
@@ -200,9 +282,11 @@ impl ConnectPlan {
                 return Err(router::refuse(&table, flag, column, why));
             }
         }
+        check_subject_strategies(config, &router, mapping, &table)?;
         Ok(ConnectPlan {
             router,
             config: config.clone(),
+            derived: registry::Derivations::default(),
         })
     }
 
@@ -227,13 +311,21 @@ impl ConnectPlan {
     /// The converters' bytes of `routed`, into `record`.
     fn write(&self, routed: ConnectRecord, record: &mut OutboxRecord) -> Result<(), EventError> {
         let config = &self.config;
+        let mut pending = registry::PendingSchemas {
+            key: None,
+            value: None,
+            raw: RawParts::default(),
+        };
         if config.key != Converter::Relay {
-            let format = config.key_decimal_format;
-            record.key = convert(config.key, &routed.key, format)?;
+            let part = Part::key(config, &routed.topic);
+            record.key = self.write_part(part, &routed.key, &mut pending.key)?;
         }
         if config.value != Converter::Relay {
-            let format = config.value_decimal_format;
-            record.payload = convert(config.value, &routed.value, format)?;
+            let part = Part::value(config, &routed.topic);
+            record.payload = self.write_part(part, &routed.value, &mut pending.value)?;
+        }
+        if pending.key.is_some() || pending.value.is_some() {
+            record.schemas = Some(Box::new(pending));
         }
         let mut headers = Vec::with_capacity(routed.headers.len());
         for header in routed.headers {
@@ -252,6 +344,117 @@ impl ConnectPlan {
         record.partition = routed.partition;
         Ok(())
     }
+
+    /// Bytes of a key's or value's `datum` as its converter writes them; a registry
+    /// converter's schema whose id is not known yet goes into `pending`.
+    fn write_part(
+        &self,
+        part: Part<'_>,
+        datum: &Datum,
+        pending: &mut Option<registry::Pending>,
+    ) -> Result<Option<Bytes>, EventError> {
+        let schema = datum.schema.as_deref();
+        let converter = match (part.writer.of(kind_of(schema, &datum.data)), &datum.data) {
+            (_, Data::Null)
+                if part.writer.converter == Converter::BinaryData && schema.is_none() =>
+            {
+                return Ok(None);
+            }
+            (Some(converter), _) => converter,
+            (None, _) => {
+                let reason = "BinaryDataConverter has no delegate.converter.type for a value that is not bytes";
+                return Err(EventError::DebeziumStops {
+                    reason: reason.into(),
+                });
+            }
+        };
+        if converter == Converter::Avro {
+            let registry = &self.config.registry;
+            let written = (schema, &datum.data);
+            return (registry.avro(&self.derived, part.key, part.topic, written, pending))
+                .map_err(|reason| EventError::DebeziumStops { reason });
+        }
+        convert(converter, datum, part.decimals)
+    }
+}
+
+/// A key or a value on its way to a converter.
+#[derive(Clone, Copy)]
+struct Part<'a> {
+    key: bool,
+    writer: Writer,
+    decimals: DecimalFormat,
+    topic: &'a str,
+}
+
+impl<'a> Part<'a> {
+    fn key(config: &ConnectConfig, topic: &'a str) -> Self {
+        Part {
+            key: true,
+            writer: config.key_writer(),
+            decimals: config.key_decimal_format,
+            topic,
+        }
+    }
+
+    fn value(config: &ConnectConfig, topic: &'a str) -> Self {
+        Part {
+            key: false,
+            writer: config.value_writer(),
+            decimals: config.value_decimal_format,
+            topic,
+        }
+    }
+}
+
+/// The kind of `data`: its schema's, or where there is none (BinaryDataConverter looks at
+/// the value then), bytes for bytes.
+fn kind_of<'a>(schema: Option<&'a Schema>, data: &Data) -> Option<&'a Kind> {
+    match (schema, data) {
+        (Some(schema), _) => Some(&schema.kind),
+        (None, Data::Bytes(_)) => Some(&Kind::Bytes),
+        (None, _) => None,
+    }
+}
+
+/// Refuses a record name strategy for an Avro key or value that is never a record (only an
+/// envelope is one, as the router leaves it): Confluent's serializer throws on the first event.
+fn check_subject_strategies(
+    config: &ConnectConfig,
+    router: &Router,
+    mapping: &MappingConfig,
+    table: &str,
+) -> Result<(), BindError> {
+    let value_is_record = !config.envelope.is_empty();
+    for (key, writer, schema, flag, column) in [
+        (
+            true,
+            config.key_writer(),
+            Some(router.key_schema()),
+            "--key-subject-name-strategy",
+            &mapping.key_column,
+        ),
+        (
+            false,
+            config.value_writer(),
+            router.fixed_value_schema(),
+            "--value-subject-name-strategy",
+            &mapping.payload_column,
+        ),
+    ] {
+        let kind = schema.map(|s| &s.kind);
+        let avro = writer.of(kind.or(Some(&Kind::String))) == Some(Converter::Avro);
+        let strategy = config.registry.role(key).subjects;
+        let never_a_record = key || !value_is_record;
+        if avro && strategy != registry::SubjectStrategy::Topic && never_a_record {
+            let why = format!(
+                "{} names subjects after Avro records, and this is never one; Debezium stops at the first event",
+                strategy.class()
+            );
+            return Err(router::refuse(table, flag, column, why));
+        }
+    }
+    Ok(())
 }
 
 /// Why StringConverter's (or, with `structs`, SimpleHeaderConverter's) text of values of
@@ -287,7 +490,8 @@ fn not_reproduced(refused: data::Refused) -> EventError {
     EventError::NotReproduced { reason: refused.0 }
 }
 
-/// Bytes of `datum` as a Connect `converter` writes them; `None` is a null key or a tombstone.
+/// Bytes of `datum` as a Connect `converter` (not a registry's) writes them; `None` is a null
+/// key or a tombstone.
 fn convert(
     converter: Converter,
     datum: &Datum,
@@ -310,6 +514,16 @@ fn convert(
                 reason: "ByteArrayConverter takes only bytes".into(),
             }),
         },
+        Converter::BinaryData => match &datum.data {
+            Data::Null => Ok(None),
+            Data::Bytes(bytes) => Ok(Some(Bytes::copy_from_slice(bytes))),
+            _ => Err(EventError::DebeziumStops {
+                reason: "BinaryDataConverter passes only bytes through".into(),
+            }),
+        },
+        Converter::Avro => Err(EventError::NotReproduced {
+            reason: "AvroConverter writes through the Schema Registry".into(),
+        }),
         Converter::String | Converter::Relay => string_converter(schema, &datum.data),
     }
 }

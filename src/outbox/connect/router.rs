@@ -155,14 +155,20 @@ impl Router {
         let key = col("--key-column", &mapping.key_column)?;
         let id = col("--id-column", &mapping.id_column)?;
         let payload = col("--payload-column", &mapping.payload_column)?;
-        for (converter, col, flag) in [
-            (config.key, &key, "--key-converter"),
-            (config.value, &payload, "--value-converter"),
+        for (writer, col, flag) in [
+            (config.key_writer(), &key, "--key-converter"),
+            (config.value_writer(), &payload, "--value-converter"),
         ] {
-            if converter == Converter::Bytearray && col.schema().kind != Kind::Bytes {
-                let why = "ByteArrayConverter takes only bytea (under binary.handling.mode=bytes); Debezium stops at the first event";
-                return Err(refusal(flag, &col.name, why));
-            }
+            let why = match writer.of(Some(&col.schema().kind)) {
+                None => {
+                    "BinaryDataConverter passes only bytea through (under binary.handling.mode=bytes), and other columns need its delegate.converter.type; Debezium stops at the first event"
+                }
+                Some(Converter::Bytearray) if col.schema().kind != Kind::Bytes => {
+                    "ByteArrayConverter takes only bytea (under binary.handling.mode=bytes); Debezium stops at the first event"
+                }
+                Some(_) => continue,
+            };
+            return Err(refusal(flag, &col.name, why));
         }
         let mut headers = Vec::new();
         for h in &mapping.header_columns {

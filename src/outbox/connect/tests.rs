@@ -60,6 +60,7 @@ fn connect(key: Converter, value: Converter) -> ConnectConfig {
     ConnectConfig {
         key,
         value,
+        delegates: Delegates::default(),
         header: HeaderConverter::Simple,
         key_decimal_format: DecimalFormat::Base64,
         value_decimal_format: DecimalFormat::Base64,
@@ -75,6 +76,7 @@ fn connect(key: Converter, value: Converter) -> ConnectConfig {
         tombstone_on_empty: false,
         trace_column: None,
         transforms: transforms::Chain::default(),
+        registry: Default::default(),
         schema_cache: SchemaCache::default(),
     }
 }
@@ -334,4 +336,152 @@ fn text_converters_refuse_what_java_prints_in_its_own_way() {
     );
     c.header = HeaderConverter::JsonWithSchemas;
     assert_eq!(bind(c, &["day"]), "");
+}
+
+#[test]
+fn binary_data_passes_bytes_through_and_delegates_the_rest() {
+    let rel = relation(&[
+        ("id", Type::INT8),
+        ("aggregatetype", Type::TEXT),
+        ("aggregateid", Type::INT8),
+        ("payload", Type::BYTEA),
+    ]);
+    let mut c = connect(Converter::BinaryData, Converter::BinaryData);
+    c.context_headers = None;
+    c.delegates.key = Some(Converter::Json);
+    let nullable = |name: &str| ColumnFacts {
+        name: name.into(),
+        not_null: false,
+        default: None,
+    };
+    let bytes_facts = [nullable("aggregateid")];
+    let m = TableMapping::bind_with(&mapping(c.clone()), &rel, &bytes_facts).unwrap();
+    let record = m
+        .map(
+            &row(&[Some("1"), Some("b"), Some("-9"), Some("\\x00ff")]),
+            0,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.key.as_deref(), Some(&b"-9"[..]));
+    assert_eq!(record.payload.as_deref(), Some(&[0, 255][..]));
+    let record = m
+        .map(&row(&[Some("2"), Some("b"), None, None]), 0)
+        .unwrap()
+        .unwrap();
+    assert_eq!((text(&record.key), record.payload), ("null", None));
+    // Without a delegate, a column that is not bytea stops Debezium at its first event.
+    c.delegates.key = None;
+    let err = TableMapping::bind_with(&mapping(c.clone()), &rel, &bytes_facts).unwrap_err();
+    assert!(
+        err.to_string().contains("--key-converter aggregateid")
+            && err.to_string().contains("delegate.converter.type"),
+        "{err}"
+    );
+    // A text payload goes to the value's delegate, and so does an envelope.
+    let mut c = connect(Converter::String, Converter::BinaryData);
+    c.delegates.value = Some(Converter::JsonWithSchemas);
+    c.envelope = vec![HeaderColumn::parse("type:eventType").unwrap()];
+    let m = TableMapping::bind_with(&mapping(c.clone()), &outbox(), &facts()).unwrap();
+    let record = m
+        .map(
+            &row(&[
+                Some("1"),
+                Some("order"),
+                Some("1"),
+                Some("A"),
+                Some("{}"),
+                None,
+            ]),
+            0,
+        )
+        .unwrap()
+        .unwrap();
+    assert!(text(&record.payload).starts_with("{\"schema\":{\"type\":\"struct\""));
+    c.delegates.value = Some(Converter::String);
+    let err = TableMapping::bind_with(&mapping(c), &outbox(), &facts()).unwrap_err();
+    assert!(err.to_string().contains("--envelope-column"), "{err}");
+}
+
+#[test]
+fn avro_records_carry_their_schemas_until_the_ids_are_known() {
+    let c = connect(Converter::Avro, Converter::Avro);
+    let ids = c.registry.ids.clone();
+    let m = TableMapping::bind_with(&mapping(c), &outbox(), &facts()).unwrap();
+    let r = row(&[
+        Some("00000000-0000-4000-8000-000000000001"),
+        Some("order"),
+        Some("1001"),
+        Some("OrderCreated"),
+        Some("{}"),
+        None,
+    ]);
+    let mut record = m.map(&r, 0).unwrap().unwrap();
+    let pending = record.schemas.as_ref().unwrap();
+    let subjects: Vec<&str> = pending.each().map(|p| &*p.subject).collect();
+    assert_eq!(
+        subjects,
+        ["outbox.event.order-key", "outbox.event.order-value"]
+    );
+    assert_eq!(pending.raw.key.as_deref(), Some(&b"1001"[..]));
+    assert_eq!(
+        pending.value.as_ref().unwrap().schema.text(),
+        r#"["null",{"type":"string","connect.version":1,"connect.name":"io.debezium.data.Json"}]"#
+    );
+    let known: Vec<_> = pending.each().cloned().collect();
+    for (id, p) in (1..).zip(&known) {
+        ids.insert(&p.subject, &p.schema, id);
+    }
+    assert!(registry::PendingSchemas::complete(&mut record, &ids));
+    assert_eq!(
+        record.key.as_deref(),
+        Some(&b"\0\0\0\0\x01\x02\x081001"[..])
+    );
+    assert_eq!(
+        record.payload.as_deref(),
+        Some(&b"\0\0\0\0\x02\x02\x04{}"[..])
+    );
+    // Now known, the ids are written in at mapping; a NULL key registers nothing.
+    let mut r = r.clone();
+    r.0[2] = Value::Null;
+    let record = m.map(&r, 0).unwrap().unwrap();
+    assert!(record.schemas.is_none());
+    assert_eq!(record.key, None);
+    assert_eq!(
+        record.payload.as_deref(),
+        Some(&b"\0\0\0\0\x02\x02\x04{}"[..])
+    );
+}
+
+#[test]
+fn record_name_strategies_need_records() {
+    let mut c = connect(Converter::Avro, Converter::Avro);
+    c.registry.key.subjects = registry::SubjectStrategy::Record;
+    let err = TableMapping::bind_with(&mapping(c), &outbox(), &facts()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("--key-subject-name-strategy aggregateid"),
+        "{err}"
+    );
+    let mut c = connect(Converter::Avro, Converter::Avro);
+    c.registry.value.subjects = registry::SubjectStrategy::TopicRecord;
+    assert!(TableMapping::bind_with(&mapping(c.clone()), &outbox(), &facts()).is_err());
+    c.envelope = vec![HeaderColumn::parse("type").unwrap()];
+    let m = TableMapping::bind_with(&mapping(c), &outbox(), &facts()).unwrap();
+    let record = m
+        .map(
+            &row(&[Some("1"), Some("order"), Some("1"), Some("A"), None, None]),
+            0,
+        )
+        .unwrap()
+        .unwrap();
+    let value = record
+        .schemas
+        .as_ref()
+        .and_then(|p| p.value.as_ref())
+        .unwrap();
+    assert_eq!(
+        &*value.subject,
+        "outbox.event.order-dbserver1.public.outbox.order.Value"
+    );
 }
