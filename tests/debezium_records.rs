@@ -626,6 +626,11 @@ identical_with_a_registry! {
     avro_converter_without_metadata_by_topic_and_record_name: "avro-options",
     avro_converter_scrubbing_invalid_names_in_expanded_payloads: "avro-scrub-expand",
     binary_data_converter_with_an_avro_delegate: "binary-data-avro-delegate",
+    avro_converter_typed_columns_as_connect_logical_types: "avro-types-connect",
+    avro_converter_typed_columns_propagating_their_source_types: "avro-types-propagate",
+    avro_converter_typed_columns_in_microseconds_and_doubles: "avro-types-micro-double",
+    avro_converter_bytea_as_hex: "avro-binary-hex",
+    avro_converter_after_transforms: "avro-smt",
 }
 
 macro_rules! identical {

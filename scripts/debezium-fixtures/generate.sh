@@ -45,7 +45,7 @@ trap cleanup EXIT
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 as_pg "$pgbin/initdb" -D "$data" -A trust -U postgres -E UTF8 --locale=C >/dev/null
 as_pg "$pgbin/pg_ctl" -D "$data" -w -l "$work/log" \
-    -o "-c wal_level=logical -c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c timezone=UTC -c max_replication_slots=40 -c max_wal_senders=20" \
+    -o "-c wal_level=logical -c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c timezone=UTC -c max_replication_slots=100 -c max_wal_senders=20" \
     start >/dev/null
 
 javac -d "$work/shim" -cp "$libs/*" "$here/shim/TextMapGetter.java"
