@@ -922,17 +922,44 @@ impl<'a> Importer<'a> {
             self.out.debezium_stops.push(stop);
         }
         for role in ["key", "value"] {
-            if self
-                .out
-                .args
-                .contains(&(format!("--{role}-converter"), "bytearray".to_owned()))
-            {
-                self.out.debezium_stops.push(format!("{role}.converter=ByteArrayConverter: Debezium stops at the first event whose {role} is not bytes (a bytea column under binary.handling.mode=bytes); the relay refuses any other column type at start-up"));
-            }
+            self.converter_stops(role);
+        }
+        let avro_values = self.has_arg("--value-converter", "avro")
+            || self.has_arg("--value-delegate-converter", "avro");
+        if avro_values && given(self, "--expand-json-payload") {
+            self.out.debezium_stops.push(format!("{prefix}table.expand.json.payload with AvroConverter values: Debezium stops at the first payload with a field name Avro refuses (such as some-key, unless scrub.invalid.names=true) or with two different objects that would be records of one name, and, with the registry at its default BACKWARD compatibility, at the first expanded schema the registry refuses (409). Records are identical up to there; the relay treats those events as poison (it stops, or dead-letters them with --on-poison dead-letter), naming the subject and the registry's message"));
         }
         if given(self, "--timestamp-column") {
             self.out.debezium_stops.push(format!("{prefix}table.field.event.timestamp: Debezium reads the column as an int64 Timestamp or MicroTimestamp (a timestamp column under time.precision.mode adaptive) and stops on every event with any other type (a timestamptz is a ZonedTimestamp string); the relay also reads timestamptz and bigint (epoch milliseconds)"));
         }
+    }
+
+    /// What Debezium 3.6.3 does with a key's or value's converter where it fails.
+    fn converter_stops(&mut self, role: &str) {
+        let converter = format!("--{role}-converter");
+        if self.has_arg(&converter, "bytearray") {
+            self.out.debezium_stops.push(format!("{role}.converter=ByteArrayConverter: Debezium stops at the first event whose {role} is not bytes (a bytea column under binary.handling.mode=bytes); the relay refuses any other column type at start-up"));
+        }
+        let delegate = format!("--{role}-delegate-converter");
+        if self.has_arg(&converter, "binary-data")
+            && !self.out.args.iter().any(|(f, _)| *f == delegate)
+        {
+            self.out.debezium_stops.push(format!("{role}.converter=BinaryDataConverter without {role}.converter.delegate.converter.type: Debezium stops at the first event whose {role} is not bytes (a bytea column under binary.handling.mode=bytes); the relay refuses any other column type at start-up"));
+        }
+        let avro = self.has_arg(&converter, "avro") || self.has_arg(&delegate, "avro");
+        let strategy = format!("--{role}-subject-name-strategy");
+        let by_record =
+            self.has_arg(&strategy, "record") || self.has_arg(&strategy, "topic-record");
+        let given = |flag: &str| self.out.args.iter().any(|(f, _)| f == flag);
+        let never_a_record = role == "key" || !given("--envelope-column");
+        if avro && by_record && never_a_record && !given("--transform") {
+            self.out.debezium_stops.push(format!("{role}.subject.name.strategy naming subjects after records: Debezium stops at the first event, as the router's {role} is never an Avro record (only an envelope is one); the relay refuses it at start-up"));
+        }
+    }
+
+    /// Whether the import gave `flag` the value `value`.
+    fn has_arg(&self, flag: &str, value: &str) -> bool {
+        (self.out.args.iter()).any(|(f, v)| f == flag && v == value)
     }
 
     /// `transforms.ROUTER.predicate`: which change events the router applies to. The relay

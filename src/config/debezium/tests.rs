@@ -1076,6 +1076,55 @@ fn explain_says_where_debezium_itself_stops() {
 }
 
 #[test]
+fn explain_says_where_debezium_stops_with_registry_and_binary_converters() {
+    let avro = "io.confluent.connect.avro.AvroConverter";
+    let imported = import(&config(&[
+        ("key.converter", "io.debezium.converters.BinaryDataConverter"),
+        ("value.converter", avro),
+        ("value.converter.schema.registry.url", "http://127.0.0.1:8081"),
+        ("transforms.outbox.table.expand.json.payload", "true"),
+    ]))
+    .unwrap();
+    let stops = imported.debezium_stops.join("\n");
+    assert!(
+        stops.contains("key.converter=BinaryDataConverter without key.converter.delegate.converter.type: Debezium stops at the first event whose key is not bytes"),
+        "{stops}"
+    );
+    assert!(
+        stops.contains("table.expand.json.payload with AvroConverter values: Debezium stops at the first payload with a field name Avro refuses")
+            && stops.contains("BACKWARD"),
+        "{stops}"
+    );
+    let imported = import(&config(&[
+        ("key.converter", avro),
+        ("key.converter.schema.registry.url", "http://127.0.0.1:8081"),
+        (
+            "key.converter.key.subject.name.strategy",
+            "io.confluent.kafka.serializers.subject.RecordNameStrategy",
+        ),
+        ("value.converter", JSON_CONVERTER),
+    ]))
+    .unwrap();
+    let stops = imported.debezium_stops.join("\n");
+    assert!(
+        stops.contains("key.subject.name.strategy naming subjects after records: Debezium stops at the first event"),
+        "{stops}"
+    );
+    // With a delegate, Debezium writes every key.
+    let imported = import(&config(&[
+        ("key.converter", "io.debezium.converters.BinaryDataConverter"),
+        ("key.converter.delegate.converter.type", JSON_CONVERTER),
+        ("value.converter", JSON_CONVERTER),
+    ]))
+    .unwrap();
+    assert!(
+        imported.debezium_stops.is_empty(),
+        "{:?}",
+        imported.debezium_stops
+    );
+}
+
+#[test]
 fn producer_settings_that_move_records_are_refused() {
     let err = import(&config(&[(
         "producer.override.partitioner.class",

@@ -419,12 +419,16 @@ fn kind_of<'a>(schema: Option<&'a Schema>, data: &Data) -> Option<&'a Kind> {
 
 /// Refuses a record name strategy for an Avro key or value that is never a record (only an
 /// envelope is one, as the router leaves it): Confluent's serializer throws on the first event.
+/// After transforms (`ValueToKey` makes a struct key) it is judged per event instead.
 fn check_subject_strategies(
     config: &ConnectConfig,
     router: &Router,
     mapping: &MappingConfig,
     table: &str,
 ) -> Result<(), BindError> {
+    if !config.transforms.is_empty() {
+        return Ok(());
+    }
     let value_is_record = !config.envelope.is_empty();
     for (key, writer, schema, flag, column) in [
         (
