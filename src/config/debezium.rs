@@ -630,9 +630,9 @@ impl<'a> Importer<'a> {
         if flag != "avro" {
             return self.plain_settings(flag, settings, prefix, origin);
         }
-        for setting in self.registry.avro(role, settings, prefix)? {
-            self.out.identical.push(setting);
-        }
+        let classified = self.registry.avro(role, settings, prefix)?;
+        self.out.identical.extend(classified.identical);
+        self.out.no_effect.extend(classified.no_effect);
         Ok(ConverterChoice {
             flag,
             numeric_decimals: false,

@@ -1079,9 +1079,15 @@ fn explain_says_where_debezium_itself_stops() {
 fn explain_says_where_debezium_stops_with_registry_and_binary_converters() {
     let avro = "io.confluent.connect.avro.AvroConverter";
     let imported = import(&config(&[
-        ("key.converter", "io.debezium.converters.BinaryDataConverter"),
+        (
+            "key.converter",
+            "io.debezium.converters.BinaryDataConverter",
+        ),
         ("value.converter", avro),
-        ("value.converter.schema.registry.url", "http://127.0.0.1:8081"),
+        (
+            "value.converter.schema.registry.url",
+            "http://127.0.0.1:8081",
+        ),
         ("transforms.outbox.table.expand.json.payload", "true"),
     ]))
     .unwrap();
@@ -1112,7 +1118,10 @@ fn explain_says_where_debezium_stops_with_registry_and_binary_converters() {
     );
     // With a delegate, Debezium writes every key.
     let imported = import(&config(&[
-        ("key.converter", "io.debezium.converters.BinaryDataConverter"),
+        (
+            "key.converter",
+            "io.debezium.converters.BinaryDataConverter",
+        ),
         ("key.converter.delegate.converter.type", JSON_CONVERTER),
         ("value.converter", JSON_CONVERTER),
     ]))
@@ -1298,6 +1307,7 @@ fn avro_converters_import_as_registry_flags_without_showing_credentials() {
         text.contains("OUTBOX_RELAY_SCHEMA_REGISTRY_USER_INFO"),
         "{text}"
     );
+    assert_no_effect(&imported, &["value.converter.enhanced.avro.schema.support"]);
     // Settings the relay does not reproduce, by name; the two converters must agree.
     for (key, value) in [
         ("value.converter.use.schema.id", "3"),

@@ -388,6 +388,22 @@ fn typed_columns_carry_logical_types_docs_and_parameters() {
     for (connect, text) in table {
         assert_eq!(avro(&connect).text(), text, "{connect:?}");
     }
+    // Without connect.meta.data the logical types stay, the connect.* properties go.
+    let bare = Options {
+        connect_meta_data: false,
+        ..Options::default()
+    };
+    let derived = |s: &Schema| AvroSchema::from_connect(Some(s), bare).unwrap();
+    assert_eq!(
+        derived(&decimal(Some("10"), true)).text(),
+        r#"["null",{"type":"bytes","scale":2,"precision":10,"logicalType":"decimal"}]"#
+    );
+    let timestamp = logical(Kind::Int64, "org.apache.kafka.connect.data.Timestamp", true);
+    assert_eq!(
+        derived(&timestamp).text(),
+        r#"["null",{"type":"long","logicalType":"timestamp-millis"}]"#
+    );
+    assert_eq!(derived(&schema(Kind::Int8, false)).text(), r#""int""#);
     // A decimal is its unscaled integer's bytes; a float four little-endian bytes.
     let amount = avro(&decimal(Some("10"), false));
     let value = Data::Decimal(crate::outbox::connect::data::Decimal::parse("-0.05").unwrap());
