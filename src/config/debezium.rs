@@ -815,6 +815,8 @@ impl<'a> Importer<'a> {
             self.arg("--debezium-context-headers", "true");
             self.identical("extended.headers.enabled", extended);
             self.warn("extended.headers.enabled: __debezium.context.runId is a new UUID per relay start, as it was per Debezium task start");
+        } else {
+            self.identical("extended.headers.enabled", extended);
         }
         Ok(())
     }
@@ -892,7 +894,10 @@ impl<'a> Importer<'a> {
         self.debezium_stops(&prefix);
         let tracing = option(self, "tracing.span.context.field");
         match tracing {
-            Some(column) => self.arg("--trace-context-column", column),
+            Some(column) => {
+                self.arg("--trace-context-column", column);
+                self.identical(&format!("{prefix}tracing.span.context.field"), column);
+            }
             None => self.warn(format!("{prefix}tracing.span.context.field: if the Connect worker ran an OpenTelemetry agent, Debezium wrote a traceparent header from the tracingspancontext column; add --trace-context-column tracingspancontext to do the same")),
         }
         let mut unknown = None;
