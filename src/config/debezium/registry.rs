@@ -143,6 +143,10 @@ impl RegistryImport {
         let mut truststore = None;
         for &(key, value) in settings {
             let name = &key[prefix.len()..];
+            if let Some(why) = no_effect(name) {
+                classified.no_effect.push(format!("{key}={value}: {why}"));
+                continue;
+            }
             let mut shown = value.to_owned();
             match name {
                 "schema.registry.url" => {
@@ -218,11 +222,6 @@ impl RegistryImport {
                 "context.name.strategy"
                     if value
                         == "io.confluent.kafka.serializers.context.NullContextNameStrategy" => {}
-                name if no_effect(name).is_some() => {
-                    let why = no_effect(name).unwrap_or_default();
-                    classified.no_effect.push(format!("{key}={shown}: {why}"));
-                    continue;
-                }
                 "use.schema.id"
                 | "normalize.schemas"
                 | "schema.reflection"
