@@ -217,7 +217,11 @@ pub fn explain(imported: &Imported) -> String {
         out.push_str("# Records identical to Debezium's for:\n");
     }
     for option in &imported.identical {
-        out += &format!("# - {option}: identical\n");
+        let verdict = match stops_with(imported, option) {
+            true => "identical up to where Debezium itself stops (below)",
+            false => "identical",
+        };
+        out += &format!("# - {option}: {verdict}\n");
     }
     if !imported.no_effect.is_empty() {
         out.push_str("# No effect on the records:\n");
@@ -238,6 +242,15 @@ pub fn explain(imported: &Imported) -> String {
         out += &format!("# - {warning}\n");
     }
     out
+}
+
+/// Whether `option` (`key=value`) is one of those Debezium itself stops with.
+fn stops_with(imported: &Imported, option: &str) -> bool {
+    let key = option.split_once('=').map_or(option, |(key, _)| key);
+    let named = |stop: &String| {
+        (stop.strip_prefix(key)).is_some_and(|rest| rest.starts_with([' ', '=', ':']))
+    };
+    imported.debezium_stops.iter().any(named)
 }
 
 const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";

@@ -1063,6 +1063,10 @@ fn explain_says_where_debezium_itself_stops() {
         "{text}"
     );
     assert!(!text.contains("Struct schemas do not match"), "{text}");
+    assert!(
+        text.contains("# - transforms.outbox.table.expand.json.payload=true: identical up to where Debezium itself stops (below)\n"),
+        "{text}"
+    );
     let imported = import(&config(&[(
         "transforms.outbox.table.expand.json.payload",
         "true",
