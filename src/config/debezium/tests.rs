@@ -49,6 +49,15 @@ fn assert_no_effect(imported: &Imported, keys: &[&str]) {
     }
 }
 
+/// Asserts `--explain` lists nowhere Debezium itself stops.
+fn assert_no_stops(imported: &Imported) {
+    assert!(
+        imported.debezium_stops.is_empty(),
+        "{:?}",
+        imported.debezium_stops
+    );
+}
+
 /// Asserts one warning mentions every needle.
 fn assert_warned(imported: &Imported, needles: &[&str]) {
     assert!(
@@ -1072,11 +1081,7 @@ fn explain_says_where_debezium_itself_stops() {
         "true",
     )]))
     .unwrap();
-    assert!(
-        imported.debezium_stops.is_empty(),
-        "{:?}",
-        imported.debezium_stops
-    );
+    assert_no_stops(&imported);
 }
 
 #[test]
@@ -1130,11 +1135,7 @@ fn explain_says_where_debezium_stops_with_registry_and_binary_converters() {
         ("value.converter", JSON_CONVERTER),
     ]))
     .unwrap();
-    assert!(
-        imported.debezium_stops.is_empty(),
-        "{:?}",
-        imported.debezium_stops
-    );
+    assert_no_stops(&imported);
 }
 
 #[test]
