@@ -30,8 +30,9 @@ LAYERS = [
     "remedy",
     "pgoutput",
     "outbox",
-    "config",
     "observability",
+    "cloud",
+    "config",
     "postgres",
     "sink",
     "startup",
@@ -429,9 +430,12 @@ def matching_group(bare, open_at):
 
 
 def one_module(a, b):
-    """Whether files a and b are a folder's mod.rs and a file directly in that folder."""
+    """Whether files a and b are a folder's mod.rs (or the foo.rs beside a foo/ folder, Rust's
+    other spelling of foo/mod.rs) and a file directly in that folder."""
     for x, y in ((a, b), (b, a)):
         if x.name == "mod.rs" and y.parent == x.parent:
+            return True
+        if x.suffix == ".rs" and y.parent == x.with_suffix(""):
             return True
         if x.name == "mod.rs" and y.name == "mod.rs" and y.parent.parent == x.parent:
             return True

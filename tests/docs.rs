@@ -1,6 +1,6 @@
 //! The documentation cannot drift: every relative link in README.md and docs/ reaches an
 //! existing file and heading, and docs/configuration.md lists exactly the flags `--help`
-//! has, each with its environment variable and default.
+//! has, each with its environment variable and default, in the groups `--help` shows.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -96,17 +96,42 @@ fn every_relative_link_in_the_docs_reaches_a_file_and_a_heading() {
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
 
+/// A flag's row in docs/configuration.md, and the group (the bold line above its table) it
+/// is in.
+struct Documented {
+    row: String,
+    group: String,
+}
+
 /// The rows of docs/configuration.md's tables that name a flag, by flag.
-fn documented_flags() -> BTreeMap<String, String> {
+fn documented_flags() -> BTreeMap<String, Documented> {
     let text = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
     let mut rows = BTreeMap::new();
-    for line in text.lines().filter(|line| line.starts_with("| `-")) {
+    let mut group = String::new();
+    for line in text.lines() {
+        if let Some(bold) = line.strip_prefix("**") {
+            group = bold.split("**").next().unwrap_or_default().to_owned();
+        }
+        if !line.starts_with("| `-") {
+            continue;
+        }
         let first_cell = line.split('|').nth(1).unwrap_or_default();
         for flag in first_cell.split('`').filter(|part| part.starts_with("--")) {
-            rows.insert(flag.to_owned(), line.to_owned());
+            let row = line.to_owned();
+            let group = group.clone();
+            rows.insert(flag.to_owned(), Documented { row, group });
         }
     }
     rows
+}
+
+/// The flags `--help` lists (hidden ones, `--help` and `--version` aside), in its order.
+fn help_flags(command: &clap::Command) -> Vec<&clap::Arg> {
+    let listed = |arg: &&clap::Arg| {
+        let long = arg.get_long().unwrap_or("help");
+        !arg.is_hide_set() && !["help", "version"].contains(&long)
+    };
+    command.get_arguments().filter(listed).collect()
 }
 
 #[test]
@@ -115,14 +140,11 @@ fn the_configuration_reference_matches_the_help() {
     let documented = documented_flags();
     let mut problems = Vec::new();
     let mut in_help = BTreeSet::new();
-    for arg in command.get_arguments() {
+    for arg in help_flags(&command) {
         let Some(long) = arg.get_long() else { continue };
-        if arg.is_hide_set() || ["help", "version"].contains(&long) {
-            continue;
-        }
         let flag = format!("--{long}");
         in_help.insert(flag.clone());
-        let Some(row) = documented.get(&flag) else {
+        let Some(Documented { row, .. }) = documented.get(&flag) else {
             problems.push(format!(
                 "{flag} is in --help but not in docs/configuration.md"
             ));
@@ -149,6 +171,43 @@ fn the_configuration_reference_matches_the_help() {
                 "{flag} is in docs/configuration.md but not in --help"
             ));
         }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_help_groups_the_flags_as_the_configuration_reference_does() {
+    let command = Cli::command();
+    let documented = documented_flags();
+    let mut problems = Vec::new();
+    let mut help_groups: Vec<&str> = Vec::new();
+    for arg in help_flags(&command) {
+        let Some(long) = arg.get_long() else { continue };
+        let heading = arg.get_help_heading().unwrap_or("Options");
+        if !help_groups.contains(&heading) {
+            help_groups.push(heading);
+        }
+        let Some(Documented { group, .. }) = documented.get(&format!("--{long}")) else {
+            continue; // the_configuration_reference_matches_the_help says so
+        };
+        if group != heading {
+            problems.push(format!(
+                "--{long}: --help groups it under {heading:?}, docs/configuration.md under {group:?}"
+            ));
+        }
+    }
+    let mut doc_groups: Vec<&str> = Vec::new();
+    for Documented { group, .. } in documented.values() {
+        if !doc_groups.contains(&group.as_str()) {
+            doc_groups.push(group);
+        }
+    }
+    let text = std::fs::read_to_string(root().join("docs/configuration.md")).unwrap();
+    doc_groups.sort_by_key(|group| text.find(&format!("**{group}**")));
+    if problems.is_empty() && help_groups != doc_groups {
+        problems.push(format!(
+            "--help's groups {help_groups:?} are not docs/configuration.md's {doc_groups:?}"
+        ));
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

@@ -59,9 +59,9 @@ impl Delivered {
         id: &[u8],
     ) -> Result<bool, CommandError> {
         if !self.ids.contains_key(topic) {
-            let (reader, since) = (&self.reader, self.since_ms);
+            let since = self.since_ms;
             let ids = match sink.fetch_partition_count(topic).await {
-                Ok(partitions) => reader.event_ids_since(topic, partitions, since)?,
+                Ok(partitions) => self.reader.event_ids_since(topic, partitions, since)?,
                 // Not created yet: nothing was delivered to it.
                 Err(e) if e.rdkafka_error_code() == Some(UnknownTopicOrPartition) => HashSet::new(),
                 Err(e) => {
@@ -303,9 +303,9 @@ impl Run<'_> {
             payload: record.payload,
             intended_topic: Some(record.topic),
         };
-        let (headers, at, error) = (record.headers, record.timestamp_ms, refusal.source);
-        let error = error.to_string();
-        self.poison(Some(ticket), parts, headers, at, error, omitted)
+        let error = refusal.source.to_string();
+        let at = record.timestamp_ms;
+        self.poison(Some(ticket), parts, record.headers, at, error, omitted)
             .await
     }
 

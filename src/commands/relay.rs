@@ -2,6 +2,7 @@
 //! HTTP endpoint, the slot poller, the progress line).
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,12 +14,15 @@ use super::CommandError;
 use crate::config::{Cleanup, Cli, Config, Delivery};
 use crate::observability::health::Health;
 use crate::observability::{Chain, http, metrics, progress};
+use crate::outbox::TableName;
+use crate::pipeline::cleanup;
 use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::postgres::Connector;
 use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
-use crate::source::{PgSource, StreamSettings, cleanup, heartbeat, slot_monitor};
-use crate::startup::{self, Wanted, lineage};
+use crate::source::deleter::{PgDeleter, Table};
+use crate::source::{PgSource, StreamSettings, heartbeat, slot_monitor};
+use crate::startup::{self, Started, Wanted, lineage};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -27,7 +31,9 @@ const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 pub(super) fn run(cli: &Cli) -> Result<(), CommandError> {
     let config = Config::from_cli(cli)
         .inspect_err(|e| tracing::error!(error = %Chain(e), "invalid configuration"))?;
-    let health = Arc::new(Health::new(config.flags.observability.readiness));
+    let health = Arc::new(Health::new(
+        config.flags.observability.readiness.thresholds(),
+    ));
     super::block_on(run_with(config, health, shutdown_signal()))??;
     Ok(())
 }
@@ -39,22 +45,7 @@ pub(super) async fn run_with(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, CommandError> {
-    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let http = match config.flags.observability.http_addr {
-        // Bound here, so a taken port fails start-up rather than a background task.
-        Some(addr) => {
-            let listener = TcpListener::bind(addr).await.map_err(|source| {
-                let error = CommandError::Http { addr, source };
-                tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
-                error
-            })?;
-            let (health, stopped) = (health.clone(), http_stopped.map(|_| ()));
-            Some(tokio::spawn(async move {
-                http::serve_on(listener, install_metrics().await, health, stopped).await
-            }))
-        }
-        None => None,
-    };
+    let http = HttpEndpoint::start(config.flags.observability.http_addr, &health).await?;
     if config.flags.observability.http_addr.is_some() {
         // Now, so that what the AWS identity reports at start-up reaches /metrics.
         install_metrics().await;
@@ -70,23 +61,13 @@ pub(super) async fn run_with(
         let error = RelayError::Cloud(error);
         let code = error.exit_code();
         tracing::error!(error = %Chain(&error), exit_code = code, "outbox-relay stopped");
-        let _ = stop_http.send(());
+        http.close().await;
         return Err(error.into());
     }
-    // Aborted when dropped.
-    let mut background = JoinSet::new();
-    let poll_interval = config.flags.observability.slot_poll_interval;
-    let connector = Connector::new(config.postgres.clone());
-    let slot = config.flags.slot.clone();
-    let slot_monitor = slot_monitor::run(connector, slot, health.clone(), poll_interval);
-    background.spawn(slot_monitor);
-    if let Some(interval) = config.flags.observability.progress_interval {
-        background.spawn(progress::run(health.clone(), interval));
-    }
-
     // The pipeline polls its shutdown future at every step: a oneshot costs an atomic load
     // there, the signal listeners a few hundred instructions.
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut background = companions(&config, &health);
     background.spawn(async move {
         shutdown.await;
         let _ = stop.send(());
@@ -94,14 +75,8 @@ pub(super) async fn run_with(
     let kafka_auth = config.kafka_auth.clone();
     let outcome = relay(config, health, stopped.map(|_| ())).await;
     let outcome = outcome.map_err(|error| error.blaming(&kafka_auth));
-
     drop(background);
-    let _ = stop_http.send(());
-    if let Some(server) = http
-        && let Ok(Ok(Err(e))) = tokio::time::timeout(HTTP_CLOSE_TIMEOUT, server).await
-    {
-        tracing::warn!(error = %e, "the HTTP endpoint failed");
-    }
+    http.close().await;
     match &outcome {
         Ok(summary) => tracing::info!(
             frontier = %summary.frontier,
@@ -115,6 +90,61 @@ pub(super) async fn run_with(
         }
     }
     Ok(outcome?)
+}
+
+/// The tasks beside the pipeline (the slot poller, the progress line), aborted when dropped.
+fn companions(config: &Config, health: &Arc<Health>) -> JoinSet<()> {
+    let mut background = JoinSet::new();
+    let poll_interval = config.flags.observability.slot_poll_interval;
+    let connector = Connector::new(config.postgres.clone());
+    let slot = config.flags.slot.clone();
+    let slot_monitor = slot_monitor::run(connector, slot, health.clone(), poll_interval);
+    background.spawn(slot_monitor);
+    if let Some(interval) = config.flags.observability.progress_interval {
+        background.spawn(progress::run(health.clone(), interval));
+    }
+    background
+}
+
+/// `/metrics`, `/healthz` and `/readyz` (`--http-addr`), served until closed.
+struct HttpEndpoint {
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl HttpEndpoint {
+    /// Serves on `addr` (none: not at all), bound here, so that a taken port fails start-up
+    /// rather than a background task.
+    async fn start(addr: Option<SocketAddr>, health: &Arc<Health>) -> Result<Self, CommandError> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let Some(addr) = addr else {
+            return Ok(HttpEndpoint { stop, server: None });
+        };
+        let listener = TcpListener::bind(addr).await.map_err(|source| {
+            let error = CommandError::Http { addr, source };
+            tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
+            error
+        })?;
+        let health = health.clone();
+        let stopped = stopped.map(|_| ());
+        let server = tokio::spawn(async move {
+            http::serve_on(listener, install_metrics().await, health, stopped).await
+        });
+        Ok(HttpEndpoint {
+            stop,
+            server: Some(server),
+        })
+    }
+
+    /// Stops serving, waiting up to [`HTTP_CLOSE_TIMEOUT`] for the server to close.
+    async fn close(self) {
+        let _ = self.stop.send(());
+        if let Some(server) = self.server
+            && let Ok(Ok(Err(e))) = tokio::time::timeout(HTTP_CLOSE_TIMEOUT, server).await
+        {
+            tracing::warn!(error = %e, "the HTTP endpoint failed");
+        }
+    }
 }
 
 /// Start-up, the real source and sink, then the pipeline.
@@ -137,7 +167,7 @@ async fn relay(
     }
     let cleanup = match config.flags.cleanup {
         Cleanup::None => None,
-        Cleanup::Delete => Some(cleanup::Cleanup::new(&started.primary_keys, &connector)),
+        Cleanup::Delete => Some(cleanup(&started, &connector)),
     };
     let in_flight = config.flags.max_in_flight_events;
     let tails = (config.flags.delivery == Delivery::ExactlyOnce)
@@ -172,6 +202,14 @@ async fn relay(
         pipeline = pipeline.with_registry(Arc::new(registry));
     }
     pipeline.run(shutdown).await
+}
+
+/// `--cleanup delete`: the outbox tables with the primary keys start-up read, deleted from on
+/// a connection of their own.
+fn cleanup(started: &Started, connector: &Connector) -> cleanup::Cleanup {
+    let table = |(name, key): &(TableName, Vec<String>)| Table::new(name, key.clone());
+    let tables = started.primary_keys.iter().map(table).collect();
+    cleanup::Cleanup::with(tables, Box::new(PgDeleter::new(connector)))
 }
 
 /// The Prometheus recorder (only with an endpoint, whose upkeep bounds it), built

@@ -87,7 +87,7 @@ pub(super) async fn run(config: &Config, args: &StatusArgs) -> Result<(), Comman
     let wanted = Wanted::new(config);
     let found = gather::catalog(&client, &wanted).await?;
     let checked = checks::check(&found, &wanted);
-    let limits = &config.flags.observability.readiness;
+    let limits = &config.flags.observability.readiness.thresholds();
     status.warnings = warnings(&status, limits, &checked);
     let output = match args.json {
         true => serde_json::to_string_pretty(&status).map_err(std::io::Error::other)? + "\n",

@@ -6,11 +6,14 @@ mod cloud;
 mod commands;
 pub mod debezium;
 mod format;
+pub mod heading;
+mod kafka;
+mod mapping;
 mod observability;
 mod postgres;
 mod registry;
+mod tables;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -18,18 +21,22 @@ use clap::builder::{NonEmptyStringValueParser, RangedU64ValueParser};
 use clap::{Args, Parser, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
+pub use crate::observability::LogFormat;
 pub use cloud::{CloudArgs, KafkaAuthMode, PostgresAuthMode};
 pub use commands::{
     BackfillArgs, Command, DebeziumConfigArgs, DemoArgs, DropSlotArgs, PeekArgs, ReshardArgs,
     SetupArgs, StatusArgs,
 };
 pub use format::FormatArgs;
-pub use observability::{ObservabilityArgs, ReadinessThresholds};
+pub use kafka::{KafkaProperties, KafkaProperty, is_sensitive_property};
+pub use observability::{ObservabilityArgs, ReadinessArgs};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 pub use registry::{RegistryArgs, SchemaRegistryConfig};
 
+use tables::parse_tables;
+pub use tables::per_table_flags;
+
 use crate::cloud::KafkaAuth;
-use crate::outbox::cloudevents::CloudEventsConfig;
 use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName, TopicTemplate};
 
 /// Relays transactional-outbox rows from Postgres logical replication to Kafka.
@@ -42,92 +49,115 @@ use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName, 
 #[command(name = "outbox-relay", version, about, long_about)]
 pub struct Cli {
     /// Postgres URL, libpq style: postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=require. Required.
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_URL", hide_env_values = true)]
     pub postgres_url: Option<SecretString>,
     /// Postgres password; overrides the file and the URL (prefer the env var: `ps` shows flags).
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD", hide_env_values = true)]
     pub postgres_password: Option<SecretString>,
     /// File holding the Postgres password (e.g. a mounted secret), overriding the URL's password.
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_POSTGRES_PASSWORD_FILE", value_name = "PATH")]
     pub postgres_password_file: Option<PathBuf>,
     /// Kafka bootstrap servers, comma separated (host:port,...). Required to run the relay.
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_KAFKA_BROKERS")]
     pub kafka_brokers: Option<String>,
 
-    /// Outbox table as SCHEMA.TABLE, repeatable; `none` for none. Mapping overrides follow a
-    /// colon: 'billing.outbox:topic-template=billing.${event_type};key-column=account_id'.
+    /// Outbox table as SCHEMA.TABLE, repeatable; `none` for none. This table's values of the
+    /// flags under "Mapping, also per table" follow a colon, named without their dashes:
+    /// 'billing.outbox:topic-template=billing.${event_type};key-column=account_id'.
     #[arg(long = "table", env = "OUTBOX_RELAY_TABLE")]
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(value_delimiter = ',', default_value = "public.outbox")]
     pub tables: Vec<String>,
     /// Prefix of transactional logical decoding messages carrying outbox events. Repeatable.
     #[arg(long = "message-prefix", env = "OUTBOX_RELAY_MESSAGE_PREFIX")]
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(value_delimiter = ',')]
     pub message_prefixes: Vec<String>,
-    /// Slot, delivery and observability flags.
-    #[command(flatten)]
-    pub flags: RelayFlags,
 
     /// Column whose value routes the event (`${routedByValue}`). Debezium: route.by.field.
+    #[arg(help_heading = heading::PER_TABLE)]
     #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY", default_value = "event_type", value_parser = NonEmptyStringValueParser::new())]
     pub route_by: String,
     /// Topic name template: `${routedByValue}` is the --route-by value, `${COLUMN}` any column.
+    #[arg(help_heading = heading::PER_TABLE)]
     #[arg(long, env = "OUTBOX_RELAY_TOPIC_TEMPLATE", default_value = "${routedByValue}", value_parser = TopicTemplate::parse)]
     pub topic_template: TopicTemplate,
     /// Column whose text is the record key (NULL: null key). Debezium: table.field.event.key.
+    #[arg(help_heading = heading::PER_TABLE)]
     #[arg(long, env = "OUTBOX_RELAY_KEY_COLUMN", default_value = "aggregate_id", value_parser = NonEmptyStringValueParser::new())]
     pub key_column: String,
     /// Column whose text is the `id` header, the dedupe key. Debezium: table.field.event.id.
+    #[arg(help_heading = heading::PER_TABLE)]
     #[arg(long, env = "OUTBOX_RELAY_ID_COLUMN", default_value = "id", value_parser = NonEmptyStringValueParser::new())]
     pub id_column: String,
     /// Column becoming the record value (NULL: a tombstone). Debezium: table.field.event.payload.
+    #[arg(help_heading = heading::PER_TABLE)]
     #[arg(long, env = "OUTBOX_RELAY_PAYLOAD_COLUMN", default_value = "payload", value_parser = NonEmptyStringValueParser::new())]
     pub payload_column: String,
     /// Column holding the record timestamp (default: the commit time).
+    #[arg(help_heading = heading::PER_TABLE)]
     #[arg(long, env = "OUTBOX_RELAY_TIMESTAMP_COLUMN")]
     pub timestamp_column: Option<String>,
     /// Extra column copied into a record header, as COLUMN or COLUMN:HEADER. Repeatable.
     #[arg(long = "header-column", env = "OUTBOX_RELAY_HEADER_COLUMN")]
+    #[arg(help_heading = heading::EVERY_TABLE)]
     #[arg(value_delimiter = ',')]
     pub header_columns: Vec<String>,
     /// Debezium record-format flags.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = heading::DEBEZIUM_FORMAT)]
     pub format: FormatArgs,
     /// Schema Registry flags (the avro converters').
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = heading::SCHEMA_REGISTRY)]
     pub registry: RegistryArgs,
     /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
+    #[arg(help_heading = heading::EVERY_TABLE)]
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS")]
     pub cloudevents: bool,
     /// ce_source of every event with --cloudevents (default: /DATABASE/SCHEMA/TABLE).
     #[arg(long, env = "OUTBOX_RELAY_CLOUDEVENTS_SOURCE")]
+    #[arg(help_heading = heading::EVERY_TABLE)]
     #[arg(requires = "cloudevents")]
     pub cloudevents_source: Option<String>,
     /// librdkafka producer property KEY=VALUE (e.g. -X security.protocol=SASL_SSL). Repeatable.
     #[arg(short = 'X', long = "kafka-property", value_delimiter = ';')]
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(env = "OUTBOX_RELAY_KAFKA_PROPERTY", hide_env_values = true)]
     pub kafka_properties: Vec<KafkaProperty>,
     /// AWS IAM for Kafka and Postgres.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = heading::CLOUD)]
     pub cloud: CloudArgs,
     /// What to do with an event that cannot be delivered (NULL id, bad topic, too large...).
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_ON_POISON", value_enum, default_value_t = PoisonPolicy::Fail)]
     pub on_poison: PoisonPolicy,
     /// Topic for dead-lettered events (required with --on-poison dead-letter).
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_DEAD_LETTER_TOPIC", value_parser = topic_name)]
     pub dead_letter_topic: Option<String>,
     /// Log line format.
+    #[arg(help_heading = heading::OBSERVABILITY)]
     #[arg(long, env = "OUTBOX_RELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// A Debezium connector configuration (JSON or .properties) whose settings become defaults.
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_CONFIG", value_name = "FILE")]
     pub debezium_config: Option<PathBuf>,
     /// The Kafka Connect worker's properties, whose converters apply where the connector config
     /// names none (default: Kafka's sample worker config, JsonConverter with schemas).
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_DEBEZIUM_WORKER_CONFIG", value_name = "FILE")]
     pub debezium_worker_config: Option<PathBuf>,
     /// Log filter: a level (info, debug) or a tracing filter (outbox_relay=debug,librdkafka=warn).
+    #[arg(help_heading = heading::OBSERVABILITY)]
     #[arg(long, env = "OUTBOX_RELAY_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+    /// Slot, delivery and observability flags (each in its group of `--help`).
+    #[command(flatten)]
+    pub flags: RelayFlags,
 
     /// An operator command; without one, the relay runs.
     #[command(subcommand)]
@@ -138,58 +168,74 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct RelayFlags {
     /// Logical replication slot to stream from (created with pgoutput if missing).
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_SLOT", default_value = "outbox_relay", value_parser = slot_name)]
     pub slot: String,
     /// Create the slot with FAILOVER true (or alter it), so that a failover loses nothing. PG 17+.
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_SLOT_FAILOVER")]
     pub slot_failover: bool,
     /// Create the slot even where this relay streamed before (then `backfill` what it missed).
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_ALLOW_NEW_SLOT")]
     pub allow_new_slot: bool,
     /// Kafka topic recording which slots the relay created, so a lost slot is refused (compacted).
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_LINEAGE_TOPIC", default_value = "outbox-relay.lineage", value_parser = topic_name)]
     pub lineage_topic: String,
     /// Publication to stream (created FOR TABLE the outbox tables, inserts only, if missing).
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_PUBLICATION", default_value = "outbox_relay", value_parser = publication_name)]
     pub publication: String,
     /// Relay shard I of K: only events whose key hashes to I, on the shard's own slot and
     /// publication (--slot and --publication + `_shard_I_of_K`). PostgreSQL 15+.
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_SHARD", value_name = "I/K")]
     pub shard: Option<Shard>,
 
     /// On SIGINT/SIGTERM, how long to read to the open commit and wait for in-flight deliveries.
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
     /// How often the acknowledged position is reported to Postgres.
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_STATUS_INTERVAL", default_value = "100ms", value_parser = positive_duration)]
     pub status_interval: Duration,
     /// Most events sent to Kafka but not yet acknowledged (under `--cleanup delete`, also most
     /// outbox rows waiting to be deleted); reading the WAL pauses there.
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_EVENTS", default_value_t = 50_000, value_parser = at_least(1))]
     pub max_in_flight_events: usize,
     /// Most payload+key bytes sent to Kafka but not yet acknowledged.
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_MAX_IN_FLIGHT_BYTES", default_value_t = 16 * 1024 * 1024, value_parser = at_least(1024))]
     pub max_in_flight_bytes: usize,
     /// Delivery guarantee.
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_DELIVERY", value_enum, default_value_t = Delivery::AtLeastOnce)]
     pub delivery: Delivery,
     /// With --delivery exactly-once, what to do when a partition's tail cannot prove what was sent.
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_EXACTLY_ONCE_FALLBACK", value_enum, default_value_t = ExactlyOnceFallback::Fail)]
     pub exactly_once_fallback: ExactlyOnceFallback,
     /// Write a logical decoding message this often, so the slot advances on an idle database.
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
     pub heartbeat_interval: Option<Duration>,
     /// First wait before reconnecting to Postgres after the stream broke; doubles per attempt.
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MIN", default_value = "500ms", value_parser = positive_duration)]
     pub reconnect_backoff_min: Duration,
     /// Longest wait between reconnect attempts (also the standby's polling interval).
+    #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MAX", default_value = "30s", value_parser = parse_duration)]
     pub reconnect_backoff_max: Duration,
     /// What happens to outbox rows once the broker has acknowledged their events.
+    #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_CLEANUP", value_enum, default_value_t = Cleanup::None)]
     pub cleanup: Cleanup,
     /// Metrics, health and slot monitoring flags.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = heading::OBSERVABILITY)]
     pub observability: ObservabilityArgs,
 }
 
@@ -254,76 +300,39 @@ pub enum PoisonPolicy {
     DeadLetter,
 }
 
-/// Log line format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-/// Whether a librdkafka property may hold a secret (`sasl.*`, `*.password`, `ssl.key.*`,
-/// tokens...), misspelt keys included: its value is never printed.
-pub fn is_sensitive_property(key: &str) -> bool {
-    let key = key.to_ascii_lowercase();
-    let words = "sasl password secret key jaas token credential";
-    words.split(' ').any(|word| key.contains(word))
-}
-
-/// `value`, or `***` when `key` may hold a secret.
-fn redacted<'a>(key: &str, value: &'a str) -> &'a str {
-    let secret = is_sensitive_property(key);
-    if secret { "***" } else { value }
-}
-
-/// One raw `-X KEY=VALUE`; `Debug` hides the value of a key that may hold a secret.
-#[derive(Clone)]
-pub struct KafkaProperty(String);
-
-impl KafkaProperty {
-    /// The key and value. The error never quotes the text: without '=', it may be a secret cut
-    /// at a ';' (the delimiter).
-    fn pair(&self) -> Result<(String, String), ConfigError> {
-        let reason = "expected KEY=VALUE, e.g. -X compression.type=zstd (values are split at ';')";
-        let pair = self.0.split_once('=').filter(|(k, _)| !k.trim().is_empty());
-        let (key, value) = pair.ok_or_else(|| invalid("--kafka-property", "", reason))?;
-        Ok((key.trim().to_owned(), value.to_owned()))
+/// `--postgres-url` with the password the flags give, if any.
+fn postgres_conn_info(cli: &Cli) -> Result<PostgresConnInfo, ConfigError> {
+    let Some(url) = &cli.postgres_url else {
+        let reason = "required (or set OUTBOX_RELAY_POSTGRES_URL)";
+        return Err(invalid("--postgres-url", "", reason));
+    };
+    let mut postgres = PostgresConnInfo::parse(url.expose_secret())?;
+    // Precedence: --postgres-password > --postgres-password-file > the URL's password.
+    if let Some(password) = &cli.postgres_password {
+        postgres.password = Some(password.expose_secret().to_owned());
+    } else if let Some(path) = &cli.postgres_password_file {
+        postgres.password = Some(read_password_file(path)?);
     }
+    Ok(postgres)
 }
 
-impl From<String> for KafkaProperty {
-    fn from(s: String) -> Self {
-        KafkaProperty(s)
+/// `--kafka-brokers`, required by the subcommands that use Kafka.
+fn kafka_brokers(cli: &Cli) -> Result<&str, ConfigError> {
+    let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
+    // `setup`, `drop-slot` and `reshard` record slots in the lineage topic.
+    let uses_kafka = match &cli.command {
+        None | Some(Command::DropSlot(_) | Command::Backfill(_) | Command::Reshard(_)) => true,
+        // `setup --print` connects only to read a shard's column types.
+        Some(Command::Setup(args)) => !args.print,
+        Some(_) => false,
+    };
+    if kafka_brokers.is_empty() && uses_kafka {
+        let reason = "give at least one host:port (the relay, setup, drop-slot, reshard and \
+                      backfill use Kafka: setup, drop-slot and reshard record slots in \
+                      --lineage-topic)";
+        return Err(invalid("--kafka-brokers", "", reason));
     }
-}
-
-impl fmt::Debug for KafkaProperty {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0.split_once('=') {
-            Some((key, value)) => write!(f, "{key}={:?}", redacted(key, value)),
-            None => write!(f, "{:?}", redacted(&self.0, &self.0)),
-        }
-    }
-}
-
-/// The validated `-X` properties, in order; `Debug` hides sensitive values.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct KafkaProperties(pub Vec<(String, String)>);
-
-impl std::ops::Deref for KafkaProperties {
-    type Target = [(String, String)];
-
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-
-impl fmt::Debug for KafkaProperties {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown = self.0.iter().map(|(k, v)| (k, redacted(k, v)));
-        f.debug_map().entries(shown).finish()
-    }
+    Ok(kafka_brokers)
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -394,11 +403,10 @@ pub enum ConfigError {
 }
 
 fn invalid(flag: &'static str, value: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    let (value, reason) = (value.into(), reason.into());
     ConfigError::Invalid {
         flag,
-        value,
-        reason,
+        value: value.into(),
+        reason: reason.into(),
     }
 }
 
@@ -432,31 +440,8 @@ pub struct Config {
 impl Config {
     /// Validates raw flags into a config.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let Some(url) = &cli.postgres_url else {
-            let reason = "required (or set OUTBOX_RELAY_POSTGRES_URL)";
-            return Err(invalid("--postgres-url", "", reason));
-        };
-        let mut postgres = PostgresConnInfo::parse(url.expose_secret())?;
-        // Precedence: --postgres-password > --postgres-password-file > the URL's password.
-        if let Some(password) = &cli.postgres_password {
-            postgres.password = Some(password.expose_secret().to_owned());
-        } else if let Some(path) = &cli.postgres_password_file {
-            postgres.password = Some(read_password_file(path)?);
-        }
-        let kafka_brokers = cli.kafka_brokers.as_deref().unwrap_or_default().trim();
-        // `setup`, `drop-slot` and `reshard` record slots in the lineage topic.
-        let uses_kafka = match &cli.command {
-            None | Some(Command::DropSlot(_) | Command::Backfill(_) | Command::Reshard(_)) => true,
-            // `setup --print` connects only to read a shard's column types.
-            Some(Command::Setup(args)) => !args.print,
-            Some(_) => false,
-        };
-        if kafka_brokers.is_empty() && uses_kafka {
-            let reason = "give at least one host:port (the relay, setup, drop-slot, reshard and \
-                          backfill use Kafka: setup, drop-slot and reshard record slots in \
-                          --lineage-topic)";
-            return Err(invalid("--kafka-brokers", "", reason));
-        }
+        let mut postgres = postgres_conn_info(cli)?;
+        let kafka_brokers = kafka_brokers(cli)?;
         let flags = cli.flags.sharded()?;
         if flags.reconnect_backoff_max < flags.reconnect_backoff_min {
             let max = humantime::format_duration(flags.reconnect_backoff_max).to_string();
@@ -468,33 +453,13 @@ impl Config {
             let reason = "required with --on-poison dead-letter";
             return Err(invalid("--dead-letter-topic", "", reason));
         }
-        let mapping = MappingConfig {
-            route_by: cli.route_by.clone(),
-            topic_template: cli.topic_template.clone(),
-            key_column: cli.key_column.clone(),
-            id_column: cli.id_column.clone(),
-            payload_column: cli.payload_column.clone(),
-            timestamp_column: cli.timestamp_column.clone().filter(|c| !c.is_empty()),
-            header_columns: columns("--header-column", &cli.header_columns)?,
-            cloudevents: cli.cloudevents.then(|| CloudEventsConfig {
-                source: cli.cloudevents_source.clone().filter(|s| !s.is_empty()),
-                database: postgres.dbname.clone(),
-            }),
-            connect: cli.format.connect(!cli.message_prefixes.is_empty())?,
-        };
-        let mut mapping = mapping;
+        let mapping = mapping::mapping(cli, &postgres)?;
         let registered = mapping.connect.as_ref().is_some_and(|c| c.uses_registry());
-        if let Some(connect) = mapping.connect.as_mut() {
-            connect.registry = cli.registry.format();
-        }
         let schema_registry = cli.registry.client(registered)?;
-        let (tables, overridden) = parse_tables(cli)?;
-        let overridden = overridden.into_iter();
-        let table_mappings = overridden.map(|(t, raw)| Ok((t, apply_overrides(&mapping, raw)?)));
-        let table_mappings: Vec<(TableName, MappingConfig)> =
-            table_mappings.collect::<Result<_, ConfigError>>()?;
+        let (tables, table_overrides) = parse_tables(cli)?;
+        let table_mappings = mapping::table_mappings(cli, table_overrides, &mapping)?;
         let mappings = std::iter::once(&mapping).chain(table_mappings.iter().map(|(_, m)| m));
-        refuse_partition_column_with_exactly_once(flags.delivery, mappings)?;
+        mapping::refuse_partition_column_with_exactly_once(flags.delivery, mappings)?;
         let kafka_properties = cli.kafka_properties.iter().map(KafkaProperty::pair);
         let kafka_properties = KafkaProperties(kafka_properties.collect::<Result<_, _>>()?);
         let kafka_auth = cloud::auth(&cli.cloud, &mut postgres, kafka_brokers, &kafka_properties)?;
@@ -531,7 +496,8 @@ impl Config {
             let reason = "names a relay; this command addresses every shard itself: drop --shard";
             return Err(invalid("--shard", given.to_string(), reason));
         }
-        let (mut config, mut flags) = (self.clone(), self.flags.clone());
+        let mut config = self.clone();
+        let mut flags = self.flags.clone();
         flags.shard = shard;
         config.flags = flags.sharded()?;
         Ok(config)
@@ -542,85 +508,6 @@ impl Config {
         let overridden = self.table_mappings.iter().rev().find(|(t, _)| t == table);
         overridden.map_or(&self.mapping, |(_, m)| m)
     }
-}
-
-/// PURE: `--partition-column` places a record by a column's value, while `--delivery
-/// exactly-once` pins each record to its key's partition (as the Java client hashes it) and
-/// reads replays back there: the column would be overridden, so the two are refused together.
-fn refuse_partition_column_with_exactly_once<'a>(
-    delivery: Delivery,
-    mappings: impl IntoIterator<Item = &'a MappingConfig>,
-) -> Result<(), ConfigError> {
-    if delivery != Delivery::ExactlyOnce {
-        return Ok(());
-    }
-    let connect = mappings.into_iter().filter_map(|m| m.connect.as_ref());
-    let Some(column) = connect.filter_map(|c| c.partition_column.clone()).next() else {
-        return Ok(());
-    };
-    let reason = "cannot be combined with --delivery exactly-once, which places each record in \
-                  its key's partition (murmur2, as the Java client) and finds replays there: \
-                  the column's partition would be overridden. Drop --partition-column, or use \
-                  --delivery at-least-once";
-    Err(invalid("--partition-column", column, reason))
-}
-
-/// The `--table` values: the tables in flag order (`none` means none, for a table-less outbox)
-/// and each table's raw overrides. Without a table or a `--message-prefix`, nothing is relayed.
-fn parse_tables(cli: &Cli) -> Result<(Vec<TableName>, Overrides<'_>), ConfigError> {
-    let (mut tables, mut overridden) = (Vec::new(), Vec::new());
-    for raw in &cli.tables {
-        let (name, overrides) = raw.split_once(':').unwrap_or((raw.as_str(), ""));
-        if name == "none" {
-            continue;
-        }
-        let table = TableName::parse(name).map_err(|reason| invalid("--table", raw, reason))?;
-        if !overrides.is_empty() {
-            overridden.push((table.clone(), overrides));
-        }
-        if !tables.contains(&table) {
-            tables.push(table);
-        }
-    }
-    if cli.tables.iter().any(|t| t == "none") {
-        tables.clear();
-    }
-    if tables.is_empty() && cli.message_prefixes.iter().all(String::is_empty) {
-        let reason = "give at least one outbox table or --message-prefix";
-        return Err(invalid("--table", "", reason));
-    }
-    Ok((tables, overridden))
-}
-
-/// Per-table overrides as written: each table and its `key=value;...` text.
-type Overrides<'a> = Vec<(TableName, &'a str)>;
-
-/// Applies one table's `key=value;key=value` overrides (as written) to the global mapping.
-fn apply_overrides(base: &MappingConfig, overrides: &str) -> Result<MappingConfig, ConfigError> {
-    let mut m = base.clone();
-    let bad = |reason| invalid("--table", overrides, reason);
-    let pairs = overrides.split(';').map(str::trim);
-    for pair in pairs.filter(|p| !p.is_empty()) {
-        let Some((key, value)) = pair.split_once('=').filter(|(_, v)| !v.trim().is_empty()) else {
-            return Err(bad(format!("override {pair:?} is not KEY=VALUE")));
-        };
-        let value = value.trim().to_owned();
-        match key.trim() {
-            "route-by" => m.route_by = value,
-            "topic-template" => m.topic_template = TopicTemplate::parse(&value).map_err(bad)?,
-            "key-column" => m.key_column = value,
-            "id-column" => m.id_column = value,
-            "payload-column" => m.payload_column = value,
-            "timestamp-column" => m.timestamp_column = Some(value),
-            other => {
-                return Err(bad(format!(
-                    "unknown override {other:?}; use route-by, topic-template, key-column, \
-                     id-column, payload-column or timestamp-column"
-                )));
-            }
-        }
-    }
-    Ok(m)
 }
 
 /// The `--header-column` or `--envelope-column` values.
@@ -751,6 +638,58 @@ mod tests {
         assert!(err.contains("unknown override"), "{err}");
         let err = cli(&["--table", "a.b:key-column"]).unwrap_err().to_string();
         assert!(err.contains("KEY=VALUE"), "{err}");
+    }
+
+    #[test]
+    fn every_per_table_flag_is_a_table_key_parsed_as_the_flag_is() {
+        let table = TableName::parse("billing.outbox").unwrap();
+        let keys: Vec<String> = per_table_flags()
+            .iter()
+            .filter_map(|flag| flag.get_long().map(str::to_owned))
+            .collect();
+        assert_eq!(keys.len(), 6, "{keys:?}");
+        for key in &keys {
+            let given = format!("billing.outbox:{key}=other_column");
+            let config = cli(&["--table", &given]).unwrap();
+            assert_ne!(
+                config.mapping_for(&table),
+                &config.mapping,
+                "{key} changes nothing"
+            );
+        }
+        // (overrides, what the error says; None: accepted)
+        let cases: [(&str, Option<&str>); 6] = [
+            ("topic-template=billing.${event_type", Some("closed by `}`")),
+            ("key-column=-dash", None),
+            ("key-column=a;key-column=b", None),
+            ("route-by=kind ; ", None),
+            (
+                "header-column=x",
+                Some("unknown override \"header-column\""),
+            ),
+            ("timestamp-column=", Some("KEY=VALUE")),
+        ];
+        for (overrides, error) in cases {
+            let given = format!("billing.outbox:{overrides}");
+            let result = cli(&["--table", &given]);
+            match (result, error) {
+                (Ok(_), None) => {}
+                (Err(e), Some(needle)) => {
+                    let e = e.to_string();
+                    assert!(
+                        e.contains(needle) && e.contains("--table"),
+                        "{overrides}: {e}"
+                    );
+                }
+                (result, _) => panic!("{overrides}: {result:?}"),
+            }
+        }
+        let config = cli(&["--table", "billing.outbox:key-column=a;key-column=b"]).unwrap();
+        assert_eq!(
+            config.mapping_for(&table).key_column,
+            "b",
+            "the last one wins"
+        );
     }
 
     /// Issue 32: the column's partition was silently overridden by exactly-once.

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{parse_duration, positive_duration};
+use crate::observability::health::ReadinessThresholds;
 
 /// Observability flags, part of [`super::RelayFlags`].
 ///
@@ -17,7 +18,7 @@ pub struct ObservabilityArgs {
     pub http_addr: std::option::Option<SocketAddr>,
     /// Readiness limits.
     #[command(flatten)]
-    pub readiness: ReadinessThresholds,
+    pub readiness: ReadinessArgs,
     /// How often the slot's lag, wal_status and safe_wal_size are read.
     #[arg(long, env = "OUTBOX_RELAY_SLOT_POLL_INTERVAL", default_value = "10s", value_parser = positive_duration)]
     pub slot_poll_interval: Duration,
@@ -26,9 +27,9 @@ pub struct ObservabilityArgs {
     pub progress_interval: std::option::Option<Duration>,
 }
 
-/// Limits of readiness: `/readyz` fails (or warns) beyond them.
+/// The flags of readiness's limits: `/readyz` fails (or warns) beyond them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Args)]
-pub struct ReadinessThresholds {
+pub struct ReadinessArgs {
     /// /readyz fails when the slot keeps more WAL than this (bytes; KiB/MiB/GiB suffixes work).
     #[arg(long = "ready-max-slot-lag-bytes", env = "OUTBOX_RELAY_READY_MAX_SLOT_LAG_BYTES", default_value = "1GiB", value_parser = parse_bytes)]
     pub max_slot_lag_bytes: u64,
@@ -40,13 +41,13 @@ pub struct ReadinessThresholds {
     pub min_safe_wal_size: u64,
 }
 
-impl Default for ReadinessThresholds {
-    /// The flags' defaults.
-    fn default() -> Self {
+impl ReadinessArgs {
+    /// The limits the flags set.
+    pub fn thresholds(&self) -> ReadinessThresholds {
         ReadinessThresholds {
-            max_slot_lag_bytes: 1 << 30,
-            max_ack_staleness: Duration::from_secs(60),
-            min_safe_wal_size: 1 << 30,
+            max_slot_lag_bytes: self.max_slot_lag_bytes,
+            max_ack_staleness: self.max_ack_staleness,
+            min_safe_wal_size: self.min_safe_wal_size,
         }
     }
 }

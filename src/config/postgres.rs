@@ -109,40 +109,25 @@ impl PostgresConnInfo {
     /// Parses a libpq URL with libpq's defaults (port 5432, user `postgres`, database = user);
     /// several hosts are separated by commas (`db1:5432,db2`, or `?host=db1,db2&port=5432,5433`).
     pub fn parse(raw: &str) -> Result<Self, PostgresUrlError> {
-        let malformed = |reason: &str| {
-            let url = redact_url(raw);
-            let expected = "postgres://USER:PASSWORD@HOST:PORT/DBNAME?sslmode=...";
-            PostgresUrlError(format!(
-                "--postgres-url {url} is not a valid URL ({reason}); expected {expected}"
-            ))
-        };
         // The URL parser ends the user info at the first `/`, `?` or `#`: the rest of the secret
         // would be taken for the port, database or a parameter, and printed as such.
         if credentials_span(raw).is_some_and(|span| raw[span].contains(['/', '?', '#'])) {
             return Err(malformed(
+                raw,
                 "a '/', '?', '#' or '@' in the password or user name must be percent-encoded \
                  (%2F, %3F, %23, %40), and so must an '@' after the host",
             ));
         }
         // The URL parser knows one host per URL: it gets the first, then each other one alone.
         let (first_only, extra_hosts) = split_hosts(raw);
-        let url = url::Url::parse(&first_only).map_err(|e| malformed(&e.to_string()))?;
+        let url = url::Url::parse(&first_only).map_err(|e| malformed(raw, &e.to_string()))?;
         let scheme = url.scheme();
         if scheme != "postgres" && scheme != "postgresql" {
             return Err(PostgresUrlError(format!(
                 "--postgres-url must start with postgres:// or postgresql://, got {scheme}://"
             )));
         }
-        let mut hosts = vec![host_name(&url)?];
-        let mut ports = vec![url.port().unwrap_or(5432)];
-        for extra in extra_hosts {
-            let url = url::Url::parse(&format!("postgres://{extra}")).ok();
-            let reason = format!("host {extra:?} is not HOST or HOST:PORT");
-            let url = url.filter(|url| url.host().is_some());
-            let url = url.ok_or_else(|| malformed(&reason))?;
-            hosts.push(host_name(&url)?);
-            ports.push(url.port().unwrap_or(5432));
-        }
+        let mut servers = Servers::of(raw, &url, &extra_hosts)?;
         let mut info = PostgresConnInfo {
             user: decode("user", url.username())?,
             password: url.password().map(|p| decode("password", p)).transpose()?,
@@ -150,43 +135,9 @@ impl PostgresConnInfo {
             ..PostgresConnInfo::default()
         };
         for (name, value) in url.query_pairs() {
-            let value = value.into_owned();
-            match name.as_ref() {
-                "host" => hosts = value.split(',').map(str::to_owned).collect(),
-                "port" => {
-                    let parsed: Result<_, _> = value.split(',').map(str::parse).collect();
-                    let expected = "a TCP port number, or one per host separated by commas";
-                    ports = parsed.map_err(|_| invalid_parameter("port", value, expected))?;
-                }
-                "target_session_attrs" => {
-                    info.target_session_attrs = parse_param("target_session_attrs", value)?
-                }
-                "user" => info.user = value,
-                "password" => info.password = Some(value),
-                "dbname" => info.dbname = value,
-                "sslmode" => info.sslmode = parse_param("sslmode", value)?,
-                "sslrootcert" => info.sslrootcert = Some(value.into()),
-                "sslcert" => info.sslcert = Some(value.into()),
-                "sslkey" => info.sslkey = Some(value.into()),
-                "application_name" => info.application_name = Some(value),
-                other => {
-                    let supported = "host, port, user, password, dbname, sslmode, sslrootcert, \
-                                     sslcert, sslkey, application_name, target_session_attrs";
-                    return Err(PostgresUrlError(format!(
-                        "--postgres-url parameter {other:?} is not supported; supported: {supported}"
-                    )));
-                }
-            }
+            info.parameter(&name, value.into_owned(), &mut servers)?;
         }
-        // libpq: one port for every host, or one per host.
-        if ports.len() != 1 && ports.len() != hosts.len() {
-            let value = format!("{} ports for {} hosts", ports.len(), hosts.len());
-            let expected = "one port, or one per host";
-            return Err(invalid_parameter("port", value, expected));
-        }
-        let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-        let hosts = hosts.into_iter().enumerate();
-        info.hosts = hosts.map(|(i, host)| (host, port(i))).collect();
+        info.hosts = servers.paired()?;
         (info.host, info.port) = info.hosts.first().cloned().unwrap_or_default();
         if info.user.is_empty() {
             info.user = "postgres".to_owned();
@@ -195,6 +146,42 @@ impl PostgresConnInfo {
             info.dbname = info.user.clone();
         }
         Ok(info)
+    }
+
+    /// Takes the URL parameter `name=value` (`host` and `port` into `servers`).
+    fn parameter(
+        &mut self,
+        name: &str,
+        value: String,
+        servers: &mut Servers,
+    ) -> Result<(), PostgresUrlError> {
+        match name {
+            "host" => servers.hosts = value.split(',').map(str::to_owned).collect(),
+            "port" => {
+                let parsed: Result<_, _> = value.split(',').map(str::parse).collect();
+                let expected = "a TCP port number, or one per host separated by commas";
+                servers.ports = parsed.map_err(|_| invalid_parameter("port", value, expected))?;
+            }
+            "target_session_attrs" => {
+                self.target_session_attrs = parse_param("target_session_attrs", value)?
+            }
+            "user" => self.user = value,
+            "password" => self.password = Some(value),
+            "dbname" => self.dbname = value,
+            "sslmode" => self.sslmode = parse_param("sslmode", value)?,
+            "sslrootcert" => self.sslrootcert = Some(value.into()),
+            "sslcert" => self.sslcert = Some(value.into()),
+            "sslkey" => self.sslkey = Some(value.into()),
+            "application_name" => self.application_name = Some(value),
+            other => {
+                let supported = "host, port, user, password, dbname, sslmode, sslrootcert, \
+                                 sslcert, sslkey, application_name, target_session_attrs";
+                return Err(PostgresUrlError(format!(
+                    "--postgres-url parameter {other:?} is not supported; supported: {supported}"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The URL with the password as `***`, for logs and errors; after [`Self::pinned`], only
@@ -213,7 +200,8 @@ impl PostgresConnInfo {
     /// The same settings, pinned to one server of [`Self::hosts`].
     pub fn pinned(&self, host: &str, port: u16) -> PostgresConnInfo {
         let mut pinned = self.clone();
-        (pinned.host, pinned.port) = (host.to_owned(), port);
+        pinned.host = host.to_owned();
+        pinned.port = port;
         pinned.hosts = vec![(host.to_owned(), port)];
         pinned
     }
@@ -227,6 +215,58 @@ impl fmt::Debug for PostgresConnInfo {
             .field("sslrootcert", &self.sslrootcert)
             .finish_non_exhaustive()
     }
+}
+
+/// The servers of a URL as written: its hosts, and one port for all or one per host.
+struct Servers {
+    hosts: Vec<String>,
+    ports: Vec<u16>,
+}
+
+impl Servers {
+    /// The URL's host and port, then those of `extra_hosts` (`raw` is the whole URL, for errors).
+    fn of(raw: &str, url: &url::Url, extra_hosts: &[&str]) -> Result<Servers, PostgresUrlError> {
+        let mut servers = Servers {
+            hosts: vec![host_name(url)?],
+            ports: vec![url.port().unwrap_or(5432)],
+        };
+        for extra in extra_hosts {
+            let url = url::Url::parse(&format!("postgres://{extra}")).ok();
+            let url = url.filter(|url| url.host().is_some());
+            let reason = format!("host {extra:?} is not HOST or HOST:PORT");
+            let url = url.ok_or_else(|| malformed(raw, &reason))?;
+            servers.hosts.push(host_name(&url)?);
+            servers.ports.push(url.port().unwrap_or(5432));
+        }
+        Ok(servers)
+    }
+
+    /// Each host with its port: libpq takes one port for every host, or one per host.
+    fn paired(self) -> Result<Vec<(String, u16)>, PostgresUrlError> {
+        let hosts = self.hosts.len();
+        let ports = self.ports.len();
+        if ports != 1 && ports != hosts {
+            let value = format!("{ports} ports for {hosts} hosts");
+            return Err(invalid_parameter(
+                "port",
+                value,
+                "one port, or one per host",
+            ));
+        }
+        let port = |i: usize| self.ports.get(i).or(self.ports.first()).copied();
+        let paired = self.hosts.iter().enumerate();
+        let paired = paired.map(|(i, host)| (host.clone(), port(i).unwrap_or(5432)));
+        Ok(paired.collect())
+    }
+}
+
+/// A URL the URL parser refuses (`raw`, redacted in the message), saying what would work.
+fn malformed(raw: &str, reason: &str) -> PostgresUrlError {
+    let url = redact_url(raw);
+    let expected = "postgres://USER:PASSWORD@HOST:PORT/DBNAME?sslmode=...";
+    PostgresUrlError(format!(
+        "--postgres-url {url} is not a valid URL ({reason}); expected {expected}"
+    ))
 }
 
 fn invalid_parameter(name: &str, value: String, expected: &str) -> PostgresUrlError {

@@ -8,9 +8,31 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 
-pub use crate::config::ReadinessThresholds;
 use crate::lsn::Lsn;
 use crate::remedy;
+
+/// Limits of readiness: `/readyz` fails (or warns) beyond them (`--ready-max-slot-lag-bytes`,
+/// `--ready-max-ack-staleness`, `--slot-min-safe-wal-size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadinessThresholds {
+    /// Readiness fails when the slot keeps more WAL than this (bytes).
+    pub max_slot_lag_bytes: u64,
+    /// Readiness fails when the oldest unacknowledged event was handed to Kafka longer ago.
+    pub max_ack_staleness: Duration,
+    /// A warning when the slot's `safe_wal_size` falls below this (bytes).
+    pub min_safe_wal_size: u64,
+}
+
+impl Default for ReadinessThresholds {
+    /// The flags' defaults.
+    fn default() -> Self {
+        ReadinessThresholds {
+            max_slot_lag_bytes: 1 << 30,
+            max_ack_staleness: Duration::from_secs(60),
+            min_safe_wal_size: 1 << 30,
+        }
+    }
+}
 
 /// `pg_replication_slots.wal_status`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]

@@ -14,7 +14,14 @@ use std::fmt;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+/// Log line format (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Installs the global tracing subscriber (stderr, text or JSON); `level` is a
 /// level (`info`) or a full filter (`outbox_relay=debug,librdkafka=warn`).

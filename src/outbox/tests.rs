@@ -1,5 +1,5 @@
 use super::*;
-use crate::pgoutput::Column;
+use crate::pgoutput::{Column, Value};
 use tokio_postgres::types::Type;
 
 const UUID: u32 = 2950;

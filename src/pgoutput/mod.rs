@@ -232,63 +232,11 @@ pub fn decode(buf: &Bytes) -> Result<Message, DecodeError> {
             namespace: cur.cstr("Type namespace")?,
             name: cur.cstr("Type name")?,
         },
-        b'I' => {
-            let relation_id = cur.u32("Insert relation OID")?;
-            one_of(&mut cur, b"N", "Insert tuple kind ('N')")?;
-            Message::Insert {
-                relation_id,
-                new: tuple(&mut cur)?,
-            }
-        }
-        b'U' => {
-            let relation_id = cur.u32("Update relation OID")?;
-            let old = match one_of(&mut cur, b"KON", "Update tuple kind ('K', 'O' or 'N')")? {
-                b'N' => None,
-                _ => {
-                    let old = tuple(&mut cur)?;
-                    one_of(&mut cur, b"N", "Update new tuple kind ('N')")?;
-                    Some(old)
-                }
-            };
-            Message::Update {
-                relation_id,
-                old,
-                new: tuple(&mut cur)?,
-            }
-        }
-        b'D' => {
-            let relation_id = cur.u32("Delete relation OID")?;
-            one_of(&mut cur, b"KO", "Delete tuple kind ('K' or 'O')")?;
-            Message::Delete {
-                relation_id,
-                old: tuple(&mut cur)?,
-            }
-        }
-        b'T' => {
-            let count = cur.len_i32("Truncate relation count")?;
-            let options = cur.u8("Truncate options")?;
-            // Capped by what the buffer can hold, so a corrupt count cannot reserve gigabytes.
-            let mut relation_ids = Vec::with_capacity(count.min(cur.remaining() / 4));
-            for _ in 0..count {
-                relation_ids.push(cur.u32("Truncate relation OID")?);
-            }
-            Message::Truncate {
-                options,
-                relation_ids,
-            }
-        }
-        b'M' => {
-            let transactional = one_of(&mut cur, &[0, 1], "Message flags (0 or 1)")? == 1;
-            let lsn = cur.lsn("Message LSN")?;
-            let prefix = cur.cstr("Message prefix")?;
-            let len = cur.len_i32("Message content length")?;
-            Message::Message {
-                transactional,
-                lsn,
-                prefix,
-                content: cur.bytes(len, "Message content")?,
-            }
-        }
+        b'I' => insert(&mut cur)?,
+        b'U' => update(&mut cur)?,
+        b'D' => delete(&mut cur)?,
+        b'T' => truncate(&mut cur)?,
+        b'M' => logical_message(&mut cur)?,
         found => {
             let what = "message tag";
             return Err(DecodeError::Unexpected { what, found });
@@ -296,6 +244,73 @@ pub fn decode(buf: &Bytes) -> Result<Message, DecodeError> {
     };
     cur.finish(tag)?;
     Ok(message)
+}
+
+/// An Insert, after its tag: the relation, then the new tuple.
+fn insert(cur: &mut Cursor) -> Result<Message, DecodeError> {
+    let relation_id = cur.u32("Insert relation OID")?;
+    one_of(cur, b"N", "Insert tuple kind ('N')")?;
+    Ok(Message::Insert {
+        relation_id,
+        new: tuple(cur)?,
+    })
+}
+
+/// An Update, after its tag: the relation, the old key or row if sent, then the new tuple.
+fn update(cur: &mut Cursor) -> Result<Message, DecodeError> {
+    let relation_id = cur.u32("Update relation OID")?;
+    let old = match one_of(cur, b"KON", "Update tuple kind ('K', 'O' or 'N')")? {
+        b'N' => None,
+        _ => {
+            let old = tuple(cur)?;
+            one_of(cur, b"N", "Update new tuple kind ('N')")?;
+            Some(old)
+        }
+    };
+    Ok(Message::Update {
+        relation_id,
+        old,
+        new: tuple(cur)?,
+    })
+}
+
+/// A Delete, after its tag: the relation, then the old key or row.
+fn delete(cur: &mut Cursor) -> Result<Message, DecodeError> {
+    let relation_id = cur.u32("Delete relation OID")?;
+    one_of(cur, b"KO", "Delete tuple kind ('K' or 'O')")?;
+    Ok(Message::Delete {
+        relation_id,
+        old: tuple(cur)?,
+    })
+}
+
+/// A Truncate, after its tag: the relation count, the options, then each relation.
+fn truncate(cur: &mut Cursor) -> Result<Message, DecodeError> {
+    let count = cur.len_i32("Truncate relation count")?;
+    let options = cur.u8("Truncate options")?;
+    // Capped by what the buffer can hold, so a corrupt count cannot reserve gigabytes.
+    let mut relation_ids = Vec::with_capacity(count.min(cur.remaining() / 4));
+    for _ in 0..count {
+        relation_ids.push(cur.u32("Truncate relation OID")?);
+    }
+    Ok(Message::Truncate {
+        options,
+        relation_ids,
+    })
+}
+
+/// A logical decoding message, after its tag: its flags, position, prefix and content.
+fn logical_message(cur: &mut Cursor) -> Result<Message, DecodeError> {
+    let transactional = one_of(cur, &[0, 1], "Message flags (0 or 1)")? == 1;
+    let lsn = cur.lsn("Message LSN")?;
+    let prefix = cur.cstr("Message prefix")?;
+    let len = cur.len_i32("Message content length")?;
+    Ok(Message::Message {
+        transactional,
+        lsn,
+        prefix,
+        content: cur.bytes(len, "Message content")?,
+    })
 }
 
 /// Reads a byte that must be one of `allowed`.

@@ -8,7 +8,7 @@ use crate::postgres::PostgresError;
 use crate::sink::exactly_once::TailError;
 use crate::sink::{Refusal, SinkError};
 use crate::source::SourceError;
-use crate::source::cleanup::DeleteFailure;
+use crate::source::deleter::DeleteFailure;
 use crate::startup::{Refused, StartupError};
 
 /// Process exit codes, one per failure class (docs/operations.md's Exit codes table).

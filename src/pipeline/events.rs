@@ -9,7 +9,7 @@ use super::decide::{Failure, Origin, Verdict, verdict};
 use super::{OpenTx, Pipeline, RelayError};
 use crate::lsn::Lsn;
 use crate::outbox::{EventError, Mapped, OutboxRecord};
-use crate::pgoutput::{self, Message};
+use crate::pgoutput::{self, Message, Relation, TupleData};
 use crate::sink::exactly_once::{Position, ReadBack};
 use crate::sink::{Delivery, DeliveryFailure, Sink, Ticket};
 use crate::source::{Source, SourceEvent};
@@ -70,76 +70,98 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
 
     /// A pgoutput message; `change` is where it is in the WAL.
     async fn on_message(&mut self, message: Message, change: Lsn) -> Result<(), RelayError> {
-        let lsn = self.tx.commit_lsn;
         match message {
-            Message::Relation(relation) => {
-                let id = relation.id;
-                let name = format!("{}.{}", relation.namespace, relation.name);
-                // Without publish_via_partition_root a partition arrives under its own name.
-                let mapper = &self.routing.mapper;
-                let root = match mapper.is_outbox(&relation.namespace, &relation.name) {
-                    true => None,
-                    false => self.source.partition_root(id).await?,
-                };
-                let bind_error = |source| RelayError::Bind { lsn, source };
-                if let Some(cleanup) = self.cleanup.as_mut() {
-                    let bound = cleanup.tables.relation(&relation, root.as_ref());
-                    bound.map_err(bind_error)?;
-                }
-                let facts = match self.routing.mapper.reads_catalog(&relation, root.as_ref()) {
-                    true => self.source.column_facts(id).await?,
-                    false => Vec::new(),
-                };
-                let routing = &mut self.routing;
-                let bound = routing.mapper.relation(relation, root, &facts);
-                bound.map_err(bind_error)?;
-                routing.foreign.remove(&id);
-                if let Some(table) = routing.mapper.outbox_table(id) {
-                    tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
-                } else {
-                    routing.foreign.insert(id, name);
-                }
-            }
+            Message::Relation(relation) => self.on_relation(relation).await?,
             Message::Insert { relation_id, new } => {
-                if let Some(cleanup) = self.cleanup.as_mut()
-                    && let Some(row) = cleanup.tables.row(relation_id, &new)
-                {
-                    // The ticket its event takes below, mapped or not.
-                    let ticket = self.tracker.next_ticket().0;
-                    cleanup.ledger.row(ticket, row, self.tracker.resume_lsn());
-                }
-                let time = self.tx.commit_time_ms();
-                match self.routing.mapper.insert(relation_id, &new, time) {
-                    Some((table, mapped)) => self.relay_event(mapped, table, change).await?,
-                    // Never skip silently: only FOR ALL TABLES sends other tables' rows.
-                    None if self.routing.all_tables => {}
-                    None => {
-                        let table = self.routing.foreign.get(&relation_id).cloned();
-                        return Err(RelayError::UnmappedRelation {
-                            lsn,
-                            publication: self.config.flags.publication.clone(),
-                            table: table.unwrap_or_else(|| format!("relation OID {relation_id}")),
-                        });
-                    }
-                }
+                self.on_insert(relation_id, &new, change).await?;
             }
             Message::Update { relation_id, .. } | Message::Delete { relation_id, .. } => {
-                if let Some(table) = self.routing.mapper.outbox_table(relation_id) {
-                    // Warn on the first one only; the count is reported at shutdown.
-                    if self.routing.non_insert_changes == 0 {
-                        tracing::warn!(
-                            table = %table,
-                            lsn = %lsn,
-                            "ignoring UPDATE/DELETE on an outbox table: only inserts are relayed \
-                             (create the publication WITH (publish = 'insert') to stop receiving them)"
-                        );
-                    }
-                    self.routing.non_insert_changes += 1;
-                }
+                self.on_update_or_delete(relation_id);
             }
             _ => {}
         }
         Ok(())
+    }
+
+    /// A Relation message: an outbox table (or a partition of one, through its root) binds to
+    /// the mapping and cleanup's key; any other relation is remembered as foreign.
+    async fn on_relation(&mut self, relation: Relation) -> Result<(), RelayError> {
+        let lsn = self.tx.commit_lsn;
+        let id = relation.id;
+        let name = format!("{}.{}", relation.namespace, relation.name);
+        // Without publish_via_partition_root a partition arrives under its own name.
+        let mapper = &self.routing.mapper;
+        let root = match mapper.is_outbox(&relation.namespace, &relation.name) {
+            true => None,
+            false => self.source.partition_root(id).await?,
+        };
+        let bind_error = |source| RelayError::Bind { lsn, source };
+        if let Some(cleanup) = self.cleanup.as_mut() {
+            let bound = cleanup.tables.relation(&relation, root.as_ref());
+            bound.map_err(bind_error)?;
+        }
+        let facts = match self.routing.mapper.reads_catalog(&relation, root.as_ref()) {
+            true => self.source.column_facts(id).await?,
+            false => Vec::new(),
+        };
+        let routing = &mut self.routing;
+        let bound = routing.mapper.relation(relation, root, &facts);
+        bound.map_err(bind_error)?;
+        routing.foreign.remove(&id);
+        if let Some(table) = routing.mapper.outbox_table(id) {
+            tracing::debug!(table = %table, relation = %name, relation_id = id, "bound outbox table");
+        } else {
+            routing.foreign.insert(id, name);
+        }
+        Ok(())
+    }
+
+    /// An insert: an outbox row's event, its row registered for `--cleanup delete`; another
+    /// table's row is refused unless the publication is `FOR ALL TABLES`.
+    async fn on_insert(
+        &mut self,
+        relation_id: u32,
+        new: &TupleData,
+        change: Lsn,
+    ) -> Result<(), RelayError> {
+        if let Some(cleanup) = self.cleanup.as_mut()
+            && let Some(row) = cleanup.tables.row(relation_id, new)
+        {
+            // The ticket its event takes below, mapped or not.
+            let ticket = self.tracker.next_ticket().0;
+            cleanup.ledger.row(ticket, row, self.tracker.resume_lsn());
+        }
+        let time = self.tx.commit_time_ms();
+        match self.routing.mapper.insert(relation_id, new, time) {
+            Some((table, mapped)) => self.relay_event(mapped, table, change).await,
+            // Never skip silently: only FOR ALL TABLES sends other tables' rows.
+            None if self.routing.all_tables => Ok(()),
+            None => {
+                let table = self.routing.foreign.get(&relation_id).cloned();
+                Err(RelayError::UnmappedRelation {
+                    lsn: self.tx.commit_lsn,
+                    publication: self.config.flags.publication.clone(),
+                    table: table.unwrap_or_else(|| format!("relation OID {relation_id}")),
+                })
+            }
+        }
+    }
+
+    /// An UPDATE or DELETE: ignored, and on an outbox table counted (warned of once).
+    fn on_update_or_delete(&mut self, relation_id: u32) {
+        let Some(table) = self.routing.mapper.outbox_table(relation_id) else {
+            return;
+        };
+        // Warn on the first one only; the count is reported at shutdown.
+        if self.routing.non_insert_changes == 0 {
+            tracing::warn!(
+                table = %table,
+                lsn = %self.tx.commit_lsn,
+                "ignoring UPDATE/DELETE on an outbox table: only inserts are relayed (create the \
+                 publication WITH (publish = 'insert') to stop receiving them)"
+            );
+        }
+        self.routing.non_insert_changes += 1;
     }
 
     /// A logical decoding message: an outbox event when its prefix is one of `--message-prefix`

@@ -20,7 +20,7 @@
 
 pub mod ack;
 
-mod cleanup;
+pub mod cleanup;
 mod decide;
 mod error;
 mod events;
@@ -46,11 +46,10 @@ use crate::observability::observer::{PipelineObserver, Sent};
 use crate::outbox::EventMapper;
 use crate::sink::exactly_once::{ExactlyOnce, Position, ReadBack};
 use crate::sink::{Delivery, Sink, Ticket};
-use crate::source::cleanup::Cleanup;
 use crate::source::{ServerId, Source, Stream};
 use crate::startup::Started;
 use ack::{AckError, AckTracker};
-use cleanup::{Cleaning, Ledger};
+use cleanup::Cleanup;
 use decide::ReadGate;
 use register::Registering;
 
@@ -96,7 +95,7 @@ pub struct Pipeline<S: Source, K: Sink + ReadBack> {
     summary: Summary,
     exactly_once: Option<ExactlyOnce>,
     /// `--cleanup delete`: relayed rows are deleted before the slot moves past them.
-    cleanup: Option<Cleaning>,
+    cleanup: Option<Cleanup>,
     /// Records waiting for Schema Registry ids.
     registering: Registering,
     observer: PipelineObserver,
@@ -181,10 +180,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         let confirmed = slot.confirmed_flush;
         let connect = config.mapping.connect.as_ref();
         let ids = connect.map(|c| c.registry.ids.clone()).unwrap_or_default();
-        let (limit, interval) = (
-            config.flags.max_in_flight_events,
-            config.flags.status_interval,
-        );
+        let limit = config.flags.max_in_flight_events;
+        let interval = config.flags.status_interval;
         Pipeline {
             routing: Routing {
                 mapper: config.event_mapper(),
@@ -225,8 +222,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             stop_by: None,
             tx: OpenTx::default(),
             summary: Summary::default(),
-            cleanup: cleanup
-                .map(|tables| Cleaning::new(tables, Ledger::new(confirmed, limit, interval))),
+            cleanup: cleanup.map(|cleanup| cleanup.resuming(confirmed, limit, interval)),
             registering: Registering::new(ids),
             observer: PipelineObserver::with_health(health),
         }
@@ -335,14 +331,10 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         Ok(())
     }
 
-    /// Waits up to the shutdown timeout for in-flight deliveries, then reports the final
-    /// frontier and closes the stream; after a clean stop that came while the stream was down
-    /// (reconnecting), on a session opened for it.
-    async fn finish(mut self, clean: bool) -> Summary {
-        self.observer.streaming(false);
-        let deadline = self
-            .stop_by
-            .unwrap_or_else(|| Instant::now() + self.config.flags.shutdown_timeout);
+    /// Until `deadline`, waits for the deliveries still in flight (and the records waiting for
+    /// Schema Registry ids), acknowledging each one delivered; stops early once nothing more
+    /// can arrive.
+    async fn drain_in_flight(&mut self, deadline: Instant) {
         while self.tracker.window_len() > 0 && Instant::now() < deadline {
             let wait = Instant::now() + Duration::from_millis(100);
             let delivered = tokio::select! {
@@ -375,6 +367,17 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 Err(_) => {}
             }
         }
+    }
+
+    /// Waits up to the shutdown timeout for in-flight deliveries, then reports the final
+    /// frontier and closes the stream; after a clean stop that came while the stream was down
+    /// (reconnecting), on a session opened for it.
+    async fn finish(mut self, clean: bool) -> Summary {
+        self.observer.streaming(false);
+        let deadline = self
+            .stop_by
+            .unwrap_or_else(|| Instant::now() + self.config.flags.shutdown_timeout);
+        self.drain_in_flight(deadline).await;
         // Deletes what may go now, within the deadline; the rest is replayed after restart.
         if let Err(error) = self.drain_cleanup(deadline).await {
             tracing::error!(error = %Chain(&error), "--cleanup delete: stopping without deleting all relayed rows");
@@ -406,7 +409,8 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 "stopping with unacknowledged events; they will be sent again after restart"
             );
         }
-        let (acked, dead_lettered) = (self.summary.events_acked, self.summary.dead_lettered);
+        let acked = self.summary.events_acked;
+        let dead_lettered = self.summary.dead_lettered;
         let ignored_updates_deletes = self.routing.non_insert_changes;
         match self.stream.take() {
             Some(stream) => {

@@ -225,40 +225,10 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         };
         match &failure {
             registry::Failure::Unavailable { reason } => {
-                let attempts = self.registering.retry_later();
-                let why = format!(
-                    "events wait for the Schema Registry (subject {:?}): {reason}",
-                    pending.subject
-                );
-                self.observer
-                    .schema_registry_answered("unavailable", Some(&why));
-                // The first failure, then every 10th: a long outage does not flood the log.
-                if attempts == 1 || attempts.is_multiple_of(10) {
-                    tracing::warn!(
-                        subject = %pending.subject,
-                        attempts,
-                        waiting = self.registering.len(),
-                        error = %failure,
-                        "the Schema Registry is unavailable; events wait (nothing after them is \
-                         acknowledged) and the request is retried"
-                    );
-                }
+                self.registry_unavailable(&pending, reason, &failure);
                 Ok(())
             }
-            registry::Failure::Refused { .. } => {
-                self.observer.schema_registry_answered("refused", None);
-                self.registering.answered();
-                let Some(waiting) = self.registering.queue.pop_front() else {
-                    return self.release().await;
-                };
-                let raw = waiting.record.schemas.map(|p| p.raw).unwrap_or_default();
-                let error = EventError::SchemaRefused {
-                    reason: failure.to_string(),
-                };
-                let failed = Failure::Unmapped(error, raw, waiting.commit_time_ms);
-                self.failed(waiting.ticket, failed).await?;
-                self.release().await
-            }
+            registry::Failure::Refused { .. } => self.schema_refused(&failure).await,
             registry::Failure::Unauthorized { .. } => {
                 self.observer.schema_registry_answered("unauthorized", None);
                 let lsn = (self.registering.queue.front())
@@ -271,6 +241,49 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 })
             }
         }
+    }
+
+    /// The registry did not answer: the lookup is retried later, the events wait.
+    fn registry_unavailable(
+        &mut self,
+        pending: &Pending,
+        reason: &str,
+        failure: &registry::Failure,
+    ) {
+        let attempts = self.registering.retry_later();
+        let why = format!(
+            "events wait for the Schema Registry (subject {:?}): {reason}",
+            pending.subject
+        );
+        self.observer
+            .schema_registry_answered("unavailable", Some(&why));
+        // The first failure, then every 10th: a long outage does not flood the log.
+        if attempts == 1 || attempts.is_multiple_of(10) {
+            tracing::warn!(
+                subject = %pending.subject,
+                attempts,
+                waiting = self.registering.len(),
+                error = %failure,
+                "the Schema Registry is unavailable; events wait (nothing after them is \
+                 acknowledged) and the request is retried"
+            );
+        }
+    }
+
+    /// The registry refused the first waiting record's schema: that record is poison.
+    async fn schema_refused(&mut self, failure: &registry::Failure) -> Result<(), RelayError> {
+        self.observer.schema_registry_answered("refused", None);
+        self.registering.answered();
+        let Some(waiting) = self.registering.queue.pop_front() else {
+            return self.release().await;
+        };
+        let raw = waiting.record.schemas.map(|p| p.raw).unwrap_or_default();
+        let error = EventError::SchemaRefused {
+            reason: failure.to_string(),
+        };
+        let failed = Failure::Unmapped(error, raw, waiting.commit_time_ms);
+        self.failed(waiting.ticket, failed).await?;
+        self.release().await
     }
 
     /// A record with an unknown schema id and no registry: a configuration error.

@@ -28,12 +28,17 @@ const SESSION_OPTIONS: &str =
 #[derive(Clone, Debug)]
 pub struct Connector {
     info: PostgresConnInfo,
+    /// One server, chosen already: connections go there without asking its role again.
+    pinned: bool,
 }
 
 impl Connector {
     /// Connections to the server(s) of `info` (`--postgres-url` with its password).
     pub fn new(info: PostgresConnInfo) -> Self {
-        Connector { info }
+        Connector {
+            info,
+            pinned: false,
+        }
     }
 
     /// The URL's settings (user, database, hosts).
@@ -80,7 +85,8 @@ impl Connector {
     /// Whether the URL leaves a choice of server (several hosts, or a session attribute).
     fn has_choice(&self) -> bool {
         let pg = &self.info;
-        pg.hosts.len() > 1 || pg.target_session_attrs != TargetSessionAttrs::Any
+        let choice = pg.hosts.len() > 1 || pg.target_session_attrs != TargetSessionAttrs::Any;
+        choice && !self.pinned
     }
 
     /// A control connection to the server `target_session_attrs` picks.
@@ -100,7 +106,10 @@ impl Connector {
     /// Each server of the URL alone, in order.
     pub fn each_server(&self) -> impl Iterator<Item = (String, Connector)> + '_ {
         self.info.hosts.iter().map(|(host, port)| {
-            let pinned = Connector::new(self.info.pinned(host, *port));
+            let pinned = Connector {
+                info: self.info.pinned(host, *port),
+                pinned: true,
+            };
             (format!("{host}:{port}"), pinned)
         })
     }
@@ -280,5 +289,34 @@ fn login_refused(error: &PgWireError) -> bool {
             super::wire_sqlstate(message).is_some_and(|code| code.starts_with("28"))
         }
         other => other.is_auth(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connector(url: &str) -> Connector {
+        Connector::new(PostgresConnInfo::parse(url).unwrap())
+    }
+
+    #[test]
+    fn a_server_once_chosen_is_not_asked_its_role_again() {
+        let one = connector("postgres://u@db1/app");
+        assert!(!one.has_choice());
+        let writable = connector("postgres://u@db1/app?target_session_attrs=read-write");
+        assert!(writable.has_choice());
+        let several = connector("postgres://u@db1,db2/app?target_session_attrs=read-write");
+        assert!(several.has_choice());
+        let servers: Vec<(String, Connector)> = several.each_server().collect();
+        assert_eq!(servers[1].0, "db2:5432");
+        assert!(servers.iter().all(|(_, server)| !server.has_choice()));
+        // Writes after a failover go to whichever server is the primary then.
+        assert!(several.primary().has_choice());
+        let primary = connector("postgres://u@db1,db2/app").primary();
+        assert_eq!(
+            primary.info().target_session_attrs,
+            TargetSessionAttrs::ReadWrite
+        );
     }
 }

@@ -295,9 +295,11 @@ fn load_roots(ca_file: Option<&Path>) -> Result<RootCertStore, TlsError> {
         let roots = webpki_roots::TLS_SERVER_ROOTS.to_vec();
         return Ok(RootCertStore { roots });
     };
-    let (param, expected) = ("sslrootcert", "CA certificate that parses as X.509");
+    let param = "sslrootcert";
+    let expected = "CA certificate that parses as X.509";
     let mut store = RootCertStore::empty();
-    let (added, _ignored) = store.add_parsable_certificates(read_pem(param, path, expected)?);
+    let certificates = read_pem(param, path, expected)?;
+    let (added, _ignored) = store.add_parsable_certificates(certificates);
     if added == 0 {
         return Err(TlsError::Unusable {
             param,

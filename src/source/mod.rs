@@ -6,7 +6,7 @@
 //! way a position reaches the slot, and only the pipeline calls it, with the ack frontier.
 //! Connections and catalog queries are [`crate::postgres`]'s.
 
-pub mod cleanup;
+pub mod deleter;
 mod error;
 mod event;
 pub mod failover;

@@ -16,9 +16,10 @@ use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
 use outbox_relay::observability::health::evaluate;
 use outbox_relay::outbox::TableName;
+use outbox_relay::pipeline::cleanup::Cleanup;
 use outbox_relay::sink::exactly_once::Position;
 use outbox_relay::source::SourceError;
-use outbox_relay::source::cleanup::{Cleanup, DeleteFailure, Deleter, Table};
+use outbox_relay::source::deleter::{DeleteFailure, Deleter, Table};
 use rand::Rng;
 use tokio::time::Instant;
 

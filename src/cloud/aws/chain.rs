@@ -180,55 +180,6 @@ impl ChainFacts {
 /// PURE: what the chain tried, in its order, each with what this environment has for it,
 /// and what to do; `error` is the chain's own error (none when it found nothing).
 pub fn explain(facts: &ChainFacts, error: Option<&str>) -> String {
-    let yes_no = |set: bool, yes: &str, no: &str| if set { yes.to_owned() } else { no.to_owned() };
-    let files: Vec<String> = facts
-        .profile_files
-        .iter()
-        .map(|(path, exists)| {
-            let state = if *exists { "" } else { " (missing)" };
-            format!("{}{state}", path.display())
-        })
-        .collect();
-    let tried = [
-        format!(
-            "environment variables ({})",
-            yes_no(
-                facts.env_keys,
-                "AWS_ACCESS_KEY_ID is set",
-                "AWS_ACCESS_KEY_ID is not set"
-            )
-        ),
-        format!(
-            "the shared profile {:?} in {}",
-            facts.profile,
-            files.join(" and ")
-        ),
-        format!(
-            "web identity ({})",
-            yes_no(
-                facts.web_identity,
-                "AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN are set",
-                "AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN are not both set; on EKS, \
-                 annotate the service account with eks.amazonaws.com/role-arn"
-            )
-        ),
-        format!(
-            "the container endpoint ({})",
-            yes_no(
-                facts.container,
-                "AWS_CONTAINER_CREDENTIALS_* is set",
-                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or _FULL_URI is not set"
-            )
-        ),
-        format!(
-            "instance metadata ({})",
-            yes_no(
-                facts.imds_disabled,
-                "disabled by AWS_EC2_METADATA_DISABLED",
-                "no answer: not on EC2, or no instance profile"
-            )
-        ),
-    ];
     let found = match error {
         Some(error) => format!("the AWS credential chain failed: {error}"),
         None => "no AWS credentials were found".to_owned(),
@@ -240,8 +191,51 @@ pub fn explain(facts: &ChainFacts, error: Option<&str>) -> String {
     format!(
         "{found}{role}. Tried, in order: {}. Give the relay credentials in one of these ways \
          (docs/operations.md, AWS IAM)",
-        tried.join("; ")
+        tried(facts).join("; ")
     )
+}
+
+/// Each source of the chain, in its order, with what this environment has for it.
+fn tried(facts: &ChainFacts) -> [String; 5] {
+    let yes_no = |set: bool, yes: &str, no: &str| if set { yes.to_owned() } else { no.to_owned() };
+    let files: Vec<String> = (facts.profile_files.iter())
+        .map(|(path, exists)| {
+            let state = if *exists { "" } else { " (missing)" };
+            format!("{}{state}", path.display())
+        })
+        .collect();
+    let env_keys = yes_no(
+        facts.env_keys,
+        "AWS_ACCESS_KEY_ID is set",
+        "AWS_ACCESS_KEY_ID is not set",
+    );
+    let web_identity = yes_no(
+        facts.web_identity,
+        "AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN are set",
+        "AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN are not both set; on EKS, annotate the \
+         service account with eks.amazonaws.com/role-arn",
+    );
+    let container = yes_no(
+        facts.container,
+        "AWS_CONTAINER_CREDENTIALS_* is set",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI or _FULL_URI is not set",
+    );
+    let imds = yes_no(
+        facts.imds_disabled,
+        "disabled by AWS_EC2_METADATA_DISABLED",
+        "no answer: not on EC2, or no instance profile",
+    );
+    [
+        format!("environment variables ({env_keys})"),
+        format!(
+            "the shared profile {:?} in {}",
+            facts.profile,
+            files.join(" and ")
+        ),
+        format!("web identity ({web_identity})"),
+        format!("the container endpoint ({container})"),
+        format!("instance metadata ({imds})"),
+    ]
 }
 
 /// The chain's error as text: its message and causes (no secret is among them).

@@ -72,10 +72,12 @@ pub(super) async fn run(consumer: StreamConsumer<ClientCallbacks>, consumed: Arc
             }
         };
         let headers = message.headers().into_iter().flat_map(|h| h.iter());
-        let (partition, offset) = (message.partition(), message.offset());
         let line = RecordLine {
             topic: message.topic(),
-            position: Position::Kafka { partition, offset },
+            position: Position::Kafka {
+                partition: message.partition(),
+                offset: message.offset(),
+            },
             key: text(message.key()),
             headers: headers.map(|h| (h.key.to_owned(), text(h.value))).collect(),
             value: text(message.payload()),

@@ -108,7 +108,8 @@ pub(super) fn run(cli: &Cli, args: &DemoArgs) -> Result<(), CommandError> {
     if let Some(addr) = config.flags.observability.http_addr {
         println!("demo: metrics at http://{addr}/metrics");
     }
-    let (rate, outbox) = (args.rate, writer::OUTBOX);
+    let rate = args.rate;
+    let outbox = writer::OUTBOX;
     println!("demo: writing {rate} order event(s)/s to {outbox}; Ctrl-C stops");
 
     let result = super::block_on(async {
@@ -139,8 +140,11 @@ async fn run_demo(
     startup::start(&Wanted::new(config), &connector, &kafka).await?;
     let consumer = consumer::subscribe(config, mock).map_err(DemoError::Kafka)?;
 
-    let (written, consumed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let health = Arc::new(Health::new(config.flags.observability.readiness));
+    let written = Arc::new(AtomicU64::new(0));
+    let consumed = Arc::new(AtomicU64::new(0));
+    let health = Arc::new(Health::new(
+        config.flags.observability.readiness.thresholds(),
+    ));
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let shutdown = relay_stopped.map(|_| ());
     let mut relay = tokio::spawn(relay::run_with(config.clone(), health.clone(), shutdown));

@@ -35,6 +35,8 @@ use record::{ConnectRecord, Datum};
 use router::Router;
 use transforms::Chain;
 
+pub use registry::PendingSchemas;
+
 /// How a key or value becomes bytes: the relay's own way, or a Kafka Connect converter's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Converter {

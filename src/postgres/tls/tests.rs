@@ -236,7 +236,8 @@ fn connectors_build_for_every_mode_without_a_default_provider() {
     let pki = Pki::new("relay test CA");
     pki.leaf("client", &["relay"]);
     let ca = pki.ca_path().display().to_string();
-    let (cert, key) = (pki.path("client.crt"), pki.path("client.key"));
+    let cert = pki.path("client.crt");
+    let key = pki.path("client.key");
     for (query, expected) in [
         ("sslmode=disable", tokio_postgres::config::SslMode::Disable),
         ("sslmode=prefer", tokio_postgres::config::SslMode::Prefer),

@@ -1,38 +1,13 @@
-//! `--cleanup delete`, the pipeline's side: which outbox rows may be deleted, handing them to
-//! the [`Deleter`] in batches, and how far the slot may move.
-//!
-//! A row may be deleted once everything it held reached Kafka: its event, and every event
-//! before it, was acknowledged. A dead-letter record counts when it carries the payload (an
-//! unmappable row's is its raw value); one without it (`outbox.payload.omitted`: the payload
-//! is what the broker refused) keeps the row in the table, with a warning and
-//! [`m::CLEANUP_KEPT_ROWS_TOTAL`]. Deleting a row before its transaction's commit arrives
-//! loses nothing: the WAL keeps the insert, and a replay sends the event again and finds
-//! nothing to delete; so one huge transaction's rows go while it streams.
-//!
-//! Invariant 5: the slot moves past a transaction only once all its rows, and all rows before
-//! them, are gone. A row another session holds keeps the slot (and Postgres' WAL) before its
-//! transaction while streaming goes on; at `--max-in-flight-events` rows from it on, reading
-//! pauses (invariant 3). A delete is one future polled beside the stream and the delivery
-//! reports, never awaited alone, so a slow or blocked delete holds up neither streaming nor a
-//! shutdown; what a stop leaves undeleted is replayed, and deleted, after the restart.
+//! PURE: the rows of relayed events waiting to be deleted, and when a held or failed row is
+//! tried again ([`retry_after`]); time is an input.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use futures_util::FutureExt;
-use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::{Pipeline, RelayError};
 use crate::lsn::Lsn;
-use crate::observability::Chain;
 use crate::observability::health::CleanupBacklog;
-use crate::observability::metrics as m;
-use crate::outbox::{DeadLetterInfo, OutboxRecord};
-use crate::sink::exactly_once::ReadBack;
-use crate::sink::{Sink, Ticket};
-use crate::source::Source;
-use crate::source::cleanup::{self, Cleanup, DeleteFailure, Deleter, Row, retry_after};
 
 /// Most rows handed to the deleter at once; as many waiting are deleted at once.
 const BATCH: usize = 1000;
@@ -51,9 +26,9 @@ enum State<R> {
 }
 
 /// PURE: the rows of relayed events waiting to be deleted, by ticket, with the transactions
-/// they belong to, in the spirit of [`super::ack::AckTracker`]; time is an input.
+/// they belong to, in the spirit of [`crate::pipeline::ack::AckTracker`]; time is an input.
 #[derive(Debug)]
-pub(super) struct Ledger<R> {
+pub(crate) struct Ledger<R> {
     /// From the oldest row not gone on, by ticket.
     rows: VecDeque<(u64, State<R>)>,
     /// Committed transactions not yet clear: end LSN, and the ticket after their last row.
@@ -84,7 +59,7 @@ pub(super) struct Ledger<R> {
 
 impl<R> Ledger<R> {
     /// Nothing waiting; the slot is confirmed at `confirmed`.
-    pub(super) fn new(confirmed: Lsn, limit: usize, interval: Duration) -> Self {
+    pub(crate) fn new(confirmed: Lsn, limit: usize, interval: Duration) -> Self {
         Ledger {
             rows: VecDeque::new(),
             commits: VecDeque::new(),
@@ -105,7 +80,7 @@ impl<R> Ledger<R> {
 
     /// A row of the open transaction, whose event takes `ticket`; with nothing waiting, every
     /// transaction up to `received` (the end of the last one received) is clear.
-    pub(super) fn row(&mut self, ticket: u64, row: R, received: Lsn) {
+    pub(crate) fn row(&mut self, ticket: u64, row: R, received: Lsn) {
         if self.rows.is_empty() {
             self.cleared = self.cleared.max(received);
         }
@@ -115,7 +90,7 @@ impl<R> Ledger<R> {
     }
 
     /// The open transaction committed, ending at `end`.
-    pub(super) fn commit(&mut self, end: Lsn) {
+    pub(crate) fn commit(&mut self, end: Lsn) {
         match self.commits.back_mut() {
             Some(last) if last.1 == self.next => last.0 = end,
             _ => self.commits.push_back((end, self.next)),
@@ -125,7 +100,7 @@ impl<R> Ledger<R> {
     }
 
     /// The open transaction will be replayed from its start, its rows under new tickets.
-    pub(super) fn abandon_open(&mut self) {
+    pub(crate) fn abandon_open(&mut self) {
         while let Some((ticket, state)) = self.rows.back()
             && *ticket >= self.committed
         {
@@ -137,8 +112,8 @@ impl<R> Ledger<R> {
     }
 
     /// The stream resumes at `to`, before the last transaction received (a promotion): as
-    /// [`super::ack::AckTracker::rewind`], nothing from the old server clears past `to`.
-    pub(super) fn rewind(&mut self, to: Lsn) {
+    /// [`crate::pipeline::ack::AckTracker::rewind`], nothing from the old server clears past `to`.
+    pub(crate) fn rewind(&mut self, to: Lsn) {
         self.cleared = self.cleared.min(to);
         for (end, _) in &mut self.commits {
             *end = (*end).min(to);
@@ -146,7 +121,7 @@ impl<R> Ledger<R> {
     }
 
     /// The row of `ticket` stays in the table for good; whether there is one.
-    pub(super) fn keep(&mut self, ticket: u64) -> bool {
+    pub(crate) fn keep(&mut self, ticket: u64) -> bool {
         let Some(i) = self.position(ticket) else {
             return false;
         };
@@ -163,7 +138,7 @@ impl<R> Ledger<R> {
     /// The next batch for the deleter when one is due at `now` (`force`: now, however few):
     /// rows whose events, and all before them, were acknowledged (tickets below
     /// `acked_below`), and held rows when their retry is due.
-    pub(super) fn batch(&mut self, acked_below: u64, now: Instant, force: bool) -> Vec<(u64, R)> {
+    pub(crate) fn batch(&mut self, acked_below: u64, now: Instant, force: bool) -> Vec<(u64, R)> {
         if self.in_flight {
             return Vec::new();
         }
@@ -217,7 +192,7 @@ impl<R> Ledger<R> {
 
     /// What the deleter did with `batch` at `now`: `held` lists the positions of the rows it
     /// left in place; a failure left them all. Returns how many rows it deleted.
-    pub(super) fn done<E>(
+    pub(crate) fn done<E>(
         &mut self,
         batch: Vec<(u64, R)>,
         held: &Result<Vec<usize>, E>,
@@ -253,8 +228,23 @@ impl<R> Ledger<R> {
         deleted
     }
 
+    /// How many rows a delete left in place.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Whether no row was left in place since the last time none was.
+    pub(crate) fn none_held(&self) -> bool {
+        self.held_since.is_none()
+    }
+
+    /// How long held rows wait before they are tried again, after the failures so far.
+    pub(crate) fn retry_in(&self) -> Duration {
+        retry_after(self.failures)
+    }
+
     /// The first row left in place.
-    fn first_held(&self) -> Option<&R> {
+    pub(crate) fn first_held(&self) -> Option<&R> {
         self.rows.iter().find_map(|(_, s)| match s {
             State::Held(row) => Some(row),
             _ => None,
@@ -281,24 +271,24 @@ impl<R> Ledger<R> {
     }
 
     /// The highest position the slot may take, while rows wait.
-    pub(super) fn cleared(&self) -> Option<Lsn> {
+    pub(crate) fn cleared(&self) -> Option<Lsn> {
         (!self.rows.is_empty()).then_some(self.cleared)
     }
 
     /// Whether reading must pause until rows go.
-    pub(super) fn full(&self) -> bool {
+    pub(crate) fn full(&self) -> bool {
         self.rows.len() >= self.limit
     }
 
     /// When [`Ledger::batch`] may have rows to hand over without anything else happening.
-    pub(super) fn wake(&self) -> Option<Instant> {
+    pub(crate) fn wake(&self) -> Option<Instant> {
         let retry = self.retry_at.filter(|_| self.held > 0);
         let at = [self.due, retry].into_iter().flatten().min();
         at.filter(|_| !self.in_flight)
     }
 
     /// Whether a batch is being deleted, or rows whose events were all acknowledged wait.
-    pub(super) fn busy(&self, acked_below: u64) -> bool {
+    pub(crate) fn busy(&self, acked_below: u64) -> bool {
         self.in_flight
             || self
                 .rows
@@ -307,7 +297,7 @@ impl<R> Ledger<R> {
     }
 
     /// For readiness and metrics.
-    pub(super) fn backlog(&self) -> CleanupBacklog {
+    pub(crate) fn backlog(&self) -> CleanupBacklog {
         CleanupBacklog {
             rows: self.rows.len(),
             full: self.full(),
@@ -320,7 +310,8 @@ impl<R> Ledger<R> {
     /// The ledger's invariants, after every change in debug builds (the simulation stops at the
     /// step that broke one); recounted in small ledgers only, to stay O(1).
     fn check(&self) {
-        let (front, back) = (self.rows.front(), self.rows.back());
+        let front = self.rows.front();
+        let back = self.rows.back();
         debug_assert!(
             front.is_none_or(|(_, s)| !matches!(s, State::Gone)),
             "a gone row at the front"
@@ -360,159 +351,10 @@ impl<R> Ledger<R> {
     }
 }
 
-/// `--cleanup delete` in the pipeline: the tables' keys, the ledger and the delete under way.
-pub(super) struct Cleaning {
-    pub(super) tables: Cleanup,
-    pub(super) ledger: Ledger<Row>,
-    /// The batch being deleted, which returns the deleter.
-    deleting: Option<BoxFuture<'static, Deleted>>,
-}
-
-/// A batch's outcome, with the deleter and the batch.
-pub(super) type Deleted = (
-    Box<dyn Deleter>,
-    Vec<(u64, Row)>,
-    Result<Vec<usize>, DeleteFailure>,
-);
-
-impl Cleaning {
-    pub(super) fn new(tables: Cleanup, ledger: Ledger<Row>) -> Self {
-        Cleaning {
-            tables,
-            ledger,
-            deleting: None,
-        }
-    }
-
-    /// Starts deleting the next batch, if one is due.
-    fn hand_over(&mut self, acked_below: Ticket, force: bool) {
-        let batch = self.ledger.batch(acked_below.0, Instant::now(), force);
-        if batch.is_empty() {
-            return;
-        }
-        let Some(mut deleter) = self.tables.deleter.take() else {
-            return;
-        };
-        self.deleting = Some(
-            async move {
-                let outcome = cleanup::delete(&mut *deleter, &batch).await;
-                (deleter, batch, outcome)
-            }
-            .boxed(),
-        );
-    }
-}
-
-/// The delete under way, if any: resolves when it is done; never without one.
-pub(super) async fn deleted(cleaning: Option<&mut Cleaning>) -> Deleted {
-    match cleaning.and_then(|c| c.deleting.as_mut()) {
-        Some(deleting) => deleting.await,
-        None => std::future::pending().await,
-    }
-}
-
-impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
-    /// Hands the deleter the next batch, if one is due (`force`: now).
-    pub(super) fn hand_over(&mut self, force: bool) {
-        let acked_below = self.tracker.acked_below();
-        if let Some(cleaning) = self.cleanup.as_mut() {
-            cleaning.hand_over(acked_below, force);
-        }
-    }
-
-    /// A batch was deleted, or not: a permanent failure stops the relay.
-    pub(super) fn on_deleted(
-        &mut self,
-        (deleter, batch, outcome): Deleted,
-    ) -> Result<(), RelayError> {
-        let Some(cleaning) = self.cleanup.as_mut() else {
-            return Ok(());
-        };
-        cleaning.deleting = None;
-        cleaning.tables.deleter = Some(deleter);
-        let newly = cleaning.ledger.held_since.is_none();
-        let deleted = cleaning.ledger.done(batch, &outcome, Instant::now());
-        metrics::counter!(m::CLEANUP_DELETED_ROWS_TOTAL).increment(deleted as u64);
-        let held = cleaning.ledger.held;
-        match outcome {
-            Err(failure) if failure.permanent => {
-                return Err(RelayError::Cleanup {
-                    frontier: self.reportable(),
-                    source: failure,
-                });
-            }
-            Err(failure) => tracing::warn!(
-                table = %failure.table,
-                error = %Chain(&failure.source),
-                rows = held,
-                retry_in = %humantime::format_duration(retry_after(cleaning.ledger.failures)),
-                "--cleanup delete: cannot delete relayed rows; retrying. The slot is not moved \
-                 past their transactions meanwhile"
-            ),
-            Ok(_) if held > 0 && newly => {
-                let first = cleaning.ledger.first_held();
-                let (table, key) = first.map_or(("", ""), |(t, k)| (t.name(), k.as_str()));
-                tracing::warn!(
-                    rows = held,
-                    table = %table,
-                    key = %key,
-                    "--cleanup delete: rows are held by another session (an open transaction \
-                     locked, updated or deleted them); retrying every second. The slot is not \
-                     moved past their transactions meanwhile, and reading pauses once \
-                     --max-in-flight-events rows wait"
-                );
-            }
-            Ok(_) => {}
-        }
-        Ok(())
-    }
-
-    /// Under `--cleanup delete`, the row of the event with `ticket` stays in the table: its
-    /// dead-letter `record` does not carry all it held.
-    pub(super) fn keep_row(
-        &mut self,
-        ticket: Ticket,
-        record: &OutboxRecord,
-        info: &DeadLetterInfo,
-    ) {
-        let Some(cleaning) = self.cleanup.as_mut() else {
-            return;
-        };
-        if cleaning.ledger.keep(ticket.0) {
-            metrics::counter!(m::CLEANUP_KEPT_ROWS_TOTAL).increment(1);
-            tracing::warn!(
-                lsn = %info.lsn,
-                id = %record.id_text(),
-                table = %info.table,
-                why = %info.payload_omitted.as_deref().unwrap_or_default(),
-                "--cleanup delete: keeping the outbox row: its event was dead-lettered without \
-                 its payload, so the row holds the only copy. Delete it yourself once handled"
-            );
-        }
-    }
-
-    /// At shutdown: hands over and waits for what may be deleted now, until `deadline`; rows
-    /// held by another session are left to the replay after restart.
-    pub(super) async fn drain_cleanup(&mut self, deadline: Instant) -> Result<(), RelayError> {
-        let acked_below = self.tracker.acked_below().0;
-        while self
-            .cleanup
-            .as_ref()
-            .is_some_and(|c| c.ledger.busy(acked_below))
-        {
-            self.hand_over(true);
-            match tokio::time::timeout_at(deadline, deleted(self.cleanup.as_mut())).await {
-                Ok(done) => self.on_deleted(done)?,
-                Err(_) => break,
-            }
-        }
-        Ok(())
-    }
-
-    /// The cleanup's backlog for the observer, if cleaning.
-    pub(super) fn cleanup_backlog(&self) -> Option<CleanupBacklog> {
-        self.cleanup.as_ref().map(|c| c.ledger.backlog())
-    }
+/// How long a held or failed row waits before it is tried again: a second, doubling after
+/// each failed delete in a row, up to 30 s.
+pub(crate) fn retry_after(failures: u32) -> Duration {
+    Duration::from_secs(1 << failures.min(5)).min(Duration::from_secs(30))
 }
 
 #[cfg(test)]
@@ -707,5 +549,11 @@ mod tests {
         assert!(l.batch(1500, now, true).is_empty(), "one at a time");
         l.done::<()>(batch, &Ok(vec![]), now);
         assert_eq!(l.batch(1500, now, true).len(), 500);
+    }
+
+    #[test]
+    fn retries_back_off_to_thirty_seconds() {
+        let waits: Vec<u64> = (0..8).map(|n| retry_after(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
     }
 }
