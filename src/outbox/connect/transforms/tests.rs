@@ -1,4 +1,8 @@
+use super::apply::struct_fields;
+use super::parse::parse_literal;
 use super::*;
+use crate::outbox::connect::data::{Data, Kind, Schema};
+use crate::outbox::connect::record::Header;
 
 fn text(s: &str) -> Data {
     Data::Str(s.to_owned())
