@@ -7,7 +7,12 @@
 use std::fmt::Write as _;
 
 use base64::Engine as _;
-use num_bigint::{BigInt, Sign};
+
+mod decimal;
+mod text;
+
+pub use decimal::Decimal;
+pub use text::to_text;
 
 /// A Connect schema type; structs carry their fields in order.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -94,105 +99,6 @@ impl Schema {
 
 /// Kafka Connect's `Decimal` logical type name.
 pub const DECIMAL: &str = "org.apache.kafka.connect.data.Decimal";
-
-/// A `java.math.BigDecimal`: an unscaled integer and the number of digits after the point.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Decimal {
-    /// The digits, as an integer.
-    pub unscaled: BigInt,
-    /// How many of them are after the point.
-    pub scale: i32,
-}
-
-impl Decimal {
-    /// Reads plain decimal notation (`-123.4500`, as Postgres prints a `numeric`), keeping
-    /// trailing zeros in the scale as `new BigDecimal(text)` does; `None` for anything else
-    /// (`NaN`, `Infinity`, exponents).
-    pub fn parse(text: &str) -> Option<Decimal> {
-        let (negative, digits) = match text.strip_prefix('-') {
-            Some(rest) => (true, rest),
-            None => (false, text),
-        };
-        let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
-        let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-        if int.is_empty() || !all_digits(int) || !all_digits(frac) || digits.ends_with('.') {
-            return None;
-        }
-        let magnitude = BigInt::parse_bytes(format!("{int}{frac}").as_bytes(), 10)?;
-        Some(Decimal {
-            unscaled: if negative { -magnitude } else { magnitude },
-            scale: i32::try_from(frac.len()).ok()?,
-        })
-    }
-
-    /// `setScale(scale)` when it adds digits (Debezium only ever widens a column's scale).
-    pub fn widened(&self, scale: i32) -> Decimal {
-        if scale <= self.scale {
-            return self.clone();
-        }
-        let factor = BigInt::from(10u8).pow(scale.abs_diff(self.scale));
-        Decimal {
-            unscaled: &self.unscaled * factor,
-            scale,
-        }
-    }
-
-    /// `BigInteger.toByteArray()` of the unscaled value: two's complement, big-endian, shortest.
-    pub fn unscaled_bytes(&self) -> Vec<u8> {
-        self.unscaled.to_signed_bytes_be()
-    }
-
-    /// `BigDecimal.toString()`: plain unless the exponent is below -6 or the scale negative.
-    pub fn to_java_string(&self) -> String {
-        let digits = self.unscaled.magnitude().to_string();
-        let sign = if self.unscaled.sign() == Sign::Minus {
-            "-"
-        } else {
-            ""
-        };
-        let adjusted = i64::from(-self.scale) + digits.len() as i64 - 1;
-        if self.scale >= 0 && adjusted >= -6 {
-            return format!("{sign}{}", plain(&digits, self.scale));
-        }
-        let (first, rest) = digits.split_at(1);
-        let point = if rest.is_empty() { "" } else { "." };
-        let exponent_sign = if adjusted >= 0 { "+" } else { "" };
-        format!("{sign}{first}{point}{rest}E{exponent_sign}{adjusted}")
-    }
-
-    /// `BigDecimal.toPlainString()`.
-    pub fn to_plain_string(&self) -> String {
-        let digits = self.unscaled.magnitude().to_string();
-        let sign = if self.unscaled.sign() == Sign::Minus {
-            "-"
-        } else {
-            ""
-        };
-        if self.scale < 0 {
-            let zeros = "0".repeat(self.scale.unsigned_abs() as usize);
-            return format!("{sign}{digits}{zeros}");
-        }
-        format!("{sign}{}", plain(&digits, self.scale))
-    }
-
-    /// `BigDecimal.doubleValue()`: the nearest double.
-    pub fn to_f64(&self) -> f64 {
-        self.to_java_string().parse().unwrap_or(f64::NAN)
-    }
-}
-
-/// `digits` with a point `scale` places from the right (`scale` at least 0).
-fn plain(digits: &str, scale: i32) -> String {
-    let scale = scale.unsigned_abs() as usize;
-    if scale == 0 {
-        return digits.to_owned();
-    }
-    if digits.len() > scale {
-        let (int, frac) = digits.split_at(digits.len() - scale);
-        return format!("{int}.{frac}");
-    }
-    format!("0.{}{digits}", "0".repeat(scale - digits.len()))
-}
 
 /// A Connect value; integers keep their width in the schema.
 #[derive(Clone, Debug, PartialEq)]
@@ -435,85 +341,6 @@ fn write_base64(out: &mut String, bytes: &[u8]) {
     out.push('"');
     base64::engine::general_purpose::STANDARD.encode_string(bytes, out);
     out.push('"');
-}
-
-/// `Values.convertToString`, which `SimpleHeaderConverter` writes: strings as they are,
-/// numbers as Java prints them, bytes as base64, structs and arrays in Connect's own JSON-like
-/// text; `None` for null. `Err` for Connect's `Date`, `Time` and `Timestamp`, which it formats in
-/// the worker JVM's time zone.
-pub fn to_text(schema: Option<&Schema>, data: &Data) -> Result<Option<String>, Refused> {
-    if *data == Data::Null {
-        return Ok(None);
-    }
-    let mut out = String::new();
-    append_text(&mut out, schema, data, false)?;
-    Ok(Some(out))
-}
-
-/// `Values.append`: `embedded` values (inside a struct or array) quote their strings.
-fn append_text(
-    out: &mut String,
-    schema: Option<&Schema>,
-    data: &Data,
-    embedded: bool,
-) -> Result<(), Refused> {
-    let logical = schema.and_then(|s| s.name.as_deref());
-    if let Some(name @ (CONNECT_DATE | CONNECT_TIME | CONNECT_TIMESTAMP)) = logical {
-        let why = format!("Kafka's Values formats a {name} in the worker JVM's time zone");
-        return Err(Refused(why));
-    }
-    match data {
-        Data::Null => out.push_str("null"),
-        Data::Bool(b) => write!(out, "{b}").unwrap_or_default(),
-        Data::Int(i) => write!(out, "{i}").unwrap_or_default(),
-        Data::Float(f) => match schema.map(|s| &s.kind) {
-            Some(Kind::Float32) => out.push_str(&java_float(*f)),
-            _ => out.push_str(&java_double(*f)),
-        },
-        Data::Decimal(d) => out.push_str(&d.to_java_string()),
-        Data::Str(s) if embedded => {
-            let escaped = s.replace('\\', "\\\\").replace('"', "\\\"");
-            write!(out, "\"{escaped}\"").unwrap_or_default();
-        }
-        Data::Str(s) => out.push_str(s),
-        Data::Bytes(b) if embedded => write_base64(out, b),
-        Data::Bytes(b) => base64::engine::general_purpose::STANDARD.encode_string(b, out),
-        Data::Array(items) => {
-            let item = match schema.map(|s| &s.kind) {
-                Some(Kind::Array(item)) => Some(&**item),
-                _ => None,
-            };
-            out.push('[');
-            for (i, value) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                append_text(out, item, value, true)?;
-            }
-            out.push(']');
-        }
-        Data::Struct(values) => {
-            let Some(Kind::Struct(fields)) = schema.map(|s| &s.kind) else {
-                return Err(Refused("a struct without its schema".into()));
-            };
-            out.push('{');
-            for (i, ((name, field), value)) in fields.iter().zip(values).enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                append_text(out, None, &Data::Str(name.clone()), true)?;
-                out.push(':');
-                // `Struct.get` gives a null field its default.
-                let value = match (value, &field.default) {
-                    (Data::Null, Some(default)) => default,
-                    _ => value,
-                };
-                append_text(out, Some(field), value, true)?;
-            }
-            out.push('}');
-        }
-    }
-    Ok(())
 }
 
 /// Kafka Connect's `Date` logical type (days since the epoch, as a `java.util.Date`).
