@@ -652,16 +652,7 @@ fn write_string(out: &mut String, s: &str) {
 fn encode(avro: &Avro, data: &Data, out: &mut Vec<u8>) -> Result<(), String> {
     let mismatch = || format!("a value that does not fit its Avro schema ({data:?})");
     match (avro, data) {
-        (Avro::Union(branches), data) => {
-            // `GenericData.resolveUnion`: the branch of the datum's type.
-            let is_null = *data == Data::Null;
-            let index = branches
-                .iter()
-                .position(|b| matches!(b, Avro::Primitive(Primitive::Null, _)) == is_null)
-                .ok_or_else(mismatch)?;
-            write_long(out, index as i64);
-            encode(&branches[index], data, out)
-        }
+        (Avro::Union(branches), data) => encode_union(branches, data, out),
         (Avro::Primitive(Primitive::Null, _), Data::Null) => Ok(()),
         (Avro::Primitive(Primitive::Boolean, _), Data::Bool(b)) => {
             out.push(u8::from(*b));
@@ -694,29 +685,48 @@ fn encode(avro: &Avro, data: &Data, out: &mut Vec<u8>) -> Result<(), String> {
             write_bytes(out, &decimal.unscaled_bytes());
             Ok(())
         }
-        (Avro::Array(items, _), Data::Array(values)) => {
-            if !values.is_empty() {
-                write_long(out, values.len() as i64);
-                for value in values {
-                    encode(items, value, out)?;
-                }
-            }
-            out.push(0);
-            Ok(())
-        }
+        (Avro::Array(items, _), Data::Array(values)) => encode_array(items, values, out),
         (Avro::Record(record), Data::Struct(values)) if values.len() == record.fields.len() => {
-            for (field, value) in record.fields.iter().zip(values) {
-                let value = match (value, &field.fallback) {
-                    (Data::Null, Some(fallback)) => fallback,
-                    (value, _) => value,
-                };
-                encode(&field.schema, value, out)?;
-            }
-            Ok(())
+            encode_record(record, values, out)
         }
         (_, Data::Null) => Err("a null value where the Avro schema allows none".into()),
         _ => Err(mismatch()),
     }
+}
+
+/// A union's value: `GenericData.resolveUnion` picks the branch of the datum's type.
+fn encode_union(branches: &[Avro], data: &Data, out: &mut Vec<u8>) -> Result<(), String> {
+    let is_null = *data == Data::Null;
+    let index = branches
+        .iter()
+        .position(|b| matches!(b, Avro::Primitive(Primitive::Null, _)) == is_null)
+        .ok_or_else(|| format!("a value that does not fit its Avro schema ({data:?})"))?;
+    write_long(out, index as i64);
+    encode(&branches[index], data, out)
+}
+
+/// An array: its items in one block, then the empty block that ends it.
+fn encode_array(items: &Avro, values: &[Data], out: &mut Vec<u8>) -> Result<(), String> {
+    if !values.is_empty() {
+        write_long(out, values.len() as i64);
+        for value in values {
+            encode(items, value, out)?;
+        }
+    }
+    out.push(0);
+    Ok(())
+}
+
+/// A record's fields in order, a null field as its default (`Struct.get`).
+fn encode_record(record: &Record, values: &[Data], out: &mut Vec<u8>) -> Result<(), String> {
+    for (field, value) in record.fields.iter().zip(values) {
+        let value = match (value, &field.fallback) {
+            (Data::Null, Some(fallback)) => fallback,
+            (value, _) => value,
+        };
+        encode(&field.schema, value, out)?;
+    }
+    Ok(())
 }
 
 /// A value without a Connect schema, in the `Anything` record: every field null but the one

@@ -187,6 +187,15 @@ const DEFAULT_TIME_PRECISION: i32 = 6;
 const UNLIMITED: i32 = i32::MAX;
 /// Debezium's length for a `numeric` without precision.
 const VARIABLE_SCALE_DECIMAL_LENGTH: i32 = 131_089;
+/// An optional schema of Debezium's (or Connect's) logical type `name`, version 1.
+fn named(kind: Kind, name: &str) -> Schema {
+    Schema {
+        name: Some(name.to_owned()),
+        version: Some(1),
+        ..Schema::optional(kind)
+    }
+}
+
 /// Kafka Connect's `VariableScaleDecimal` doc.
 const VARIABLE_SCALE_DOC: &str = "Variable scaled decimal";
 
@@ -324,11 +333,6 @@ impl Column {
 
     /// The schema of the type under the modes, without optionality, parameters or default.
     fn base_schema(&self) -> Schema {
-        let named = |kind: Kind, name: &str| Schema {
-            name: Some(name.to_owned()),
-            version: Some(1),
-            ..Schema::optional(kind)
-        };
         let time = self.modes.time;
         match self.pg {
             PgType::Text(..) => Schema::optional(Kind::String),
@@ -342,33 +346,7 @@ impl Column {
                 Schema::optional(Kind::Bytes)
             }
             PgType::Bytea => Schema::optional(Kind::String),
-            PgType::Numeric(typmod) => match (self.modes.decimal, typmod) {
-                (DecimalHandling::Double, _) => Schema::optional(Kind::Float64),
-                (DecimalHandling::String, _) => Schema::optional(Kind::String),
-                (DecimalHandling::Precise, Some((precision, scale))) => {
-                    let mut schema = named(Kind::Bytes, DECIMAL);
-                    schema.parameters = vec![
-                        ("scale".to_owned(), scale.to_string()),
-                        (
-                            "connect.decimal.precision".to_owned(),
-                            precision.to_string(),
-                        ),
-                    ];
-                    schema
-                }
-                (DecimalHandling::Precise, None) => {
-                    let fields = vec![
-                        ("scale".to_owned(), Schema::required(Kind::Int32)),
-                        ("value".to_owned(), Schema::required(Kind::Bytes)),
-                    ];
-                    let mut schema = named(
-                        Kind::Struct(fields),
-                        "io.debezium.data.VariableScaleDecimal",
-                    );
-                    schema.doc = Some(VARIABLE_SCALE_DOC.to_owned());
-                    schema
-                }
-            },
+            PgType::Numeric(typmod) => self.numeric_schema(typmod),
             PgType::Float4 => Schema::optional(Kind::Float32),
             PgType::Float8 => Schema::optional(Kind::Float64),
             PgType::Date => match time {
@@ -389,6 +367,38 @@ impl Column {
                 _ => named(Kind::Int64, "io.debezium.time.MicroTimestamp"),
             },
             PgType::Timestamptz(_) => named(Kind::String, "io.debezium.time.ZonedTimestamp"),
+        }
+    }
+
+    /// A `numeric`'s schema under `decimal.handling.mode`: with a declared scale Connect's
+    /// `Decimal` (scale and precision as parameters), without one `VariableScaleDecimal`.
+    fn numeric_schema(&self, typmod: Option<(i32, i32)>) -> Schema {
+        match (self.modes.decimal, typmod) {
+            (DecimalHandling::Double, _) => Schema::optional(Kind::Float64),
+            (DecimalHandling::String, _) => Schema::optional(Kind::String),
+            (DecimalHandling::Precise, Some((precision, scale))) => {
+                let mut schema = named(Kind::Bytes, DECIMAL);
+                schema.parameters = vec![
+                    ("scale".to_owned(), scale.to_string()),
+                    (
+                        "connect.decimal.precision".to_owned(),
+                        precision.to_string(),
+                    ),
+                ];
+                schema
+            }
+            (DecimalHandling::Precise, None) => {
+                let fields = vec![
+                    ("scale".to_owned(), Schema::required(Kind::Int32)),
+                    ("value".to_owned(), Schema::required(Kind::Bytes)),
+                ];
+                let mut schema = named(
+                    Kind::Struct(fields),
+                    "io.debezium.data.VariableScaleDecimal",
+                );
+                schema.doc = Some(VARIABLE_SCALE_DOC.to_owned());
+                schema
+            }
         }
     }
 
@@ -416,13 +426,6 @@ impl Column {
     }
 
     fn read_text(&self, text: &str) -> Result<Data, String> {
-        let unreadable = |what: &str| {
-            format!(
-                "not {what} in Postgres' ISO output, or a value Debezium encodes in a way the relay does not reproduce (infinity, a date before the common era)"
-            )
-        };
-        let micros_to_millis = |micros: i64| micros.div_euclid(1000);
-        let time = self.modes.time;
         Ok(match self.pg {
             PgType::Text(..) | PgType::Uuid | PgType::Json(_) => Data::Str(text.to_owned()),
             PgType::Int2 | PgType::Int4 | PgType::Int8 => {
@@ -433,6 +436,22 @@ impl Column {
             PgType::Bytea => self.bytes(text.as_bytes()),
             PgType::Numeric(typmod) => self.numeric(text, typmod)?,
             PgType::Float4 | PgType::Float8 => Data::Float(java_float_text(text)?),
+            PgType::Date | PgType::Time(_) | PgType::Timestamp(_) | PgType::Timestamptz(_) => {
+                self.temporal(text)?
+            }
+        })
+    }
+
+    /// A `date`, `time`, `timestamp` or `timestamptz` under `time.precision.mode`.
+    fn temporal(&self, text: &str) -> Result<Data, String> {
+        let unreadable = |what: &str| {
+            format!(
+                "not {what} in Postgres' ISO output, or a value Debezium encodes in a way the relay does not reproduce (infinity, a date before the common era)"
+            )
+        };
+        let micros_to_millis = |micros: i64| micros.div_euclid(1000);
+        let time = self.modes.time;
+        Ok(match self.pg {
             PgType::Date => {
                 let days = temporal::parse_date(text).ok_or_else(|| unreadable("a date"))?;
                 match time {
@@ -480,6 +499,7 @@ impl Column {
                     iso.ok_or_else(|| unreadable("a timestamp"))?
                 ))
             }
+            _ => return Err(format!("{:?} is not a temporal type", self.pg)),
         })
     }
 
