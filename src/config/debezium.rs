@@ -990,15 +990,6 @@ impl<'a> Importer<'a> {
         };
         let negate = self.take(&format!("transforms.{router}.negate"));
         let negate = negate.is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let predicate_prefix = format!("predicates.{predicate}.");
-        let settings: BTreeMap<&str, &str> = prefixed(self.config, &predicate_prefix).collect();
-        let setting = |name: &str| {
-            settings
-                .get(format!("predicates.{predicate}.{name}").as_str())
-                .copied()
-        };
-        let class = setting("type").unwrap_or_default();
-        let class = class.rsplit('.').next().unwrap_or_default();
         let naming = ["topic.naming.strategy", "topic.delimiter"];
         if let Some(option) = naming.iter().find(|o| self.config.contains_key(**o)) {
             let why = format!(
@@ -1006,29 +997,10 @@ impl<'a> Importer<'a> {
             );
             return Err(invalid(key, predicate, why));
         }
+        let pattern = self.router_pattern(&key, predicate)?;
         let prefix = self.config.get("topic.prefix").map_or("", |p| p.trim());
         let tables = self.out.args.iter().filter(|(flag, _)| flag == "--table");
         let topics: Vec<String> = tables.map(|(_, t)| format!("{prefix}.{t}")).collect();
-        let pattern = match class {
-            "TopicNameMatches" => {
-                let pattern = setting("pattern").unwrap_or_default();
-                let regex = regex::Regex::new(&format!("^(?:{pattern})$"));
-                let why = |e| {
-                    format!(
-                        "its pattern {pattern:?} is not a regular expression the relay reads the same way: {e}"
-                    )
-                };
-                Some(regex.map_err(|e| invalid(&key, predicate, why(e)))?)
-            }
-            // An insert's change event is never a tombstone.
-            "RecordIsTombstone" => None,
-            _ => {
-                let why = format!(
-                    "a {class:?} predicate on the router: the relay reproduces the router's TopicNameMatches and RecordIsTombstone predicates"
-                );
-                return Err(invalid(key, predicate, why));
-            }
-        };
         for topic in &topics {
             let holds = pattern.as_ref().is_some_and(|p| p.is_match(topic));
             if holds == negate {
@@ -1047,6 +1019,40 @@ impl<'a> Importer<'a> {
             self.no_effect(key, value, "the router's predicate, above");
         }
         Ok(())
+    }
+
+    /// The topics the router's predicate (`key`, naming `predicate`) holds for: a pattern
+    /// (`TopicNameMatches`), or `None` for none (`RecordIsTombstone`: an insert's change event
+    /// is never a tombstone).
+    fn router_pattern(&self, key: &str, predicate: &str) -> Result<Option<regex::Regex>, Error> {
+        let predicate_prefix = format!("predicates.{predicate}.");
+        let settings: BTreeMap<&str, &str> = prefixed(self.config, &predicate_prefix).collect();
+        let setting = |name: &str| {
+            settings
+                .get(format!("predicates.{predicate}.{name}").as_str())
+                .copied()
+        };
+        let class = setting("type").unwrap_or_default();
+        let class = class.rsplit('.').next().unwrap_or_default();
+        match class {
+            "TopicNameMatches" => {
+                let pattern = setting("pattern").unwrap_or_default();
+                let regex = regex::Regex::new(&format!("^(?:{pattern})$"));
+                let why = |e| {
+                    format!(
+                        "its pattern {pattern:?} is not a regular expression the relay reads the same way: {e}"
+                    )
+                };
+                Ok(Some(regex.map_err(|e| invalid(key, predicate, why(e)))?))
+            }
+            "RecordIsTombstone" => Ok(None),
+            _ => {
+                let why = format!(
+                    "a {class:?} predicate on the router: the relay reproduces the router's TopicNameMatches and RecordIsTombstone predicates"
+                );
+                Err(invalid(key, predicate, why))
+            }
+        }
     }
 
     /// The transforms after the router, as `--transform` flags, each checked by the relay's

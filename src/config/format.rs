@@ -181,24 +181,8 @@ impl FormatArgs {
     /// The Debezium format, or `None` when no flag asks for it.
     pub fn connect(&self, message_prefixes: bool) -> Result<Option<ConnectConfig>, ConfigError> {
         let relay = self.value_converter == Converter::Relay;
-        let tombstone = self.tombstone_on_empty_payload;
         let envelope = !self.envelope_columns.is_empty();
-        let version = self.schema_version_column.is_some();
-        let value_only = [
-            ("--expand-json-payload", self.expand_json_payload),
-            ("--tombstone-on-empty-payload", tombstone),
-            ("--envelope-column", envelope),
-            ("--schema-version-column", version),
-            ("--keep-json-payload-nulls", self.keep_json_payload_nulls),
-        ];
-        if self.keep_json_payload_nulls && !self.expand_json_payload {
-            let reason = "applies to expanded payloads: give --expand-json-payload too";
-            return Err(invalid("--keep-json-payload-nulls", "", reason));
-        }
-        if let Some((flag, _)) = value_only.iter().find(|(_, set)| *set && relay) {
-            let reason = "shapes Debezium's record values: give --value-converter too";
-            return Err(invalid(flag, "", reason));
-        }
+        self.check_value_flags(relay)?;
         let transforms = self.chain()?;
         let others = self.debezium_context_headers
             || self.partition_column.is_some()
@@ -246,6 +230,33 @@ impl FormatArgs {
             registry: Default::default(),
             schema_cache: SchemaCache::default(),
         }))
+    }
+
+    /// Refuses a flag that shapes Debezium's values without a value converter (`relay`), or
+    /// `--keep-json-payload-nulls` without expansion.
+    fn check_value_flags(&self, relay: bool) -> Result<(), ConfigError> {
+        let value_only = [
+            ("--expand-json-payload", self.expand_json_payload),
+            (
+                "--tombstone-on-empty-payload",
+                self.tombstone_on_empty_payload,
+            ),
+            ("--envelope-column", !self.envelope_columns.is_empty()),
+            (
+                "--schema-version-column",
+                self.schema_version_column.is_some(),
+            ),
+            ("--keep-json-payload-nulls", self.keep_json_payload_nulls),
+        ];
+        if self.keep_json_payload_nulls && !self.expand_json_payload {
+            let reason = "applies to expanded payloads: give --expand-json-payload too";
+            return Err(invalid("--keep-json-payload-nulls", "", reason));
+        }
+        if let Some((flag, _)) = value_only.iter().find(|(_, set)| *set && relay) {
+            let reason = "shapes Debezium's record values: give --value-converter too";
+            return Err(invalid(flag, "", reason));
+        }
+        Ok(())
     }
 
     /// The transforms after the router; they need Kafka Connect's key and value converters.
