@@ -51,13 +51,21 @@ const ROUTED: &str =
 /// connector or of Kafka Connect that the import does not map to a flag; `None` otherwise.
 pub fn classify(key: &str, value: &str, reads: Reads<'_>) -> Option<Class> {
     let value = value.trim();
-    let set = !value.is_empty();
     if let Some(class) = column_selection(key, value, reads) {
         return Some(class);
     }
     if let Some(class) = connect_option(key, value) {
         return Some(class);
     }
+    connection_option(key, value)
+        .or_else(|| event_option(key, value))
+        .or_else(|| stream_option(key, value))
+        .or_else(|| schema_option(key, value))
+}
+
+/// The connection, slot and position options.
+fn connection_option(key: &str, value: &str) -> Option<Class> {
+    let set = !value.is_empty();
     match key {
         "database.query.timeout.ms"
         | "database.tcpKeepAlive"
@@ -113,6 +121,14 @@ pub fn classify(key: &str, value: &str, reads: Reads<'_>) -> Option<Class> {
             "Debezium never confirmed the slot's position, leaving that to something else; the relay confirms what Kafka acknowledged",
         ),
         "flush.lsn.source" => no_effect("the slot's position is confirmed, as the relay does"),
+        _ => None,
+    }
+}
+
+/// What Debezium does with events, transactions, messages and types.
+fn event_option(key: &str, value: &str) -> Option<Class> {
+    let set = !value.is_empty();
+    match key {
         "skipped.operations" if value.split(',').any(|op| op.trim() == "c") => refused(
             "Debezium skipped inserts, so it wrote no outbox records at all; remove c from skipped.operations",
         ),
@@ -164,6 +180,14 @@ pub fn classify(key: &str, value: &str, reads: Reads<'_>) -> Option<Class> {
         k if k.starts_with("openlineage.") => {
             no_effect("lineage events go to OpenLineage, not to the outbox topics")
         }
+        _ => None,
+    }
+}
+
+/// Notifications, messages, types Debezium handles in modes, and other stream options.
+fn stream_option(key: &str, value: &str) -> Option<Class> {
+    let set = !value.is_empty();
+    match key {
         "notification.enabled.channels" | "notification.sink.topic.name" => differs(
             "Debezium's notifications (snapshot progress) have no equivalent; the relay reports through its log and /metrics",
         ),
@@ -194,6 +218,14 @@ pub fn classify(key: &str, value: &str, reads: Reads<'_>) -> Option<Class> {
         "heartbeat.topics.prefix" => no_effect(
             "Debezium's heartbeat records, which go to their own topic; see heartbeat.interval.ms",
         ),
+        _ => None,
+    }
+}
+
+/// Topic naming, schema names and the rest of the connector's options.
+fn schema_option(key: &str, value: &str) -> Option<Class> {
+    let set = !value.is_empty();
+    match key {
         "topic.naming.strategy"
             if value == "io.debezium.schema.SchemaTopicNamingStrategy"
                 || value == "io.debezium.schema.DefaultTopicNamingStrategy" =>
