@@ -25,6 +25,7 @@ mod failures;
 mod harness;
 mod lineage;
 mod ops;
+mod outages;
 mod partitions;
 mod peek;
 mod poison;

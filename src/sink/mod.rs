@@ -319,7 +319,7 @@ impl KafkaSink {
             alone: false,
             health,
             auth: kafka.auth().clone(),
-            log: ClientLog::default(),
+            log: kafka.log(),
         };
         let producer: BaseProducer<_> = config
             .create_with_context(context)
@@ -410,7 +410,7 @@ impl Sink for KafkaSink {
                     alone: true,
                     health: None,
                     auth: self.kafka.auth().clone(),
-                    log: ClientLog::default(),
+                    log: self.kafka.log(),
                 };
                 let producer: BaseProducer<_> = config
                     .create_with_context(context)
