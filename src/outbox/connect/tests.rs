@@ -485,3 +485,32 @@ fn record_name_strategies_need_records() {
         "outbox.event.order-dbserver1.public.outbox.order.Value"
     );
 }
+
+#[test]
+fn a_record_strategy_after_value_to_key_is_judged_per_event() {
+    let mut c = connect(Converter::Avro, Converter::Avro);
+    c.registry.key.subjects = registry::SubjectStrategy::Record;
+    c.envelope = vec![HeaderColumn::parse("type:eventType").unwrap()];
+    let settings: Vec<(String, String)> = [
+        ("transforms", "tokey"),
+        (
+            "transforms.tokey.type",
+            "org.apache.kafka.connect.transforms.ValueToKey",
+        ),
+        ("transforms.tokey.fields", "eventType"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    c.transforms = transforms::Chain::parse(&settings).unwrap();
+    // ValueToKey makes the key a struct, an Avro record: Confluent names its subject after it.
+    let m = TableMapping::bind_with(&mapping(c), &outbox(), &facts()).unwrap();
+    let r = row(&[Some("1"), Some("order"), Some("1"), Some("A"), None, None]);
+    let record = m.map(&r, 0).unwrap().unwrap();
+    let key = record
+        .schemas
+        .as_ref()
+        .and_then(|p| p.key.as_ref())
+        .unwrap();
+    assert_eq!(&*key.subject, "io.confluent.connect.avro.ConnectDefault");
+}
