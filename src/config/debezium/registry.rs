@@ -95,24 +95,58 @@ fn agree<T: PartialEq + Copy>(
     }
 }
 
+/// An AvroConverter's settings as the import classifies them.
+#[derive(Debug, Default)]
+pub(super) struct AvroSettings {
+    /// Reproduced, as `key=value`.
+    pub(super) identical: Vec<String>,
+    /// Without effect on the records, as `key=value: why`.
+    pub(super) no_effect: Vec<String>,
+}
+
+/// Why an AvroConverter setting changes no byte of the records written here; `None` for the
+/// others.
+fn no_effect(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "http.connect.timeout.ms" => "a connection timeout",
+        "max.schemas.per.subject" | "schemas.cache.config" => "a cache size",
+        "latest.compatibility.strict" | "id.compatibility.strict" => {
+            "a check before writing; the relay writes only the schema it derives (with use.latest.version, only when the latest has its Parsing Canonical Form)"
+        }
+        "allow.optional.map.keys" | "enhanced.avro.schema.support" => {
+            "the Connect schemas of Debezium's router and the reproduced transforms have no maps, enums or unions"
+        }
+        "avro.reflection.allow.null"
+        | "avro.remove.java.properties"
+        | "avro.use.logical.type.converters" => {
+            "a setting of Avro's reflect and specific data, not of AvroConverter's Connect data"
+        }
+        _ => return None,
+    })
+}
+
 impl RegistryImport {
     /// The settings of the `role` (`key` or `value`) converter: `(key, value)` pairs whose
-    /// keys start with `prefix`. Returns the settings reproduced, as `key=value` (secrets
-    /// masked), for the import's "identical" list.
+    /// keys start with `prefix`, each reproduced or without effect on the records (as
+    /// `key=value`, secrets masked), or the first refused.
     pub(super) fn avro(
         &mut self,
         role: &str,
         settings: &[(&str, &str)],
         prefix: &str,
-    ) -> Result<Vec<String>, Error> {
+    ) -> Result<AvroSettings, Error> {
         self.used = true;
-        let mut identical = Vec::new();
+        let mut classified = AvroSettings::default();
         let mut source = "URL".to_owned();
         let mut user_info = None;
         let mut truststore_type = None;
         let mut truststore = None;
         for &(key, value) in settings {
             let name = &key[prefix.len()..];
+            if let Some(why) = no_effect(name) {
+                classified.no_effect.push(format!("{key}={value}: {why}"));
+                continue;
+            }
             let mut shown = value.to_owned();
             match name {
                 "schema.registry.url" => {
@@ -188,17 +222,6 @@ impl RegistryImport {
                 "context.name.strategy"
                     if value
                         == "io.confluent.kafka.serializers.context.NullContextNameStrategy" => {}
-                // What makes no difference to the records written here.
-                "http.connect.timeout.ms"
-                | "max.schemas.per.subject"
-                | "schemas.cache.config"
-                | "latest.compatibility.strict"
-                | "id.compatibility.strict"
-                | "allow.optional.map.keys"
-                | "enhanced.avro.schema.support"
-                | "avro.reflection.allow.null"
-                | "avro.remove.java.properties"
-                | "avro.use.logical.type.converters" => {}
                 "use.schema.id"
                 | "normalize.schemas"
                 | "schema.reflection"
@@ -235,7 +258,7 @@ impl RegistryImport {
                     ));
                 }
             }
-            identical.push(format!("{key}={shown}"));
+            classified.identical.push(format!("{key}={shown}"));
         }
         if source == "USER_INFO" {
             let info = user_info.ok_or_else(|| {
@@ -273,7 +296,7 @@ impl RegistryImport {
                 "required: AvroConverter needs its registry",
             ));
         }
-        Ok(identical)
+        Ok(classified)
     }
 
     /// The flags, once both converters are read.
