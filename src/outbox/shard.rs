@@ -104,7 +104,9 @@ impl Shard {
     /// of its key and id, so exactly one shard stops on it or dead-letters it).
     pub fn owns_event(&self, mapped: &Mapped) -> bool {
         let (key, id) = match mapped {
-            Ok(record) => (&record.key, &record.id),
+            Ok(Some(record)) => (&record.key, &record.id),
+            // Dropped by a transform: only rows are, which the publication shards already.
+            Ok(None) => return true,
             Err((_, parts)) => (&parts.key, &parts.id),
         };
         self.owns(key.as_deref(), Some(id))

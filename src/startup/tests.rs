@@ -7,6 +7,7 @@ use super::lineage::LineageFacts;
 use super::*;
 use crate::config::{Cli, Config};
 use crate::outbox::Shard;
+use crate::outbox::connect::ColumnFacts;
 use crate::outbox::shard::hash_text;
 use crate::pgoutput::{Column, Relation};
 use crate::postgres::catalog::Server;
@@ -77,9 +78,24 @@ fn column_type(name: &str, oid: u32, output: &str, is_text: bool) -> ColumnType 
 /// A healthy server and slot for `wanted`, its tables as [`outbox`] with the facts `wanted`
 /// reads, and the slot's creation recorded.
 fn healthy(wanted: &Wanted) -> Facts {
+    // Debezium's format reads every column's NOT NULL and DEFAULT (gather reads them then).
+    let column_facts = match wanted
+        .tables
+        .first()
+        .and_then(|t| t.mapping.connect.as_ref())
+    {
+        Some(_) => (outbox().relation.columns.iter())
+            .map(|c| ColumnFacts {
+                name: c.name.clone(),
+                not_null: false,
+                default: None,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let table = TableFacts {
         found: Some(outbox()),
-        column_facts: Vec::new(),
+        column_facts,
         shard_columns: match wanted.shard {
             Some(_) => vec![
                 ShardColumn {

@@ -118,9 +118,11 @@ impl Scalar {
 fn kind_name(kind: &Kind) -> &'static str {
     match kind {
         Kind::Boolean => "boolean",
+        Kind::Int8 => "int8",
         Kind::Int16 => "int16",
         Kind::Int32 => "int32",
         Kind::Int64 => "int64",
+        Kind::Float32 => "float32",
         Kind::Float64 => "float64",
         Kind::String => "string",
         Kind::Bytes => "bytes",
