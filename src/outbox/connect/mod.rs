@@ -383,14 +383,18 @@ impl ConnectPlan {
         };
         let registry = &self.config.registry;
         let written = (schema, &datum.data);
-        let registered = match converter {
-            Converter::Avro => registry.avro(&self.derived, part.key, part.topic, written, pending),
-            Converter::Protobuf => {
-                registry.protobuf(&self.derived, part.key, part.topic, written, pending)
+        match converter {
+            Converter::Avro => {
+                (registry.avro(&self.derived, part.key, part.topic, written, pending))
+                    .map_err(|reason| EventError::DebeziumStops { reason })
             }
-            _ => return convert(converter, datum, part.decimals),
-        };
-        registered.map_err(|reason| EventError::DebeziumStops { reason })
+            // What the derivation refuses was not measured against Confluent's converter.
+            Converter::Protobuf => {
+                (registry.protobuf(&self.derived, part.key, part.topic, written, pending))
+                    .map_err(|reason| EventError::NotReproduced { reason })
+            }
+            _ => convert(converter, datum, part.decimals),
+        }
     }
 }
 

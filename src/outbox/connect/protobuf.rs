@@ -160,7 +160,8 @@ impl ProtobufSchema {
             return Err(not_reproduced("a value without schema".into()));
         };
         if let Kind::Array(_) = schema.kind {
-            return Err("ProtobufConverter: Unsupported root schema of type ARRAY".into());
+            let why = "ProtobufConverter: a key or value that is an array is not written: Confluent's converter throws on it (Unsupported root schema of type ARRAY)";
+            return Err(why.into());
         }
         if let Some(logical) = connect_logical(schema) {
             return Err(not_reproduced(format!("a value of type {logical}")));
