@@ -20,7 +20,7 @@
 //! Confluent's `meta.proto`), logical types, a value without schema, and a struct without
 //! package.
 
-use super::data::{Data, Kind, Schema};
+use super::data::{self, Data, Kind, Schema};
 
 /// `google/protobuf/wrappers.proto` as the converter registers it: protobuf-java 3.25's
 /// descriptor of the file, printed by Confluent's `ProtobufSchema` (the wheel's protobuf-java).
@@ -85,7 +85,7 @@ impl Scalar {
             Kind::Float64 => Scalar::Double,
             Kind::String => Scalar::String,
             Kind::Bytes => Scalar::Bytes,
-            other => return Err(format!("a {} field", kind_name(other))),
+            other => return Err(format!("a {} field", data::type_name(other))),
         })
     }
 
@@ -111,23 +111,6 @@ impl Scalar {
             Scalar::String => 7,
             Scalar::Bytes => 8,
         }
-    }
-}
-
-/// Connect's name for a kind, as the converter's errors say it.
-fn kind_name(kind: &Kind) -> &'static str {
-    match kind {
-        Kind::Boolean => "boolean",
-        Kind::Int8 => "int8",
-        Kind::Int16 => "int16",
-        Kind::Int32 => "int32",
-        Kind::Int64 => "int64",
-        Kind::Float32 => "float32",
-        Kind::Float64 => "float64",
-        Kind::String => "string",
-        Kind::Bytes => "bytes",
-        Kind::Array(_) => "array",
-        Kind::Struct(_) => "struct",
     }
 }
 
