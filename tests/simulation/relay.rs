@@ -259,6 +259,7 @@ impl SimSink {
             let topic = record.topic.clone();
             return Err(SinkError::Enqueue { topic, id, source });
         }
+        world.note(format!("enqueue {} {}", record.id_text(), record.topic));
         world
             .broker
             .enqueue(&mut world.rng, ticket, record.clone(), alone);
