@@ -154,6 +154,18 @@ impl Wal {
     }
 
     /// Every event with the position exactly-once gives it (`outbox.lsn`, `outbox.change`).
+    /// The outbox's logical messages as another prefix's: the relay's Debezium formats relay
+    /// tables only.
+    pub fn without_messages(&mut self) {
+        for tx in &mut self.txs {
+            for change in &mut tx.changes {
+                if let Change::Message(_) = change {
+                    *change = Change::Foreign;
+                }
+            }
+        }
+    }
+
     pub fn positions(&self) -> impl Iterator<Item = (&Event, Position)> {
         self.txs.iter().flat_map(|tx| {
             let changes = tx.changes.iter().zip(&tx.lsns);
