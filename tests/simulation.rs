@@ -15,7 +15,9 @@
 //! batch, alone, or at hand-over), permanent and batch-wide delivery
 //! failures, refused hand-overs and dead-letter records, a promotion (the
 //! standby's WAL diverging from the old primary's, its slot behind) and a
-//! standby relay taking the slot over for a while.
+//! standby relay taking the slot over for a while. In 30% of schedules keys
+//! and values are Avro through a simulated Schema Registry (`registry`) with
+//! scheduled outages, so records wait for their schema ids.
 //!
 //! The oracle checks at every confirmation that no transaction with an event
 //! the broker does not hold is passed, and at the end that each event is in
@@ -721,7 +723,7 @@ pub enum Step {
 }
 
 /// Every fault and stop the schedules inject, as counted from the traces.
-const FAULTS: [&str; 23] = [
+const FAULTS: [&str; 24] = [
     "fault SIGTERM",
     "fault batch refused",
     "fault broker outage",
@@ -738,6 +740,7 @@ const FAULTS: [&str; 23] = [
     "fault next delivery fails for good",
     "fault poison",
     "fault promotion",
+    "fault registry outage",
     "fault standby takeover",
     "fault stream break",
     "fault too large at hand-over",

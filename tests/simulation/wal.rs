@@ -153,7 +153,6 @@ impl Wal {
         replaced
     }
 
-    /// Every event with the position exactly-once gives it (`outbox.lsn`, `outbox.change`).
     /// The outbox's logical messages as another prefix's: the relay's Debezium formats relay
     /// tables only.
     pub fn without_messages(&mut self) {
@@ -166,6 +165,7 @@ impl Wal {
         }
     }
 
+    /// Every event with the position exactly-once gives it (`outbox.lsn`, `outbox.change`).
     pub fn positions(&self) -> impl Iterator<Item = (&Event, Position)> {
         self.txs.iter().flat_map(|tx| {
             let changes = tx.changes.iter().zip(&tx.lsns);
