@@ -62,6 +62,8 @@ pub struct Fixture {
     pub compatibility: Option<String>,
     /// What the Schema Registry held afterwards: subject, then (id, schema) per version.
     pub registry: BTreeMap<String, Vec<(u32, String)>>,
+    /// Each subject's versions' `schemaType` (`AVRO` when the registry gives none).
+    pub types: BTreeMap<String, Vec<String>>,
 }
 
 impl Fixture {
@@ -111,6 +113,7 @@ pub fn fixture(name: &str) -> Fixture {
             .collect(),
     });
     let mut registry: BTreeMap<String, Vec<(u32, String)>> = BTreeMap::new();
+    let mut types: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for entry in json["registry"].as_array().into_iter().flatten() {
         let id = u32::try_from(entry["id"].as_u64().unwrap()).unwrap();
         let versions = registry.entry(entry["subject"].as_str().unwrap().to_owned());
@@ -120,6 +123,9 @@ pub fn fixture(name: &str) -> Fixture {
             entry["version"].as_u64().unwrap() as usize
         );
         versions.push((id, entry["schema"].as_str().unwrap().to_owned()));
+        let kind = entry["schemaType"].as_str().unwrap_or("AVRO");
+        let kinds = types.entry(entry["subject"].as_str().unwrap().to_owned());
+        kinds.or_default().push(kind.to_owned());
     }
     Fixture {
         name: name.to_owned(),
@@ -129,6 +135,7 @@ pub fn fixture(name: &str) -> Fixture {
         error: json["error"].as_str().map(str::to_owned),
         compatibility: json["compatibility"].as_str().map(str::to_owned),
         registry,
+        types,
     }
 }
 
@@ -559,6 +566,12 @@ fn assert_same_registry(fixture: &Fixture, registry: &Registry) {
         "{}: the relay's registry differs from Debezium's:\n{got:#?}\n{expected:#?}",
         fixture.name
     );
+    assert_eq!(
+        registry.types(),
+        fixture.types,
+        "{}: schema types",
+        fixture.name
+    );
 }
 
 /// Relays a registry fixture's rows against a fresh registry; compares records after mapping
@@ -610,6 +623,35 @@ async fn stops_like_debezium(name: &str, because: &str) {
     );
 }
 
+/// Debezium with ProtobufConverter wrote expanded payloads as messages numbered in the order
+/// its structs gave the keys, then stopped on an array of arrays: the relay refuses the
+/// combination at start-up, naming the option and what was measured, and sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_converter_with_expanded_payloads_is_refused_naming_what_debezium_did() {
+    let fixture = fixture("protobuf-expand");
+    let error = fixture.error.as_deref().unwrap_or_default();
+    assert!(error.contains("Array cannot be nested"), "{error}");
+    let pg = prepared(&fixture, &sql().1).await;
+    let broker = Broker::start();
+    let registry = registry_for(&fixture).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut relay = relay_with(&fixture, &pg, &broker, dir.path(), Some(&registry), &[]);
+    let status = tokio::task::block_in_place(|| relay.wait_exit(Duration::from_secs(60)));
+    let log = relay.log();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the relay stops:\n{log}"
+    );
+    for needle in [
+        "--expand-json-payload",
+        "Array cannot be nested",
+        "field numbers",
+    ] {
+        assert!(log.contains(needle), "{needle:?} in:\n{log}");
+    }
+    assert_eq!(registry.requests(), 0, "nothing registered");
+}
+
 macro_rules! identical_with_a_registry {
     ($($test:ident: $fixture:literal,)*) => {$(
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -631,6 +673,9 @@ identical_with_a_registry! {
     avro_converter_typed_columns_in_microseconds_and_doubles: "avro-types-micro-double",
     avro_converter_bytea_as_hex: "avro-binary-hex",
     avro_converter_after_transforms: "avro-smt",
+    protobuf_converter_keys_and_values_as_wrappers: "protobuf",
+    protobuf_converter_envelopes: "protobuf-envelope",
+    protobuf_converter_envelopes_of_several_column_types: "protobuf-envelope-types",
 }
 
 macro_rules! identical {

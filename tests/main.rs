@@ -31,6 +31,7 @@ mod peek;
 mod poison;
 mod publication;
 mod registry;
+mod registry_client;
 mod reliability;
 mod shards;
 mod simulation;

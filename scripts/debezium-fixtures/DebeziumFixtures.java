@@ -332,6 +332,9 @@ public class DebeziumFixtures {
                 if (schema.has("schemaType")) {
                     entry.put("schemaType", schema.get("schemaType").asText());
                 }
+                if (schema.has("references")) {
+                    entry.set("references", schema.get("references"));
+                }
             }
         }
         return out;

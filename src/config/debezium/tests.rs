@@ -6,6 +6,7 @@ use clap::Parser;
 use super::*;
 use crate::config::{Cli, Config};
 use crate::outbox::connect::columns::TimePrecision;
+use crate::outbox::connect::registry::Lookup;
 use crate::outbox::connect::{Converter, HeaderConverter};
 
 const BASIC: &str = include_str!(concat!(
@@ -1406,4 +1407,49 @@ fn every_key_of_the_fixture_configs_is_explained() {
         checked += 1;
     }
     assert!(checked >= 50, "only {checked} fixture configs");
+}
+
+#[test]
+fn protobuf_converters_import_as_registry_flags_their_own_settings_checked() {
+    let protobuf = "io.confluent.connect.protobuf.ProtobufConverter";
+    let base = [
+        ("key.converter", protobuf),
+        ("key.converter.schema.registry.url", "http://sr:8081"),
+        ("value.converter", protobuf),
+        ("value.converter.schema.registry.url", "http://sr:8081"),
+    ];
+    // Settings only reading uses, and the defaults of those that change bytes.
+    let mut settings = base.to_vec();
+    settings.extend([
+        ("value.converter.enhanced.protobuf.schema.support", "true"),
+        ("value.converter.wrapper.for.raw.primitives", "false"),
+        ("value.converter.wrapper.for.nullables", "false"),
+        ("value.converter.auto.register.schemas", "false"),
+        ("key.converter.auto.register.schemas", "false"),
+    ]);
+    let imported = import(&config(&settings)).unwrap();
+    let relay = assert_valid_for_relay(&imported);
+    let connect = relay.mapping.connect.unwrap();
+    assert_eq!(
+        (connect.key, connect.value),
+        (Converter::Protobuf, Converter::Protobuf)
+    );
+    assert_eq!(connect.registry.value.lookup, Lookup::Existing);
+    // (setting, value) -> refused, naming it
+    let refused = [
+        ("value.converter.wrapper.for.nullables", "true"),
+        ("value.converter.optional.for.nullables", "true"),
+        ("value.converter.connect.meta.data", "false"),
+        ("value.converter.avro.use.logical.type.converters", "true"),
+        ("value.converter.use.schema.id", "3"),
+    ];
+    for (key, value) in refused {
+        let mut settings = base.to_vec();
+        settings.push((key, value));
+        let err = import(&config(&settings)).unwrap_err();
+        assert!(
+            matches!(&err, DebeziumError::Invalid { key: k, .. } if k == key),
+            "{key}: {err}"
+        );
+    }
 }

@@ -73,8 +73,8 @@ pub(super) fn convert(
                 reason: "BinaryDataConverter passes only bytes through".into(),
             }),
         },
-        Converter::Avro => Err(EventError::NotReproduced {
-            reason: "AvroConverter writes through the Schema Registry".into(),
+        Converter::Avro | Converter::Protobuf => Err(EventError::NotReproduced {
+            reason: "a Schema Registry converter writes through the registry".into(),
         }),
         Converter::String | Converter::Relay => string_converter(schema, &datum.data),
     }

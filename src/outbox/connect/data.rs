@@ -196,8 +196,8 @@ pub fn to_json_with(
     Ok(Some(out))
 }
 
-/// The JSON type name of a schema kind.
-fn type_name(kind: &Kind) -> &'static str {
+/// The JSON type name of a schema kind (Connect's type names).
+pub(super) fn type_name(kind: &Kind) -> &'static str {
     match kind {
         Kind::Boolean => "boolean",
         Kind::Int8 => "int8",

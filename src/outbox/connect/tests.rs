@@ -514,3 +514,51 @@ fn a_record_strategy_after_value_to_key_is_judged_per_event() {
         .unwrap();
     assert_eq!(&*key.subject, "io.confluent.connect.avro.ConnectDefault");
 }
+
+#[test]
+fn protobuf_combinations_not_measured_are_refused_at_start_up() {
+    // (key, value, set up) -> the flag the refusal names, or "" when it binds
+    let expand = |c: &mut ConnectConfig| c.expand_json_payload = true;
+    let key_record =
+        |c: &mut ConnectConfig| c.registry.key.subjects = registry::SubjectStrategy::Record;
+    let value_topic_record =
+        |c: &mut ConnectConfig| c.registry.value.subjects = registry::SubjectStrategy::TopicRecord;
+    let nothing = |_: &mut ConnectConfig| {};
+    type SetUp<'a> = &'a dyn Fn(&mut ConnectConfig);
+    let table: Vec<(Converter, Converter, SetUp, &str)> = vec![
+        (Converter::Protobuf, Converter::Protobuf, &nothing, ""),
+        (
+            Converter::String,
+            Converter::Protobuf,
+            &expand,
+            "--expand-json-payload",
+        ),
+        (Converter::Protobuf, Converter::Json, &expand, ""),
+        (
+            Converter::Protobuf,
+            Converter::Protobuf,
+            &key_record,
+            "--key-subject-name-strategy",
+        ),
+        (Converter::String, Converter::Protobuf, &key_record, ""),
+        (
+            Converter::Protobuf,
+            Converter::Protobuf,
+            &value_topic_record,
+            "--value-subject-name-strategy",
+        ),
+    ];
+    for (key, value, set_up, flag) in table {
+        let mut c = connect(key, value);
+        set_up(&mut c);
+        let bound = TableMapping::bind_with(&mapping(c), &outbox(), &facts());
+        let err = bound.err().map(|e| e.to_string()).unwrap_or_default();
+        match flag {
+            "" => assert_eq!(err, "", "{key:?} {value:?}"),
+            flag => assert!(
+                err.contains(flag) && err.contains("measured"),
+                "{key:?} {value:?}: {err}"
+            ),
+        }
+    }
+}
