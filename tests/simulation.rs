@@ -15,7 +15,9 @@
 //! batch, alone, or at hand-over), permanent and batch-wide delivery
 //! failures, refused hand-overs and dead-letter records, a promotion (the
 //! standby's WAL diverging from the old primary's, its slot behind) and a
-//! standby relay taking the slot over for a while.
+//! standby relay taking the slot over for a while. In 30% of schedules keys
+//! and values are Avro through a simulated Schema Registry (`registry`) with
+//! scheduled outages, so records wait for their schema ids.
 //!
 //! The oracle checks at every confirmation that no transaction with an event
 //! the broker does not hold is passed, and at the end that each event is in
@@ -30,6 +32,7 @@
 
 mod broker;
 mod cleanup;
+mod registry;
 mod relay;
 mod wal;
 
@@ -66,6 +69,8 @@ pub struct Plan {
     pub fault_rate: u32,
     /// `--cleanup delete`.
     pub cleanup: bool,
+    /// Avro keys and values through a Schema Registry that fails and recovers.
+    pub registry: bool,
 }
 
 /// The simulated world: Postgres' WAL and slot, the broker, the fault
@@ -116,6 +121,8 @@ pub struct World {
     pub sigterm_at: Option<tokio::time::Instant>,
     /// Ids of the events the current run handed to the producer.
     pub sent: BTreeSet<String>,
+    /// The Schema Registry, under `plan.registry`.
+    pub registry: registry::Registry,
 }
 
 /// The world plus the driver's wake-up on a crash.
@@ -147,8 +154,13 @@ impl World {
             faults: rng.random_range(0..=5),
             fault_rate: rng.random_range(5..=120),
             cleanup: rng.random_bool(0.4),
+            // Drawn apart, so the schedules of seeds without a registry stay as they were.
+            registry: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_4e61_7374_7279).random_bool(0.3),
         };
-        let wal = Wal::generate(&mut rng, plan.all_tables, max_bytes * 2);
+        let mut wal = Wal::generate(&mut rng, plan.all_tables, max_bytes * 2);
+        if plan.registry {
+            wal.without_messages();
+        }
         let broker = Broker::new(&mut rng, DLQ);
         let rows = wal.txs.iter().flat_map(|tx| tx.changes.iter());
         let rows = rows.filter_map(|change| match change {
@@ -181,6 +193,7 @@ impl World {
             health: None,
             sigterm_at: None,
             sent: BTreeSet::new(),
+            registry: registry::Registry::default(),
         }
     }
 
@@ -307,7 +320,8 @@ impl World {
             _ => return Step::Break,
         }
         if self.fault_now() {
-            match self.rng.random_range(0..12) {
+            let kinds = if self.plan.registry { 13 } else { 12 };
+            match self.rng.random_range(0..kinds) {
                 0 => {
                     self.note("fault: stream break".into());
                     self.session = None;
@@ -365,6 +379,12 @@ impl World {
                     }
                 }
                 10 => return self.promote(),
+                12 => {
+                    let end = tokio::time::Instant::now()
+                        + Duration::from_millis(self.rng.random_range(100..10_000));
+                    self.note("fault: registry outage".into());
+                    self.registry.down_until = Some(end);
+                }
                 _ => {
                     // The stream breaks and a standby relay takes the slot for a while.
                     self.note("fault: standby takeover".into());
@@ -470,8 +490,12 @@ impl World {
                     break 'txs;
                 }
                 budget -= 1;
+                let (key, payload) = match self.plan.registry {
+                    true => self.registry.framed(e.event_type, &e.key, &e.payload),
+                    false => (e.key.clone().into(), e.payload.clone().into()),
+                };
                 let count = self.broker.partitions.get(e.event_type).copied();
-                let partition = partition_for(e.key.as_bytes(), count.unwrap_or(1));
+                let partition = partition_for(&key, count.unwrap_or(1));
                 let position = positions[e.id.as_str()];
                 let log = self.broker.logs.get(&(e.event_type.to_owned(), partition));
                 let there = log.is_some_and(|log| {
@@ -492,8 +516,8 @@ impl World {
                 };
                 let record = Logged {
                     id: e.id.clone(),
-                    key: Some(e.key.clone().into()),
-                    payload: Some(e.payload.clone().into()),
+                    key: Some(key.into()),
+                    payload: Some(payload.into()),
                     headers,
                 };
                 written.push((e.event_type, partition, record));
@@ -564,7 +588,10 @@ impl World {
                     ));
                     continue;
                 };
-                let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
+                let text = |b: Option<&[u8]>| match self.plan.registry {
+                    true => b.map(|b| registry::unframe(b).unwrap_or_else(|e| e)),
+                    false => b.map(|b| String::from_utf8_lossy(b).into_owned()),
+                };
                 let (key, payload) = (text(record.key.as_deref()), text(record.payload.as_deref()));
                 if topic != e.event_type
                     || key.as_deref() != Some(&e.key)
@@ -583,7 +610,12 @@ impl World {
                     .insert(*partition);
                 if self.plan.exactly_once {
                     let count = self.broker.partitions.get(topic).copied().unwrap_or(1);
-                    let pinned = partition_for(e.key.as_bytes(), count);
+                    // The key's bytes as written: with a registry, framed Avro.
+                    let key = match self.plan.registry {
+                        true => record.key.as_deref().unwrap_or_default(),
+                        false => e.key.as_bytes(),
+                    };
+                    let pinned = partition_for(key, count);
                     if *partition != pinned || record.position() != Some(position) {
                         problems.push(format!(
                             "{topic}/{partition}: event {id} at {:?}; it belongs in partition \
@@ -691,7 +723,7 @@ pub enum Step {
 }
 
 /// Every fault and stop the schedules inject, as counted from the traces.
-const FAULTS: [&str; 23] = [
+const FAULTS: [&str; 24] = [
     "fault SIGTERM",
     "fault batch refused",
     "fault broker outage",
@@ -708,6 +740,7 @@ const FAULTS: [&str; 23] = [
     "fault next delivery fails for good",
     "fault poison",
     "fault promotion",
+    "fault registry outage",
     "fault standby takeover",
     "fault stream break",
     "fault too large at hand-over",

@@ -331,10 +331,14 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         Ok(())
     }
 
-    /// Until `deadline`, waits for the deliveries still in flight (and the records waiting for
-    /// Schema Registry ids), acknowledging each one delivered; stops early once nothing more
-    /// can arrive.
-    async fn drain_in_flight(&mut self, deadline: Instant) {
+    /// Until `deadline`, waits for the deliveries still in flight (and, after a clean stop, the
+    /// records waiting for Schema Registry ids), acknowledging each one delivered; stops early
+    /// once nothing more can arrive. After a stop for an error, or once a delivery fails,
+    /// the waiting records are not handed over: one may follow a refused event of its key.
+    async fn drain_in_flight(&mut self, deadline: Instant, clean: bool) {
+        if !clean {
+            self.registering.halt();
+        }
         while self.tracker.window_len() > 0 && Instant::now() < deadline {
             let wait = Instant::now() + Duration::from_millis(100);
             let delivered = tokio::select! {
@@ -350,7 +354,9 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
             match delivered {
                 Ok(Some(delivery)) => {
                     // A failure is already reported, or replayed after restart.
-                    if delivery.outcome.is_ok() && self.acked(delivery.ticket).is_ok() {
+                    if delivery.outcome.is_err() {
+                        self.registering.halt();
+                    } else if self.acked(delivery.ticket).is_ok() {
                         self.observe();
                     }
                 }
@@ -360,7 +366,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
                 Err(_)
                     if self.sink.in_flight() == 0
                         && self.deliveries.is_empty()
-                        && self.registering.len() == 0 =>
+                        && (self.registering.len() == 0 || self.registering.halted()) =>
                 {
                     break;
                 }
@@ -377,7 +383,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         let deadline = self
             .stop_by
             .unwrap_or_else(|| Instant::now() + self.config.flags.shutdown_timeout);
-        self.drain_in_flight(deadline).await;
+        self.drain_in_flight(deadline, clean).await;
         // Deletes what may go now, within the deadline; the rest is replayed after restart.
         if let Err(error) = self.drain_cleanup(deadline).await {
             tracing::error!(error = %Chain(&error), "--cleanup delete: stopping without deleting all relayed rows");

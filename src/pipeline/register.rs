@@ -51,6 +51,8 @@ pub(super) struct Registering {
     backoff: Duration,
     /// Failed attempts in a row, for the log.
     failures: u64,
+    /// Nothing more is handed over ([`Registering::halt`]).
+    halted: bool,
 }
 
 /// What one lookup came to.
@@ -67,6 +69,7 @@ impl Registering {
             retry_at: None,
             backoff: MIN_BACKOFF,
             failures: 0,
+            halted: false,
         }
     }
 
@@ -76,9 +79,25 @@ impl Registering {
         self
     }
 
-    /// Whether `record` must wait: it lacks an id, or others wait before it.
+    /// Whether `record` must wait: it lacks an id, or others wait before it, or nothing is
+    /// handed over any more.
     pub(super) fn holds(&self, record: &OutboxRecord) -> bool {
-        !self.queue.is_empty() || record.schemas.is_some()
+        self.halted || !self.queue.is_empty() || record.schemas.is_some()
+    }
+
+    /// Hands over nothing more and asks the registry nothing more: the relay stops (a
+    /// delivery failed for good, say), and a waiting record may be a later event of a key
+    /// whose earlier event the broker refused, which must not reach its partition first.
+    /// The waiting records are sent again after restart, in order.
+    pub(super) fn halt(&mut self) {
+        self.halted = true;
+        self.lookup = None;
+        self.retry_at = None;
+    }
+
+    /// Whether [`Registering::halt`] stopped the hand-over.
+    pub(super) fn halted(&self) -> bool {
+        self.halted
     }
 
     /// Records waiting.
@@ -93,6 +112,9 @@ impl Registering {
 
     /// The next record whose ids are all known, taken off the queue (ids written in).
     pub(super) fn ready(&mut self) -> Option<Waiting> {
+        if self.halted {
+            return None;
+        }
         let front = self.queue.front_mut()?;
         if !PendingSchemas::complete(&mut front.record, &self.ids) {
             return None;
@@ -108,7 +130,7 @@ impl Registering {
     /// Starts the lookup of the first waiting record's first unknown schema, unless one is
     /// under way. `Err`: there is no registry to ask.
     fn start(&mut self) -> Result<(), String> {
-        if self.active() {
+        if self.active() || self.halted {
             return Ok(());
         }
         let next = self.queue.front().and_then(|w| w.record.schemas.as_ref());
@@ -399,6 +421,30 @@ mod tests {
         assert!(registering.ready().is_none());
         assert_eq!(registering.len(), 0);
         assert!(!registering.active());
+    }
+
+    /// Once halted (a delivery failed for good), no waiting record leaves, even with its ids
+    /// known, no lookup starts, and a record with all its ids waits too.
+    #[tokio::test(start_paused = true)]
+    async fn a_halt_hands_over_nothing_more() {
+        let ids = SchemaIds::default();
+        let script = Scripted(Mutex::new(vec![Ok(7), Ok(8)]));
+        let mut registering = Registering::new(ids.clone()).with_registry(Arc::new(script));
+        let (first, second) = (pending("a-value"), pending("b-value"));
+        registering.wait(waiting(0, Some(first.clone())));
+        registering.wait(waiting(1, Some(second.clone())));
+        assert_eq!(registering.start(), Ok(()));
+        assert!(registering.active());
+
+        registering.halt();
+        assert!(registering.halted() && !registering.active());
+        ids.insert(&first.subject, &first.schema, 7);
+        ids.insert(&second.subject, &second.schema, 8);
+        assert!(registering.ready().is_none());
+        assert_eq!(registering.start(), Ok(()));
+        assert!(!registering.active());
+        assert!(registering.holds(&waiting(2, None).record));
+        assert_eq!(registering.len(), 2);
     }
 
     #[test]

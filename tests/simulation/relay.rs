@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use outbox_relay::config::{Cli, Config};
 use outbox_relay::lsn::Lsn;
+use outbox_relay::outbox::connect::ColumnFacts;
 use outbox_relay::outbox::{OutboxRecord, TableName};
 use outbox_relay::pipeline::{Pipeline, RelayError};
 use outbox_relay::postgres::catalog::publication::Publication;
@@ -19,6 +20,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use super::broker::{Outcome, TopicLog};
+use super::registry::SimRegistry;
 use super::{Shared, Step};
 
 /// The relay's configuration for this schedule, from its flags: small caps,
@@ -28,9 +30,16 @@ fn config(plan: &super::Plan) -> Config {
     static PARSED: OnceLock<Vec<Config>> = OnceLock::new();
     let parsed = PARSED.get_or_init(|| {
         let mut configs = Vec::new();
-        for (exactly_once, dead_letter) in
-            [(false, false), (false, true), (true, false), (true, true)]
-        {
+        for (registry, exactly_once, dead_letter) in [
+            (false, false, false),
+            (false, false, true),
+            (false, true, false),
+            (false, true, true),
+            (true, false, false),
+            (true, false, true),
+            (true, true, false),
+            (true, true, true),
+        ] {
             let mut args: Vec<&str> = vec![
                 "outbox-relay",
                 "--postgres-url",
@@ -39,8 +48,6 @@ fn config(plan: &super::Plan) -> Config {
                 "127.0.0.1:9",
                 "--table",
                 "public.outbox",
-                "--message-prefix",
-                super::wal::PREFIX,
                 "--reconnect-backoff-min",
                 "10ms",
                 "--reconnect-backoff-max",
@@ -61,15 +68,34 @@ fn config(plan: &super::Plan) -> Config {
             if exactly_once {
                 args.extend(["--delivery", "exactly-once"]);
             }
+            if !registry {
+                args.extend(["--message-prefix", super::wal::PREFIX]);
+            }
+            if registry {
+                args.extend([
+                    "--key-converter",
+                    "avro",
+                    "--value-converter",
+                    "avro",
+                    "--schema-registry-url",
+                    "http://127.0.0.1:9",
+                ]);
+            }
             let cli = Cli::try_parse_global_from(args).expect("the simulation's flags parse");
             configs.push(Config::from_cli(&cli).expect("the simulation's flags are valid"));
         }
         configs
     });
-    let mut config =
-        parsed[usize::from(plan.exactly_once) * 2 + usize::from(plan.dead_letter)].clone();
+    let index = usize::from(plan.registry) * 4
+        + usize::from(plan.exactly_once) * 2
+        + usize::from(plan.dead_letter);
+    let mut config = parsed[index].clone();
     config.flags.max_in_flight_events = plan.max_events;
     config.flags.max_in_flight_bytes = plan.max_bytes;
+    // Each schedule has its own registry, so none of the ids another one's gave.
+    if let Some(connect) = config.mapping.connect.as_mut() {
+        connect.registry.ids = Default::default();
+    }
     config
 }
 
@@ -151,6 +177,22 @@ impl Source for SimSource {
         Ok(true)
     }
 
+    /// The outbox's catalog, for the avro converters: `id` and `aggregate_type` NOT NULL.
+    async fn column_facts(&mut self, _relation_id: u32) -> Result<Vec<ColumnFacts>, SourceError> {
+        let fact = |name: &str, not_null: bool| ColumnFacts {
+            name: name.to_owned(),
+            not_null,
+            default: None,
+        };
+        Ok(vec![
+            fact("id", true),
+            fact("aggregate_type", true),
+            fact("aggregate_id", false),
+            fact("event_type", false),
+            fact("payload", false),
+        ])
+    }
+
     async fn wal_end(&mut self) -> Lsn {
         Lsn(self.shared.lock().wal.end())
     }
@@ -217,6 +259,7 @@ impl SimSink {
             let topic = record.topic.clone();
             return Err(SinkError::Enqueue { topic, id, source });
         }
+        world.note(format!("enqueue {} {}", record.id_text(), record.topic));
         world
             .broker
             .enqueue(&mut world.rng, ticket, record.clone(), alone);
@@ -384,6 +427,10 @@ pub async fn drive(shared: Shared) -> Result<(), String> {
             &slot,
             cleaning.then(|| super::cleanup::cleanup(&shared)),
         );
+        let pipeline = match shared.lock().plan.registry {
+            true => pipeline.with_registry(Arc::new(SimRegistry(shared.clone()))),
+            false => pipeline,
+        };
         let shutdown = async move {
             if shutdown.await.is_err() {
                 std::future::pending::<()>().await;

@@ -153,6 +153,18 @@ impl Wal {
         replaced
     }
 
+    /// The outbox's logical messages as another prefix's: the relay's Debezium formats relay
+    /// tables only.
+    pub fn without_messages(&mut self) {
+        for tx in &mut self.txs {
+            for change in &mut tx.changes {
+                if let Change::Message(_) = change {
+                    *change = Change::Foreign;
+                }
+            }
+        }
+    }
+
     /// Every event with the position exactly-once gives it (`outbox.lsn`, `outbox.change`).
     pub fn positions(&self) -> impl Iterator<Item = (&Event, Position)> {
         self.txs.iter().flat_map(|tx| {
