@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the relay's pure per-row work: decoding one pgoutput
-//! Insert message and mapping the decoded row to a Kafka record.
+//! Insert message and mapping the decoded row to a Kafka record, in the relay's
+//! own format and in Debezium's (JsonConverter with schemas, the context headers).
 //!
 //! The input is real WAL: the messages captured from PostgreSQL 15 in
 //! `tests/fixtures/pgoutput/outbox.txt` (one Relation for `public.outbox`,
@@ -10,6 +11,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use outbox_relay::config::{Cli, Config};
+use outbox_relay::outbox::connect::ColumnFacts;
 use outbox_relay::outbox::{MappingConfig, TableMapping, TopicTemplate};
 use outbox_relay::pgoutput::{self, Message, Relation, TupleData};
 
@@ -69,6 +72,44 @@ fn default_mapping() -> Option<MappingConfig> {
     })
 }
 
+/// The default mapping in Debezium's format, as `--debezium-config` sets it for Kafka's sample
+/// worker config (JsonConverter with schemas) and `extended.headers.enabled`.
+fn debezium_mapping() -> Option<MappingConfig> {
+    let args = [
+        "outbox-relay",
+        "--postgres-url",
+        "postgres://bench@127.0.0.1/bench",
+        "--kafka-brokers",
+        "127.0.0.1:9092",
+        "--route-by",
+        "event_type",
+        "--topic-template",
+        "${routedByValue}",
+        "--key-column",
+        "aggregate_id",
+        "--key-converter",
+        "json-with-schemas",
+        "--value-converter",
+        "json-with-schemas",
+        "--debezium-topic-prefix",
+        "bench",
+        "--debezium-context-headers",
+        "true",
+    ];
+    let cli = Cli::try_parse_global_from(args).ok()?;
+    Some(Config::from_cli(&cli).ok()?.mapping)
+}
+
+/// The catalog facts Debezium's format reads: every column nullable, without default.
+fn facts(relation: &Relation) -> Vec<ColumnFacts> {
+    let fact = |name: &str| ColumnFacts {
+        name: name.to_owned(),
+        not_null: false,
+        default: None,
+    };
+    relation.columns.iter().map(|c| fact(&c.name)).collect()
+}
+
 fn benches(c: &mut Criterion) {
     let messages = fixture_messages();
     let Some(PlainRow {
@@ -87,6 +128,13 @@ fn benches(c: &mut Criterion) {
         return;
     };
 
+    let debezium = debezium_mapping()
+        .and_then(|config| TableMapping::bind_with(&config, &relation, &facts(&relation)).ok());
+    let Some(debezium) = debezium else {
+        eprintln!("Debezium's format does not bind to the fixture's relation");
+        return;
+    };
+
     let mut group = c.benchmark_group("per_row");
     group.throughput(Throughput::Elements(1));
     group.bench_function("pgoutput_decode_insert", |b| {
@@ -94,6 +142,9 @@ fn benches(c: &mut Criterion) {
     });
     group.bench_function("table_mapping_map", |b| {
         b.iter(|| mapping.map(black_box(&row), black_box(0)))
+    });
+    group.bench_function("table_mapping_map_debezium_json_schemas", |b| {
+        b.iter(|| debezium.map(black_box(&row), black_box(0)))
     });
     group.bench_function("decode_and_map", |b| {
         b.iter(|| match pgoutput::decode(black_box(&insert)) {

@@ -153,6 +153,7 @@ async fn the_broker_unreachable_for_30_seconds_loses_nothing() {
     let world = World::on(Tansu::start_behind_proxy()).await;
     let (mut relay, mut ids) = streaming_behind_the_proxy(&world, &[]).await;
     world.broker.tansu().proxy().cut();
+    let lines_before = relay.log_lines();
     let first = commit(&world, 1, "first").await;
     let after_first = world.current_lsn().await;
     ids.extend(first);
@@ -172,6 +173,14 @@ async fn the_broker_unreachable_for_30_seconds_loses_nothing() {
         relay.wait_exit(Duration::from_millis(10)).is_none(),
         "the relay waits the outage out\n{}",
         relay.log()
+    );
+    // Log noise: a handful of lines for the whole outage (librdkafka's folded).
+    let during = relay.shown_since(lines_before);
+    assert!(
+        during.len() <= crate::outages::MAX_LINES_PER_OUTAGE,
+        "{} lines during a 30 s outage:\n{}",
+        during.len(),
+        during.join("\n")
     );
     world.broker.tansu().proxy().restore();
     world.wait_caught_up(SLOT, Duration::from_secs(120)).await;

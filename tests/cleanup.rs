@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::support::http::{free_port, get};
+use crate::support::http::get;
 use crate::support::kafka::consume_until;
 use crate::support::relay::{Relay, run_to_exit};
 use crate::support::world::{World, wait_until};
@@ -32,9 +32,8 @@ async fn wait_emptied(world: &World, relay: &Relay, timeout: Duration) {
 #[tokio::test(flavor = "current_thread")]
 async fn cleanup_delete_removes_relayed_rows_and_counts_them() {
     let world = World::start().await;
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
-    let relay = world.relay(&["--cleanup", "delete", "--http-addr", &addr]);
+    let mut relay = world.relay(&["--cleanup", "delete"]);
+    let port = relay.wait_http_port();
     let mut ids = Vec::new();
     for n in 0..10 {
         let rows: Vec<(String, String, String)> = (0..3)

@@ -21,7 +21,7 @@ use promql_parser::util::{ExprVisitor, walk_expr};
 use serde_json::{Value, json};
 use yaml_rust2::{Yaml, YamlLoader};
 
-use crate::support::http::{free_port, get};
+use crate::support::http::get;
 use crate::support::relay::{Relay, binary};
 use crate::support::world::World;
 
@@ -1118,13 +1118,9 @@ fn run_for(argv: &[String], env: &[(&str, String)], timeout: Duration) -> Option
 async fn dockerfile_health_check_passes_on_a_running_relay_only() {
     let command = healthcheck_command(&read("deploy/Dockerfile")).unwrap();
     let world = World::start().await;
-    let port = free_port();
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &[]);
+    let port = relay.wait_http_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut relay = Relay::spawn(
-        &world.pg.url(),
-        &world.broker.bootstrap(),
-        &["--http-addr", &addr],
-    );
     let deadline = Instant::now() + Duration::from_secs(30);
     while get(port, "/healthz").is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
@@ -1144,10 +1140,19 @@ async fn dockerfile_health_check_passes_on_a_running_relay_only() {
     );
 }
 
-/// Runs the relay with a deployment's environment and arguments, Postgres pointed
-/// at a closed port: getting as far as connecting (exit 3) means the configuration
-/// validated. Exit 2 is a configuration error.
-fn start_with(env: &BTreeMap<String, String>, args: &[String]) -> (Option<i32>, String) {
+/// How a relay started with a deployment's configuration went.
+#[derive(Debug, PartialEq, Eq)]
+enum Started {
+    /// It validated the configuration and waited for Postgres (pointed at a closed port),
+    /// saying so on /readyz, then stopped on SIGTERM with this exit code.
+    WaitedForPostgres(Option<i32>),
+    /// It exited by itself with this code (2: a configuration error).
+    Exited(Option<i32>),
+}
+
+/// Runs the relay with a deployment's environment and arguments, Postgres pointed at a
+/// closed port: waiting for it means the configuration validated.
+fn start_with(env: &BTreeMap<String, String>, args: &[String]) -> (Started, String) {
     let mut env = env.clone();
     if let Some(url) = env.get_mut("OUTBOX_RELAY_POSTGRES_URL") {
         let mut parsed = url::Url::parse(url).expect("the Postgres URL parses");
@@ -1155,31 +1160,51 @@ fn start_with(env: &BTreeMap<String, String>, args: &[String]) -> (Option<i32>, 
         parsed.set_port(Some(1)).unwrap();
         *url = parsed.to_string();
     }
+    let dir = tempfile::tempdir().unwrap();
+    let addr_file = dir.path().join("http-addr");
     env.insert(
         "OUTBOX_RELAY_HTTP_ADDR".to_owned(),
         "127.0.0.1:0".to_owned(),
     );
-    let dir = tempfile::tempdir().unwrap();
+    env.insert(
+        "OUTBOX_RELAY_HTTP_ADDR_FILE".to_owned(),
+        addr_file.to_string_lossy().into_owned(),
+    );
     let log = dir.path().join("relay.log");
-    let status = Command::new(binary())
+    let mut child = Command::new(binary())
         .args(args)
         .env_clear()
         .envs(&env)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
-        .status()
+        .spawn()
         .expect("run outbox-relay");
-    (
-        status.code(),
-        std::fs::read_to_string(&log).unwrap_or_default(),
-    )
+    let waiting = |addr: &str| {
+        let port = addr.trim().rsplit(':').next()?.parse().ok()?;
+        let (_, body) = get(port, "/readyz")?;
+        Some(body.contains("start-up waits: Postgres at"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let started = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Started::Exited(status.code());
+        }
+        let addr = std::fs::read_to_string(&addr_file).unwrap_or_default();
+        if waiting(&addr) == Some(true) || Instant::now() >= deadline {
+            let _ = Command::new("kill").arg(child.id().to_string()).status();
+            let stopped = child.wait().expect("the relay stops");
+            break Started::WaitedForPostgres(stopped.code());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    (started, log)
 }
 
 #[test]
 fn relay_accepts_the_compose_and_kubernetes_configuration() {
-    const POSTGRES: i32 = outbox_relay::pipeline::exit_code::POSTGRES as i32;
-
+    let waited = Started::WaitedForPostgres(Some(0));
     let compose = &load_yaml("docker-compose.yml")[0];
     let env: BTreeMap<String, String> = compose["services"]["relay"]["environment"]
         .as_object()
@@ -1198,17 +1223,16 @@ fn relay_accepts_the_compose_and_kubernetes_configuration() {
         env["OUTBOX_RELAY_TOPIC_TEMPLATE"],
         "outbox.event.${routedByValue}"
     );
-    let (code, log) = start_with(&env, &[]);
-    assert_eq!(code, Some(POSTGRES), "compose's relay configuration: {log}");
+    let (started, log) = start_with(&env, &[]);
+    assert_eq!(started, waited, "compose's relay configuration: {log}");
 
     // Kubernetes: values, Secret references resolved, the password file written.
     let deployment = manifest("deploy/kubernetes/deployment.yaml", "Deployment");
     let (shards, _) = statefulsets();
     for workload in [deployment, shards] {
-        let (code, log) = start_kubernetes(&workload);
+        let (started, log) = start_kubernetes(&workload);
         assert_eq!(
-            code,
-            Some(POSTGRES),
+            started, waited,
             "the {} relay configuration: {log}",
             workload["kind"]
         );
@@ -1217,7 +1241,7 @@ fn relay_accepts_the_compose_and_kubernetes_configuration() {
 
 /// Runs the relay as `workload`'s pod 3 would: values, Secret references and `$(VAR)`
 /// resolved, the password file written.
-fn start_kubernetes(workload: &Value) -> (Option<i32>, String) {
+fn start_kubernetes(workload: &Value) -> (Started, String) {
     let secret = manifest("deploy/kubernetes/secret.yaml", "Secret");
     let container = relay_container(workload);
     let dir = tempfile::tempdir().unwrap();

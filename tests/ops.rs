@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::http::{free_port, get};
+use crate::support::http::get;
 use crate::support::postgres::{PgCluster, PgOptions};
 use crate::support::relay::{Relay, run_command as run};
 use crate::support::world::World;
@@ -31,18 +31,20 @@ async fn wait_http(
     last
 }
 
-fn spawn_with_http(world: &World, port: u16, extra: &[&str]) -> Relay {
-    let addr = format!("127.0.0.1:{port}");
-    let mut args = vec!["--http-addr", addr.as_str(), "--slot-poll-interval", "1s"];
+/// A relay on an HTTP port the system picks, with the slot polled every second: the relay
+/// and its port.
+fn spawn_with_http(world: &World, extra: &[&str]) -> (Relay, u16) {
+    let mut args = vec!["--slot-poll-interval", "1s"];
     args.extend_from_slice(extra);
-    Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &args)
+    let mut relay = Relay::spawn(&world.pg.url(), &world.broker.bootstrap(), &args);
+    let port = relay.wait_http_port();
+    (relay, port)
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn http_endpoint_serves_health_readiness_and_metrics() {
     let world = World::start().await;
-    let port = free_port();
-    let mut relay = spawn_with_http(&world, port, &[]);
+    let (mut relay, port) = spawn_with_http(&world, &[]);
 
     let healthz = wait_http(port, "/healthz", Duration::from_secs(30), |s, _| s == 200).await;
     assert_eq!(
@@ -102,8 +104,7 @@ async fn http_endpoint_serves_health_readiness_and_metrics() {
 #[tokio::test(flavor = "current_thread")]
 async fn readiness_fails_while_deliveries_are_stuck_and_recovers() {
     let world = World::start().await;
-    let port = free_port();
-    let mut relay = spawn_with_http(&world, port, &["--ready-max-ack-staleness", "2s"]);
+    let (mut relay, port) = spawn_with_http(&world, &["--ready-max-ack-staleness", "2s"]);
     relay.wait_streaming();
     let ready = wait_http(port, "/readyz", Duration::from_secs(30), |s, _| s == 200).await;
     assert_eq!(ready.map(|r| r.0), Some(200), "{}", relay.log());

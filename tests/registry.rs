@@ -16,7 +16,7 @@ const SLOT: &str = "outbox_relay";
 const DLQ: &str = "outbox.dlq";
 
 /// The relay with avro keys and values through `registry`, and `extra` flags.
-fn avro_relay(world: &World, registry: &Registry, extra: &[&str]) -> Relay {
+pub fn avro_relay(world: &World, registry: &Registry, extra: &[&str]) -> Relay {
     let url = registry.url();
     let mut args = vec![
         "--key-converter",
@@ -31,7 +31,7 @@ fn avro_relay(world: &World, registry: &Registry, extra: &[&str]) -> Relay {
 }
 
 /// A record's schema id and Avro body: Confluent's framing.
-fn framed(bytes: Option<&Vec<u8>>) -> (u32, Vec<u8>) {
+pub fn framed(bytes: Option<&Vec<u8>>) -> (u32, Vec<u8>) {
     let bytes = bytes.expect("a key or value");
     assert_eq!(bytes[0], 0, "magic byte");
     let id = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
@@ -53,7 +53,7 @@ fn optional_string(text: &str) -> Vec<u8> {
 
 /// Every record's key and value are the aggregate id and payload, framed with the ids the
 /// registry holds for their topic's subjects.
-fn assert_avro(records: &[Consumed], registry: &Registry) {
+pub fn assert_avro(records: &[Consumed], registry: &Registry) {
     let subjects = registry.dump();
     for record in records {
         let (key_id, key) = framed(record.key.as_ref());

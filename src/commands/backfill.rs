@@ -191,7 +191,9 @@ impl Run<'_> {
                 continue;
             }
             let record = match mapped {
-                Ok(record) => record,
+                Ok(Some(record)) => record,
+                // Dropped by a Kafka Connect Filter, as the relay drops it.
+                Ok(None) => continue,
                 Err((e, parts)) => {
                     let error = e.to_string();
                     self.poison(None, parts, Vec::new(), now_ms, error, None)

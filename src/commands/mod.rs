@@ -62,6 +62,15 @@ pub enum CommandError {
         #[source]
         source: std::io::Error,
     },
+    /// `--http-addr-file` cannot be written.
+    #[error("cannot write the HTTP endpoint's address to --http-addr-file {}", .path.display())]
+    HttpAddrFile {
+        /// `--http-addr-file`.
+        path: std::path::PathBuf,
+        /// The write error.
+        #[source]
+        source: std::io::Error,
+    },
     /// `backfill`: a row that cannot be delivered, under `--on-poison fail`.
     #[error(
         "event id {id:?} from {} cannot be delivered: {}; the rows after it were not \
@@ -120,6 +129,7 @@ impl CommandError {
             CommandError::Config(_)
             | CommandError::Refused(_)
             | CommandError::Http { .. }
+            | CommandError::HttpAddrFile { .. }
             | CommandError::Cloud(_) => exit_code::CONFIG,
             CommandError::Source(e) => RelayError::Source(e).exit_code(),
             CommandError::Postgres(e) => exit_code::postgres(&e),

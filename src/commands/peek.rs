@@ -13,7 +13,7 @@ use super::print::{Position, RecordLine, text};
 use super::{CommandError, execute};
 use crate::config::{Config, PeekArgs};
 use crate::lsn::Lsn;
-use crate::outbox::{EventMapper, ID_HEADER, Mapped, OutboxRecord, values};
+use crate::outbox::{EventError, EventMapper, ID_HEADER, OutboxRecord, RawParts, values};
 use crate::pgoutput::{self, Message};
 use crate::pipeline::RelayError;
 use crate::postgres::Connector;
@@ -26,7 +26,9 @@ fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
     let mut headers: Vec<_> = (record.headers.iter())
         .map(|(name, value)| (name.to_string(), text(value.as_deref())))
         .collect();
-    headers.insert(record.headers_before_id.min(headers.len()), id);
+    if let Some(at) = record.id_header_at {
+        headers.insert(at.min(headers.len()), id);
+    }
     let lsn = lsn.to_string();
     RecordLine {
         topic: &record.topic,
@@ -129,7 +131,7 @@ struct Decoding {
 struct Peeked {
     commit_lsn: Lsn,
     table: Arc<str>,
-    mapped: Mapped,
+    mapped: Result<OutboxRecord, (EventError, RawParts)>,
 }
 
 impl Decoding {
@@ -183,7 +185,16 @@ impl Decoding {
             } => self.mapper.message(&prefix, &content, commit_time_ms),
             _ => None,
         };
-        Ok(mapped.map(|(table, mapped)| Peeked {
+        let Some((table, mapped)) = mapped else {
+            return Ok(None);
+        };
+        // An event a Kafka Connect Filter drops has no record to show.
+        let mapped = match mapped {
+            Ok(None) => return Ok(None),
+            Ok(Some(record)) => Ok(record),
+            Err(unmapped) => Err(unmapped),
+        };
+        Ok(Some(Peeked {
             commit_lsn: self.commit_lsn,
             table,
             mapped,

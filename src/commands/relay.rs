@@ -18,11 +18,14 @@ use crate::outbox::TableName;
 use crate::pipeline::cleanup;
 use crate::pipeline::{Pipeline, RelayError, Summary};
 use crate::postgres::Connector;
-use crate::sink::KafkaSink;
 use crate::sink::exactly_once::TailReader;
+use crate::sink::lineage::Reshard;
+use crate::sink::{KafkaClients, KafkaSink};
 use crate::source::deleter::{PgDeleter, Table};
 use crate::source::{PgSource, StreamSettings, heartbeat, slot_monitor};
-use crate::startup::{self, Started, Wanted, lineage};
+use crate::startup::lineage::{self, Lineage};
+use crate::startup::wait::{Patient, Schedule};
+use crate::startup::{Started, Wanted};
 
 /// How long the HTTP endpoint may take to close after the relay stopped.
 const HTTP_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -45,7 +48,13 @@ pub(super) async fn run_with(
     health: Arc<Health>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Summary, CommandError> {
-    let http = HttpEndpoint::start(config.flags.observability.http_addr, &health).await?;
+    let observability = &config.flags.observability;
+    let http = HttpEndpoint::start(
+        observability.http_addr,
+        &observability.http_addr_file,
+        &health,
+    )
+    .await?;
     if config.flags.observability.http_addr.is_some() {
         // Now, so that what the AWS identity reports at start-up reaches /metrics.
         install_metrics().await;
@@ -114,8 +123,13 @@ struct HttpEndpoint {
 
 impl HttpEndpoint {
     /// Serves on `addr` (none: not at all), bound here, so that a taken port fails start-up
-    /// rather than a background task.
-    async fn start(addr: Option<SocketAddr>, health: &Arc<Health>) -> Result<Self, CommandError> {
+    /// rather than a background task; the address it listens on is written to `addr_file`
+    /// (`--http-addr-file`), if given.
+    async fn start(
+        addr: Option<SocketAddr>,
+        addr_file: &Option<std::path::PathBuf>,
+        health: &Arc<Health>,
+    ) -> Result<Self, CommandError> {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let Some(addr) = addr else {
             return Ok(HttpEndpoint { stop, server: None });
@@ -125,6 +139,9 @@ impl HttpEndpoint {
             tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
             error
         })?;
+        if let Some(path) = addr_file {
+            write_addr_file(path, &listener)?;
+        }
         let health = health.clone();
         let stopped = stopped.map(|_| ());
         let server = tokio::spawn(async move {
@@ -160,11 +177,20 @@ async fn relay(
     let connector = Connector::new(config.postgres.clone());
     let kafka = super::kafka(&config);
     let wanted = Wanted::new(&config);
-    let started = startup::start(&wanted, &connector, &kafka).await?;
-    if let Some(warning) = &started.late_shard {
-        let created = started.confirmed_flush;
-        tracing::warn!(slot = %wanted.slot, %created, "{warning}");
-    }
+    let mut shutdown = Box::pin(shutdown);
+    let patient = Patient {
+        wanted: &wanted,
+        postgres: &connector,
+        kafka: &kafka,
+        schedule: Schedule {
+            min: config.flags.reconnect_backoff_min,
+            max: config.flags.reconnect_backoff_max,
+        },
+        health: &health,
+    };
+    let Some(started) = start_up(&patient, &mut shutdown).await? else {
+        return Ok(Summary::default());
+    };
     let cleanup = match config.flags.cleanup {
         Cleanup::None => None,
         Cleanup::Delete => Some(cleanup(&started, &connector)),
@@ -190,18 +216,103 @@ async fn relay(
     };
     let source = PgSource::new(connector.clone(), settings, started.publication.clone());
     // Aborted when dropped, as the pipeline stops.
-    let mut companions = JoinSet::new();
-    if let Some(interval) = config.flags.heartbeat_interval.filter(|d| !d.is_zero()) {
-        companions.spawn(heartbeat::run(connector.clone(), interval));
-    }
-    let topic = wanted.lineage_topic.clone();
-    companions.spawn(lineage::keep_fresh(connector, kafka, topic, wanted.slot));
+    let _companions = streaming_companions(&config, &wanted, &connector, &kafka);
     let sink = Arc::new(sink);
     let mut pipeline = Pipeline::new(config, source, sink, deliveries, health, &started, cleanup);
     if let Some(registry) = registry {
         pipeline = pipeline.with_registry(Arc::new(registry));
     }
-    pipeline.run(shutdown).await
+    let outcome = pipeline.run(shutdown).await;
+    unless_retired(outcome, &wanted, &connector, &kafka).await
+}
+
+/// The tasks beside a streaming relay (the heartbeat, the lineage record's refresh), aborted
+/// when dropped.
+fn streaming_companions(
+    config: &Config,
+    wanted: &Wanted,
+    connector: &Connector,
+    kafka: &KafkaClients,
+) -> JoinSet<()> {
+    let mut companions = JoinSet::new();
+    if let Some(interval) = config.flags.heartbeat_interval.filter(|d| !d.is_zero()) {
+        companions.spawn(heartbeat::run(connector.clone(), interval));
+    }
+    let topic = wanted.lineage_topic.clone();
+    let fresh = lineage::keep_fresh(connector.clone(), kafka.clone(), topic, wanted.slot.clone());
+    companions.spawn(fresh);
+    companions
+}
+
+/// Start-up, waiting out outages; `None` when `shutdown` came first.
+async fn start_up(
+    patient: &Patient<'_>,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<Option<Started>, RelayError> {
+    let slot = &patient.wanted.slot;
+    let Some(started) = patient.start(shutdown).await? else {
+        tracing::info!(slot = %slot, "stopped during start-up: nothing was streamed");
+        return Ok(None);
+    };
+    if let Some(warning) = &started.late_shard {
+        let created = started.confirmed_flush;
+        tracing::warn!(slot = %slot, %created, "{warning}");
+    }
+    Ok(Some(started))
+}
+
+/// The pipeline's `outcome`, but a clean stop where its slot was dropped by the `reshard
+/// --finish` that retired its fleet.
+async fn unless_retired(
+    outcome: Result<Summary, RelayError>,
+    wanted: &Wanted,
+    connector: &Connector,
+    kafka: &KafkaClients,
+) -> Result<Summary, RelayError> {
+    let Err(RelayError::SlotDropped { slot, frontier }) = outcome else {
+        return outcome;
+    };
+    match retired(wanted, connector, kafka).await {
+        Some(done) => Ok(retired_stop(&slot, done)),
+        None => Err(RelayError::SlotDropped { slot, frontier }),
+    }
+}
+
+/// The resharding whose `--finish` dropped this relay's slot, as the lineage topic says it,
+/// if it retired this relay's fleet; `None` when it did not, or the topic cannot say.
+async fn retired(wanted: &Wanted, connector: &Connector, kafka: &KafkaClients) -> Option<Reshard> {
+    let topic = &wanted.lineage_topic;
+    let opened = Lineage::open(connector, kafka, topic, &wanted.slot).await;
+    let record = opened.ok()?.read().await.ok()??;
+    record.retired_from(wanted.count())
+}
+
+/// A relay whose slot `reshard --finish` dropped (a standby of an old shard, say) stops
+/// cleanly: its shard's events are the new fleet's to relay now.
+fn retired_stop(slot: &str, done: Reshard) -> Summary {
+    tracing::info!(
+        slot = %slot,
+        "`{done} --finish` dropped this relay's slot: its shard was retired, and the new \
+         fleet relays its events from where it stopped. Stopping; remove this relay (a restart \
+         is refused beside the new fleet's slots)"
+    );
+    Summary::default()
+}
+
+/// Writes the address `listener` listens on to `path` (`--http-addr-file`), whole or not at
+/// all: written beside it, then renamed over it, so a reader never sees half an address.
+fn write_addr_file(path: &std::path::Path, listener: &TcpListener) -> Result<(), CommandError> {
+    let written = listener.local_addr().and_then(|addr| {
+        let partial = path.with_extension("partial");
+        std::fs::write(&partial, format!("{addr}\n"))?;
+        std::fs::rename(&partial, path)
+    });
+    written.map_err(|source| {
+        let path = path.to_owned();
+        let error = CommandError::HttpAddrFile { path, source };
+        tracing::error!(error = %Chain(&error), "cannot start the HTTP endpoint");
+        error
+    })
 }
 
 /// `--cleanup delete`: the outbox tables with the primary keys start-up read, deleted from on
@@ -259,5 +370,22 @@ mod tests {
         let err = run_with(config, health, async {}).await.unwrap_err();
         assert!(matches!(err, CommandError::Http { .. }), "{err:?}");
         assert!(err.to_string().contains("--http-addr"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn the_address_the_system_chose_is_written_down_whole() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("addr");
+        write_addr_file(&path, &listener).unwrap();
+        let written = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(written, format!("{}\n", listener.local_addr().unwrap()));
+        assert_ne!(listener.local_addr().unwrap().port(), 0);
+        // Nothing half-written is left beside it.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        let nowhere = dir.path().join("missing/addr");
+        let err = write_addr_file(&nowhere, &listener).unwrap_err();
+        assert!(matches!(err, CommandError::HttpAddrFile { .. }), "{err:?}");
+        assert!(err.to_string().contains("--http-addr-file"), "{err}");
     }
 }

@@ -25,14 +25,15 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::status::idle_slot;
+use super::status::{idle_slot, in_use};
 use super::{CommandError, execute};
 use crate::config::{Config, ReshardArgs};
 use crate::lsn::Lsn;
 use crate::outbox::Shard;
-use crate::postgres::catalog::slots;
+use crate::postgres::catalog::slots::{self, Slot};
 use crate::postgres::{Connector, sql};
 use crate::sink::KafkaClients;
+use crate::sink::lineage::{Reshard as Resharding, SlotRecord, SlotState};
 use crate::startup::lineage::Lineage;
 use crate::startup::{self, Wanted};
 
@@ -50,6 +51,7 @@ pub(super) async fn run(config: &Config, args: &ReshardArgs) -> Result<(), Comma
     let kafka = super::kafka(config);
     let client = connector.control().await?;
     let reshard = Reshard {
+        config,
         client: &client,
         connector: &connector,
         kafka: &kafka,
@@ -77,6 +79,8 @@ fn shards(config: &Config, count: u32) -> Result<Vec<Config>, CommandError> {
 
 /// One step, on the server of `--postgres-url`.
 struct Reshard<'a> {
+    /// The configuration given, before a shard's suffixes.
+    config: &'a Config,
     client: &'a Client,
     connector: &'a Connector,
     kafka: &'a KafkaClients,
@@ -88,13 +92,22 @@ struct Reshard<'a> {
 }
 
 impl Reshard<'_> {
+    /// This resharding, as the lineage topic records it.
+    fn resharding(&self) -> Resharding {
+        Resharding {
+            from: self.args.from,
+            to: self.args.to,
+        }
+    }
+
     /// The first step: the new slots, then the wait for the old ones to pass their start.
     async fn start(&self) -> Result<(), CommandError> {
-        let mut out = std::io::stdout().lock();
+        let mut out = Steps::new();
         self.old_positions().await?;
         let mut newest = Lsn::ZERO;
         for config in self.new {
-            let wanted = Wanted::new(config);
+            let mut wanted = Wanted::new(config);
+            wanted.resharding = Some(self.resharding());
             let started = startup::start(&wanted, self.connector, self.kafka).await?;
             let at = started.confirmed_flush;
             newest = newest.max(at);
@@ -103,21 +116,25 @@ impl Reshard<'_> {
             } else {
                 "exists"
             };
-            writeln!(out, "new slot {:?} {what}, starting at {at}", wanted.slot)?;
+            out.say(format!(
+                "new slot {:?} {what}, starting at {at}",
+                wanted.slot
+            ))
+            .await?;
         }
-        writeln!(
-            out,
+        out.say(format!(
             "waiting for the old slots to be confirmed past {newest}"
-        )?;
+        ))
+        .await?;
         self.wait_past(newest).await?;
         let from = self.args.from;
         let to = self.args.to;
-        writeln!(
-            out,
+        out.say(format!(
             "ready: every old slot is past {newest}. Now stop every old relay (standbys too), \
              run `outbox-relay reshard --from {from} --to {to} --finish`, then start the {to} \
              new relays"
-        )?;
+        ))
+        .await?;
         Ok(())
     }
 
@@ -149,14 +166,64 @@ impl Reshard<'_> {
     }
 
     /// The second step, with the old relays stopped: the new slots move to where the old ones
-    /// stopped, then the old slots go.
+    /// stopped, then the old slots go, then the new slots' records no longer say that a
+    /// resharding is under way. Run again after an interruption, it takes up where it stopped:
+    /// an old slot it dropped is recorded with the position the new slots were moved to.
     async fn finish(&self) -> Result<(), CommandError> {
-        let mut out = std::io::stdout().lock();
-        let stop = "stop every relay of the old shards (standbys too), then run --finish again";
+        let mut out = Steps::new();
+        let system = self.system_identifier().await?;
+        let mut old = Vec::new();
         for config in self.old {
-            idle_slot(self.client, &config.flags.slot, stop).await?;
+            old.push(self.old_slot(&system, config).await?);
         }
-        let old = self.old_positions().await?;
+        if old.iter().any(|slot| !slot.retired) {
+            let stopped_at = self.meet(&old, &mut out).await?;
+            for (config, slot) in self.old.iter().zip(&old) {
+                if !slot.retired {
+                    self.retire(&system, config, stopped_at, &mut out).await?;
+                }
+            }
+        }
+        for config in self.old {
+            self.drop_old_publication(config, &mut out).await?;
+        }
+        for config in self.new {
+            self.finished(&system, config, &mut out).await?;
+        }
+        let to = self.args.to;
+        out.say(format!("done: start the {to} new relays")).await?;
+        Ok(())
+    }
+
+    /// The cluster's system identifier, which keys its slots' lineage records.
+    async fn system_identifier(&self) -> Result<String, CommandError> {
+        let topic = &self.config.flags.lineage_topic;
+        let slot = &self.config.flags.slot;
+        let lineage = Lineage::open(self.connector, self.kafka, topic, slot).await?;
+        Ok(lineage.system_identifier().to_owned())
+    }
+
+    /// The lineage record of `config`'s slot.
+    fn lineage(&self, system: &str, config: &Config) -> Lineage {
+        let topic = &config.flags.lineage_topic;
+        Lineage::new(self.kafka, topic, &config.flags.slot, system)
+    }
+
+    /// An old shard's slot: idle, or dropped by an earlier run of this step.
+    async fn old_slot(&self, system: &str, config: &Config) -> Result<OldSlot, CommandError> {
+        let name = &config.flags.slot;
+        let found = slots::slot(self.client, name).await?;
+        let record = match found {
+            Some(_) => None,
+            None => self.lineage(system, config).read().await?,
+        };
+        old_slot(name, found.as_ref(), record.as_ref(), self.resharding())
+            .map_err(CommandError::Refused)
+    }
+
+    /// Moves every new slot to where the old ones stopped, the lowest of their positions
+    /// (those dropped by an earlier run count with the position recorded then); returns it.
+    async fn meet(&self, old: &[OldSlot], out: &mut Steps) -> Result<Lsn, CommandError> {
         let mut new = Vec::new();
         for config in self.new {
             let remedy = "stop it: the new relays start after --finish";
@@ -166,6 +233,7 @@ impl Reshard<'_> {
                 .and_then(|at| at.parse::<Lsn>().ok());
             new.push((config.flags.slot.clone(), at));
         }
+        let old: Vec<(String, Lsn)> = old.iter().map(|o| (o.slot.clone(), o.at)).collect();
         let (stopped_at, new) =
             meeting_point(&old, &new, self.args).map_err(CommandError::Refused)?;
         for (slot, at) in &new {
@@ -174,35 +242,153 @@ impl Reshard<'_> {
                 let what = "advance a new slot to where the old ones stopped";
                 execute(self.client, &advance, what).await?;
             }
-            writeln!(out, "new slot {slot:?} starts at {stopped_at}")?;
+            out.say(format!("new slot {slot:?} starts at {stopped_at}"))
+                .await?;
         }
-        for config in self.old {
-            self.drop_old(config, &mut out).await?;
-        }
-        let to = self.args.to;
-        writeln!(out, "done: start the {to} new relays")?;
-        Ok(())
+        Ok(stopped_at)
     }
 
-    /// Drops an old shard's slot (recorded `dropped` in the lineage topic first) and its
-    /// publication.
-    async fn drop_old(&self, config: &Config, out: &mut impl Write) -> Result<(), CommandError> {
+    /// Drops an old shard's slot, recorded first in the lineage topic as dropped by this
+    /// resharding with the new slots' start `stopped_at` (so that a later resharding may use
+    /// the name again, 2 → 4 → 2, that the old shard's relays are refused from then on, and
+    /// that a rerun meets the new slots at the same position).
+    async fn retire(
+        &self,
+        system: &str,
+        config: &Config,
+        stopped_at: Lsn,
+        out: &mut Steps,
+    ) -> Result<(), CommandError> {
         let slot = &config.flags.slot;
-        let publication = &config.flags.publication;
-        // So that a later resharding may use the name again (2 → 4 → 2): dropped, not lost.
-        let topic = &config.flags.lineage_topic;
-        let lineage = Lineage::open(self.connector, self.kafka, topic, slot).await?;
-        lineage.dropped().await?;
+        let lineage = self.lineage(system, config);
+        lineage.retired(self.resharding(), stopped_at).await?;
+        out.say(format!(
+            "recorded old slot {slot:?} as dropped by this resharding"
+        ))
+        .await?;
         let drop = sql::drop_slot(slot);
         execute(self.client, &drop, "drop an old shard's slot").await?;
-        writeln!(out, "dropped old slot {slot:?}")?;
-        // One unsharded relay's publication may be the operator's own (sql/): it stays.
-        if config.flags.shard.is_some() {
-            let drop = sql::drop_publication(publication);
-            execute(self.client, &drop, "drop an old shard's publication").await?;
-            writeln!(out, "dropped old publication {publication:?}")?;
+        out.say(format!("dropped old slot {slot:?}")).await
+    }
+
+    /// Drops an old shard's publication, if it still exists. One unsharded relay's
+    /// publication may be the operator's own (sql/): it stays.
+    async fn drop_old_publication(
+        &self,
+        config: &Config,
+        out: &mut Steps,
+    ) -> Result<(), CommandError> {
+        if config.flags.shard.is_none() {
+            return Ok(());
+        }
+        let publication = &config.flags.publication;
+        let drop = sql::drop_publication(publication);
+        execute(self.client, &drop, "drop an old shard's publication").await?;
+        out.say(format!("dropped old publication {publication:?}"))
+            .await
+    }
+
+    /// A new shard's lineage record no longer says that a resharding is under way: its relay
+    /// may start, and the old fleet's relays are refused beside it.
+    async fn finished(
+        &self,
+        system: &str,
+        config: &Config,
+        out: &mut Steps,
+    ) -> Result<(), CommandError> {
+        let lineage = self.lineage(system, config);
+        let found = lineage.read().await?;
+        if found
+            .as_ref()
+            .is_some_and(|record| record.reshard.is_some())
+        {
+            lineage.refresh(found.as_ref(), None).await?;
+        }
+        let slot = &config.flags.slot;
+        out.say(format!("new slot {slot:?} is ready to stream"))
+            .await
+    }
+}
+
+/// Where `reshard` says what it did, a line a step. A test seam: with
+/// `OUTBOX_RELAY_TEST_RESHARD_PAUSE_AT=TEXT` in its environment, the command stops after the
+/// first line containing TEXT (for an hour at most), so that a test can SIGKILL it right after
+/// a given step.
+struct Steps {
+    pause_at: Option<String>,
+}
+
+impl Steps {
+    fn new() -> Self {
+        let pause_at = std::env::var("OUTBOX_RELAY_TEST_RESHARD_PAUSE_AT").ok();
+        Steps {
+            pause_at: pause_at.filter(|text| !text.is_empty()),
+        }
+    }
+
+    /// Says `line`, one step done.
+    async fn say(&mut self, line: String) -> Result<(), CommandError> {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        drop(out);
+        if self
+            .pause_at
+            .as_ref()
+            .is_some_and(|text| line.contains(text))
+        {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
         }
         Ok(())
+    }
+}
+
+/// An old shard's slot as `--finish` finds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct OldSlot {
+    slot: String,
+    /// Its confirmed position, or the one recorded when this resharding dropped it.
+    at: Lsn,
+    /// Dropped by an earlier run of `--finish`.
+    retired: bool,
+}
+
+/// PURE: an old shard's slot, from its row (`found`) or, when it is missing, from its last
+/// lineage record; refused in use, without a position, or missing without a record that this
+/// resharding dropped it.
+fn old_slot(
+    name: &str,
+    found: Option<&Slot>,
+    record: Option<&SlotRecord>,
+    reshard: Resharding,
+) -> Result<OldSlot, String> {
+    let stop = "stop every relay of the old shards (standbys too), then run --finish again";
+    let at = match (found, record) {
+        (Some(found), _) => {
+            if let Some(pid) = found.active_pid {
+                return Err(in_use(name, pid, stop));
+            }
+            let at = found
+                .confirmed_flush
+                .as_deref()
+                .and_then(|at| at.parse().ok());
+            (at, false)
+        }
+        (None, Some(record))
+            if record.state == SlotState::Dropped && record.reshard == Some(reshard) =>
+        {
+            let at = record.dropped_lsn.as_deref().and_then(|at| at.parse().ok());
+            (at, true)
+        }
+        (None, _) => (None, false),
+    };
+    match at {
+        (Some(at), retired) => Ok(OldSlot {
+            slot: name.to_owned(),
+            at,
+            retired,
+        }),
+        (None, _) => Err(missing_old_slot(name)),
     }
 }
 
@@ -211,16 +397,21 @@ fn old_positions(found: Vec<(String, Option<String>)>) -> Result<Vec<(String, Ls
     let mut positions = Vec::new();
     for (slot, at) in found {
         let Some(at) = at.and_then(|at| at.parse().ok()) else {
-            return Err(format!(
-                "slot {slot:?} of the old shards does not exist (or has no position) on \
-                 --postgres-url's server: check --from and --slot, which name the old shards' \
-                 slots. reshard needs every old and new slot on that one server, so shards that \
-                 decode on different standbys cannot be resharded by it"
-            ));
+            return Err(missing_old_slot(&slot));
         };
         positions.push((slot, at));
     }
     Ok(positions)
+}
+
+/// PURE: the refusal of an old shard's slot that is not there.
+fn missing_old_slot(slot: &str) -> String {
+    format!(
+        "slot {slot:?} of the old shards does not exist (or has no position) on \
+         --postgres-url's server: check --from and --slot, which name the old shards' slots. \
+         reshard needs every old and new slot on that one server, so shards that decode on \
+         different standbys cannot be resharded by it"
+    )
 }
 
 /// PURE: the refusal when old slots stay `behind` the new slots' start `newest`.
@@ -303,6 +494,60 @@ mod tests {
         for needle in ["--timeout 1m", "\"a\" at 0/10", "past 0/20", "kept"] {
             assert!(behind.contains(needle), "{needle}: {behind}");
         }
+    }
+
+    #[test]
+    fn an_old_slot_is_idle_or_dropped_by_this_resharding() {
+        let this = Resharding { from: 2, to: 4 };
+        let idle = Slot {
+            confirmed_flush: Some("0/40".to_owned()),
+            ..Slot::default()
+        };
+        let in_use = Slot {
+            active_pid: Some(7),
+            ..idle.clone()
+        };
+        let no_position = Slot::default();
+        let dropped = |by: Option<Resharding>, at: Option<&str>| {
+            SlotRecord::now("old", "7300", SlotState::Dropped, None)
+                .resharding(by)
+                .dropped_at_lsn(at.map(str::to_owned))
+        };
+        let created = SlotRecord::now("old", "7300", SlotState::Created, Some("0/10".into()));
+        let by_this = dropped(Some(this), Some("0/30"));
+        let by_drop_slot = dropped(None, None);
+        let by_another = dropped(Some(Resharding { from: 2, to: 3 }), Some("0/30"));
+        let at = |at: u64, retired| {
+            Ok(OldSlot {
+                slot: "old".to_owned(),
+                at: Lsn(at),
+                retired,
+            })
+        };
+        let missing = Err(missing_old_slot("old"));
+        // (the slot's row, its record when it is missing, what --finish makes of it)
+        let cases = [
+            (Some(&idle), None, at(0x40, false)),
+            // Found, it counts as found, whatever the topic says.
+            (Some(&idle), Some(&by_this), at(0x40, false)),
+            (Some(&in_use), None, Err(in_use_refusal())),
+            (Some(&no_position), None, missing.clone()),
+            // Dropped by an earlier run of this step: where the new slots were moved.
+            (None, Some(&by_this), at(0x30, true)),
+            (None, Some(&by_drop_slot), missing.clone()),
+            (None, Some(&by_another), missing.clone()),
+            (None, Some(&created), missing.clone()),
+            (None, None, missing.clone()),
+        ];
+        for (found, record, expected) in cases {
+            let decided = old_slot("old", found, record, this);
+            assert_eq!(decided, expected, "{found:?} {record:?}");
+        }
+    }
+
+    fn in_use_refusal() -> String {
+        let stop = "stop every relay of the old shards (standbys too), then run --finish again";
+        in_use("old", 7, stop)
     }
 
     /// One case: the new slots' positions, and where they meet the old ones or the words of

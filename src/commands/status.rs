@@ -124,7 +124,7 @@ pub(super) async fn idle_slot(
 }
 
 /// The refusal of a slot server process `pid` streams from.
-fn in_use(name: &str, pid: i32, remedy: &str) -> String {
+pub(super) fn in_use(name: &str, pid: i32, remedy: &str) -> String {
     format!(
         "slot {name:?} is in use by server process {pid} (a running relay?); Postgres lets only \
          one session use a slot: {remedy}"

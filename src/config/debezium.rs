@@ -11,6 +11,11 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::Value;
 
 use super::{PostgresConnInfo, PostgresUrlError};
+use crate::outbox::connect::transforms::Chain;
+use options::{Class, Reads};
+
+mod options;
+mod registry;
 use crate::outbox::{TableName, TopicTemplate};
 
 const POSTGRES_CONNECTOR: &str = "io.debezium.connector.postgresql.PostgresConnector";
@@ -109,6 +114,10 @@ pub struct Imported {
     pub warnings: Vec<String>,
     /// The record-shaping options reproduced byte for byte, as `key=value`.
     pub identical: Vec<String>,
+    /// The options that do not change the records, as `key=value: why`.
+    pub no_effect: Vec<String>,
+    /// Where Debezium 3.6.3 itself stops with this configuration, and what the relay does there.
+    pub debezium_stops: Vec<String>,
 }
 
 /// Reads and translates a connector config file, with the Connect worker's properties
@@ -208,7 +217,23 @@ pub fn explain(imported: &Imported) -> String {
         out.push_str("# Records identical to Debezium's for:\n");
     }
     for option in &imported.identical {
-        out += &format!("# - {option}: identical\n");
+        let verdict = match stops_with(imported, option) {
+            true => "identical up to where Debezium itself stops (below)",
+            false => "identical",
+        };
+        out += &format!("# - {option}: {verdict}\n");
+    }
+    if !imported.no_effect.is_empty() {
+        out.push_str("# No effect on the records:\n");
+    }
+    for option in &imported.no_effect {
+        out += &format!("# - {option}\n");
+    }
+    if !imported.debezium_stops.is_empty() {
+        out.push_str("# Where Debezium 3.6.3 itself stops with this configuration:\n");
+    }
+    for stop in &imported.debezium_stops {
+        out += &format!("# - {stop}\n");
     }
     if !imported.warnings.is_empty() {
         out.push_str("# Differences from the Debezium connector:\n");
@@ -219,11 +244,19 @@ pub fn explain(imported: &Imported) -> String {
     out
 }
 
+/// Whether `option` (`key=value`) is one of those Debezium itself stops with.
+fn stops_with(imported: &Imported, option: &str) -> bool {
+    let key = option.split_once('=').map_or(option, |(key, _)| key);
+    let named = |stop: &String| {
+        (stop.strip_prefix(key)).is_some_and(|rest| rest.starts_with([' ', '=', ':']))
+    };
+    imported.debezium_stops.iter().any(named)
+}
+
 const JSON_CONVERTER: &str = "org.apache.kafka.connect.json.JsonConverter";
 const BINARY_DATA_CONVERTER: &str = "io.debezium.converters.BinaryDataConverter";
-const HEADER_CONVERTER: &str =
-    "the relay writes header values as SimpleHeaderConverter, Kafka Connect's default, does";
-const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter, JsonConverter, Debezium's BinaryDataConverter and Confluent's AvroConverter";
+const HEADER_CONVERTER: &str = "the relay writes header values as SimpleHeaderConverter (Kafka Connect's default) or JsonConverter do";
+const CONVERTERS: &str = "the relay reproduces StringConverter, ByteArrayConverter, JsonConverter, Debezium's BinaryDataConverter and Confluent's AvroConverter and ProtobufConverter";
 const WORKER_DEFAULT: &str = "Kafka's sample worker config (JsonConverter, schemas.enable=true), as neither the connector config nor --debezium-worker-config names one";
 
 /// How `--explain` shows an imported flag: credentials never (`None`), a URL's user info
@@ -251,21 +284,48 @@ fn explained(flag: &str, value: &str) -> Option<String> {
     }
 }
 
-/// A connector key without an equivalent, with why, for the "ignored" warning.
-fn ignored_note(key: &str) -> String {
-    let note = match key {
-        "snapshot.mode" => "the relay never snapshots",
-        "topic.prefix" | "database.server.name" => "topics come from --topic-template",
-        "tasks.max" => "run one relay per slot",
-        "slot.drop.on.stop" => "the relay never drops its slot",
-        "binary.handling.mode" => "bytea payloads are sent as raw bytes",
-        "max.batch.size" | "max.queue.size" => "see --max-in-flight-events",
-        "tombstones.on.delete" => "deletes on the outbox table are ignored",
-        "skipped.operations" => "the relay relays inserts only",
-        "schema.include.list" | "table.exclude.list" => "the relay reads the --table tables",
-        _ => return key.to_owned(),
-    };
-    format!("{key} ({note})")
+/// A converter as the import maps it.
+struct ConverterChoice {
+    /// The `--ROLE-converter` value.
+    flag: &'static str,
+    /// JsonConverter's `decimal.format=NUMERIC`.
+    numeric_decimals: bool,
+}
+
+impl ConverterChoice {
+    /// Kafka Connect's header converter when none is set.
+    fn default_header() -> Self {
+        ConverterChoice {
+            flag: "simple",
+            numeric_decimals: false,
+        }
+    }
+}
+
+/// Why a producer setting (the connector's `producer.override.*` or the worker's
+/// `producer.*`) changes where records go or what they hold, which the relay does not
+/// reproduce; `None` when it does not.
+fn producer_refusal(name: &str, value: &str) -> Option<&'static str> {
+    let value = value.trim();
+    match name {
+        "partitioner.class"
+            if !matches!(
+                value,
+                "" | "org.apache.kafka.clients.producer.internals.DefaultPartitioner"
+            ) =>
+        {
+            Some(
+                "it places records by another rule than the key's murmur2 hash, which the relay uses: remove it",
+            )
+        }
+        "partitioner.ignore.keys" if value.eq_ignore_ascii_case("true") => Some(
+            "it spreads keyed records without their key's hash, which the relay uses: remove it",
+        ),
+        "interceptor.classes" if !value.is_empty() => Some(
+            "producer interceptors may change records the relay does not reproduce: remove them",
+        ),
+        _ => None,
+    }
 }
 
 /// What becomes of a producer property: passed on with a note (`""`: none), or refused by
@@ -274,7 +334,8 @@ fn producer_note(name: &str, value: &str) -> Result<&'static str, &'static str> 
     match name {
         "key.serializer" | "value.serializer" => Err("the relay sends the columns' bytes"),
         "partitioner.class" => Err("the relay uses murmur2_random, the Java default"),
-        "interceptor.classes" | "max.block.ms" | "metric.reporters" => Err("no equivalent"),
+        "max.block.ms" | "metric.reporters" | "interceptor.classes" => Err("no equivalent"),
+        "partitioner.ignore.keys" => Err("the relay hashes keys, as the Java default does"),
         "buffer.memory" => Err("use -X queue.buffering.max.kbytes"),
         "sasl.jaas.config" => Err("use -X sasl.username=... -X sasl.password=..."),
         "transactional.id" => Err("the relay does not use Kafka transactions"),
@@ -349,7 +410,6 @@ fn router_note(option: &str, value: &str) -> Option<Result<&'static str, &'stati
         "tracing.with.context.field.only" => {
             Err("the relay traces only rows with a span context, as Debezium's default does")
         }
-        "predicate" => Ok("the relay routes every insert into the --table tables"),
         _ => return None,
     })
 }
@@ -405,6 +465,10 @@ impl<'a> Importer<'a> {
         self.out.identical.push(format!("{key}={value}"));
     }
 
+    fn no_effect(&mut self, key: &str, value: &str, why: &str) {
+        self.out.no_effect.push(format!("{key}={value}: {why}"));
+    }
+
     /// One warning about all of `items` (none without any), given their list.
     fn warn_all<S: Borrow<str>>(&mut self, items: &[S], warning: impl FnOnce(&str) -> String) {
         if !items.is_empty() {
@@ -449,10 +513,11 @@ impl<'a> Importer<'a> {
             _ => {}
         }
         self.converters()?;
+        self.column_modes()?;
         self.context_headers()?;
         self.event_router()?;
-        self.producer_overrides();
-        self.leftovers();
+        self.producer_overrides()?;
+        self.leftovers()?;
         Ok(self.out)
     }
 
@@ -519,8 +584,9 @@ impl<'a> Importer<'a> {
     }
 
     /// `ROLE.converter` as Kafka Connect picks it: the connector's class with the connector's
-    /// settings, else the worker's with the worker's; as the `--ROLE-converter` value.
-    fn converter(&mut self, role: &str) -> Result<&'static str, Error> {
+    /// settings, else the worker's with the worker's; as the `--ROLE-converter` value and its
+    /// `decimal.format`.
+    fn converter(&mut self, role: &str) -> Result<ConverterChoice, Error> {
         let key = format!("{role}.converter");
         let prefix = format!("{key}.");
         let connector = self.take(&key);
@@ -528,20 +594,28 @@ impl<'a> Importer<'a> {
         let worker = self.worker.and_then(|w| Some((w.get(&key)?.trim(), w)));
         let (class, settings, origin) = match (connector, worker) {
             (Some(class), _) => (class, connector_settings, "the connector config"),
-            (None, Some((class, worker))) => {
-                let settings = prefixed(worker, &prefix).collect();
-                (class, settings, "the worker config")
-            }
-            (None, None) if role == "header" => return Ok("simple"),
-            (None, None) => {
-                self.warn(format!("{key}: {WORKER_DEFAULT}"));
-                (JSON_CONVERTER, Vec::new(), "")
+            (None, worker) => {
+                for (setting, value) in connector_settings {
+                    self.no_effect(setting, value, &format!("Kafka Connect applies a connector's {key} settings only with its own {key}, which it does not set"));
+                }
+                match worker {
+                    Some((class, worker)) => {
+                        let settings = prefixed(worker, &prefix).collect();
+                        (class, settings, "the worker config")
+                    }
+                    None if role == "header" => return Ok(ConverterChoice::default_header()),
+                    None => {
+                        self.warn(format!("{key}: {WORKER_DEFAULT}"));
+                        (JSON_CONVERTER, Vec::new(), "")
+                    }
+                }
             }
         };
         let short = class.rsplit('.').next().unwrap_or_default();
         let kafka = class == short || class.starts_with("org.apache.kafka.connect.");
         let flag = match (short, role) {
             ("SimpleHeaderConverter", "header") if kafka => Ok("simple"),
+            ("JsonConverter", _) if kafka => Ok("json-with-schemas"),
             (_, "header") => Err(HEADER_CONVERTER),
             ("BinaryDataConverter" | "BinaryData", _)
                 if class == short || class == BINARY_DATA_CONVERTER =>
@@ -551,30 +625,78 @@ impl<'a> Importer<'a> {
             _ => simple_converter(class),
         };
         let flag = flag.map_err(|why| invalid(&key, class, why))?;
-        let flag = self.settings(role, flag, &settings, &prefix, origin)?;
-        if role != "header" {
-            self.identical(&key, class);
-        }
-        Ok(flag)
+        let choice = self.settings(role, flag, &settings, &prefix, origin)?;
+        self.identical(&key, class);
+        Ok(choice)
     }
 
     /// A converter's settings: an AvroConverter's become registry flags, the others' are
-    /// checked by [`converter_settings`].
+    /// classified by [`Importer::plain_settings`].
     fn settings(
         &mut self,
         role: &str,
         flag: &'static str,
-        settings: &[(&str, &str)],
+        settings: &[(&'a str, &'a str)],
         prefix: &str,
         origin: &str,
-    ) -> Result<&'static str, Error> {
-        if flag != "avro" {
-            return converter_settings(flag, settings, prefix, origin);
+    ) -> Result<ConverterChoice, Error> {
+        let classified = match flag {
+            "avro" => self.registry.avro(role, settings, prefix)?,
+            "protobuf" => self.registry.protobuf(role, settings, prefix)?,
+            _ => return self.plain_settings(flag, settings, prefix, origin),
+        };
+        self.out.identical.extend(classified.identical);
+        self.out.no_effect.extend(classified.no_effect);
+        Ok(ConverterChoice {
+            flag,
+            numeric_decimals: false,
+        })
+    }
+
+    /// The settings of one of Kafka's converters (`flag`), each reproduced, without effect
+    /// (with why) or refused by name.
+    fn plain_settings(
+        &mut self,
+        flag: &'static str,
+        settings: &[(&'a str, &'a str)],
+        prefix: &str,
+        origin: &str,
+    ) -> Result<ConverterChoice, Error> {
+        let converter = prefix.trim_end_matches('.');
+        let mut choice = ConverterChoice {
+            flag,
+            numeric_decimals: false,
+        };
+        let json = flag == "json-with-schemas";
+        let string = flag == "string";
+        for &(setting, value) in settings {
+            let name = &setting[prefix.len()..];
+            match (name, value.to_ascii_lowercase().as_str()) {
+                ("schemas.enable", "false") if json => choice.flag = "json",
+                ("schemas.enable", _) if json => {}
+                ("decimal.format", "numeric") if json => choice.numeric_decimals = true,
+                ("decimal.format", "base64") if json => {}
+                ("replace.null.with.default", "true") if json => {}
+                ("schemas.cache.size", _) if json => {
+                    self.no_effect(setting, value, "a cache size");
+                    continue;
+                }
+                ("encoding" | "converter.encoding", "utf8" | "utf-8") if string => {}
+                _ if !json && !string || name == "converter.type" => {
+                    let why = format!("{converter} has no such setting; Kafka Connect ignores it");
+                    self.no_effect(setting, value, &why);
+                    continue;
+                }
+                _ => {
+                    let why = format!(
+                        "a {converter} setting (from {origin}) whose effect the relay does not reproduce"
+                    );
+                    return Err(invalid(setting, value, why));
+                }
+            }
+            self.identical(setting, value);
         }
-        for setting in self.registry.avro(role, settings, prefix)? {
-            self.out.identical.push(setting);
-        }
-        Ok(flag)
+        Ok(choice)
     }
 
     /// `ROLE.converter=BinaryDataConverter`, whose delegate (`delegate.converter.type`, with
@@ -586,39 +708,110 @@ impl<'a> Importer<'a> {
         class: &str,
         settings: &[(&'a str, &'a str)],
         origin: &str,
-    ) -> Result<&'static str, Error> {
+    ) -> Result<ConverterChoice, Error> {
         let key = format!("{role}.converter");
         let delegate_key = format!("{key}.delegate.converter.type");
+        let prefix = format!("{delegate_key}.");
         let delegate = settings.iter().find(|(k, _)| *k == delegate_key);
+        let mut choice = ConverterChoice {
+            flag: "binary-data",
+            numeric_decimals: false,
+        };
         if let Some((_, delegate_class)) = delegate {
             let flag = simple_converter(delegate_class)
                 .map_err(|why| invalid(&delegate_key, delegate_class, why))?;
-            let prefix = format!("{delegate_key}.");
             let own: Vec<_> = (settings.iter().copied())
                 .filter(|(k, _)| k.starts_with(&prefix))
                 .collect();
-            let flag = self.settings(role, flag, &own, &prefix, origin)?;
-            self.arg(&format!("--{role}-delegate-converter"), flag);
+            let delegated = self.settings(role, flag, &own, &prefix, origin)?;
+            self.arg(&format!("--{role}-delegate-converter"), delegated.flag);
             self.identical(&delegate_key, delegate_class);
+            choice.numeric_decimals = delegated.numeric_decimals;
+        }
+        for &(setting, value) in settings {
+            if setting != delegate_key && !setting.starts_with(&prefix) {
+                let why = "BinaryDataConverter has no such setting; Kafka Connect ignores it";
+                self.no_effect(setting, value, why);
+            }
         }
         self.identical(&key, class);
-        Ok("binary-data")
+        Ok(choice)
     }
 
-    /// The key and value converters as flags (header values are SimpleHeaderConverter's).
+    /// The key, value and header converters as flags, then the registry's.
     fn converters(&mut self) -> Result<(), Error> {
-        for role in ["key", "value"] {
-            let flag = self.converter(role)?;
-            // A delegate's flag is already in; the converter's goes before it.
-            let delegate = format!("--{role}-delegate-converter");
-            let at = (self.out.args.iter().position(|(f, _)| *f == delegate))
-                .unwrap_or(self.out.args.len());
-            let arg = (format!("--{role}-converter"), flag.to_owned());
-            self.out.args.insert(at, arg);
+        for role in ["key", "value", "header"] {
+            let choice = self.converter(role)?;
+            if role != "header" || choice.flag != "simple" {
+                // A delegate's flag is already in; the converter's goes before it.
+                let delegate = format!("--{role}-delegate-converter");
+                let at = (self.out.args.iter().position(|(f, _)| *f == delegate))
+                    .unwrap_or(self.out.args.len());
+                let arg = (format!("--{role}-converter"), choice.flag.to_owned());
+                self.out.args.insert(at, arg);
+            }
+            if choice.numeric_decimals {
+                self.arg(&format!("--{role}-converter-decimal-format"), "numeric");
+            }
         }
-        self.converter("header")?;
         for (flag, value) in self.registry.args() {
             self.arg(&flag, value);
+        }
+        Ok(())
+    }
+
+    /// The connector options that shape column values and schemas.
+    fn column_modes(&mut self) -> Result<(), Error> {
+        for (key, flag, values) in [
+            (
+                "time.precision.mode",
+                "--time-precision-mode",
+                &[
+                    "adaptive",
+                    "adaptive_time_microseconds",
+                    "connect",
+                    "isostring",
+                ][..],
+            ),
+            (
+                "decimal.handling.mode",
+                "--decimal-handling-mode",
+                &["precise", "double", "string"][..],
+            ),
+            (
+                "binary.handling.mode",
+                "--binary-handling-mode",
+                &["bytes", "base64", "base64-url-safe", "hex"][..],
+            ),
+        ] {
+            let Some(value) = self.take(key) else {
+                continue;
+            };
+            let lower = value.to_ascii_lowercase();
+            if !values.contains(&lower.as_str()) {
+                let why = format!(
+                    "the relay reproduces {}; Debezium 3.6.3 has other values the relay does not reproduce (such as time.precision.mode=structured)",
+                    values.join(", ")
+                );
+                return Err(invalid(key, value, why));
+            }
+            self.arg(flag, lower.replace('_', "-"));
+            self.identical(key, value);
+        }
+        for (key, flag) in [
+            (
+                "column.propagate.source.type",
+                "--column-propagate-source-type",
+            ),
+            (
+                "datatype.propagate.source.type",
+                "--datatype-propagate-source-type",
+            ),
+        ] {
+            if let Some(value) = self.take(key) {
+                self.arg(flag, value);
+                self.identical(key, value);
+            }
         }
         Ok(())
     }
@@ -636,21 +829,36 @@ impl<'a> Importer<'a> {
             self.arg("--debezium-context-headers", "true");
             self.identical("extended.headers.enabled", extended);
             self.warn("extended.headers.enabled: __debezium.context.runId is a new UUID per relay start, as it was per Debezium task start");
+        } else {
+            self.identical("extended.headers.enabled", extended);
         }
         Ok(())
     }
 
     fn event_router(&mut self) -> Result<(), Error> {
         let names = self.take("transforms").unwrap_or_default();
-        let mut router = None;
-        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            match (self.take(&format!("transforms.{name}.type")), router) {
-                (Some(EVENT_ROUTER), None) => router = Some(name),
-                (Some(EVENT_ROUTER), Some(first)) => self.warn(format!("transform {name} (a second EventRouter) not applied: the relay applies one, transforms.{first}")),
-                (class, _) => self.warn(format!("transform {name} ({}) not applied: the relay applies only the Outbox Event Router; check that consumers do not depend on it", class.unwrap_or("no type"))),
-            }
-        }
+        let list: Vec<&str> = names
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        let router = list.iter().position(|name| {
+            let class = self.config.get(&format!("transforms.{name}.type"));
+            class.map(|c| c.trim()) == Some(EVENT_ROUTER)
+        });
         let router = router.ok_or_else(|| invalid("transforms", names, NO_EVENT_ROUTER))?;
+        if let Some(before) = list[..router].first() {
+            let key = format!("transforms.{before}.type");
+            let class = self.config.get(&key).map_or("", |c| c.trim());
+            let why = "runs before the Outbox Event Router, on Debezium's change events, which the relay does not build; remove it or move it after the router";
+            return Err(invalid(key, class, why));
+        }
+        // Rewritten below for the predicates the transforms after the router use.
+        self.take("predicates");
+        self.router_predicate(list[router])?;
+        self.transforms_after(&list[router + 1..])?;
+        let router = list[router];
+        self.take(&format!("transforms.{router}.type"));
         let prefix = format!("transforms.{router}.");
         let option = |this: &mut Self, suffix: &str| this.take(&format!("{prefix}{suffix}"));
 
@@ -697,9 +905,13 @@ impl<'a> Importer<'a> {
             self.arg("--schema-version-column", column);
             self.identical(&format!("{prefix}table.field.event.schema.version"), column);
         }
+        self.debezium_stops(&prefix);
         let tracing = option(self, "tracing.span.context.field");
         match tracing {
-            Some(column) => self.arg("--trace-context-column", column),
+            Some(column) => {
+                self.arg("--trace-context-column", column);
+                self.identical(&format!("{prefix}tracing.span.context.field"), column);
+            }
             None => self.warn(format!("{prefix}tracing.span.context.field: if the Connect worker ran an OpenTelemetry agent, Debezium wrote a traceparent header from the tracingspancontext column; add --trace-context-column tracingspancontext to do the same")),
         }
         let mut unknown = None;
@@ -713,6 +925,168 @@ impl<'a> Importer<'a> {
         }
         let why = "not an Outbox Event Router option of Debezium 3.6; remove it or fix its name";
         unknown.map_or(Ok(()), |key| Err(invalid(key, &self.config[key], why)))
+    }
+
+    /// What Debezium 3.6.3 does with the combinations it fails on, for `--explain`.
+    fn debezium_stops(&mut self, prefix: &str) {
+        let given = |this: &Self, flag: &str| this.out.args.iter().any(|(f, _)| f == flag);
+        if given(self, "--expand-json-payload") && given(self, "--envelope-column") {
+            let mut stop = format!(
+                "{prefix}table.expand.json.payload with envelope fields: Debezium stops at the first payload that expands to no schema (an empty JSON array []), with a NullPointerException in the router's schema cache"
+            );
+            if given(self, "--schema-version-column") {
+                stop += ", and at the first payload whose expanded schema differs from the first of its schema version (DataException: Struct schemas do not match)";
+            }
+            stop += ". Records are identical up to there; the relay treats those events as poison (it stops, or dead-letters them with --on-poison dead-letter)";
+            self.out.debezium_stops.push(stop);
+        }
+        for role in ["key", "value"] {
+            self.converter_stops(role);
+        }
+        let avro_values = self.has_arg("--value-converter", "avro")
+            || self.has_arg("--value-delegate-converter", "avro");
+        if avro_values && given(self, "--expand-json-payload") {
+            self.out.debezium_stops.push(format!("{prefix}table.expand.json.payload with AvroConverter values: Debezium stops at the first payload with a field name Avro refuses (such as some-key, unless scrub.invalid.names=true) or with two different objects that would be records of one name, and, with the registry at its default BACKWARD compatibility, at the first expanded schema the registry refuses (409). Records are identical up to there; the relay treats those events as poison (it stops, or dead-letters them with --on-poison dead-letter), naming the subject and the registry's message"));
+        }
+        if given(self, "--timestamp-column") {
+            self.out.debezium_stops.push(format!("{prefix}table.field.event.timestamp: Debezium reads the column as an int64 Timestamp or MicroTimestamp (a timestamp column under time.precision.mode adaptive) and stops on every event with any other type (a timestamptz is a ZonedTimestamp string); the relay also reads timestamptz and bigint (epoch milliseconds)"));
+        }
+    }
+
+    /// What Debezium 3.6.3 does with a key's or value's converter where it fails.
+    fn converter_stops(&mut self, role: &str) {
+        let converter = format!("--{role}-converter");
+        if self.has_arg(&converter, "bytearray") {
+            self.out.debezium_stops.push(format!("{role}.converter=ByteArrayConverter: Debezium stops at the first event whose {role} is not bytes (a bytea column under binary.handling.mode=bytes); the relay refuses any other column type at start-up"));
+        }
+        let delegate = format!("--{role}-delegate-converter");
+        if self.has_arg(&converter, "binary-data")
+            && !self.out.args.iter().any(|(f, _)| *f == delegate)
+        {
+            self.out.debezium_stops.push(format!("{role}.converter=BinaryDataConverter without {role}.converter.delegate.converter.type: Debezium stops at the first event whose {role} is not bytes (a bytea column under binary.handling.mode=bytes); the relay refuses any other column type at start-up"));
+        }
+        let avro = self.has_arg(&converter, "avro") || self.has_arg(&delegate, "avro");
+        let strategy = format!("--{role}-subject-name-strategy");
+        let by_record =
+            self.has_arg(&strategy, "record") || self.has_arg(&strategy, "topic-record");
+        let given = |flag: &str| self.out.args.iter().any(|(f, _)| f == flag);
+        let never_a_record = role == "key" || !given("--envelope-column");
+        if avro && by_record && never_a_record && !given("--transform") {
+            self.out.debezium_stops.push(format!("{role}.subject.name.strategy naming subjects after records: Debezium stops at the first event, as the router's {role} is never an Avro record (only an envelope is one); the relay refuses it at start-up"));
+        }
+    }
+
+    /// Whether the import gave `flag` the value `value`.
+    fn has_arg(&self, flag: &str, value: &str) -> bool {
+        (self.out.args.iter()).any(|(f, v)| f == flag && v == value)
+    }
+
+    /// `transforms.ROUTER.predicate`: which change events the router applies to. The relay
+    /// routes every insert of the `--table` tables, so a predicate that holds for all of their
+    /// change events changes nothing; one that does not is refused, naming the table.
+    fn router_predicate(&mut self, router: &str) -> Result<(), Error> {
+        let key = format!("transforms.{router}.predicate");
+        let Some(predicate) = self.take(&key) else {
+            return Ok(());
+        };
+        let negate = self.take(&format!("transforms.{router}.negate"));
+        let negate = negate.is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let naming = ["topic.naming.strategy", "topic.delimiter"];
+        if let Some(option) = naming.iter().find(|o| self.config.contains_key(**o)) {
+            let why = format!(
+                "the relay cannot tell which change events the router's predicate selects under {option}"
+            );
+            return Err(invalid(key, predicate, why));
+        }
+        let pattern = self.router_pattern(&key, predicate)?;
+        let prefix = self.config.get("topic.prefix").map_or("", |p| p.trim());
+        let tables = self.out.args.iter().filter(|(flag, _)| flag == "--table");
+        let topics: Vec<String> = tables.map(|(_, t)| format!("{prefix}.{t}")).collect();
+        for topic in &topics {
+            let holds = pattern.as_ref().is_some_and(|p| p.is_match(topic));
+            if holds == negate {
+                let why = format!(
+                    "false for the change events of {topic}: Debezium passed them on without the router, which the relay does not reproduce; leave that table out of table.include.list"
+                );
+                return Err(invalid(key, predicate, why));
+            }
+        }
+        let why = format!(
+            "holds for the change events of every outbox table ({}), so the router routes them all, as the relay does",
+            topics.join(", ")
+        );
+        self.no_effect(&key, predicate, &why);
+        for (key, value) in self.take_prefixed(&format!("predicates.{predicate}.")) {
+            self.no_effect(key, value, "the router's predicate, above");
+        }
+        Ok(())
+    }
+
+    /// The topics the router's predicate (`key`, naming `predicate`) holds for: a pattern
+    /// (`TopicNameMatches`), or `None` for none (`RecordIsTombstone`: an insert's change event
+    /// is never a tombstone).
+    fn router_pattern(&self, key: &str, predicate: &str) -> Result<Option<regex::Regex>, Error> {
+        let predicate_prefix = format!("predicates.{predicate}.");
+        let settings: BTreeMap<&str, &str> = prefixed(self.config, &predicate_prefix).collect();
+        let setting = |name: &str| {
+            settings
+                .get(format!("predicates.{predicate}.{name}").as_str())
+                .copied()
+        };
+        let class = setting("type").unwrap_or_default();
+        let class = class.rsplit('.').next().unwrap_or_default();
+        match class {
+            "TopicNameMatches" => {
+                let pattern = setting("pattern").unwrap_or_default();
+                let regex = regex::Regex::new(&format!("^(?:{pattern})$"));
+                let why = |e| {
+                    format!(
+                        "its pattern {pattern:?} is not a regular expression the relay reads the same way: {e}"
+                    )
+                };
+                Ok(Some(regex.map_err(|e| invalid(key, predicate, why(e)))?))
+            }
+            "RecordIsTombstone" => Ok(None),
+            _ => {
+                let why = format!(
+                    "a {class:?} predicate on the router: the relay reproduces the router's TopicNameMatches and RecordIsTombstone predicates"
+                );
+                Err(invalid(key, predicate, why))
+            }
+        }
+    }
+
+    /// The transforms after the router, as `--transform` flags, each checked by the relay's
+    /// transform chain (which refuses what it does not reproduce, by name).
+    fn transforms_after(&mut self, names: &[&str]) -> Result<(), Error> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let mut settings = vec![("transforms".to_owned(), names.join(","))];
+        let mut predicates: Vec<&str> = Vec::new();
+        for name in names {
+            for (key, value) in self.take_prefixed(&format!("transforms.{name}.")) {
+                if key.ends_with(".predicate") && !predicates.contains(&value) {
+                    predicates.push(value);
+                }
+                settings.push((key.to_owned(), value.to_owned()));
+            }
+        }
+        if !predicates.is_empty() {
+            settings.push(("predicates".to_owned(), predicates.join(",")));
+        }
+        for predicate in &predicates {
+            let prefix = format!("predicates.{predicate}.");
+            let keys: Vec<(&str, &str)> = prefixed(self.config, &prefix).collect();
+            self.used.extend(keys.iter().map(|(k, _)| *k));
+            settings.extend(keys.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        }
+        Chain::parse(&settings).map_err(|e| invalid(e.key, &e.value, e.reason))?;
+        for (key, value) in settings {
+            self.identical(&key, &value);
+            self.arg("--transform", format!("{key}={value}"));
+        }
+        Ok(())
     }
 
     fn topic_template(&mut self, prefix: &str) -> Result<String, Error> {
@@ -768,10 +1142,23 @@ impl<'a> Importer<'a> {
         Ok(())
     }
 
-    fn producer_overrides(&mut self) {
+    fn producer_overrides(&mut self) -> Result<(), Error> {
         let mut dropped = Vec::new();
-        for (key, value) in self.take_prefixed("producer.override.") {
-            let name = &key["producer.override.".len()..];
+        let worker = self
+            .worker
+            .into_iter()
+            .flat_map(|w| prefixed(w, "producer."));
+        for (key, value) in worker.chain(self.take_prefixed("producer.override.")) {
+            let name = key
+                .strip_prefix("producer.override.")
+                .unwrap_or(&key["producer.".len()..]);
+            if let Some(why) = producer_refusal(name, value) {
+                return Err(invalid(key, value, why));
+            }
+            if !key.starts_with("producer.override.") {
+                // The worker's other producer settings are the deployment's, not the records'.
+                continue;
+            }
             if let Some(iam) = msk_iam(name, value) {
                 self.msk_iam(iam);
                 continue;
@@ -790,6 +1177,7 @@ impl<'a> Importer<'a> {
         self.warn_all(&dropped, |list| {
             format!("producer.override properties librdkafka would refuse, not passed on: {list}")
         });
+        Ok(())
     }
 
     /// The flags the MSK IAM library's producer setting becomes.
@@ -804,8 +1192,9 @@ impl<'a> Importer<'a> {
         }
     }
 
-    /// Error handling, heartbeats, and what is left: the keys without an equivalent.
-    fn leftovers(&mut self) {
+    /// Error handling, heartbeats, and what is left: each remaining key classified
+    /// ([`options::classify`]): no effect on the records, a difference outside them, or refused.
+    fn leftovers(&mut self) -> Result<(), Error> {
         let tolerance = self.take("errors.tolerance").unwrap_or_default();
         let dlq = self.take("errors.deadletterqueue.topic.name");
         self.take_prefixed("errors.deadletterqueue.");
@@ -822,14 +1211,53 @@ impl<'a> Importer<'a> {
         self.warn_all(&keys, |keys| {
             format!("{keys}: the relay maps heartbeat.interval.ms to --heartbeat-interval, which writes a logical decoding message (no heartbeat.action.query, no heartbeat topic); when nothing is in flight it also acknowledges keepalive positions, so a quiet outbox does not pin WAL")
         });
-        // Other transforms and predicates were warned about by name.
-        self.take_prefixed("transforms.");
-        self.take_prefixed("predicates");
-        let ignored = self.take_prefixed("");
-        let ignored: Vec<_> = ignored.iter().map(|(key, _)| ignored_note(key)).collect();
-        self.warn_all(&ignored, |list| {
-            format!("ignored (no equivalent in the relay): {list}")
-        });
+        for (key, value) in self.take_prefixed("transforms.") {
+            self.no_effect(
+                key,
+                value,
+                "a transform not in transforms=, which Kafka Connect ignores",
+            );
+        }
+        for (key, value) in self.take_prefixed("predicates") {
+            self.no_effect(key, value, "no transform uses this predicate");
+        }
+        let tables = self.flag_values(&["--table"]);
+        let columns = self.flag_values(&[
+            "--route-by",
+            "--key-column",
+            "--id-column",
+            "--payload-column",
+            "--timestamp-column",
+            "--header-column",
+            "--envelope-column",
+            "--partition-column",
+            "--schema-version-column",
+            "--trace-context-column",
+        ]);
+        let reads = Reads {
+            tables: &tables,
+            columns: &columns,
+        };
+        for (key, value) in self.take_prefixed("") {
+            match options::classify(key, value, reads) {
+                Some(Class::NoEffect(why)) => self.no_effect(key, value, &why),
+                Some(Class::Differs(how)) => self.warn(format!("{key}={value}: {how}")),
+                Some(Class::Refused(why)) => return Err(invalid(key, value, why)),
+                None => self.no_effect(key, value, "not an option of Debezium 3.6.3's Postgres connector or of Kafka Connect; they ignore it too"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The values the import gave `flags`, a column flag's alias (`COLUMN:NAME`) left out.
+    fn flag_values(&self, flags: &[&str]) -> Vec<String> {
+        let given = self
+            .out
+            .args
+            .iter()
+            .filter(|(flag, _)| flags.contains(&flag.as_str()));
+        let column = |value: &String| value.split(':').next().unwrap_or_default().to_owned();
+        given.map(|(_, value)| column(value)).collect()
     }
 }
 
@@ -840,6 +1268,9 @@ fn simple_converter(class: &str) -> Result<&'static str, &'static str> {
     if registry::is_avro(class) {
         return Ok("avro");
     }
+    if registry::is_protobuf(class) {
+        return Ok("protobuf");
+    }
     if let Some(why) = registry::refused_converter(class) {
         return Err(why);
     }
@@ -849,36 +1280,6 @@ fn simple_converter(class: &str) -> Result<&'static str, &'static str> {
         "JsonConverter" if kafka => Ok("json-with-schemas"),
         _ => Err(CONVERTERS),
     }
-}
-
-/// A converter's `flag` after its `settings` (their keys start with `prefix`), or the first
-/// setting whose effect the relay does not reproduce.
-fn converter_settings(
-    mut flag: &'static str,
-    settings: &[(&str, &str)],
-    prefix: &str,
-    origin: &str,
-) -> Result<&'static str, Error> {
-    for (setting, value) in settings {
-        match (
-            &setting[prefix.len()..],
-            value.to_ascii_lowercase().as_str(),
-        ) {
-            ("schemas.enable", "false") if flag == "json-with-schemas" => flag = "json",
-            ("schemas.enable" | "schemas.cache.size" | "decimal.format", _) => {}
-            ("replace.null.with.default", "true") => {}
-            // BinaryDataConverter's delegate and its settings are read where it is.
-            (name, _) if flag == "binary-data" && name.starts_with("delegate.converter.type") => {}
-            _ => {
-                let converter = prefix.trim_end_matches('.');
-                let why = format!(
-                    "a {converter} setting (from {origin}) whose effect the relay does not reproduce"
-                );
-                return Err(invalid(*setting, value, why));
-            }
-        }
-    }
-    Ok(flag)
 }
 
 /// Every `(key, trimmed value)` of `map` under `prefix`.
@@ -954,6 +1355,5 @@ fn is_config_provider(value: &str) -> bool {
         .is_some_and(|(inner, _)| inner.contains(':'))
 }
 
-mod registry;
 #[cfg(test)]
 mod tests;

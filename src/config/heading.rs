@@ -12,7 +12,7 @@ pub const PER_TABLE: &str = "Mapping, also per table";
 pub const EVERY_TABLE: &str = "Mapping, every table";
 /// Debezium's record format.
 pub const DEBEZIUM_FORMAT: &str = "Debezium's record format";
-/// The Schema Registry of the avro converters.
+/// The Schema Registry of the avro and protobuf converters.
 pub const SCHEMA_REGISTRY: &str = "Schema Registry";
 /// The producer, delivery and poison events.
 pub const KAFKA: &str = "Kafka and delivery";

@@ -90,7 +90,7 @@ pub struct Cli {
     /// Debezium record-format flags.
     #[command(flatten, next_help_heading = heading::DEBEZIUM_FORMAT)]
     pub format: FormatArgs,
-    /// Schema Registry flags (the avro converters').
+    /// Schema Registry flags (the avro and protobuf converters').
     #[command(flatten, next_help_heading = heading::SCHEMA_REGISTRY)]
     pub registry: RegistryArgs,
     /// Add the CloudEvents Kafka binding's binary-mode headers (ce_id, ce_type, ce_source...).
@@ -202,11 +202,13 @@ pub struct RelayFlags {
     #[arg(help_heading = heading::SOURCE)]
     #[arg(long, env = "OUTBOX_RELAY_HEARTBEAT_INTERVAL", value_parser = parse_duration)]
     pub heartbeat_interval: Option<Duration>,
-    /// First wait before reconnecting to Postgres after the stream broke; doubles per attempt.
+    /// First wait before reconnecting to Postgres after the stream broke, or before start-up
+    /// tries again while Postgres or Kafka does not answer; doubles per attempt.
     #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MIN", default_value = "500ms", value_parser = positive_duration)]
     pub reconnect_backoff_min: Duration,
-    /// Longest wait between reconnect attempts (also the standby's polling interval).
+    /// Longest wait between reconnect (and start-up) attempts; also the standby's polling
+    /// interval.
     #[arg(help_heading = heading::KAFKA)]
     #[arg(long, env = "OUTBOX_RELAY_RECONNECT_BACKOFF_MAX", default_value = "30s", value_parser = parse_duration)]
     pub reconnect_backoff_max: Duration,

@@ -16,6 +16,10 @@ pub struct ObservabilityArgs {
     /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; `none` disables it.
     #[arg(long, env = "OUTBOX_RELAY_HTTP_ADDR", default_value = "127.0.0.1:9187", value_parser = http_addr)]
     pub http_addr: std::option::Option<SocketAddr>,
+    /// File to write the HTTP endpoint's address to once it listens (with port 0 in
+    /// --http-addr, the port the system chose).
+    #[arg(long, env = "OUTBOX_RELAY_HTTP_ADDR_FILE")]
+    pub http_addr_file: Option<std::path::PathBuf>,
     /// Readiness limits.
     #[command(flatten)]
     pub readiness: ReadinessArgs,

@@ -16,7 +16,7 @@ use crate::outbox::connect::registry::{Lookup, RegistryFormat, RoleFormat, Subje
 /// Schema Registry flags.
 #[derive(Debug, Clone, Args)]
 pub struct RegistryArgs {
-    /// Schema Registry URL for the avro converters (schema.registry.url); comma-separated URLs
+    /// Schema Registry URL for the avro and protobuf converters (schema.registry.url); comma-separated URLs
     /// are tried in turn. USER:PASSWORD@ in a URL is its basic auth.
     #[arg(
         long,
@@ -132,13 +132,14 @@ impl RegistryArgs {
         let flag = "--schema-registry-url";
         if self.schema_registry_url.is_empty() {
             if needed {
-                let reason = "required with an avro converter: the registry that holds its schemas (schema.registry.url)";
+                let reason = "required with an avro or protobuf converter: the registry that holds its schemas (schema.registry.url)";
                 return Err(invalid(flag, "", reason));
             }
             return Ok(None);
         }
         if !needed {
-            let reason = "used only by an avro key or value converter (--key-converter avro)";
+            let reason =
+                "used only by an avro or protobuf key or value converter (--key-converter avro)";
             return Err(invalid(flag, "", reason));
         }
         let mut urls = Vec::new();

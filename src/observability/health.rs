@@ -128,6 +128,8 @@ pub enum SlotObservation {
 /// The state readiness is judged on, at one instant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HealthSnapshot {
+    /// While start-up has not finished: what it does or waits for.
+    pub starting: Option<String>,
     /// The replication stream is running.
     pub streaming: bool,
     /// The producer has a connection to a broker.
@@ -241,6 +243,7 @@ pub struct Readiness {
 /// PURE: the readiness rules.
 pub fn evaluate(state: &HealthSnapshot, limits: &ReadinessThresholds) -> Readiness {
     let mut reasons = Vec::new();
+    reasons.extend(state.starting.clone());
     if !state.streaming {
         reasons.push(
             "not streaming: the replication stream is starting, stopping or failed (see the log)"
@@ -417,6 +420,7 @@ pub struct Progress {
 #[derive(Debug, Default)]
 pub struct Health {
     thresholds: ReadinessThresholds,
+    starting: Mutex<Option<String>>,
     streaming: AtomicBool,
     producer_connected: AtomicBool,
     progress: Mutex<Progress>,
@@ -442,6 +446,11 @@ impl Health {
     /// The limits in force.
     pub fn thresholds(&self) -> ReadinessThresholds {
         self.thresholds
+    }
+
+    /// What start-up does or waits for (`None` once it finished, or failed).
+    pub fn set_starting(&self, starting: Option<String>) {
+        *lock(&self.starting) = starting;
     }
 
     /// The replication stream started (true) or stopped (false).
@@ -491,6 +500,7 @@ impl Health {
         let since =
             |t: Option<Instant>| t.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
         HealthSnapshot {
+            starting: lock(&self.starting).clone(),
             streaming: self.streaming.load(Relaxed),
             producer_connected: self.producer_connected.load(Relaxed),
             ack_staleness: since(progress.oldest_in_flight),
@@ -510,6 +520,7 @@ mod tests {
 
     fn good() -> HealthSnapshot {
         HealthSnapshot {
+            starting: None,
             streaming: true,
             producer_connected: true,
             ack_staleness: Duration::ZERO,
@@ -663,6 +674,13 @@ mod tests {
             ),
             (
                 HealthSnapshot {
+                    starting: Some("starting: start-up waits: Postgres at u".into()),
+                    ..good()
+                },
+                "start-up waits: Postgres at u",
+            ),
+            (
+                HealthSnapshot {
                     ack_staleness: Duration::from_secs(61),
                     ..good()
                 },
@@ -721,6 +739,7 @@ mod tests {
             assert!(r.reasons[0].contains(needle), "{r:?}");
         }
         let all_bad = HealthSnapshot {
+            starting: Some("starting: start-up waits: Kafka at k:9092 does not answer".into()),
             streaming: false,
             producer_connected: false,
             ack_staleness: Duration::from_secs(3600),
@@ -741,7 +760,10 @@ mod tests {
             wall_clock: SystemTime::UNIX_EPOCH + Duration::from_secs(60),
             schema_registry: Some("events wait for the Schema Registry".into()),
         };
-        assert_eq!(evaluate(&all_bad, &limits).reasons.len(), 9);
+        let reasons = evaluate(&all_bad, &limits).reasons;
+        assert_eq!(reasons.len(), 10, "{reasons:?}");
+        // What start-up waits for comes first.
+        assert!(reasons[0].contains("Kafka at k:9092"), "{reasons:?}");
         // Rows held back for less than the limit are not yet a reason.
         let held = HealthSnapshot {
             cleanup: CleanupBacklog {

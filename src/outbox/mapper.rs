@@ -17,8 +17,10 @@ use super::{
 };
 use crate::pgoutput::{Relation, TupleData};
 
-/// A mapped event, or why it does not map and what could be read of it.
-pub type Mapped = Result<OutboxRecord, (EventError, RawParts)>;
+/// A mapped event: its record, or none when a Kafka Connect `Filter` after the router dropped
+/// it (the event is then acknowledged without a record, as Connect commits a filtered
+/// record's offset); or why it does not map and what could be read of it.
+pub type Mapped = Result<Option<OutboxRecord>, (EventError, RawParts)>;
 
 /// Maps a replication session's changes to outbox records.
 #[derive(Debug, Default)]
@@ -136,6 +138,7 @@ impl EventMapper {
         let mapped = match Fields::parse(content) {
             Ok(fields) => plan
                 .map(&fields, commit_time_ms)
+                .map(Some)
                 .map_err(|error| (error, plan.raw_parts(&fields))),
             Err(error) => {
                 let parts = RawParts {

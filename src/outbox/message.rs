@@ -66,7 +66,8 @@ impl Event for Fields<'_> {
 #[cfg(test)]
 mod tests {
     use crate::outbox::{
-        EventError, EventMapper, HeaderColumn, Mapped, MappingConfig, Shard, TopicTemplate,
+        EventError, EventMapper, HeaderColumn, MappingConfig, OutboxRecord, RawParts, Shard,
+        TopicTemplate,
     };
     use bytes::Bytes;
 
@@ -84,11 +85,15 @@ mod tests {
         }
     }
 
-    fn map(config: MappingConfig, content: &Bytes, commit_time_ms: i64) -> Mapped {
+    fn map(
+        config: MappingConfig,
+        content: &Bytes,
+        commit_time_ms: i64,
+    ) -> Result<OutboxRecord, (EventError, RawParts)> {
         let mapper = EventMapper::new(vec![], vec![("outbox".to_owned(), config)]);
         let (source, mapped) = mapper.message("outbox", content, commit_time_ms).unwrap();
         assert_eq!(source.as_ref(), "message:outbox");
-        mapped
+        mapped.map(|record| record.expect("messages are never filtered"))
     }
 
     #[test]

@@ -135,6 +135,13 @@ pub enum EventError {
         /// What Debezium (its router or JsonConverter) refuses.
         reason: String,
     },
+    /// An event whose record Debezium wrote in a way the relay does not reproduce: rather than
+    /// write other bytes, the relay stops on it (or dead-letters it).
+    #[error("the relay does not reproduce Debezium's record of this event: {reason}")]
+    NotReproduced {
+        /// What Debezium would have written, and why the relay does not.
+        reason: String,
+    },
     /// The Schema Registry refused the event's schema (incompatible, invalid, or missing where
     /// it must be registered already).
     #[error("{reason}")]
@@ -165,8 +172,10 @@ pub struct OutboxRecord {
     pub id: Bytes,
     /// Headers other than `id`, in flag order; a NULL column gives a null header value.
     pub headers: Vec<(Arc<str>, Option<Bytes>)>,
-    /// How many of `headers` come before `id` (Debezium's context and trace headers).
-    pub headers_before_id: usize,
+    /// Where the `id` header goes among `headers` (after Debezium's context and trace
+    /// headers); `None` when `headers` already holds every header in order, `id` included,
+    /// as Kafka Connect's transforms and header converter left them.
+    pub id_header_at: Option<usize>,
     /// Record timestamp, Unix milliseconds.
     pub timestamp_ms: i64,
     /// A fixed partition; `None` lets the producer's partitioner choose.
@@ -241,7 +250,7 @@ pub fn dead_letter_record(
         payload: parts.payload.filter(|_| info.payload_omitted.is_none()),
         id: parts.id,
         headers,
-        headers_before_id: 0,
+        id_header_at: Some(0),
         timestamp_ms,
         partition: None,
         schemas: None,
@@ -376,7 +385,7 @@ impl<C: Clone> Plan<C> {
             payload,
             id,
             headers,
-            headers_before_id: 0,
+            id_header_at: Some(0),
             timestamp_ms,
             partition: None,
             schemas: None,
@@ -485,15 +494,19 @@ impl TableMapping {
             relation: &self.relation,
             row,
         };
-        let mapped = self.plan.map(&row, commit_time_ms).and_then(|mut record| {
-            if let Some(connect) = &self.connect {
-                connect.convert(row.row, &mut record)?;
-            }
+        let mapped = self.plan.map(&row, commit_time_ms).and_then(|record| {
+            let converted = match &self.connect {
+                Some(connect) => connect.convert(row.row, record)?,
+                None => Some(record),
+            };
+            let Some(mut record) = converted else {
+                return Ok(None);
+            };
             // A record waiting for schema ids keeps its columns, for a dead letter.
             if let Some(pending) = record.schemas.as_mut() {
                 pending.raw = self.plan.raw_parts(&row);
             }
-            Ok(record)
+            Ok(Some(record))
         });
         mapped.map_err(|error| (error, self.plan.raw_parts(&row)))
     }

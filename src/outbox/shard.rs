@@ -67,6 +67,25 @@ impl Shard {
         format!("{base}_shard_{}_of_{}", self.index, self.count)
     }
 
+    /// The shard a slot or publication name stands for, by [`Shard::name`]'s convention:
+    /// `Some(None)` for `base` itself (one relay, no shards), `Some(Some(shard))` for
+    /// `base_shard_I_of_K`, `None` for another name.
+    pub fn of_name(base: &str, name: &str) -> Option<Option<Shard>> {
+        let suffix = name.strip_prefix(base)?;
+        if suffix.is_empty() {
+            return Some(None);
+        }
+        let (index, count) = suffix.strip_prefix("_shard_")?.split_once("_of_")?;
+        // Digits only: `from_str` would take spaces and signs, which a name never has.
+        let digits = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+        if !(digits(index) && digits(count)) {
+            return None;
+        }
+        let shard: Shard = format!("{index}/{count}").parse().ok()?;
+        // The name it would be given: no leading zeros.
+        (shard.name(base) == name).then_some(Some(shard))
+    }
+
     /// The shard an event belongs to, from its key's text (else its id's; `None` or empty
     /// for NULL), as the row filter computes it.
     pub fn of(key: Option<&[u8]>, id: Option<&[u8]>, count: u32) -> u32 {
@@ -85,7 +104,9 @@ impl Shard {
     /// of its key and id, so exactly one shard stops on it or dead-letters it).
     pub fn owns_event(&self, mapped: &Mapped) -> bool {
         let (key, id) = match mapped {
-            Ok(record) => (&record.key, &record.id),
+            Ok(Some(record)) => (&record.key, &record.id),
+            // Dropped by a transform: only rows are, which the publication shards already.
+            Ok(None) => return true,
             Err((_, parts)) => (&parts.key, &parts.id),
         };
         self.owns(key.as_deref(), Some(id))
@@ -107,13 +128,46 @@ impl Shard {
 /// [`Shard::row_filter`] wrote it: equal but for the parentheses, quotes, spacing and
 /// `::bigint`/`::text` casts that Postgres adds.
 pub fn same_filter(found: &str, expected: &str) -> bool {
-    fn canonical(expr: &str) -> String {
-        let expr = expr.replace("::bigint", "").replace("::text", "");
-        expr.chars()
-            .filter(|c| !c.is_whitespace() && !matches!(c, '(' | ')' | '"' | '\''))
-            .collect()
-    }
     canonical(found) == canonical(expected)
+}
+
+/// A row filter without what Postgres adds when it prints one.
+fn canonical(expr: &str) -> String {
+    let expr = expr.replace("::bigint", "").replace("::text", "");
+    expr.chars()
+        .filter(|c| !c.is_whitespace() && !matches!(c, '(' | ')' | '"' | '\''))
+        .collect()
+}
+
+/// What a shard's row filter ([`Shard::row_filter`]) says, read back from its text as
+/// Postgres prints it: which shard it selects, and what it hashes how. Two fleets' filters
+/// that differ in `hashed` split the rows differently, whatever their K.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FilterParts {
+    /// The hash function, its arguments (the key and id columns' text) and its seed, without
+    /// what Postgres adds when it prints them.
+    pub hashed: String,
+    /// The shard it selects.
+    pub shard: Shard,
+}
+
+impl FilterParts {
+    /// The parts of a shard's row filter; `None` for a filter of another shape.
+    pub fn parse(filter: &str) -> Option<FilterParts> {
+        let text = canonical(filter);
+        let (left, index) = text.rsplit_once('=')?;
+        let (hashed, count) = left.rsplit_once('%')?;
+        let mask = format!("&{}", i64::MAX);
+        let hashed = hashed.strip_suffix(&mask)?;
+        if !hashed.starts_with("hashtextextendedCOALESCE") {
+            return None;
+        }
+        let shard: Shard = format!("{index}/{count}").parse().ok()?;
+        Some(FilterParts {
+            hashed: hashed.to_owned(),
+            shard,
+        })
+    }
 }
 
 /// PostgreSQL's `hashtextextended(text, 0)` of a deterministic collation on a little-endian
@@ -234,6 +288,65 @@ mod tests {
             assert!(bad.parse::<Shard>().is_err(), "{bad}");
         }
         assert!("255/256".parse::<Shard>().is_ok());
+    }
+
+    #[test]
+    fn names_say_which_shard_of_which_fleet() {
+        let base = "outbox_relay";
+        let shard = |index, count| Some(Some(Shard { index, count }));
+        // (name, the shard it stands for)
+        let table = [
+            ("outbox_relay", Some(None)),
+            ("outbox_relay_shard_0_of_2", shard(0, 2)),
+            ("outbox_relay_shard_3_of_4", shard(3, 4)),
+            ("outbox_relay_shard_255_of_256", shard(255, 256)),
+            // Another name, or not one the relay gives.
+            ("outbox_relay_demo", None),
+            ("outbox_relay2_shard_0_of_2", None),
+            ("other_shard_0_of_2", None),
+            ("outbox_relay_shard_2_of_2", None),
+            ("outbox_relay_shard_0_of_1", None),
+            ("outbox_relay_shard_01_of_2", None),
+            ("outbox_relay_shard_+1_of_2", None),
+            ("outbox_relay_shard_0_of_2_x", None),
+            ("outbox_relay_shard__of_2", None),
+            ("outbox_relay_shard_0_of_2_shard_1_of_2", None),
+        ];
+        for (name, expected) in table {
+            assert_eq!(Shard::of_name(base, name), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_filter_says_its_shard_and_what_it_hashes() {
+        let printed = |key: &str, count: u32, index: u32| {
+            format!(
+                "(((hashtextextended(COALESCE({key}, textin(uuid_out(id)), ''::text), \
+                 (0)::bigint) & '9223372036854775807'::bigint) % ({count})::bigint) = {index})"
+            )
+        };
+        let ours = FilterParts::parse(&printed("aggregate_id", 2, 1)).unwrap();
+        assert_eq!(ours.shard, Shard { index: 1, count: 2 });
+        // As the relay writes it, the same.
+        let written =
+            Shard { index: 0, count: 4 }.row_filter("\"aggregate_id\"", "textin(uuid_out(\"id\"))");
+        let parsed = FilterParts::parse(&written).unwrap();
+        assert_eq!(parsed.hashed, ours.hashed);
+        assert_eq!(parsed.shard, Shard { index: 0, count: 4 });
+        // Another key column hashes otherwise.
+        let other = FilterParts::parse(&printed("customer_id", 2, 0)).unwrap();
+        assert_ne!(other.hashed, ours.hashed);
+        // Other seeds and other shapes.
+        let seeded = printed("aggregate_id", 2, 1).replace("(0)::bigint", "(7)::bigint");
+        assert_ne!(FilterParts::parse(&seeded).unwrap().hashed, ours.hashed);
+        for other in [
+            "(event_type = 'x'::text)",
+            "(hashtext(aggregate_id) % 2) = 1",
+            "",
+        ] {
+            assert_eq!(FilterParts::parse(other), None, "{other}");
+        }
+        assert_eq!(FilterParts::parse(&printed("k", 2, 2)), None);
     }
 
     #[test]

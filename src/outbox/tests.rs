@@ -70,11 +70,21 @@ fn standard_row(payload: Value) -> TupleData {
     ])
 }
 
+/// A row's mapping, which no transform drops (these mappings have none).
+fn map(
+    m: &TableMapping,
+    row: &TupleData,
+    commit_time_ms: i64,
+) -> Result<OutboxRecord, (EventError, RawParts)> {
+    m.map(row, commit_time_ms)
+        .map(|record| record.expect("no transform drops it"))
+}
+
 #[test]
 fn maps_the_common_schema_with_defaults() {
     let rel = standard();
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
-    let rec = m.map(&standard_row(t(r#"{"total": 10}"#)), 1_000).unwrap();
+    let rec = map(&m, &standard_row(t(r#"{"total": 10}"#)), 1_000).unwrap();
     assert_eq!(rec.topic, "OrderCreated");
     assert_eq!(rec.key.as_deref(), Some(&b"order-42"[..]));
     assert_eq!(rec.payload.as_deref(), Some(&br#"{"total": 10}"#[..]));
@@ -95,7 +105,7 @@ fn reproduces_debezium_default_topic_and_column_placeholders() {
         &rel,
     )
     .unwrap();
-    let rec = m.map(&standard_row(Value::Null), 0).unwrap();
+    let rec = map(&m, &standard_row(Value::Null), 0).unwrap();
     assert_eq!(rec.topic, "outbox.order.OrderCreated");
 }
 
@@ -105,7 +115,7 @@ fn null_payload_is_a_tombstone_and_null_key_is_null() {
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
     let mut r = standard_row(Value::Null);
     r.0[2] = Value::Null;
-    let rec = m.map(&r, 0).unwrap();
+    let rec = map(&m, &r, 0).unwrap();
     assert_eq!(rec.payload, None);
     assert_eq!(rec.key, None);
 }
@@ -121,12 +131,12 @@ fn bytea_payload_is_decoded_to_raw_bytes() {
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
     let r = row(vec![t("1"), t("a"), t("E"), t("\\x00ff")]);
     assert_eq!(
-        m.map(&r, 0).unwrap().payload.as_deref(),
+        map(&m, &r, 0).unwrap().payload.as_deref(),
         Some(&[0u8, 0xff][..])
     );
     let bad = row(vec![t("1"), t("a"), t("E"), t("\\xf")]);
     assert!(matches!(
-        m.map(&bad, 0),
+        map(&m, &bad, 0),
         Err((EventError::InvalidValue { .. }, _))
     ));
 }
@@ -145,7 +155,7 @@ fn headers_and_timestamp_column() {
         &rel,
     )
     .unwrap();
-    let rec = m.map(&standard_row(Value::Null), 0).unwrap();
+    let rec = map(&m, &standard_row(Value::Null), 0).unwrap();
     assert_eq!(rec.timestamp_ms, 1_795_352_754_123);
     assert_eq!(rec.headers.len(), 2);
     assert_eq!(rec.headers[0].0.as_ref(), "type");
@@ -170,9 +180,9 @@ fn epoch_millis_timestamp_column() {
         Value::Null,
         t("1700000000000"),
     ]);
-    assert_eq!(m.map(&r, 5).unwrap().timestamp_ms, 1_700_000_000_000);
+    assert_eq!(map(&m, &r, 5).unwrap().timestamp_ms, 1_700_000_000_000);
     let r = row(vec![t("1"), t("a"), t("E"), Value::Null, t("soon")]);
-    assert!(m.map(&r, 5).is_err());
+    assert!(map(&m, &r, 5).is_err());
 }
 
 #[test]
@@ -213,22 +223,25 @@ fn bad_rows_are_typed_errors() {
     let m = TableMapping::bind(&config(|_| {}), &rel).unwrap();
     let mut r = standard_row(Value::Null);
     r.0[0] = Value::Null;
-    assert!(matches!(m.map(&r, 0), Err((EventError::NullId { .. }, _))));
+    assert!(matches!(
+        map(&m, &r, 0),
+        Err((EventError::NullId { .. }, _))
+    ));
     let mut r = standard_row(Value::Null);
     r.0[3] = t("");
     assert!(matches!(
-        m.map(&r, 0),
+        map(&m, &r, 0),
         Err((EventError::EmptyRoutingValue { .. }, _))
     ));
     let mut r = standard_row(Value::Null);
     r.0[3] = Value::Null;
     assert!(matches!(
-        m.map(&r, 0),
+        map(&m, &r, 0),
         Err((EventError::EmptyRoutingValue { .. }, _))
     ));
     let short = row(vec![t("1")]);
     assert!(matches!(
-        m.map(&short, 0),
+        map(&m, &short, 0),
         Err((EventError::InvalidValue { .. }, _))
     ));
     let mut r = standard_row(Value::Null);
@@ -238,7 +251,7 @@ fn bad_rows_are_typed_errors() {
         &rel,
     )
     .unwrap();
-    assert!(m2.map(&r, 0).is_err());
+    assert!(map(&m2, &r, 0).is_err());
 }
 
 #[test]
@@ -249,18 +262,18 @@ fn topic_names_kafka_rejects_are_event_errors() {
         let mut r = standard_row(Value::Null);
         r.0[3] = t(bad);
         assert!(
-            matches!(m.map(&r, 0), Err((EventError::InvalidTopic { .. }, _))),
+            matches!(map(&m, &r, 0), Err((EventError::InvalidTopic { .. }, _))),
             "{bad:?}"
         );
     }
     let mut r = standard_row(Value::Null);
     r.0[3] = t(&"x".repeat(250));
     assert!(matches!(
-        m.map(&r, 0),
+        map(&m, &r, 0),
         Err((EventError::InvalidTopic { .. }, _))
     ));
     r.0[3] = t(&"x".repeat(249));
-    assert!(m.map(&r, 0).is_ok());
+    assert!(map(&m, &r, 0).is_ok());
 }
 
 #[test]
@@ -273,7 +286,7 @@ fn dead_letter_records_keep_key_payload_and_say_why() {
     .unwrap();
     let mut r = standard_row(t(r#"{"a":1}"#));
     r.0[3] = t("bad topic");
-    let parts = m.map(&r, 0).unwrap_err().1;
+    let parts = map(&m, &r, 0).unwrap_err().1;
     assert_eq!(parts.intended_topic.as_deref(), Some("out.bad topic"));
     let info = DeadLetterInfo {
         error: "topic name is not valid".into(),
@@ -319,7 +332,7 @@ fn dead_letter_records_keep_key_payload_and_say_why() {
     // A NULL id still yields a record (with an empty id) rather than nothing.
     let mut r = standard_row(Value::Null);
     r.0[0] = Value::Null;
-    assert_eq!(m.map(&r, 0).unwrap_err().1.id.len(), 0);
+    assert_eq!(map(&m, &r, 0).unwrap_err().1.id.len(), 0);
 }
 
 #[test]
@@ -333,7 +346,7 @@ fn cloudevents_headers_come_from_the_row_and_the_commit_time() {
     };
     let rel = standard();
     let m = TableMapping::bind(&config(ce), &rel).unwrap();
-    let rec = m.map(&standard_row(t("{}")), 1_000).unwrap();
+    let rec = map(&m, &standard_row(t("{}")), 1_000).unwrap();
     let header = |name: &str| {
         rec.headers
             .iter()
@@ -369,7 +382,7 @@ fn cloudevents_headers_come_from_the_row_and_the_commit_time() {
     let m = TableMapping::bind(&config(ce), &text_payload).unwrap();
     let mut r = standard_row(t("hello"));
     r.0[2] = Value::Null;
-    let rec = m.map(&r, 0).unwrap();
+    let rec = map(&m, &r, 0).unwrap();
     assert!(!rec.headers.iter().any(|(n, _)| &**n == "ce_subject"));
     assert!(!rec.headers.iter().any(|(n, _)| &**n == "content-type"));
     let m = TableMapping::bind(
@@ -382,7 +395,7 @@ fn cloudevents_headers_come_from_the_row_and_the_commit_time() {
     .unwrap();
     r.0[3] = Value::Null;
     assert!(matches!(
-        m.map(&r, 0),
+        map(&m, &r, 0),
         Err((EventError::EmptyRoutingValue { .. }, _))
     ));
 }

@@ -198,7 +198,7 @@ mod tests {
             payload: Some(Bytes::from_static(payload.as_bytes())),
             id: Bytes::from_static(b"e1"),
             headers: Vec::new(),
-            headers_before_id: 0,
+            id_header_at: Some(0),
             timestamp_ms: 7,
             partition: None,
             schemas: None,

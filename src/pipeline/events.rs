@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::decide::{Failure, Origin, Verdict, verdict};
 use super::{OpenTx, Pipeline, RelayError};
 use crate::lsn::Lsn;
-use crate::outbox::{EventError, OutboxRecord, RawParts};
+use crate::outbox::{EventError, Mapped, OutboxRecord};
 use crate::pgoutput::{self, Message, Relation, TupleData};
 use crate::sink::exactly_once::{Position, ReadBack};
 use crate::sink::{Delivery, DeliveryFailure, Sink, Ticket};
@@ -197,7 +197,7 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
     /// `change` is where it is in the WAL.
     async fn relay_event(
         &mut self,
-        mapped: Result<OutboxRecord, (EventError, RawParts)>,
+        mapped: Mapped,
         table: Arc<str>,
         change: Lsn,
     ) -> Result<(), RelayError> {
@@ -205,7 +205,13 @@ impl<S: Source, K: Sink + ReadBack> Pipeline<S, K> {
         // multi-insert's events the same way (exactly-once relies on it).
         let position = self.tx.next_position(change);
         let (error, mut parts) = match mapped {
-            Ok(record) => return self.enqueue(record, table, position).await,
+            Ok(Some(record)) => return self.enqueue(record, table, position).await,
+            Ok(None) => {
+                // A Kafka Connect Filter dropped it: nothing to deliver, so it is done.
+                let ticket = self.tracker.push(0, &table)?;
+                self.tracker.ack(ticket)?;
+                return Ok(());
+            }
             Err(unmapped) => unmapped,
         };
         if let EventError::InvalidTopic { topic, .. } = &error {

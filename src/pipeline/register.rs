@@ -345,7 +345,7 @@ mod tests {
                 payload: Some(Bytes::from(body)),
                 id: Bytes::new(),
                 headers: Vec::new(),
-                headers_before_id: 0,
+                id_header_at: Some(0),
                 timestamp_ms: 0,
                 partition: None,
                 schemas,

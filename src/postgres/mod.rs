@@ -103,6 +103,42 @@ pub enum PostgresError {
 }
 
 impl PostgresError {
+    /// The SQLSTATE the server answered with, on the control or a replication connection.
+    pub fn sqlstate(&self) -> Option<String> {
+        match self {
+            PostgresError::Connect { source, .. } | PostgresError::Query { source, .. } => {
+                let db = source.0.as_db_error()?;
+                Some(db.code().code().to_owned())
+            }
+            PostgresError::Replication {
+                source: PgWireError::Server(message),
+                ..
+            } => wire_sqlstate(message).map(str::to_owned),
+            _ => None,
+        }
+    }
+
+    /// Whether the server was not reached, or the connection was lost before it answered
+    /// (refused, reset, timed out, closed): not an answer of the server's, nor a refused TLS
+    /// setting or login, nor a bad setting.
+    pub fn is_transport(&self) -> bool {
+        match self {
+            PostgresError::Connect { source, .. } | PostgresError::Query { source, .. } => {
+                let error = &source.0;
+                // tokio-postgres' kinds are private; these are the messages of its connect,
+                // I/O, timeout and closed kinds.
+                let transport = [
+                    "error connecting to server",
+                    "error communicating with the server",
+                    "timeout waiting for server",
+                ];
+                error.is_closed() || transport.contains(&error.to_string().as_str())
+            }
+            PostgresError::Replication { source, .. } => source.is_transient(),
+            _ => false,
+        }
+    }
+
     /// Whether a server error's SQLSTATE is in `class` (two characters, e.g. `28`).
     pub fn sqlstate_class(&self, class: &str) -> bool {
         let source = match self {

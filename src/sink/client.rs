@@ -22,6 +22,9 @@ use crate::cloud::KafkaAuth;
 pub struct KafkaClients {
     brokers: String,
     properties: Vec<(String, String)>,
+    /// One folding of librdkafka's lines for every client made from these: a client made
+    /// for each try of a read (start-up's, while Kafka does not answer) logs no line anew.
+    log: ClientLog,
     auth: KafkaAuth,
 }
 
@@ -31,8 +34,19 @@ impl KafkaClients {
         KafkaClients {
             brokers: brokers.to_owned(),
             properties: properties.to_vec(),
+            log: ClientLog::default(),
             auth: KafkaAuth::default(),
         }
+    }
+
+    /// `--kafka-brokers`, as given.
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    /// The folding of librdkafka's lines every client made from these shares.
+    pub fn log(&self) -> ClientLog {
+        self.log.clone()
     }
 
     /// These clients, logging in as `auth` says (`--kafka-auth`).
@@ -46,11 +60,11 @@ impl KafkaClients {
         &self.auth
     }
 
-    /// A client's context: librdkafka's lines and errors folded, and the OAUTHBEARER token
-    /// it asks for minted.
+    /// A client's context: librdkafka's lines and errors folded (with every other client's
+    /// of these), and the OAUTHBEARER token it asks for minted.
     pub fn context(&self) -> ClientCallbacks {
         ClientCallbacks {
-            log: ClientLog::default(),
+            log: self.log(),
             auth: self.auth.clone(),
         }
     }

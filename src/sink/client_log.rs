@@ -6,7 +6,7 @@
 //! for) is no error at all.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientContext;
@@ -69,9 +69,10 @@ impl Limiter {
 
 /// The librdkafka client context of every Kafka client the relay makes but the producer's own
 /// (which delegates its log lines and errors here too).
-#[derive(Debug, Default)]
+/// Clones share one [`Limiter`].
+#[derive(Clone, Debug, Default)]
 pub struct ClientLog {
-    limiter: Mutex<Limiter>,
+    limiter: Arc<Mutex<Limiter>>,
 }
 
 impl ClientLog {

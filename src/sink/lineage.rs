@@ -8,6 +8,7 @@
 //! is the one with the highest offset (the topic has one partition), never a producer's
 //! timestamp: a clock running ahead or behind must not decide about a slot.
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use rdkafka::error::KafkaError;
@@ -55,8 +56,35 @@ pub struct SlotRecord {
     /// topic with time-based retention keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refreshed_at: Option<String>,
+    /// The slot's confirmed position when it was dropped: where its relay had delivered
+    /// everything (`reshard --finish` meets the new slots there, again when run again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_lsn: Option<String>,
+    /// The resharding that created the slot (a new shard's, before `--finish`) or dropped it
+    /// (an old shard's, at `--finish`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshard: Option<Reshard>,
     /// The relay version that wrote the record.
     pub relay_version: String,
+}
+
+/// `outbox-relay reshard --from K --to K'`: moving the outbox from `from` relays to `to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reshard {
+    /// K, the old relays' count (1: one relay without `--shard`).
+    pub from: u32,
+    /// K', the new relays' count.
+    pub to: u32,
+}
+
+impl std::fmt::Display for Reshard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "outbox-relay reshard --from {} --to {}",
+            self.from, self.to
+        )
+    }
 }
 
 impl SlotRecord {
@@ -72,8 +100,29 @@ impl SlotRecord {
             created_lsn: lsn.filter(|_| created),
             dropped_at: now.filter(|_| !created),
             refreshed_at: None,
+            dropped_lsn: None,
+            reshard: None,
             relay_version: env!("CARGO_PKG_VERSION").to_owned(),
         }
+    }
+
+    /// The same record, saying which resharding created or dropped the slot.
+    pub fn resharding(mut self, reshard: Option<Reshard>) -> Self {
+        self.reshard = reshard;
+        self
+    }
+
+    /// The same `dropped` record, with the slot's confirmed position when it was dropped.
+    pub fn dropped_at_lsn(mut self, lsn: Option<String>) -> Self {
+        self.dropped_lsn = lsn.filter(|_| self.state == SlotState::Dropped);
+        self
+    }
+
+    /// The resharding whose `--finish` dropped the slot, when it retired a fleet of `count`
+    /// shards (1: a relay without `--shard`).
+    pub fn retired_from(&self, count: u32) -> Option<Reshard> {
+        let done = self.reshard?;
+        (self.state == SlotState::Dropped && done.from == count).then_some(done)
     }
 
     /// The same record, written again now by this relay.
@@ -272,22 +321,68 @@ pub async fn read_within(
     key: &str,
     timeout: Duration,
 ) -> Result<Option<SlotRecord>, LineageError> {
+    read_keys(kafka, topic, key, &[], timeout).await?.own
+}
+
+/// What one read of several keys found ([`read_keys`]).
+#[derive(Debug)]
+pub struct KeysRead {
+    /// The latest record of the key asked for, or why it cannot be used.
+    pub own: Result<Option<SlotRecord>, LineageError>,
+    /// The latest record of each other key asked for that has one the relay wrote (the
+    /// others' unusable records are left out: they are another slot's to judge).
+    pub others: Vec<SlotRecord>,
+}
+
+/// The records of `key` and of `others`, read in one pass as [`read_within`] reads one; an
+/// error only when the topic cannot be read.
+pub async fn read_keys(
+    kafka: &KafkaClients,
+    topic: &str,
+    key: &str,
+    others: &[String],
+    timeout: Duration,
+) -> Result<KeysRead, LineageError> {
+    let mut keys = vec![key.to_owned()];
+    keys.extend(others.iter().cloned());
+    let mut found = read_found(kafka, topic, keys, timeout).await?;
+    let own = parse_newest(topic, key, found.remove(key).unwrap_or_default());
+    let mut records = Vec::new();
+    for other in others {
+        let newest = parse_newest(topic, other, found.remove(other).unwrap_or_default());
+        if let Ok(Some(record)) = newest {
+            records.push(record);
+        }
+    }
+    Ok(KeysRead {
+        own,
+        others: records,
+    })
+}
+
+/// Every record of `keys` in `topic`, by key.
+async fn read_found(
+    kafka: &KafkaClients,
+    topic: &str,
+    keys: Vec<String>,
+    timeout: Duration,
+) -> Result<HashMap<String, Vec<Found>>, LineageError> {
     let attempt = Attempt::within(timeout);
     let _cancel = CancelOnDrop(attempt.clone());
     // Read on the blocking pool, which takes owned values.
     let kafka = kafka.clone();
-    let wanted = key.as_bytes().to_vec();
     let reading = topic.to_owned();
     let read = tokio::task::spawn_blocking(move || {
         let reader = TailReader::new(&kafka)
             .map_err(|e| LineageError::new("read", &reading, e, Problem::Kafka(Cause::Other)))?;
         let found = reader.read_all(&reading, &attempt, |msg| {
+            let key = keys.iter().find(|k| msg.key() == Some(k.as_bytes()))?;
             let found = Found {
                 partition: msg.partition(),
                 offset: msg.offset(),
                 value: msg.payload().map(<[u8]>::to_vec),
             };
-            (msg.key() == Some(&wanted[..])).then_some(found)
+            Some((key.clone(), found))
         });
         found.map_err(|e| LineageError::new("read", &reading, &e, Problem::Kafka(e.cause())))
     });
@@ -295,6 +390,20 @@ pub async fn read_within(
         let reason = format!("the blocking read stopped: {e}");
         LineageError::new("read", topic, reason, Problem::Kafka(Cause::Other))
     })??;
+    let mut by_key: HashMap<String, Vec<Found>> = HashMap::new();
+    for (key, record) in found {
+        by_key.entry(key).or_default().push(record);
+    }
+    Ok(by_key)
+}
+
+/// The newest of `found`, the records of `key`, parsed; `None` when there is none or it is a
+/// tombstone.
+fn parse_newest(
+    topic: &str,
+    key: &str,
+    found: Vec<Found>,
+) -> Result<Option<SlotRecord>, LineageError> {
     let newest = newest(found).map_err(|partitions| {
         let reason = format!("the records of key {key:?} are in partitions {partitions:?}");
         LineageError::new("read", topic, reason, Problem::Unordered)
@@ -364,6 +473,39 @@ mod tests {
         assert_eq!(json["state"], "dropped");
         assert!(json.get("created_lsn").is_none() && json["dropped_at"].is_string());
         assert_eq!(key("7300", "s"), "7300/s");
+    }
+
+    #[test]
+    fn a_resharding_is_recorded_and_says_which_fleet_it_retired() {
+        let reshard = Reshard { from: 2, to: 4 };
+        let dropped = SlotRecord::now("s", "7300", SlotState::Dropped, None)
+            .resharding(Some(reshard))
+            .dropped_at_lsn(Some("0/40".into()));
+        let json = serde_json::to_value(&dropped).unwrap();
+        assert_eq!(json["reshard"], serde_json::json!({"from": 2, "to": 4}));
+        assert_eq!(json["dropped_lsn"], "0/40");
+        assert_eq!(serde_json::from_value::<SlotRecord>(json).unwrap(), dropped);
+        // An older relay's record, without either, still parses.
+        let old =
+            r#"{"slot":"s","system_identifier":"7300","state":"dropped","relay_version":"0.1.0"}"#;
+        let old: SlotRecord = serde_json::from_str(old).unwrap();
+        assert_eq!((old.reshard, old.dropped_lsn.as_deref()), (None, None));
+        // A created record carries no dropped position.
+        let created = SlotRecord::now("s", "7300", SlotState::Created, Some("0/10".into()))
+            .resharding(Some(reshard))
+            .dropped_at_lsn(Some("0/40".into()));
+        assert_eq!(created.dropped_lsn, None);
+        // (record, the fleet's K, the resharding that retired it)
+        let cases = [
+            (&dropped, 2, Some(reshard)),
+            (&dropped, 4, None),
+            (&created, 2, None),
+            (&old, 2, None),
+        ];
+        for (record, count, retired) in cases {
+            assert_eq!(record.retired_from(count), retired, "{record:?} {count}");
+        }
+        assert_eq!(reshard.to_string(), "outbox-relay reshard --from 2 --to 4");
     }
 
     #[test]

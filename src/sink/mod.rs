@@ -257,7 +257,7 @@ impl ProducerContext for DeliveryContext {
                 payload: msg.payload().map(Bytes::copy_from_slice),
                 id: Bytes::new(),
                 headers: Vec::new(),
-                headers_before_id: 0,
+                id_header_at: None,
                 timestamp_ms: msg.timestamp().to_millis().unwrap_or_default(),
                 partition: (msg.partition() >= 0).then_some(msg.partition()),
                 schemas: None,
@@ -267,7 +267,7 @@ impl ProducerContext for DeliveryContext {
                 match h.key {
                     ID_HEADER if record.id.is_empty() => {
                         record.id = value.unwrap_or_default();
-                        record.headers_before_id = record.headers.len();
+                        record.id_header_at = Some(record.headers.len());
                     }
                     key => record.headers.push((Arc::from(key), value)),
                 }
@@ -319,7 +319,7 @@ impl KafkaSink {
             alone: false,
             health,
             auth: kafka.auth().clone(),
-            log: ClientLog::default(),
+            log: kafka.log(),
         };
         let producer: BaseProducer<_> = config
             .create_with_context(context)
@@ -340,12 +340,13 @@ impl KafkaSink {
         ticket: Ticket,
         record: &OutboxRecord,
     ) -> Result<(), SinkError> {
-        let at = record.headers_before_id.min(record.headers.len());
-        let (before, after) = record.headers.split_at(at);
+        // Without a place for `id`, the headers already hold it (Kafka Connect's transforms).
+        let at = record.id_header_at.map(|at| at.min(record.headers.len()));
+        let (before, after) = record.headers.split_at(at.unwrap_or(record.headers.len()));
         fn named((name, value): &(Arc<str>, Option<Bytes>)) -> (&str, Option<&[u8]>) {
             (name, value.as_deref())
         }
-        let id = std::iter::once((ID_HEADER, Some(record.id.as_ref())));
+        let id = at.map(|_| (ID_HEADER, Some(record.id.as_ref())));
         let mut headers = OwnedHeaders::new_with_capacity(1 + record.headers.len());
         for (key, value) in before
             .iter()
@@ -409,7 +410,7 @@ impl Sink for KafkaSink {
                     alone: true,
                     health: None,
                     auth: self.kafka.auth().clone(),
-                    log: ClientLog::default(),
+                    log: self.kafka.log(),
                 };
                 let producer: BaseProducer<_> = config
                     .create_with_context(context)
@@ -503,7 +504,7 @@ mod tests {
             payload: Some(Bytes::from_static(b"{}")),
             id: Bytes::from(format!("id-{n}")),
             headers: Vec::new(),
-            headers_before_id: 0,
+            id_header_at: Some(0),
             timestamp_ms: 0,
             partition: None,
             schemas: None,

@@ -304,6 +304,10 @@ impl Inner {
         // AVRO is the registry's default type, which the Java client does not send.
         let request = match pending.schema.kind() {
             SchemaType::Avro => serde_json::json!({ "schema": pending.schema.text() }),
+            SchemaType::Protobuf => serde_json::json!({
+                "schemaType": "PROTOBUF",
+                "schema": pending.schema.text(),
+            }),
         };
         let (method, path, body) = match pending.lookup {
             Lookup::Register => (
@@ -360,10 +364,22 @@ fn latest_matches(pending: &Pending, answer: &Answer) -> Result<(), Failure> {
     if latest == pending.schema.text() {
         return Ok(());
     }
-    if answer.schema_type.as_deref().is_some_and(|t| t != "AVRO") {
+    let expected = match pending.schema.kind() {
+        SchemaType::Avro => "AVRO",
+        SchemaType::Protobuf => "PROTOBUF",
+    };
+    let latest_type = answer.schema_type.as_deref().unwrap_or("AVRO");
+    if latest_type != expected {
         return Err(refused(format!(
-            "the latest schema is of type {:?}, not AVRO",
-            answer.schema_type
+            "the latest schema is of type {latest_type}, not {expected}"
+        )));
+    }
+    if pending.schema.kind() == SchemaType::Protobuf {
+        // The registry may print a schema otherwise than it was registered: only the same text
+        // is known to encode the same bytes.
+        return Err(refused(format!(
+            "the latest schema (id {}) is not the event's: {latest}",
+            answer.id
         )));
     }
     let canonical = |text: &str| avro::parsing_canonical_form(text);
@@ -445,6 +461,7 @@ fn tls_connector(ca: Option<&std::path::Path>) -> Result<tokio_rustls::TlsConnec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbox::connect::registry::RegistrySchema;
 
     #[test]
     fn answers_are_classified_once() {
@@ -482,6 +499,58 @@ mod tests {
             text.contains("\"t-value\"") && text.contains("said 409"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn use_latest_version_takes_a_protobuf_schema_only_by_its_text() {
+        let pending = |kind, text: &str| Pending {
+            subject: "t-value".into(),
+            schema: Arc::new(RegistrySchema::new(kind, text.to_owned())),
+            lookup: Lookup::Latest,
+        };
+        let answer = |kind: Option<&str>, text: &str| Answer {
+            id: 3,
+            schema: Some(text.to_owned()),
+            schema_type: kind.map(str::to_owned),
+        };
+        let proto =
+            "syntax = \"proto3\";\npackage p;\n\nmessage Value {\n  string payload = 1;\n}\n";
+        // (the event's, the latest) -> accepted
+        let table = [
+            (
+                pending(SchemaType::Protobuf, proto),
+                answer(Some("PROTOBUF"), proto),
+                true,
+            ),
+            (
+                pending(SchemaType::Protobuf, proto),
+                answer(Some("PROTOBUF"), &proto.replace("payload", "body")),
+                false,
+            ),
+            (
+                pending(SchemaType::Protobuf, proto),
+                answer(None, "\"string\""),
+                false,
+            ),
+            (
+                pending(SchemaType::Avro, "\"string\""),
+                answer(None, "{\"type\":\"string\"}"),
+                true,
+            ),
+            (
+                pending(SchemaType::Avro, "\"string\""),
+                answer(Some("PROTOBUF"), proto),
+                false,
+            ),
+        ];
+        for (pending, latest, accepted) in table {
+            let outcome = latest_matches(&pending, &latest);
+            assert_eq!(
+                outcome.is_ok(),
+                accepted,
+                "{pending:?} {latest:?}: {outcome:?}"
+            );
+        }
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub async fn run(connector: Connector, slot: String, health: Arc<Health>, interv
     let mut client: Option<Client> = None;
     let mut last_warnings: Vec<String> = Vec::new();
     let mut last_warned = Instant::now();
+    // When a failed poll was last logged, while polls fail.
+    let mut warned_failing_at: Option<Instant> = None;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -51,24 +53,18 @@ pub async fn run(connector: Connector, slot: String, health: Arc<Health>, interv
             }
             Ok(observation) => observation,
             Err(error) => {
-                tracing::warn!(slot = %slot, error = %Chain(&error), "slot poll failed; retrying next tick");
+                poll_failed(&slot, &error, &mut warned_failing_at);
                 health.set_slot_observation(SlotObservation::Unknown);
                 client = None;
                 continue;
             }
         };
+        if warned_failing_at.take().is_some() {
+            tracing::info!(slot = %slot, "slot poll works again");
+        }
         metrics::set_slot(&observation);
         health.set_slot_observation(observation.clone());
-        let warnings = match &observation {
-            SlotObservation::Seen(slot) => slot_warnings(slot, &health.thresholds()),
-            SlotObservation::Missing => vec![format!(
-                "replication slot {:?} does not exist (dropped, or lost in a failover); the relay \
-                 cannot resume from it. {}",
-                slot,
-                crate::remedy::LOST_SLOT
-            )],
-            SlotObservation::Unknown => Vec::new(),
-        };
+        let warnings = warnings(&observation, &slot, &health);
         if !warnings.is_empty()
             && (warnings != last_warnings || last_warned.elapsed() >= REPEAT_WARNINGS)
         {
@@ -78,5 +74,36 @@ pub async fn run(connector: Connector, slot: String, health: Arc<Health>, interv
             last_warned = Instant::now();
         }
         last_warnings = warnings;
+    }
+}
+
+/// Logs a failed poll once per outage (and every [`REPEAT_WARNINGS`] during a long one):
+/// start-up, or the stream's reconnects, say what the relay waits for. `warned_at`: when a
+/// failed poll was last logged, while polls fail.
+fn poll_failed(slot: &str, error: &SourceError, warned_at: &mut Option<Instant>) {
+    let repeat = warned_at.is_none_or(|at: Instant| at.elapsed() >= REPEAT_WARNINGS);
+    if repeat {
+        tracing::warn!(
+            slot = %slot,
+            error = %Chain(error),
+            "slot poll failed; retrying every tick, logging it again once it works, or in 5 \
+             minutes"
+        );
+        *warned_at = Some(Instant::now());
+    } else {
+        tracing::debug!(slot = %slot, error = %Chain(error), "slot poll failed again");
+    }
+}
+
+/// What the slot as observed needs attention for, with the remedy.
+fn warnings(observation: &SlotObservation, slot: &str, health: &Health) -> Vec<String> {
+    match observation {
+        SlotObservation::Seen(status) => slot_warnings(status, &health.thresholds()),
+        SlotObservation::Missing => vec![format!(
+            "replication slot {slot:?} does not exist (dropped, or lost in a failover); the relay \
+             cannot resume from it. {}",
+            crate::remedy::LOST_SLOT
+        )],
+        SlotObservation::Unknown => Vec::new(),
     }
 }

@@ -43,7 +43,9 @@ pub(super) async fn run(
             }
             Step::RecordLineage => {
                 let lineage = lineage(session, wanted, facts).await?;
-                let recorded = lineage.created(started.confirmed_flush).await;
+                let recorded = lineage
+                    .created(started.confirmed_flush, wanted.resharding)
+                    .await;
                 // Kept when this fails: the next start records it and relays from its creation.
                 let created = started.slot_created;
                 recorded.map_err(|e| if created { e.slot_kept() } else { e })?;
@@ -51,7 +53,7 @@ pub(super) async fn run(
             Step::RefreshLineage => {
                 let lineage = lineage(session, wanted, facts).await?;
                 let record = facts.lineage.as_ref().and_then(|l| l.record.as_ref());
-                lineage.refresh(record).await?;
+                lineage.refresh(record, wanted.resharding).await?;
             }
             Step::MarkFailover => mark_failover(session, wanted).await?,
         }

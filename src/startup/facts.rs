@@ -2,6 +2,7 @@
 //! [`super::checks`] decides on, with no I/O.
 
 use super::lineage::LineageFacts;
+use crate::outbox::Shard;
 use crate::outbox::connect::ColumnFacts;
 use crate::postgres::catalog::Server;
 use crate::postgres::catalog::publication::{Options, OwnRow};
@@ -21,9 +22,42 @@ pub struct Facts {
     pub slot: Option<Slot>,
     /// The slots other shards of the same K have on this server.
     pub siblings: Vec<String>,
+    /// The row filters of the sibling shards (those with a slot) whose publications exist: what
+    /// they hash must be what this shard hashes.
+    pub sibling_filters: Vec<SiblingFilters>,
+    /// The slots of the same base name of fleets of another K on this server (a relay
+    /// without `--shard` is a fleet of 1).
+    pub other_fleets: Vec<FleetSlot>,
     /// The lineage topic's record of the slot; `None` until the catalog passes the checks
     /// (reading it needs Kafka and a role that may replicate).
     pub lineage: Option<LineageFacts>,
+}
+
+/// A sibling shard's publication and its outbox tables' row filters, in table order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiblingFilters {
+    /// The sibling shard.
+    pub shard: Shard,
+    /// Its publication.
+    pub publication: String,
+    /// Each outbox table's row filter there, as Postgres prints it (`None`: none).
+    pub filters: Vec<Option<String>>,
+}
+
+/// A slot of another fleet of the same base name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FleetSlot {
+    /// Its name.
+    pub slot: String,
+    /// The shard it is (`None`: a relay without `--shard`).
+    pub shard: Option<Shard>,
+}
+
+impl FleetSlot {
+    /// Its fleet's K.
+    pub fn count(&self) -> u32 {
+        self.shard.map_or(1, |shard| shard.count)
+    }
 }
 
 /// One wanted outbox table.

@@ -2,11 +2,14 @@
 //! only reads, so it can run again (after an outage, for `status`) with nothing to undo; the
 //! writes are [`super::apply`]'s, after every refusal was decided.
 
+use std::time::Duration;
+
 use tokio_postgres::Client;
 
-use super::facts::{Facts, PublicationFacts, ShardColumn, TableFacts};
+use super::facts::{Facts, FleetSlot, PublicationFacts, ShardColumn, SiblingFilters, TableFacts};
 use super::lineage::Lineage;
 use super::{StartupError, Wanted, WantedTable, checks};
+use crate::outbox::Shard;
 use crate::postgres::catalog::{self, publication, slots, tables};
 use crate::postgres::{Connector, PostgresError};
 use crate::sink::KafkaClients;
@@ -14,16 +17,21 @@ use crate::sink::KafkaClients;
 /// Every fact: the catalog, then, once the catalog passes the checks, the lineage (so that a
 /// misconfigured server is refused without waiting on Kafka, and IDENTIFY_SYSTEM runs only
 /// for a role that may replicate).
+/// The lineage topic's read waits for Kafka at most `read_timeout`.
 pub async fn gather(
     control: &Client,
     pinned: &Connector,
     kafka: &KafkaClients,
     wanted: &Wanted,
+    read_timeout: Duration,
 ) -> Result<Facts, StartupError> {
     let mut facts = catalog(control, wanted).await?;
     if checks::check(&facts, wanted).refusals.is_empty() {
         let lineage = Lineage::open(pinned, kafka, &wanted.lineage_topic, &wanted.slot).await?;
-        facts.lineage = Some(lineage.facts(control, facts.slot.is_some()).await?);
+        let lineage = lineage.within(read_timeout);
+        let others: Vec<String> = facts.other_fleets.iter().map(|o| o.slot.clone()).collect();
+        let exists = facts.slot.is_some();
+        facts.lineage = Some(lineage.facts(control, exists, &others).await?);
     }
     Ok(facts)
 }
@@ -38,12 +46,16 @@ pub async fn catalog(control: &Client, wanted: &Wanted) -> Result<Facts, Postgre
     let publication = publication_facts(control, wanted).await?;
     let slot = slots::slot(control, &wanted.slot).await?;
     let siblings = siblings(control, wanted).await;
+    let sibling_filters = sibling_filters(control, wanted, &siblings).await?;
+    let family = slots::family(control, wanted.base_slot()).await?;
     Ok(Facts {
         server,
         tables,
         publication,
         slot,
         siblings,
+        sibling_filters,
+        other_fleets: other_fleets(wanted, family),
         lineage: None,
     })
 }
@@ -120,4 +132,55 @@ async fn siblings(control: &Client, wanted: &Wanted) -> Vec<String> {
             Vec::new()
         }
     }
+}
+
+/// Of the slots of the same base name (`family`), those of fleets of another K.
+fn other_fleets(wanted: &Wanted, family: Vec<String>) -> Vec<FleetSlot> {
+    let base = wanted.base_slot();
+    let mut others = Vec::new();
+    for slot in family {
+        let Some(shard) = Shard::of_name(base, &slot) else {
+            continue;
+        };
+        let found = FleetSlot { slot, shard };
+        if found.count() != wanted.count() {
+            others.push(found);
+        }
+    }
+    others
+}
+
+/// The row filters of the sibling shards whose slots exist (`siblings`) and whose
+/// publications exist.
+async fn sibling_filters(
+    control: &Client,
+    wanted: &Wanted,
+    siblings: &[String],
+) -> Result<Vec<SiblingFilters>, PostgresError> {
+    let Some(shard) = wanted.shard else {
+        return Ok(Vec::new());
+    };
+    let names = wanted.table_names();
+    let suffix = shard.name("");
+    let base = wanted.publication.strip_suffix(&suffix);
+    let (Some(base), false) = (base, names.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let mut found = Vec::new();
+    for slot in siblings {
+        let Some(Some(sibling)) = Shard::of_name(wanted.base_slot(), slot) else {
+            continue;
+        };
+        let publication = sibling.name(base);
+        let Some(options) = publication::options(control, &publication).await? else {
+            continue;
+        };
+        let rows = publication::own_rows(control, options.oid, &names).await?;
+        found.push(SiblingFilters {
+            shard: sibling,
+            publication,
+            filters: rows.into_iter().map(|row| row.filter).collect(),
+        });
+    }
+    Ok(found)
 }

@@ -20,7 +20,8 @@ use crate::observability::Chain;
 use crate::postgres::Connector;
 use crate::postgres::catalog::slots::legacy_record;
 use crate::sink::KafkaClients;
-use crate::sink::lineage::{self, LineageError, Problem, SlotRecord, SlotState};
+use crate::sink::exactly_once::READ_TIMEOUT;
+use crate::sink::lineage::{self, LineageError, Problem, Reshard, SlotRecord, SlotState};
 
 /// How often a running relay writes its slot's record again: well inside Kafka's default
 /// retention of 7 days.
@@ -39,6 +40,9 @@ pub struct LineageFacts {
     /// The slot's last record is not one the relay writes: why, and how to clear it
     /// ([`Problem::Unreadable`]); `record` is `None` then.
     pub unreadable: Option<String>,
+    /// The last records of the other fleets' slots ([`super::facts::Facts::other_fleets`])
+    /// that have one the relay can read: a resharding in progress says so there.
+    pub other_fleets: Vec<SlotRecord>,
 }
 
 /// What start-up does about the slot.
@@ -96,6 +100,8 @@ pub struct Lineage {
     slot: String,
     system_identifier: String,
     key: String,
+    /// How long a read may wait for Kafka.
+    read_timeout: Duration,
 }
 
 impl Lineage {
@@ -107,7 +113,14 @@ impl Lineage {
             slot: slot.to_owned(),
             system_identifier: system_identifier.to_owned(),
             key: lineage::key(system_identifier, slot),
+            read_timeout: READ_TIMEOUT,
         }
+    }
+
+    /// This record, its reads waiting for Kafka at most `read_timeout`.
+    pub fn within(mut self, read_timeout: Duration) -> Self {
+        self.read_timeout = read_timeout;
+        self
     }
 
     /// Reads the cluster's system identifier with IDENTIFY_SYSTEM, which a role with
@@ -132,17 +145,30 @@ impl Lineage {
 
     /// The slot's last record; `None` when there is none or the last is a tombstone.
     pub async fn read(&self) -> Result<Option<SlotRecord>, LineageError> {
-        lineage::read(&self.kafka, &self.topic, &self.key).await
+        lineage::read_within(&self.kafka, &self.topic, &self.key, self.read_timeout).await
     }
 
     /// What the topic, and where it has no record of a missing slot the cluster, say about
-    /// the slot (`exists`: it is on the server).
+    /// the slot (`exists`: it is on the server), and about the slots `other_fleets`.
     pub async fn facts(
         &self,
         control: &Client,
         exists: bool,
+        other_fleets: &[String],
     ) -> Result<LineageFacts, StartupError> {
-        let (record, unreadable) = match self.read().await {
+        let keys: Vec<String> = other_fleets
+            .iter()
+            .map(|slot| lineage::key(&self.system_identifier, slot))
+            .collect();
+        let read = lineage::read_keys(
+            &self.kafka,
+            &self.topic,
+            &self.key,
+            &keys,
+            self.read_timeout,
+        );
+        let read = read.await?;
+        let (record, unreadable) = match read.own {
             Ok(record) => (record, None),
             Err(error) if error.problem() == Problem::Unreadable => (None, Some(error.to_string())),
             Err(error) => return Err(error.into()),
@@ -156,27 +182,45 @@ impl Lineage {
             record,
             legacy,
             unreadable,
+            other_fleets: read.others,
         })
     }
 
-    /// Records that the relay streams from the slot, confirmed at `lsn`, and waits for the ack.
-    pub async fn created(&self, lsn: Lsn) -> Result<(), LineageError> {
-        self.write(SlotState::Created, Some(lsn)).await
+    /// Records that the relay streams from the slot, confirmed at `lsn`, and waits for the ack;
+    /// `reshard` when that resharding created it beside the old fleet's slots.
+    pub async fn created(&self, lsn: Lsn, reshard: Option<Reshard>) -> Result<(), LineageError> {
+        let record = self.record(SlotState::Created, Some(lsn));
+        self.write(record.resharding(reshard)).await
     }
 
-    /// Writes `found`, the slot's `created` record, again (see [`REFRESH_INTERVAL`]); nothing
-    /// for another record.
-    pub async fn refresh(&self, found: Option<&SlotRecord>) -> Result<(), LineageError> {
+    /// Writes `found`, the slot's `created` record, again (see [`REFRESH_INTERVAL`]), saying
+    /// `reshard` (a resharding under way) or nothing (no longer, or never); nothing for another
+    /// record.
+    pub async fn refresh(
+        &self,
+        found: Option<&SlotRecord>,
+        reshard: Option<Reshard>,
+    ) -> Result<(), LineageError> {
         let Some(record) = found.filter(|r| r.state == SlotState::Created) else {
             return Ok(());
         };
-        let record = record.clone().refreshed();
+        let record = record.clone().resharding(reshard).refreshed();
         lineage::write(&self.kafka, &self.topic, &self.key, Some(&record)).await
     }
 
     /// Records that the slot was dropped on purpose: the next start creates a fresh one.
     pub async fn dropped(&self) -> Result<(), LineageError> {
-        self.write(SlotState::Dropped, None).await
+        self.write(self.record(SlotState::Dropped, None)).await
+    }
+
+    /// Records that `reshard --finish` dropped the slot, whose relay had delivered everything
+    /// before `at`: its old fleet's relays are refused from then on, and a rerun of `--finish`
+    /// meets the new slots there.
+    pub async fn retired(&self, reshard: Reshard, at: Lsn) -> Result<(), LineageError> {
+        let record = self.record(SlotState::Dropped, None);
+        let record = record.resharding(Some(reshard));
+        self.write(record.dropped_at_lsn(Some(at.to_string())))
+            .await
     }
 
     /// Removes the slot's record (a tombstone): the demo leaves nothing behind.
@@ -184,10 +228,15 @@ impl Lineage {
         lineage::write(&self.kafka, &self.topic, &self.key, None).await
     }
 
-    async fn write(&self, state: SlotState, lsn: Option<Lsn>) -> Result<(), LineageError> {
+    /// A record of the slot in `state` now.
+    fn record(&self, state: SlotState, lsn: Option<Lsn>) -> SlotRecord {
         let lsn = lsn.map(|lsn| lsn.to_string());
-        let record = SlotRecord::now(&self.slot, &self.system_identifier, state, lsn);
+        SlotRecord::now(&self.slot, &self.system_identifier, state, lsn)
+    }
+
+    async fn write(&self, record: SlotRecord) -> Result<(), LineageError> {
         lineage::write(&self.kafka, &self.topic, &self.key, Some(&record)).await?;
+        let state = record.state;
         tracing::info!(slot = %self.slot, topic = %self.topic, ?state, "recorded the slot's lineage");
         Ok(())
     }
@@ -201,7 +250,7 @@ pub async fn keep_fresh(connector: Connector, kafka: KafkaClients, topic: String
         let refreshed = async {
             let lineage = Lineage::open(&connector, &kafka, &topic, &slot).await?;
             let found = lineage.read().await?;
-            Ok::<_, StartupError>(lineage.refresh(found.as_ref()).await?)
+            Ok::<_, StartupError>(lineage.refresh(found.as_ref(), None).await?)
         };
         if let Err(error) = refreshed.await {
             tracing::warn!(

@@ -18,13 +18,17 @@ pub mod gather;
 pub mod lineage;
 #[cfg(test)]
 mod tests;
+pub mod wait;
 mod wanted;
+
+use std::time::Duration;
 
 use crate::lsn::Lsn;
 use crate::outbox::TableName;
 use crate::postgres::catalog::publication::Publication;
 use crate::postgres::{Connector, PostgresError};
 use crate::sink::KafkaClients;
+use crate::sink::exactly_once::READ_TIMEOUT;
 use crate::sink::lineage::LineageError;
 
 pub use checks::{Checked, Refused, Step};
@@ -45,26 +49,12 @@ pub enum StartupError {
 }
 
 impl StartupError {
-    /// Whether trying again later may succeed without anyone changing anything: a server that
-    /// is not reachable now, or none of the URL's servers in the role asked for. A refusal, a
-    /// refused login or TLS setting, and a server's answer to a query are not.
+    /// Whether trying again later may succeed without anyone changing anything: a server or a
+    /// broker that is not reachable now, a server that takes no connections now, or none of
+    /// the URL's servers in the role asked for ([`wait::Outage::of`]). A refusal, a refused
+    /// login, TLS setting or ACL, a missing topic, and a server's other answers are not.
     pub fn transient(&self) -> bool {
-        match self {
-            StartupError::Refused(_) | StartupError::Lineage(_) => false,
-            StartupError::Postgres(error) => match error {
-                PostgresError::NoSuitableHost { .. } => true,
-                PostgresError::Connect { source, .. } | PostgresError::Query { source, .. } => {
-                    source.0.as_db_error().is_none() || error.sqlstate_class("57")
-                }
-                PostgresError::Replication { source, .. } => !source.is_auth(),
-                // Credentials that expired while fetching new ones fails: the relay retries.
-                PostgresError::Credentials(_) => true,
-                PostgresError::Tls(_)
-                | PostgresError::TlsHandshake { .. }
-                | PostgresError::ReplicationConnect { .. }
-                | PostgresError::IamRefused { .. } => false,
-            },
-        }
+        wait::Outage::of(self).is_some()
     }
 }
 
@@ -99,14 +89,25 @@ impl Started {
     }
 }
 
-/// The one start-up sequence: gather, check, apply.
+/// The one start-up sequence: gather, check, apply. It tries once: the relay waits out
+/// outages around it ([`wait::Patient`]); the subcommands say what failed at once.
 pub async fn start(
     wanted: &Wanted,
     postgres: &Connector,
     kafka: &KafkaClients,
 ) -> Result<Started, StartupError> {
+    start_within(wanted, postgres, kafka, READ_TIMEOUT).await
+}
+
+/// [`start`], its read of the lineage topic waiting for Kafka at most `read_timeout`.
+pub async fn start_within(
+    wanted: &Wanted,
+    postgres: &Connector,
+    kafka: &KafkaClients,
+    read_timeout: Duration,
+) -> Result<Started, StartupError> {
     let (control, pinned) = postgres.locate().await?;
-    let facts = gather::gather(&control, &pinned, kafka, wanted).await?;
+    let facts = gather::gather(&control, &pinned, kafka, wanted, read_timeout).await?;
     let checked = checks::check(&facts, wanted);
     for warning in &checked.warnings {
         tracing::warn!(slot = %wanted.slot, "{warning}");

@@ -2,17 +2,19 @@
 //! server, outbox table, publication, slot and lineage record, and one change per case.
 
 use super::checks::{self, HASH_PROBE, Refused, Step, check};
-use super::facts::{Facts, PublicationFacts, ShardColumn, TableFacts};
+use super::facts::{Facts, FleetSlot, PublicationFacts, ShardColumn, SiblingFilters, TableFacts};
 use super::lineage::LineageFacts;
 use super::*;
 use crate::config::{Cli, Config};
+use crate::outbox::Shard;
+use crate::outbox::connect::ColumnFacts;
 use crate::outbox::shard::hash_text;
 use crate::pgoutput::{Column, Relation};
 use crate::postgres::catalog::Server;
 use crate::postgres::catalog::publication::{Options, OwnRow};
 use crate::postgres::catalog::slots::Slot;
 use crate::postgres::catalog::tables::{ColumnType, PrimaryKey, Table};
-use crate::sink::lineage::{SlotRecord, SlotState};
+use crate::sink::lineage::{Reshard, SlotRecord, SlotState};
 
 /// What the relay wants with `flags` on top of a URL.
 fn wanted(flags: &[&str]) -> Wanted {
@@ -76,9 +78,24 @@ fn column_type(name: &str, oid: u32, output: &str, is_text: bool) -> ColumnType 
 /// A healthy server and slot for `wanted`, its tables as [`outbox`] with the facts `wanted`
 /// reads, and the slot's creation recorded.
 fn healthy(wanted: &Wanted) -> Facts {
+    // Debezium's format reads every column's NOT NULL and DEFAULT (gather reads them then).
+    let column_facts = match wanted
+        .tables
+        .first()
+        .and_then(|t| t.mapping.connect.as_ref())
+    {
+        Some(_) => (outbox().relation.columns.iter())
+            .map(|c| ColumnFacts {
+                name: c.name.clone(),
+                not_null: false,
+                default: None,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let table = TableFacts {
         found: Some(outbox()),
-        column_facts: Vec::new(),
+        column_facts,
         shard_columns: match wanted.shard {
             Some(_) => vec![
                 ShardColumn {
@@ -134,6 +151,7 @@ fn healthy(wanted: &Wanted) -> Facts {
             record: Some(record(&wanted.slot, SlotState::Created)),
             legacy: None,
             unreadable: None,
+            other_fleets: Vec::new(),
         }),
         ..empty()
     }
@@ -171,6 +189,8 @@ fn empty() -> Facts {
         publication: None,
         slot: None,
         siblings: Vec::new(),
+        sibling_filters: Vec::new(),
+        other_fleets: Vec::new(),
         lineage: None,
     }
 }
@@ -561,6 +581,40 @@ fn a_shard_needs_the_servers_hash_and_a_publication_with_its_own_row_filters() {
             refused: "has the row filter (true), not shard 0/2's",
         },
         Case {
+            name: "another shard of the same K",
+            flags: &["--shard", "0/2"],
+            change: |f| {
+                let other = Shard { index: 1, count: 2 };
+                let filter = other.row_filter("\"aggregate_id\"", "textin(uuid_out(\"id\"))");
+                publication(f).own_rows[0].filter = Some(filter);
+            },
+            refused: "not shard 0/2's, so it would not send shard 0/2 exactly its rows. Run ALTER",
+        },
+        Case {
+            name: "a sibling hashing what this shard hashes",
+            flags: &["--shard", "0/2"],
+            change: |f| f.sibling_filters.push(sibling("aggregate_id")),
+            refused: "",
+        },
+        Case {
+            name: "a sibling hashing another key column",
+            flags: &["--shard", "0/2"],
+            change: |f| f.sibling_filters.push(sibling("customer_id")),
+            refused: "--shard 0/2 would hash other columns of outbox table public.outbox than \
+                      shard 1/2 of the same fleet, whose publication \"outbox_relay_shard_1_of_2\"",
+        },
+        Case {
+            name: "another key column: a resharding",
+            flags: &["--shard", "0/2"],
+            change: |f| {
+                let shard = Shard { index: 0, count: 2 };
+                let filter = shard.row_filter("\"customer_id\"", "textin(uuid_out(\"id\"))");
+                publication(f).own_rows[0].filter = Some(filter);
+            },
+            refused: "is sharded by another key or id column than --key-column/--id-column say \
+                      now",
+        },
+        Case {
             name: "also through a schema",
             flags: shard,
             change: |f| publication(f).members[0].1.push(11),
@@ -737,6 +791,226 @@ fn a_shard_created_after_its_siblings_is_warned_of_the_rows_in_no_slot() {
     }
     assert_eq!(checks::late_shard(&sharded, &[], Lsn(0x20)), None);
     assert_eq!(checks::late_shard(&wanted(&[]), &siblings, Lsn(0x20)), None);
+}
+
+/// Shard 1/2's publication, hashing `key` and the id.
+fn sibling(key: &str) -> SiblingFilters {
+    let shard = Shard { index: 1, count: 2 };
+    let filter = shard.row_filter(&format!("\"{key}\""), "textin(uuid_out(\"id\"))");
+    SiblingFilters {
+        shard,
+        publication: "outbox_relay_shard_1_of_2".into(),
+        filters: vec![Some(filter)],
+    }
+}
+
+/// Slots of another fleet, by name, as gathering finds them.
+fn fleet_slots(names: &[&str]) -> Vec<FleetSlot> {
+    let of = |name: &&str| FleetSlot {
+        slot: (*name).to_owned(),
+        shard: Shard::of_name("outbox_relay", name).unwrap(),
+    };
+    names.iter().map(of).collect()
+}
+
+/// A lineage record of `slot` in `state`, written by `reshard --from from --to to` if given.
+fn reshard_record(slot: &str, state: SlotState, reshard: Option<(u32, u32)>) -> SlotRecord {
+    let reshard = reshard.map(|(from, to)| Reshard { from, to });
+    record(slot, state).resharding(reshard)
+}
+
+/// A slot's last lineage record in a fleet case: its state, and the resharding `(from, to)`
+/// that wrote it, if one did.
+type Recorded = Option<(SlotState, Option<(u32, u32)>)>;
+
+/// One case of the fleet rule: a relay with `flags` (and `resharding`, as `reshard` sets
+/// it), the other fleets' slots with their records, its own record; the words of the
+/// refusal, else of the warning (empty: neither).
+struct FleetCase {
+    name: &'static str,
+    flags: &'static [&'static str],
+    resharding: Option<(u32, u32)>,
+    others: &'static [(&'static str, Recorded)],
+    own: Recorded,
+    lineage_read: bool,
+    refused: &'static [&'static str],
+    warned: &'static [&'static str],
+}
+
+#[test]
+fn a_fleet_of_another_shard_count_is_refused_unless_a_resharding_put_it_there() {
+    use SlotState::{Created, Dropped};
+    const CREATED: Recorded = Some((Created, None));
+    let cases = [
+        FleetCase {
+            name: "one fleet",
+            flags: &["--shard", "1/3"],
+            resharding: None,
+            others: &[],
+            own: CREATED,
+            lineage_read: true,
+            refused: &[],
+            warned: &[],
+        },
+        FleetCase {
+            name: "0/2 running, 1/3 started",
+            flags: &["--shard", "1/3"],
+            resharding: None,
+            others: &[("outbox_relay_shard_0_of_2", CREATED)],
+            own: None,
+            lineage_read: true,
+            refused: &[
+                "shard 1/3 (slot \"outbox_relay_shard_1_of_3\")",
+                "\"outbox_relay_shard_0_of_2\" (K = 2)",
+                "never relayed and others are relayed twice",
+                "outbox-relay reshard --from 2 --to 3",
+                "outbox-relay drop-slot",
+            ],
+            warned: &[],
+        },
+        FleetCase {
+            name: "an unsharded relay beside shards",
+            flags: &[],
+            resharding: None,
+            others: &[("outbox_relay_shard_0_of_2", None)],
+            own: CREATED,
+            lineage_read: true,
+            refused: &[
+                "this relay without --shard (slot \"outbox_relay\")",
+                "outbox-relay reshard --from 2 --to 1",
+            ],
+            warned: &[],
+        },
+        FleetCase {
+            name: "status, without the lineage",
+            flags: &["--shard", "1/3"],
+            resharding: None,
+            others: &[("outbox_relay_shard_0_of_2", None)],
+            own: None,
+            lineage_read: false,
+            refused: &[],
+            warned: &[
+                "\"outbox_relay_shard_0_of_2\" (K = 2)",
+                "unless `outbox-relay reshard`",
+            ],
+        },
+        FleetCase {
+            name: "an old shard restarted while resharding 2 -> 4",
+            flags: &["--shard", "0/2"],
+            resharding: None,
+            others: &[
+                ("outbox_relay_shard_0_of_4", Some((Created, Some((2, 4))))),
+                ("outbox_relay_shard_1_of_4", Some((Created, Some((2, 4))))),
+            ],
+            own: CREATED,
+            lineage_read: true,
+            refused: &[],
+            warned: &[
+                "`outbox-relay reshard --from 2 --to 4` is under way",
+                "--finish",
+            ],
+        },
+        FleetCase {
+            name: "reshard creating the new slots beside the old",
+            flags: &["--shard", "1/4"],
+            resharding: Some((2, 4)),
+            others: &[("outbox_relay_shard_0_of_2", CREATED)],
+            own: None,
+            lineage_read: true,
+            refused: &[],
+            warned: &[],
+        },
+        FleetCase {
+            name: "a new shard started before --finish",
+            flags: &["--shard", "1/4"],
+            resharding: None,
+            others: &[("outbox_relay_shard_0_of_2", CREATED)],
+            own: Some((Created, Some((2, 4)))),
+            lineage_read: true,
+            refused: &[
+                "new shard of `outbox-relay reshard --from 2 --to 4`, which is not finished",
+                "run `outbox-relay reshard --from 2 --to 4 --finish`",
+            ],
+            warned: &[],
+        },
+        FleetCase {
+            name: "an old shard after --finish, the new records not cleared yet",
+            flags: &["--shard", "0/2"],
+            resharding: None,
+            others: &[("outbox_relay_shard_0_of_4", Some((Created, Some((2, 4)))))],
+            own: Some((Dropped, Some((2, 4)))),
+            lineage_read: true,
+            refused: &[
+                "shard 0/2 (slot \"outbox_relay_shard_0_of_2\") was retired by \
+                 `outbox-relay reshard --from 2 --to 4 --finish`",
+                "Run the 4 new relays",
+            ],
+            warned: &[],
+        },
+        FleetCase {
+            name: "slots of a resharding to another count",
+            flags: &["--shard", "0/2"],
+            resharding: None,
+            others: &[("outbox_relay_shard_0_of_4", Some((Created, Some((3, 4)))))],
+            own: CREATED,
+            lineage_read: true,
+            refused: &["outbox-relay reshard --from 4 --to 2"],
+            warned: &[],
+        },
+        FleetCase {
+            name: "an old shard after 2 -> 4 -> 2, its name used again",
+            flags: &["--shard", "0/2"],
+            resharding: Some((4, 2)),
+            others: &[("outbox_relay_shard_0_of_4", CREATED)],
+            own: Some((Dropped, Some((2, 4)))),
+            lineage_read: true,
+            refused: &[],
+            warned: &[],
+        },
+    ];
+    for case in cases {
+        let mut wanted = wanted(case.flags);
+        wanted.resharding = case.resharding.map(|(from, to)| Reshard { from, to });
+        let mut facts = healthy(&wanted);
+        let names: Vec<&str> = case.others.iter().map(|(name, _)| *name).collect();
+        facts.other_fleets = fleet_slots(&names);
+        let lineage = facts.lineage.as_mut().unwrap();
+        lineage.record = case
+            .own
+            .map(|(state, by)| reshard_record(&wanted.slot, state, by));
+        for (name, record) in case.others {
+            if let Some((state, by)) = record {
+                lineage.other_fleets.push(reshard_record(name, *state, *by));
+            }
+        }
+        if !case.lineage_read {
+            facts.lineage = None;
+        }
+        let checked = check(&facts, &wanted);
+        let refused: Vec<String> = checked.refusals.iter().map(ToString::to_string).collect();
+        let refused = refused.join("\n");
+        let warned = checked.warnings.join("\n");
+        if case.refused.is_empty() {
+            assert!(refused.is_empty(), "{}: refused {refused}", case.name);
+        }
+        for words in case.refused {
+            assert!(
+                refused.contains(words),
+                "{}: {words:?} in {refused}",
+                case.name
+            );
+        }
+        for words in case.warned {
+            assert!(
+                warned.contains(words),
+                "{}: {words:?} in {warned}",
+                case.name
+            );
+        }
+        if case.warned.is_empty() && case.refused.is_empty() {
+            assert!(warned.is_empty(), "{}: warned {warned}", case.name);
+        }
+    }
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 use crate::config::{Cleanup, Config};
 use crate::outbox::{MappingConfig, Shard, TableName};
+use crate::sink::lineage::Reshard;
 
 /// What the relay needs from the server: the slot, the publication and the tables it
 /// relays, and the flags that change what start-up checks or creates.
@@ -30,6 +31,9 @@ pub struct Wanted {
     pub dbname: String,
     /// `--postgres-url`, password redacted.
     pub url: String,
+    /// Set by `reshard` for the new relays' slots: created beside the old fleet's, and
+    /// recorded so in the lineage topic.
+    pub resharding: Option<Reshard>,
 }
 
 /// One outbox table and how its rows become records.
@@ -61,7 +65,20 @@ impl Wanted {
             user: config.postgres.user.clone(),
             dbname: config.postgres.dbname.clone(),
             url: config.postgres.redacted(),
+            resharding: None,
         }
+    }
+
+    /// K: the shards of this relay's fleet (1 for a relay without `--shard`).
+    pub fn count(&self) -> u32 {
+        self.shard.map_or(1, |shard| shard.count)
+    }
+
+    /// `--slot` without a shard's suffix: the name every fleet's slots start with.
+    pub fn base_slot(&self) -> &str {
+        let suffix = self.shard.map(|shard| shard.name(""));
+        let base = suffix.and_then(|suffix| self.slot.strip_suffix(&suffix));
+        base.unwrap_or(&self.slot)
     }
 
     /// The outbox tables' names, in order.

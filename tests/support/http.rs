@@ -4,7 +4,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago (another socket may take it before it is bound:
+/// the tests' relays bind port 0 and write down the port instead, `support::relay`).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

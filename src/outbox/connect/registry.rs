@@ -16,6 +16,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::avro::{self, AvroSchema};
 use super::data::{Data, Schema};
+use super::protobuf::ProtobufSchema;
 use crate::outbox::{OutboxRecord, RawParts};
 
 /// The magic byte, id, then body: how many bytes come before the body.
@@ -145,18 +146,55 @@ impl RegistryFormat {
             return Ok(None);
         }
         let subject = derived.subject(key, topic, role.subjects, avro.record_name())?;
-        let id = self.ids.get(&subject, &registered);
+        let pend = Pending {
+            subject,
+            schema: registered,
+            lookup: role.lookup,
+        };
+        self.framed_body(pend, pending, |out| avro.encode(data, out))
+    }
+
+    /// Confluent's `ProtobufConverter.fromConnectData`, like [`RegistryFormat::avro`]: after
+    /// the id, the message indexes and the protobuf body.
+    pub fn protobuf(
+        &self,
+        derived: &Derivations,
+        key: bool,
+        topic: &str,
+        (schema, data): (Option<&Schema>, &Data),
+        pending: &mut Option<Pending>,
+    ) -> Result<Option<Bytes>, String> {
+        let role = self.role(key);
+        let (protobuf, registered) = derived.protobuf(key, schema)?;
+        if *data == Data::Null {
+            return Ok(None);
+        }
+        let record = Some(protobuf.full_name());
+        let subject = derived.subject(key, topic, role.subjects, record)?;
+        let pend = Pending {
+            subject,
+            schema: registered,
+            lookup: role.lookup,
+        };
+        self.framed_body(pend, pending, |out| protobuf.encode(data, out))
+    }
+
+    /// The Confluent framing around what `body` writes: the id of `schema` when known, else
+    /// zeros, with `schema` left in `pending` for the pipeline.
+    fn framed_body(
+        &self,
+        schema: Pending,
+        pending: &mut Option<Pending>,
+        body: impl FnOnce(&mut Vec<u8>) -> Result<(), String>,
+    ) -> Result<Option<Bytes>, String> {
+        let id = self.ids.get(&schema.subject, &schema.schema);
         let mut out = framed();
         if let Some(id) = id {
             out[1..HEADER_LEN].copy_from_slice(&id.to_be_bytes());
         }
-        avro.encode(data, &mut out)?;
+        body(&mut out)?;
         if id.is_none() {
-            *pending = Some(Pending {
-                subject,
-                schema: registered,
-                lookup: role.lookup,
-            });
+            *pending = Some(schema);
         }
         Ok(Some(Bytes::from(out)))
     }
@@ -165,6 +203,8 @@ impl RegistryFormat {
 /// What a Connect schema derives to: its Avro schema and the schema registered, or why the
 /// converter throws.
 type Derived = Result<(Arc<AvroSchema>, Arc<RegistrySchema>), String>;
+/// The same for Protobuf.
+type DerivedProtobuf = Result<(Arc<ProtobufSchema>, Arc<RegistrySchema>), String>;
 
 /// One table's derived key and value schemas by Connect schema, as `AvroData` caches them (a
 /// value's schema is derived once, not per event), and its topics' subjects.
@@ -176,6 +216,7 @@ pub struct Derivations(Arc<Mutex<DerivedMaps>>);
 struct DerivedMaps {
     schemas: [HashMap<Schema, Derived>; 2],
     schemaless: [Option<Derived>; 2],
+    protobuf: [HashMap<Schema, DerivedProtobuf>; 2],
     /// `TopicNameStrategy` subjects by topic.
     subjects: [HashMap<String, Arc<str>>; 2],
 }
@@ -206,6 +247,31 @@ impl Derivations {
             }
             None => cache.schemaless[role] = Some(derived.clone()),
         }
+        derived
+    }
+
+    /// The Protobuf schema of a key's or value's `schema`, derived once.
+    fn protobuf(&self, key: bool, schema: Option<&Schema>) -> DerivedProtobuf {
+        let derive = || {
+            let protobuf = ProtobufSchema::from_connect(schema)?;
+            let text = protobuf.text().to_owned();
+            let registered = Arc::new(RegistrySchema::new(SchemaType::Protobuf, text));
+            Ok((Arc::new(protobuf), registered))
+        };
+        // Without a schema there is nothing to cache: the converter's refusal.
+        let Some(schema) = schema else {
+            return derive();
+        };
+        let mut cache = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let schemas = &mut cache.protobuf[usize::from(!key)];
+        if let Some(derived) = schemas.get(schema) {
+            return derived.clone();
+        }
+        if schemas.len() >= DERIVED_CAPACITY {
+            schemas.clear();
+        }
+        let derived = derive();
+        schemas.insert(schema.clone(), derived.clone());
         derived
     }
 
@@ -241,6 +307,8 @@ impl Derivations {
 pub enum SchemaType {
     /// `AVRO` (the registry's default: not sent).
     Avro,
+    /// `PROTOBUF`
+    Protobuf,
 }
 
 /// A schema as registered: its type and text, with the text's hash computed once.
@@ -463,7 +531,7 @@ mod tests {
             payload: Some(Bytes::from(body)),
             id: Bytes::new(),
             headers: Vec::new(),
-            headers_before_id: 0,
+            id_header_at: Some(0),
             timestamp_ms: 0,
             partition: None,
             schemas: Some(Box::new(PendingSchemas {

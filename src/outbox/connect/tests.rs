@@ -1,6 +1,8 @@
+use tokio_postgres::types::Type;
+
 use super::*;
 use crate::outbox::{MappingConfig, TableMapping, TopicTemplate};
-use crate::pgoutput::Column;
+use crate::pgoutput::{Column, Value};
 
 fn relation(columns: &[(&str, Type)]) -> Relation {
     let columns = columns.iter().map(|(name, ty)| Column {
@@ -44,11 +46,26 @@ fn facts() -> Vec<ColumnFacts> {
     ]
 }
 
+/// The catalog facts of `relation`'s columns: all nullable, no defaults.
+fn nullable(relation: &Relation) -> Vec<ColumnFacts> {
+    let fact = |c: &Column| ColumnFacts {
+        name: c.name.clone(),
+        not_null: false,
+        default: None,
+    };
+    relation.columns.iter().map(fact).collect()
+}
+
 fn connect(key: Converter, value: Converter) -> ConnectConfig {
     ConnectConfig {
         key,
         value,
         delegates: Delegates::default(),
+        header: HeaderConverter::Simple,
+        key_decimal_format: DecimalFormat::Base64,
+        value_decimal_format: DecimalFormat::Base64,
+        header_decimal_format: DecimalFormat::Base64,
+        columns: ColumnModes::default(),
         topic_prefix: "dbserver1".into(),
         context_headers: Some("run".into()),
         expand_json_payload: false,
@@ -58,6 +75,7 @@ fn connect(key: Converter, value: Converter) -> ConnectConfig {
         schema_version_column: None,
         tombstone_on_empty: false,
         trace_column: None,
+        transforms: transforms::Chain::default(),
         registry: Default::default(),
         schema_cache: SchemaCache::default(),
     }
@@ -104,7 +122,7 @@ fn the_documentation_row_as_json_converter_with_schemas_writes_it() {
         Some("{\"a\": 1}"),
         None,
     ]);
-    let record = m.map(&r, 0).unwrap();
+    let record = m.map(&r, 0).unwrap().unwrap();
     assert_eq!(record.topic, "outbox.event.order");
     assert_eq!(
         text(&record.key),
@@ -124,7 +142,8 @@ fn the_documentation_row_as_json_converter_with_schemas_writes_it() {
             "__debezium.context.runId"
         ]
     );
-    assert_eq!(record.headers_before_id, 4);
+    assert_eq!(names[4], "id");
+    assert_eq!(record.id_header_at, None);
     // A NULL key is the JSON null, not a null key.
     let r = row(&[
         Some("00000000-0000-4000-8000-000000000002"),
@@ -141,6 +160,7 @@ fn the_documentation_row_as_json_converter_with_schemas_writes_it() {
     )
     .unwrap()
     .map(&r, 0)
+    .unwrap()
     .unwrap();
     assert_eq!((text(&record.key), text(&record.payload)), ("null", "null"));
 }
@@ -163,6 +183,7 @@ fn envelopes_keep_the_first_routes_schema_name_and_defaults() {
             ]),
             0,
         )
+        .unwrap()
         .unwrap();
     let second = m
         .map(
@@ -176,6 +197,7 @@ fn envelopes_keep_the_first_routes_schema_name_and_defaults() {
             ]),
             0,
         )
+        .unwrap()
         .unwrap();
     for record in [&first, &second] {
         let value = text(&record.payload);
@@ -220,19 +242,21 @@ fn string_converter_prints_a_byte_buffer_and_tombstones_follow_java_trim() {
     ]);
     let mut c = connect(Converter::String, Converter::String);
     c.context_headers = None;
-    let m = TableMapping::bind_with(&mapping(c), &rel, &[]).unwrap();
+    let m = TableMapping::bind_with(&mapping(c), &rel, &nullable(&rel)).unwrap();
     let record = m
         .map(
             &row(&[Some("1"), Some("bytes"), Some("-9"), Some("\\x00ff")]),
             0,
         )
+        .unwrap()
         .unwrap();
     assert_eq!(text(&record.key), "-9");
     assert_eq!(
         text(&record.payload),
         "java.nio.HeapByteBuffer[pos=0 lim=2 cap=2]"
     );
-    assert!(record.headers.is_empty());
+    let names: Vec<&str> = record.headers.iter().map(|(n, _)| &**n).collect();
+    assert_eq!(names, ["id"]);
     let rel = relation(&[
         ("id", Type::INT8),
         ("aggregatetype", Type::TEXT),
@@ -241,10 +265,11 @@ fn string_converter_prints_a_byte_buffer_and_tombstones_follow_java_trim() {
     ]);
     let mut c = connect(Converter::String, Converter::String);
     c.tombstone_on_empty = true;
-    let m = TableMapping::bind_with(&mapping(c), &rel, &[]).unwrap();
+    let m = TableMapping::bind_with(&mapping(c), &rel, &nullable(&rel)).unwrap();
     for (payload, tombstone) in [(" \u{1}\t", true), ("", true), (" x ", false)] {
         let record = m
             .map(&row(&[Some("1"), Some("t"), Some("k"), Some(payload)]), 0)
+            .unwrap()
             .unwrap();
         assert_eq!(record.payload.is_none(), tombstone, "{payload:?}");
     }
@@ -252,10 +277,14 @@ fn string_converter_prints_a_byte_buffer_and_tombstones_follow_java_trim() {
 
 #[test]
 fn trace_headers_continue_the_parent_trace() {
-    let headers = trace_headers(
+    let headers = router::trace_headers(
         b"traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\ntracestate=rojo=1\n",
     );
-    let parent = text(&headers[0].1);
+    let value = |header: &record::Header| match &header.value.data {
+        Data::Str(text) => text.clone(),
+        _ => String::new(),
+    };
+    let parent = value(&headers[0]);
     assert!(
         parent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && parent.ends_with("-01"),
         "{parent}"
@@ -263,39 +292,50 @@ fn trace_headers_continue_the_parent_trace() {
     assert_eq!(parent.len(), 55);
     assert!(!parent.contains("00f067aa0ba902b7"));
     assert_eq!(
-        (&*headers[1].0, text(&headers[1].1)),
+        (&*headers[1].name, value(&headers[1]).as_str()),
         ("tracestate", "rojo=1")
     );
-    let root = trace_headers(b"nothing=here");
+    let root = router::trace_headers(b"nothing=here");
     assert_eq!(root.len(), 1);
-    assert_eq!(text(&root[0].1).len(), 55);
+    assert_eq!(value(&root[0]).len(), 55);
 }
 
 #[test]
-fn defaults_are_literals_only() {
-    assert_eq!(
-        parse_default("'Event'::character varying", &Kind::String),
-        Some(Data::Str("Event".into()))
+fn text_converters_refuse_what_java_prints_in_its_own_way() {
+    let rel = relation(&[
+        ("id", Type::UUID),
+        ("aggregatetype", Type::TEXT),
+        ("aggregateid", Type::NUMERIC),
+        ("payload", Type::TEXT),
+        ("day", Type::DATE),
+    ]);
+    let bind = |c: ConnectConfig, headers: &[&str]| {
+        let mut m = mapping(c);
+        m.header_columns = (headers.iter())
+            .map(|h| HeaderColumn::parse(h).unwrap())
+            .collect();
+        TableMapping::bind_with(&m, &rel, &nullable(&rel))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    // A numeric without scale is a VariableScaleDecimal struct: StringConverter prints
+    // Struct.toString(), SimpleHeaderConverter Connect's own text.
+    let err = bind(connect(Converter::String, Converter::String), &[]);
+    assert!(
+        err.contains("--key-converter string") && err.contains("VariableScaleDecimal"),
+        "{err}"
     );
-    assert_eq!(
-        parse_default("'it''s'::text", &Kind::String),
-        Some(Data::Str("it's".into()))
+    let mut c = connect(Converter::Json, Converter::String);
+    assert_eq!(bind(c.clone(), &["aggregateid"]), "");
+    c.columns.time = columns::TimePrecision::Connect;
+    let err = bind(c.clone(), &["day"]);
+    assert!(
+        err.contains("header day") && err.contains("time zone"),
+        "{err}"
     );
-    assert_eq!(parse_default("42", &Kind::Int32), Some(Data::Int(42)));
-    assert_eq!(
-        parse_default("'-1'::integer", &Kind::Int32),
-        Some(Data::Int(-1))
-    );
-    assert_eq!(
-        parse_default("true", &Kind::Boolean),
-        Some(Data::Bool(true))
-    );
-    assert_eq!(parse_default("gen_random_uuid()", &Kind::String), None);
-    assert_eq!(parse_default("now()", &Kind::String), None);
-    assert_eq!(
-        parse_default("('a'::text || 'b'::text)", &Kind::String),
-        None
-    );
+    c.header = HeaderConverter::JsonWithSchemas;
+    assert_eq!(bind(c, &["day"]), "");
 }
 
 #[test]
@@ -321,10 +361,14 @@ fn binary_data_passes_bytes_through_and_delegates_the_rest() {
             &row(&[Some("1"), Some("b"), Some("-9"), Some("\\x00ff")]),
             0,
         )
+        .unwrap()
         .unwrap();
     assert_eq!(record.key.as_deref(), Some(&b"-9"[..]));
     assert_eq!(record.payload.as_deref(), Some(&[0, 255][..]));
-    let record = m.map(&row(&[Some("2"), Some("b"), None, None]), 0).unwrap();
+    let record = m
+        .map(&row(&[Some("2"), Some("b"), None, None]), 0)
+        .unwrap()
+        .unwrap();
     assert_eq!((text(&record.key), record.payload), ("null", None));
     // Without a delegate, a column that is not bytea stops Debezium at its first event.
     c.delegates.key = None;
@@ -351,6 +395,7 @@ fn binary_data_passes_bytes_through_and_delegates_the_rest() {
             ]),
             0,
         )
+        .unwrap()
         .unwrap();
     assert!(text(&record.payload).starts_with("{\"schema\":{\"type\":\"struct\""));
     c.delegates.value = Some(Converter::String);
@@ -371,7 +416,7 @@ fn avro_records_carry_their_schemas_until_the_ids_are_known() {
         Some("{}"),
         None,
     ]);
-    let mut record = m.map(&r, 0).unwrap();
+    let mut record = m.map(&r, 0).unwrap().unwrap();
     let pending = record.schemas.as_ref().unwrap();
     let subjects: Vec<&str> = pending.each().map(|p| &*p.subject).collect();
     assert_eq!(
@@ -399,7 +444,7 @@ fn avro_records_carry_their_schemas_until_the_ids_are_known() {
     // Now known, the ids are written in at mapping; a NULL key registers nothing.
     let mut r = r.clone();
     r.0[2] = Value::Null;
-    let record = m.map(&r, 0).unwrap();
+    let record = m.map(&r, 0).unwrap().unwrap();
     assert!(record.schemas.is_none());
     assert_eq!(record.key, None);
     assert_eq!(
@@ -428,6 +473,7 @@ fn record_name_strategies_need_records() {
             &row(&[Some("1"), Some("order"), Some("1"), Some("A"), None, None]),
             0,
         )
+        .unwrap()
         .unwrap();
     let value = record
         .schemas
@@ -438,4 +484,81 @@ fn record_name_strategies_need_records() {
         &*value.subject,
         "outbox.event.order-dbserver1.public.outbox.order.Value"
     );
+}
+
+#[test]
+fn a_record_strategy_after_value_to_key_is_judged_per_event() {
+    let mut c = connect(Converter::Avro, Converter::Avro);
+    c.registry.key.subjects = registry::SubjectStrategy::Record;
+    c.envelope = vec![HeaderColumn::parse("type:eventType").unwrap()];
+    let settings: Vec<(String, String)> = [
+        ("transforms", "tokey"),
+        (
+            "transforms.tokey.type",
+            "org.apache.kafka.connect.transforms.ValueToKey",
+        ),
+        ("transforms.tokey.fields", "eventType"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    c.transforms = transforms::Chain::parse(&settings).unwrap();
+    // ValueToKey makes the key a struct, an Avro record: Confluent names its subject after it.
+    let m = TableMapping::bind_with(&mapping(c), &outbox(), &facts()).unwrap();
+    let r = row(&[Some("1"), Some("order"), Some("1"), Some("A"), None, None]);
+    let record = m.map(&r, 0).unwrap().unwrap();
+    let key = record
+        .schemas
+        .as_ref()
+        .and_then(|p| p.key.as_ref())
+        .unwrap();
+    assert_eq!(&*key.subject, "io.confluent.connect.avro.ConnectDefault");
+}
+
+#[test]
+fn protobuf_combinations_not_measured_are_refused_at_start_up() {
+    // (key, value, set up) -> the flag the refusal names, or "" when it binds
+    let expand = |c: &mut ConnectConfig| c.expand_json_payload = true;
+    let key_record =
+        |c: &mut ConnectConfig| c.registry.key.subjects = registry::SubjectStrategy::Record;
+    let value_topic_record =
+        |c: &mut ConnectConfig| c.registry.value.subjects = registry::SubjectStrategy::TopicRecord;
+    let nothing = |_: &mut ConnectConfig| {};
+    type SetUp<'a> = &'a dyn Fn(&mut ConnectConfig);
+    let table: Vec<(Converter, Converter, SetUp, &str)> = vec![
+        (Converter::Protobuf, Converter::Protobuf, &nothing, ""),
+        (
+            Converter::String,
+            Converter::Protobuf,
+            &expand,
+            "--expand-json-payload",
+        ),
+        (Converter::Protobuf, Converter::Json, &expand, ""),
+        (
+            Converter::Protobuf,
+            Converter::Protobuf,
+            &key_record,
+            "--key-subject-name-strategy",
+        ),
+        (Converter::String, Converter::Protobuf, &key_record, ""),
+        (
+            Converter::Protobuf,
+            Converter::Protobuf,
+            &value_topic_record,
+            "--value-subject-name-strategy",
+        ),
+    ];
+    for (key, value, set_up, flag) in table {
+        let mut c = connect(key, value);
+        set_up(&mut c);
+        let bound = TableMapping::bind_with(&mapping(c), &outbox(), &facts());
+        let err = bound.err().map(|e| e.to_string()).unwrap_or_default();
+        match flag {
+            "" => assert_eq!(err, "", "{key:?} {value:?}"),
+            flag => assert!(
+                err.contains(flag) && err.contains("measured"),
+                "{key:?} {value:?}: {err}"
+            ),
+        }
+    }
 }

@@ -97,6 +97,27 @@ pub async fn existing(client: &Client, names: &[String]) -> Result<Vec<String>, 
     Ok(existing)
 }
 
+/// The slots a relay or a fleet of shards of the base name `base` would have: `base` itself
+/// and `base_shard_...`, in name order (whose names are a shard's [`crate::outbox::Shard::of_name`]
+/// decides).
+pub async fn family(client: &Client, base: &str) -> Result<Vec<String>, PostgresError> {
+    let failed = query_err("list the slots of the same base name");
+    let rows = client
+        .query(
+            "SELECT slot_name::text FROM pg_replication_slots \
+             WHERE slot_name::text = $1 OR starts_with(slot_name::text, $1 || '_shard_') \
+             ORDER BY 1",
+            &[&base],
+        )
+        .await
+        .map_err(&failed)?;
+    let mut found = Vec::new();
+    for row in &rows {
+        found.push(row.try_get(0).map_err(&failed)?);
+    }
+    Ok(found)
+}
+
 /// When an older relay recorded `slot` in `public.outbox_relay_slots` of the cluster `system`.
 pub async fn legacy_record(
     client: &Client,

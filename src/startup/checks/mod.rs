@@ -1,9 +1,11 @@
 //! PURE: the start-up rules. Each is a small function of the gathered [`Facts`] and what the
 //! configuration [`Wanted`]; [`check`] runs them in the order an operator fixes things (the
 //! cleanup's needs, the server, the tables, the shard's columns, the publication, the shard's
-//! publication, the slot) and returns every refusal, the warnings, and the steps to take.
-//! A refused start writes nothing: the steps run only when there is no refusal.
+//! publication, the other fleets' slots, the slot) and returns every refusal, the warnings,
+//! and the steps to take. A refused start writes nothing: the steps run only when there is no
+//! refusal.
 
+mod fleet;
 mod publication;
 mod server;
 mod shard;
@@ -107,6 +109,7 @@ pub fn check(facts: &Facts, wanted: &Wanted) -> Checked {
     checked
         .warnings
         .extend(server::warnings(&facts.server, wanted));
+    fleet::fleet(facts, wanted, &mut checked);
     slot::slot(facts, wanted, &mut checked);
     checked
 }
@@ -118,6 +121,9 @@ fn publication_rules(facts: &Facts, wanted: &Wanted, checked: &mut Checked) {
         Ok(filters) => filters,
         Err(refused) => return checked.refusals.push(refused),
     };
+    checked
+        .refusals
+        .extend(shard::siblings_hash(facts, wanted, &filters));
     let Some(found) = &facts.publication else {
         match publication::create(&facts.server, wanted, &filters) {
             Ok(step) => checked.steps.push(step),

@@ -5,12 +5,12 @@
 
 use super::Refused;
 use crate::lsn::Lsn;
-use crate::outbox::shard::{hash_text, same_filter};
+use crate::outbox::shard::{FilterParts, hash_text, same_filter};
 use crate::outbox::{Shard, TableName, quote_ident};
 use crate::postgres::catalog::Server;
 use crate::postgres::sql;
 use crate::startup::Wanted;
-use crate::startup::facts::{Facts, PublicationFacts, ShardColumn};
+use crate::startup::facts::{Facts, PublicationFacts, ShardColumn, SiblingFilters};
 
 /// `FirstNormalObjectId`: objects below it are built in, all a row filter may call.
 const FIRST_NORMAL_OID: u32 = 16384;
@@ -135,6 +135,14 @@ pub(super) fn publication(
                             shard's row filter"
                 .to_owned(),
             None => "has no row filter".to_owned(),
+            Some(filter) if rehashed(filter, expected) => {
+                return Some(Refused::Misconfigured(rehash(
+                    wanted,
+                    shard,
+                    &table.name,
+                    filter,
+                )));
+            }
             Some(filter) if !same_filter(filter, expected) => {
                 format!("has the row filter ({filter}), not shard {shard}'s")
             }
@@ -148,6 +156,85 @@ pub(super) fn publication(
         )));
     }
     None
+}
+
+/// Each sibling shard's row filters must hash what this shard's (`filters`, in table order)
+/// hash: shards of one K hashing other columns (one restarted with another `--key-column`
+/// and a publication made anew, say) split the rows two ways, some relayed by no shard and
+/// some by two.
+pub(super) fn siblings_hash(facts: &Facts, wanted: &Wanted, filters: &[String]) -> Option<Refused> {
+    let shard = wanted.shard?;
+    for sibling in &facts.sibling_filters {
+        let tables = wanted.tables.iter().zip(filters).zip(&sibling.filters);
+        for ((table, ours), theirs) in tables {
+            let Some(theirs) = theirs else {
+                continue;
+            };
+            let ours_hashed = FilterParts::parse(ours).map(|parts| parts.hashed);
+            let theirs_hashed = FilterParts::parse(theirs).map(|parts| parts.hashed);
+            if ours_hashed.is_none() || theirs_hashed.is_none() || ours_hashed == theirs_hashed {
+                continue;
+            }
+            return Some(Refused::Misconfigured(unlike_sibling(
+                shard,
+                sibling,
+                &table.name,
+                theirs,
+            )));
+        }
+    }
+    None
+}
+
+/// The refusal of a shard whose key or id column is not its sibling's.
+fn unlike_sibling(
+    shard: Shard,
+    sibling: &SiblingFilters,
+    table: &TableName,
+    theirs: &str,
+) -> String {
+    let count = shard.count;
+    format!(
+        "--shard {shard} would hash other columns of outbox table {table} than shard {} of the \
+         same fleet, whose publication {:?} has the row filter ({theirs}): the two would split \
+         the rows two ways, so some would be relayed by no shard and others twice. Start this \
+         shard with the fleet's --key-column and --id-column; to change them, reshard: run \
+         `outbox-relay reshard --from {count} --to K'` with the new columns, K' another count \
+         than {count} (see docs/operations.md#resharding)",
+        sibling.shard, sibling.publication
+    )
+}
+
+/// Whether the shard's row filter `found` and the one it would have now, `expected`, select
+/// the same shard of the same K but hash other columns (a changed `--key-column` or
+/// `--id-column`): every shard's rows move, which no one shard's filter can change.
+fn rehashed(found: &str, expected: &str) -> bool {
+    match (FilterParts::parse(found), FilterParts::parse(expected)) {
+        (Some(found), Some(expected)) => {
+            found.shard == expected.shard && found.hashed != expected.hashed
+        }
+        _ => false,
+    }
+}
+
+/// The refusal of a shard whose key or id column changed since its publication was made
+/// (`found`, on `table`): a resharding, not one shard's `ALTER PUBLICATION`, which while the
+/// other shards run the old filter splits the rows two ways (some relayed by no shard, some
+/// twice).
+fn rehash(wanted: &Wanted, shard: Shard, table: &TableName, found: &str) -> String {
+    let count = shard.count;
+    let other = if count == 2 { 3 } else { 2 };
+    format!(
+        "publication {:?}: outbox table {table} is sharded by another key or id column than \
+         --key-column/--id-column say now (its row filter is ({found})). Changing what the \
+         shards hash moves rows between every shard of the fleet, so it is a resharding, not \
+         an ALTER PUBLICATION of one shard's filter (while the other shards run the old one, \
+         some rows would be relayed by no shard and others twice): run `outbox-relay reshard \
+         --from {count} --to K'` with the new columns, K' another count than {count} (say \
+         {other}; resharding again returns to {count}), as docs/operations.md#resharding says; \
+         or start this shard with the columns it was created with",
+        wanted.publication
+    )
 }
 
 /// With `--shard`, the slots the other shards of the same K would have.

@@ -10,6 +10,8 @@ fn schema(kind: Kind, optional: bool) -> Schema {
         optional,
         name: None,
         version: None,
+        doc: None,
+        parameters: Vec::new(),
         default: None,
     }
 }
@@ -313,4 +315,99 @@ fn canonical_forms_keep_only_what_encodes() {
         r#"["null",{"type":"record","name":"a.b.Value","fields":[{"name":"p","type":"string"}]}]"#;
     assert_ne!(parsing_canonical_form(other).as_deref(), Ok(expected));
     assert!(parsing_canonical_form("{").is_err());
+}
+
+#[test]
+fn typed_columns_carry_logical_types_docs_and_parameters() {
+    let with = |mut s: Schema, edit: &dyn Fn(&mut Schema)| {
+        edit(&mut s);
+        s
+    };
+    let decimal = |precision: Option<&str>, optional: bool| {
+        with(named(schema(Kind::Bytes, optional), DECIMAL), &|s| {
+            s.version = Some(1);
+            s.parameters = vec![("scale".into(), "2".into())];
+            if let Some(p) = precision {
+                s.parameters
+                    .push(("connect.decimal.precision".into(), p.into()));
+            }
+        })
+    };
+    let logical = |kind: Kind, name: &str, optional: bool| {
+        with(named(schema(kind, optional), name), &|s| {
+            s.version = Some(1)
+        })
+    };
+    // Texts printed by AvroData 7.0.16 for the same Connect schemas.
+    let table = [
+        (
+            schema(Kind::Int8, true),
+            r#"["null",{"type":"int","connect.type":"int8"}]"#,
+        ),
+        (schema(Kind::Float32, false), r#""float""#),
+        (
+            with(schema(Kind::Float32, true), &|s| {
+                s.default = Some(Data::Float(1e20))
+            }),
+            r#"[{"type":"float","connect.default":1.0E20},"null"]"#,
+        ),
+        (
+            decimal(Some("10"), true),
+            r#"["null",{"type":"bytes","scale":2,"precision":10,"connect.version":1,"connect.parameters":{"scale":"2","connect.decimal.precision":"10"},"connect.name":"org.apache.kafka.connect.data.Decimal","logicalType":"decimal"}]"#,
+        ),
+        (
+            decimal(None, false),
+            r#"{"type":"bytes","scale":2,"precision":64,"connect.version":1,"connect.parameters":{"scale":"2"},"connect.name":"org.apache.kafka.connect.data.Decimal","logicalType":"decimal"}"#,
+        ),
+        (
+            logical(Kind::Int32, "org.apache.kafka.connect.data.Date", true),
+            r#"["null",{"type":"int","connect.version":1,"connect.name":"org.apache.kafka.connect.data.Date","logicalType":"date"}]"#,
+        ),
+        (
+            logical(Kind::Int32, "org.apache.kafka.connect.data.Time", false),
+            r#"{"type":"int","connect.version":1,"connect.name":"org.apache.kafka.connect.data.Time","logicalType":"time-millis"}"#,
+        ),
+        (
+            logical(Kind::Int64, "org.apache.kafka.connect.data.Timestamp", true),
+            r#"["null",{"type":"long","connect.version":1,"connect.name":"org.apache.kafka.connect.data.Timestamp","logicalType":"timestamp-millis"}]"#,
+        ),
+        (
+            with(
+                logical(Kind::String, "io.debezium.time.ZonedTimestamp", true),
+                &|s| {
+                    s.doc = Some("a doc".into());
+                    s.parameters = vec![
+                        ("__debezium.source.column.type".into(), "TIMESTAMPTZ".into()),
+                        ("__debezium.source.column.length".into(), "35".into()),
+                    ];
+                },
+            ),
+            r#"["null",{"type":"string","connect.doc":"a doc","connect.version":1,"connect.parameters":{"__debezium.source.column.type":"TIMESTAMPTZ","__debezium.source.column.length":"35"},"connect.name":"io.debezium.time.ZonedTimestamp"}]"#,
+        ),
+    ];
+    for (connect, text) in table {
+        assert_eq!(avro(&connect).text(), text, "{connect:?}");
+    }
+    // Without connect.meta.data the logical types stay, the connect.* properties go.
+    let bare = Options {
+        connect_meta_data: false,
+        ..Options::default()
+    };
+    let derived = |s: &Schema| AvroSchema::from_connect(Some(s), bare).unwrap();
+    assert_eq!(
+        derived(&decimal(Some("10"), true)).text(),
+        r#"["null",{"type":"bytes","scale":2,"precision":10,"logicalType":"decimal"}]"#
+    );
+    let timestamp = logical(Kind::Int64, "org.apache.kafka.connect.data.Timestamp", true);
+    assert_eq!(
+        derived(&timestamp).text(),
+        r#"["null",{"type":"long","logicalType":"timestamp-millis"}]"#
+    );
+    assert_eq!(derived(&schema(Kind::Int8, false)).text(), r#""int""#);
+    // A decimal is its unscaled integer's bytes; a float four little-endian bytes.
+    let amount = avro(&decimal(Some("10"), false));
+    let value = Data::Decimal(crate::outbox::connect::data::Decimal::parse("-0.05").unwrap());
+    assert_eq!(body(&amount, &value), "fb");
+    let float = avro(&schema(Kind::Float32, true));
+    assert_eq!(body(&float, &Data::Float(1.5)), "020000c03f");
 }
