@@ -17,7 +17,7 @@ mod tables;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::builder::{NonEmptyStringValueParser, RangedU64ValueParser};
+use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, ValueEnum};
 use secrecy::{ExposeSecret, SecretString};
 
@@ -33,11 +33,12 @@ pub use observability::{ObservabilityArgs, ReadinessArgs};
 pub use postgres::{PostgresConnInfo, PostgresUrlError, SslMode, TargetSessionAttrs};
 pub use registry::{RegistryArgs, SchemaRegistryConfig};
 
+pub use mapping::PerTable;
 use tables::parse_tables;
 pub use tables::per_table_flags;
 
 use crate::cloud::KafkaAuth;
-use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName, TopicTemplate};
+use crate::outbox::{EventMapper, HeaderColumn, MappingConfig, Shard, TableName};
 
 /// Relays transactional-outbox rows from Postgres logical replication to Kafka.
 ///
@@ -78,30 +79,9 @@ pub struct Cli {
     #[arg(value_delimiter = ',')]
     pub message_prefixes: Vec<String>,
 
-    /// Column whose value routes the event (`${routedByValue}`). Debezium: route.by.field.
-    #[arg(help_heading = heading::PER_TABLE)]
-    #[arg(long, env = "OUTBOX_RELAY_ROUTE_BY", default_value = "event_type", value_parser = NonEmptyStringValueParser::new())]
-    pub route_by: String,
-    /// Topic name template: `${routedByValue}` is the --route-by value, `${COLUMN}` any column.
-    #[arg(help_heading = heading::PER_TABLE)]
-    #[arg(long, env = "OUTBOX_RELAY_TOPIC_TEMPLATE", default_value = "${routedByValue}", value_parser = TopicTemplate::parse)]
-    pub topic_template: TopicTemplate,
-    /// Column whose text is the record key (NULL: null key). Debezium: table.field.event.key.
-    #[arg(help_heading = heading::PER_TABLE)]
-    #[arg(long, env = "OUTBOX_RELAY_KEY_COLUMN", default_value = "aggregate_id", value_parser = NonEmptyStringValueParser::new())]
-    pub key_column: String,
-    /// Column whose text is the `id` header, the dedupe key. Debezium: table.field.event.id.
-    #[arg(help_heading = heading::PER_TABLE)]
-    #[arg(long, env = "OUTBOX_RELAY_ID_COLUMN", default_value = "id", value_parser = NonEmptyStringValueParser::new())]
-    pub id_column: String,
-    /// Column becoming the record value (NULL: a tombstone). Debezium: table.field.event.payload.
-    #[arg(help_heading = heading::PER_TABLE)]
-    #[arg(long, env = "OUTBOX_RELAY_PAYLOAD_COLUMN", default_value = "payload", value_parser = NonEmptyStringValueParser::new())]
-    pub payload_column: String,
-    /// Column holding the record timestamp (default: the commit time).
-    #[arg(help_heading = heading::PER_TABLE)]
-    #[arg(long, env = "OUTBOX_RELAY_TIMESTAMP_COLUMN")]
-    pub timestamp_column: Option<String>,
+    /// The flags a `--table` may set for its own table.
+    #[command(flatten)]
+    pub mapping: PerTable,
     /// Extra column copied into a record header, as COLUMN or COLUMN:HEADER. Repeatable.
     #[arg(long = "header-column", env = "OUTBOX_RELAY_HEADER_COLUMN")]
     #[arg(help_heading = heading::EVERY_TABLE)]
@@ -633,7 +613,7 @@ mod tests {
         assert_eq!(m.route_by, "kind", "unset keys inherit the global flags");
         assert_eq!(
             m.topic_template,
-            TopicTemplate::parse("billing.${event_type}").unwrap()
+            crate::outbox::TopicTemplate::parse("billing.${event_type}").unwrap()
         );
         assert_eq!(config.mapping_for(&public).key_column, "aggregate_id");
         let err = cli(&["--table", "a.b:colour=red"]).unwrap_err().to_string();
@@ -650,6 +630,14 @@ mod tests {
             .filter_map(|flag| flag.get_long().map(str::to_owned))
             .collect();
         assert_eq!(keys.len(), 6, "{keys:?}");
+        let grouped: Vec<String> = (<Cli as clap::CommandFactory>::command().get_arguments())
+            .filter(|flag| flag.get_help_heading() == Some(heading::PER_TABLE))
+            .filter_map(|flag| flag.get_long().map(str::to_owned))
+            .collect();
+        assert_eq!(
+            grouped, keys,
+            "--help groups exactly the table keys as per table"
+        );
         for key in &keys {
             let given = format!("billing.outbox:{key}=other_column");
             let config = cli(&["--table", &given]).unwrap();

@@ -1,11 +1,11 @@
 //! `--table`: the outbox tables in flag order, each with its per-table overrides of the
-//! mapping flags. Which flags a table may override is declared once, by the flag's group in
-//! `--help` ([`heading::PER_TABLE`]); the override's key is the flag's name, and its value is
-//! parsed by the flag's own parser.
+//! mapping flags. Which flags a table may override is declared once, in [`PerTable`] (grouped
+//! in `--help` under [`super::heading::PER_TABLE`]); the override's key is the flag's name, and
+//! its value is parsed by the flag's own parser.
 
-use clap::{Arg, ArgMatches, Command, CommandFactory};
+use clap::{Arg, ArgMatches, Args, Command};
 
-use super::{Cli, ConfigError, heading, invalid};
+use super::{Cli, ConfigError, PerTable, invalid};
 use crate::outbox::TableName;
 
 /// The `--table` values: the tables in flag order (`none` means none, for a table-less outbox)
@@ -39,15 +39,11 @@ pub(super) fn parse_tables(cli: &Cli) -> Result<(Vec<TableName>, Overrides<'_>),
 /// Per-table overrides as written: each table and its `key=value;...` text.
 pub(super) type Overrides<'a> = Vec<(TableName, &'a str)>;
 
-/// The flags a `--table` may set for its own table: those `--help` groups under
-/// [`heading::PER_TABLE`]. A table's key for each is its long name.
+/// The flags a `--table` may set for its own table: [`PerTable`]'s, which `--help` groups
+/// under [`super::heading::PER_TABLE`]. A table's key for each is its long name.
 pub fn per_table_flags() -> Vec<Arg> {
-    let per_table = |arg: &&Arg| arg.get_help_heading() == Some(heading::PER_TABLE);
-    Cli::command()
-        .get_arguments()
-        .filter(per_table)
-        .cloned()
-        .collect()
+    let flags = PerTable::augment_args(Command::new("table"));
+    flags.get_arguments().cloned().collect()
 }
 
 /// One table's overrides (`KEY=VALUE;KEY=VALUE`, as written), each value parsed by its

@@ -370,7 +370,7 @@ fn imported_values_are_defaults_that_explicit_flags_replace() {
     // Explicit flags (before or after a subcommand) win; the rest comes from the file.
     let cli = parse_importing(&["--slot", "mine", "--kafka-brokers", "k:9092"]).unwrap();
     assert_eq!(cli.flags.slot, "mine");
-    assert_eq!(cli.route_by, "event_type");
+    assert_eq!(cli.mapping.route_by, "event_type");
     assert_eq!(cli.flags.publication, "orders_outbox");
     assert_eq!(cli.header_columns, ["type:eventType"]);
     let cli = parse_importing(&[
