@@ -19,6 +19,7 @@ use crate::pipeline::RelayError;
 use crate::postgres::Connector;
 use crate::postgres::catalog::{slots, tables};
 use crate::postgres::sql::SESSION_FORMATS;
+use crate::startup::{checks, gather};
 
 /// The record as the demo's consumer would show it.
 fn record_line(record: &OutboxRecord, lsn: Lsn) -> RecordLine<'_> {
@@ -44,10 +45,10 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
     let client = Connector::new(config.postgres.clone()).control().await?;
     let slot = &config.flags.slot;
     let remedy = "stop the relay to peek, or watch `outbox-relay status`";
-    let info = super::status::idle_slot(&client, slot, remedy).await?;
-    if !info.exists {
-        return Err(CommandError::Refused(nothing_pending(slot)));
-    }
+    let found = gather::slot(&client, slot).await?;
+    let dbname = &config.postgres.dbname;
+    let confirmed = checks::peekable(slot, dbname, found.as_ref(), remedy);
+    let confirmed = confirmed.map_err(CommandError::Refused)?;
     let formats = SESSION_FORMATS;
     execute(&client, formats, "set the session's date and time format").await?;
     let mut out = std::io::stdout().lock();
@@ -66,7 +67,6 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
     }
     let limit_reached = (args.limit == Some(shown)).then_some(" (--limit reached)");
     let limit_reached = limit_reached.unwrap_or_default();
-    let confirmed = info.confirmed_flush_lsn.as_deref().unwrap_or("?");
     let summary = format!(
         "{shown} record(s) pending after the slot's confirmed position {confirmed}\
          {limit_reached}; the slot was not moved"
@@ -77,14 +77,6 @@ pub(super) async fn run(config: &Config, args: &PeekArgs) -> Result<(), CommandE
         writeln!(out, "{summary}")?;
     }
     Ok(())
-}
-
-/// The refusal to peek at a slot that does not exist.
-fn nothing_pending(slot: &str) -> String {
-    format!(
-        "slot {slot:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
-         creates it)"
-    )
 }
 
 /// One peek, decoding at most about `upto` rows: prints the records after the first `shown`
@@ -217,19 +209,6 @@ impl Peeked {
             })
             .to_string(),
             Err((error, _)) => format!("{table} lsn={lsn} cannot be relayed: {error}"),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_missing_slot_has_nothing_pending_and_says_what_creates_it() {
-        let text = nothing_pending("s");
-        for needle in ["\"s\" does not exist", "outbox-relay setup"] {
-            assert!(text.contains(needle), "{needle}: {text}");
         }
     }
 }

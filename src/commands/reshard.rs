@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::Client;
 
-use super::status::{idle_slot, in_use};
+use super::status::idle_slot;
 use super::{CommandError, execute};
 use crate::config::{Config, ReshardArgs};
 use crate::lsn::Lsn;
@@ -34,6 +34,7 @@ use crate::postgres::catalog::slots::{self, Slot};
 use crate::postgres::{Connector, sql};
 use crate::sink::KafkaClients;
 use crate::sink::lineage::{Reshard as Resharding, SlotRecord, SlotState};
+use crate::startup::checks::in_use;
 use crate::startup::lineage::Lineage;
 use crate::startup::{self, Wanted};
 

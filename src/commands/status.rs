@@ -16,6 +16,7 @@ use crate::observability::health::{
 use crate::postgres::catalog::{self, publication, slots};
 use crate::postgres::{Connector, PostgresError, query_err};
 use crate::source::failover;
+use crate::startup::checks::in_use;
 use crate::startup::{Checked, Wanted, checks, gather};
 
 /// Everything `status` reports; the field names are `--json`'s contract.
@@ -121,14 +122,6 @@ pub(super) async fn idle_slot(
         Some(pid) => Err(CommandError::Refused(in_use(name, pid, remedy))),
         None => Ok(slot),
     }
-}
-
-/// The refusal of a slot server process `pid` streams from.
-pub(super) fn in_use(name: &str, pid: i32, remedy: &str) -> String {
-    format!(
-        "slot {name:?} is in use by server process {pid} (a running relay?); Postgres lets only \
-         one session use a slot: {remedy}"
-    )
 }
 
 async fn read_publication(

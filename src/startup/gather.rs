@@ -36,6 +36,11 @@ pub async fn gather(
     Ok(facts)
 }
 
+/// The slot `name`, the one fact `peek` needs (`None` when it does not exist).
+pub async fn slot(control: &Client, name: &str) -> Result<Option<slots::Slot>, PostgresError> {
+    slots::slot(control, name).await
+}
+
 /// The catalog's facts, without the lineage.
 pub async fn catalog(control: &Client, wanted: &Wanted) -> Result<Facts, PostgresError> {
     let server = catalog::server(control, checks::HASH_PROBE).await?;
@@ -44,7 +49,7 @@ pub async fn catalog(control: &Client, wanted: &Wanted) -> Result<Facts, Postgre
         tables.push(table_facts(control, table, wanted).await?);
     }
     let publication = publication_facts(control, wanted).await?;
-    let slot = slots::slot(control, &wanted.slot).await?;
+    let slot = slot(control, &wanted.slot).await?;
     let siblings = siblings(control, wanted).await;
     let sibling_filters = sibling_filters(control, wanted, &siblings).await?;
     let family = slots::family(control, wanted.base_slot()).await?;

@@ -1043,3 +1043,67 @@ fn only_an_outage_is_worth_waiting_out() {
     assert!(no_host.transient());
     assert!(!tls.transient());
 }
+
+/// What `peekable` answers: the confirmed position, or words its refusal contains.
+type PeekAnswer = Result<&'static str, &'static [&'static str]>;
+
+#[test]
+fn peek_reads_a_slot_by_the_rules_start_up_has_for_a_found_one() {
+    let healthy = Slot {
+        unusable: None,
+        confirmed_flush: Some("0/10".into()),
+        failover: None,
+        active_pid: None,
+    };
+    let missing: Option<Slot> = None;
+    let streamed = Slot {
+        active_pid: Some(4242),
+        ..healthy.clone()
+    };
+    let physical = Slot {
+        unusable: Some("is a physical slot".into()),
+        ..healthy.clone()
+    };
+    let lost = Slot {
+        confirmed_flush: None,
+        ..healthy.clone()
+    };
+    let cases: [(&str, Option<&Slot>, PeekAnswer); 5] = [
+        ("healthy", Some(&healthy), Ok("0/10")),
+        (
+            "missing",
+            missing.as_ref(),
+            Err(&[
+                "\"s\" does not exist",
+                "nothing is pending",
+                "outbox-relay setup",
+            ]),
+        ),
+        (
+            "streamed from",
+            Some(&streamed),
+            Err(&["in use by server process 4242", "stop the relay first"]),
+        ),
+        (
+            "physical",
+            Some(&physical),
+            Err(&[
+                "is a physical slot",
+                "logical pgoutput slot in database \"app\"",
+            ]),
+        ),
+        ("lost its WAL", Some(&lost), Err(&["no confirmed position"])),
+    ];
+    for (case, found, expected) in cases {
+        let got = checks::peekable("s", "app", found, "stop the relay first");
+        match (got, expected) {
+            (Ok(lsn), Ok(want)) => assert_eq!(lsn.to_string(), want, "{case}"),
+            (Err(text), Err(needles)) => {
+                for needle in needles {
+                    assert!(text.contains(needle), "{case}: {needle}: {text}");
+                }
+            }
+            (got, _) => panic!("{case}: {got:?}"),
+        }
+    }
+}

@@ -18,7 +18,7 @@ use crate::postgres::sql;
 pub use publication::{publication_unfit, setup_steps};
 pub use server::table_missing;
 pub use shard::{HASH_PROBE, late_shard, row_filters, sibling_slots};
-pub use slot::confirmed_flush;
+pub use slot::{confirmed_flush, in_use, peekable};
 
 /// Why start-up refuses; the message says what to change.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -4,6 +4,7 @@
 
 use super::{Checked, Refused, Step};
 use crate::lsn::Lsn;
+use crate::postgres::catalog::slots::Slot;
 use crate::startup::Wanted;
 use crate::startup::facts::Facts;
 use crate::startup::lineage::{Guard, judge};
@@ -50,12 +51,8 @@ pub(super) fn slot(facts: &Facts, wanted: &Wanted, checked: &mut Checked) {
     };
     let slot = &wanted.slot;
     if let Some(problem) = &found.unusable {
-        checked.refusals.push(Refused::Misconfigured(format!(
-            "replication slot {slot:?} {problem}; the relay needs a logical pgoutput slot in \
-             database {:?} of --postgres-url. Use another --slot, or drop it with SELECT \
-             pg_drop_replication_slot('{slot}'); if nothing uses it",
-            wanted.dbname
-        )));
+        let text = unusable(slot, problem, &wanted.dbname);
+        checked.refusals.push(Refused::Misconfigured(text));
         return;
     }
     if let Err(refused) = confirmed_flush(slot, found.confirmed_flush.as_deref()) {
@@ -109,4 +106,47 @@ pub fn confirmed_flush(slot: &str, text: Option<&str>) -> Result<Lsn, Refused> {
              re-publish or reconcile events written meanwhile"
         ))
     })
+}
+
+/// The refusal of a slot the relay cannot use (`problem`: physical, another plugin, another
+/// database).
+fn unusable(slot: &str, problem: &str, dbname: &str) -> String {
+    format!(
+        "replication slot {slot:?} {problem}; the relay needs a logical pgoutput slot in \
+         database {dbname:?} of --postgres-url. Use another --slot, or drop it with SELECT \
+         pg_drop_replication_slot('{slot}'); if nothing uses it"
+    )
+}
+
+/// The refusal of a slot server process `pid` streams from (`remedy` says what to do).
+pub fn in_use(name: &str, pid: i32, remedy: &str) -> String {
+    format!(
+        "slot {name:?} is in use by server process {pid} (a running relay?); Postgres lets only \
+         one session use a slot: {remedy}"
+    )
+}
+
+/// The slot `peek` may decode without moving it, by start-up's rules for a found slot: it
+/// exists (else nothing is pending), no server process streams from it (`remedy` says what to
+/// do then), it is a logical pgoutput slot of database `dbname`, and it has a confirmed
+/// position, which is returned.
+pub fn peekable(
+    name: &str,
+    dbname: &str,
+    found: Option<&Slot>,
+    remedy: &str,
+) -> Result<Lsn, String> {
+    let Some(found) = found else {
+        return Err(format!(
+            "slot {name:?} does not exist: nothing is pending (the relay or `outbox-relay setup` \
+             creates it)"
+        ));
+    };
+    if let Some(pid) = found.active_pid {
+        return Err(in_use(name, pid, remedy));
+    }
+    if let Some(problem) = &found.unusable {
+        return Err(unusable(name, problem, dbname));
+    }
+    confirmed_flush(name, found.confirmed_flush.as_deref()).map_err(|r| r.to_string())
 }
