@@ -675,6 +675,7 @@ identical_with_a_registry! {
     avro_converter_after_transforms: "avro-smt",
     avro_converter_a_negative_scale_in_an_envelope: "avro-negative-scale",
     avro_converter_a_decimal_key: "avro-decimal-key",
+    avro_converter_after_inserting_a_header_and_filtering: "avro-smt-headers-filter",
     protobuf_converter_keys_and_values_as_wrappers: "protobuf",
     protobuf_converter_envelopes: "protobuf-envelope",
     protobuf_converter_envelopes_of_several_column_types: "protobuf-envelope-types",
