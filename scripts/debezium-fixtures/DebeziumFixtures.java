@@ -66,7 +66,11 @@ public class DebeziumFixtures {
     /** The `id` of the last row a configuration sees (none for the poison tables). */
     static String lastId(Map<String, String> connector) {
         List<String> tables = List.of(connector.get("table.include.list").split(","));
-        // outbox_types and outbox_corner are filled last, each in its own transaction.
+        // outbox_types, outbox_corner and outbox_numeric are filled last, each in its own
+        // transaction.
+        if (tables.contains("public.outbox_numeric")) {
+            return "00000000-0000-4000-8000-0000000008ff";
+        }
         if (tables.contains("public.outbox_corner")) {
             return "00000000-0000-4000-8000-0000000007ff";
         }
@@ -134,7 +138,7 @@ public class DebeziumFixtures {
             // The tables first (the publication names them), then the slots, then the rows.
             int rows = sql.indexOf("\nBEGIN;");
             s.execute(sql.substring(0, rows));
-            s.execute("CREATE PUBLICATION " + PUBLICATION + " FOR TABLE public.outbox, public.outbox_text, public.outbox_bytes, public.outbox_poison, public.outbox_poison_array, public.outbox_types, public.outbox_corner");
+            s.execute("CREATE PUBLICATION " + PUBLICATION + " FOR TABLE public.outbox, public.outbox_text, public.outbox_bytes, public.outbox_poison, public.outbox_poison_array, public.outbox_types, public.outbox_corner, public.outbox_numeric");
             for (Iterator<String> names = configs.fieldNames(); names.hasNext();) {
                 s.execute("SELECT pg_create_logical_replication_slot('" + slot(names.next()) + "', 'pgoutput')");
             }

@@ -223,9 +223,10 @@ impl PgType {
             Type::BOOL => PgType::Bool,
             Type::BYTEA => PgType::Bytea,
             Type::NUMERIC => PgType::Numeric(length.map(|l| {
-                // Postgres 15 stores the scale as 11 signed bits.
-                let scale = ((l & 0x7ff) ^ 1024) - 1024;
-                ((l >> 16) & 0xffff, scale)
+                // Postgres 15 stores a negative scale as 11 signed bits; pgjdbc, and so
+                // Debezium, reads the low 16 bits unsigned: numeric(5,-2) has scale 2046
+                // (measured: the avro-negative-scale fixture).
+                ((l >> 16) & 0xffff, l & 0xffff)
             })),
             Type::FLOAT4 => PgType::Float4,
             Type::FLOAT8 => PgType::Float8,
