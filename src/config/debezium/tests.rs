@@ -1350,7 +1350,7 @@ fn avro_converters_import_as_registry_flags_without_showing_credentials() {
 
 /// The connector keys that become the connection, slot, table and routing flags `--explain`
 /// prints on its command line, rather than a line of their own.
-const READ_INTO_FLAGS: [&str; 16] = [
+const READ_INTO_FLAGS: [&str; 17] = [
     "transforms",
     "name",
     "connector.class",
@@ -1367,6 +1367,7 @@ const READ_INTO_FLAGS: [&str; 16] = [
     "transforms.outbox.type",
     "transforms.outbox.route.by.field",
     "transforms.outbox.route.topic.replacement",
+    "transforms.outbox.table.field.event.key",
 ];
 
 /// Issue 33 item 5: no key of a config real Debezium ran (every fixture's) is dropped
