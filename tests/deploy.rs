@@ -1148,6 +1148,9 @@ enum Started {
     WaitedForPostgres(Option<i32>),
     /// It exited by itself with this code (2: a configuration error).
     Exited(Option<i32>),
+    /// It ran for a minute without /readyz saying it waits for Postgres, then stopped on
+    /// SIGTERM with this exit code.
+    NeverSaidItWaits(Option<i32>),
 }
 
 /// Runs the relay with a deployment's environment and arguments, Postgres pointed at a
@@ -1191,10 +1194,14 @@ fn start_with(env: &BTreeMap<String, String>, args: &[String]) -> (Started, Stri
             break Started::Exited(status.code());
         }
         let addr = std::fs::read_to_string(&addr_file).unwrap_or_default();
-        if waiting(&addr) == Some(true) || Instant::now() >= deadline {
+        let said_it_waits = waiting(&addr) == Some(true);
+        if said_it_waits || Instant::now() >= deadline {
             let _ = Command::new("kill").arg(child.id().to_string()).status();
             let stopped = child.wait().expect("the relay stops");
-            break Started::WaitedForPostgres(stopped.code());
+            break match said_it_waits {
+                true => Started::WaitedForPostgres(stopped.code()),
+                false => Started::NeverSaidItWaits(stopped.code()),
+            };
         }
         std::thread::sleep(Duration::from_millis(100));
     };
