@@ -17,7 +17,7 @@ use std::fmt::Write as _;
 
 use unicode_general_category::{GeneralCategory, get_general_category};
 
-use super::data::{DECIMAL, Data, Kind, Schema, write_double, write_float};
+use super::data::{DECIMAL, Data, Kind, Schema, write_double, write_float, write_jackson_string};
 
 /// `io.confluent.connect.avro.AvroData`'s namespace for the names it makes up.
 const NAMESPACE: &str = "io.confluent.connect.avro";
@@ -631,21 +631,7 @@ fn write_json(out: &mut String, json: &Json) {
 /// A JSON string as Jackson's character-based generator writes it (Avro's `toString`):
 /// `"`, `\` and control characters escaped, everything else as it is.
 fn write_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if c < ' ' => write!(out, "\\u{:04X}", c as u32).unwrap_or_default(),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    write_jackson_string(out, s, false);
 }
 
 /// Avro's binary encoding of `data` (`GenericDatumWriter` over `AvroData`'s datum).

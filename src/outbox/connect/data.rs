@@ -353,6 +353,13 @@ pub const CONNECT_TIMESTAMP: &str = "org.apache.kafka.connect.data.Timestamp";
 /// A JSON string as Jackson writes it: `"` and `\` escaped, control characters as `\n`-style
 /// or `\u00XX` escapes, and characters beyond U+FFFF as escaped surrogate pairs.
 pub fn write_string(out: &mut String, s: &str) {
+    write_jackson_string(out, s, true);
+}
+
+/// A JSON string as Jackson writes it, characters beyond U+FFFF as escaped surrogate pairs
+/// (its byte-based generator, Kafka's JsonConverter) or as they are (`escape_beyond_bmp`
+/// false: its character-based generator, Avro's `Schema.toString`).
+pub fn write_jackson_string(out: &mut String, s: &str, escape_beyond_bmp: bool) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -364,7 +371,7 @@ pub fn write_string(out: &mut String, s: &str) {
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
             c if c < ' ' => write!(out, "\\u{:04X}", c as u32).unwrap_or_default(),
-            c if c > '\u{FFFF}' => {
+            c if escape_beyond_bmp && c > '\u{FFFF}' => {
                 let mut units = [0u16; 2];
                 for unit in c.encode_utf16(&mut units) {
                     write!(out, "\\u{unit:04X}").unwrap_or_default();
